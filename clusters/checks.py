@@ -1,0 +1,185 @@
+"""Cross-field rules of a cluster file, as pure functions returning (field path, message) pairs.
+
+Each rule comes from a known-good source (REFERENCE.md: Google's cluster toolkit node-pool
+rules, the GPU machine table) and each message says what to change.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections import Counter
+from collections.abc import Iterator
+
+from clusters.derive import derive_gpu_pool, machine_accelerator
+from clusters.machines import MACHINE_GPUS, N1_ACCELERATOR, N1_GPU_CHOICES, is_n1
+from clusters.schema import ClusterConfig, Environment, GpuPool, SchedulerKind
+from clusters.source import FieldPath, did_you_mean
+
+Finding = tuple[FieldPath, str]
+
+
+def cross_check(config: ClusterConfig, file_stem: str | None = None) -> list[Finding]:
+    findings: list[Finding] = []
+    if file_stem is not None and config.name != file_stem:
+        findings.append((("name",), f"{config.name!r} must equal the file name {file_stem!r}; rename the file or set name: {file_stem}"))
+    findings += _scheduler_sections(config)
+    findings += _gcp(config)
+    findings += _unique(config.gpu_pools, "gpu_pools", "pool")
+    findings += _unique(config.gcp.static_ips, ("gcp", "static_ips"), "static IP")
+    findings += _unique(config.tenants, "tenants", "tenant")
+    for i, pool in enumerate(config.gpu_pools):
+        findings += [(("gpu_pools", i, *path), msg) for path, msg in _pool(pool, config)]
+    findings += _iam(config)
+    if not any(path[0] == "gpu_pools" for path, _ in findings):
+        findings += _tenants(config)
+    findings += _dns(config)
+    return findings
+
+
+def _scheduler_sections(config: ClusterConfig) -> Iterator[Finding]:
+    if config.scheduler == SchedulerKind.NOMAD and config.nomad is None:
+        yield (("nomad",), "scheduler nomad needs a nomad: section (datacenter, vault_addr); add it")
+    if config.scheduler == SchedulerKind.GKE and config.nomad is not None:
+        yield (("nomad",), "a nomad: section only applies to scheduler: nomad; remove it or set scheduler: nomad")
+    if config.scheduler == SchedulerKind.NOMAD and config.gke is not None:
+        yield (("gke",), "a gke: section only applies to scheduler: gke; remove it or set scheduler: gke")
+    if config.scheduler == SchedulerKind.GKE and config.gcp.master_cidr is None:
+        yield (("gcp", "master_cidr"), "GKE private clusters need master_cidr, a /28 such as '172.16.0.0/28'; add it")
+
+
+def _gcp(config: ClusterConfig) -> Iterator[Finding]:
+    gcp = config.gcp
+    for i, zone in enumerate(gcp.zones):
+        if not zone.startswith(gcp.region + "-"):
+            yield (("gcp", "zones", i), f"zone {zone!r} is not in region {gcp.region!r}; use e.g. '{gcp.region}-a'")
+    if gcp.master_cidr and ipaddress.IPv4Network(gcp.master_cidr).prefixlen != 28:
+        yield (("gcp", "master_cidr"), f"{gcp.master_cidr!r} must be a /28 (GKE requires it); e.g. '172.16.0.0/28'")
+    ranges = [(f, getattr(gcp, f)) for f in ("subnet_cidr", "pods_cidr", "services_cidr", "master_cidr") if getattr(gcp, f)]
+    for a in range(len(ranges)):
+        for b in range(a + 1, len(ranges)):
+            (fa, ca), (fb, cb) = ranges[a], ranges[b]
+            if ipaddress.IPv4Network(ca).overlaps(ipaddress.IPv4Network(cb)):
+                yield (("gcp", fb), f"{cb!r} overlaps {fa} {ca!r}; pick a range that overlaps none of subnet/pods/services/master")
+
+
+def _unique(items: tuple, field: str | tuple[str, ...], what: str) -> Iterator[Finding]:
+    base = (field,) if isinstance(field, str) else field
+    counts = Counter(item.name for item in items)
+    seen: set[str] = set()
+    for i, item in enumerate(items):
+        if counts[item.name] > 1 and item.name in seen:
+            yield ((*base, i, "name"), f"duplicate {what} name {item.name!r}; names must be unique, rename one")
+        seen.add(item.name)
+
+
+def _pool(pool: GpuPool, config: ClusterConfig) -> Iterator[Finding]:
+    yield from _pool_machine(pool)
+    yield from _pool_sizing(pool)
+    if pool.spot and pool.reservation:
+        yield (("reservation",), "spot pools cannot consume a reservation; remove reservation or set spot: false")
+    if pool.queued_provisioning:
+        if pool.reservation:
+            yield (("queued_provisioning",), "queued provisioning (DWS) cannot use a reservation; remove reservation")
+        if pool.spot:
+            yield (("queued_provisioning",), "queued provisioning (DWS) cannot be spot; set spot: false")
+        if (pool.min_nodes or 0) != 0 or pool.node_count is not None:
+            yield (("queued_provisioning",), "queued provisioning (DWS) needs autoscaling with min_nodes: 0; set min_nodes: 0 and drop node_count")
+    if pool.reservation is not None and (not pool.reservation or "," in pool.reservation):
+        yield (("reservation",), f"{pool.reservation!r}: a specific reservation names exactly one reservation; write its name")
+    zones = pool.zones or config.gcp.zones
+    for i, zone in enumerate(pool.zones or ()):
+        if zone not in config.gcp.zones:
+            yield (("zones", i), f"zone {zone!r} is not one of the cluster's zones {list(config.gcp.zones)}; add it to gcp.zones or pick one of those")
+    if pool.placement == "COMPACT" and len(zones) != 1:
+        yield (("placement",), f"COMPACT placement needs exactly one zone, the pool has {len(zones)} ({', '.join(zones)}); set zones: [{zones[0]}]")
+    if config.environment != Environment.DEV and pool.protected is False and pool.reservation:
+        yield (("protected",), "a reserved pool outside dev must stay protected; remove protected: false")
+
+
+def _pool_machine(pool: GpuPool) -> Iterator[Finding]:
+    derived = machine_accelerator(pool.machine_type, pool.accelerator, pool.gpus_per_node)
+    if derived is None:
+        yield (("machine_type",), f"{pool.machine_type!r} is not a known GPU machine type{did_you_mean(pool.machine_type, MACHINE_GPUS)};"
+               " allowed: a2-*/a3-*/a4-*/g2-* GPU shapes or n1-* with a T4")
+        return
+    accelerator, gpus = derived
+    if is_n1(pool.machine_type):
+        if pool.accelerator not in (None, N1_ACCELERATOR):
+            yield (("accelerator",), f"{pool.accelerator!r} cannot attach to {pool.machine_type}; N1 takes {N1_ACCELERATOR}")
+        if pool.gpus_per_node is None:
+            yield (("gpus_per_node",), f"N1 machines take a chosen T4 count; set gpus_per_node to one of {list(N1_GPU_CHOICES)}")
+        elif pool.gpus_per_node not in N1_GPU_CHOICES:
+            yield (("gpus_per_node",), f"{pool.gpus_per_node} T4s cannot attach to an N1 machine; allowed: {list(N1_GPU_CHOICES)}")
+        return
+    if pool.accelerator is not None and pool.accelerator != accelerator:
+        yield (("accelerator",), f"{pool.accelerator!r} does not match machine type {pool.machine_type} ({accelerator}); set accelerator: {accelerator} or omit it")
+    if pool.gpus_per_node is not None and pool.gpus_per_node != gpus:
+        better = next((m for m, g in sorted(MACHINE_GPUS.items()) if g.accelerator == accelerator and g.gpus == pool.gpus_per_node), None)
+        alt = f" or pick {better}" if better else ""
+        yield (("gpus_per_node",), f"{pool.gpus_per_node} does not match machine type {pool.machine_type} ({gpus} GPUs); set gpus_per_node: {gpus}{alt}")
+
+
+def _pool_sizing(pool: GpuPool) -> Iterator[Finding]:
+    if pool.node_count is not None:
+        if pool.min_nodes is not None or pool.max_nodes is not None:
+            yield (("node_count",), "a static node_count excludes autoscaling; remove min_nodes/max_nodes or node_count")
+        return
+    if pool.max_nodes is None:
+        yield (("max_nodes",), "autoscaling pools need max_nodes; add max_nodes (or set a static node_count)")
+    elif (pool.min_nodes or 0) > pool.max_nodes:
+        yield (("min_nodes",), f"min_nodes {pool.min_nodes} is above max_nodes {pool.max_nodes}; lower min_nodes or raise max_nodes")
+
+
+def _iam(config: ClusterConfig) -> Iterator[Finding]:
+    if config.environment == Environment.DEV:
+        return
+    for g, grant in enumerate(config.iam.grants):
+        for m, member in enumerate(grant.members):
+            if member.startswith("user:"):
+                yield (("iam", "grants", g, "members", m),
+                       f"{member!r}: user members are refused outside dev; grant a group: or serviceAccount: instead")
+    for t, tenant in enumerate(config.tenants):
+        for m, member in enumerate(tenant.groups):
+            if member.startswith("user:"):
+                yield (("tenants", t, "groups", m), f"{member!r}: tenants are groups outside dev; use group:team@example.com")
+
+
+def _tenants(config: ClusterConfig) -> Iterator[Finding]:
+    pools = {p.name: derive_gpu_pool(p, config) for p in config.gpu_pools}
+    totals: Counter[str] = Counter()
+    for t, tenant in enumerate(config.tenants):
+        for pool_name, quota in sorted(tenant.gpu_quota.items()):
+            path = ("tenants", t, "gpu_quota", pool_name)
+            spec = pools.get(pool_name)
+            if spec is None:
+                yield (path, f"unknown GPU pool {pool_name!r}{did_you_mean(pool_name, pools)}; allowed: {', '.join(sorted(pools))}")
+                continue
+            if quota > spec.capacity_gpus:
+                yield (path, f"quota {quota} exceeds pool {pool_name} capacity {spec.capacity_gpus} GPUs (max_nodes x gpus_per_node); lower it or raise max_nodes")
+            totals[pool_name] += quota
+    for pool_name, total in sorted(totals.items()):
+        spec = pools[pool_name]
+        if total > spec.capacity_gpus and not spec.overcommit:
+            index = next(i for i, p in enumerate(config.gpu_pools) if p.name == pool_name)
+            yield (("gpu_pools", index, "overcommit"),
+                   f"tenant quotas on pool {pool_name} add up to {total} GPUs, above its capacity {spec.capacity_gpus}; lower quotas or set overcommit: true on the pool")
+
+
+def _dns(config: ClusterConfig) -> Iterator[Finding]:
+    if config.dns is None:
+        return
+    ips = {ip.name for ip in config.gcp.static_ips}
+    names: Counter[str] = Counter(r.name for r in config.dns.records)
+    for r, record in enumerate(config.dns.records):
+        path = ("dns", "records", r)
+        if (record.static_ip is None) == (record.hostname is None):
+            yield ((*path, "name"), f"record {record.name!r} needs exactly one of static_ip (A record) or hostname (CNAME)")
+        if record.static_ip is not None and record.static_ip not in ips:
+            allowed = ", ".join(sorted(ips)) or "none declared under gcp.static_ips"
+            yield ((*path, "static_ip"), f"unknown static IP {record.static_ip!r}{did_you_mean(record.static_ip, ips)}; allowed: {allowed}")
+        if record.proxied and record.ttl != 1:
+            yield ((*path, "ttl"), f"proxied records have an automatic TTL; set ttl: 1 or proxied: false (got {record.ttl})")
+        if not record.proxied and 1 < record.ttl < 60:
+            yield ((*path, "ttl"), f"TTL {record.ttl} is below Cloudflare's minimum 60; use 1 (auto) or 60..86400")
+        if names[record.name] > 1:
+            yield ((*path, "name"), f"duplicate DNS record {record.name!r}; each name appears once")

@@ -1,0 +1,125 @@
+"""Pure derivations from a validated ClusterConfig to the specs the constructs declare.
+
+Tests call these directly; constructs only read the specs. Nothing here knows cdktf.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from clusters.machines import MACHINE_GPUS, N1_ACCELERATOR, N1_GPU_MEMORY_GIB, N1_MODEL, is_n1
+from clusters.schema import ClusterConfig, Environment, GpuPool, TaintEffect
+
+GPU_TAINT = ("nvidia.com/gpu", "present", TaintEffect.NO_SCHEDULE)
+POOL_LABEL = "gpufleet.dev/gpu-pool"
+CLUSTER_LABEL = "gpufleet.dev/cluster"
+
+
+@dataclass(frozen=True)
+class TaintSpec:
+    key: str
+    value: str
+    effect: str
+
+
+@dataclass(frozen=True)
+class GpuPoolSpec:
+    """Everything a GPU node pool (GKE) or GPU instance group (Nomad) needs, fully derived."""
+
+    name: str
+    machine_type: str
+    accelerator: str
+    gpus_per_node: int
+    gpu_memory_gib: int
+    gpu_model: str
+    node_count: int | None
+    min_nodes: int
+    max_nodes: int
+    spot: bool
+    reservation: str | None
+    queued_provisioning: bool
+    compact_placement: bool
+    zones: tuple[str, ...]
+    boot_disk_gb: int
+    boot_disk_type: str
+    labels: tuple[tuple[str, str], ...]
+    taints: tuple[TaintSpec, ...]
+    overcommit: bool
+    protected: bool
+
+    @property
+    def autoscaling(self) -> bool:
+        return self.node_count is None
+
+    @property
+    def capacity_gpus(self) -> int:
+        """GPUs the pool can hold at its largest: the ceiling for tenant quotas and Kueue."""
+        nodes = self.node_count if self.node_count is not None else self.max_nodes
+        return nodes * self.gpus_per_node
+
+
+def machine_accelerator(machine_type: str, accelerator: str | None, gpus_per_node: int | None) -> tuple[str, int] | None:
+    """(accelerator, gpus) a machine type implies; N1 takes the user's T4 count. None if unknown."""
+    if is_n1(machine_type):
+        return (accelerator or N1_ACCELERATOR, gpus_per_node or 1)
+    known = MACHINE_GPUS.get(machine_type)
+    return (known.accelerator, known.gpus) if known else None
+
+
+def default_protected(pool: GpuPool, environment: Environment) -> bool:
+    """Pools are protected from destroy by default everywhere but dev, where churn is the point."""
+    return pool.protected if pool.protected is not None else environment != Environment.DEV
+
+
+def derive_gpu_pool(pool: GpuPool, config: ClusterConfig) -> GpuPoolSpec:
+    derived = machine_accelerator(pool.machine_type, pool.accelerator, pool.gpus_per_node)
+    if derived is None:
+        raise ValueError(f"unknown machine type {pool.machine_type!r}; run cross-checks first")
+    accelerator, gpus = derived
+    known = MACHINE_GPUS.get(pool.machine_type)
+    labels = {CLUSTER_LABEL: config.name, POOL_LABEL: pool.name, **pool.labels}
+    taints = (TaintSpec(GPU_TAINT[0], GPU_TAINT[1], GPU_TAINT[2].value),) + tuple(
+        TaintSpec(t.key, t.value, t.effect.value) for t in pool.taints
+    )
+    static = pool.node_count is not None
+    return GpuPoolSpec(
+        name=pool.name,
+        machine_type=pool.machine_type,
+        accelerator=accelerator,
+        gpus_per_node=gpus,
+        gpu_memory_gib=known.gpu_memory_gib if known else N1_GPU_MEMORY_GIB,
+        gpu_model=known.model if known else N1_MODEL,
+        node_count=pool.node_count,
+        min_nodes=pool.node_count if static else (pool.min_nodes or 0),
+        max_nodes=pool.node_count if static else (pool.max_nodes or 1),
+        spot=pool.spot,
+        reservation=pool.reservation,
+        queued_provisioning=pool.queued_provisioning,
+        compact_placement=pool.placement == "COMPACT",
+        zones=tuple(pool.zones or config.gcp.zones),
+        boot_disk_gb=pool.boot_disk_gb,
+        boot_disk_type=pool.boot_disk_type.value,
+        labels=tuple(sorted(labels.items())),
+        taints=taints,
+        overcommit=pool.overcommit,
+        protected=default_protected(pool, config.environment),
+    )
+
+
+def derive_gpu_pools(config: ClusterConfig) -> tuple[GpuPoolSpec, ...]:
+    return tuple(derive_gpu_pool(p, config) for p in config.gpu_pools)
+
+
+def tfc_workspace(config: ClusterConfig, stack: str) -> str:
+    """Workspace per stack: the file's explicit name for the infra stack, else derived from the stack name."""
+    state = config.state
+    explicit = getattr(state, "workspace", None)
+    if explicit and stack == config.name:
+        return explicit
+    suffix = stack.removeprefix(config.name)
+    return f"{explicit}{suffix}" if explicit else f"gpufleet-{stack}"
+
+
+def total_gpus(specs: tuple[GpuPoolSpec, ...]) -> tuple[int, int]:
+    """(min, max) GPUs across pools, for the cluster table."""
+    return (sum(s.min_nodes * s.gpus_per_node for s in specs), sum(s.capacity_gpus for s in specs))

@@ -1,0 +1,61 @@
+"""The operator CLI: ``gpufleet <command>``.
+
+Command modules are imported at start-up, so they must stay cheap to import: anything that
+loads cdktf, providers, hvac or python-nomad is imported inside the command function.
+User errors (ConfigError, UserError) become one line per problem on stderr and exit 2.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from clusters.errors import ConfigError, UserError
+from gpufleet import fleet_cmd
+
+app = typer.Typer(
+    name="gpufleet",
+    help="A GPU training fleet as code: clusters, stacks, Nomad fine-tune jobs and Vault keys.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+@app.callback()
+def _root() -> None:
+    """Keeps ``gpufleet <command>`` a command group even while only one command exists."""
+
+
+fleet_cmd.register(app)
+
+EXIT_USER_ERROR = 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        rc = app(args=argv, standalone_mode=False)
+    except ConfigError as exc:
+        for problem in exc.problems:
+            print(f"error: {problem}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except typer.Exit as exc:
+        return exc.exit_code
+    except typer.Abort:
+        print("aborted", file=sys.stderr)
+        return 130
+    except typer.TyperException as exc:  # usage errors: unknown command, bad option value
+        show = getattr(exc, "show", None)
+        if show is None:
+            raise
+        show()
+        return getattr(exc, "exit_code", EXIT_USER_ERROR)
+    return rc if isinstance(rc, int) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
