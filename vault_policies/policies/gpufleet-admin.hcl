@@ -1,0 +1,39 @@
+# What `gpufleet vault apply|prune` needs, and no more: it manages mounts, policies and
+# role definitions, but cannot mint secret_ids or read API keys.
+path "sys/auth" {
+  capabilities = ["read"]
+}
+
+# Enabling an auth method is a sudo operation in Vault.
+path "sys/auth/approle" {
+  capabilities = ["create", "update", "read", "sudo"]
+}
+
+path "sys/mounts" {
+  capabilities = ["read"]
+}
+
+path "sys/mounts/secret" {
+  capabilities = ["create", "update", "read"]
+}
+
+path "sys/policies/acl" {
+  capabilities = ["list"]
+}
+
+path "sys/policies/acl/*" {
+  capabilities = ["create", "read", "update", "delete"]
+}
+
+path "auth/approle/role" {
+  capabilities = ["list"]
+}
+
+path "auth/approle/role/+" {
+  capabilities = ["create", "read", "update", "delete"]
+}
+
+# The record of which roles gpufleet wrote, so prune spares everyone else's.
+path "secret/data/gpufleet/managed" {
+  capabilities = ["create", "read", "update"]
+}
