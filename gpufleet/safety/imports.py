@@ -1,0 +1,147 @@
+"""Reviewed import: bring resources that already exist in the cloud under this repo, one reviewed step at a time.
+
+``generate`` turns an ids file (address -> provider id) into a manifest outside the repository
+and prints its SHA-256; a reviewer reads the manifest and the digest. ``apply`` re-derives the
+manifest from the ids it holds and the *current* synthesized stack: if the file was edited
+(digest differs) or the stack changed since (re-derived bytes differ), it refuses. Only then
+is the mapping recorded in ``stacks/imported/<stack>.json`` (committed, reviewed), from which
+the next synthesis emits Terraform ``import`` blocks, and the plan gate treats those addresses
+as protected: an imported resource existed before this repo and must not be destroyed by it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from clusters.errors import UserError
+from clusters.source import did_you_mean
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+IMPORTED_DIR = REPO_ROOT / "stacks" / "imported"
+MANIFEST_VERSION = 1
+
+
+def stack_resources(stack_json: Path) -> dict[str, Any]:
+    """address -> resource config of a synthesized ``cdk.tf.json``."""
+    data = json.loads(Path(stack_json).read_text(encoding="utf-8"))
+    return {f"{kind}.{name}": body for kind, by_name in sorted(data.get("resource", {}).items()) for name, body in sorted(by_name.items())}
+
+
+def _canonical(data: Any) -> bytes:
+    return (json.dumps(data, indent=2, sort_keys=True) + "\n").encode("utf-8")
+
+
+def _digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _read_ids(path: Path) -> dict[str, str]:
+    if not Path(path).is_file():
+        raise UserError(f"{path}: ids file not found; write a JSON object {{\"<address>\": \"<provider id>\"}}")
+    try:
+        ids = json.loads(Path(path).read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise UserError(f"{path}:{exc.lineno}: not valid JSON ({exc.msg}); write {{\"<address>\": \"<provider id>\"}}") from None
+    if not isinstance(ids, dict) or not ids or not all(isinstance(k, str) and isinstance(v, str) and v for k, v in ids.items()):
+        raise UserError(f"{path}: must be a non-empty JSON object of address -> non-empty provider id strings")
+    return ids
+
+
+def derive_manifest(stack: str, ids: dict[str, str], stack_json: Path) -> bytes:
+    """The manifest bytes: the ids plus a digest of each target's current config, so a stack change makes it stale."""
+    resources = stack_resources(stack_json)
+    for address in sorted(ids):
+        if address not in resources:
+            raise UserError(
+                f"{address} is not a resource of stack {stack!r}{did_you_mean(address, resources)}; "
+                f"use an address from {stack_json}"
+            )
+    entries = {
+        address: {"id": ids[address], "config_sha256": _digest(_canonical(resources[address]))} for address in sorted(ids)
+    }
+    return _canonical({"version": MANIFEST_VERSION, "stack": stack, "imports": entries})
+
+
+def _inside(path: Path, root: Path) -> bool:
+    return path.resolve().is_relative_to(root.resolve())
+
+
+def generate(stack: str, ids_file: Path, stack_json: Path, out: Path, *, repo: Path = REPO_ROOT) -> tuple[int, str]:
+    """Write the manifest to ``out`` (never inside the repo: it is reviewed, not committed); returns (count, digest)."""
+    if _inside(Path(out), repo):
+        raise UserError(f"{out} is inside the repository {repo}; write the manifest elsewhere (e.g. --out /tmp/{stack}.import.json)")
+    ids = _read_ids(ids_file)
+    data = derive_manifest(stack, ids, stack_json)
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).write_bytes(data)
+    return len(ids), _digest(data)
+
+
+def verify(stack: str, manifest: Path, digest: str, stack_json: Path) -> dict[str, str]:
+    """Refuse an edited or stale manifest; return its address -> id mapping."""
+    if not Path(manifest).is_file():
+        raise UserError(f"{manifest}: manifest not found; run `gpufleet import generate {stack} --ids FILE` first")
+    data = Path(manifest).read_bytes()
+    if _digest(data) != digest.strip().lower():
+        raise UserError(f"{manifest}: SHA-256 does not match --digest; the manifest was edited after review; generate and review it again")
+    try:
+        content = json.loads(data)
+        ids = {address: entry["id"] for address, entry in content["imports"].items()}
+        named = content["stack"]
+    except (json.JSONDecodeError, KeyError, TypeError, AttributeError):
+        raise UserError(f"{manifest}: not a gpufleet import manifest; generate it with `gpufleet import generate`") from None
+    if named != stack:
+        raise UserError(f"{manifest}: manifest is for stack {named!r}, not {stack!r}; pass the matching stack")
+    if derive_manifest(stack, ids, stack_json) != data:
+        raise UserError(f"{manifest}: stale: stack {stack!r} changed since the manifest was generated; generate and review it again")
+    return ids
+
+
+def record(stack: str, ids: dict[str, str], *, imported_dir: Path = IMPORTED_DIR) -> Path:
+    """Merge into ``<imported_dir>/<stack>.json``; an address already recorded with another id is refused."""
+    current = load_imports(stack, imported_dir=imported_dir)
+    for address, provider_id in sorted(ids.items()):
+        if current.get(address, provider_id) != provider_id:
+            raise UserError(f"{address} is already recorded with another id in {imported_dir / f'{stack}.json'}; remove that entry in a reviewed change first")
+    target = imported_dir / f"{stack}.json"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_bytes(_canonical(dict(sorted((current | ids).items()))))
+    return target
+
+
+def load_imports(stack: str, *, imported_dir: Path = IMPORTED_DIR) -> dict[str, str]:
+    """Recorded imports of one stack (address -> provider id); empty when none were recorded."""
+    path = Path(imported_dir) / f"{stack}.json"
+    if not path.is_file():
+        return {}
+    data = json.loads(path.read_text(encoding="utf-8"))
+    if not isinstance(data, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in data.items()):
+        raise UserError(f"{path}: must be a JSON object of address -> provider id; fix or restore it from git")
+    return data
+
+
+def apply_imports(stack: Any, imports: dict[str, str]) -> None:
+    """Call ``import_from`` and set ``prevent_destroy`` on each recorded resource of a cdktf stack.
+
+    Called by ``stacks.build_fleet`` after the stack is built. An address that no resource has
+    any more is an error: silently dropping an import would let the next plan create a duplicate.
+    """
+    from cdktf import TerraformResource
+
+    by_address = {
+        f"{node.terraform_resource_type}.{node.friendly_unique_id}": node
+        for node in stack.node.find_all()
+        if isinstance(node, TerraformResource)
+    }
+    for address, provider_id in sorted(imports.items()):
+        resource = by_address.get(address)
+        if resource is None:
+            raise UserError(
+                f"recorded import {address} matches no resource of stack {stack.node.id!r}{did_you_mean(address, by_address)}; "
+                f"fix stacks/imported/{stack.node.id}.json in a reviewed change"
+            )
+        resource.import_from(provider_id)
+        resource.add_override("lifecycle.prevent_destroy", True)
