@@ -1,0 +1,50 @@
+"""The reviewed list of checkov checks gpufleet skips, each with a reason (cdk-nag's rule).
+
+checkov's own config file cannot carry reasons and ignores inline skips for terraform_json,
+so the list lives in ``.checkov-skips.yaml`` and is passed as ``--skip-check``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from clusters.errors import ConfigError
+from clusters.source import read_yaml
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+SKIPS_FILE = REPO_ROOT / ".checkov-skips.yaml"
+MIN_REASON = 10
+
+
+@dataclass(frozen=True)
+class Skip:
+    check_id: str
+    reason: str
+
+
+def load_skips(path: Path = SKIPS_FILE) -> tuple[Skip, ...]:
+    doc = read_yaml(path)
+    entries = doc.data.get("skips")
+    if not isinstance(entries, list):
+        raise ConfigError([doc.problem(("skips",), "expected a list of {id, reason}; see the comment at the top of the file")])
+    problems, skips, seen = [], [], set()
+    for i, entry in enumerate(entries):
+        check_id = str(entry.get("id", "")) if isinstance(entry, dict) else ""
+        reason = str(entry.get("reason", "")).strip() if isinstance(entry, dict) else ""
+        if not check_id.startswith("CKV"):
+            problems.append(doc.problem(("skips", i, "id"), f"{check_id!r} is not a checkov check id; write e.g. CKV_GCP_65"))
+        elif len(reason) < MIN_REASON:
+            problems.append(doc.problem(("skips", i, "reason"), f"skip {check_id} needs a reason of {MIN_REASON}+ characters; say why it does not apply"))
+        elif check_id in seen:
+            problems.append(doc.problem(("skips", i, "id"), f"{check_id} is listed twice; keep one entry"))
+        else:
+            seen.add(check_id)
+            skips.append(Skip(check_id, reason))
+    if problems:
+        raise ConfigError(problems)
+    return tuple(skips)
+
+
+def skip_check_arg(skips: tuple[Skip, ...]) -> list[str]:
+    return ["--skip-check", ",".join(s.check_id for s in skips)] if skips else []
