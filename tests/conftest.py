@@ -1,3 +1,49 @@
-"""Session-wide fixtures. Component fixtures live in their own plugin modules listed here."""
+"""Session-wide fixtures. Component fixtures live in their own plugin modules listed here.
+
+Synthesis costs seconds (jsii start-up plus provider loading), so the example fleet is
+synthesized once per session and every test reads the shared output.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
 
 pytest_plugins = ["tests.openbao_fixture"]
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def example_configs():
+    import clusters
+
+    return clusters.load_all()
+
+
+@pytest.fixture(scope="session")
+def fleet_out(tmp_path_factory, example_configs) -> Path:
+    """``cdktf.out`` of the example fleet, synthesized once for the whole session."""
+    from gpufleet.synth import synthesize
+
+    outdir = tmp_path_factory.mktemp("fleet") / "cdktf.out"
+    synthesize(example_configs, outdir)
+    return outdir
+
+
+@pytest.fixture(scope="session")
+def stack_json(fleet_out):
+    """``stack_json("prod-gke")`` -> the parsed cdk.tf.json of that stack."""
+    cache: dict[str, dict] = {}
+
+    def read(stack: str) -> dict:
+        if stack not in cache:
+            cache[stack] = json.loads((fleet_out / "stacks" / stack / "cdk.tf.json").read_text())
+        return cache[stack]
+
+    return read
