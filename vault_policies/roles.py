@@ -11,12 +11,12 @@ import ipaddress
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
 
 from clusters.errors import ConfigError, Problem
-from clusters.source import YamlDocument, read_yaml, validate_document
+from clusters.source import YamlDocument, problems_from_validation, read_yaml, validate_document
 
 MAX_TOKEN_TTL_SECONDS = 3600
 MIN_REASON_CHARS = 10
@@ -70,7 +70,7 @@ class RoleModel(BaseModel):
 class RolesFile(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    roles: dict[str, RoleModel] = Field(min_length=1)
+    roles: dict[str, dict[str, Any]] = Field(min_length=1)
 
 
 @dataclass(frozen=True)
@@ -108,11 +108,27 @@ def _rule_problems(doc: YamlDocument, name: str, role: RoleModel) -> list[Proble
     return problems
 
 
+def _validate_roles(doc: YamlDocument) -> dict[str, RoleModel]:
+    """Each role validated on its own node, so unknown-field hints list the role's fields."""
+    names = validate_document(doc, RolesFile).roles
+    roles: dict[str, RoleModel] = {}
+    problems: list[Problem] = []
+    for name in sorted(names):
+        sub = YamlDocument(doc.path, doc.raw["roles"][name])
+        try:
+            roles[name] = RoleModel.model_validate(sub.data)
+        except ValidationError as exc:
+            problems += [Problem(p.file, p.line, f"roles.{name}.{p.field}" if p.field else f"roles.{name}", p.message) for p in problems_from_validation(sub, RoleModel, exc)]
+    if problems:
+        raise ConfigError(problems)
+    return roles
+
+
 def load_roles_document(path: Path) -> tuple[YamlDocument, dict[str, RoleSpec]]:
     """The parsed file (for line numbers in cross-checks) and the validated roles, sorted by name."""
     doc = read_yaml(path)
-    parsed = validate_document(doc, RolesFile)
-    problems = [p for name, role in sorted(parsed.roles.items()) for p in _rule_problems(doc, name, role)]
+    parsed = _validate_roles(doc)
+    problems = [p for name, role in parsed.items() for p in _rule_problems(doc, name, role)]
     if problems:
         raise ConfigError(problems)
     specs = {
@@ -128,7 +144,7 @@ def load_roles_document(path: Path) -> tuple[YamlDocument, dict[str, RoleSpec]]:
             reason=role.reason,
             line=doc.line_of(("roles", name)),
         )
-        for name, role in sorted(parsed.roles.items())
+        for name, role in parsed.items()
     }
     return doc, specs
 
