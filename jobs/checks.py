@@ -1,0 +1,129 @@
+"""Cross-references of a job file, as pure functions returning (field path, message) pairs.
+
+A job may only name things that exist and fit: a Nomad cluster from ``clusters/``, one of
+its tenants (the Nomad namespace) and GPU pools, a GPU request one node of that pool can
+satisfy, and a Vault role whose policies can read every key the job asks for.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+from clusters.derive import GpuPoolSpec, derive_gpu_pools
+from clusters.schema import ClusterConfig, SchedulerKind
+from clusters.source import FieldPath, did_you_mean
+from jobs.durations import NS_PER_SECOND
+from jobs.schema import ENV_NAME, META_KEY, RESERVED_ENV_PREFIXES, SECRET_REF, JobFile, looks_secret, secret_like_name
+from jobs.vault_refs import VaultView, readable_paths
+
+Finding = tuple[FieldPath, str]
+
+
+def cross_check(job: JobFile, clusters: dict[str, ClusterConfig], vault: VaultView, *, file_stem: str | None) -> list[Finding]:
+    findings: list[Finding] = []
+    if file_stem is not None and job.name != file_stem:
+        findings.append((("name",), f"{job.name!r} must equal the file name {file_stem!r}; rename the file or set name: {file_stem}"))
+    findings += _hygiene(job)
+    findings += _collisions(job)
+    findings += _vault(job, vault)
+    config = clusters.get(job.cluster)
+    if config is None:
+        nomad = sorted(n for n, c in clusters.items() if c.scheduler == SchedulerKind.NOMAD)
+        findings.append((("cluster",), f"cluster {job.cluster!r} does not exist{did_you_mean(job.cluster, nomad)}; allowed: {', '.join(nomad) or '(no Nomad cluster)'}; name a file in clusters/"))
+        return findings
+    if config.scheduler != SchedulerKind.NOMAD:
+        nomad = sorted(n for n, c in clusters.items() if c.scheduler == SchedulerKind.NOMAD)
+        findings.append((("cluster",), f"cluster {job.cluster!r} runs {config.scheduler.value}, not Nomad; allowed: {', '.join(nomad)}; pick a Nomad cluster"))
+        return findings
+    findings += _placement(job, config)
+    return findings
+
+
+def _hygiene(job: JobFile) -> Iterator[Finding]:
+    """No credential in the file, no shadowing of platform variables, names Nomad accepts."""
+    for name, value in sorted(job.env.items()):
+        at = ("env", name)
+        if not ENV_NAME.match(name):
+            yield (at, f"env name {name!r} is not allowed; use upper-case letters, digits and '_', e.g. 'HF_HOME'")
+        elif name.startswith(RESERVED_ENV_PREFIXES):
+            yield (at, f"{name} is set by the platform (prefixes {', '.join(RESERVED_ENV_PREFIXES)}); remove it or rename it")
+        elif looks_secret(str(value)):
+            yield (at, f"the value of {name} looks like a credential (not shown); delete it from this file, rotate it, and add {name} to secrets.env as a Vault path")
+        elif secret_like_name(name):
+            yield (at, f"{name} looks like a secret name; move it to secrets.env as {name}: ml-api-keys/<name>#<key> so it comes from Vault, or rename it")
+    for index, arg in enumerate(job.args):
+        if looks_secret(arg):
+            yield (("args", index), "this argument looks like a credential (not shown); delete it, rotate it, and read it from a variable listed in secrets.env")
+    for name, ref in sorted(job.secrets.env.items()):
+        at = ("secrets", "env", name)
+        if not ENV_NAME.match(name) or name.startswith(RESERVED_ENV_PREFIXES):
+            yield (at, f"secret env name {name!r} is not allowed; use upper-case letters, digits and '_' without the prefixes {', '.join(RESERVED_ENV_PREFIXES)}, e.g. 'HF_TOKEN'")
+        elif not SECRET_REF.match(ref):
+            hint = " and looks like the secret itself (not shown): delete it, rotate it" if looks_secret(ref) else f" ({ref!r})"
+            yield (at, f"value is not a Vault reference{hint}; write <path under the secret/ mount>#<key>, e.g. ml-api-keys/huggingface#token")
+    for field in ("meta_required", "meta_optional"):
+        keys = getattr(job, field)
+        for index, key in enumerate(keys):
+            if not META_KEY.match(key):
+                yield ((field, index), f"meta key {key!r} is not allowed; use lowercase letters, digits and '_', starting with a letter, e.g. 'dataset_uri'")
+            elif key.startswith("gpufleet_"):
+                yield ((field, index), f"meta key {key!r} uses the platform prefix 'gpufleet_'; rename it")
+            elif key in keys[:index]:
+                yield ((field, index), f"{key!r} is listed twice; list each key once")
+
+
+def _collisions(job: JobFile) -> Iterator[Finding]:
+    for name in sorted(set(job.env) & set(job.secrets.env)):
+        yield (("secrets", "env", name), f"{name} is also set under env; a variable has one source: delete env.{name} and keep it here")
+    for key in sorted(set(job.meta_required) & set(job.meta_optional)):
+        yield (("meta_optional",), f"{key!r} is also in meta_required; keep each key in one list")
+    if job.kill_timeout >= job.max_run_hours * 3600 * NS_PER_SECOND:
+        yield (("kill_timeout",), f"{job.kill_timeout // NS_PER_SECOND}s is not shorter than max_run_hours ({job.max_run_hours}h); write e.g. '2m'")
+
+
+def _placement(job: JobFile, config: ClusterConfig) -> Iterator[Finding]:
+    tenants = {t.name: t for t in config.tenants}
+    tenant = tenants.get(job.tenant)
+    if tenant is None:
+        yield (("tenant",), f"tenant {job.tenant!r} does not exist in cluster {config.name}{did_you_mean(job.tenant, tenants)}; allowed: {', '.join(sorted(tenants))}; add it to clusters/{config.name}.yaml or pick one")
+    pools = {p.name: p for p in derive_gpu_pools(config)}
+    pool = pools.get(job.gpu.pool)
+    if pool is None:
+        yield (("gpu", "pool"), f"GPU pool {job.gpu.pool!r} does not exist in cluster {config.name}{did_you_mean(job.gpu.pool, pools)}; allowed: {', '.join(sorted(pools))}; pick one")
+        return
+    yield from _gpu_fit(job, pool)
+    if tenant is not None and tenant.gpu_quota:
+        quota = tenant.gpu_quota.get(pool.name, 0)
+        if job.gpu.count > quota:
+            yield (("gpu", "count"), f"{job.gpu.count} GPUs exceed tenant {tenant.name}'s quota of {quota} on pool {pool.name} in clusters/{config.name}.yaml; ask for at most {quota} or raise the quota")
+
+
+def _gpu_fit(job: JobFile, pool: GpuPoolSpec) -> Iterator[Finding]:
+    gpu = job.gpu
+    if gpu.count > pool.gpus_per_node:
+        yield (("gpu", "count"), f"{gpu.count} GPUs do not fit one node of pool {pool.name} ({pool.machine_type} has {pool.gpus_per_node}); allowed: 1..{pool.gpus_per_node}; lower count or pick a bigger pool")
+    if gpu.min_memory_gib is not None and gpu.min_memory_gib > pool.gpu_memory_gib:
+        yield (("gpu", "min_memory_gib"), f"{gpu.min_memory_gib} GiB is more than pool {pool.name}'s {pool.gpu_model} has ({pool.gpu_memory_gib} GiB); allowed: <= {pool.gpu_memory_gib}; lower it or pick a pool with bigger GPUs")
+    if gpu.prefer_memory_gib is not None:
+        low = gpu.min_memory_gib or 1
+        if not low <= gpu.prefer_memory_gib <= pool.gpu_memory_gib:
+            yield (("gpu", "prefer_memory_gib"), f"{gpu.prefer_memory_gib} GiB can never be preferred on pool {pool.name}; allowed: {low}..{pool.gpu_memory_gib}; change it or remove it")
+    if gpu.model is not None and not re.search(gpu.model, pool.gpu_model):
+        yield (("gpu", "model"), f"pattern {gpu.model!r} does not match pool {pool.name}'s GPU model {pool.gpu_model!r}; the job could never be placed; write a pattern matching it, e.g. {pool.gpu_model.split('-')[0]!r}")
+
+
+def _vault(job: JobFile, vault: VaultView) -> Iterator[Finding]:
+    role = vault.roles.get(job.secrets.role)
+    if role is None:
+        yield (("secrets", "role"), f"Vault role {job.secrets.role!r} does not exist in vault_policies/roles.yaml{did_you_mean(job.secrets.role, vault.roles)}; allowed: {', '.join(sorted(vault.roles))}; add the role or pick one")
+        return
+    readable = readable_paths(role, vault)
+    for name, ref in sorted(job.secrets.env.items()):
+        path = ref.split("#", 1)[0]
+        if not any(pattern.fullmatch(path) for pattern in readable.values()):
+            allowed = ", ".join(sorted(readable)) or "(nothing)"
+            yield (("secrets", "env", name), f"{path} is not readable by role {role.name} (policies {', '.join(role.policies)}); readable: {allowed}; pick one of those or add a read rule to vault_policies/policies/{role.policies[0]}.hcl")
+    max_run_s = int(job.max_run_hours * 3600)
+    if role.token_period_seconds is None and max_run_s > role.token_max_ttl_seconds:
+        yield (("max_run_hours",), f"{job.max_run_hours}h outlives role {role.name}'s token_max_ttl ({role.token_max_ttl_seconds // 3600}h): the run would lose its Vault token; allowed: <= {role.token_max_ttl_seconds / 3600:g}; lower it or raise token_max_ttl in vault_policies/roles.yaml")

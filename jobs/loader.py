@@ -1,0 +1,61 @@
+"""Load job files into frozen FinetuneSpecs (or one ConfigError listing every problem)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import clusters
+from clusters.errors import ConfigError, Problem, UserError
+from clusters.schema import ClusterConfig
+from clusters.source import did_you_mean, read_yaml, validate_document
+from jobs.checks import cross_check
+from jobs.schema import JobFile
+from jobs.spec import FinetuneSpec, derive_spec
+from jobs.vault_refs import VaultView, load_vault_view
+
+JOBS_DIR = Path(__file__).resolve().parent
+
+
+def job_files(directory: Path = JOBS_DIR) -> tuple[Path, ...]:
+    return tuple(sorted(Path(directory).glob("*.yaml")))
+
+
+def load(path: Path, *, cluster_configs: tuple[ClusterConfig, ...] | None = None, vault: VaultView | None = None) -> FinetuneSpec:
+    """Parse, validate and cross-check one job file against clusters/ and vault_policies/."""
+    path = Path(path)
+    doc = read_yaml(path)
+    job = validate_document(doc, JobFile)
+    configs = cluster_configs if cluster_configs is not None else clusters.load_all()
+    by_name = {c.name: c for c in configs}
+    findings = cross_check(job, by_name, vault if vault is not None else load_vault_view(), file_stem=path.stem)
+    if findings:
+        raise ConfigError([doc.problem(field, message) for field, message in findings])
+    return derive_spec(job, by_name[job.cluster], source=path)
+
+
+def load_all(directory: Path = JOBS_DIR, *, cluster_configs: tuple[ClusterConfig, ...] | None = None, vault: VaultView | None = None) -> tuple[FinetuneSpec, ...]:
+    """Every job file in name order; problems of all files are collected into one error."""
+    configs = cluster_configs if cluster_configs is not None else clusters.load_all()
+    view = vault if vault is not None else load_vault_view()
+    specs: list[FinetuneSpec] = []
+    problems: list[Problem] = []
+    for path in job_files(directory):
+        try:
+            specs.append(load(path, cluster_configs=configs, vault=view))
+        except ConfigError as exc:
+            problems.extend(exc.problems)
+    if problems:
+        raise ConfigError(problems)
+    return tuple(specs)
+
+
+def find(name: str, directory: Path = JOBS_DIR) -> Path:
+    """The file of job ``name`` (or a path given directly); a typo gets a did-you-mean."""
+    candidate = Path(name)
+    if candidate.suffix == ".yaml" and candidate.exists():
+        return candidate
+    path = Path(directory) / f"{name}.yaml"
+    if path.exists():
+        return path
+    names = [p.stem for p in job_files(directory)]
+    raise UserError(f"no job {name!r}{did_you_mean(name, names)}; allowed: {', '.join(names) or '(none)'}; add jobs/{name}.yaml or pick one")

@@ -1,0 +1,158 @@
+"""FinetuneSpec -> Nomad API job JSON (``{"Job": {...}}``), as ``POST /v1/jobs`` and
+``nomad job run -json`` take it.
+
+The job is a parameterized batch job: registering it runs nothing; each dispatch creates a
+child job with its own meta (dataset, run id, the role_id and the *wrapped* secret_id).
+No key is in the JSON: the task command is wrapped in ``gpufleet-exec``, which unwraps the
+secret_id at run time, logs in with AppRole and exports only the keys in GPUFLEET_SECRETS.
+Durations are integer nanoseconds, as Nomad's API wants them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from jobs.spec import TASK, TASK_GROUP, FinetuneSpec
+
+# Env contract read by gpufleet-exec (vault_policies/client.py); a test pins these names.
+ENV_ROLE_ID = "GPUFLEET_VAULT_ROLE_ID"
+ENV_WRAPPED_SECRET_ID = "GPUFLEET_VAULT_WRAPPED_SECRET_ID"
+ENV_SECRETS = "GPUFLEET_SECRETS"
+# Dispatch meta the platform fills in; declared as required so a dispatch without them is refused by Nomad.
+META_ROLE_ID = "gpufleet_vault_role_id"
+META_WRAPPED_SECRET_ID = "gpufleet_vault_wrapped_secret_id"
+PLATFORM_META = (META_ROLE_ID, META_WRAPPED_SECRET_ID)
+# Static job meta: which role the dispatcher must mint for (a name, not a credential).
+JOB_META_ROLE = "gpufleet_vault_role"
+EXEC = "gpufleet-exec"
+GPU_DEVICE = "nvidia/gpu"
+OUT_DIR = Path(__file__).resolve().parent / "out"
+
+
+def _constraint(ltarget: str, operand: str, rtarget: str) -> dict[str, str]:
+    return {"LTarget": ltarget, "Operand": operand, "RTarget": rtarget}
+
+
+def _device(spec: FinetuneSpec) -> dict[str, Any]:
+    gpu = spec.gpu
+    constraints = []
+    if gpu.min_memory_gib is not None:
+        constraints.append(_constraint("${device.attr.memory}", ">=", f"{gpu.min_memory_gib} GiB"))
+    if gpu.model is not None:
+        constraints.append(_constraint("${device.model}", "regexp", gpu.model))
+    affinities = []
+    if gpu.prefer_memory_gib is not None:
+        affinities.append({**_constraint("${device.attr.memory}", ">=", f"{gpu.prefer_memory_gib} GiB"), "Weight": 50})
+    device: dict[str, Any] = {"Name": GPU_DEVICE, "Count": gpu.count}
+    if constraints:
+        device["Constraints"] = constraints
+    if affinities:
+        device["Affinities"] = affinities
+    return device
+
+
+def task_env(spec: FinetuneSpec) -> dict[str, str]:
+    """The task's environment: user env, Vault address, and the dispatch meta interpolated in."""
+    return {
+        **dict(spec.env),
+        "VAULT_ADDR": spec.vault_addr,
+        ENV_ROLE_ID: f"${{NOMAD_META_{META_ROLE_ID}}}",
+        ENV_WRAPPED_SECRET_ID: f"${{NOMAD_META_{META_WRAPPED_SECRET_ID}}}",
+        ENV_SECRETS: spec.secrets_env,
+    }
+
+
+def exec_argv(spec: FinetuneSpec) -> list[str]:
+    """The task command, behind gpufleet-exec so keys arrive only at run time."""
+    return [EXEC, "--", spec.command, *spec.args]
+
+
+def _task(spec: FinetuneSpec) -> dict[str, Any]:
+    argv = exec_argv(spec)
+    return {
+        "Name": TASK,
+        "Driver": "docker",
+        "Config": {"image": spec.image, "command": argv[0], "args": argv[1:]},
+        "Env": task_env(spec),
+        "Resources": {"CPU": spec.cpu_mhz, "MemoryMB": spec.memory_mb, "Devices": [_device(spec)]},
+        "KillTimeout": spec.kill_timeout_ns,
+        "KillSignal": "SIGTERM",
+    }
+
+
+def _group(spec: FinetuneSpec) -> dict[str, Any]:
+    restart, reschedule = spec.restart, spec.reschedule
+    return {
+        "Name": TASK_GROUP,
+        "Count": 1,
+        "Constraints": [_constraint("${node.class}", "=", spec.pool.name)],
+        "RestartPolicy": {"Attempts": restart.attempts, "Delay": restart.delay, "Interval": restart.interval, "Mode": restart.mode.value},
+        "ReschedulePolicy": {
+            "Attempts": reschedule.attempts,
+            "Interval": reschedule.interval,
+            "Delay": reschedule.delay,
+            "DelayFunction": reschedule.delay_function.value,
+            "MaxDelay": reschedule.max_delay,
+            "Unlimited": reschedule.unlimited,
+        },
+        "EphemeralDisk": {"SizeMB": spec.disk_mb, "Sticky": False, "Migrate": False},
+        # Honoured from Nomad 2.0.3; older servers ignore the field, so max_run_hours is
+        # also enforced by the role's token_max_ttl (gpufleet-exec stops the run).
+        "MaxRunDuration": spec.max_run_ns,
+        "Tasks": [_task(spec)],
+    }
+
+
+def render(spec: FinetuneSpec) -> dict[str, Any]:
+    """The parameterized batch job; a pure function of the spec."""
+    return {
+        "Job": {
+            "ID": spec.name,
+            "Name": spec.name,
+            "Type": "batch",
+            "Namespace": spec.namespace,
+            "Region": spec.region,
+            "Datacenters": [spec.datacenter],
+            "NodePool": spec.pool.name,
+            "Priority": spec.priority,
+            "Meta": {JOB_META_ROLE: spec.vault_role, "gpufleet_cluster": spec.cluster, "gpufleet_gpu_pool": spec.pool.name},
+            "ParameterizedJob": {
+                "Payload": "forbidden",
+                "MetaRequired": sorted({*spec.meta_required, *PLATFORM_META}),
+                "MetaOptional": list(spec.meta_optional),
+            },
+            "TaskGroups": [_group(spec)],
+        }
+    }
+
+
+def placement_probe(job: dict[str, Any]) -> dict[str, Any]:
+    """The job as one dispatched instance would be placed: a plan of the parameterized parent
+    places nothing (it is a template), so the plan checks the same job without
+    ParameterizedJob to learn whether a GPU client can take it."""
+    inner = {k: v for k, v in job["Job"].items() if k != "ParameterizedJob"}
+    return {"Job": inner}
+
+
+def to_json(job: dict[str, Any]) -> str:
+    """Byte-stable text: sorted keys, fixed indentation, trailing newline."""
+    return json.dumps(job, indent=2, sort_keys=True) + "\n"
+
+
+def write_job(spec: FinetuneSpec, out_dir: Path = OUT_DIR) -> Path:
+    """Write ``<out_dir>/<job>.json`` atomically: a reader sees the old file or the new one."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    target = out_dir / f"{spec.name}.json"
+    fd, tmp = tempfile.mkstemp(prefix=f".{spec.name}.", suffix=".tmp", dir=out_dir)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(to_json(render(spec)))
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return target

@@ -1,0 +1,128 @@
+"""The job file schema: what an ML engineer may write in ``jobs/<job>.yaml``.
+
+Field-level rules live here (types, names, ranges, secret-looking values). Rules that relate
+a job to the rest of the repo (the cluster, its tenants and pools, the Vault role and what
+its policies may read) live in ``jobs.checks`` so each failure points at its YAML line.
+"""
+
+from __future__ import annotations
+
+import re
+from enum import StrEnum
+from typing import Annotated
+
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+
+from jobs.durations import parse_duration_ns
+
+JOB_NAME = re.compile(r"^[a-z]([a-z0-9-]{0,46}[a-z0-9])?$")
+ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*$")
+META_KEY = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
+# Relative to the KV v2 mount ``secret``, as GPUFLEET_SECRETS wants it: ``ml-api-keys/huggingface#token``.
+SECRET_REF = re.compile(r"^[a-z0-9][a-z0-9_.-]*(/[a-z0-9][a-z0-9_.-]*)+#[A-Za-z0-9_]+$")
+# Variables the platform sets; a job must not shadow them.
+RESERVED_ENV_PREFIXES = ("GPUFLEET_", "NOMAD_", "VAULT_")
+# A name is secret-looking if one of its _-separated words is here, or it contains a *_KEY pair below.
+SECRET_NAME_WORDS = frozenset({"TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "CREDENTIALS", "APIKEY"})
+SECRET_NAME_PAIRS = ("API_KEY", "ACCESS_KEY", "PRIVATE_KEY", "SECRET_KEY")
+# Shapes of real credentials (Hugging Face, OpenAI, W&B, GitHub, AWS, Slack, Vault/OpenBao, PEM).
+SECRET_VALUE = re.compile(
+    r"(^hf_[A-Za-z0-9]{20,}$|^sk-[A-Za-z0-9_-]{16,}$|^gh[pousr]_[A-Za-z0-9]{20,}$|^AKIA[0-9A-Z]{16}$|^xox[abprs]-|"
+    r"^[hs]vs\.[A-Za-z0-9_-]{20,}$|^s\.[A-Za-z0-9]{20,}$|-----BEGIN [A-Z ]*PRIVATE KEY-----|^[0-9a-f]{40}$)"
+)
+
+
+def _job_name(value: str) -> str:
+    if not JOB_NAME.match(value):
+        raise ValueError(f"{value!r} is not a job name; use 1-48 lowercase letters, digits or '-', starting with a letter, e.g. 'finetune-llama'")
+    return value
+
+
+def looks_secret(value: str) -> bool:
+    return bool(SECRET_VALUE.search(value))
+
+
+def secret_like_name(name: str) -> bool:
+    return bool(SECRET_NAME_WORDS & set(name.split("_"))) or any(pair in name for pair in SECRET_NAME_PAIRS)
+
+
+DurationNs = Annotated[int, BeforeValidator(parse_duration_ns)]
+
+
+class Model(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class RestartMode(StrEnum):
+    FAIL = "fail"
+    DELAY = "delay"
+
+
+class DelayFunction(StrEnum):
+    CONSTANT = "constant"
+    EXPONENTIAL = "exponential"
+    FIBONACCI = "fibonacci"
+
+
+class Gpu(Model):
+    pool: Annotated[str, Field(min_length=1)]
+    count: Annotated[int, Field(ge=1, le=16)] = 1
+    min_memory_gib: Annotated[int, Field(ge=1, le=1024)] | None = None
+    prefer_memory_gib: Annotated[int, Field(ge=1, le=1024)] | None = None
+    model: Annotated[str, Field(min_length=1, max_length=64)] | None = None
+
+    @field_validator("model")
+    @classmethod
+    def _model_regex(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                re.compile(value)
+            except re.error as exc:
+                raise ValueError(f"{value!r} is not a regular expression ({exc}); write e.g. 'A100' or 'A100-SXM4-(40|80)GB'") from None
+        return value
+
+
+class Restart(Model):
+    """Restarts on the same client; Nomad's batch default is 3 in 24h, fine-tunes want fewer."""
+
+    attempts: Annotated[int, Field(ge=0, le=10)] = 1
+    delay: DurationNs = parse_duration_ns("30s")
+    interval: DurationNs = parse_duration_ns("24h")
+    mode: RestartMode = RestartMode.FAIL
+
+
+class Reschedule(Model):
+    """Moves to another client after restarts run out; unlimited rescheduling burns GPU hours."""
+
+    attempts: Annotated[int, Field(ge=0, le=10)] = 1
+    interval: DurationNs = parse_duration_ns("24h")
+    delay: DurationNs = parse_duration_ns("5m")
+    delay_function: DelayFunction = DelayFunction.CONSTANT
+    max_delay: DurationNs = parse_duration_ns("1h")
+    unlimited: bool = False
+
+
+class Secrets(Model):
+    role: Annotated[str, Field(min_length=1)]
+    env: Annotated[dict[str, str], Field(min_length=1)]
+
+class JobFile(Model):
+    name: Annotated[str, AfterValidator(_job_name)]
+    cluster: Annotated[str, Field(min_length=1)]
+    tenant: Annotated[str, Field(min_length=1)]
+    gpu: Gpu
+    image: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9._/-]*(:[A-Za-z0-9._-]+)?(@sha256:[0-9a-f]{64})?$")]
+    command: Annotated[str, Field(min_length=1)]
+    args: tuple[str, ...] = ()
+    env: dict[str, str] = {}
+    cpu_mhz: Annotated[int, Field(ge=100, le=512_000)] = 4000
+    memory_mb: Annotated[int, Field(ge=128, le=4_194_304)] = 16384
+    disk_mb: Annotated[int, Field(ge=100, le=16_777_216)] = 20480
+    meta_required: tuple[str, ...] = ()
+    meta_optional: tuple[str, ...] = ()
+    secrets: Secrets
+    max_run_hours: Annotated[float, Field(gt=0, le=168)]
+    kill_timeout: DurationNs = parse_duration_ns("2m")
+    restart: Restart = Restart()
+    reschedule: Reschedule = Reschedule()
+    priority: Annotated[int, Field(ge=1, le=100)] = 50

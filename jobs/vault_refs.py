@@ -1,0 +1,56 @@
+"""What a job's Vault role may read, from the reviewed role and policy files.
+
+A job that names a key its role cannot read would dispatch fine and then fail inside the
+task after waiting for a GPU; checking the policy paths here moves that failure to review.
+This is the one module that reads ``vault_policies`` files, so a change there is one edit here.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from vault_policies.layout import KV_MOUNT
+from vault_policies.policies import PolicyFile, load_policies
+from vault_policies.roles import RoleSpec, load_roles
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+ROLES_FILE = REPO_ROOT / "vault_policies" / "roles.yaml"
+POLICIES_DIR = REPO_ROOT / "vault_policies" / "policies"
+_KV_DATA = f"{KV_MOUNT}/data/"
+
+
+@dataclass(frozen=True)
+class VaultView:
+    roles: dict[str, RoleSpec]
+    policies: dict[str, PolicyFile]
+
+
+def load_vault_view(roles_file: Path = ROLES_FILE, policies_dir: Path = POLICIES_DIR) -> VaultView:
+    """Roles (a broken roles file raises ConfigError) and the policies that parse.
+
+    Policy problems are ``gpufleet check``'s to report; a policy that does not parse simply
+    grants nothing here, so a job naming its paths is refused too.
+    """
+    policies, _ = load_policies(policies_dir)
+    return VaultView(load_roles(roles_file), policies)
+
+
+def _glob(path: str) -> re.Pattern[str]:
+    """Vault ACL path glob: '+' is one segment, a trailing '*' is any suffix."""
+    prefix = path.endswith("*")
+    body = re.escape(path.rstrip("*")).replace(r"\+", "[^/]+")
+    return re.compile(body + (".*" if prefix else ""))
+
+
+def readable_paths(role: RoleSpec, view: VaultView) -> dict[str, re.Pattern[str]]:
+    """KV paths (relative to the mount, as jobs write them) the role's policies may read."""
+    out: dict[str, re.Pattern[str]] = {}
+    for name in role.policies:
+        policy = view.policies.get(name)
+        for rule in policy.rules if policy else ():
+            if rule.path.startswith(_KV_DATA) and "read" in rule.capabilities and "deny" not in rule.capabilities:
+                relative = rule.path.removeprefix(_KV_DATA)
+                out[relative] = _glob(relative)
+    return out
