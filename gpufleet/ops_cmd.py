@@ -2,7 +2,7 @@
 
 Exit codes of ``plan`` and ``gate``: 0 no changes, 1 terraform failed, 2 user error
 (bad arguments, unknown stack, missing or malformed plan), 3 changes the gate allows,
-4 blocked (a protected resource would be deleted or replaced).
+4 blocked (a protected resource would be deleted or replaced). ``scan`` exits 1 on any finding.
 """
 
 from __future__ import annotations
@@ -88,6 +88,70 @@ def cmd_gate(
         raise
 
 
+DEFAULT_SCAN_PATHS = (Path("cdktf.out"), Path("jobs/out"))
+
+
+def cmd_scan(
+    paths: list[Path] = typer.Argument(None, help="Files or directories (every *.json below); default: cdktf.out jobs/out."),
+    state: list[Path] = typer.Option([], "--state", help="State JSON (`terraform show -json`) to scan too (repeatable)."),
+) -> None:
+    """Find secret values in synthesized JSON, rendered jobs and state. Exit 1 when any is found; values are never printed."""
+    from rich.table import Table
+
+    from gpufleet.safety import secret_scan
+
+    for file in state:
+        if not file.is_file():
+            raise UserError(f"--state {file}: file not found; write it with `terraform show -json > {file}`")
+    findings = secret_scan.scan_paths([*(paths or DEFAULT_SCAN_PATHS), *state])
+    if not findings:
+        console.print("secret scan: no secret values found")
+        return
+    table = Table(title=f"secret scan: {len(findings)} finding(s)")
+    for column in ("file", "JSON path", "kind", "value (masked)"):
+        table.add_column(column, overflow="fold")
+    for finding in findings:
+        table.add_row(finding.file, finding.path, finding.kind, finding.masked)
+    console.print(table)
+    console.print("move the value to Vault or the environment and reference it; rotate it: it has been written to disk")
+    raise typer.Exit(1)
+
+
+def _expected_stacks(path: Path | None) -> tuple[str, ...]:
+    """Stack names from `gpufleet stacks --json` output (objects with "stack") or a plain JSON list of names."""
+    import json
+
+    if path is None:
+        return ()
+    try:
+        rows = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise UserError(f"--expected {path}: unreadable ({exc.__class__.__name__}); pass the output of `gpufleet stacks --json`") from None
+    names = [row.get("stack") if isinstance(row, dict) else row for row in rows] if isinstance(rows, list) else None
+    if names is None or not all(isinstance(n, str) for n in names):
+        raise UserError(f"--expected {path}: expected a JSON list of stack names or `gpufleet stacks --json` rows")
+    return tuple(names)
+
+
+def cmd_ci_comment(
+    directory: Path = typer.Argument(..., help="Directory holding the per-stack summaries (downloaded artifacts)."),
+    expected: Path | None = typer.Option(None, "--expected", help="`gpufleet stacks --json` output: stacks without a summary show as errors."),
+    out: Path | None = typer.Option(None, "--out", help="Write the comment here instead of stdout."),
+) -> None:
+    """Build the one PR comment (marker line, an icon per stack, folded details) from plan summaries."""
+    from gpufleet.safety import ci_comment
+
+    body = ci_comment.build_comment(ci_comment.load_summaries(directory, _expected_stacks(expected)))
+    if out is None:
+        sys.stdout.write(body)
+    else:
+        out.write_text(body, encoding="utf-8")
+
+
 def register(app: typer.Typer) -> None:
     app.command("plan", epilog=EXIT_CODES_HELP)(cmd_plan)
     app.command("gate", epilog=EXIT_CODES_HELP)(cmd_gate)
+    app.command("scan")(cmd_scan)
+    ci = typer.Typer(help="Helpers for the CI workflows.", no_args_is_help=True)
+    ci.command("comment")(cmd_ci_comment)
+    app.add_typer(ci, name="ci")

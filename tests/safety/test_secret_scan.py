@@ -1,0 +1,141 @@
+"""Planted secrets are found and located; names of secrets, references and TTLs are not; values never printed.
+
+Every fake secret is assembled at run time from random characters, so nothing realistic is
+committed and no two runs plant the same value.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import random
+import string
+from pathlib import Path
+
+import pytest
+
+from gpufleet.cli import main
+from gpufleet.safety.secret_scan import scan_paths
+from tests.safety.conftest import tf
+
+ALNUM = string.ascii_letters + string.digits
+
+
+def rand(n: int, alphabet: str = ALNUM) -> str:
+    return "".join(random.choices(alphabet, k=n))
+
+
+def fake_pem() -> str:
+    return "-----BEGIN " + "RSA PRIVATE" + " KEY-----\n" + base64.b64encode(random.randbytes(96)).decode() + "\n-----END RSA PRIVATE KEY-----\n"
+
+
+def fake_sa_key() -> str:
+    key = {"type": "service_account", "project_id": "p", "private_key_id": rand(40, "0123456789abcdef"), "private_key": fake_pem()}
+    return base64.b64encode(json.dumps(key).encode()).decode()
+
+
+PLANTED = {
+    "github": lambda: "gh" + "p_" + rand(36),
+    "slack": lambda: "xo" + "xb-" + rand(12, string.digits) + "-" + rand(24),
+    "aws": lambda: "AK" + "IA" + rand(16, string.ascii_uppercase + string.digits),
+    "openai": lambda: "s" + "k-proj-" + rand(48),
+    "hf": lambda: "h" + "f_" + rand(34),
+}
+KINDS = {"github": "github-token", "slack": "slack-token", "aws": "aws-access-key-id", "openai": "openai-key", "hf": "huggingface-token"}
+
+
+@pytest.fixture
+def planted(tmp_path: Path) -> tuple[Path, dict[str, str]]:
+    """A synthesized-looking stack with one secret per detector, and the clean look-alikes around them."""
+    values = {name: make() for name, make in PLANTED.items()}
+    values |= {"pem": fake_pem(), "sa": fake_sa_key(), "vault": "s." + rand(24), "cf": rand(40, ALNUM + "_-"), "hex": rand(32, "0123456789abcdef")}
+    stack = {
+        "//": {"metadata": {"path": "s", "note": values["vault"]}},
+        "resource": {
+            "google_service_account_key": {"k": {"private_key": values["sa"]}},
+            "terraform_data": {
+                "a": {"input": {"description": f"uses {values['github']} for CI"}},
+                "b": {"input": {"labels": [values["slack"], values["aws"]], "cfg": {"openai": values["openai"], "hf": values["hf"]}}},
+                "c": {"input": {"tls_private_key": values["pem"], "vault_token": values["vault"], "cloudflare_api_token": values["cf"]}},
+                "d": {"input": {"db_password": values["hex"]}},
+                "clean": {
+                    "input": {
+                        "description": values["vault"],
+                        "secret_name": "prod-hf-api-token",
+                        "token_ttl": "768h",
+                        "api_key_env": "HF_TOKEN",
+                        "password": "${var.db_password}",
+                        "client_secret": "gpufleet-oauth-client-secret",
+                        "tokens": ["a", "b"],
+                        "machine": "a3-highgpu-8g",
+                        "disk-balanced-sk-x": "skipped",
+                    }
+                },
+            },
+        },
+    }
+    path = tmp_path / "cdktf.out" / "stacks" / "s" / "cdk.tf.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(stack, indent=2))
+    return tmp_path, values
+
+
+def test_planted_secrets_are_found_with_json_paths(planted: tuple[Path, dict[str, str]]) -> None:
+    root, _ = planted
+    found = {(f.path, f.kind) for f in scan_paths([root / "cdktf.out"])}
+    assert found == {
+        ("$.resource.google_service_account_key.k.private_key", "gcp-service-account-key"),
+        ("$.resource.terraform_data.a.input.description", "github-token"),
+        ("$.resource.terraform_data.b.input.labels[0]", "slack-token"),
+        ("$.resource.terraform_data.b.input.labels[1]", "aws-access-key-id"),
+        ("$.resource.terraform_data.b.input.cfg.openai", "openai-key"),
+        ("$.resource.terraform_data.b.input.cfg.hf", "huggingface-token"),
+        ("$.resource.terraform_data.c.input.tls_private_key", "private-key"),
+        ("$.resource.terraform_data.c.input.vault_token", "vault-token"),
+        ("$.resource.terraform_data.c.input.cloudflare_api_token", "api-token"),
+        ("$.resource.terraform_data.d.input.db_password", "high-entropy-secret"),
+    }
+
+
+def test_vault_prefix_alone_outside_a_sensitive_field_is_not_a_finding(planted: tuple[Path, dict[str, str]]) -> None:
+    root, _ = planted
+    assert not [f for f in scan_paths([root]) if ".clean." in f.path or f.path.startswith("$.//")]
+
+
+def test_findings_never_contain_the_value(planted: tuple[Path, dict[str, str]], capsys: pytest.CaptureFixture[str]) -> None:
+    root, values = planted
+    findings = scan_paths([root])
+    assert main(["scan", str(root)]) == 1
+    printed = capsys.readouterr().out + "\n".join(str(f) for f in findings)
+    for value in values.values():
+        random_part = value.splitlines()[1] if "\n" in value else value[-12:]
+        assert value not in printed and random_part not in printed
+
+
+def test_secret_in_real_terraform_state_is_found(tmp_path: Path) -> None:
+    token = "h" + "f_" + rand(34)
+    (tmp_path / "main.tf.json").write_text(json.dumps({"resource": {"terraform_data": {"job": {"input": {"api_token": token}}}}}))
+    tf(tmp_path, "init", "-input=false")
+    tf(tmp_path, "apply", "-auto-approve", "-input=false")
+    state = tmp_path / "state.json"
+    state.write_text(tf(tmp_path, "show", "-json"))
+    paths = {f.path for f in scan_paths([state])}
+    assert "$.values.root_module.resources[0].values.input.api_token" in paths
+    assert main(["scan", str(tmp_path / "nothing-here"), "--state", str(state)]) == 1
+
+
+def test_text_files_are_scanned_by_line(tmp_path: Path) -> None:
+    job = tmp_path / "job.json"
+    job.write_text("not json\nenv HF=" + "h" + "f_" + rand(34) + "\n")
+    assert [(f.path, f.kind) for f in scan_paths([job])] == [("line 2", "huggingface-token")]
+
+
+def test_clean_tree_exits_0(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "a.json").write_text(json.dumps({"Job": {"Meta": {"vault_role": "finetune", "token_ttl": "1h"}}}))
+    assert main(["scan", str(tmp_path)]) == 0
+    assert "no secret values found" in capsys.readouterr().out
+
+
+def test_fails_when_state_file_is_missing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["scan", str(tmp_path), "--state", str(tmp_path / "state.json")]) == 2
+    assert capsys.readouterr().err.strip() == f"error: --state {tmp_path / 'state.json'}: file not found; write it with `terraform show -json > {tmp_path / 'state.json'}`"
