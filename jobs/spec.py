@@ -25,9 +25,9 @@ class GpuRequest:
     prefer_memory_gib: int | None
     model: str | None
 
-    def describe(self) -> str:
+    def describe(self, *, free: bool = True) -> str:
         """'2 free GPUs with >= 40 GiB': the words placement failures are reported in."""
-        text = f"{self.count} free GPU{'s' if self.count != 1 else ''}"
+        text = f"{self.count}{' free' if free else ''} GPU{'s' if self.count != 1 else ''}"
         if self.min_memory_gib is not None:
             text += f" with >= {self.min_memory_gib} GiB"
         if self.model is not None:

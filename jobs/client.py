@@ -1,0 +1,204 @@
+"""The Nomad HTTP client gpufleet uses: python-nomad, wrapped where its defaults bite.
+
+python-nomad as shipped: 5 s timeout and no retries; TLS verification off and NOMAD_CACERT
+never read; no ``namespace`` on evaluation endpoints; ``user_agent`` without a token raises
+TypeError; and ``dispatch_job(idempotency_token=...)`` puts the token in the body, where
+Nomad ignores it. So this module: builds its own session (urllib3 Retry on connection
+errors, read timeouts and 5xx, for every method: a retried dispatch resends the same URL,
+hence the same ``?idempotency_token=``), verifies TLS against NOMAD_CACERT, sends the
+namespace explicitly, calls ``/dispatch`` itself, and maps 400/403/404 to one-line errors.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+from urllib.parse import quote
+
+from clusters.errors import UserError
+from jobs.placement import explain
+from jobs.render import META_ROLE_ID, META_WRAPPED_SECRET_ID, placement_probe, render
+from jobs.spec import FinetuneSpec
+from jobs.status import RunStatus, summarize
+
+if TYPE_CHECKING:
+    import nomad
+    import requests
+
+RETRY_STATUSES = (500, 502, 503, 504)
+USER_AGENT = "gpufleet-jobs/0.1"
+_ADDR = re.compile(r"^https?://[^\s/]+(:\d+)?/?$")
+
+
+class NomadError(UserError):
+    """A Nomad answer the user must act on; one line, exit 2, never the request body."""
+
+
+@dataclass(frozen=True)
+class NomadSettings:
+    address: str
+    token: str | None = None
+    namespace: str | None = None
+    region: str | None = None
+    cacert: str | None = None
+    skip_verify: bool = False
+    timeout_seconds: float = 10.0
+    retries: int = 3
+    backoff_seconds: float = 0.5
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] = os.environ) -> NomadSettings:
+        """NOMAD_ADDR, NOMAD_TOKEN, NOMAD_NAMESPACE, NOMAD_REGION, NOMAD_CACERT, NOMAD_SKIP_VERIFY."""
+        address = env.get("NOMAD_ADDR", "http://127.0.0.1:4646")
+        if not _ADDR.match(address):
+            raise UserError(f"NOMAD_ADDR {address!r} is not an http(s) address; set it like https://nomad.example.com:4646")
+        cacert = env.get("NOMAD_CACERT") or None
+        if cacert and not os.path.isfile(cacert):
+            raise UserError(f"NOMAD_CACERT {cacert!r} is not a file; point it at the PEM CA bundle that signed the Nomad servers' certificates")
+        return cls(
+            address=address.rstrip("/"),
+            token=env.get("NOMAD_TOKEN") or None,
+            namespace=env.get("NOMAD_NAMESPACE") or None,
+            region=env.get("NOMAD_REGION") or None,
+            cacert=cacert,
+            skip_verify=env.get("NOMAD_SKIP_VERIFY", "").lower() in ("1", "true"),
+        )
+
+
+@dataclass(frozen=True)
+class PlanResult:
+    placeable: bool
+    reason: str | None
+    diff_type: str
+    warnings: str
+
+
+@dataclass(frozen=True)
+class DispatchResult:
+    dispatched_job_id: str
+    eval_id: str
+    namespace: str
+
+
+def _session(settings: NomadSettings) -> requests.Session:
+    import requests
+    from requests.adapters import HTTPAdapter
+    from urllib3.util.retry import Retry
+
+    retry = Retry(
+        total=settings.retries,
+        connect=settings.retries,
+        read=settings.retries,
+        status=settings.retries,
+        other=0,
+        allowed_methods=None,
+        status_forcelist=RETRY_STATUSES,
+        backoff_factor=settings.backoff_seconds,
+        raise_on_status=False,
+        respect_retry_after_header=True,
+    )
+    session = requests.Session()
+    adapter = HTTPAdapter(max_retries=retry)
+    session.mount("http://", adapter)
+    session.mount("https://", adapter)
+    session.headers["User-Agent"] = USER_AGENT
+    return session
+
+
+def _first_line(text: str, limit: int = 300) -> str:
+    line = (text or "").strip().splitlines()[0] if (text or "").strip() else "(empty answer)"
+    return line[:limit]
+
+
+class NomadClient:
+    def __init__(self, settings: NomadSettings) -> None:
+        self.settings = settings
+        self._session = _session(settings)
+
+    def _api(self, namespace: str | None) -> nomad.Nomad:
+        import nomad
+
+        s = self.settings
+        verify: bool | str = s.cacert or (not s.skip_verify)
+        return nomad.Nomad(
+            address=s.address,
+            token=s.token,
+            namespace=namespace or s.namespace or "default",
+            region=s.region,
+            timeout=s.timeout_seconds,
+            verify=verify,
+            session=self._session,
+        )
+
+    @contextmanager
+    def _errors(self, action: str, job_id: str, namespace: str, on_404: str) -> Iterator[None]:
+        import nomad.api.exceptions as exc
+        import requests
+
+        try:
+            yield
+        except exc.URLNotFoundNomadException as error:
+            raise NomadError(f"{action}: Nomad has no job {job_id!r} in namespace {namespace} (404: {_first_line(error.nomad_resp.text)}); {on_404}") from None
+        except exc.URLNotAuthorizedNomadException:
+            raise NomadError(f"{action}: Nomad refused the token (403) for namespace {namespace}; set NOMAD_TOKEN to a token whose ACL policy allows this in namespace {namespace}") from None
+        except exc.BadRequestNomadException as error:
+            raise NomadError(f"{action}: Nomad rejected the request (400: {_first_line(error.nomad_resp.text)}); fix the job file or the --meta values") from None
+        except exc.BaseNomadException as error:
+            response = error.nomad_resp
+            tries = self.settings.retries + 1
+            if isinstance(response, requests.Response):
+                raise NomadError(f"{action}: Nomad at {self.settings.address} answered {response.status_code} after {tries} attempts ({_first_line(response.text)}); retry later or check the servers") from None
+            raise NomadError(f"{action}: cannot reach Nomad at {self.settings.address} after {tries} attempts ({type(response).__name__}); check NOMAD_ADDR and that the servers are up") from None
+
+    def plan(self, spec: FinetuneSpec) -> PlanResult:
+        """Dry-run placement of one dispatched instance; FailedTGAllocs becomes a sentence."""
+        body = placement_probe(render(spec))
+        with self._errors("plan", spec.name, spec.namespace, "check the job name"):
+            answer = self._api(spec.namespace).job.plan_job(spec.name, body, diff=True)
+        reason = explain(answer.get("FailedTGAllocs"), pool=spec.pool.name, gpu=spec.gpu)
+        diff = (answer.get("Diff") or {}).get("Type", "None")
+        return PlanResult(reason is None, reason, diff, answer.get("Warnings") or "")
+
+    def register(self, spec: FinetuneSpec) -> int:
+        """Register (or update) the parameterized job; returns its JobModifyIndex."""
+        with self._errors("submit", spec.name, spec.namespace, "check the job name"):
+            answer = self._api(spec.namespace).jobs.register_job(render(spec))
+        return int(answer.get("JobModifyIndex", 0))
+
+    def dispatch(self, spec: FinetuneSpec, meta: Mapping[str, str], *, role_id: str, wrapping_token: str, idempotency_token: str) -> DispatchResult:
+        """One child run. The token goes in the query string (Nomad reads it only there);
+        the wrapping token goes in Meta, and no error message ever echoes the body."""
+        body = {"Meta": {**meta, META_ROLE_ID: role_id, META_WRAPPED_SECRET_ID: wrapping_token}}
+        on_404 = f"register it first: gpufleet jobs submit {spec.name}"
+        with self._errors("dispatch", spec.name, spec.namespace, on_404):
+            response = self._api(spec.namespace).job.request(
+                quote(spec.name, safe=""), "dispatch", method="post", json=body, params={"idempotency_token": idempotency_token}
+            )
+        answer = response.json()
+        return DispatchResult(answer["DispatchedJobID"], answer.get("EvalID", ""), spec.namespace)
+
+    def status(self, job_id: str, namespace: str, spec: FinetuneSpec | None = None) -> RunStatus:
+        path = quote(job_id, safe="")
+        on_404 = "check the id printed by `gpufleet jobs dispatch` and the namespace (--namespace or NOMAD_NAMESPACE)"
+        with self._errors("status", job_id, namespace, on_404):
+            api = self._api(namespace).job
+            job = api.request(path, method="get").json()
+            evaluations = api.request(path, "evaluations", method="get").json()
+            allocations = api.request(path, "allocations", method="get").json()
+        pool, gpu = (spec.pool.name, spec.gpu) if spec else (None, None)
+        return summarize(job_id, job, evaluations or [], allocations or [], pool=pool, gpu=gpu)
+
+    def stop(self, job_id: str, namespace: str, *, purge: bool) -> str:
+        """Stop (and optionally purge) a job; returns the evaluation id Nomad created."""
+        with self._errors("stop", job_id, namespace, "it may already be purged; check the id and namespace"):
+            params = {"purge": "true"} if purge else {}
+            answer = self._api(namespace).job.request(quote(job_id, safe=""), method="delete", params=params).json()
+        return str(answer.get("EvalID", ""))
+
+    def close(self) -> None:
+        self._session.close()
+

@@ -1,0 +1,104 @@
+"""A dispatched run's state from Nomad's evaluations and allocations, in five words.
+
+Nomad spreads a run's fate over the job (Status, Stop), its evaluations (blocked when no
+client fits) and its allocations (ClientStatus, per-task events). Users want one of
+pending / running / complete / failed / lost, and for a failure the failing task's last
+event ("Terminated: Exit Code: 1"), not a page of JSON.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from jobs.placement import explain
+from jobs.spec import GpuRequest
+
+
+class RunState(StrEnum):
+    PENDING = "pending"
+    RUNNING = "running"
+    COMPLETE = "complete"
+    FAILED = "failed"
+    LOST = "lost"
+
+
+TERMINAL = frozenset({RunState.COMPLETE, RunState.FAILED, RunState.LOST})
+# "unknown" is a disconnected client (Nomad >= 1.6): the run may come back, but nobody can see it now.
+_CLIENT_STATUS = {
+    "pending": RunState.PENDING,
+    "running": RunState.RUNNING,
+    "complete": RunState.COMPLETE,
+    "failed": RunState.FAILED,
+    "lost": RunState.LOST,
+    "unknown": RunState.LOST,
+}
+
+
+@dataclass(frozen=True)
+class RunStatus:
+    job_id: str
+    state: RunState
+    detail: str
+    alloc_id: str | None
+    node: str | None
+
+
+def _latest(items: list[dict[str, Any]]) -> dict[str, Any] | None:
+    return max(items, key=lambda item: (item.get("CreateIndex", 0), item.get("ID", "")), default=None)
+
+
+def _event_text(event: dict[str, Any]) -> str:
+    message = event.get("DisplayMessage") or event.get("DriverError") or event.get("Message") or ""
+    return f"{event.get('Type', 'event')}: {message}".rstrip(": ")
+
+
+def _failing_task(alloc: dict[str, Any]) -> str:
+    states = alloc.get("TaskStates") or {}
+    failed = sorted(name for name, state in states.items() if state.get("Failed"))
+    for name in failed or sorted(states):
+        events = states[name].get("Events") or []
+        if events:
+            return f"task {name}: {_event_text(events[-1])}"
+    return alloc.get("ClientDescription") or "no task events"
+
+
+def summarize(
+    job_id: str,
+    job: dict[str, Any],
+    evaluations: list[dict[str, Any]],
+    allocations: list[dict[str, Any]],
+    *,
+    pool: str | None = None,
+    gpu: GpuRequest | None = None,
+) -> RunStatus:
+    """Pure: the API answers in, one status out (tests feed recorded answers)."""
+    alloc = _latest(allocations)
+    if alloc is not None:
+        state = _CLIENT_STATUS.get(alloc.get("ClientStatus", ""), RunState.PENDING)
+        node = alloc.get("NodeName") or alloc.get("NodeID")
+        if state == RunState.FAILED:
+            detail = _failing_task(alloc)
+        elif state == RunState.LOST:
+            detail = f"client {node} stopped reporting ({alloc.get('ClientStatus')}); Nomad reschedules per the job's reschedule policy"
+        elif alloc.get("DesiredStatus") == "stop" and state == RunState.COMPLETE:
+            detail = "stopped by request"
+        else:
+            detail = _failing_task(alloc) if state == RunState.COMPLETE else f"on {node}"
+        return RunStatus(job_id, state, detail, alloc.get("ID"), node)
+    evaluation = _latest(evaluations)
+    if job.get("Stop"):
+        return RunStatus(job_id, RunState.COMPLETE, "stopped by request before it was placed", None, None)
+    if evaluation is None:
+        return RunStatus(job_id, RunState.PENDING, "waiting for the scheduler", None, None)
+    if evaluation.get("Status") == "failed":
+        return RunStatus(job_id, RunState.FAILED, f"evaluation failed: {evaluation.get('StatusDescription') or 'no reason given'}", None, None)
+    # A failed placement completes its evaluation with FailedTGAllocs and leaves a blocked one behind.
+    ordered = sorted(evaluations, key=lambda e: e.get("CreateIndex", 0), reverse=True)
+    failed = next((e["FailedTGAllocs"] for e in ordered if e.get("FailedTGAllocs")), None)
+    if failed and pool is not None and gpu is not None:
+        return RunStatus(job_id, RunState.PENDING, f"waiting for capacity: {explain(failed, pool=pool, gpu=gpu)}", None, None)
+    if failed or any(e.get("Status") == "blocked" for e in evaluations):
+        return RunStatus(job_id, RunState.PENDING, "waiting for capacity (blocked evaluation)", None, None)
+    return RunStatus(job_id, RunState.PENDING, f"evaluation {evaluation.get('Status', 'pending')}", None, None)

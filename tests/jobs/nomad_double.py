@@ -1,0 +1,296 @@
+"""A local Nomad HTTP API double for the jobs client tests.
+
+No Nomad binary is available on these machines (none is installed and none can be
+downloaded), so the client is tested against this instead: a small ``http.server`` on
+127.0.0.1 in a thread of the test process, speaking the JSON of Nomad's documented HTTP API
+for the endpoints gpufleet uses (register, plan, dispatch, job, evaluations, allocations,
+deregister). It records every request exactly as sent (method, path, query string,
+headers, body) and can inject faults (an HTTP status, or a slow answer that outlives the
+client's timeout *after* the request took effect, like a lost response).
+
+Placement is modelled on Nomad's scheduler metrics: nodes outside the job's NodePool are
+not evaluated; a failed constraint counts in ConstraintFiltered["<L> <op> <R>"]; a node
+without enough matching GPUs at all counts as "missing devices"; a node whose matching
+GPUs are busy counts in DimensionExhausted["devices: no devices match request"].
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, unquote, urlsplit
+
+DEVICES_EXHAUSTED = "devices: no devices match request"
+
+
+@dataclass
+class FakeNode:
+    name: str
+    node_pool: str
+    node_class: str
+    gpu_model: str
+    gpu_memory_gib: int
+    gpus: int
+    gpus_used: int = 0
+    datacenter: str = "europe-west4"
+
+
+@dataclass(frozen=True)
+class Recorded:
+    method: str
+    path: str
+    query: dict[str, list[str]]
+    headers: dict[str, str]
+    body: Any
+
+
+@dataclass
+class Fault:
+    status: int = 0
+    delay_seconds: float = 0.0
+
+
+@dataclass
+class _State:
+    jobs: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    evaluations: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    allocations: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    tokens: dict[str, str] = field(default_factory=dict)
+    index: int = 100
+
+
+def _gib(text: str) -> float:
+    number, _, unit = text.partition(" ")
+    return float(number) * {"GiB": 1, "MiB": 1 / 1024, "TiB": 1024}.get(unit or "GiB", 1)
+
+
+def _device_ok(node: FakeNode, constraint: dict[str, str]) -> bool:
+    ltarget, operand, rtarget = constraint["LTarget"], constraint["Operand"], constraint["RTarget"]
+    if ltarget == "${device.attr.memory}" and operand == ">=":
+        return node.gpu_memory_gib >= _gib(rtarget)
+    if ltarget == "${device.model}" and operand == "regexp":
+        return re.search(rtarget, node.gpu_model) is not None
+    raise AssertionError(f"the double does not model device constraint {constraint}")
+
+
+def _node_ok(node: FakeNode, constraint: dict[str, str]) -> bool:
+    if constraint["LTarget"] == "${node.class}" and constraint["Operand"] == "=":
+        return node.node_class == constraint["RTarget"]
+    raise AssertionError(f"the double does not model constraint {constraint}")
+
+
+class NomadDouble:
+    def __init__(self, nodes: list[FakeNode] | None = None, *, acl_token: str | None = None) -> None:
+        self.nodes = list(nodes or [])
+        self.acl_token = acl_token
+        self.requests: list[Recorded] = []
+        self.faults: dict[tuple[str, str], list[Fault]] = {}
+        self.state = _State()
+        self._lock = threading.Lock()
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    @property
+    def address(self) -> str:
+        host, port = self._server.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def start(self) -> NomadDouble:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+    def inject(self, method: str, route: str, *faults: Fault) -> None:
+        """Answer the next requests of ``route`` (register, plan, dispatch, job, ...) with these faults."""
+        self.faults.setdefault((method, route), []).extend(faults)
+
+    def calls(self, method: str, route: str) -> list[Recorded]:
+        return [r for r in self.requests if r.method == method and _route(r.path)[0] == route]
+
+    def dispatched(self, parent: str) -> list[str]:
+        return sorted(job_id for (_, job_id), job in self.state.jobs.items() if job.get("ParentID") == parent)
+
+    def finish(self, job_id: str, *, client_status: str, events: list[dict[str, Any]] | None = None, failed: bool = False) -> None:
+        """Move the run's allocation to a client status, with task events (for status tests)."""
+        alloc = self.state.allocations[job_id][-1]
+        alloc["ClientStatus"] = client_status
+        alloc["TaskStates"] = {"train": {"State": "dead" if client_status != "running" else "running", "Failed": failed, "Events": events or []}}
+
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        double = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                return
+
+            def _serve(self, method: str) -> None:
+                url = urlsplit(self.path)
+                length = int(self.headers.get("Content-Length") or 0)
+                raw = self.rfile.read(length) if length else b""
+                body = json.loads(raw) if raw else None
+                recorded = Recorded(method, unquote(url.path), parse_qs(url.query), dict(self.headers.items()), body)
+                with double._lock:
+                    double.requests.append(recorded)
+                    route, job_id = _route(recorded.path)
+                    queue = double.faults.get((method, route)) or []
+                    fault = queue.pop(0) if queue else Fault()
+                if fault.status:
+                    return self._send(fault.status, {"error": f"injected {fault.status}"}, text=True)
+                if double.acl_token and self.headers.get("X-Nomad-Token") != double.acl_token:
+                    return self._send(403, "Permission denied", text=True)
+                with double._lock:
+                    status, answer = double._answer(method, route, job_id, recorded)
+                if fault.delay_seconds:
+                    time.sleep(fault.delay_seconds)
+                self._send(status, answer, text=isinstance(answer, str))
+
+            def _send(self, status: int, answer: Any, *, text: bool = False) -> None:
+                data = (answer if isinstance(answer, str) else json.dumps(answer)).encode()
+                try:
+                    self.send_response(status)
+                    self.send_header("Content-Type", "text/plain" if text else "application/json")
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                except (BrokenPipeError, ConnectionResetError):
+                    return
+
+            def do_GET(self) -> None:
+                self._serve("GET")
+
+            def do_POST(self) -> None:
+                self._serve("POST")
+
+            def do_DELETE(self) -> None:
+                self._serve("DELETE")
+
+        return Handler
+
+    def _next(self) -> int:
+        self.state.index += 1
+        return self.state.index
+
+    def _answer(self, method: str, route: str, job_id: str, req: Recorded) -> tuple[int, Any]:
+        namespace = (req.query.get("namespace") or ["default"])[0]
+        key = (namespace, job_id)
+        if (method, route) == ("POST", "register"):
+            job = req.body["Job"]
+            if job.get("Namespace", namespace) != namespace:
+                return 400, "job namespace does not match the request namespace"
+            self.state.jobs[(namespace, job["ID"])] = job
+            return 200, {"EvalID": "", "EvalCreateIndex": 0, "JobModifyIndex": self._next(), "Warnings": "", "Index": self.state.index}
+        if (method, route) == ("POST", "plan"):
+            job = req.body["Job"]
+            failed = None if job.get("ParameterizedJob") else self.place(job, commit=False)[1]
+            return 200, {"Diff": {"Type": "Added" if key not in self.state.jobs else "Edited"}, "FailedTGAllocs": failed, "JobModifyIndex": 0, "Annotations": None, "CreatedEvals": None, "Warnings": "", "Index": self.state.index}
+        if (method, route) == ("POST", "dispatch"):
+            return self._dispatch(namespace, job_id, req)
+        job = self.state.jobs.get(key)
+        if job is None:
+            return 404, "job not found"
+        if (method, route) == ("GET", "job"):
+            return 200, job
+        if (method, route) == ("GET", "evaluations"):
+            return 200, self.state.evaluations.get(job_id, [])
+        if (method, route) == ("GET", "allocations"):
+            return 200, self.state.allocations.get(job_id, [])
+        if (method, route) == ("DELETE", "job"):
+            purge = (req.query.get("purge") or ["false"])[0] == "true"
+            if purge:
+                del self.state.jobs[key]
+            else:
+                job["Stop"] = True
+            return 200, {"EvalID": f"eval-stop-{self._next()}", "EvalCreateIndex": self.state.index, "JobModifyIndex": self.state.index}
+        return 404, f"no route {method} {req.path}"
+
+    def _dispatch(self, namespace: str, parent_id: str, req: Recorded) -> tuple[int, Any]:
+        parent = self.state.jobs.get((namespace, parent_id))
+        if parent is None:
+            return 404, "parameterized job not found"
+        params = parent.get("ParameterizedJob")
+        if not params:
+            return 400, "Specified job is not a parameterized job"
+        meta = (req.body or {}).get("Meta") or {}
+        missing = sorted(set(params.get("MetaRequired") or []) - set(meta))
+        if missing:
+            return 400, f"Dispatch did not provide required meta keys: {missing}"
+        unexpected = sorted(set(meta) - set(params.get("MetaRequired") or []) - set(params.get("MetaOptional") or []))
+        if unexpected:
+            return 400, f"Dispatch included unexpected meta keys: {unexpected}"
+        token = (req.query.get("idempotency_token") or [""])[0]
+        if token and token in self.state.tokens:
+            child_id = self.state.tokens[token]
+            evaluation = self.state.evaluations[child_id][0]["ID"]
+            return 200, {"DispatchedJobID": child_id, "EvalID": evaluation, "EvalCreateIndex": self.state.index, "JobCreateIndex": self.state.index, "Index": self.state.index}
+        n = self._next()
+        child_id = f"{parent_id}/dispatch-{1_800_000_000 + n}-{n:08x}"
+        child = {**parent, "ID": child_id, "Name": child_id, "ParentID": parent_id, "Dispatched": True, "ParameterizedJob": None, "Meta": {**(parent.get("Meta") or {}), **meta}, "Status": "pending"}
+        self.state.jobs[(namespace, child_id)] = child
+        if token:
+            self.state.tokens[token] = child_id
+        node, failed = self.place(child, commit=True)
+        eval_id = f"eval-{n:04d}"
+        evals = [{"ID": eval_id, "JobID": child_id, "Namespace": namespace, "Status": "complete", "TriggeredBy": "job-register", "Type": "batch", "FailedTGAllocs": failed, "CreateIndex": n}]
+        if failed:
+            evals.append({"ID": f"eval-{n:04d}-blocked", "JobID": child_id, "Namespace": namespace, "Status": "blocked", "TriggeredBy": "queued-allocs", "Type": "batch", "FailedTGAllocs": failed, "CreateIndex": n + 1})
+        self.state.evaluations[child_id] = evals
+        self.state.allocations[child_id] = [] if node is None else [{
+            "ID": f"alloc-{n:04d}", "EvalID": eval_id, "JobID": child_id, "Namespace": namespace, "TaskGroup": "train",
+            "NodeID": f"node-{node.name}", "NodeName": node.name, "DesiredStatus": "run", "ClientStatus": "pending", "TaskStates": {}, "CreateIndex": n,
+        }]
+        return 200, {"DispatchedJobID": child_id, "EvalID": eval_id, "EvalCreateIndex": n, "JobCreateIndex": n, "Index": n}
+
+    def place(self, job: dict[str, Any], *, commit: bool) -> tuple[FakeNode | None, dict[str, Any] | None]:
+        """Try each node like Nomad's feasibility and bin-packing stages; metrics on failure."""
+        failed: dict[str, Any] = {}
+        chosen: FakeNode | None = None
+        for group in job["TaskGroups"]:
+            metric: dict[str, Any] = {"NodesEvaluated": 0, "NodesFiltered": 0, "NodesInPool": 0, "NodesAvailable": {}, "ClassFiltered": {}, "ConstraintFiltered": {}, "NodesExhausted": 0, "ClassExhausted": {}, "DimensionExhausted": {}, "QuotaExhausted": None, "ScoreMetaData": None, "AllocationTime": 1000, "CoalescedFailures": 0}
+            devices = [d for task in group["Tasks"] for d in (task.get("Resources") or {}).get("Devices") or []]
+            wanted = sum(d.get("Count", 1) for d in devices)
+            pool = [n for n in self.nodes if n.node_pool == job.get("NodePool", "default") and n.datacenter in job["Datacenters"]]
+            metric["NodesInPool"] = len(pool)
+            for node in pool:
+                metric["NodesEvaluated"] += 1
+                metric["NodesAvailable"][node.datacenter] = metric["NodesAvailable"].get(node.datacenter, 0) + 1
+                bad = next((c for c in group.get("Constraints") or [] if not _node_ok(node, c)), None)
+                reason = f"{bad['LTarget']} {bad['Operand']} {bad['RTarget']}" if bad else None
+                if reason is None and devices and (node.gpus < wanted or not all(_device_ok(node, c) for d in devices for c in d.get("Constraints") or [])):
+                    reason = "missing devices"
+                if reason is not None:
+                    metric["NodesFiltered"] += 1
+                    metric["ConstraintFiltered"][reason] = metric["ConstraintFiltered"].get(reason, 0) + 1
+                    metric["ClassFiltered"][node.node_class] = metric["ClassFiltered"].get(node.node_class, 0) + 1
+                    continue
+                if node.gpus - node.gpus_used < wanted:
+                    metric["NodesExhausted"] += 1
+                    metric["DimensionExhausted"][DEVICES_EXHAUSTED] = metric["DimensionExhausted"].get(DEVICES_EXHAUSTED, 0) + 1
+                    metric["ClassExhausted"][node.node_class] = metric["ClassExhausted"].get(node.node_class, 0) + 1
+                    continue
+                chosen = node
+                break
+            if chosen is None:
+                failed[group["Name"]] = metric
+            elif commit:
+                chosen.gpus_used += wanted
+        return chosen, failed or None
+
+
+def _route(path: str) -> tuple[str, str]:
+    """(route, job id) the way Nomad's HTTP server splits /v1/job/<id>/<suffix>."""
+    if path == "/v1/jobs":
+        return "register", ""
+    rest = path.removeprefix("/v1/job/")
+    for suffix in ("plan", "dispatch", "evaluations", "allocations"):
+        if rest.endswith(f"/{suffix}"):
+            return suffix, rest[: -len(suffix) - 1]
+    return "job", rest
