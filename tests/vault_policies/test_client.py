@@ -1,0 +1,166 @@
+"""The task-side flow against a real OpenBao: wrap -> unwrap -> login -> read -> renew -> revoke."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import hvac
+import hvac.exceptions
+import pytest
+
+from clusters.errors import UserError
+from tests.openbao_fixture import VaultHandle
+from vault_policies.client import TaskConfig, TokenRenewalError, VaultClientError, WrappingTokenError, parse_secrets, start_task
+from vault_policies.layout import MAX_WRAP_TTL_SECONDS, MIN_WRAP_TTL_SECONDS
+from vault_policies.orchestrator import issue_wrapped_secret_id, wrap_ttl_for_queue
+
+FINETUNE_SECRETS = "HF_TOKEN=ml-api-keys/huggingface#token,WANDB_API_KEY=ml-api-keys/wandb#api_key"
+
+
+def _lookup_fails(vault: VaultHandle, token: str) -> bool:
+    try:
+        vault.client(token).auth.token.lookup_self()
+    except hvac.exceptions.Forbidden:
+        return True
+    return False
+
+
+def test_full_flow_reads_keys_and_revokes(vault: VaultHandle) -> None:
+    config = TaskConfig.from_env(vault.task_env("finetune", FINETUNE_SECRETS))
+    with start_task(config) as task:
+        token = task.client.token
+        assert task.secrets == {"HF_TOKEN": "fake-hf-test-0000", "WANDB_API_KEY": "fake-wandb-test-0000"}
+        assert "ml-keys-finetune" in task.policies
+        assert vault.client(token).auth.token.lookup_self()["data"]["meta"] == {"role_name": "finetune"}
+    assert _lookup_fails(vault, token)
+
+
+@pytest.mark.parametrize(("role", "ttl_seconds"), [("finetune", 1800), ("eval", 900)])
+def test_token_ttl_as_configured(vault: VaultHandle, role: str, ttl_seconds: int) -> None:
+    secrets = "OPENAI_API_KEY=ml-api-keys/openai#api_key" if role == "eval" else FINETUNE_SECRETS
+    with start_task(TaskConfig.from_env(vault.task_env(role, secrets))) as task:
+        data = task.client.auth.token.lookup_self()["data"]
+        assert task.lease_seconds == ttl_seconds == data["creation_ttl"]
+        assert data["renewable"] is True and data["num_uses"] == 0
+
+
+def test_fails_when_wrapping_token_is_reused(vault: VaultHandle) -> None:
+    env = vault.task_env("finetune", FINETUNE_SECRETS)
+    start_task(TaskConfig.from_env(env)).close()
+    with pytest.raises(WrappingTokenError, match="already used or has expired: someone else may have unwrapped it"):
+        start_task(TaskConfig.from_env(env))
+
+
+def test_fails_when_secret_id_is_used_twice(vault: VaultHandle) -> None:
+    wrapped = issue_wrapped_secret_id(vault.orchestrator, "finetune", wrap_ttl_seconds=120)
+    secret_id = vault.client(wrapped.wrapping_token).sys.unwrap()["data"]["secret_id"]
+    first = vault.client().auth.approle.login(wrapped.role_id, secret_id)["auth"]["client_token"]
+    vault.client(first).auth.token.revoke_self()
+    with pytest.raises(hvac.exceptions.InvalidRequest, match="invalid role or secret ID"):
+        vault.client().auth.approle.login(wrapped.role_id, secret_id)
+    rewrapped = vault.root.sys.wrap(payload={"secret_id": secret_id}, ttl="60s")["wrap_info"]["token"]
+    env = {**vault.task_env("finetune", FINETUNE_SECRETS), "GPUFLEET_VAULT_WRAPPED_SECRET_ID": rewrapped}
+    with pytest.raises(VaultClientError, match="AppRole login refused .*already used or expired.*secret_ids are single-use"):
+        start_task(TaskConfig.from_env(env))
+
+
+def test_fails_when_reading_outside_role_paths(vault: VaultHandle) -> None:
+    env = vault.task_env("finetune", "OPENAI_API_KEY=ml-api-keys/openai#api_key")
+    with pytest.raises(VaultClientError, match=r"this role may not read secret/data/ml-api-keys/openai \(wanted for OPENAI_API_KEY\)"):
+        start_task(TaskConfig.from_env(env))
+
+
+def test_fails_when_key_missing_in_secret(vault: VaultHandle) -> None:
+    env = vault.task_env("finetune", "HF_TOKEN=ml-api-keys/huggingface#api_key")
+    with pytest.raises(VaultClientError, match=r"has no key 'api_key' \(wanted for HF_TOKEN\); keys there: token"):
+        start_task(TaskConfig.from_env(env))
+
+
+def test_job_token_cannot_write_or_mint(vault: VaultHandle) -> None:
+    with start_task(TaskConfig.from_env(vault.task_env("finetune", FINETUNE_SECRETS))) as task:
+        with pytest.raises(hvac.exceptions.Forbidden):
+            task.client.secrets.kv.v2.create_or_update_secret("ml-api-keys/huggingface", secret={"token": "x"}, mount_point="secret")
+        with pytest.raises(hvac.exceptions.Forbidden):
+            task.client.auth.approle.generate_secret_id("finetune", wrap_ttl="60s")
+
+
+def test_fails_when_orchestrator_asks_for_unwrapped_secret_id(vault: VaultHandle) -> None:
+    with pytest.raises(hvac.exceptions.Forbidden):
+        vault.orchestrator.auth.approle.generate_secret_id("finetune")
+    with pytest.raises(hvac.exceptions.Forbidden):
+        vault.orchestrator.auth.approle.generate_secret_id("finetune", wrap_ttl=f"{MAX_WRAP_TTL_SECONDS + 60}s")
+    with pytest.raises(hvac.exceptions.Forbidden):
+        vault.orchestrator.secrets.kv.v2.read_secret_version("ml-api-keys/openai", mount_point="secret", raise_on_deleted_version=True)
+
+
+def test_fails_when_wrap_ttl_out_of_bounds(vault: VaultHandle) -> None:
+    with pytest.raises(UserError, match=f"wrap_ttl_seconds 30 is outside {MIN_WRAP_TTL_SECONDS}..{MAX_WRAP_TTL_SECONDS}"):
+        issue_wrapped_secret_id(vault.orchestrator, "finetune", wrap_ttl_seconds=30)
+    with pytest.raises(UserError, match="exceeds the maximum wrap TTL"):
+        wrap_ttl_for_queue(MAX_WRAP_TTL_SECONDS + 1)
+    assert wrap_ttl_for_queue(0) == 300
+    assert wrap_ttl_for_queue(3600) == 5400
+    assert wrap_ttl_for_queue(MAX_WRAP_TTL_SECONDS) == MAX_WRAP_TTL_SECONDS
+
+
+def test_fails_when_role_unknown_to_vault(vault: VaultHandle) -> None:
+    with pytest.raises(UserError, match="role 'nope' does not exist in Vault"):
+        issue_wrapped_secret_id(vault.root, "nope", wrap_ttl_seconds=120)
+
+
+def test_wrapped_secret_id_hides_token_in_repr(vault: VaultHandle) -> None:
+    wrapped = issue_wrapped_secret_id(vault.orchestrator, "eval", wrap_ttl_seconds=90)
+    assert wrapped.wrap_ttl_seconds == 90
+    assert wrapped.wrapping_token not in repr(wrapped)
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("HF_TOKEN=ml-api-keys/huggingface", "entry 'HF_TOKEN=ml-api-keys/huggingface' is malformed"),
+        ("1BAD=ml-api-keys/x#k", "entry '1BAD=ml-api-keys/x#k' is malformed"),
+        ("A=/abs/path#k", "is malformed"),
+        ("A=ml-api-keys/x#k,A=ml-api-keys/y#k", "names A twice"),
+    ],
+)
+def test_fails_when_secrets_spec_malformed(spec: str, message: str) -> None:
+    with pytest.raises(VaultClientError, match=message):
+        parse_secrets(spec)
+
+
+def test_fails_when_environment_incomplete() -> None:
+    with pytest.raises(VaultClientError, match="missing environment variable.*GPUFLEET_VAULT_WRAPPED_SECRET_ID"):
+        TaskConfig.from_env({"VAULT_ADDR": "http://127.0.0.1:1", "GPUFLEET_VAULT_ROLE_ID": "x"})
+
+
+def test_fails_when_vault_unreachable_after_retries() -> None:
+    config = TaskConfig.from_env({"VAULT_ADDR": "http://127.0.0.1:9", "GPUFLEET_VAULT_ROLE_ID": "r", "GPUFLEET_VAULT_WRAPPED_SECRET_ID": "w"})
+    started = time.monotonic()
+    with pytest.raises(VaultClientError, match=r"cannot reach Vault at http://127.0.0.1:9 after retries"):
+        start_task(config)
+    assert time.monotonic() - started >= 0.25 * (1 + 2 + 4) * 0.9
+
+
+def test_renewal_keeps_token_alive_then_fails_before_max_ttl(vault: VaultHandle) -> None:
+    vault.root.auth.approle.create_or_update_approle("short-run", token_policies=["ml-keys-eval"], token_ttl=2, token_max_ttl=6, secret_id_ttl=60, secret_id_num_uses=1)
+    try:
+        failed = threading.Event()
+        failures: list[tuple[TokenRenewalError, bool]] = []
+
+        def on_failure(exc: TokenRenewalError) -> None:
+            failures.append((exc, not _lookup_fails(vault, token)))
+            failed.set()
+
+        env = vault.task_env("short-run", "OPENAI_API_KEY=ml-api-keys/openai#api_key")
+        with start_task(TaskConfig.from_env(env), on_renewal_failure=on_failure) as task:
+            token = task.client.token
+            time.sleep(3)
+            assert not _lookup_fails(vault, token), "renewal should keep the 2s token alive past 2s"
+            assert failed.wait(timeout=6)
+        exc, alive_when_reported = failures[0]
+        assert "reaches the role's token_max_ttl" in str(exc) and "set token_period" in str(exc)
+        assert alive_when_reported, "the failure must be reported while the token still works"
+        assert _lookup_fails(vault, token)
+    finally:
+        vault.root.auth.approle.delete_role("short-run")

@@ -1,0 +1,83 @@
+"""The sync against a real OpenBao: idempotent apply, drift detection, prune that spares others."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from gpufleet.cli import main
+from tests.openbao_fixture import REPO_ROOT, VaultHandle
+from vault_policies import sync
+from vault_policies.layout import MANAGED_MARKER
+from vault_policies.validate import load_definitions
+
+
+def _pending(changes: tuple[sync.Change, ...]) -> list[tuple[str, str, str]]:
+    return [(c.kind, c.name, c.action) for c in changes if c.action != "unchanged"]
+
+
+def test_apply_twice_changes_nothing_the_second_time(vault: VaultHandle) -> None:
+    assert _pending(sync.apply(vault.admin, vault.definitions)) == []
+    assert _pending(sync.diff(vault.admin, vault.definitions)) == []
+    text = vault.root.sys.read_acl_policy("ml-keys-finetune")["data"]["policy"]
+    assert text.startswith(MANAGED_MARKER)
+
+
+def test_drift_is_shown_then_repaired(vault: VaultHandle) -> None:
+    vault.root.auth.approle.create_or_update_approle("eval", token_policies=["ml-keys-eval", "orchestrator"], token_ttl=60, token_max_ttl=14400, secret_id_ttl=21600, secret_id_num_uses=1)
+    vault.root.sys.create_or_update_acl_policy("ml-keys-eval", 'path "secret/data/*" { capabilities = ["read"] }')
+    changes = {(c.kind, c.name): c for c in sync.diff(vault.admin, vault.definitions)}
+    assert changes[("role", "eval")].action == "update"
+    assert changes[("role", "eval")].detail == "token_policies ['ml-keys-eval', 'orchestrator'] -> ['ml-keys-eval'], token_ttl 60 -> 900"
+    assert changes[("policy", "ml-keys-eval")].detail == "text differs; takes over an unmanaged policy"
+    assert _pending(sync.apply(vault.admin, vault.definitions)) == [("policy", "ml-keys-eval", "update"), ("role", "eval", "update")]
+    assert _pending(sync.apply(vault.admin, vault.definitions)) == []
+
+
+def test_prune_removes_only_what_gpufleet_wrote(vault: VaultHandle, tmp_path: Path) -> None:
+    shutil.copytree(REPO_ROOT / "vault_policies", tmp_path / "vault_policies", ignore=shutil.ignore_patterns("*.py", "__pycache__"))
+    (tmp_path / "vault_policies" / "policies" / "ml-keys-retired.hcl").write_text('path "secret/data/ml-api-keys/retired" {\n  capabilities = ["read"]\n}\n')
+    roles = tmp_path / "vault_policies" / "roles.yaml"
+    roles.write_text(roles.read_text() + "  retired:\n    policies: [ml-keys-retired]\n    token_ttl: 10m\n    token_max_ttl: 1h\n    secret_id_ttl: 1h\n")
+    sync.apply(vault.admin, load_definitions(tmp_path))
+    vault.root.sys.create_or_update_acl_policy("team-x", 'path "secret/data/team-x/*" { capabilities = ["read"] }')
+    vault.root.auth.approle.create_or_update_approle("team-x-runner", token_policies=["team-x"], token_ttl=600)
+    try:
+        planned = _pending(sync.diff(vault.admin, vault.definitions))
+        assert planned == [("policy", "ml-keys-retired", "delete (prune)"), ("role", "retired", "delete (prune)")]
+        pruned = _pending(sync.prune(vault.admin, vault.definitions))
+        assert pruned == [("policy", "ml-keys-retired", "delete"), ("role", "retired", "delete"), ("record", "gpufleet/managed", "update")]
+        policies = vault.root.sys.list_acl_policies()["data"]["keys"]
+        roles_left = vault.root.auth.approle.list_roles()["data"]["keys"]
+        assert "team-x" in policies and "ml-keys-retired" not in policies
+        assert "team-x-runner" in roles_left and "retired" not in roles_left
+        assert _pending(sync.prune(vault.admin, vault.definitions)) == []
+    finally:
+        vault.root.sys.delete_acl_policy("team-x")
+        vault.root.auth.approle.delete_role("team-x-runner")
+
+
+def test_cli_diff_and_apply(vault: VaultHandle, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("VAULT_ADDR", vault.addr)
+    monkeypatch.setenv("VAULT_TOKEN", vault.admin.token)
+    monkeypatch.delenv("VAULT_NAMESPACE", raising=False)
+    assert main(["vault", "apply", "--repo", str(REPO_ROOT)]) == 0
+    assert main(["vault", "diff", "--repo", str(REPO_ROOT)]) == 0
+    out = capsys.readouterr().out
+    assert "ml-keys-finetune" in out and out.rstrip().endswith("no changes")
+
+
+def test_fails_when_cli_token_lacks_admin_policy(vault: VaultHandle, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("VAULT_ADDR", vault.addr)
+    monkeypatch.setenv("VAULT_TOKEN", vault.orchestrator.token)
+    assert main(["vault", "apply", "--repo", str(REPO_ROOT)]) == 2
+    assert "use a VAULT_TOKEN with the gpufleet-admin policy" in capsys.readouterr().err
+
+
+def test_fails_when_cli_has_no_vault_env(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.delenv("VAULT_ADDR", raising=False)
+    monkeypatch.delenv("VAULT_TOKEN", raising=False)
+    assert main(["vault", "diff", "--repo", str(REPO_ROOT)]) == 2
+    assert "VAULT_ADDR and VAULT_TOKEN must be set" in capsys.readouterr().err
