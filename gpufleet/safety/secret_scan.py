@@ -42,6 +42,9 @@ SENSITIVE_WORDS = ("password", "passwd", "secret", "token", "apikey", "privateke
 BENIGN_SUFFIXES = ("ttl", "ttls", "name", "names", "path", "paths", "file", "env", "length", "version", "uses", "type", "enabled", "mount", "role", "policy", "policies", "endpoint", "url", "format", "keyid", "ids", "field")
 """...unless they end in one of these: ``token_ttl``, ``secret_name``, ``api_key_env`` name a secret, they are not one."""
 MIN_ENTROPY_BITS = 3.5
+MIN_ENTROPY_BITS_HEX = 3.0
+"""Hex has 16 symbols (at most 4 bits a character): a random 32-digit hex key scores 3.5-3.9, so it gets its own bar."""
+_HEX = re.compile(r"^[0-9a-fA-F]+$")
 MIN_LENGTH = 16
 _IDENTIFIER = re.compile(r"^[a-z0-9]+(?:[-_./:][a-z0-9]+)+$")
 
@@ -77,7 +80,7 @@ def _looks_random(value: str) -> bool:
         return False
     if _IDENTIFIER.match(value):
         return False
-    return entropy_bits(value) >= MIN_ENTROPY_BITS
+    return entropy_bits(value) >= (MIN_ENTROPY_BITS_HEX if _HEX.match(value) else MIN_ENTROPY_BITS)
 
 
 def _service_account_key(value: Any) -> bool:

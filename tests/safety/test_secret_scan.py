@@ -25,6 +25,13 @@ def rand(n: int, alphabet: str = ALNUM) -> str:
     return "".join(random.choices(alphabet, k=n))
 
 
+def shuffled_hex() -> str:
+    """32 hex digits, each digit twice in random order: random-looking, with entropy fixed at 4 bits so the test cannot flake."""
+    digits = list("0123456789abcdef" * 2)
+    random.shuffle(digits)
+    return "".join(digits)
+
+
 def fake_pem() -> str:
     return "-----BEGIN " + "RSA PRIVATE" + " KEY-----\n" + base64.b64encode(random.randbytes(96)).decode() + "\n-----END RSA PRIVATE KEY-----\n"
 
@@ -48,7 +55,7 @@ KINDS = {"github": "github-token", "slack": "slack-token", "aws": "aws-access-ke
 def planted(tmp_path: Path) -> tuple[Path, dict[str, str]]:
     """A synthesized-looking stack with one secret per detector, and the clean look-alikes around them."""
     values = {name: make() for name, make in PLANTED.items()}
-    values |= {"pem": fake_pem(), "sa": fake_sa_key(), "vault": "s." + rand(24), "cf": rand(40, ALNUM + "_-"), "hex": rand(32, "0123456789abcdef")}
+    values |= {"pem": fake_pem(), "sa": fake_sa_key(), "vault": "s." + rand(24), "cf": rand(40, ALNUM + "_-"), "hex": shuffled_hex()}
     stack = {
         "//": {"metadata": {"path": "s", "note": values["vault"]}},
         "resource": {
