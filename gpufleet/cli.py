@@ -12,7 +12,7 @@ import sys
 import typer
 
 from clusters.errors import ConfigError, UserError
-from gpufleet import fleet_cmd, ops_cmd, vault_cmd
+from gpufleet import fleet_cmd, jobs_cmd, ops_cmd, vault_cmd
 
 app = typer.Typer(
     name="gpufleet",
@@ -31,6 +31,7 @@ def _root() -> None:
 fleet_cmd.register(app)
 ops_cmd.register(app)
 vault_cmd.register(app)
+jobs_cmd.register(app)
 
 EXIT_USER_ERROR = 2
 

@@ -1,0 +1,92 @@
+"""A tiny CPU stand-in for a fine-tune, for demos and tests: standard library only.
+
+It does what a real trainer does at the edges: reads its dispatch parameters from
+NOMAD_META_*, proves it received each required key from Vault WITHOUT printing it (the
+variable name and a short sha256 fingerprint only), trains (SGD on a generated linear
+regression task seeded by dataset_uri + run_id), and writes a checkpoint into the alloc dir.
+Exit codes: 0 trained, 3 a required key is missing, 4 the loss did not go down.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import random
+import sys
+from pathlib import Path
+
+TRUE_WEIGHTS = (3.0, -2.0, 0.5)
+BIAS = 0.25
+
+
+def fingerprint(value: str) -> str:
+    return "sha256:" + hashlib.sha256(value.encode()).hexdigest()[:12]
+
+
+def make_data(seed: str, n: int) -> list[tuple[list[float], float]]:
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(n):
+        x = [rng.uniform(-1, 1) for _ in TRUE_WEIGHTS]
+        y = sum(w * xi for w, xi in zip(TRUE_WEIGHTS, x)) + BIAS + rng.gauss(0, 0.05)
+        rows.append((x, y))
+    return rows
+
+
+def mse(weights: list[float], bias: float, rows: list[tuple[list[float], float]]) -> float:
+    return sum((sum(w * xi for w, xi in zip(weights, x)) + bias - y) ** 2 for x, y in rows) / len(rows)
+
+
+def train(rows: list[tuple[list[float], float]], *, steps: int, lr: float, seed: str) -> tuple[list[float], float, list[tuple[int, float]]]:
+    rng = random.Random(seed + "/sgd")
+    weights, bias = [0.0] * len(TRUE_WEIGHTS), 0.0
+    history = [(0, mse(weights, bias, rows))]
+    for step in range(1, steps + 1):
+        x, y = rows[rng.randrange(len(rows))]
+        error = sum(w * xi for w, xi in zip(weights, x)) + bias - y
+        weights = [w - lr * 2 * error * xi for w, xi in zip(weights, x)]
+        bias -= lr * 2 * error
+        if step % 50 == 0 or step == steps:
+            history.append((step, mse(weights, bias, rows)))
+    return weights, bias, history
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--samples", type=int, default=256)
+    parser.add_argument("--require-env", action="append", default=[], help="a key that must have arrived from Vault")
+    args = parser.parse_args(argv)
+
+    dataset = os.environ.get("NOMAD_META_dataset_uri", "unset")
+    run_id = os.environ.get("NOMAD_META_run_id", "unset")
+    print(f"job {os.environ.get('NOMAD_JOB_ID', '?')} run_id={run_id} dataset={dataset}", flush=True)
+    for name in args.require_env:
+        value = os.environ.get(name)
+        if not value:
+            print(f"error: {name} is not set; list it in the job's secrets.env and run through gpufleet-exec", file=sys.stderr)
+            return 3
+        print(f"{name} received ({fingerprint(value)})", flush=True)
+
+    seed = f"{dataset}#{run_id}"
+    rows = make_data(seed, args.samples)
+    weights, bias, history = train(rows, steps=args.steps, lr=args.lr, seed=seed)
+    for step, loss in history:
+        print(f"step {step:4d} loss {loss:.5f}", flush=True)
+
+    alloc_dir = Path(os.environ.get("NOMAD_ALLOC_DIR", "."))
+    checkpoint = alloc_dir / "data" / f"checkpoint-{run_id}.json"
+    checkpoint.parent.mkdir(parents=True, exist_ok=True)
+    checkpoint.write_text(json.dumps({"run_id": run_id, "dataset_uri": dataset, "weights": weights, "bias": bias, "loss": history[-1][1]}, sort_keys=True) + "\n")
+    print(f"checkpoint written to {checkpoint}", flush=True)
+    if history[-1][1] >= history[0][1]:
+        print("error: loss did not decrease", file=sys.stderr)
+        return 4
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,36 @@
+"""The dispatcher's Vault step: one wrapped single-use secret_id for the job's role.
+
+Shared by ``dispatch`` (the token rides in Nomad dispatch meta) and ``run-local`` (it goes
+straight into the child's environment). The caller's VAULT_TOKEN needs the orchestrator
+policy; only the wrapping token leaves this function, never a plain secret_id.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from clusters.errors import UserError
+from jobs.spec import FinetuneSpec
+
+if TYPE_CHECKING:
+    from vault_policies.orchestrator import WrappedSecretId
+
+
+def mint_wrapped_secret_id(spec: FinetuneSpec, environ: Mapping[str, str], *, expected_queue_seconds: int) -> WrappedSecretId:
+    from vault_policies.client import VaultClientError, make_client
+    from vault_policies.orchestrator import issue_wrapped_secret_id, wrap_ttl_for_queue
+
+    addr, token = environ.get("VAULT_ADDR"), environ.get("VAULT_TOKEN")
+    if not addr or not token:
+        missing = " and ".join(n for n, v in (("VAULT_ADDR", addr), ("VAULT_TOKEN", token)) if not v)
+        raise UserError(f"{missing} not set; the dispatcher needs a Vault token with the orchestrator policy (locally: gpufleet dev up; eval \"$(gpufleet dev env)\")")
+    client = make_client(addr, token=token, cacert=environ.get("VAULT_CACERT") or None, namespace=environ.get("VAULT_NAMESPACE") or None)
+    import requests
+
+    try:
+        return issue_wrapped_secret_id(client, spec.vault_role, wrap_ttl_seconds=wrap_ttl_for_queue(expected_queue_seconds))
+    except requests.exceptions.ConnectionError:
+        raise UserError(f"cannot reach Vault at {addr}; check VAULT_ADDR (locally: gpufleet dev up)") from None
+    except VaultClientError as exc:
+        raise UserError(str(exc)) from None
