@@ -242,6 +242,7 @@ class TaskSession:
             return False
         finally:
             self.client.token = ""
+            self.client.adapter.close()
         return True
 
     def __enter__(self) -> TaskSession:

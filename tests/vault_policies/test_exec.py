@@ -105,3 +105,30 @@ def test_child_stopped_before_token_max_ttl(vault: VaultHandle) -> None:
         assert "reaches the role's token_max_ttl" in result.stderr and "stopping the command" in result.stderr
     finally:
         vault.root.auth.approle.delete_role("short-exec")
+
+
+def test_library_revokes_on_sigterm(vault: VaultHandle, tmp_path: Path) -> None:
+    ready = tmp_path / "ready"
+    program = (
+        "import os, pathlib, time\n"
+        "from vault_policies.client import TaskConfig, start_task\n"
+        "with start_task(TaskConfig.from_env(os.environ)) as task:\n"
+        f"    pathlib.Path({str(ready)!r}).touch()\n"
+        "    time.sleep(30)\n"
+    )
+    env = {**os.environ, **vault.task_env("finetune", FINETUNE_SECRETS)}
+    before = _live_role_tokens(vault, "finetune")
+    proc = subprocess.Popen([sys.executable, "-c", program], env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 20
+        while not ready.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert ready.exists(), "the task never logged in"
+        assert len(_live_role_tokens(vault, "finetune") - before) == 1
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM, stderr
+    assert _live_role_tokens(vault, "finetune") == before
