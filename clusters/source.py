@@ -113,6 +113,11 @@ _FIXES = {
     "dict_type": "write a mapping of key: value",
     "model_type": "write a mapping of fields",
     "string_pattern_mismatch": "see the examples in the same folder",
+    "string_too_short": "write a longer value (a reason says why, in a sentence)",
+    "too_short": "add at least one entry",
+    "union_tag_invalid": "use one of those",
+    "greater_than_equal": "raise the value",
+    "less_than_equal": "lower the value",
 }
 
 

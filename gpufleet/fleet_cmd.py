@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import typer
@@ -10,32 +11,82 @@ from rich.table import Table
 
 import clusters
 from clusters.derive import derive_gpu_pools, total_gpus
+from gpufleet.checks import run_checks
 
 console = Console()
 
+ClustersDir = typer.Option(None, "--clusters-dir", help="Directory of cluster files (default: clusters/).")
+OutDir = typer.Option(Path("cdktf.out"), "--out", help="Where synthesized stacks go.")
 
-def _clusters_dir(path: Path | None) -> Path:
-    return path if path is not None else clusters.CLUSTERS_DIR
+
+def _configs(path: Path | None) -> tuple[clusters.ClusterConfig, ...]:
+    return clusters.load_all(path if path is not None else clusters.CLUSTERS_DIR)
 
 
-def cmd_clusters(
-    clusters_dir: Path | None = typer.Option(None, "--clusters-dir", help="Directory of cluster files."),
-) -> None:
+def cmd_clusters(clusters_dir: Path | None = ClustersDir) -> None:
     """Show every cluster: environment, scheduler, GPU pools, GPU range, tenants and quotas."""
-    configs = clusters.load_all(_clusters_dir(clusters_dir))
     table = Table(title="gpufleet clusters")
     for column in ("cluster", "env", "scheduler", "state", "pools", "GPUs min/max", "tenants (GPU quota)"):
         table.add_column(column)
-    for config in configs:
+    for config in _configs(clusters_dir):
         specs = derive_gpu_pools(config)
         low, high = total_gpus(specs)
         pools = "\n".join(f"{s.name}: {s.machine_type} x{s.min_nodes}-{s.max_nodes} ({s.gpus_per_node}x {s.accelerator})" for s in specs)
         tenants = "\n".join(
             f"{t.name}: " + ", ".join(f"{p}={q}" for p, q in sorted(t.gpu_quota.items())) for t in config.tenants
         )
-        table.add_row(config.name, config.environment.value, config.scheduler.value, config.state.backend, pools, f"{low}/{high}", tenants or "-")
+        table.add_row(config.name, config.environment.value, config.scheduler.value, config.state.backend, pools,
+                      f"{low}/{high}", tenants or "-")
     console.print(table)
+
+
+def cmd_stacks(
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable list (CI builds its plan matrix from it)."),
+    clusters_dir: Path | None = ClustersDir,
+) -> None:
+    """List every stack with its cluster, kind and dependencies."""
+    from gpufleet.synth import fleet_info
+
+    info = fleet_info(_configs(clusters_dir))
+    if as_json:
+        rows = [{"stack": s.name, "cluster": s.cluster, "kind": s.kind, "depends_on": list(s.depends_on)} for s in info]
+        typer.echo(json.dumps(rows, indent=2))
+        return
+    table = Table(title="gpufleet stacks")
+    for column in ("stack", "cluster", "kind", "depends on"):
+        table.add_column(column)
+    for s in info:
+        table.add_row(s.name, s.cluster, s.kind, ", ".join(s.depends_on) or "-")
+    console.print(table)
+
+
+def cmd_synth(
+    stacks: list[str] = typer.Argument(None, help="Stacks to synthesize (default: all)."),
+    out: Path = OutDir,
+    clusters_dir: Path | None = ClustersDir,
+) -> None:
+    """Synthesize stacks into cdktf.out atomically; a bad cluster file leaves it untouched."""
+    from gpufleet.synth import synthesize
+
+    names = synthesize(_configs(clusters_dir), out, only=tuple(stacks or ()))
+    console.print(f"synthesized {len(names)} stack(s) into {out}: {', '.join(names)}")
+
+
+def cmd_check(
+    out: Path = OutDir,
+    clusters_dir: Path | None = ClustersDir,
+    state: list[Path] = typer.Option(None, "--state", help="`terraform show -json` state files to scan for secrets."),
+    skip_checkov: bool = typer.Option(False, "--skip-checkov", help="Skip the policy scan (faster local loops)."),
+) -> None:
+    """Load and cross-check every file, synthesize, scan for secrets and run checkov; one summary."""
+    report = run_checks(_configs(clusters_dir) if clusters_dir else None, out=out, state_files=tuple(state or ()),
+                        checkov=not skip_checkov)
+    report.print(console)
+    raise typer.Exit(0 if report.ok else 1)
 
 
 def register(app: typer.Typer) -> None:
     app.command("clusters")(cmd_clusters)
+    app.command("stacks")(cmd_stacks)
+    app.command("synth")(cmd_synth)
+    app.command("check")(cmd_check)

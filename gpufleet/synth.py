@@ -1,4 +1,4 @@
-"""Deterministic, atomic synthesis: build every stack into a temp dir, then swap it into place.
+"""Deterministic, atomic synthesis: build stacks into a temp dir, then swap them into place.
 
 A failed synthesis (bad cluster file, construct error) leaves the previous ``cdktf.out``
 untouched, so a reviewer never plans against a half-written tree.
@@ -6,13 +6,15 @@ untouched, so a reviewer never plans against a half-written tree.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
 from pathlib import Path
 
-from clusters.schema import ClusterConfig
 from clusters.errors import UserError
+from clusters.schema import ClusterConfig
+from stacks.layout import StackInfo, plan_stacks
 
 DEFAULT_OUTDIR = Path("cdktf.out")
 # jsii prints a banner on every start under Node 20; gpufleet pins Node 20 knowingly.
@@ -20,36 +22,74 @@ os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
 os.environ.setdefault("JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION", "1")
 
 
+def fleet_info(configs: tuple[ClusterConfig, ...]) -> tuple[StackInfo, ...]:
+    return plan_stacks(configs)
+
+
+def _select(configs: tuple[ClusterConfig, ...], only: tuple[str, ...]) -> tuple[tuple[ClusterConfig, ...], tuple[str, ...]]:
+    """Clusters needed for the requested stacks (a stack needs every stack of its cluster)."""
+    info = plan_stacks(configs)
+    known = {s.name: s for s in info}
+    unknown = [s for s in only if s not in known]
+    if unknown:
+        raise UserError(f"unknown stack {unknown[0]!r}; known stacks: {', '.join(sorted(known))} (see gpufleet stacks)")
+    wanted = {known[s].cluster for s in only}
+    return tuple(c for c in configs if c.name in wanted), tuple(sorted(set(only)))
+
+
 def synthesize(configs: tuple[ClusterConfig, ...], outdir: Path = DEFAULT_OUTDIR,
                only: tuple[str, ...] = ()) -> tuple[str, ...]:
-    """Synthesize the fleet (or only the named stacks' clusters) into ``outdir``; returns stack names."""
+    """Synthesize the fleet, or only the named stacks, into ``outdir``; returns the stack names written."""
     from cdktf import App
 
-    from stacks import build_fleet
+    from stacks.fleet import build_fleet
 
+    if only:
+        configs, only = _select(configs, only)
     outdir = Path(outdir).resolve()
     outdir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".cdktf.out.", dir=outdir.parent))
+    tmp = Path(tempfile.mkdtemp(prefix=f".{outdir.name}.", dir=outdir.parent))
     try:
-        app = App(outdir=str(tmp), skip_validation=False)
+        app = App(outdir=str(tmp))
         fleet = build_fleet(app, configs)
-        unknown = sorted(set(only) - set(fleet.stacks))
-        if unknown:
-            raise UserError(f"unknown stack {unknown[0]!r}; known stacks: {', '.join(sorted(fleet.stacks))}")
         app.synth()
-        _swap(tmp, outdir)
+        if only:
+            _merge(tmp, outdir, only)
+        else:
+            _swap(tmp, outdir)
     finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    return tuple(fleet.stacks)
+        shutil.rmtree(tmp, ignore_errors=True)
+    return only or tuple(fleet.stacks)
 
 
 def _swap(new: Path, target: Path) -> None:
-    old = target.with_name(target.name + ".old")
-    if old.exists():
-        shutil.rmtree(old)
+    old = target.with_name(f".{target.name}.old")
+    shutil.rmtree(old, ignore_errors=True)
     if target.exists():
         os.replace(target, old)
     os.replace(new, target)
-    if old.exists():
-        shutil.rmtree(old)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _merge(new: Path, target: Path, stacks: tuple[str, ...]) -> None:
+    """Replace only the requested stack directories; add manifest entries only for new stacks.
+
+    A stack's manifest entry depends on its name alone, so an existing manifest that already
+    lists the stack is left byte-for-byte as cdktf wrote it.
+    """
+    target.mkdir(parents=True, exist_ok=True)
+    (target / "stacks").mkdir(exist_ok=True)
+    for stack in stacks:
+        _swap(new / "stacks" / stack, target / "stacks" / stack)
+    manifest_path = target / "manifest.json"
+    if not manifest_path.exists():
+        os.replace(new / "manifest.json", manifest_path)
+        return
+    manifest = json.loads(manifest_path.read_text())
+    missing = [s for s in stacks if s not in manifest.get("stacks", {})]
+    if missing:
+        fresh = json.loads((new / "manifest.json").read_text())
+        manifest["stacks"] = dict(sorted({**manifest.get("stacks", {}), **{s: fresh["stacks"][s] for s in missing}}.items()))
+        tmp_manifest = manifest_path.with_suffix(".json.tmp")
+        tmp_manifest.write_text(json.dumps(manifest, indent=2) + "\n")
+        os.replace(tmp_manifest, manifest_path)

@@ -1,5 +1,4 @@
-"""Composition of constructs into stacks: one infrastructure stack (and a scheduler stack) per cluster."""
+"""Composition of constructs into stacks: one infrastructure stack (and a scheduler stack) per cluster.
 
-from stacks.fleet import Fleet, StackInfo, build_fleet
-
-__all__ = ["Fleet", "StackInfo", "build_fleet"]
+``stacks.layout`` is pure (importable without cdktf); ``stacks.fleet.build_fleet`` builds them.
+"""

@@ -8,16 +8,7 @@ from cdktf import App, TerraformStack
 
 from clusters.schema import ClusterConfig
 from stacks.infra import ClusterStack
-
-
-@dataclass(frozen=True)
-class StackInfo:
-    """One row of ``gpufleet stacks``: CI builds its plan matrix from these."""
-
-    name: str
-    cluster: str
-    kind: str
-    depends_on: tuple[str, ...]
+from stacks.layout import StackInfo, plan_stacks
 
 
 @dataclass(frozen=True)
@@ -27,11 +18,14 @@ class Fleet:
 
 
 def build_fleet(app: App, configs: tuple[ClusterConfig, ...]) -> Fleet:
-    """Stacks are created in cluster-name order so synthesis is byte-identical run to run."""
+    """Build every stack ``plan_stacks`` names, in its order, so synthesis is byte-identical run to run."""
+    info = plan_stacks(configs)
+    by_name = {c.name: c for c in configs}
     stacks: dict[str, TerraformStack] = {}
-    info: list[StackInfo] = []
-    for config in sorted(configs, key=lambda c: c.name):
-        infra = ClusterStack(app, config)
-        stacks[config.name] = infra
-        info.append(StackInfo(config.name, config.name, "infra", ()))
-    return Fleet(stacks, tuple(info))
+    for entry in info:
+        if entry.kind == "infra":
+            stacks[entry.name] = ClusterStack(app, by_name[entry.cluster])
+    missing = [s.name for s in info if s.name not in stacks]
+    if missing:
+        raise RuntimeError(f"stacks.layout names stacks build_fleet does not build: {missing}")
+    return Fleet(stacks, info)

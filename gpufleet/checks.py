@@ -1,0 +1,87 @@
+"""``gpufleet check``: every gate a pull request must pass, in one run and one summary.
+
+Input errors (cluster, job, Vault files) are ConfigErrors: every problem of every file is
+collected and reported together, exit 2, and nothing is synthesized. Only valid input is
+synthesized; the secret scan and checkov then run on what was written.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+import clusters
+from clusters.errors import ConfigError, Problem
+from clusters.schema import ClusterConfig
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class CheckReport:
+    rows: list[tuple[str, bool, str]] = field(default_factory=list)
+    details: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return all(passed for _, passed, _ in self.rows)
+
+    def add(self, step: str, passed: bool, summary: str, details: list[str] | None = None) -> None:
+        self.rows.append((step, passed, summary))
+        self.details.extend(details or ())
+
+    def print(self, console: Console) -> None:
+        for line in self.details:
+            console.print(line, markup=False, highlight=False)
+        table = Table(title="gpufleet check")
+        table.add_column("step")
+        table.add_column("result")
+        table.add_column("summary")
+        for step, passed, summary in self.rows:
+            table.add_row(step, "[green]ok[/green]" if passed else "[red]FAILED[/red]", summary)
+        console.print(table)
+
+
+def validate_inputs(configs: tuple[ClusterConfig, ...] | None = None) -> tuple[tuple[ClusterConfig, ...], int]:
+    """Clusters, Vault definitions and job files, cross-checked; raises one ConfigError with all problems."""
+    import jobs.loader
+    from vault_policies import validate as vault_validate
+
+    problems: list[Problem] = []
+    try:
+        configs = configs if configs is not None else clusters.load_all()
+    except ConfigError as exc:
+        problems.extend(exc.problems)
+    problems.extend(vault_validate.check(REPO_ROOT))
+    job_count = 0
+    if configs is not None and not problems:
+        try:
+            job_count = len(jobs.loader.load_all(cluster_configs=configs))
+        except ConfigError as exc:
+            problems.extend(exc.problems)
+    if problems:
+        raise ConfigError(problems)
+    return configs, job_count
+
+
+def run_checks(configs: tuple[ClusterConfig, ...] | None, *, out: Path, state_files: tuple[Path, ...] = (),
+               checkov: bool = True) -> CheckReport:
+    from gpufleet.safety import checkov_scan, secret_scan
+    from gpufleet.synth import synthesize
+
+    report = CheckReport()
+    configs, job_count = validate_inputs(configs)
+    report.add("inputs", True, f"{len(configs)} cluster file(s), {job_count} job file(s), Vault policies and roles")
+    stacks = synthesize(configs, out)
+    report.add("synth", True, f"{len(stacks)} stack(s) into {out}")
+    scanned = [out, REPO_ROOT / "jobs" / "out", *state_files]
+    findings = secret_scan.scan_paths(p for p in scanned if p.exists())
+    report.add("secrets", not findings, f"{len(findings)} finding(s)" if findings else "no secret values found",
+               [f"secret: {f}" for f in findings])
+    if checkov:
+        result = checkov_scan.run([out / "stacks" / s for s in stacks])
+        report.add("checkov", result.ok, result.summary_line, result.failure_lines)
+    return report

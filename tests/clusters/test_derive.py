@@ -1,0 +1,77 @@
+"""Derivations are pure functions of the cluster file: tests call them without cdktf."""
+
+from __future__ import annotations
+
+import pytest
+
+import clusters
+from clusters.derive import GPU_TAINT, derive_gpu_pools, machine_accelerator, tfc_workspace, total_gpus
+from clusters.machines import MACHINE_GPUS
+
+
+@pytest.fixture(scope="module")
+def by_name():
+    return {c.name: c for c in clusters.load_all()}
+
+
+@pytest.mark.parametrize(("machine", "accelerator", "gpus"), [
+    ("a3-highgpu-8g", "nvidia-h100-80gb", 8),
+    ("a3-megagpu-8g", "nvidia-h100-mega-80gb", 8),
+    ("a2-megagpu-16g", "nvidia-tesla-a100", 16),
+    ("a2-ultragpu-4g", "nvidia-a100-80gb", 4),
+    ("g2-standard-24", "nvidia-l4", 2),
+    ("g2-standard-32", "nvidia-l4", 1),
+    ("g2-standard-96", "nvidia-l4", 8),
+    ("a3-ultragpu-8g", "nvidia-h200-141gb", 8),
+    ("a4-highgpu-8g", "nvidia-b200", 8),
+])
+def test_accelerator_and_count_come_from_the_machine_table(machine, accelerator, gpus):
+    assert machine_accelerator(machine, None, None) == (accelerator, gpus)
+
+
+def test_n1_takes_the_users_t4_count():
+    assert machine_accelerator("n1-standard-16", None, 4) == ("nvidia-tesla-t4", 4)
+
+
+def test_unknown_machine_derives_nothing():
+    assert machine_accelerator("e2-standard-8", None, None) is None
+    assert "e2-standard-8" not in MACHINE_GPUS
+
+
+def test_gpu_pools_carry_the_gpu_taint_first_and_cluster_labels(by_name):
+    (h100, l4) = derive_gpu_pools(by_name["prod-gke"])
+    assert (h100.taints[0].key, h100.taints[0].value, h100.taints[0].effect) == (GPU_TAINT[0], GPU_TAINT[1], "NO_SCHEDULE")
+    assert dict(h100.labels) == {"gpufleet.dev/cluster": "prod-gke", "gpufleet.dev/gpu-pool": "h100", "workload": "pretrain"}
+    assert (h100.gpus_per_node, h100.capacity_gpus, h100.zones) == (8, 32, ("us-central1-a",))
+    assert l4.zones == ("us-central1-a", "us-central1-b")
+
+
+def test_pools_are_protected_by_default_outside_dev_only(by_name):
+    assert all(s.protected for s in derive_gpu_pools(by_name["prod-gke"]))
+    assert not any(s.protected for s in derive_gpu_pools(by_name["dev-gke"]))
+
+
+def test_explicit_protected_false_wins_outside_dev(by_name):
+    config = by_name["prod-gke"]
+    pools = (config.gpu_pools[1].model_copy(update={"protected": False}),)
+    assert not derive_gpu_pools(config.model_copy(update={"gpu_pools": pools}))[0].protected
+
+
+def test_static_pools_use_node_count_for_capacity(by_name):
+    config = by_name["dev-gke"]
+    pools = (config.gpu_pools[0].model_copy(update={"node_count": 3, "min_nodes": None, "max_nodes": None}),)
+    (spec,) = derive_gpu_pools(config.model_copy(update={"gpu_pools": pools}))
+    assert (spec.autoscaling, spec.min_nodes, spec.max_nodes, spec.capacity_gpus) == (False, 3, 3, 3)
+
+
+def test_total_gpus_sums_min_and_capacity(by_name):
+    assert total_gpus(derive_gpu_pools(by_name["prod-nomad"])) == (2, 22)
+
+
+def test_tfc_workspace_derives_from_the_stack_name(by_name):
+    config = by_name["prod-nomad"]
+    assert tfc_workspace(config, "prod-nomad") == "gpufleet-prod-nomad"
+    assert tfc_workspace(config, "prod-nomad-scheduler") == "gpufleet-prod-nomad-scheduler"
+    named = config.model_copy(update={"state": config.state.model_copy(update={"workspace": "nomad-eu"})})
+    assert tfc_workspace(named, "prod-nomad") == "nomad-eu"
+    assert tfc_workspace(named, "prod-nomad-scheduler") == "nomad-eu-scheduler"

@@ -1,0 +1,93 @@
+"""Bad cluster files: every problem is one line naming the file, line, field, allowed values and the fix."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+import clusters
+from clusters.errors import ConfigError
+
+
+def pool(data, i=0):
+    return data["gpu_pools"][i]
+
+
+CASES = [
+    # (id, base, mutate, field path in the message, fragment of the fix)
+    ("unknown-field", "prod-gke", lambda d: pool(d).update(maxnodes=3), "gpu_pools[0].maxnodes", "did you mean 'max_nodes'"),
+    ("missing-required", "prod-gke", lambda d: d.pop("environment"), "environment", "required field is missing; add it"),
+    ("bad-environment", "prod-gke", lambda d: d.update(environment="production"), "environment", "allowed: 'dev', 'staging' or 'prod'"),
+    ("bad-scheduler", "prod-gke", lambda d: d.update(scheduler="slurm"), "scheduler", "allowed: 'gke' or 'nomad'"),
+    ("name-not-dns", "prod-gke", lambda d: d.update(name="Prod_GKE"), "name", "not DNS-safe"),
+    ("name-not-file", "prod-gke", lambda d: d.update(name="prod-gke-2"), "name", "must equal the file name 'prod-gke'"),
+    ("bad-cidr", "prod-gke", lambda d: d["gcp"].update(subnet_cidr="10.10.0.1/20"), "gcp.subnet_cidr", "host bits zero"),
+    ("overlap", "prod-gke", lambda d: d["gcp"].update(services_cidr="10.10.8.0/24"), "gcp.services_cidr", "overlaps subnet_cidr"),
+    ("master-not-28", "prod-gke", lambda d: d["gcp"].update(master_cidr="172.16.0.0/24"), "gcp.master_cidr", "must be a /28"),
+    ("gke-needs-master", "prod-gke", lambda d: d["gcp"].pop("master_cidr"), "gcp.master_cidr", "add it"),
+    ("zone-outside-region", "prod-gke", lambda d: d["gcp"].update(zones=["us-east1-b"]), "gcp.zones[0]", "not in region 'us-central1'"),
+    ("unknown-machine", "prod-gke", lambda d: pool(d).update(machine_type="a3-highgpu-9g"), "gpu_pools[0].machine_type", "did you mean 'a3-highgpu-8g'"),
+    ("gpus-mismatch", "prod-gke", lambda d: pool(d).update(gpus_per_node=4), "gpu_pools[0].gpus_per_node", "set gpus_per_node: 8 or pick a3-highgpu-4g"),
+    ("accelerator-mismatch", "prod-gke", lambda d: pool(d).update(accelerator="nvidia-l4"), "gpu_pools[0].accelerator", "set accelerator: nvidia-h100-80gb"),
+    ("n1-needs-count", "dev-gke", lambda d: pool(d).pop("gpus_per_node"), "gpu_pools[0].gpus_per_node", "one of [1, 2, 4]"),
+    ("n1-bad-count", "dev-gke", lambda d: pool(d).update(gpus_per_node=3), "gpu_pools[0].gpus_per_node", "allowed: [1, 2, 4]"),
+    ("spot-and-reservation", "prod-gke", lambda d: pool(d).update(spot=True), "gpu_pools[0].reservation", "remove reservation or set spot: false"),
+    ("compact-two-zones", "prod-gke", lambda d: pool(d).pop("zones"), "gpu_pools[0].placement", "needs exactly one zone"),
+    ("static-and-autoscaling", "prod-gke", lambda d: pool(d, 1).update(node_count=2), "gpu_pools[1].node_count", "excludes autoscaling"),
+    ("min-above-max", "prod-gke", lambda d: pool(d, 1).update(min_nodes=9), "gpu_pools[1].min_nodes", "lower min_nodes or raise max_nodes"),
+    ("dws-with-reservation", "prod-gke", lambda d: pool(d).update(queued_provisioning=True), "gpu_pools[0].queued_provisioning", "cannot use a reservation"),
+    ("duplicate-pool", "prod-gke", lambda d: pool(d, 1).update(name="h100"), "gpu_pools[1].name", "duplicate pool name 'h100'"),
+    ("pool-zone-unknown", "prod-gke", lambda d: pool(d, 1).update(zones=["us-central1-f"]), "gpu_pools[1].zones[0]", "add it to gcp.zones"),
+    ("user-member-prod", "prod-gke", lambda d: d["iam"]["grants"][0].update(members=["user:alice@example.com"]), "iam.grants[0].members[0]", "grant a group: or serviceAccount:"),
+    ("bad-member", "prod-gke", lambda d: d["iam"]["grants"][0].update(members=["ml-platform@example.com"]), "iam.grants[0].members[0]", "write 'group:team@example.com'"),
+    ("grant-no-reason", "prod-gke", lambda d: d["iam"]["grants"][0].update(reason="ok"), "iam.grants[0].reason", "at least 10 characters"),
+    ("bad-bool", "prod-gke", lambda d: pool(d, 1).update(spot="treu"), "gpu_pools[1].spot", "write true or false"),
+    ("bad-state-backend", "prod-gke", lambda d: d.update(state={"backend": "s3", "bucket": "x"}), "state", "'local', 'gcs', 'tfc'"),
+    ("nomad-needs-section", "prod-nomad", lambda d: d.pop("nomad"), "nomad", "needs a nomad: section"),
+    ("nomad-section-on-gke", "prod-gke", lambda d: d.update(nomad={"datacenter": "dc1", "vault_addr": "https://v:8200"}), "nomad", "only applies to scheduler: nomad"),
+    ("no-pools", "prod-gke", lambda d: d.update(gpu_pools=[]), "gpu_pools", "at least 1 item"),
+    ("bad-project", "prod-gke", lambda d: d["gcp"].update(project="ML"), "gcp.project", "not a GCP project id"),
+]
+
+
+@pytest.mark.parametrize(("base", "mutate", "field", "fix"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_fails_when_cluster_file_is_wrong(write_cluster, base, mutate, field, fix):
+    path = write_cluster(base, mutate)
+    with pytest.raises(ConfigError) as err:
+        clusters.load(path)
+    lines = [str(p) for p in err.value.problems]
+    matching = [line for line in lines if f": {field}:" in line]
+    assert matching, f"no problem names {field!r}: {lines}"
+    assert any(fix in line for line in matching), f"no fix {fix!r} in {matching}"
+    assert all(re.match(rf"^{re.escape(str(path))}:\d+: ", line) for line in matching), matching
+    assert all("\n" not in line for line in lines)
+
+
+def test_error_points_at_the_yaml_line_of_the_field(write_cluster):
+    path = write_cluster("prod-gke", lambda d: d["gpu_pools"][0].update(gpus_per_node=4))
+    with pytest.raises(ConfigError) as err:
+        clusters.load(path)
+    (problem,) = err.value.problems
+    assert path.read_text().splitlines()[problem.line - 1].strip() == "gpus_per_node: 4"
+
+
+def test_all_problems_of_all_files_are_reported_at_once(write_cluster):
+    write_cluster("prod-gke", lambda d: d.update(environment="production"))
+    bad = write_cluster("dev-gke", lambda d: d["gpu_pools"][0].update(gpus_per_node=3))
+    with pytest.raises(ConfigError) as err:
+        clusters.load_all(bad.parent)
+    files = {p.file.rsplit("/", 1)[-1] for p in err.value.problems}
+    assert files == {"prod-gke.yaml", "dev-gke.yaml"}
+
+
+def test_fails_when_yaml_is_not_parseable(tmp_path):
+    path = tmp_path / "broken.yaml"
+    path.write_text("name: broken\ngpu_pools: [\n")
+    with pytest.raises(ConfigError, match=r"broken\.yaml:\d+: invalid YAML"):
+        clusters.load(path)
+
+
+def test_fails_when_directory_has_no_cluster_files(tmp_path):
+    with pytest.raises(ConfigError, match="no cluster files"):
+        clusters.load_all(tmp_path)

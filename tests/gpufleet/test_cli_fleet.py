@@ -1,0 +1,72 @@
+"""The fleet commands as a user runs them: real subprocesses, exit codes, one-line errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.conftest import REPO_ROOT
+
+GPUFLEET = [sys.executable, "-m", "gpufleet.cli"]
+
+
+def run(*args: str, cwd: Path = REPO_ROOT) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "COLUMNS": "200", "JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION": "20"}
+    return subprocess.run([*GPUFLEET, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+
+
+def bad_clusters_dir(tmp_path: Path) -> Path:
+    bad = tmp_path / "clusters"
+    bad.mkdir()
+    for src in sorted((REPO_ROOT / "clusters").glob("*.yaml")):
+        shutil.copy(src, bad / src.name)
+    text = (bad / "prod-gke.yaml").read_text().replace("machine_type: a3-highgpu-8g", "machine_type: a3-highgpu-8g\n    gpus_per_node: 4")
+    (bad / "prod-gke.yaml").write_text(text)
+    return bad
+
+
+def test_fails_when_a_cluster_file_is_wrong_with_one_line_exit_2_and_nothing_written(tmp_path):
+    out = tmp_path / "cdktf.out"
+    out.mkdir()
+    (out / "marker").write_text("previous synthesis")
+    result = run("synth", "--clusters-dir", str(bad_clusters_dir(tmp_path)), "--out", str(out))
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "prod-gke.yaml:" in lines[0] and "gpu_pools[0].gpus_per_node" in lines[0]
+    assert "set gpus_per_node: 8 or pick a3-highgpu-4g" in lines[0]
+    assert "Traceback" not in result.stderr + result.stdout
+    assert sorted(p.name for p in out.iterdir()) == ["marker"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cdktf.out", "clusters"]
+
+
+def test_check_fails_the_same_way_on_a_wrong_cluster_file(tmp_path):
+    result = run("check", "--clusters-dir", str(bad_clusters_dir(tmp_path)), "--out", str(tmp_path / "out"))
+    assert result.returncode == 2
+    assert "gpu_pools[0].gpus_per_node" in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_stacks_json_lists_every_stack_for_the_ci_matrix():
+    result = run("stacks", "--json")
+    assert result.returncode == 0, result.stderr
+    rows = json.loads(result.stdout)
+    assert {r["stack"] for r in rows} >= {"dev-gke", "prod-gke", "prod-nomad"}
+    assert all(set(r) == {"stack", "cluster", "kind", "depends_on"} for r in rows)
+
+
+def test_clusters_table_shows_pools_and_gpu_ranges():
+    result = run("clusters")
+    assert result.returncode == 0, result.stderr
+    assert "prod-gke" in result.stdout and "a3-highgpu-8g" in result.stdout and "0/48" in result.stdout
+
+
+def test_fails_when_synth_names_an_unknown_stack(tmp_path):
+    result = run("synth", "nope", "--out", str(tmp_path / "out"))
+    assert result.returncode == 2
+    assert result.stderr.strip().startswith("error: unknown stack 'nope'")
+    assert "Traceback" not in result.stderr

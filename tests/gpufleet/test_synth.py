@@ -1,0 +1,59 @@
+"""Synthesis is deterministic (byte-identical) and atomic (a failure leaves cdktf.out as it was)."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+
+import stacks.fleet
+from clusters.errors import UserError
+from gpufleet.synth import synthesize
+
+
+def tree_digest(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_two_syntheses_are_byte_identical(fleet_out, example_configs, tmp_path):
+    again = tmp_path / "cdktf.out"
+    synthesize(example_configs, again)
+    assert tree_digest(again) == tree_digest(fleet_out)
+
+
+def test_output_has_no_timestamps_or_absolute_paths(fleet_out):
+    for path in (fleet_out / "stacks").rglob("*.json"):
+        text = path.read_text()
+        assert str(fleet_out) not in text and "/tmp/" not in text, path
+        assert "2026-" not in text and "T00:" not in text, path
+
+
+def test_failed_synthesis_leaves_previous_output_untouched(fleet_out, example_configs, tmp_path, monkeypatch):
+    out = tmp_path / "cdktf.out"
+    synthesize(example_configs, out)
+    before = tree_digest(out)
+
+    def explode(app, configs):
+        raise RuntimeError("construct failed half-way")
+
+    monkeypatch.setattr(stacks.fleet, "build_fleet", explode)
+    with pytest.raises(RuntimeError, match="half-way"):
+        synthesize(example_configs, out)
+    assert tree_digest(out) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cdktf.out"], "temp dirs left behind"
+
+
+def test_partial_synthesis_replaces_only_the_requested_stack(example_configs, tmp_path):
+    out = tmp_path / "cdktf.out"
+    synthesize(example_configs, out)
+    before = tree_digest(out)
+    (out / "stacks" / "dev-gke" / "cdk.tf.json").write_text("{}")
+    assert synthesize(example_configs, out, only=("dev-gke",)) == ("dev-gke",)
+    assert tree_digest(out) == before
+
+
+def test_fails_when_an_unknown_stack_is_requested(example_configs, tmp_path):
+    with pytest.raises(UserError, match=r"unknown stack 'prod-gkee'; known stacks: .*prod-gke"):
+        synthesize(example_configs, tmp_path / "out", only=("prod-gkee",))
+    assert not (tmp_path / "out").exists()
