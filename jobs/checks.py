@@ -79,7 +79,7 @@ def _collisions(job: JobFile) -> Iterator[Finding]:
     for key in sorted(set(job.meta_required) & set(job.meta_optional)):
         yield (("meta_optional",), f"{key!r} is also in meta_required; keep each key in one list")
     if job.kill_timeout >= job.max_run_hours * 3600 * NS_PER_SECOND:
-        yield (("kill_timeout",), f"{job.kill_timeout // NS_PER_SECOND}s is not shorter than max_run_hours ({job.max_run_hours}h); write e.g. '2m'")
+        yield (("kill_timeout",), f"{job.kill_timeout // NS_PER_SECOND}s is not shorter than max_run_hours ({job.max_run_hours:g}h); write e.g. '2m'")
 
 
 def _placement(job: JobFile, config: ClusterConfig) -> Iterator[Finding]:
@@ -120,10 +120,12 @@ def _vault(job: JobFile, vault: VaultView) -> Iterator[Finding]:
         return
     readable = readable_paths(role, vault)
     for name, ref in sorted(job.secrets.env.items()):
+        if not SECRET_REF.match(ref):
+            continue  # reported by _hygiene, without echoing what may be a credential
         path = ref.split("#", 1)[0]
         if not any(pattern.fullmatch(path) for pattern in readable.values()):
             allowed = ", ".join(sorted(readable)) or "(nothing)"
             yield (("secrets", "env", name), f"{path} is not readable by role {role.name} (policies {', '.join(role.policies)}); readable: {allowed}; pick one of those or add a read rule to vault_policies/policies/{role.policies[0]}.hcl")
     max_run_s = int(job.max_run_hours * 3600)
     if role.token_period_seconds is None and max_run_s > role.token_max_ttl_seconds:
-        yield (("max_run_hours",), f"{job.max_run_hours}h outlives role {role.name}'s token_max_ttl ({role.token_max_ttl_seconds // 3600}h): the run would lose its Vault token; allowed: <= {role.token_max_ttl_seconds / 3600:g}; lower it or raise token_max_ttl in vault_policies/roles.yaml")
+        yield (("max_run_hours",), f"{job.max_run_hours:g}h outlives role {role.name}'s token_max_ttl ({role.token_max_ttl_seconds // 3600}h): the run would lose its Vault token; allowed: <= {role.token_max_ttl_seconds / 3600:g}; lower it or raise token_max_ttl in vault_policies/roles.yaml")

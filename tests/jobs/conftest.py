@@ -1,0 +1,78 @@
+"""Fixtures for the jobs layer: the example clusters and Vault files (loaded once), job files
+written from the shipped example with one change, and a running Nomad API double."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from ruamel.yaml import YAML
+
+import clusters
+from clusters.schema import ClusterConfig
+from jobs.client import NomadClient, NomadSettings
+from jobs.loader import JOBS_DIR
+from jobs.vault_refs import VaultView, load_vault_view
+from tests.jobs.nomad_double import FakeNode, NomadDouble
+
+EXAMPLE = JOBS_DIR / "finetune-llama.yaml"
+
+
+@pytest.fixture(scope="session")
+def cluster_configs() -> tuple[ClusterConfig, ...]:
+    return clusters.load_all()
+
+
+@pytest.fixture(scope="session")
+def vault_view() -> VaultView:
+    return load_vault_view()
+
+
+@pytest.fixture
+def job_file(tmp_path: Path) -> Callable[..., Path]:
+    """Write the example job with ``change(data)`` applied, as <name>.yaml (or ``file_name``)."""
+
+    def write(change: Callable[[Any], None] | None = None, *, file_name: str | None = None, text: str | None = None) -> Path:
+        yaml = YAML(typ="rt")
+        data = yaml.load(EXAMPLE.read_text())
+        data = copy.deepcopy(data)
+        if change is not None:
+            change(data)
+        path = tmp_path / f"{file_name or data['name']}.yaml"
+        if text is not None:
+            path.write_text(text)
+        else:
+            with path.open("w") as handle:
+                yaml.dump(data, handle)
+        return path
+
+    return write
+
+
+def a100_nodes(*, count: int = 2, used: int = 0) -> list[FakeNode]:
+    return [FakeNode(f"a100-{i}", "a100", "a100", "A100-SXM4-40GB", 40, 2, gpus_used=used) for i in range(count)]
+
+
+@pytest.fixture
+def nomad() -> Iterator[NomadDouble]:
+    double = NomadDouble(a100_nodes(), acl_token="nomad-acl-test-token").start()
+    yield double
+    double.stop()
+
+
+@pytest.fixture
+def client_for() -> Iterator[Callable[..., NomadClient]]:
+    made: list[NomadClient] = []
+
+    def make(double: NomadDouble, **overrides: Any) -> NomadClient:
+        settings = {"address": double.address, "token": double.acl_token, "timeout_seconds": 0.5, "retries": 2, "backoff_seconds": 0.01, **overrides}
+        client = NomadClient(NomadSettings(**settings))
+        made.append(client)
+        return client
+
+    yield make
+    for client in made:
+        client.close()
