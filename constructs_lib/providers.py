@@ -75,17 +75,22 @@ def load_assembly(package: str) -> ModuleType:
     return jsii_module
 
 
-def _register_submodules(package: str, assembly: str, search: list[str]) -> None:
-    """Tell jsii which Python module owns each jsii namespace of the assembly."""
-    from jsii import _reference_map
-
+def submodule_fqn_map(package: str, assembly: str, search: list[str]) -> dict[str, str]:
+    """jsii namespace -> Python module for every submodule directory of an installed provider."""
     fqn_map = {}
     for directory in search:
         with os.scandir(directory) as entries:
             for entry in entries:
                 if entry.is_dir() and not entry.name.startswith("_"):
                     fqn_map[f"{assembly}.{jsii_submodule_name(entry.name)}"] = f"{package}.{entry.name}"
-    _reference_map._submodule_fqn_map.update(fqn_map)
+    return fqn_map
+
+
+def _register_submodules(package: str, assembly: str, search: list[str]) -> None:
+    """Tell jsii which Python module owns each namespace, so it can import one on demand."""
+    from jsii import _reference_map
+
+    _reference_map._submodule_fqn_map.update(submodule_fqn_map(package, assembly, search))
 
 
 class ProviderPackage:
