@@ -7,10 +7,11 @@ rules, the GPU machine table) and each message says what to change.
 from __future__ import annotations
 
 import ipaddress
+import re
 from collections import Counter
 from collections.abc import Iterator
 
-from clusters.derive import derive_gpu_pool, machine_accelerator
+from clusters.derive import derive_gpu_pool, machine_accelerator, tenant_account_id
 from clusters.machines import MACHINE_GPUS, N1_ACCELERATOR, N1_GPU_CHOICES, is_n1
 from clusters.schema import ClusterConfig, Environment, GpuPool, SchedulerKind
 from clusters.source import FieldPath, did_you_mean
@@ -30,6 +31,8 @@ def cross_check(config: ClusterConfig, file_stem: str | None = None) -> list[Fin
     for i, pool in enumerate(config.gpu_pools):
         findings += [(("gpu_pools", i, *path), msg) for path, msg in _pool(pool, config)]
     findings += _iam(config)
+    findings += _tenant_names(config)
+    findings += _nomad(config)
     if not any(path[0] == "gpu_pools" for path, _ in findings):
         findings += _tenants(config)
     findings += _dns(config)
@@ -144,6 +147,47 @@ def _iam(config: ClusterConfig) -> Iterator[Finding]:
                 yield (("tenants", t, "groups", m), f"{member!r}: tenants are groups outside dev; use group:team@example.com")
 
 
+# Namespaces the platform (Kubernetes, GKE, Kueue) or Nomad already owns; a tenant must not take them over.
+RESERVED_NAMESPACES = ("default", "kube-node-lease", "kube-public", "kube-system", "kueue-system", "gke-managed-system", "gmp-system")
+GCP_ACCOUNT_ID_MAX = 30
+HOSTNAME = re.compile(r"^(?=.{1,253}$)([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)+[a-z]{2,63}\.?$")
+SERVER_ADDRESS = re.compile(r"^(provider=\S.*|[a-z0-9]([a-z0-9.-]*[a-z0-9])?(:[0-9]{1,5})?)$")
+
+
+def _tenant_names(config: ClusterConfig) -> Iterator[Finding]:
+    for t, tenant in enumerate(config.tenants):
+        if tenant.name in RESERVED_NAMESPACES or tenant.name.startswith(("kube-", "gke-")):
+            yield (("tenants", t, "name"), f"tenant {tenant.name!r} would take over a namespace the platform owns"
+                   f" ({', '.join(RESERVED_NAMESPACES)}, kube-*, gke-*); pick another name, e.g. 'team-{tenant.name}'")
+        if tenant.service_account is not None:
+            account_id = tenant_account_id(config.name, tenant.name)
+            if len(account_id) > GCP_ACCOUNT_ID_MAX:
+                room = GCP_ACCOUNT_ID_MAX - len(config.name) - 1
+                yield (("tenants", t, "service_account"), f"the tenant's GCP service account id {account_id!r} is {len(account_id)} characters,"
+                       f" GCP allows {GCP_ACCOUNT_ID_MAX}; shorten the tenant name to {room} characters or drop service_account")
+
+
+def _nomad(config: ClusterConfig) -> Iterator[Finding]:
+    """Nomad clients run in plain managed instance groups: GKE-only pool features do not apply."""
+    if config.scheduler != SchedulerKind.NOMAD:
+        return
+    for i, pool in enumerate(config.gpu_pools):
+        if pool.queued_provisioning:
+            yield (("gpu_pools", i, "queued_provisioning"), "queued provisioning (DWS) is a GKE feature; remove it from Nomad pools or use scheduler: gke")
+        if pool.placement is not None:
+            yield (("gpu_pools", i, "placement"), f"placement {pool.placement} is a GKE node-pool feature; remove it from Nomad pools or use scheduler: gke")
+    for t, tenant in enumerate(config.tenants):
+        if tenant.service_account is not None:
+            yield (("tenants", t, "service_account"), "tenant GCP service accounts are bound through GKE workload identity;"
+                   " Nomad jobs get credentials from Vault instead: remove service_account or use scheduler: gke")
+    if config.nomad is None:
+        return
+    for s, server in enumerate(config.nomad.existing_servers):
+        if not SERVER_ADDRESS.match(server):
+            yield (("nomad", "existing_servers", s), f"{server!r} is not a Nomad server address; write 'host', 'host:4647' or a cloud auto-join string"
+                   " such as 'provider=gce tag_value=nomad-server'")
+
+
 def _tenants(config: ClusterConfig) -> Iterator[Finding]:
     pools = {p.name: derive_gpu_pool(p, config) for p in config.gpu_pools}
     totals: Counter[str] = Counter()
@@ -181,5 +225,12 @@ def _dns(config: ClusterConfig) -> Iterator[Finding]:
             yield ((*path, "ttl"), f"proxied records have an automatic TTL; set ttl: 1 or proxied: false (got {record.ttl})")
         if not record.proxied and 1 < record.ttl < 60:
             yield ((*path, "ttl"), f"TTL {record.ttl} is below Cloudflare's minimum 60; use 1 (auto) or 60..86400")
+        zone = config.dns.zone_name
+        if record.name == zone or record.name.endswith("." + zone):
+            relative = record.name.removesuffix(zone).rstrip(".") or "@"
+            yield ((*path, "name"), f"record name {record.name!r} already ends in the zone {zone!r}; write it relative to the zone: {relative!r}")
+        if record.hostname is not None and not HOSTNAME.match(record.hostname):
+            yield ((*path, "hostname"), f"{record.hostname!r} is not a hostname a CNAME can point at; write a name like 'app.example.com'"
+                   " (no scheme, port or IP address; use static_ip for an address of this cluster)")
         if names[record.name] > 1:
             yield ((*path, "name"), f"duplicate DNS record {record.name!r}; each name appears once")

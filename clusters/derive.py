@@ -123,3 +123,46 @@ def tfc_workspace(config: ClusterConfig, stack: str) -> str:
 def total_gpus(specs: tuple[GpuPoolSpec, ...]) -> tuple[int, int]:
     """(min, max) GPUs across pools, for the cluster table."""
     return (sum(s.min_nodes * s.gpus_per_node for s in specs), sum(s.capacity_gpus for s in specs))
+
+
+# Kubernetes service accounts every tenant namespace gets; the infra stack binds the tenant's
+# GCP service account to WORKLOAD_KSA by name, so both stacks must agree on it.
+WORKLOAD_KSA = "training"
+CONTROLLER_KSA = "gpufleet-controller"
+TENANT_LABEL = "gpufleet.dev/tenant"
+
+
+@dataclass(frozen=True)
+class TenantSpec:
+    """A tenant as both schedulers see it: namespace, members, per-pool GPU quota, GCP identity."""
+
+    name: str
+    namespace: str
+    groups: tuple[str, ...]
+    gpu_quota: tuple[tuple[str, int], ...]
+    gcp_account_id: str | None
+    gcp_roles: tuple[str, ...]
+
+    @property
+    def total_gpus(self) -> int:
+        return sum(q for _, q in self.gpu_quota)
+
+
+def tenant_account_id(cluster: str, tenant: str) -> str:
+    """GCP service account ids are project-wide and 6-30 characters; the cluster prefix avoids clashes."""
+    return f"{cluster}-{tenant}"
+
+
+def derive_tenants(config: ClusterConfig) -> tuple[TenantSpec, ...]:
+    """Tenants in name order, so namespaces, bindings and queues synthesize in a stable order."""
+    return tuple(
+        TenantSpec(
+            name=t.name,
+            namespace=t.name,
+            groups=tuple(sorted(t.groups)),
+            gpu_quota=tuple(sorted(t.gpu_quota.items())),
+            gcp_account_id=tenant_account_id(config.name, t.name) if t.service_account is not None else None,
+            gcp_roles=tuple(sorted(set(t.service_account.roles))) if t.service_account is not None else (),
+        )
+        for t in sorted(config.tenants, key=lambda t: t.name)
+    )

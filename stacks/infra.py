@@ -1,19 +1,25 @@
-"""The infrastructure stack of one cluster: network, IAM, compute, static IPs."""
+"""The infrastructure stack of one cluster: network, IAM, compute (GKE or Nomad VMs), static IPs, DNS."""
 
 from __future__ import annotations
 
 from cdktf import TerraformOutput, TerraformStack
 from constructs import Construct
 
-from clusters.derive import derive_gpu_pools
-from clusters.schema import ClusterConfig, SchedulerKind
+from clusters.derive import derive_gpu_pools, derive_tenants
+from clusters.schema import ClusterConfig, NomadConfig, SchedulerKind
+from constructs_lib.dns_records import DnsRecords
 from constructs_lib.gke_cluster import GkeCluster
 from constructs_lib.gpu_node_pool import GpuNodePool
 from constructs_lib.iam import NodeIdentity
 from constructs_lib.naming import pin
 from constructs_lib.network import GpuNetwork
+from constructs_lib.nomad_agent_config import AgentJoin
+from constructs_lib.nomad_client_pool import NomadClientPool, client_tag
+from constructs_lib.nomad_firewall import NomadFirewall
+from constructs_lib.nomad_servers import NomadServers, server_tag
 from constructs_lib.providers import google
 from constructs_lib.static_ips import StaticIps
+from constructs_lib.tenant_identity import TenantIdentity
 from stacks.backends import configure_backend
 
 
@@ -32,13 +38,41 @@ class ClusterStack(TerraformStack):
         self.pool_specs = derive_gpu_pools(config)
         node_sa = self.identity.service_account.email
         self.gke: GkeCluster | None = None
+        self.tenant_identities: dict[str, TenantIdentity] = {}
         self.node_pools: dict[str, GpuNodePool] = {}
         if config.scheduler == SchedulerKind.GKE:
             self.gke = GkeCluster(self, "gke", config=config, network=self.network, node_service_account=node_sa)
             for spec in self.pool_specs:
                 self.node_pools[spec.name] = GpuNodePool(self, f"pool_{spec.name}", spec=spec, cluster_id=self.gke.cluster.id,
                                                          region=config.gcp.region, node_service_account=node_sa)
+            self.tenant_identities = {
+                t.name: TenantIdentity(self, f"tenant_{t.name}", tenant=t, project=config.gcp.project, cluster=config.name)
+                for t in derive_tenants(config) if t.gcp_account_id is not None
+            }
+        self.nomad_servers: NomadServers | None = None
+        self.nomad_pools: dict[str, NomadClientPool] = {}
+        self.nomad_address: str | None = None
+        if config.scheduler == SchedulerKind.NOMAD and config.nomad is not None:
+            self._nomad(config, config.nomad, node_sa)
+        self.dns = DnsRecords(self, "dns", cluster=config.name, dns=config.dns,
+                              static_ips={n: a.address for n, a in self.static_ips.addresses.items()}) if config.dns else None
         self._outputs()
+
+    def _nomad(self, config: ClusterConfig, nomad: NomadConfig, node_sa: str) -> None:
+        """Servers join each other by tag and clients join the servers, or both use the file's existing servers."""
+        gcp, vpc, subnet = config.gcp, self.network.vpc.id, self.network.subnet.id
+        join = AgentJoin.for_cluster(project=gcp.project, server_tag=server_tag(config.name), existing_servers=nomad.existing_servers)
+        NomadFirewall(self, "nomad_firewall", cluster=config.name, vpc_id=vpc, subnet_cidr=gcp.subnet_cidr,
+                      target_tags=[client_tag(config.name), server_tag(config.name)])
+        if not nomad.existing_servers:
+            self.nomad_servers = NomadServers(self, "nomad_servers", config=config, nomad=nomad, vpc_id=vpc, subnetwork=subnet,
+                                              service_account=node_sa, join=join)
+            self.nomad_address = self.nomad_servers.address
+        for spec in self.pool_specs:
+            self.nomad_pools[spec.name] = NomadClientPool(
+                self, f"nomad_pool_{spec.name}", spec=spec, cluster=config.name, project=gcp.project, region=gcp.region,
+                subnetwork=subnet, service_account=node_sa, datacenter=nomad.datacenter, nomad_region=nomad.region,
+                vault_addr=nomad.vault_addr, join=join, image=nomad.client_machine_image)
 
     def _outputs(self) -> None:
         """What the scheduler stack and operators need; nothing here is a secret."""
@@ -51,6 +85,10 @@ class ClusterStack(TerraformStack):
         if self.gke is not None:
             self._output("cluster_endpoint", self.gke.cluster.endpoint)
             self._output("cluster_ca_certificate", self.gke.cluster.master_auth.cluster_ca_certificate)
+        for name, identity in sorted(self.tenant_identities.items()):
+            self._output(f"tenant_sa_{name}", identity.service_account.email)
+        if self.nomad_address is not None:
+            self._output("nomad_address", self.nomad_address)
 
     def _output(self, name: str, value: object) -> TerraformOutput:
         output = TerraformOutput(self, f"output_{name}", value=value)

@@ -1,0 +1,47 @@
+"""Cloudflare DNS records of a cluster: A records to its named static IPs, CNAMEs to hostnames."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from constructs import Construct
+
+from clusters.schema import DnsConfig, DnsRecord
+from constructs_lib.naming import pin
+from constructs_lib.providers import cloudflare
+
+
+def record_fqdn(record: DnsRecord, zone_name: str) -> str:
+    """Cloudflare's v5 provider stores full names; a relative name would show a diff on every plan."""
+    return zone_name if record.name == "@" else f"{record.name}.{zone_name}"
+
+
+def record_id(record: DnsRecord) -> str:
+    return "dns_" + record.name.replace("@", "apex").replace("*", "wildcard")
+
+
+class DnsRecords(Construct):
+    """The API token is never passed here: the provider reads CLOUDFLARE_API_TOKEN itself.
+
+    ``static_ips`` maps the cluster file's static IP names to their address references, so an
+    A record follows the reserved address without anyone copying it.
+    """
+
+    def __init__(self, scope: Construct, id_: str, *, cluster: str, dns: DnsConfig, static_ips: Mapping[str, str]) -> None:
+        super().__init__(scope, id_)
+        self.provider = cloudflare.provider.CloudflareProvider(self, "cloudflare")
+        self.records = {}
+        for record in sorted(dns.records, key=lambda r: r.name):
+            is_a = record.static_ip is not None
+            content = static_ips[record.static_ip] if is_a else record.hostname
+            self.records[record.name] = pin(cloudflare.dns_record.DnsRecord(
+                self, record_id(record),
+                zone_id=dns.zone_id,
+                name=record_fqdn(record, dns.zone_name),
+                type="A" if is_a else "CNAME",
+                content=content,
+                proxied=record.proxied,
+                ttl=record.ttl,
+                comment=f"managed by gpufleet ({cluster}); edit clusters/{cluster}.yaml",
+                provider=self.provider,
+            ), record_id(record))

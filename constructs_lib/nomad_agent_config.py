@@ -1,0 +1,170 @@
+"""Nomad agent configuration and boot script for GCE VMs, rendered as pure functions of the specs.
+
+Nothing here knows cdktf: tests parse the rendered HCL with pyhcl (the HCL1 dialect Nomad's
+agent config parser reads) and check the fields a job depends on, ``node_class`` and
+``node_pool`` above all, because ``jobs/`` constrains placement on ``${node.class}``.
+
+The boot script goes into ``metadata_startup_script``, a Terraform string: ``${`` and ``%{``
+would start Terraform interpolation, so the renderers refuse them instead of escaping.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from clusters.derive import GpuPoolSpec
+
+NOMAD_VERSION = "1.10.5"
+NVIDIA_PLUGIN = "nomad-device-nvidia"
+NVIDIA_PLUGIN_VERSION = "1.1.0"
+CONFIG_PATH = "/etc/nomad.d/nomad.hcl"
+DATA_DIR = "/opt/nomad/data"
+PLUGIN_DIR = "/opt/nomad/plugins"
+HTTP_PORT = 4646
+# Google's documented driver installer for GCE GPU VMs; it reboots once, and the startup
+# script runs again on every boot, so the "nvidia-smi works" check makes it converge.
+CUDA_INSTALLER = "https://storage.googleapis.com/compute-gpu-installation-us/installer/latest/cuda_installer.pyz"
+HCL = Mapping[str, object]
+
+
+@dataclass(frozen=True)
+class AgentJoin:
+    """How an agent finds the servers: explicit addresses, or GCE cloud auto-join by network tag."""
+
+    retry_join: tuple[str, ...]
+
+    @staticmethod
+    def for_cluster(*, project: str, server_tag: str, existing_servers: Sequence[str]) -> AgentJoin:
+        if existing_servers:
+            return AgentJoin(tuple(existing_servers))
+        return AgentJoin((f"provider=gce project_name={project} tag_value={server_tag}",))
+
+
+def _value(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_value(v) for v in value) + "]"
+    raise TypeError(f"cannot render {value!r} as HCL")
+
+
+def render_hcl(body: HCL, indent: int = 0) -> str:
+    """Mappings become blocks (a key like ``plugin "x"`` carries its label); other values attributes."""
+    pad = "  " * indent
+    lines: list[str] = []
+    for key, value in body.items():
+        if isinstance(value, Mapping):
+            lines.append(f"{pad}{key} {{")
+            lines.append(render_hcl(value, indent + 1))
+            lines.append(f"{pad}}}")
+        else:
+            lines.append(f"{pad}{key} = {_value(value)}")
+    return "\n".join(line for line in lines if line)
+
+
+def _common(*, datacenter: str, region: str, vault_addr: str) -> dict[str, object]:
+    return {
+        "region": region,
+        "datacenter": datacenter,
+        "data_dir": DATA_DIR,
+        "bind_addr": "0.0.0.0",
+        "acl": {"enabled": True},
+        "telemetry": {"prometheus_metrics": True, "publish_node_metrics": True, "publish_allocation_metrics": True},
+        # Nomad >= 1.10: a vault block means workload identity; jobs authenticate with their JWT.
+        "vault": {"enabled": True, "address": vault_addr},
+    }
+
+
+def pool_meta(spec: GpuPoolSpec, cluster: str) -> dict[str, str]:
+    """What a job author or the node pool can read about the hardware; Nomad meta values are strings."""
+    return {
+        "accelerator": spec.accelerator,
+        "gpu_model": spec.gpu_model,
+        "gpu_memory_gib": str(spec.gpu_memory_gib),
+        "gpus_per_node": str(spec.gpus_per_node),
+        "machine_type": spec.machine_type,
+        "gpufleet_cluster": cluster,
+        "gpufleet_pool": spec.name,
+    }
+
+
+def render_client_config(*, spec: GpuPoolSpec, cluster: str, datacenter: str, region: str, vault_addr: str,
+                         join: AgentJoin) -> str:
+    """The client agent of one GPU pool: its node class and node pool are the pool's name."""
+    body = _common(datacenter=datacenter, region=region, vault_addr=vault_addr)
+    body["plugin_dir"] = PLUGIN_DIR
+    body["client"] = {
+        "enabled": True,
+        "node_class": spec.name,
+        "node_pool": spec.name,
+        "server_join": {"retry_join": list(join.retry_join), "retry_interval": "15s"},
+        "meta": pool_meta(spec, cluster),
+    }
+    body[f'plugin "{NVIDIA_PLUGIN}"'] = {"config": {"enabled": True, "fingerprint_period": "1m"}}
+    body['plugin "docker"'] = {"config": {"allow_privileged": False}}
+    return _checked(render_hcl(body) + "\n")
+
+
+def render_server_config(*, count: int, datacenter: str, region: str, vault_addr: str, join: AgentJoin) -> str:
+    """A server agent; ``bootstrap_expect`` equals the group size so the first election waits for quorum."""
+    body = _common(datacenter=datacenter, region=region, vault_addr=vault_addr)
+    body["server"] = {"enabled": True, "bootstrap_expect": count,
+                      "server_join": {"retry_join": list(join.retry_join), "retry_interval": "15s"}}
+    body["client"] = {"enabled": False}
+    body["ui"] = {"enabled": True}
+    return _checked(render_hcl(body) + "\n")
+
+
+_INSTALL_NOMAD = f"""if ! command -v nomad >/dev/null 2>&1; then
+  apt-get update -q && apt-get install -yq curl gnupg lsb-release unzip
+  curl -fsSL https://apt.releases.hashicorp.com/gpg | gpg --dearmor --yes -o /usr/share/keyrings/hashicorp.gpg
+  echo "deb [signed-by=/usr/share/keyrings/hashicorp.gpg] https://apt.releases.hashicorp.com $(lsb_release -cs) main" \\
+    > /etc/apt/sources.list.d/hashicorp.list
+  apt-get update -q && apt-get install -yq nomad={NOMAD_VERSION}-1
+fi"""
+
+_INSTALL_GPU = f"""if ! nvidia-smi >/dev/null 2>&1; then
+  curl -fsSL -o /opt/cuda_installer.pyz {CUDA_INSTALLER}
+  python3 /opt/cuda_installer.pyz install_driver --installation-mode=repo --installation-branch=prod
+fi
+if ! command -v nvidia-ctk >/dev/null 2>&1; then
+  curl -fsSL https://nvidia.github.io/libnvidia-container/gpgkey | gpg --dearmor --yes -o /usr/share/keyrings/nvidia-container-toolkit.gpg
+  curl -fsSL https://nvidia.github.io/libnvidia-container/stable/deb/nvidia-container-toolkit.list \\
+    | sed 's#deb https://#deb [signed-by=/usr/share/keyrings/nvidia-container-toolkit.gpg] https://#' \\
+    > /etc/apt/sources.list.d/nvidia-container-toolkit.list
+  apt-get update -q && apt-get install -yq docker.io nvidia-container-toolkit
+  nvidia-ctk runtime configure --runtime=docker && systemctl restart docker
+fi
+mkdir -p {PLUGIN_DIR}
+if [ ! -x {PLUGIN_DIR}/{NVIDIA_PLUGIN} ]; then
+  curl -fsSL -o /opt/{NVIDIA_PLUGIN}.zip \\
+    https://releases.hashicorp.com/{NVIDIA_PLUGIN}/{NVIDIA_PLUGIN_VERSION}/{NVIDIA_PLUGIN}_{NVIDIA_PLUGIN_VERSION}_linux_amd64.zip
+  unzip -o /opt/{NVIDIA_PLUGIN}.zip -d {PLUGIN_DIR}
+fi"""
+
+
+def render_startup_script(*, agent_config: str, gpu: bool) -> str:
+    """Idempotent boot script: GPU driver and container toolkit (GPU nodes), Nomad, config, restart.
+
+    It runs on every boot, so each step checks before it installs; the config is rewritten
+    each time, so a new instance template version is the only way configuration changes.
+    """
+    steps = ["#!/bin/bash", "# Rendered by gpufleet; edit the cluster file, not this script.", "set -euo pipefail", _INSTALL_NOMAD]
+    if gpu:
+        steps.append(_INSTALL_GPU)
+    steps.append(f"mkdir -p {DATA_DIR} /etc/nomad.d\ncat > {CONFIG_PATH} <<'GPUFLEET_NOMAD_CONFIG'\n{agent_config}GPUFLEET_NOMAD_CONFIG")
+    steps.append("systemctl enable nomad\nsystemctl restart nomad")
+    return _checked("\n".join(steps) + "\n")
+
+
+def _checked(text: str) -> str:
+    for marker in ("${", "%{"):
+        if marker in text:
+            raise ValueError(f"rendered Nomad text contains {marker!r}, which Terraform would interpolate; remove it from the cluster file")
+    return text

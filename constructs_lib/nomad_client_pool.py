@@ -1,0 +1,76 @@
+"""One Nomad GPU client pool: an instance template plus a regional managed instance group."""
+
+from __future__ import annotations
+
+from constructs import Construct
+
+from clusters.derive import GpuPoolSpec
+from constructs_lib.naming import pin
+from constructs_lib.nomad_agent_config import AgentJoin, render_client_config, render_startup_script
+from constructs_lib.nomad_instance_template import Machine, nomad_instance_template
+from constructs_lib.providers import google
+
+
+def client_tag(cluster: str) -> str:
+    return f"{cluster}-nomad-client"
+
+
+class NomadClientPool(Construct):
+    """Clients register with ``node_class`` and ``node_pool`` equal to the pool name, which jobs select.
+
+    The group updates OPPORTUNISTICALLY: a new template reaches a VM only when it is recreated,
+    so a config change never kills a running fine-tune. ``prevent_destroy`` follows
+    ``spec.protected`` on the group and its autoscaler. ``self.group`` is the escape hatch.
+    """
+
+    def __init__(self, scope: Construct, id_: str, *, spec: GpuPoolSpec, cluster: str, project: str, region: str,
+                 subnetwork: str, service_account: str, datacenter: str, nomad_region: str, vault_addr: str,
+                 join: AgentJoin, image: str) -> None:
+        super().__init__(scope, id_)
+        self.client_config = render_client_config(spec=spec, cluster=cluster, datacenter=datacenter, region=nomad_region,
+                                                  vault_addr=vault_addr, join=join)
+        name = f"{cluster}-{spec.name}"
+        self.template = nomad_instance_template(
+            self, f"nomad_client_template_{spec.name}", name_prefix=f"{name}-",
+            machine=Machine(machine_type=spec.machine_type, image=image, disk_gb=spec.boot_disk_gb, disk_type=spec.boot_disk_type,
+                            accelerator=spec.accelerator, gpus=spec.gpus_per_node, spot=spec.spot, reservation=spec.reservation),
+            project=project, region=region, subnetwork=subnetwork, service_account=service_account,
+            startup_script=render_startup_script(agent_config=self.client_config, gpu=True),
+            tags=[client_tag(cluster)],
+            labels={k.replace(".", "_").replace("/", "_"): v for k, v in spec.labels},
+        )
+        mig = google.compute_region_instance_group_manager
+        sizing = {"target_size": spec.node_count} if spec.node_count is not None else {}
+        self.group = pin(mig.ComputeRegionInstanceGroupManager(
+            self, "group",
+            name=name,
+            base_instance_name=name,
+            project=project,
+            region=region,
+            distribution_policy_zones=list(spec.zones),
+            distribution_policy_target_shape="ANY" if spec.spot or spec.reservation else "BALANCED",
+            version=[mig.ComputeRegionInstanceGroupManagerVersion(name="primary", instance_template=self.template.self_link_unique)],
+            update_policy={"type": "OPPORTUNISTIC", "minimal_action": "REPLACE", "instance_redistribution_type": "NONE",
+                           "max_surge_fixed": 0, "max_unavailable_fixed": len(spec.zones)},
+            wait_for_instances=False,
+            lifecycle={"prevent_destroy": spec.protected},
+            **sizing,
+        ), f"nomad_pool_{spec.name}")
+        self.autoscaler = None
+        if spec.autoscaling:
+            self.autoscaler = pin(google.compute_region_autoscaler.ComputeRegionAutoscaler(
+                self, "autoscaler",
+                name=name,
+                project=project,
+                region=region,
+                target=self.group.id,
+                autoscaling_policy={
+                    "min_replicas": spec.min_nodes,
+                    "max_replicas": spec.max_nodes,
+                    "cooldown_period": 300,
+                    "cpu_utilization": {"target": 0.6},
+                    # GPU nodes are slow to get back; never drop more than one per ten minutes.
+                    "scale_in_control": {"max_scaled_in_replicas": {"fixed": 1}, "time_window_sec": 600},
+                },
+                lifecycle={"prevent_destroy": spec.protected},
+            ), f"nomad_autoscaler_{spec.name}")
