@@ -5,11 +5,14 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import hvac
 import pytest
 
+from clusters.errors import UserError
 from gpufleet.cli import main
 from tests.openbao_fixture import REPO_ROOT, VaultHandle
 from vault_policies import sync
+from vault_policies.devserver import start_dev_server
 from vault_policies.layout import MANAGED_MARKER
 from vault_policies.validate import load_definitions
 
@@ -81,3 +84,16 @@ def test_fails_when_cli_has_no_vault_env(monkeypatch: pytest.MonkeyPatch, capsys
     monkeypatch.delenv("VAULT_TOKEN", raising=False)
     assert main(["vault", "diff", "--repo", str(REPO_ROOT)]) == 2
     assert "VAULT_ADDR and VAULT_TOKEN must be set" in capsys.readouterr().err
+
+
+def test_fails_when_secret_mount_is_kv_version_1(tmp_path: Path) -> None:
+    server = start_dev_server(tmp_path / "bao.log")
+    try:
+        root = hvac.Client(url=server.addr, token=server.root_token)
+        root.sys.disable_secrets_engine("secret")
+        root.sys.enable_secrets_engine("kv", path="secret", options={"version": "1"})
+        with pytest.raises(UserError, match=r"mount secret/ exists as '1', not KV version 2; .*bao kv enable-versioning secret/"):
+            sync.apply(root, load_definitions(REPO_ROOT))
+        assert root.sys.list_acl_policies()["data"]["keys"] == ["default", "root"], "nothing may be written before the refusal"
+    finally:
+        server.stop()
