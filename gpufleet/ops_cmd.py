@@ -149,6 +149,57 @@ def cmd_ci_comment(
         out.write_text(body, encoding="utf-8")
 
 
+_CLUSTERS = typer.Option(None, "--clusters-dir", help="Directory of cluster files (default: clusters/).")
+
+
+def cmd_import_generate(
+    stack: str = typer.Argument(..., help="Stack the resources belong to."),
+    ids: Path = typer.Option(..., "--ids", help='JSON object {"<terraform address>": "<provider id>"}.'),
+    out: Path | None = typer.Option(None, "--out", help="Manifest path, outside the repository (default: in the temp dir)."),
+    clusters_dir: Path | None = _CLUSTERS,
+) -> None:
+    """Write a reviewed-import manifest for resources that already exist; print its counts and SHA-256."""
+    import tempfile
+    from collections import Counter
+
+    from rich.table import Table
+
+    from gpufleet.safety import imports
+
+    target = out or Path(tempfile.gettempdir()) / f"gpufleet-import-{stack}.json"
+    with tempfile.TemporaryDirectory(prefix="gpufleet-import-") as work:
+        stack_json = imports.synthesized_stack(stack, clusters_dir, Path(work))
+        count, digest = imports.generate(stack, ids, stack_json, target)
+    table = Table(title=f"import manifest for {stack}: {count} resource(s)")
+    table.add_column("type")
+    table.add_column("count", justify="right")
+    for kind, n in sorted(Counter(a.split(".", 1)[0] for a in imports.manifest_ids(target)).items()):
+        table.add_row(kind, str(n))
+    console.print(table)
+    console.print(f"manifest: {target}", soft_wrap=True)
+    console.print(f"sha256:   {digest}", soft_wrap=True)
+    console.print(f"after review: gpufleet import apply {stack} --manifest {target} --digest {digest}", soft_wrap=True)
+
+
+def cmd_import_apply(
+    stack: str = typer.Argument(..., help="Stack the manifest was generated for."),
+    manifest: Path = typer.Option(..., "--manifest", help="The manifest `gpufleet import generate` wrote."),
+    digest: str = typer.Option(..., "--digest", help="The SHA-256 printed by generate (and reviewed)."),
+    clusters_dir: Path | None = _CLUSTERS,
+) -> None:
+    """Re-derive and verify the manifest, then record the imports; the next synthesis emits import blocks."""
+    import tempfile
+
+    from gpufleet.safety import imports
+
+    with tempfile.TemporaryDirectory(prefix="gpufleet-import-") as work:
+        stack_json = imports.synthesized_stack(stack, clusters_dir, Path(work))
+        ids = imports.verify(stack, manifest, digest, stack_json)
+    path = imports.record(stack, ids)
+    console.print(f"recorded {len(ids)} import(s) for {stack} in {path}", soft_wrap=True)
+    console.print(f"commit it; `gpufleet synth` then emits import blocks and `gpufleet plan {stack}` shows them (protected)", soft_wrap=True)
+
+
 def register(app: typer.Typer) -> None:
     app.command("plan", epilog=EXIT_CODES_HELP)(cmd_plan)
     app.command("gate", epilog=EXIT_CODES_HELP)(cmd_gate)
@@ -156,3 +207,7 @@ def register(app: typer.Typer) -> None:
     ci = typer.Typer(help="Helpers for the CI workflows.", no_args_is_help=True)
     ci.command("comment")(cmd_ci_comment)
     app.add_typer(ci, name="ci")
+    importer = typer.Typer(help="Reviewed import of resources that already exist in the cloud.", no_args_is_help=True)
+    importer.command("generate")(cmd_import_generate)
+    importer.command("apply")(cmd_import_apply)
+    app.add_typer(importer, name="import")

@@ -24,6 +24,21 @@ IMPORTED_DIR = REPO_ROOT / "stacks" / "imported"
 MANIFEST_VERSION = 1
 
 
+def synthesized_stack(stack: str, clusters_dir: Path | None, workdir: Path) -> Path:
+    """Synthesize the stack's cluster from the current tree into ``workdir``: manifests are checked against what the
+    repo produces now, never against a ``cdktf.out`` that may predate the last edit."""
+    import clusters
+    from gpufleet.synth import synthesize
+
+    configs = clusters.load_all(clusters_dir) if clusters_dir else clusters.load_all()
+    out = Path(workdir) / "cdktf.out"
+    synthesize(configs, out, only=(stack,))
+    path = out / "stacks" / stack / "cdk.tf.json"
+    if not path.is_file():
+        raise UserError(f"unknown stack {stack!r}; list the stacks with `gpufleet stacks`")
+    return path
+
+
 def stack_resources(stack_json: Path) -> dict[str, Any]:
     """address -> resource config of a synthesized ``cdk.tf.json``."""
     data = json.loads(Path(stack_json).read_text(encoding="utf-8"))
@@ -100,8 +115,9 @@ def verify(stack: str, manifest: Path, digest: str, stack_json: Path) -> dict[st
     return ids
 
 
-def record(stack: str, ids: dict[str, str], *, imported_dir: Path = IMPORTED_DIR) -> Path:
+def record(stack: str, ids: dict[str, str], *, imported_dir: Path | None = None) -> Path:
     """Merge into ``<imported_dir>/<stack>.json``; an address already recorded with another id is refused."""
+    imported_dir = Path(imported_dir or IMPORTED_DIR)
     current = load_imports(stack, imported_dir=imported_dir)
     for address, provider_id in sorted(ids.items()):
         if current.get(address, provider_id) != provider_id:
@@ -112,9 +128,9 @@ def record(stack: str, ids: dict[str, str], *, imported_dir: Path = IMPORTED_DIR
     return target
 
 
-def load_imports(stack: str, *, imported_dir: Path = IMPORTED_DIR) -> dict[str, str]:
+def load_imports(stack: str, *, imported_dir: Path | None = None) -> dict[str, str]:
     """Recorded imports of one stack (address -> provider id); empty when none were recorded."""
-    path = Path(imported_dir) / f"{stack}.json"
+    path = Path(imported_dir or IMPORTED_DIR) / f"{stack}.json"
     if not path.is_file():
         return {}
     data = json.loads(path.read_text(encoding="utf-8"))
@@ -145,3 +161,8 @@ def apply_imports(stack: Any, imports: dict[str, str]) -> None:
             )
         resource.import_from(provider_id)
         resource.add_override("lifecycle.prevent_destroy", True)
+
+
+def manifest_ids(manifest: Path) -> dict[str, str]:
+    """address -> id of a manifest this module wrote (for the counts table)."""
+    return {address: entry["id"] for address, entry in json.loads(Path(manifest).read_text(encoding="utf-8"))["imports"].items()}
