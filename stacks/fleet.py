@@ -6,9 +6,10 @@ from dataclasses import dataclass
 
 from cdktf import App, TerraformStack
 
-from clusters.schema import ClusterConfig
+from clusters.schema import ClusterConfig, SchedulerKind
 from stacks.infra import ClusterStack
 from stacks.layout import StackInfo, plan_stacks
+from stacks.scheduler import GkeSchedulerStack, NomadSchedulerStack
 
 
 @dataclass(frozen=True)
@@ -23,8 +24,12 @@ def build_fleet(app: App, configs: tuple[ClusterConfig, ...]) -> Fleet:
     by_name = {c.name: c for c in configs}
     stacks: dict[str, TerraformStack] = {}
     for entry in info:
+        config = by_name[entry.cluster]
         if entry.kind == "infra":
-            stacks[entry.name] = ClusterStack(app, by_name[entry.cluster])
+            stacks[entry.name] = ClusterStack(app, config)
+        elif entry.kind == "scheduler":
+            scheduler = GkeSchedulerStack if config.scheduler == SchedulerKind.GKE else NomadSchedulerStack
+            stacks[entry.name] = scheduler(app, config, stacks[entry.cluster])
     missing = [s.name for s in info if s.name not in stacks]
     if missing:
         raise RuntimeError(f"stacks.layout names stacks build_fleet does not build: {missing}")

@@ -21,6 +21,18 @@ class StackInfo:
     depends_on: tuple[str, ...]
 
 
+def scheduler_stack_name(cluster: str) -> str:
+    return f"{cluster}-scheduler"
+
+
 def plan_stacks(configs: tuple[ClusterConfig, ...]) -> tuple[StackInfo, ...]:
-    """Stacks in cluster-name order: synthesis creates them in this order, so output is stable."""
-    return tuple(StackInfo(c.name, c.name, "infra", ()) for c in sorted(configs, key=lambda c: c.name))
+    """Stacks in cluster-name order, infra before scheduler: synthesis creates them in this order.
+
+    The scheduler stack configures its provider from the infra stack's outputs, so it is
+    planned and applied after it.
+    """
+    rows: list[StackInfo] = []
+    for c in sorted(configs, key=lambda c: c.name):
+        rows.append(StackInfo(c.name, c.name, "infra", ()))
+        rows.append(StackInfo(scheduler_stack_name(c.name), c.name, "scheduler", (c.name,)))
+    return tuple(rows)

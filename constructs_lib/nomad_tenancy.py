@@ -1,0 +1,51 @@
+"""Nomad objects of a cluster: a node pool per GPU pool, and per tenant a namespace and an ACL policy."""
+
+from __future__ import annotations
+
+from constructs import Construct
+
+from clusters.derive import GpuPoolSpec, TenantSpec
+from constructs_lib.naming import pin
+from constructs_lib.nomad_agent_config import pool_meta
+from constructs_lib.providers import nomad
+
+# What a tenant may do in its own namespace: run, dispatch and watch its jobs. No alloc exec,
+# no variables, no host volumes, no node or agent access: those stay with platform operators.
+TENANT_CAPABILITIES = ("dispatch-job", "list-jobs", "parse-job", "read-job", "read-logs", "submit-job")
+
+
+def tenant_acl_rules(namespace: str) -> str:
+    """HCL rules of a tenant's ACL policy, one namespace block and nothing else."""
+    caps = ", ".join(f'"{c}"' for c in TENANT_CAPABILITIES)
+    return f'namespace "{namespace}" {{\n  capabilities = [{caps}]\n}}\n'
+
+
+class NomadTenancy(Construct):
+    """Node pools must exist before clients that name them register, so they live here, once each.
+
+    The pool's meta mirrors what its clients report, so ``nomad node pool info`` tells an
+    ML engineer which GPU a pool holds without reading the cluster file.
+    """
+
+    def __init__(self, scope: Construct, id_: str, *, cluster: str, pools: tuple[GpuPoolSpec, ...], tenants: tuple[TenantSpec, ...],
+                 provider: object) -> None:
+        super().__init__(scope, id_)
+        self.node_pools = {
+            p.name: pin(nomad.node_pool.NodePool(
+                self, f"pool_{p.name}", name=p.name, provider=provider,
+                description=f"{cluster} {p.name}: {p.gpus_per_node}x {p.gpu_model} per node ({p.machine_type})",
+                meta=pool_meta(p, cluster)), f"nomad_node_pool_{p.name}")
+            for p in pools
+        }
+        self.namespaces = {}
+        self.policies = {}
+        for t in tenants:
+            key = t.name.replace("-", "_")
+            quota = ", ".join(f"{pool}={gpus}" for pool, gpus in t.gpu_quota)
+            self.namespaces[t.name] = pin(nomad.namespace.Namespace(
+                self, f"ns_{t.name}", name=t.namespace, provider=provider, description=f"tenant {t.name} (GPU quota {quota or 'none'})",
+                meta={"tenant": t.name, "gpu_quota": quota}), f"nomad_ns_{key}")
+            self.policies[t.name] = pin(nomad.acl_policy.AclPolicy(
+                self, f"acl_{t.name}", name=f"tenant-{t.name}", provider=provider,
+                description=f"tenant {t.name}: submit and read jobs in namespace {t.namespace} only",
+                rules_hcl=tenant_acl_rules(t.namespace), depends_on=[self.namespaces[t.name]]), f"nomad_acl_{key}")

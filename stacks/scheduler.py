@@ -1,0 +1,84 @@
+"""The ``<cluster>-scheduler`` stack: what jobs and tenants see, on GKE (Kubernetes) or Nomad.
+
+Separate from the infra stack because a provider must not be configured from resources the
+same Terraform run creates. Everything it needs from the infra stack (endpoint, CA, server
+address, tenant service accounts) is a cdktf cross-stack reference, which becomes an infra
+output plus a ``terraform_remote_state`` read here. Credentials are never in the JSON: the
+Kubernetes token comes from ``google_client_config`` at plan time, the Nomad token from
+``NOMAD_TOKEN`` in the environment.
+"""
+
+from __future__ import annotations
+
+from cdktf import Fn, TerraformStack, TerraformVariable
+from constructs import Construct
+
+from clusters.derive import derive_tenants
+from clusters.schema import ClusterConfig
+from constructs_lib.k8s_controller_role import ControllerRole
+from constructs_lib.k8s_priority_classes import PriorityClasses
+from constructs_lib.k8s_tenancy import K8sTenant
+from constructs_lib.kueue import KueueQueues
+from constructs_lib.nomad_agent_config import HTTP_PORT
+from constructs_lib.nomad_tenancy import NomadTenancy
+from constructs_lib.providers import google, kubernetes, nomad
+from stacks.backends import configure_backend
+from stacks.infra import ClusterStack
+from stacks.layout import scheduler_stack_name
+
+
+class GkeSchedulerStack(TerraformStack):
+    """Namespaces, RBAC, GPU quotas, priority classes and Kueue queues of one GKE cluster."""
+
+    def __init__(self, scope: Construct, config: ClusterConfig, infra: ClusterStack) -> None:
+        name = scheduler_stack_name(config.name)
+        super().__init__(scope, name)
+        if infra.gke is None:
+            raise ValueError(f"{config.name} is not a GKE cluster; build NomadSchedulerStack for it")
+        configure_backend(self, config, name)
+        google.provider.GoogleProvider(self, "google", project=config.gcp.project, region=config.gcp.region)
+        client = google.data_google_client_config.DataGoogleClientConfig(self, "client_config")
+        cluster = infra.gke.cluster
+        self.provider = kubernetes.provider.KubernetesProvider(
+            self, "kubernetes",
+            host=f"https://{cluster.endpoint}",
+            cluster_ca_certificate=Fn.base64decode(cluster.master_auth.cluster_ca_certificate),
+            token=client.access_token,
+        )
+        pools, tenants = infra.pool_specs, derive_tenants(config)
+        self.controller_role = ControllerRole(self, "controller_role")
+        self.priority_classes = PriorityClasses(self, "priority_classes")
+        self.tenants = {
+            t.name: K8sTenant(self, f"tenant_{t.name}", tenant=t, pools=pools, controller_role=self.controller_role.name,
+                              gcp_service_account=(infra.tenant_identities[t.name].service_account.email
+                                                   if t.name in infra.tenant_identities else None))
+            for t in tenants
+        }
+        self.kueue = KueueQueues(self, "kueue", cluster=config.name, pools=pools, tenants=tenants,
+                                 namespaces={n: k.namespace for n, k in self.tenants.items()})
+
+
+class NomadSchedulerStack(TerraformStack):
+    """Node pools, tenant namespaces and tenant ACL policies of one Nomad cluster."""
+
+    def __init__(self, scope: Construct, config: ClusterConfig, infra: ClusterStack) -> None:
+        name = scheduler_stack_name(config.name)
+        super().__init__(scope, name)
+        if config.nomad is None:
+            raise ValueError(f"{config.name} has no nomad: section; build GkeSchedulerStack for it")
+        configure_backend(self, config, name)
+        self.provider = nomad.provider.NomadProvider(self, "nomad", address=self._address(config, infra), region=config.nomad.region)
+        self.tenancy = NomadTenancy(self, "tenancy", cluster=config.name, pools=infra.pool_specs, tenants=derive_tenants(config),
+                                    provider=self.provider)
+
+
+    def _address(self, config: ClusterConfig, infra: ClusterStack) -> str:
+        """The servers' internal load balancer, or for existing servers a variable (``TF_VAR_nomad_address``)
+        defaulting to the first named server's HTTP API; an auto-join string names no host, so no default."""
+        if infra.nomad_address is not None:
+            return infra.nomad_address
+        first = config.nomad.existing_servers[0] if config.nomad and config.nomad.existing_servers else ""
+        default = None if not first or first.startswith("provider=") else f"http://{first.rsplit(':', 1)[0]}:{HTTP_PORT}"
+        variable = TerraformVariable(self, "nomad_address", type="string", default=default,
+                                     description="HTTP API of the existing Nomad servers, e.g. http://10.0.0.2:4646")
+        return variable.string_value
