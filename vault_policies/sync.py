@@ -126,7 +126,8 @@ def _plan(state: _State, definitions: VaultDefinitions) -> list[Change]:
         if have is None:
             changes.append(Change("role", name, "create", f"policies {', '.join(role.policies)}"))
         elif want != have:
-            changes.append(Change("role", name, "update", _role_detail(want, have)))
+            takeover = "" if name in state.managed_roles else "; takes over an unmanaged role"
+            changes.append(Change("role", name, "update", _role_detail(want, have) + takeover))
         else:
             changes.append(Change("role", name, "unchanged"))
     record = tuple(sorted(set(state.managed_roles) | set(definitions.roles)))
