@@ -1,0 +1,123 @@
+"""Tenants, GPU quotas and DNS records: bad input is one line with file, line, field and fix."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+import clusters
+from clusters.derive import CONTROLLER_KSA, WORKLOAD_KSA, derive_tenants, tenant_account_id
+from clusters.errors import ConfigError
+
+
+def tenant(data, i=0):
+    return data["tenants"][i]
+
+
+def record(data, i=0):
+    return data["dns"]["records"][i]
+
+
+def long_tenant(d):
+    tenant(d)["name"] = "research-and-development-x"
+
+
+CASES = [
+    # (id, base, mutate, field path in the message, fragment of the fix)
+    ("quota-unknown-pool", "prod-gke", lambda d: tenant(d)["gpu_quota"].update({"h10": 8}), "tenants[0].gpu_quota.h10",
+     "unknown GPU pool 'h10' (did you mean 'h100'?); allowed: h100, l4-spot"),
+    ("quota-above-capacity", "prod-gke", lambda d: tenant(d)["gpu_quota"].update({"h100": 40}), "tenants[0].gpu_quota.h100",
+     "exceeds pool h100 capacity 32 GPUs"),
+    ("quotas-sum-above-capacity", "prod-gke", lambda d: tenant(d, 1)["gpu_quota"].update({"h100": 16}), "gpu_pools[0].overcommit",
+     "add up to 40 GPUs, above its capacity 32; lower quotas or set overcommit: true"),
+    ("negative-quota", "prod-gke", lambda d: tenant(d)["gpu_quota"].update({"h100": -1}), "tenants[0].gpu_quota.h100",
+     "greater than or equal to 0"),
+    ("duplicate-tenant", "prod-gke", lambda d: tenant(d, 1).update(name="research"), "tenants[1].name", "duplicate tenant name 'research'"),
+    ("tenant-not-dns", "prod-gke", lambda d: tenant(d).update(name="Research_Team"), "tenants[0].name", "not DNS-safe"),
+    ("tenant-reserved-namespace", "prod-gke", lambda d: tenant(d).update(name="kube-system"), "tenants[0].name",
+     "a namespace the platform owns"),
+    ("tenant-default-namespace", "prod-nomad", lambda d: tenant(d).update(name="default"), "tenants[0].name", "pick another name"),
+    ("tenant-user-outside-dev", "prod-gke", lambda d: tenant(d).update(groups=["user:bob@example.com"]), "tenants[0].groups[0]",
+     "use group:team@example.com"),
+    ("tenant-bad-member", "prod-gke", lambda d: tenant(d).update(groups=["ml-research@example.com"]), "tenants[0].groups[0]",
+     "write 'group:team@example.com'"),
+    ("tenant-sa-id-too-long", "prod-gke", long_tenant, "tenants[0].service_account", "GCP allows 30; shorten the tenant name to 21"),
+    ("tenant-sa-bad-role", "prod-gke", lambda d: tenant(d)["service_account"].update(roles=["storage.admin"]),
+     "tenants[0].service_account.roles[0]", "'storage.admin'"),
+    ("tenant-sa-on-nomad", "prod-nomad", lambda d: tenant(d).update(service_account={"roles": ["roles/storage.objectViewer"]}),
+     "tenants[0].service_account", "Nomad jobs get credentials from Vault"),
+    ("tenant-unknown-field", "prod-gke", lambda d: tenant(d).update(quota={"h100": 1}), "tenants[0].quota", "did you mean 'gpu_quota'"),
+    ("dns-unknown-static-ip", "prod-gke", lambda d: record(d).update(static_ip="ingres"), "dns.records[0].static_ip",
+     "unknown static IP 'ingres' (did you mean 'ingress'?); allowed: ingress"),
+    ("dns-no-static-ips", "prod-gke", lambda d: d["gcp"].pop("static_ips"), "dns.records[0].static_ip", "none declared under gcp.static_ips"),
+    ("dns-both-targets", "prod-gke", lambda d: record(d).update(hostname="x.example.org"), "dns.records[0].name",
+     "needs exactly one of static_ip (A record) or hostname (CNAME)"),
+    ("dns-no-target", "prod-gke", lambda d: record(d, 1).pop("hostname"), "dns.records[1].name", "needs exactly one of"),
+    ("dns-proxied-with-ttl", "prod-gke", lambda d: record(d, 1).update(proxied=True), "dns.records[1].ttl",
+     "proxied records have an automatic TTL; set ttl: 1"),
+    ("dns-ttl-below-minimum", "prod-gke", lambda d: record(d, 1).update(ttl=30), "dns.records[1].ttl", "below Cloudflare's minimum 60"),
+    ("dns-ttl-too-long", "prod-gke", lambda d: record(d, 1).update(ttl=100000), "dns.records[1].ttl", "less than or equal to 86400"),
+    ("dns-duplicate-name", "prod-gke", lambda d: record(d, 1).update(name="tensorboard.prod"), "dns.records[1].name",
+     "duplicate DNS record 'tensorboard.prod'"),
+    ("dns-name-includes-zone", "prod-gke", lambda d: record(d).update(name="tensorboard.prod.example.com"), "dns.records[0].name",
+     "write it relative to the zone: 'tensorboard.prod'"),
+    ("dns-cname-to-ip", "prod-gke", lambda d: record(d, 1).update(hostname="203.0.113.7"), "dns.records[1].hostname",
+     "use static_ip for an address of this cluster"),
+    ("dns-cname-with-scheme", "prod-gke", lambda d: record(d, 1).update(hostname="https://tb.example.com"), "dns.records[1].hostname",
+     "no scheme, port or IP address"),
+    ("dns-bad-zone-id", "prod-gke", lambda d: d["dns"].update(zone_id="example.com"), "dns.zone_id", "not a Cloudflare zone id"),
+    ("dns-bad-record-name", "prod-gke", lambda d: record(d).update(name="Tensor_Board"), "dns.records[0].name", "should match pattern"),
+    ("nomad-compact-placement", "prod-nomad", lambda d: d["gpu_pools"][0].update(placement="COMPACT", zones=["europe-west4-a"]),
+     "gpu_pools[0].placement", "GKE node-pool feature"),
+    ("nomad-queued-provisioning", "prod-nomad", lambda d: d["gpu_pools"][1].update(queued_provisioning=True, spot=False, min_nodes=0),
+     "gpu_pools[1].queued_provisioning", "queued provisioning (DWS) is a GKE feature"),
+    ("nomad-bad-existing-server", "prod-nomad", lambda d: d["nomad"].update(existing_servers=["http://10.0.0.2:4646"]),
+     "nomad.existing_servers[0]", "write 'host', 'host:4647' or a cloud auto-join string"),
+]
+
+
+@pytest.mark.parametrize(("base", "mutate", "field", "fix"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_fails_when_tenants_quotas_or_dns_are_wrong(write_cluster, base, mutate, field, fix):
+    path = write_cluster(base, mutate)
+    with pytest.raises(ConfigError) as err:
+        clusters.load(path)
+    lines = [str(p) for p in err.value.problems]
+    matching = [line for line in lines if f": {field}:" in line]
+    assert matching, f"no problem names {field!r}: {lines}"
+    assert any(fix in line for line in matching), f"no fix {fix!r} in {matching}"
+    assert all(re.match(rf"^{re.escape(str(path))}:\d+: ", line) for line in matching), matching
+
+
+def test_fails_when_quota_exceeds_capacity_points_at_the_quota_line(write_cluster):
+    path = write_cluster("prod-gke", lambda d: tenant(d)["gpu_quota"].update({"h100": 40}))
+    with pytest.raises(ConfigError) as err:
+        clusters.load(path)
+    (problem,) = [p for p in err.value.problems if p.field == "tenants[0].gpu_quota.h100"]
+    assert path.read_text().splitlines()[problem.line - 1].strip().startswith("h100: 40")
+
+
+def test_overcommit_allows_quotas_above_capacity(write_cluster):
+    def overcommit(d):
+        tenant(d, 1)["gpu_quota"]["h100"] = 16
+        d["gpu_pools"][0]["overcommit"] = True
+
+    config = clusters.load(write_cluster("prod-gke", overcommit))
+    assert sum(dict(t.gpu_quota)["h100"] for t in derive_tenants(config)) == 40
+
+
+def test_existing_servers_accept_hosts_ports_and_auto_join(write_cluster):
+    servers = ["10.0.0.2", "nomad-1.internal:4647", "provider=gce tag_value=nomad-server"]
+    config = clusters.load(write_cluster("prod-nomad", lambda d: d["nomad"].update(existing_servers=servers)))
+    assert config.nomad.existing_servers == tuple(servers)
+
+
+def test_tenants_derive_in_name_order_with_their_identity(example_configs):
+    prod = {c.name: c for c in example_configs}["prod-gke"]
+    research, applied = sorted(derive_tenants(prod), key=lambda t: t.name, reverse=True)
+    assert [t.name for t in derive_tenants(prod)] == ["applied", "research"]
+    assert research.gpu_quota == (("h100", 24), ("l4-spot", 8)) and research.total_gpus == 32
+    assert research.gcp_account_id == tenant_account_id("prod-gke", "research") == "prod-gke-research"
+    assert research.gcp_roles == ("roles/storage.objectViewer",)
+    assert applied.gcp_account_id is None and applied.gcp_roles == ()
+    assert WORKLOAD_KSA != CONTROLLER_KSA
