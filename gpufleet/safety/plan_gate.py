@@ -28,6 +28,7 @@ DEFAULT_PROTECTED_TYPES: frozenset[str] = frozenset(
         "google_compute_address",
         "google_compute_global_address",
         "nomad_node_pool",
+        "tfe_workspace",
     }
 )
 """The one list of protected resource types. Extend it per run with ``--protected-type``; shrinking

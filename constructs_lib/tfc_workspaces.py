@@ -1,0 +1,179 @@
+"""Terraform Cloud workspaces for every cluster stack on ``state: tfc``, declared from the cluster files.
+
+A workspace holds a cluster's state: deleting it orphans a GPU fleet, so workspaces are
+``prevent_destroy``, refuse destroy plans and never auto-apply. Names come from
+``clusters.derive.tfc_workspace``, the same function the stacks' ``CloudBackend`` uses, so a
+stack and its workspace cannot drift apart. Provider credentials live in one variable set per
+organization: GCP through dynamic (workload identity) credentials, so no key exists at all; the
+remaining tokens are declared here (key, category, sensitive) but their values are set by an
+administrator in Terraform Cloud. ``ignore_changes = [value]`` keeps the empty placeholder in
+this repo and in state: no credential value is ever written by gpufleet.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from cdktf import CloudBackend, NamedCloudWorkspace, TerraformResourceLifecycle, TerraformStack
+from constructs import Construct
+
+from clusters.derive import tfc_workspace
+from clusters.schema import ClusterConfig, SchedulerKind, TfcState
+from constructs_lib.naming import pin, tf_id
+from constructs_lib.providers import tfe
+
+TERRAFORM_VERSION = "1.11.4"
+STACK_NAME = "tfc-workspaces"
+BOOTSTRAP_WORKSPACE = "gpufleet-tfc-workspaces"
+VARIABLE_SET_NAME = "gpufleet-provider-credentials"
+
+
+@dataclass(frozen=True)
+class CredentialVariable:
+    key: str
+    sensitive: bool
+    description: str
+    value: str = ""
+    admin_set: bool = True
+
+
+GCP_DYNAMIC_CREDENTIALS = (
+    CredentialVariable("TFC_GCP_PROVIDER_AUTH", False, "GCP dynamic credentials: runs get short-lived tokens, no key", "true", admin_set=False),
+    CredentialVariable("TFC_GCP_WORKLOAD_PROVIDER_NAME", False, "Workload identity provider resource name; set in Terraform Cloud"),
+    CredentialVariable("TFC_GCP_RUN_SERVICE_ACCOUNT_EMAIL", False, "Service account the runs impersonate; set in Terraform Cloud"),
+)
+CLOUDFLARE_TOKEN = CredentialVariable("CLOUDFLARE_API_TOKEN", True, "Cloudflare DNS edit token; set in Terraform Cloud, never in the repo")
+NOMAD_TOKEN = CredentialVariable("NOMAD_TOKEN", True, "Nomad ACL token for scheduler stacks; set in Terraform Cloud, never in the repo")
+
+
+@dataclass(frozen=True)
+class WorkspaceSpec:
+    name: str
+    stack: str
+    organization: str
+    project: str | None
+    tags: tuple[tuple[str, str], ...]
+
+
+def derive_workspaces(stacks: Iterable[tuple[str, ClusterConfig]]) -> tuple[WorkspaceSpec, ...]:
+    """One workspace per (stack, cluster) whose cluster keeps state in Terraform Cloud, in stack-name order."""
+    specs = []
+    for stack, config in sorted(stacks, key=lambda pair: pair[0]):
+        state = config.state
+        if not isinstance(state, TfcState):
+            continue
+        tags = (("cluster", config.name), ("environment", config.environment.value), ("scheduler", config.scheduler.value))
+        specs.append(WorkspaceSpec(tfc_workspace(config, stack), stack, state.organization, state.project, tags))
+    return tuple(specs)
+
+
+def credential_variables(configs: Iterable[ClusterConfig]) -> tuple[CredentialVariable, ...]:
+    """The variable set's keys: GCP always, Cloudflare when a cluster has DNS records, Nomad for Nomad clusters."""
+    configs = tuple(configs)
+    extra = []
+    if any(c.dns is not None for c in configs):
+        extra.append(CLOUDFLARE_TOKEN)
+    if any(c.scheduler == SchedulerKind.NOMAD for c in configs):
+        extra.append(NOMAD_TOKEN)
+    return (*GCP_DYNAMIC_CREDENTIALS, *extra)
+
+
+class TfcWorkspaces(Construct):
+    """Workspaces, their settings and the credentials variable set, for one or more organizations."""
+
+    def __init__(
+        self,
+        scope: Construct,
+        id_: str,
+        *,
+        workspaces: tuple[WorkspaceSpec, ...],
+        variables: tuple[CredentialVariable, ...],
+        terraform_version: str = TERRAFORM_VERSION,
+        execution_mode: str = "remote",
+    ) -> None:
+        super().__init__(scope, id_)
+        self.workspaces: dict[str, tfe.workspace.Workspace] = {}
+        self.variable_sets: dict[str, tfe.variable_set.VariableSet] = {}
+        projects: dict[tuple[str, str], tfe.data_tfe_project.DataTfeProject] = {}
+        for org in sorted({w.organization for w in workspaces}):
+            self.variable_sets[org] = self._variable_set(org, variables)
+        for spec in workspaces:
+            project_id = None
+            if spec.project:
+                key = (spec.organization, spec.project)
+                if key not in projects:
+                    projects[key] = pin(
+                        tfe.data_tfe_project.DataTfeProject(self, f"project-{tf_id(spec.organization)}-{tf_id(spec.project)}", name=spec.project, organization=spec.organization),
+                        f"project_{spec.organization}_{spec.project}",
+                    )
+                project_id = projects[key].id
+            workspace = pin(
+                tfe.workspace.Workspace(
+                    self,
+                    f"workspace-{spec.stack}",
+                    name=spec.name,
+                    organization=spec.organization,
+                    project_id=project_id,
+                    description=f"gpufleet stack {spec.stack}; managed from clusters/{dict(spec.tags)['cluster']}.yaml",
+                    tags=dict(spec.tags),
+                    terraform_version=terraform_version,
+                    auto_apply=False,
+                    allow_destroy_plan=False,
+                    force_delete=False,
+                    queue_all_runs=False,
+                    lifecycle=TerraformResourceLifecycle(prevent_destroy=True),
+                ),
+                f"workspace_{spec.stack}",
+            )
+            pin(tfe.workspace_settings.WorkspaceSettings(self, f"settings-{spec.stack}", workspace_id=workspace.id, execution_mode=execution_mode), f"settings_{spec.stack}")
+            pin(
+                tfe.workspace_variable_set.WorkspaceVariableSet(
+                    self, f"credentials-{spec.stack}", variable_set_id=self.variable_sets[spec.organization].id, workspace_id=workspace.id
+                ),
+                f"credentials_{spec.stack}",
+            )
+            self.workspaces[spec.stack] = workspace
+
+    def _variable_set(self, org: str, variables: tuple[CredentialVariable, ...]) -> tfe.variable_set.VariableSet:
+        varset = pin(
+            tfe.variable_set.VariableSet(
+                self, f"varset-{org}", name=VARIABLE_SET_NAME, organization=org,
+                description="Provider credentials for gpufleet stacks; values are set in Terraform Cloud, never in the repo",
+            ),
+            f"credentials_{org}",
+        )
+        for var in variables:
+            pin(
+                tfe.variable.Variable(
+                    self,
+                    f"var-{org}-{var.key}",
+                    key=var.key,
+                    value=var.value,
+                    category="env",
+                    sensitive=var.sensitive,
+                    description=var.description,
+                    variable_set_id=varset.id,
+                    lifecycle=TerraformResourceLifecycle(ignore_changes=["value"]) if var.admin_set else None,
+                ),
+                f"var_{org}_{var.key.lower()}",
+            )
+        return varset
+
+
+def tfc_workspaces_stack(app: Construct, stacks: Iterable[tuple[str, ClusterConfig]]) -> TerraformStack | None:
+    """The ``tfc-workspaces`` stack, or None when no cluster keeps state in Terraform Cloud.
+
+    Its own state lives in a bootstrap workspace (created once by hand, execution mode local)
+    in the first organization: it cannot manage the workspace that holds its own state.
+    """
+    pairs = tuple(stacks)
+    specs = derive_workspaces(pairs)
+    if not specs:
+        return None
+    stack = TerraformStack(app, STACK_NAME)
+    tfe.provider.TfeProvider(stack, "tfe")
+    CloudBackend(stack, organization=min(s.organization for s in specs), workspaces=NamedCloudWorkspace(BOOTSTRAP_WORKSPACE))
+    configs = {c.name: c for _, c in pairs if isinstance(c.state, TfcState)}
+    TfcWorkspaces(stack, "tfc", workspaces=specs, variables=credential_variables(configs[k] for k in sorted(configs)))
+    return stack

@@ -1,0 +1,90 @@
+"""Terraform Cloud workspaces: one per cluster stack on state tfc, tagged, pinned, undeletable, no credential values."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from clusters.derive import tfc_workspace
+from clusters.schema import ClusterConfig
+
+import clusters
+
+
+@pytest.fixture(scope="module")
+def configs() -> tuple[ClusterConfig, ...]:
+    return clusters.load_all()
+
+
+@pytest.fixture(scope="module")
+def pairs(configs: tuple[ClusterConfig, ...]) -> list[tuple[str, ClusterConfig]]:
+    from stacks.layout import plan_stacks
+
+    by_name = {c.name: c for c in configs}
+    return [(s.name, by_name[s.cluster]) for s in plan_stacks(configs)]
+
+
+@pytest.fixture(scope="module")
+def synthesized(pairs: list[tuple[str, ClusterConfig]]) -> dict:
+    from cdktf import Testing
+
+    from constructs_lib.tfc_workspaces import tfc_workspaces_stack
+
+    stack = tfc_workspaces_stack(Testing.app(), pairs)
+    assert stack is not None
+    return json.loads(Testing.synth(stack))
+
+
+def test_one_workspace_per_tfc_cluster_stack(synthesized: dict, pairs: list[tuple[str, ClusterConfig]]) -> None:
+    tfc = {stack: config for stack, config in pairs if config.state.backend == "tfc"}
+    assert tfc, "the example fleet should have a cluster on state: tfc"
+    workspaces = synthesized["resource"]["tfe_workspace"]
+    assert sorted(workspaces) == sorted(f"workspace_{s.replace('-', '_')}" for s in tfc)
+    for stack, config in tfc.items():
+        ws = workspaces[f"workspace_{stack.replace('-', '_')}"]
+        assert ws["name"] == tfc_workspace(config, stack)
+        assert ws["tags"] == {"cluster": config.name, "environment": config.environment.value, "scheduler": config.scheduler.value}
+        assert ws["terraform_version"] == "1.11.4"
+        assert ws["lifecycle"] == {"prevent_destroy": True} and ws["allow_destroy_plan"] is False and ws["auto_apply"] is False
+    settings = synthesized["resource"]["tfe_workspace_settings"]
+    assert {s["execution_mode"] for s in settings.values()} == {"remote"} and len(settings) == len(tfc)
+    assert len(synthesized["resource"]["tfe_workspace_variable_set"]) == len(tfc)
+
+
+def test_credential_variable_set_has_no_values(synthesized: dict) -> None:
+    variables = synthesized["resource"]["tfe_variable"].values()
+    keys = {v["key"] for v in variables}
+    assert {"TFC_GCP_PROVIDER_AUTH", "TFC_GCP_WORKLOAD_PROVIDER_NAME", "TFC_GCP_RUN_SERVICE_ACCOUNT_EMAIL", "NOMAD_TOKEN"} <= keys
+    for var in variables:
+        assert var["category"] == "env"
+        if var["key"] == "TFC_GCP_PROVIDER_AUTH":
+            assert var["value"] == "true"
+        else:
+            assert var["value"] == "" and var["lifecycle"] == {"ignore_changes": ["value"]}
+    assert all(v["sensitive"] for v in variables if v["key"].endswith("_TOKEN"))
+
+
+def test_workspace_names_match_the_cluster_stacks_cloud_backend(fleet_out: Path, pairs: list[tuple[str, ClusterConfig]], synthesized: dict) -> None:
+    names = {ws["name"] for ws in synthesized["resource"]["tfe_workspace"].values()}
+    backends = set()
+    for stack, config in pairs:
+        if config.state.backend == "tfc":
+            cloud = json.loads((fleet_out / "stacks" / stack / "cdk.tf.json").read_text())["terraform"]["cloud"]
+            backends.add(cloud["workspaces"]["name"])
+    assert backends == names
+
+
+def test_workspace_deletion_is_refused_by_the_plan_gate() -> None:
+    from gpufleet.safety.plan_gate import DEFAULT_PROTECTED_TYPES
+
+    assert "tfe_workspace" in DEFAULT_PROTECTED_TYPES
+
+
+def test_no_stack_when_no_cluster_uses_tfc(pairs: list[tuple[str, ClusterConfig]]) -> None:
+    from cdktf import Testing
+
+    from constructs_lib.tfc_workspaces import tfc_workspaces_stack
+
+    assert tfc_workspaces_stack(Testing.app(), [p for p in pairs if p[1].state.backend != "tfc"]) is None
