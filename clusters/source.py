@@ -89,7 +89,8 @@ def _message(err: dict[str, Any], model: type[BaseModel], loc: FieldPath) -> str
     if kind == "extra_forbidden":
         allowed = _allowed_fields(model, loc[:-1])
         hint = did_you_mean(str(loc[-1]), allowed)
-        return f"unknown field{hint}; allowed: {', '.join(sorted(allowed))}; remove or rename it"
+        listed = f"; allowed: {', '.join(sorted(allowed))}" if allowed else ""
+        return f"unknown field{hint}{listed}; remove or rename it"
     if kind == "missing":
         return "required field is missing; add it"
     if kind in ("literal_error", "enum"):
