@@ -1,0 +1,94 @@
+"""GKE scheduler stack: one namespace per tenant, namespace-only RBAC, GPU quota, limits, priorities."""
+
+from __future__ import annotations
+
+import pytest
+
+from constructs_lib.k8s_controller_role import CONTROLLER_RULES
+from constructs_lib.k8s_tenancy import rbac_subject
+
+
+@pytest.fixture(scope="module")
+def sched(stack_json):
+    return stack_json("prod-gke-scheduler")["resource"]
+
+
+def test_one_labelled_namespace_per_tenant(sched):
+    namespaces = {k: v["metadata"] for k, v in sched["kubernetes_namespace_v1"].items()}
+    assert sorted(namespaces) == ["ns_applied", "ns_research"]
+    assert namespaces["ns_research"]["name"] == "research"
+    assert namespaces["ns_research"]["labels"]["gpufleet.dev/tenant"] == "research"
+    assert namespaces["ns_research"]["labels"]["pod-security.kubernetes.io/enforce"] == "baseline"
+
+
+def test_tenant_groups_get_edit_in_their_namespace_only(sched):
+    bindings = sched["kubernetes_role_binding_v1"]
+    edit = bindings["rb_research_edit"]
+    assert edit["metadata"]["namespace"] == "${kubernetes_namespace_v1.ns_research.metadata[0].name}"
+    assert edit["role_ref"] == {"api_group": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "edit"}
+    assert edit["subject"] == [{"api_group": "rbac.authorization.k8s.io", "kind": "Group", "name": "ml-research@example.com"}]
+    assert bindings["rb_applied_edit"]["subject"][0]["name"] == "ml-applied@example.com"
+    assert "kubernetes_cluster_role_binding_v1" not in sched, "no tenant gets a cluster-wide binding"
+
+
+def test_controller_gets_the_least_role_through_a_namespaced_binding(sched):
+    (role,) = sched["kubernetes_cluster_role_v1"].values()
+    verbs = {(r["api_groups"][0], res, v) for r in role["rule"] for res in r["resources"] for v in r["verbs"]}
+    assert ("batch", "jobs", "create") in verbs and ("kueue.x-k8s.io", "workloads", "watch") in verbs
+    assert not any(res in ("secrets", "roles", "rolebindings", "clusterroles", "nodes") for _, res, _ in verbs)
+    assert not any(v in ("*", "escalate", "bind", "impersonate") for _, _, v in verbs)
+    assert len(role["rule"]) == len(CONTROLLER_RULES)
+    binding = sched["kubernetes_role_binding_v1"]["rb_research_controller"]
+    assert binding["role_ref"]["name"] == role["metadata"]["name"] == "gpufleet-tenant-controller"
+    assert binding["subject"] == [{"kind": "ServiceAccount", "name": "gpufleet-controller", "namespace": "research"}]
+    assert sched["kubernetes_service_account_v1"]["ksa_research_controller"]["metadata"]["name"] == "gpufleet-controller"
+
+
+def test_gpu_quota_is_the_sum_of_the_tenants_pool_quotas(sched):
+    quotas = {k: v["spec"]["hard"] for k, v in sched["kubernetes_resource_quota_v1"].items()}
+    assert quotas == {"quota_research": {"requests.nvidia.com/gpu": "32"}, "quota_applied": {"requests.nvidia.com/gpu": "16"}}
+
+
+def test_limit_range_caps_gpus_at_the_largest_node_and_sets_default_requests(sched):
+    (limit,) = sched["kubernetes_limit_range_v1"]["limits_research"]["spec"]["limit"]
+    assert limit["type"] == "Container"
+    assert limit["max"] == {"nvidia.com/gpu": "8"}
+    assert limit["default_request"] == {"cpu": "1", "memory": "4Gi"}
+
+
+def test_training_priority_classes(sched):
+    classes = {v["metadata"]["name"]: v for v in sched["kubernetes_priority_class_v1"].values()}
+    assert sorted(classes) == ["training-high", "training-low"]
+    assert classes["training-high"]["value"] > classes["training-low"]["value"]
+    assert classes["training-low"]["preemption_policy"] == "Never"
+    assert not any(c["global_default"] for c in classes.values())
+
+
+def test_tenant_training_account_is_bound_to_its_gcp_account_by_cross_stack_reference(sched, stack_json):
+    research = sched["kubernetes_service_account_v1"]["ksa_research_training"]["metadata"]
+    ref = research["annotations"]["iam.gke.io/gcp-service-account"]
+    assert ref.startswith("${data.terraform_remote_state.cross-stack-reference-input-prod-gke.outputs.")
+    output = ref.removeprefix("${data.terraform_remote_state.cross-stack-reference-input-prod-gke.outputs.").rstrip("}")
+    assert stack_json("prod-gke")["output"][output]["value"] == "${google_service_account.tenant_sa_research.email}"
+    assert sched["kubernetes_service_account_v1"]["ksa_applied_training"]["metadata"]["annotations"] == {}
+
+
+def test_workload_identity_binding_lets_only_the_tenants_training_account_in(stack_json):
+    infra = stack_json("prod-gke")["resource"]
+    binding = infra["google_service_account_iam_member"]["tenant_wi_research"]
+    assert binding["role"] == "roles/iam.workloadIdentityUser"
+    assert binding["member"] == "serviceAccount:ml-train-prod.svc.id.goog[research/training]"
+    assert binding["service_account_id"] == "${google_service_account.tenant_sa_research.name}"
+    assert infra["google_service_account"]["tenant_sa_research"]["account_id"] == "prod-gke-research"
+    role = infra["google_project_iam_member"]["tenant_role_research_storage_objectViewer"]
+    assert (role["role"], role["member"]) == ("roles/storage.objectViewer", "serviceAccount:${google_service_account.tenant_sa_research.email}")
+    assert "tenant_sa_applied" not in infra["google_service_account"]
+
+
+@pytest.mark.parametrize(("member", "expected"), [
+    ("group:ml@example.com", ("Group", "ml@example.com")),
+    ("user:alice@example.com", ("User", "alice@example.com")),
+    ("serviceAccount:ci@p.iam.gserviceaccount.com", ("User", "ci@p.iam.gserviceaccount.com")),
+])
+def test_iam_members_map_to_rbac_subjects(member, expected):
+    assert rbac_subject(member) == expected

@@ -1,0 +1,107 @@
+"""Nomad infra stack: GPU instance groups whose boot script carries the pool's rendered client config."""
+
+from __future__ import annotations
+
+import re
+
+import hcl
+import pytest
+
+from clusters.derive import derive_gpu_pools
+from constructs_lib.nomad_agent_config import AgentJoin, render_client_config
+from constructs_lib.nomad_servers import server_tag
+
+
+@pytest.fixture(scope="module")
+def nomad(stack_json):
+    return stack_json("prod-nomad")["resource"]
+
+
+@pytest.fixture(scope="module")
+def config(example_configs):
+    return {c.name: c for c in example_configs}["prod-nomad"]
+
+
+def embedded_config(template: dict) -> str:
+    match = re.search(r"<<'GPUFLEET_NOMAD_CONFIG'\n(.*?)GPUFLEET_NOMAD_CONFIG", template["metadata_startup_script"], re.S)
+    assert match, "startup script embeds no Nomad config"
+    return match.group(1)
+
+
+@pytest.mark.parametrize("pool", ["a100", "l4"])
+def test_boot_script_carries_the_pools_rendered_client_config(nomad, config, pool):
+    template = nomad["google_compute_instance_template"][f"nomad_client_template_{pool}"]
+    spec = {s.name: s for s in derive_gpu_pools(config)}[pool]
+    join = AgentJoin.for_cluster(project=config.gcp.project, server_tag=server_tag(config.name), existing_servers=())
+    expected = render_client_config(spec=spec, cluster=config.name, datacenter="europe-west4", region="global",
+                                    vault_addr="https://vault.example.com:8200", join=join)
+    assert embedded_config(template) == expected
+    parsed = hcl.loads(embedded_config(template))["client"]
+    assert (parsed["node_class"], parsed["node_pool"]) == (pool, pool)
+
+
+def test_gpu_template_is_hardened_and_terminates_on_maintenance(nomad):
+    t = nomad["google_compute_instance_template"]["nomad_client_template_a100"]
+    assert t["machine_type"] == "a2-highgpu-2g"
+    assert t["guest_accelerator"] == [{"type": "nvidia-tesla-a100", "count": 2}]
+    assert t["scheduling"]["on_host_maintenance"] == "TERMINATE"
+    assert t["shielded_instance_config"] == {"enable_secure_boot": True, "enable_vtpm": True, "enable_integrity_monitoring": True}
+    assert t["service_account"]["email"] == "${google_service_account.node_sa.email}"
+    assert t["network_interface"] == [{"subnetwork": "${google_compute_subnetwork.subnet.id}"}], "no access_config: no external IP"
+    assert t["metadata"]["block-project-ssh-keys"] == "true" and t["metadata"]["serial-port-enable"] == "false"
+    assert t["disk"][0]["disk_size_gb"] == 300
+    assert t["disk"][0]["source_image"].endswith("ubuntu-accelerator-2204-amd64-with-nvidia-550")
+    assert t["tags"] == ["prod-nomad-nomad-client"]
+    assert t["lifecycle"] == {"create_before_destroy": True}
+    assert t["reservation_affinity"] == {"type": "NO_RESERVATION"}
+
+
+def test_spot_pool_template_uses_the_spot_model(nomad):
+    s = nomad["google_compute_instance_template"]["nomad_client_template_l4"]["scheduling"]
+    assert s == {"on_host_maintenance": "TERMINATE", "automatic_restart": False, "provisioning_model": "SPOT",
+                 "preemptible": True, "instance_termination_action": "DELETE"}
+    assert nomad["google_compute_instance_template"]["nomad_client_template_a100"]["scheduling"]["automatic_restart"] is True
+
+
+def test_groups_are_regional_protected_and_autoscaled_within_the_file_bounds(nomad):
+    group = nomad["google_compute_region_instance_group_manager"]["nomad_pool_a100"]
+    assert group["distribution_policy_zones"] == ["europe-west4-a", "europe-west4-b"]
+    assert group["version"] == [{"name": "primary", "instance_template": "${google_compute_instance_template.nomad_client_template_a100.self_link_unique}"}]
+    assert group["lifecycle"] == {"prevent_destroy": True}
+    assert group["update_policy"]["type"] == "OPPORTUNISTIC"
+    assert "target_size" not in group, "the autoscaler owns the size"
+    scaler = nomad["google_compute_region_autoscaler"]["nomad_autoscaler_a100"]
+    assert scaler["target"] == "${google_compute_region_instance_group_manager.nomad_pool_a100.id}"
+    assert (scaler["autoscaling_policy"]["min_replicas"], scaler["autoscaling_policy"]["max_replicas"]) == (1, 6)
+    assert scaler["lifecycle"] == {"prevent_destroy": True}
+    l4 = nomad["google_compute_region_autoscaler"]["nomad_autoscaler_l4"]["autoscaling_policy"]
+    assert (l4["min_replicas"], l4["max_replicas"]) == (0, 10)
+
+
+def test_three_servers_without_gpus_behind_an_internal_load_balancer(nomad):
+    t = nomad["google_compute_instance_template"]["nomad_server_template"]
+    assert "guest_accelerator" not in t and t["machine_type"] == "e2-standard-4"
+    assert t["scheduling"]["on_host_maintenance"] == "MIGRATE"
+    server = hcl.loads(embedded_config(t))["server"]
+    assert server["bootstrap_expect"] == 3
+    assert server["server_join"]["retry_join"] == ["provider=gce project_name=ml-finetune-prod tag_value=prod-nomad-nomad-server"]
+    assert nomad["google_compute_region_instance_group_manager"]["nomad_servers"]["target_size"] == 3
+    rule = nomad["google_compute_forwarding_rule"]["nomad_api"]
+    assert (rule["load_balancing_scheme"], rule["ports"]) == ("INTERNAL", ["4646"])
+    backend = nomad["google_compute_region_backend_service"]["nomad_api_backend"]
+    assert backend["backend"][0]["group"] == "${google_compute_region_instance_group_manager.nomad_servers.instance_group}"
+    assert nomad["google_project_iam_member"]["nomad_autojoin_compute_viewer"]["role"] == "roles/compute.viewer"
+
+
+def test_nomad_ports_are_open_from_the_node_subnet_only(nomad):
+    fw = nomad["google_compute_firewall"]["fw_allow_nomad"]
+    assert fw["source_ranges"] == ["10.50.0.0/20"]
+    assert fw["allow"] == [{"protocol": "tcp", "ports": ["4646-4648"]}, {"protocol": "udp", "ports": ["4648"]}]
+    assert fw["target_tags"] == ["prod-nomad-nomad-client", "prod-nomad-nomad-server"]
+    assert fw["direction"] == "INGRESS"
+
+
+def test_gke_clusters_get_no_nomad_resources(stack_json):
+    resources = stack_json("prod-gke")["resource"]
+    assert "google_compute_instance_template" not in resources
+    assert "fw_allow_nomad" not in resources["google_compute_firewall"]
