@@ -46,7 +46,18 @@ MIN_ENTROPY_BITS_HEX = 3.0
 """Hex has 16 symbols (at most 4 bits a character): a random 32-digit hex key scores 3.5-3.9, so it gets its own bar."""
 _HEX = re.compile(r"^[0-9a-fA-F]+$")
 MIN_LENGTH = 16
-_IDENTIFIER = re.compile(r"^[a-z0-9]+(?:[-_./:][a-z0-9]+)+$")
+_PARTS = re.compile(r"[-_=#/:,.@]+")
+_WORD_OR_NUMBER = re.compile(r"^(?:[A-Za-z]+|[0-9]+)$")
+
+
+def is_reference(value: str) -> bool:
+    """Names and references, not values: ``prod-hf-api-token``, ``OPENAI_API_KEY=ml-api-keys/openai#api_key``.
+
+    Two or more parts, each only letters or only digits; a generated token mixes letters and
+    digits inside its parts (and a UUID, e.g. a Nomad ACL secret, does too), so it stays suspect.
+    """
+    parts = [p for p in _PARTS.split(value) if p]
+    return len(parts) >= 2 and all(_WORD_OR_NUMBER.match(p) for p in parts)
 
 
 @dataclass(frozen=True)
@@ -78,7 +89,7 @@ def is_sensitive_field(name: str) -> bool:
 def _looks_random(value: str) -> bool:
     if len(value) < MIN_LENGTH or any(c.isspace() for c in value) or "${" in value or "{{" in value:
         return False
-    if _IDENTIFIER.match(value):
+    if is_reference(value):
         return False
     return entropy_bits(value) >= (MIN_ENTROPY_BITS_HEX if _HEX.match(value) else MIN_ENTROPY_BITS)
 

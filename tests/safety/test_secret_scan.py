@@ -10,6 +10,7 @@ import base64
 import json
 import random
 import string
+import uuid
 from pathlib import Path
 
 import pytest
@@ -55,7 +56,7 @@ KINDS = {"github": "github-token", "slack": "slack-token", "aws": "aws-access-ke
 def planted(tmp_path: Path) -> tuple[Path, dict[str, str]]:
     """A synthesized-looking stack with one secret per detector, and the clean look-alikes around them."""
     values = {name: make() for name, make in PLANTED.items()}
-    values |= {"pem": fake_pem(), "sa": fake_sa_key(), "vault": "s." + rand(24), "cf": rand(40, ALNUM + "_-"), "hex": shuffled_hex()}
+    values |= {"pem": fake_pem(), "sa": fake_sa_key(), "vault": "s." + rand(24), "cf": rand(40, ALNUM + "_-"), "hex": shuffled_hex(), "uuid": str(uuid.uuid4())}
     stack = {
         "//": {"metadata": {"path": "s", "note": values["vault"]}},
         "resource": {
@@ -64,7 +65,7 @@ def planted(tmp_path: Path) -> tuple[Path, dict[str, str]]:
                 "a": {"input": {"description": f"uses {values['github']} for CI"}},
                 "b": {"input": {"labels": [values["slack"], values["aws"]], "cfg": {"openai": values["openai"], "hf": values["hf"]}}},
                 "c": {"input": {"tls_private_key": values["pem"], "vault_token": values["vault"], "cloudflare_api_token": values["cf"]}},
-                "d": {"input": {"db_password": values["hex"]}},
+                "d": {"input": {"db_password": values["hex"], "NOMAD_TOKEN": values["uuid"]}},
                 "clean": {
                     "input": {
                         "description": values["vault"],
@@ -74,6 +75,8 @@ def planted(tmp_path: Path) -> tuple[Path, dict[str, str]]:
                         "password": "${var.db_password}",
                         "client_secret": "gpufleet-oauth-client-secret",
                         "tokens": ["a", "b"],
+                        "GPUFLEET_SECRETS": "OPENAI_API_KEY=ml-api-keys/openai#api_key,HF_TOKEN=ml-api-keys/hf#token",
+                        "secret_ref": "projects/ml-train-prod/secrets/hf-token/versions/3",
                         "machine": "a3-highgpu-8g",
                         "disk-balanced-sk-x": "skipped",
                     }
@@ -101,6 +104,7 @@ def test_planted_secrets_are_found_with_json_paths(planted: tuple[Path, dict[str
         ("$.resource.terraform_data.c.input.vault_token", "vault-token"),
         ("$.resource.terraform_data.c.input.cloudflare_api_token", "api-token"),
         ("$.resource.terraform_data.d.input.db_password", "high-entropy-secret"),
+        ("$.resource.terraform_data.d.input.NOMAD_TOKEN", "high-entropy-secret"),
     }
 
 
@@ -146,3 +150,8 @@ def test_clean_tree_exits_0(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
 def test_fails_when_state_file_is_missing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["scan", str(tmp_path), "--state", str(tmp_path / "state.json")]) == 2
     assert capsys.readouterr().err.strip() == f"error: --state {tmp_path / 'state.json'}: file not found; write it with `terraform show -json > {tmp_path / 'state.json'}`"
+
+
+def test_synthesized_example_fleet_has_no_findings(fleet_out: Path) -> None:
+    """Guards against false positives on real output: a noisy scan gets switched off."""
+    assert scan_paths([fleet_out]) == []
