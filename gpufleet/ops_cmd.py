@@ -167,6 +167,7 @@ def cmd_import_generate(
     from gpufleet.safety import imports
 
     target = out or Path(tempfile.gettempdir()) / f"gpufleet-import-{stack}.json"
+    imports.refuse_inside_repo(target)
     with tempfile.TemporaryDirectory(prefix="gpufleet-import-") as work:
         stack_json = imports.synthesized_stack(stack, clusters_dir, Path(work))
         count, digest = imports.generate(stack, ids, stack_json, target)

@@ -80,14 +80,15 @@ def derive_manifest(stack: str, ids: dict[str, str], stack_json: Path) -> bytes:
     return _canonical({"version": MANIFEST_VERSION, "stack": stack, "imports": entries})
 
 
-def _inside(path: Path, root: Path) -> bool:
-    return path.resolve().is_relative_to(root.resolve())
+def refuse_inside_repo(out: Path, repo: Path = REPO_ROOT) -> None:
+    """The manifest is reviewed, not committed: only the applied record enters the repo."""
+    if Path(out).resolve().is_relative_to(Path(repo).resolve()):
+        raise UserError(f"{out} is inside the repository {repo}; write the manifest elsewhere (e.g. --out /tmp/{Path(out).stem}.import.json)")
 
 
 def generate(stack: str, ids_file: Path, stack_json: Path, out: Path, *, repo: Path = REPO_ROOT) -> tuple[int, str]:
-    """Write the manifest to ``out`` (never inside the repo: it is reviewed, not committed); returns (count, digest)."""
-    if _inside(Path(out), repo):
-        raise UserError(f"{out} is inside the repository {repo}; write the manifest elsewhere (e.g. --out /tmp/{stack}.import.json)")
+    """Write the manifest to ``out`` (never inside the repo); returns (count, digest)."""
+    refuse_inside_repo(out, repo)
     ids = _read_ids(ids_file)
     data = derive_manifest(stack, ids, stack_json)
     Path(out).parent.mkdir(parents=True, exist_ok=True)

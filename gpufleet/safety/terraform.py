@@ -24,8 +24,14 @@ class TerraformFailed(Exception):
     def __init__(self, step: str, stderr: str) -> None:
         self.step = step
         self.stderr = stderr
-        last = next((line for line in reversed(stderr.splitlines()) if line.strip()), "no output")
-        super().__init__(f"terraform {step} failed: {last.strip()}")
+        super().__init__(f"terraform {step} failed: {headline(stderr)}")
+
+
+def headline(output: str) -> str:
+    """terraform's first ``Error:`` line without its box drawing (the summary and PR comment show one line)."""
+    lines = [line.strip(" │╷╵\t") for line in output.splitlines()]
+    errors = [line for line in lines if line.startswith("Error:")]
+    return errors[0] if errors else next((line for line in reversed(lines) if line), "no output")
 
 
 def terraform_binary() -> str:

@@ -149,4 +149,4 @@ def test_terraform_failure_exits_1_with_error_summary(tmp_path: Path, capsys: py
     summary = tmp_path / "s.json"
     assert main(["plan", "broken", "--out-dir", str(tmp_path), "--summary-out", str(summary)]) == ExitCode.TERRAFORM_FAILED
     assert "no_such_argument" in capsys.readouterr().err
-    assert json.loads(summary.read_text())["error"].startswith("terraform plan failed")
+    assert json.loads(summary.read_text())["error"] == "terraform plan failed: Error: Extraneous JSON object property"
