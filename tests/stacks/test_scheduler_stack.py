@@ -1,0 +1,137 @@
+"""Scheduler stacks: providers configured from the infra stack's outputs, Nomad objects, stack list."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+from ruamel.yaml import YAML
+
+import clusters
+from clusters.schema import ClusterConfig
+from stacks.layout import plan_stacks
+
+REMOTE = re.compile(r"data\.terraform_remote_state\.([\w-]+)\.outputs\.([\w-]+)")
+
+
+def remote_refs(value: str) -> list[tuple[str, str]]:
+    return REMOTE.findall(value)
+
+
+def resolve(stack_json, scheduler: str, infra: str, value: str) -> list[str]:
+    """Follow each remote-state reference in ``value`` to the infra output it reads; return those outputs' values."""
+    sched = stack_json(scheduler)
+    outputs = stack_json(infra)["output"]
+    values = []
+    for data_name, output in remote_refs(value):
+        remote = sched["data"]["terraform_remote_state"][data_name]
+        assert output in outputs, f"{scheduler} reads output {output!r} that {infra} does not declare"
+        values.append((remote, outputs[output]["value"]))
+    assert values, f"{value!r} reads nothing from {infra}"
+    return values
+
+
+def test_fleet_has_six_stacks_infra_before_scheduler(example_configs, fleet_out):
+    info = plan_stacks(example_configs)
+    assert [(s.name, s.kind, s.depends_on) for s in info] == [
+        ("dev-gke", "infra", ()), ("dev-gke-scheduler", "scheduler", ("dev-gke",)),
+        ("prod-gke", "infra", ()), ("prod-gke-scheduler", "scheduler", ("prod-gke",)),
+        ("prod-nomad", "infra", ()), ("prod-nomad-scheduler", "scheduler", ("prod-nomad",)),
+    ]
+    assert sorted(p.name for p in (fleet_out / "stacks").iterdir()) == sorted(s.name for s in info)
+    manifest = json.loads((fleet_out / "manifest.json").read_text())["stacks"]
+    assert {n: m["dependencies"] for n, m in manifest.items() if n.endswith("-scheduler")} == {
+        "dev-gke-scheduler": ["dev-gke"], "prod-gke-scheduler": ["prod-gke"], "prod-nomad-scheduler": ["prod-nomad"]}
+
+
+def test_kubernetes_provider_reads_endpoint_and_ca_from_the_infra_stack(stack_json):
+    (provider,) = stack_json("prod-gke-scheduler")["provider"]["kubernetes"]
+    [(remote, host)] = resolve(stack_json, "prod-gke-scheduler", "prod-gke", provider["host"])
+    assert provider["host"].startswith("https://")
+    assert host == "${google_container_cluster.gke.endpoint}"
+    assert remote["backend"] == "gcs"
+    assert remote["config"] == {"bucket": "gpufleet-tfstate-prod", "prefix": "gpufleet/prod-gke"}
+    assert stack_json("prod-gke")["terraform"]["backend"]["gcs"] == remote["config"], "remote state must read the infra stack's own state"
+    [(_, ca)] = resolve(stack_json, "prod-gke-scheduler", "prod-gke", provider["cluster_ca_certificate"])
+    assert provider["cluster_ca_certificate"].startswith("${base64decode(")
+    assert ca == "${google_container_cluster.gke.master_auth[0].cluster_ca_certificate}"
+
+
+def test_kubernetes_token_is_a_plan_time_reference_never_a_value(stack_json):
+    stack = stack_json("prod-gke-scheduler")
+    (provider,) = stack["provider"]["kubernetes"]
+    assert provider["token"] == "${data.google_client_config.client_config.access_token}"
+    assert set(provider) == {"host", "cluster_ca_certificate", "token"}
+
+
+def test_nomad_provider_reads_the_server_address_from_the_infra_stack_and_no_token(stack_json):
+    (provider,) = stack_json("prod-nomad-scheduler")["provider"]["nomad"]
+    [(remote, ip)] = resolve(stack_json, "prod-nomad-scheduler", "prod-nomad", provider["address"])
+    assert re.fullmatch(r"http://\$\{data\.terraform_remote_state\.[\w-]+\.outputs\.[\w-]+\}:4646", provider["address"])
+    assert ip == "${google_compute_forwarding_rule.nomad_api.ip_address}"
+    assert remote["backend"] == "remote"
+    assert remote["config"] == {"organization": "gpufleet", "workspaces": {"name": stack_json("prod-nomad")["terraform"]["cloud"]["workspaces"]["name"]}}
+    assert "secret_id" not in provider and "token" not in json.dumps(provider)
+
+
+def test_nomad_node_pool_per_gpu_pool_with_accelerator_meta(stack_json):
+    pools = stack_json("prod-nomad-scheduler")["resource"]["nomad_node_pool"]
+    assert sorted(p["name"] for p in pools.values()) == ["a100", "l4"]
+    meta = pools["nomad_node_pool_a100"]["meta"]
+    assert (meta["accelerator"], meta["gpus_per_node"], meta["gpu_memory_gib"]) == ("nvidia-tesla-a100", "2", "40")
+    assert pools["nomad_node_pool_l4"]["meta"]["accelerator"] == "nvidia-l4"
+
+
+def test_nomad_tenant_namespace_and_acl_policy_limited_to_it(stack_json):
+    import hcl
+
+    resources = stack_json("prod-nomad-scheduler")["resource"]
+    assert sorted(n["name"] for n in resources["nomad_namespace"].values()) == ["eval", "finetune"]
+    policy = resources["nomad_acl_policy"]["nomad_acl_finetune"]
+    rules = hcl.loads(policy["rules_hcl"])
+    assert list(rules) == ["namespace"], "a tenant policy grants nothing outside its namespace"
+    assert list(rules["namespace"]) == ["finetune"]
+    caps = set(rules["namespace"]["finetune"]["capabilities"])
+    assert {"submit-job", "read-job", "list-jobs", "dispatch-job"} <= caps
+    assert not caps & {"alloc-exec", "alloc-node-exec", "csi-write-volume", "host-volume-write", "sentinel-override", "scale-job"}
+    assert policy["depends_on"] == ["nomad_namespace.nomad_ns_finetune"]
+
+
+def test_scheduler_stacks_keep_their_own_state(stack_json):
+    assert stack_json("prod-gke-scheduler")["terraform"]["backend"]["gcs"]["prefix"] == "gpufleet/prod-gke-scheduler"
+    assert stack_json("prod-nomad-scheduler")["terraform"]["cloud"]["workspaces"]["name"] == "gpufleet-prod-nomad-scheduler"
+    assert stack_json("dev-gke-scheduler")["terraform"]["backend"]["local"]["path"] == "terraform.dev-gke-scheduler.tfstate"
+
+
+@pytest.fixture(scope="module")
+def existing_servers_fleet(fleet_out):
+    """prod-nomad pointed at existing servers, built in-process (the providers are already loaded)."""
+    from cdktf import Testing
+
+    from stacks.fleet import build_fleet
+
+    data = YAML(typ="safe").load((clusters.CLUSTERS_DIR / "prod-nomad.yaml").read_text())
+    data["nomad"]["existing_servers"] = ["10.50.0.10", "10.50.0.11:4647"]
+    config = ClusterConfig.model_validate(data)
+    fleet = build_fleet(Testing.app(), (config,))
+    return {name: json.loads(Testing.synth(stack)) for name, stack in fleet.stacks.items()}
+
+
+def test_existing_servers_replace_the_server_group_and_feed_client_join(existing_servers_fleet):
+    import hcl
+
+    infra = existing_servers_fleet["prod-nomad"]["resource"]
+    assert "nomad_servers" not in infra["google_compute_region_instance_group_manager"]
+    assert "google_compute_forwarding_rule" not in infra
+    assert "nomad_autojoin_compute_viewer" not in infra["google_project_iam_member"]
+    script = infra["google_compute_instance_template"]["nomad_client_template_a100"]["metadata_startup_script"]
+    config = hcl.loads(script.split("<<'GPUFLEET_NOMAD_CONFIG'\n", 1)[1].split("GPUFLEET_NOMAD_CONFIG", 1)[0])
+    assert config["client"]["server_join"]["retry_join"] == ["10.50.0.10", "10.50.0.11:4647"]
+
+
+def test_existing_servers_address_is_a_variable_defaulting_to_the_first_server(existing_servers_fleet):
+    sched = existing_servers_fleet["prod-nomad-scheduler"]
+    assert sched["variable"]["nomad_address"]["default"] == "http://10.50.0.10:4646"
+    assert sched["provider"]["nomad"][0]["address"] == "${var.nomad_address}"
+    assert "data" not in sched, "nothing to read from the infra stack"
