@@ -25,8 +25,8 @@ if TYPE_CHECKING:
     from jobs.spec import FinetuneSpec
     from jobs.status import RunStatus
 
-console = Console()
-err = Console(stderr=True)
+console = Console(soft_wrap=True)
+err = Console(stderr=True, soft_wrap=True)
 
 MetaOption = typer.Option(None, "--meta", help="Dispatch parameter key=value; repeat for each key the job declares.")
 NamespaceOption = typer.Option(None, "--namespace", help="Nomad namespace; default: the job file's tenant, else NOMAD_NAMESPACE.")

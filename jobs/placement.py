@@ -32,7 +32,7 @@ def explain_group(metric: dict[str, Any], *, pool: str, gpu: GpuRequest) -> str:
     filtered = metric.get("ConstraintFiltered") or {}
     node_class = sum(n for key, n in filtered.items() if key.startswith("${node.class}"))
     if node_class:
-        reasons.append(f"{_clients(node_class)} in pool {pool} have another node_class (expected {pool}); fix the clients' node_class")
+        reasons.append(f"{_clients(node_class)} in pool {pool} {'has' if node_class == 1 else 'have'} another node_class (expected {pool}); fix the clients' node_class")
     if filtered.get(MISSING_DEVICES):
         reasons.append(f"{_clients(filtered[MISSING_DEVICES])} in pool {pool} cannot offer {gpu.describe(free=False)} at all (missing, unhealthy or not matching); check the clients' GPUs or the job's gpu section")
     other = sorted(key for key in filtered if key != MISSING_DEVICES and not key.startswith("${node.class}"))
