@@ -179,7 +179,8 @@ def cmd_run_local(
 
     spec = _spec(job)
     job_id, code = run_local(spec, parse_pairs(meta or []), keep_alloc_dir=keep_alloc_dir)
-    (console.print if code == 0 else err.print)(f"run-local {job_id} exited {code}")
+    kept = "" if keep_alloc_dir else " (alloc dir removed; --keep-alloc-dir keeps it)"
+    (console.print if code == 0 else err.print)(f"run-local {job_id} exited {code}{kept}")
     if code:
         raise typer.Exit(code)
 

@@ -22,6 +22,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
@@ -90,6 +91,7 @@ class NomadDouble:
         self.acl_token = acl_token
         self.requests: list[Recorded] = []
         self.faults: dict[tuple[str, str], list[Fault]] = {}
+        self.triggers: list[tuple[str, str, int, Callable[[], None]]] = []
         self.state = _State()
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
@@ -112,6 +114,10 @@ class NomadDouble:
     def inject(self, method: str, route: str, *faults: Fault) -> None:
         """Answer the next requests of ``route`` (register, plan, dispatch, job, ...) with these faults."""
         self.faults.setdefault((method, route), []).extend(faults)
+
+    def when_called(self, method: str, route: str, times: int, action: Callable[[], None]) -> None:
+        """Run ``action`` just before answering the ``times``-th request of ``route`` (state changes mid-watch)."""
+        self.triggers.append((method, route, times, action))
 
     def calls(self, method: str, route: str) -> list[Recorded]:
         return [r for r in self.requests if r.method == method and _route(r.path)[0] == route]
@@ -143,6 +149,9 @@ class NomadDouble:
                     route, job_id = _route(recorded.path)
                     queue = double.faults.get((method, route)) or []
                     fault = queue.pop(0) if queue else Fault()
+                    seen = sum(1 for r in double.requests if r.method == method and _route(r.path)[0] == route)
+                    for action in [a for m, r, n, a in double.triggers if (m, r, n) == (method, route, seen)]:
+                        action()
                 if fault.status:
                     return self._send(fault.status, {"error": f"injected {fault.status}"}, text=True)
                 if double.acl_token and self.headers.get("X-Nomad-Token") != double.acl_token:

@@ -8,11 +8,13 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from gpufleet.cli import main
+from jobs.client import NomadClient
 from jobs.local import task_environment
 from jobs.loader import find, load
 from tests.jobs.nomad_double import NomadDouble
@@ -126,3 +128,15 @@ def test_fails_when_run_local_role_cannot_read_its_key(vault: VaultHandle, tmp_p
         vault.root.secrets.kv.v2.create_or_update_secret("ml-api-keys/openai", secret=FAKE_KEYS["ml-api-keys/openai"], mount_point="secret")
     assert done.returncode == 78, done.stdout + done.stderr
     assert "no secret at secret/data/ml-api-keys/openai (wanted for OPENAI_API_KEY)" in done.stderr
+
+
+def test_status_watch_refreshes_until_the_run_ends(nomad_env: NomadDouble, client_for: Callable[..., NomadClient], capsys: pytest.CaptureFixture[str]) -> None:
+    spec = load(find("finetune-llama"))
+    client = client_for(nomad_env)
+    client.register(spec)
+    child = client.dispatch(spec, {"dataset_uri": "hf://d/x@v1", "run_id": "w1"}, role_id="r", wrapping_token="w", idempotency_token="watch").dispatched_job_id
+    nomad_env.finish(child, client_status="running")
+    nomad_env.when_called("GET", "allocations", 3, lambda: nomad_env.finish(child, client_status="complete", events=[{"Type": "Terminated", "DisplayMessage": "Exit Code: 0"}]))
+    assert main(["jobs", "status", child, "--watch", "--interval", "0.2"]) == 0
+    assert len(nomad_env.calls("GET", "allocations")) == 3
+    assert "complete" in capsys.readouterr().out
