@@ -32,7 +32,8 @@ def stacks(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
 
 @pytest.fixture(scope="module")
 def unskipped(stacks: list[Path]) -> checkov_scan.CheckovSummary:
-    return checkov_scan.run(stacks, skip_ids=())
+    """Two workers for two stacks: each stack in its own process, results merged into one summary."""
+    return checkov_scan.run(stacks, skip_ids=(), workers=2)
 
 
 def test_failures_are_attributed_to_their_stack(unskipped: checkov_scan.CheckovSummary) -> None:
@@ -42,11 +43,12 @@ def test_failures_are_attributed_to_their_stack(unskipped: checkov_scan.CheckovS
     assert by_stack["quiet"].failures == () and by_stack["quiet"].error is None
     assert any(line.startswith("checkov: open-ssh: CKV_GCP_2 ") and "google_compute_firewall.ssh" in line for line in unskipped.failure_lines)
     assert unskipped.summary_line.startswith("2 stack(s): ")
+    assert by_stack["open-ssh"].passed > 0
 
 
 def test_reviewed_skips_are_passed_to_checkov(stacks: list[Path], unskipped: checkov_scan.CheckovSummary) -> None:
     failing = sorted({f.check_id for s in unskipped.stacks for f in s.failures})
-    result = checkov_scan.run(stacks[:1], skip_ids=failing)
+    result = checkov_scan.run(stacks, skip_ids=failing, workers=1)
     assert result.ok, result.failure_lines
     assert result.summary_line.endswith(f"{len(failing)} check(s) skipped by .checkov-skips.yaml")
 
@@ -55,8 +57,8 @@ def test_unparseable_stack_is_an_error_not_a_pass(tmp_path: Path) -> None:
     broken = tmp_path / "broken"
     broken.mkdir()
     (broken / "cdk.tf.json").write_text("{ not json")
-    result = checkov_scan.scan_stack(broken, (), checkov_scan.checkov_binary())
-    assert result.error is not None and "could not parse 1 file(s)" in result.error
+    (result,) = checkov_scan.scan_group((broken,), (), checkov_scan.checkov_binary())
+    assert result.error == "checkov could not parse cdk.tf.json; a stack it cannot read is not a pass"
     summary = checkov_scan.CheckovSummary((result,), ())
     assert not summary.ok and summary.failure_lines == [f"checkov: broken: error: {result.error}"]
 
