@@ -1,9 +1,10 @@
 """checkov over every synthesized stack, in parallel processes, with one result per stack and one summary.
 
-Measured on 6 stacks (2 shared cores): one checkov process per stack took 38 s serial and
-42 s two at a time, because each process spends ~4 s of CPU just starting; one process over
-all six files took 9 s. So each worker process scans a share of the stacks (``-f`` per
-stack file) and results are split back per stack by file path. Skips come from
+Measured on the 6 example stacks (2 shared, busy cores): one checkov process per stack took
+38 s serial and 42 s two at a time, because each process spends ~4-5 s of CPU starting; one
+process over all six files took 9 s, two processes of three 19 s. So each worker process scans
+a share of the stacks (``-f`` per stack file), results are split back per stack by file path,
+and a second process starts only for a fleet large enough to repay its start-up. Skips come from
 the reviewed ``.checkov-skips.yaml`` (each with a reason), never from inline comments, which
 checkov ignores for ``terraform_json``.
 """
@@ -23,6 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from clusters.errors import UserError
+
+STACKS_PER_PROCESS = 8
 
 
 @dataclass(frozen=True)
@@ -150,12 +153,14 @@ def scan_group(directories: tuple[Path, ...], skip_ids: tuple[str, ...], binary:
     return [_stack_result(d, failed[path], passed[path], path in unparsed) for path, d in files.items()]
 
 
-def run(stack_dirs: Iterable[Path], skip_ids: Iterable[str] | None = None, *, workers: int | None = None) -> CheckovSummary:
-    """Scan every stack directory, split over ``workers`` concurrent checkov processes (default: one per core).
+def default_workers(stacks: int) -> int:
+    """One process per ``STACKS_PER_PROCESS`` stacks, at most one per core: a second process pays off only once
+    its share of scanning outweighs its own start-up."""
+    return max(1, min(os.cpu_count() or 1, -(-stacks // STACKS_PER_PROCESS)))
 
-    Each process takes a share of the stacks rather than one stack: checkov's start-up (~4 s of
-    CPU) dominates a stack's scan, so one process per stack only multiplies it.
-    """
+
+def run(stack_dirs: Iterable[Path], skip_ids: Iterable[str] | None = None, *, workers: int | None = None) -> CheckovSummary:
+    """Scan every stack directory, split over ``workers`` concurrent checkov processes (default: ``default_workers``)."""
     if skip_ids is None:
         from gpufleet.checkov_skips import load_skips
 
@@ -165,7 +170,7 @@ def run(stack_dirs: Iterable[Path], skip_ids: Iterable[str] | None = None, *, wo
     if not directories:
         return CheckovSummary((), skips)
     binary = checkov_binary()
-    count = max(1, min(len(directories), workers or os.cpu_count() or 1))
+    count = max(1, min(len(directories), workers or default_workers(len(directories))))
     groups = [tuple(directories[i::count]) for i in range(count)]
     with ThreadPoolExecutor(max_workers=count) as pool:
         results = [result for group in pool.map(lambda g: scan_group(g, skips, binary), groups) for result in group]

@@ -68,3 +68,8 @@ def test_fails_when_checkov_is_missing(monkeypatch: pytest.MonkeyPatch, tmp_path
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(UserError, match="checkov not found"):
         checkov_scan.checkov_binary()
+
+
+def test_small_fleets_use_one_process_and_large_ones_spread_over_cores() -> None:
+    assert checkov_scan.default_workers(6) == 1
+    assert checkov_scan.default_workers(40) == min(checkov_scan.os.cpu_count() or 1, 5)
