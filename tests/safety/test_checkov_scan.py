@@ -21,18 +21,18 @@ OPEN_SSH = {
 
 @pytest.fixture(scope="module")
 def stacks(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    """A failing stack, a stack checkov has nothing to say about, and one it cannot parse."""
     root = tmp_path_factory.mktemp("stacks")
-    dirs = []
-    for name, body in (("open-ssh", OPEN_SSH), ("quiet", {"resource": {"terraform_data": {"x": {"input": "y"}}}})):
+    bodies = {"open-ssh": json.dumps(OPEN_SSH, indent=2), "quiet": json.dumps({"resource": {"terraform_data": {"x": {"input": "y"}}}}), "broken": "{ not json"}
+    for name, body in bodies.items():
         (root / name).mkdir()
-        (root / name / "cdk.tf.json").write_text(json.dumps(body, indent=2))
-        dirs.append(root / name)
-    return dirs
+        (root / name / "cdk.tf.json").write_text(body)
+    return [root / name for name in bodies]
 
 
 @pytest.fixture(scope="module")
 def unskipped(stacks: list[Path]) -> checkov_scan.CheckovSummary:
-    """Two workers for two stacks: each stack in its own process, results merged into one summary."""
+    """Two worker processes share three stacks; results are split back per stack and merged into one summary."""
     return checkov_scan.run(stacks, skip_ids=(), workers=2)
 
 
@@ -42,25 +42,21 @@ def test_failures_are_attributed_to_their_stack(unskipped: checkov_scan.CheckovS
     assert "CKV_GCP_2" in {f.check_id for f in by_stack["open-ssh"].failures}
     assert by_stack["quiet"].failures == () and by_stack["quiet"].error is None
     assert any(line.startswith("checkov: open-ssh: CKV_GCP_2 ") and "google_compute_firewall.ssh" in line for line in unskipped.failure_lines)
-    assert unskipped.summary_line.startswith("2 stack(s): ")
+    assert unskipped.summary_line.startswith("3 stack(s): ") and "checkov errored on broken" in unskipped.summary_line
     assert by_stack["open-ssh"].passed > 0
 
 
 def test_reviewed_skips_are_passed_to_checkov(stacks: list[Path], unskipped: checkov_scan.CheckovSummary) -> None:
     failing = sorted({f.check_id for s in unskipped.stacks for f in s.failures})
-    result = checkov_scan.run(stacks, skip_ids=failing, workers=1)
+    result = checkov_scan.run(stacks[:2], skip_ids=failing, workers=1)
     assert result.ok, result.failure_lines
     assert result.summary_line.endswith(f"{len(failing)} check(s) skipped by .checkov-skips.yaml")
 
 
-def test_unparseable_stack_is_an_error_not_a_pass(tmp_path: Path) -> None:
-    broken = tmp_path / "broken"
-    broken.mkdir()
-    (broken / "cdk.tf.json").write_text("{ not json")
-    (result,) = checkov_scan.scan_group((broken,), (), checkov_scan.checkov_binary())
-    assert result.error == "checkov could not parse cdk.tf.json; a stack it cannot read is not a pass"
-    summary = checkov_scan.CheckovSummary((result,), ())
-    assert not summary.ok and summary.failure_lines == [f"checkov: broken: error: {result.error}"]
+def test_unparseable_stack_is_an_error_not_a_pass(unskipped: checkov_scan.CheckovSummary) -> None:
+    broken = next(s for s in unskipped.stacks if s.stack == "broken")
+    assert broken.error == "checkov could not parse cdk.tf.json; a stack it cannot read is not a pass"
+    assert f"checkov: broken: error: {broken.error}" in unskipped.failure_lines
 
 
 def test_fails_when_checkov_is_missing(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
