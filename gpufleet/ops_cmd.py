@@ -170,11 +170,11 @@ def cmd_import_generate(
     imports.refuse_inside_repo(target)
     with tempfile.TemporaryDirectory(prefix="gpufleet-import-") as work:
         stack_json = imports.synthesized_stack(stack, clusters_dir, Path(work))
-        count, digest = imports.generate(stack, ids, stack_json, target)
-    table = Table(title=f"import manifest for {stack}: {count} resource(s)")
+        recorded, digest = imports.generate(stack, ids, stack_json, target)
+    table = Table(title=f"import manifest for {stack}: {len(recorded)} resource(s)")
     table.add_column("type")
     table.add_column("count", justify="right")
-    for kind, n in sorted(Counter(a.split(".", 1)[0] for a in imports.manifest_ids(target)).items()):
+    for kind, n in sorted(Counter(a.split(".", 1)[0] for a in recorded).items()):
         table.add_row(kind, str(n))
     console.print(table)
     console.print(f"manifest: {target}", soft_wrap=True)

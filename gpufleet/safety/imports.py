@@ -86,14 +86,14 @@ def refuse_inside_repo(out: Path, repo: Path = REPO_ROOT) -> None:
         raise UserError(f"{out} is inside the repository {repo}; write the manifest elsewhere (e.g. --out /tmp/{Path(out).stem}.import.json)")
 
 
-def generate(stack: str, ids_file: Path, stack_json: Path, out: Path, *, repo: Path = REPO_ROOT) -> tuple[int, str]:
-    """Write the manifest to ``out`` (never inside the repo); returns (count, digest)."""
+def generate(stack: str, ids_file: Path, stack_json: Path, out: Path, *, repo: Path = REPO_ROOT) -> tuple[dict[str, str], str]:
+    """Write the manifest to ``out`` (never inside the repo); returns (address -> id, SHA-256 of the manifest)."""
     refuse_inside_repo(out, repo)
     ids = _read_ids(ids_file)
     data = derive_manifest(stack, ids, stack_json)
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     Path(out).write_bytes(data)
-    return len(ids), _digest(data)
+    return ids, _digest(data)
 
 
 def verify(stack: str, manifest: Path, digest: str, stack_json: Path) -> dict[str, str]:
@@ -163,7 +163,3 @@ def apply_imports(stack: Any, imports: dict[str, str]) -> None:
         resource.import_from(provider_id)
         resource.add_override("lifecycle.prevent_destroy", True)
 
-
-def manifest_ids(manifest: Path) -> dict[str, str]:
-    """address -> id of a manifest this module wrote (for the counts table)."""
-    return {address: entry["id"] for address, entry in json.loads(Path(manifest).read_text(encoding="utf-8"))["imports"].items()}

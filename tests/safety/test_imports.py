@@ -38,8 +38,8 @@ def ids_file(tmp_path: Path) -> Path:
 @pytest.fixture
 def manifest(tmp_path: Path, stack_json: Path, ids_file: Path) -> tuple[Path, str]:
     out = tmp_path / "review" / "demo.import.json"
-    count, digest = imports.generate("demo", ids_file, stack_json, out, repo=tmp_path / "repo")
-    assert count == 2
+    ids, digest = imports.generate("demo", ids_file, stack_json, out, repo=tmp_path / "repo")
+    assert ids == IDS
     return out, digest
 
 
