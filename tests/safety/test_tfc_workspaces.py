@@ -7,10 +7,9 @@ from pathlib import Path
 
 import pytest
 
+import clusters
 from clusters.derive import tfc_workspace
 from clusters.schema import ClusterConfig
-
-import clusters
 
 
 @pytest.fixture(scope="module")
