@@ -1,8 +1,9 @@
 """The job file schema: what an ML engineer may write in ``jobs/<job>.yaml``.
 
-Field-level rules live here (types, names, ranges, secret-looking values). Rules that relate
-a job to the rest of the repo (the cluster, its tenants and pools, the Vault role and what
-its policies may read) live in ``jobs.checks`` so each failure points at its YAML line.
+Field-level rules live here (types, ranges, shapes). Rules on names and values (secret-looking
+env, platform prefixes) and rules that relate a job to the rest of the repo (the cluster, its
+tenants and pools, the Vault role and what its policies may read) live in ``jobs.checks``,
+so each failure points at the exact YAML key and line.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ RESERVED_ENV_PREFIXES = ("GPUFLEET_", "NOMAD_", "VAULT_")
 # A name is secret-looking if one of its _-separated words is here, or it contains a *_KEY pair below.
 SECRET_NAME_WORDS = frozenset({"TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "CREDENTIALS", "APIKEY"})
 SECRET_NAME_PAIRS = ("API_KEY", "ACCESS_KEY", "PRIVATE_KEY", "SECRET_KEY")
-# Shapes of real credentials (Hugging Face, OpenAI, W&B, GitHub, AWS, Slack, Vault/OpenBao, PEM).
+# Shapes of real credentials (Hugging Face, OpenAI, GitHub, AWS, Slack, Vault/OpenBao, PEM, and a
+# bare 40-hex value: a W&B key looks exactly like a git sha, so pass shas inside a URI, '...@<sha>').
 SECRET_VALUE = re.compile(
     r"(^hf_[A-Za-z0-9]{20,}$|^sk-[A-Za-z0-9_-]{16,}$|^gh[pousr]_[A-Za-z0-9]{20,}$|^AKIA[0-9A-Z]{16}$|^xox[abprs]-|"
     r"^[hs]vs\.[A-Za-z0-9_-]{20,}$|^s\.[A-Za-z0-9]{20,}$|-----BEGIN [A-Z ]*PRIVATE KEY-----|^[0-9a-f]{40}$)"
