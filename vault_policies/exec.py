@@ -24,7 +24,14 @@ from vault_policies.client import ENV_WRAPPED_SECRET_ID, TokenRenewalError, Task
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 EXIT_USAGE = 2
 EXIT_VAULT = 78
-HIDDEN_FROM_CHILD = (ENV_WRAPPED_SECRET_ID, "VAULT_TOKEN")
+# Nomad also exposes every dispatch meta key as NOMAD_META_<key> (as given and upper-cased);
+# the wrapping token is spent by now, but the training process has no reason to see it.
+HIDDEN_FROM_CHILD = (
+    ENV_WRAPPED_SECRET_ID,
+    "VAULT_TOKEN",
+    "NOMAD_META_gpufleet_vault_wrapped_secret_id",
+    "NOMAD_META_GPUFLEET_VAULT_WRAPPED_SECRET_ID",
+)
 
 
 def _say(message: str) -> None:

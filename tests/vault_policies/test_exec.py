@@ -46,6 +46,18 @@ def test_child_gets_keys_as_env_and_its_exit_code_returns(vault: VaultHandle) ->
     assert _live_role_tokens(vault, "finetune") == before
 
 
+def test_child_never_sees_the_wrapping_token_under_its_nomad_meta_names(vault: VaultHandle) -> None:
+    env = {**os.environ, **vault.task_env("finetune", FINETUNE_SECRETS)}
+    spent = env["GPUFLEET_VAULT_WRAPPED_SECRET_ID"]
+    env["NOMAD_META_gpufleet_vault_wrapped_secret_id"] = spent
+    env["NOMAD_META_GPUFLEET_VAULT_WRAPPED_SECRET_ID"] = spent
+    result = subprocess.run([EXEC, "--", sys.executable, "-c", "import os; print(sorted(os.environ))"],
+                            env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "WRAPPED_SECRET_ID" not in result.stdout.upper()
+    assert spent not in result.stdout + result.stderr
+
+
 def test_sigterm_reaches_child_and_token_is_revoked(vault: VaultHandle, tmp_path: Path) -> None:
     ready = tmp_path / "ready"
     env = {**os.environ, **vault.task_env("finetune", FINETUNE_SECRETS)}
