@@ -16,15 +16,30 @@ Classes the kernel hands back from a submodule nobody imported (an output refere
 in another submodule) are still found: jsii's runtime imports the submodule that owns an
 unknown type when its ``_submodule_fqn_map`` names it, and we fill that map for every
 submodule of a provider when the provider loads (cheap: one directory listing).
+
+The Node side has the same problem: the kernel ``require()``s the provider's
+``lib/index.js``, which requires every submodule's JavaScript (google: ~5 s and ~450 MB in
+the Node process). So the kernel is handed a copy of the assembly tarball whose
+``index.js`` defines each submodule as a lazy getter; the kernel reaches a class through
+``exports.<namespace>.<Class>``, so only the submodules a stack uses get required. The copy
+is built once per installed tarball into a cache directory; if that fails (read-only home)
+the packaged tarball is used and only speed is lost.
 """
 
 from __future__ import annotations
 
+import gzip
 import importlib
 import importlib.machinery
 import importlib.util
+import io
 import os
+import re
 import sys
+import tarfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from types import ModuleType
 
 _loading = {"naive": False, "started": False}
@@ -48,9 +63,73 @@ def jsii_submodule_name(python_name: str) -> str:
     return head + "".join(part[:1].upper() + part[1:] for part in rest)
 
 
-def load_assembly(package: str) -> ModuleType:
+INDEX_JS = "package/lib/index.js"
+_EAGER_EXPORT = re.compile(rb'^exports\.([A-Za-z0-9_$]+) = require\("(\./[^"]+)"\);$', re.MULTILINE)
+_LAZY_EXPORT = (rb'Object.defineProperty(exports, "\1", { enumerable: true, configurable: true, get() { '
+                rb'const m = require("\2"); Object.defineProperty(exports, "\1", { value: m, enumerable: true, '
+                rb'writable: true }); return m; } });')
+# Bump when the rewrite changes, so caches built by an older rewrite are not reused.
+_LAZY_VERSION = 1
+
+
+def lazy_index_js(source: bytes) -> bytes:
+    """``exports.x = require("./x");`` -> a getter that requires ``./x`` on first access."""
+    return _EAGER_EXPORT.sub(_LAZY_EXPORT, source)
+
+
+def lazy_tarball_cache() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "gpufleet" / "jsii-lazy-index"
+
+
+def lazy_tarball(original: Path, cache_dir: Path) -> Path:
+    """The assembly tarball with a lazy ``index.js``; built once, keyed by the original's size and mtime."""
+    stat = original.stat()
+    target = cache_dir / f"{original.name.removesuffix('.tgz')}-{stat.st_size}-{stat.st_mtime_ns}-v{_LAZY_VERSION}.tgz"
+    if target.exists():
+        return target
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    partial = target.with_name(f"{target.name}.{os.getpid()}.partial")
+    try:
+        with tarfile.open(original, "r|gz") as src, gzip.open(partial, "wb", compresslevel=1) as packed, \
+                tarfile.open(fileobj=packed, mode="w", format=tarfile.PAX_FORMAT) as dst:
+            for member in src:
+                data = src.extractfile(member) if member.isfile() else None
+                if member.name == INDEX_JS and data is not None:
+                    rewritten = lazy_index_js(data.read())
+                    member.size = len(rewritten)
+                    data = io.BytesIO(rewritten)
+                dst.addfile(member, data)
+        os.replace(partial, target)
+    finally:
+        partial.unlink(missing_ok=True)
+    return target
+
+
+@contextmanager
+def _kernel_loads_lazy_tarballs(jsii_dir: Path, cache_dir: Path) -> Iterator[None]:
+    """While ``<package>._jsii`` imports, hand the kernel the lazy copy of that package's tarball."""
+    from jsii._runtime import kernel
+
+    def load(name: str, version: str, tarball: str) -> None:
+        path = Path(tarball)
+        if path.resolve().parent == jsii_dir:
+            try:
+                path = lazy_tarball(path, cache_dir)
+            except (OSError, tarfile.TarError):
+                pass
+        type(kernel).load(kernel, name, version, os.fspath(path))
+
+    kernel.load = load
+    try:
+        yield
+    finally:
+        del kernel.load
+
+
+def load_assembly(package: str, *, lazy_js: bool = True) -> ModuleType:
     """Load ``package``'s jsii assembly behind a bare package module; returns its ``_jsii`` module.
 
+    ``lazy_js=False`` hands the kernel the packaged tarball (the benchmark's jsii floor).
     Idempotent. A package already imported the normal way is left as it is (its types are
     all registered already).
     """
@@ -65,9 +144,15 @@ def load_assembly(package: str) -> ModuleType:
     bare_spec.submodule_search_locations = search
     root = importlib.util.module_from_spec(bare_spec)
     root.__path__ = search
+    import cdktf  # noqa: F401  (the assemblies every provider depends on load first, unmodified)
+
     sys.modules[package] = root
     try:
-        jsii_module = importlib.import_module(f"{package}._jsii")
+        if lazy_js:
+            with _kernel_loads_lazy_tarballs((Path(search[0]) / "_jsii").resolve(), lazy_tarball_cache()):
+                jsii_module = importlib.import_module(f"{package}._jsii")
+        else:
+            jsii_module = importlib.import_module(f"{package}._jsii")
     except BaseException:
         del sys.modules[package]
         raise

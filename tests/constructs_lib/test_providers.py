@@ -37,8 +37,11 @@ synthesize(clusters.load_all(), Path(sys.argv[1]))
 
 NOMAD_ONLY = """
 import json, sys
+from pathlib import Path
 from cdktf import App, TerraformStack
+from constructs_lib import providers
 from constructs_lib.providers import nomad
+providers.lazy_tarball_cache = lambda: Path(sys.argv[2])
 app = App(outdir=sys.argv[1])
 stack = TerraformStack(app, "nomad-only")
 nomad.provider.NomadProvider(stack, "nomad", address="http://127.0.0.1:4646")
@@ -95,10 +98,51 @@ def test_synthesized_fleet_is_byte_identical_to_naive_provider_imports(tmp_path)
 
 
 def test_nomad_only_stack_never_loads_other_providers(tmp_path):
-    report = json.loads(_finish(_python(NOMAD_ONLY, str(tmp_path / "out"))))
+    report = json.loads(_finish(_python(NOMAD_ONLY, str(tmp_path / "out"), str(tmp_path / "cache"))))
     assert report["loaded"] == ["cdktf_cdktf_provider_nomad"]
     assert report["nomad_root_is_bare"] is True
     assert report["nomad_submodules"] == ["_jsii", "namespace", "provider"]
+    assert [p.name.split("-")[0] for p in (tmp_path / "cache").iterdir()] == ["provider"]
+    assert (tmp_path / "out" / "stacks" / "nomad-only" / "cdk.tf.json").is_file()
+
+
+def test_unusable_tarball_cache_falls_back_to_the_packaged_tarball(tmp_path):
+    """Only speed may be lost: a cache path that cannot be a directory still synthesizes."""
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("")
+    report = json.loads(_finish(_python(NOMAD_ONLY, str(tmp_path / "out"), str(blocker / "cache"))))
+    assert report["loaded"] == ["cdktf_cdktf_provider_nomad"]
+    assert (tmp_path / "out" / "stacks" / "nomad-only" / "cdk.tf.json").is_file()
+
+
+def test_lazy_index_requires_submodules_only_on_access():
+    source = (b'"use strict";\nexports.a = exports.b = void 0;\n'
+              b'exports.computeNetwork = require("./compute-network");\nexports.provider = require("./provider");\n')
+    lazy = providers.lazy_index_js(source)
+    assert lazy.startswith(b'"use strict";\nexports.a = exports.b = void 0;\n')
+    assert b'exports.computeNetwork = require' not in lazy and b'exports.provider = require' not in lazy
+    assert b'Object.defineProperty(exports, "computeNetwork", { enumerable: true, configurable: true, get() { ' \
+           b'const m = require("./compute-network");' in lazy
+    assert lazy.count(b"get() {") == 2
+
+
+def test_lazy_tarball_differs_from_the_packaged_one_only_in_index_js(tmp_path):
+    """nomad's tarball is small; the rewrite is the same for every provider (the synth test covers google)."""
+    import tarfile
+
+    package_dir = Path(importlib.util.find_spec("cdktf_cdktf_provider_nomad").submodule_search_locations[0])
+    original = next((package_dir / "_jsii").glob("*.jsii.tgz"))
+    lazy = providers.lazy_tarball(original, tmp_path)
+    assert providers.lazy_tarball(original, tmp_path) == lazy
+    with tarfile.open(original) as before, tarfile.open(lazy) as after:
+        members_before = [(m.name, m.size, m.mode) for m in before.getmembers()]
+        members_after = [(m.name, m.size, m.mode) for m in after.getmembers()]
+        index_js = after.extractfile(providers.INDEX_JS).read()
+    assert [m[0] for m in members_before] == [m[0] for m in members_after]
+    unchanged = [m for m in members_before if m[0] != providers.INDEX_JS]
+    assert unchanged == [m for m in members_after if m[0] != providers.INDEX_JS]
+    assert re.search(rb"^exports\.\w+ = require\(", index_js, re.MULTILINE) is None
+    assert index_js.count(b"get() {") == 44
 
 
 @pytest.mark.parametrize("provider", PROVIDERS)
