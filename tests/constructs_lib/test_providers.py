@@ -205,3 +205,17 @@ def test_fails_when_loading_mode_changes_after_first_import():
 def test_fails_when_provider_package_is_missing():
     with pytest.raises(ModuleNotFoundError, match="'cdktf_cdktf_provider_nope' is not installed"):
         providers.load_assembly("cdktf_cdktf_provider_nope")
+
+
+def test_fails_when_a_prop_has_the_wrong_type_even_with_memoised_hints():
+    """Memoising the hints must not turn the generated argument checks off."""
+    import typing
+
+    from cdktf import App, TerraformStack
+
+    stack = TerraformStack(App(), "typed")
+    network = providers.google.compute_network
+    assert sys.modules[f"{network.__name__}._private"].typing is not typing
+    for _ in range(2):  # the second call reads the memoised hints
+        with pytest.raises(TypeError, match="name must be str; got int"):
+            network.ComputeNetwork(stack, f"vpc{_}", name=123)
