@@ -214,6 +214,8 @@ def _dns(config: ClusterConfig) -> Iterator[Finding]:
         return
     ips = {ip.name for ip in config.gcp.static_ips}
     names: Counter[str] = Counter(r.name for r in config.dns.records)
+    # Terraform addresses replace '.' and '-' by '_': 'a-b' and 'a.b' would be one resource.
+    addresses: dict[str, str] = {}
     for r, record in enumerate(config.dns.records):
         path = ("dns", "records", r)
         if (record.static_ip is None) == (record.hostname is None):
@@ -234,3 +236,8 @@ def _dns(config: ClusterConfig) -> Iterator[Finding]:
                    " (no scheme, port or IP address; use static_ip for an address of this cluster)")
         if names[record.name] > 1:
             yield ((*path, "name"), f"duplicate DNS record {record.name!r}; each name appears once")
+        address = re.sub(r"[.-]", "_", record.name)
+        other = addresses.setdefault(address, record.name)
+        if other != record.name:
+            yield ((*path, "name"), f"record {record.name!r} and {other!r} differ only in '.' versus '-', which Terraform addresses"
+                   " cannot tell apart; rename one")

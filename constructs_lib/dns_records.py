@@ -42,6 +42,6 @@ class DnsRecords(Construct):
                 content=content,
                 proxied=record.proxied,
                 ttl=record.ttl,
-                comment=f"managed by gpufleet ({cluster}); edit clusters/{cluster}.yaml",
+                comment=f"gpufleet: clusters/{cluster}.yaml",  # Cloudflare free plans cap comments at 100 characters
                 provider=self.provider,
             ), record_id(record))

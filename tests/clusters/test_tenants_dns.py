@@ -60,6 +60,8 @@ CASES = [
     ("dns-ttl-too-long", "prod-gke", lambda d: record(d, 1).update(ttl=100000), "dns.records[1].ttl", "less than or equal to 86400"),
     ("dns-duplicate-name", "prod-gke", lambda d: record(d, 1).update(name="tensorboard.prod"), "dns.records[1].name",
      "duplicate DNS record 'tensorboard.prod'"),
+    ("dns-names-collide-as-addresses", "prod-gke", lambda d: record(d, 1).update(name="tensorboard-prod"), "dns.records[1].name",
+     "differ only in '.' versus '-'"),
     ("dns-name-includes-zone", "prod-gke", lambda d: record(d).update(name="tensorboard.prod.example.com"), "dns.records[0].name",
      "write it relative to the zone: 'tensorboard.prod'"),
     ("dns-cname-to-ip", "prod-gke", lambda d: record(d, 1).update(hostname="203.0.113.7"), "dns.records[1].hostname",

@@ -17,6 +17,7 @@ def test_a_record_points_at_the_named_static_ip(records):
     assert (a["type"], a["name"], a["content"]) == ("A", "tensorboard.prod.example.com", "${google_compute_address.ip_ingress.address}")
     assert a["zone_id"] == "0123456789abcdef0123456789abcdef"
     assert (a["proxied"], a["ttl"]) == (False, 1)
+    assert a["comment"] == "gpufleet: clusters/prod-gke.yaml" and len("gpufleet: clusters/.yaml") + 40 <= 100
 
 
 def test_cname_points_at_the_hostname_with_its_ttl(records):
