@@ -91,7 +91,7 @@ def test_static_ips_are_protected_outside_dev(stack_json):
 
 def test_backends_follow_the_state_section(stack_json):
     assert stack_json("prod-gke")["terraform"]["backend"] == {"gcs": {"bucket": "gpufleet-tfstate-prod", "prefix": "gpufleet/prod-gke"}}
-    assert stack_json("dev-gke")["terraform"]["backend"] == {"local": {"path": "terraform.dev-gke.tfstate"}}
+    assert stack_json("dev-gke")["terraform"]["backend"] == {"local": {"path": "../../../.gpufleet/state/terraform.dev-gke.tfstate"}}
     cloud = stack_json("prod-nomad")["terraform"]["cloud"]
     assert cloud == {"organization": "gpufleet", "workspaces": {"name": "gpufleet-prod-nomad"}}
 

@@ -101,7 +101,7 @@ def test_nomad_tenant_namespace_and_acl_policy_limited_to_it(stack_json):
 def test_scheduler_stacks_keep_their_own_state(stack_json):
     assert stack_json("prod-gke-scheduler")["terraform"]["backend"]["gcs"]["prefix"] == "gpufleet/prod-gke-scheduler"
     assert stack_json("prod-nomad-scheduler")["terraform"]["cloud"]["workspaces"]["name"] == "gpufleet-prod-nomad-scheduler"
-    assert stack_json("dev-gke-scheduler")["terraform"]["backend"]["local"]["path"] == "terraform.dev-gke-scheduler.tfstate"
+    assert stack_json("dev-gke-scheduler")["terraform"]["backend"]["local"]["path"] == "../../../.gpufleet/state/terraform.dev-gke-scheduler.tfstate"
 
 
 @pytest.fixture(scope="module")
@@ -135,3 +135,13 @@ def test_existing_servers_address_is_a_variable_defaulting_to_the_first_server(e
     assert sched["variable"]["nomad_address"]["default"] == "http://10.50.0.10:4646"
     assert sched["provider"]["nomad"][0]["address"] == "${var.nomad_address}"
     assert "data" not in sched, "nothing to read from the infra stack"
+
+
+def test_local_state_read_by_the_scheduler_is_the_infra_state_and_lives_outside_cdktf_out(stack_json, fleet_out):
+    """Relative local paths resolve per stack dir; both must name one file that synthesis never deletes."""
+    written = stack_json("dev-gke")["terraform"]["backend"]["local"]["path"]
+    reads = stack_json("dev-gke-scheduler")["data"]["terraform_remote_state"]
+    (read,) = [r["config"]["path"] for r in reads.values() if r["backend"] == "local"]
+    infra_file = (fleet_out / "stacks" / "dev-gke" / written).resolve()
+    assert (fleet_out / "stacks" / "dev-gke-scheduler" / read).resolve() == infra_file
+    assert fleet_out.resolve() not in infra_file.parents
