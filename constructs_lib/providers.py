@@ -96,7 +96,10 @@ def lazy_tarball(original: Path, cache_dir: Path) -> Path:
     cache_dir.mkdir(parents=True, exist_ok=True)
     partial = target.with_name(f"{target.name}.{os.getpid()}.partial")
     try:
-        with tarfile.open(original, "r|gz") as src, gzip.open(partial, "wb", compresslevel=1) as packed, \
+        # Same bytes on every build (no gzip name or time, members keep their headers): jsii's
+        # package cache is keyed by the tarball digest, so a rebuild must not add an entry.
+        with tarfile.open(original, "r|gz") as src, open(partial, "wb") as raw, \
+                gzip.GzipFile(filename="", mode="wb", compresslevel=1, fileobj=raw, mtime=0) as packed, \
                 tarfile.open(fileobj=packed, mode="w", format=tarfile.PAX_FORMAT) as dst:
             for member in src:
                 data = src.extractfile(member) if member.isfile() else None
