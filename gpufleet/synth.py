@@ -34,6 +34,8 @@ def _select(configs: tuple[ClusterConfig, ...], only: tuple[str, ...]) -> tuple[
     if unknown:
         raise UserError(f"unknown stack {unknown[0]!r}; known stacks: {', '.join(sorted(known))} (see gpufleet stacks)")
     wanted = {known[s].cluster for s in only}
+    if "" in wanted:  # a fleet-wide stack (tfc-workspaces) is derived from every cluster
+        return configs, tuple(sorted(set(only)))
     return tuple(c for c in configs if c.name in wanted), tuple(sorted(set(only)))
 
 

@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from cdktf import App, TerraformStack
 
 from clusters.schema import ClusterConfig, SchedulerKind
+from constructs_lib.tfc_workspaces import tfc_workspaces_stack
+from stacks.imported import apply_imports, load_imports
 from stacks.infra import ClusterStack
 from stacks.layout import StackInfo, plan_stacks
 from stacks.scheduler import GkeSchedulerStack, NomadSchedulerStack
@@ -24,12 +26,19 @@ def build_fleet(app: App, configs: tuple[ClusterConfig, ...]) -> Fleet:
     by_name = {c.name: c for c in configs}
     stacks: dict[str, TerraformStack] = {}
     for entry in info:
+        if entry.kind == "tfc-workspaces":
+            tfc = tfc_workspaces_stack(app, [(s.name, by_name[s.cluster]) for s in info if s.cluster])
+            if tfc is not None:
+                stacks[entry.name] = tfc
+            continue
         config = by_name[entry.cluster]
         if entry.kind == "infra":
             stacks[entry.name] = ClusterStack(app, config)
         elif entry.kind == "scheduler":
             scheduler = GkeSchedulerStack if config.scheduler == SchedulerKind.GKE else NomadSchedulerStack
             stacks[entry.name] = scheduler(app, config, stacks[entry.cluster])
+    for name, stack in stacks.items():
+        apply_imports(stack, load_imports(name))
     missing = [s.name for s in info if s.name not in stacks]
     if missing:
         raise RuntimeError(f"stacks.layout names stacks build_fleet does not build: {missing}")

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from clusters.schema import ClusterConfig
+from clusters.schema import ClusterConfig, TfcState
+
+TFC_WORKSPACES_STACK = "tfc-workspaces"
 
 
 @dataclass(frozen=True)
@@ -33,6 +35,10 @@ def plan_stacks(configs: tuple[ClusterConfig, ...]) -> tuple[StackInfo, ...]:
     """
     rows: list[StackInfo] = []
     for c in sorted(configs, key=lambda c: c.name):
-        rows.append(StackInfo(c.name, c.name, "infra", ()))
-        rows.append(StackInfo(scheduler_stack_name(c.name), c.name, "scheduler", (c.name,)))
+        needs_workspace = (TFC_WORKSPACES_STACK,) if isinstance(c.state, TfcState) else ()
+        rows.append(StackInfo(c.name, c.name, "infra", needs_workspace))
+        rows.append(StackInfo(scheduler_stack_name(c.name), c.name, "scheduler", (*needs_workspace, c.name)))
+    if any(isinstance(c.state, TfcState) for c in configs):
+        # The workspaces must exist before the stacks whose state they hold; it belongs to no one cluster.
+        rows.insert(0, StackInfo(TFC_WORKSPACES_STACK, "", "tfc-workspaces", ()))
     return tuple(rows)

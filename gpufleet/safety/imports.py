@@ -18,9 +18,10 @@ from typing import Any
 
 from clusters.errors import UserError
 from clusters.source import did_you_mean
+from stacks import imported
+from stacks.imported import apply_imports, load_imports
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-IMPORTED_DIR = REPO_ROOT / "stacks" / "imported"
 MANIFEST_VERSION = 1
 
 
@@ -118,7 +119,7 @@ def verify(stack: str, manifest: Path, digest: str, stack_json: Path) -> dict[st
 
 def record(stack: str, ids: dict[str, str], *, imported_dir: Path | None = None) -> Path:
     """Merge into ``<imported_dir>/<stack>.json``; an address already recorded with another id is refused."""
-    imported_dir = Path(imported_dir or IMPORTED_DIR)
+    imported_dir = Path(imported_dir or imported.IMPORTED_DIR)
     current = load_imports(stack, imported_dir=imported_dir)
     for address, provider_id in sorted(ids.items()):
         if current.get(address, provider_id) != provider_id:
@@ -127,39 +128,3 @@ def record(stack: str, ids: dict[str, str], *, imported_dir: Path | None = None)
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_bytes(_canonical(dict(sorted((current | ids).items()))))
     return target
-
-
-def load_imports(stack: str, *, imported_dir: Path | None = None) -> dict[str, str]:
-    """Recorded imports of one stack (address -> provider id); empty when none were recorded."""
-    path = Path(imported_dir or IMPORTED_DIR) / f"{stack}.json"
-    if not path.is_file():
-        return {}
-    data = json.loads(path.read_text(encoding="utf-8"))
-    if not isinstance(data, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in data.items()):
-        raise UserError(f"{path}: must be a JSON object of address -> provider id; fix or restore it from git")
-    return data
-
-
-def apply_imports(stack: Any, imports: dict[str, str]) -> None:
-    """Call ``import_from`` and set ``prevent_destroy`` on each recorded resource of a cdktf stack.
-
-    Called by ``stacks.build_fleet`` after the stack is built. An address that no resource has
-    any more is an error: silently dropping an import would let the next plan create a duplicate.
-    """
-    from cdktf import TerraformResource
-
-    by_address = {
-        f"{node.terraform_resource_type}.{node.friendly_unique_id}": node
-        for node in stack.node.find_all()
-        if isinstance(node, TerraformResource)
-    }
-    for address, provider_id in sorted(imports.items()):
-        resource = by_address.get(address)
-        if resource is None:
-            raise UserError(
-                f"recorded import {address} matches no resource of stack {stack.node.id!r}{did_you_mean(address, by_address)}; "
-                f"fix stacks/imported/{stack.node.id}.json in a reviewed change"
-            )
-        resource.import_from(provider_id)
-        resource.add_override("lifecycle.prevent_destroy", True)
-

@@ -36,6 +36,9 @@ ANYWHERE: tuple[tuple[str, str, re.Pattern[str]], ...] = (
 )
 VAULT_TOKEN = re.compile(r"^(?:hv[sbr]\.[A-Za-z0-9_-]{20,}|[sbr]\.[A-Za-z0-9]{24})$")
 CLOUDFLARE_TOKEN = re.compile(r"^[A-Za-z0-9_-]{40}$")
+# Nomad ACL secret ids, Consul tokens and AppRole secret_ids are UUIDs: in a sensitive field the
+# shape alone is evidence (a random UUID's entropy can dip below the generic bar).
+UUID_TOKEN = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$", re.IGNORECASE)
 
 SENSITIVE_WORDS = ("password", "passwd", "secret", "token", "apikey", "privatekey", "credential", "accesskey", "clientkey", "wrapping")
 """Field names (lowercased, ``_``/``-`` removed) containing one of these hold secrets..."""
@@ -129,6 +132,8 @@ def check_string(value: str, field: str) -> tuple[str, str] | None:
         return None
     if VAULT_TOKEN.match(value):
         return "vault-token", _mask(value.split(".", 1)[0] + ".", value)
+    if UUID_TOKEN.match(value):
+        return "uuid-token", _mask("", value)
     if CLOUDFLARE_TOKEN.match(value) and _looks_random(value):
         return "api-token", _mask("", value)
     if _looks_random(value):

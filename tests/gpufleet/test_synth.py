@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 
 import pytest
@@ -57,3 +58,17 @@ def test_fails_when_an_unknown_stack_is_requested(example_configs, tmp_path):
     with pytest.raises(UserError, match=r"unknown stack 'prod-gkee'; known stacks: .*prod-gke"):
         synthesize(example_configs, tmp_path / "out", only=("prod-gkee",))
     assert not (tmp_path / "out").exists()
+
+
+def test_recorded_imports_become_import_blocks_in_the_next_synthesis(example_configs, tmp_path, monkeypatch):
+    from stacks import imported
+
+    monkeypatch.setattr(imported, "IMPORTED_DIR", tmp_path / "imported")
+    pool_id = "projects/ml-train-prod/locations/us-central1/clusters/prod-gke/nodePools/h100"
+    imported.IMPORTED_DIR.mkdir()
+    (imported.IMPORTED_DIR / "prod-gke.json").write_text(f'{{"google_container_node_pool.pool_h100": "{pool_id}"}}')
+    out = tmp_path / "cdktf.out"
+    synthesize(example_configs, out, only=("prod-gke",))
+    stack = json.loads((out / "stacks" / "prod-gke" / "cdk.tf.json").read_text())
+    assert stack["import"] == [{"to": "google_container_node_pool.pool_h100", "id": pool_id}]
+    assert stack["resource"]["google_container_node_pool"]["pool_h100"]["lifecycle"]["prevent_destroy"] is True

@@ -12,6 +12,7 @@ import pytest
 from clusters.errors import UserError
 from gpufleet.cli import main
 from gpufleet.safety import imports, plan_gate, terraform
+from stacks import imported
 
 IDS = {"terraform_data.pool": "projects/p/locations/l/clusters/c/nodePools/h100", "terraform_data.ip": "projects/p/regions/r/addresses/ingress"}
 
@@ -143,7 +144,7 @@ def test_fails_when_a_recorded_import_matches_no_resource(tmp_path: Path) -> Non
 def test_cli_generate_then_apply(stack_json: Path, ids_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     """The CLI re-synthesizes the stack; here that synthesis is the hand-made stack file, so the test stays fast."""
     monkeypatch.setattr(imports, "synthesized_stack", lambda stack, clusters_dir, workdir: stack_json)
-    monkeypatch.setattr(imports, "IMPORTED_DIR", tmp_path / "imported")
+    monkeypatch.setattr(imported, "IMPORTED_DIR", tmp_path / "imported")
     out = tmp_path / "review" / "demo.json"
     assert main(["import", "generate", "demo", "--ids", str(ids_file), "--out", str(out)]) == 0
     printed = capsys.readouterr().out

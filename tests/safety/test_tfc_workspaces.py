@@ -22,7 +22,7 @@ def pairs(configs: tuple[ClusterConfig, ...]) -> list[tuple[str, ClusterConfig]]
     from stacks.layout import plan_stacks
 
     by_name = {c.name: c for c in configs}
-    return [(s.name, by_name[s.cluster]) for s in plan_stacks(configs)]
+    return [(s.name, by_name[s.cluster]) for s in plan_stacks(configs) if s.cluster]
 
 
 @pytest.fixture(scope="module")
@@ -87,3 +87,9 @@ def test_no_stack_when_no_cluster_uses_tfc(pairs: list[tuple[str, ClusterConfig]
     from constructs_lib.tfc_workspaces import tfc_workspaces_stack
 
     assert tfc_workspaces_stack(Testing.app(), [p for p in pairs if p[1].state.backend != "tfc"]) is None
+
+
+def test_the_fleet_synthesizes_the_workspaces_stack_first(stack_json) -> None:
+    """build_fleet wires it in: CI plans it like any stack, before the stacks whose state it holds."""
+    workspaces = stack_json("tfc-workspaces")["resource"]["tfe_workspace"]
+    assert {w["name"] for w in workspaces.values()} == {"gpufleet-prod-nomad", "gpufleet-prod-nomad-scheduler"}

@@ -32,12 +32,13 @@ def resolve(stack_json, scheduler: str, infra: str, value: str) -> list[str]:
     return values
 
 
-def test_fleet_has_six_stacks_infra_before_scheduler(example_configs, fleet_out):
+def test_each_cluster_has_infra_then_scheduler_and_tfc_clusters_need_their_workspaces(example_configs, fleet_out):
     info = plan_stacks(example_configs)
     assert [(s.name, s.kind, s.depends_on) for s in info] == [
+        ("tfc-workspaces", "tfc-workspaces", ()),
         ("dev-gke", "infra", ()), ("dev-gke-scheduler", "scheduler", ("dev-gke",)),
         ("prod-gke", "infra", ()), ("prod-gke-scheduler", "scheduler", ("prod-gke",)),
-        ("prod-nomad", "infra", ()), ("prod-nomad-scheduler", "scheduler", ("prod-nomad",)),
+        ("prod-nomad", "infra", ("tfc-workspaces",)), ("prod-nomad-scheduler", "scheduler", ("tfc-workspaces", "prod-nomad")),
     ]
     assert sorted(p.name for p in (fleet_out / "stacks").iterdir()) == sorted(s.name for s in info)
     manifest = json.loads((fleet_out / "manifest.json").read_text())["stacks"]
