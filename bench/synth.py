@@ -10,7 +10,8 @@ drift on a shared machine hits all of them alike:
   synth      gpufleet's synthesis of the example fleet (clusters/*.yaml)
   synth -O   the same under ``python -O`` (skips the generated typeguard checks)
   naive      the same synthesis importing providers the packaged way
-  fleet50    a generated fleet of 50 clusters x 6 GPU pools (files in a temp dir); also with -O
+  fleet50    a generated fleet of 50 clusters x 6 GPU pools (files in a temp dir); also with -O,
+             and split over 2 concurrent processes of 25 clusters (what sharding would give)
   check      ``gpufleet check`` on the example fleet (load, synth, secret scan, checkov)
 
 Wall time is measured by this process from spawn to reap. Peak RSS is sampled from /proc
@@ -112,19 +113,32 @@ def child_synth(outdir: Path, clusters_dir: Path | None, naive: bool) -> dict:
     }, "clusters": len(configs)}
 
 
+def child_shards(outdir: Path, shard_dirs: list[Path]) -> dict:
+    """What sharding synthesis by cluster across processes would give (one jsii each)."""
+    me = str(Path(__file__).resolve())
+    procs = [subprocess.Popen([sys.executable, *(["-O"] if not __debug__ else []), me, "--child", "synth",
+                               "--out", str(outdir / str(i)), "--clusters-dir", str(d)], stdout=subprocess.DEVNULL)
+             for i, d in enumerate(shard_dirs)]
+    if any(p.wait() != 0 for p in procs):
+        raise RuntimeError("a shard failed")
+    return {}
+
+
 def _child_main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("kind", choices=["floor", "synth"])
+    parser.add_argument("kind", choices=["floor", "synth", "shards"])
     parser.add_argument("--packages", default="")
     parser.add_argument("--out", type=Path)
-    parser.add_argument("--clusters-dir", type=Path)
+    parser.add_argument("--clusters-dir", type=Path, action="append")
     parser.add_argument("--naive", action="store_true")
     parser.add_argument("--lazy-js", action="store_true")
     args = parser.parse_args(argv)
     if args.kind == "floor":
         report = child_floor([p for p in args.packages.split(",") if p], args.lazy_js)
+    elif args.kind == "shards":
+        report = child_shards(args.out, args.clusters_dir)
     else:
-        report = child_synth(args.out, args.clusters_dir, args.naive)
+        report = child_synth(args.out, args.clusters_dir[0] if args.clusters_dir else None, args.naive)
     print("BENCH " + json.dumps(report))
 
 
@@ -202,10 +216,10 @@ def measure(cmd: list[str], ok_codes: tuple[int, ...] = (0,)) -> Sample:
 
 # ---------------------------------------------------------------- scenarios
 
-def generated_fleet(directory: Path, clusters: int = 50, pools: int = 6) -> Path:
+def generated_fleet(directory: Path, clusters: range = range(50), pools: int = 6) -> Path:
     """Cluster files shaped like prod-gke (GCS state, static IP, tenants, DNS); JSON is valid YAML."""
     directory.mkdir(parents=True, exist_ok=True)
-    for i in range(clusters):
+    for i in clusters:
         name = f"gen-{i:02d}"
         gpu_pools = [{"name": pool, "min_nodes": 0, "max_nodes": 4, "boot_disk_gb": 200, **shape}
                      for pool, shape in POOL_MACHINES[:pools]]
@@ -232,6 +246,7 @@ def scenarios(work: Path, packages: list[str]) -> dict[str, tuple[str, list[str]
     """name -> (command as documented, argv); every output goes under ``work``."""
     me = str(Path(__file__).resolve())
     fleet50 = generated_fleet(work / "fleet50-clusters")
+    halves = [generated_fleet(work / "fleet50-half-a", range(25)), generated_fleet(work / "fleet50-half-b", range(25, 50))]
     synth = [me, "--child", "synth", "--out"]
     return {
         "floor": ("python bench/synth.py --child floor", [PYTHON, me, "--child", "floor", "--packages", ",".join(packages)]),
@@ -245,6 +260,9 @@ def scenarios(work: Path, packages: list[str]) -> dict[str, tuple[str, list[str]
         "fleet50 -O": ("python -O ... --clusters-dir <50 generated files>",
                        [PYTHON, "-O", *synth, str(work / "fleet50-O"), "--clusters-dir", str(fleet50)]),
         # check exits 1 when a gate finds something: it still ran every step, so its time counts.
+        "fleet50 2 procs -O": ("python -O ... --child shards (25 clusters per process, concurrently)",
+                               [PYTHON, "-O", me, "--child", "shards", "--out", str(work / "fleet50-shards"),
+                                "--clusters-dir", str(halves[0]), "--clusters-dir", str(halves[1])]),
         "check": ("gpufleet check --out <tmp>", [GPUFLEET, "check", "--out", str(work / "check")]),
     }
 
