@@ -26,7 +26,7 @@ is built once per installed tarball into a cache directory; if that fails (read-
 the packaged tarball is used and only speed is lost.
 
 Last, every generated method re-derives ``typing.get_type_hints(<stub>)`` on each call to
-type-check its arguments (a third of construct time for a large fleet). The hints of a stub
+type-check its arguments (~17% of a 50-cluster synthesis here). The hints of a stub
 never change, so the submodules we import get a ``typing`` whose ``get_type_hints`` is
 memoised; the checks themselves still run (``python -O`` is what skips them).
 """
