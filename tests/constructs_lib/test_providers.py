@@ -31,8 +31,9 @@ from constructs_lib import providers
 if sys.argv[2] == "naive":
     providers.use_naive_imports()
 import clusters
-from gpufleet.synth import synthesize
+from stacks.synth import synthesize
 synthesize(clusters.load_all(), Path(sys.argv[1]))
+print(len([m for m in sys.modules if m.startswith("cdktf_cdktf_provider_google.")]))
 """
 
 NOMAD_ONLY = """
@@ -88,8 +89,8 @@ def test_synthesized_fleet_is_byte_identical_to_naive_provider_imports(tmp_path)
     """Both in fresh processes (run side by side): an in-process synth would share sys.modules."""
     fast = _python(SYNTH_EXAMPLE, str(tmp_path / "fast"), "fast")
     naive = _python(SYNTH_EXAMPLE, str(tmp_path / "naive"), "naive")
-    _finish(fast)
-    _finish(naive)
+    fast_modules, naive_modules = int(_finish(fast)), int(_finish(naive))
+    assert fast_modules < 100 < 1000 < naive_modules  # each process really loaded its own way
     fast_tree, naive_tree = _tree(tmp_path / "fast"), _tree(tmp_path / "naive")
     assert any(name.endswith("cdk.tf.json") for name in fast_tree)
     assert sorted(fast_tree) == sorted(naive_tree)
