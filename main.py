@@ -5,18 +5,21 @@ import sys
 from pathlib import Path
 
 import clusters
-from clusters.errors import ConfigError
-from gpufleet.synth import synthesize
+from clusters.errors import ConfigError, UserError
+from stacks.synth import synthesize
 
 
 def main() -> int:
+    clusters_dir = Path(os.environ.get("GPUFLEET_CLUSTERS_DIR", clusters.CLUSTERS_DIR))
     try:
-        configs = clusters.load_all()
+        synthesize(clusters.load_all(clusters_dir), Path(os.environ.get("CDKTF_OUTDIR", "cdktf.out")))
     except ConfigError as exc:
         for problem in exc.problems:
             print(f"error: {problem}", file=sys.stderr)
         return 2
-    synthesize(configs, Path(os.environ.get("CDKTF_OUTDIR", "cdktf.out")))
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -85,7 +85,7 @@ def child_synth(outdir: Path, clusters_dir: Path | None, naive: bool) -> dict:
     imported = time.perf_counter()
     import clusters
     from constructs_lib import providers
-    from gpufleet.synth import synthesize
+    from stacks.synth import synthesize
 
     if naive:
         providers.use_naive_imports()

@@ -40,12 +40,6 @@ N1_GPU_CHOICES = (1, 2, 4)
 N1_GPU_MEMORY_GIB = 16
 N1_MODEL = "Tesla-T4"
 
-ACCELERATORS: tuple[str, ...] = tuple(sorted({m.accelerator for m in MACHINE_GPUS.values()} | {N1_ACCELERATOR}))
-
 
 def is_n1(machine_type: str) -> bool:
     return machine_type.startswith("n1-")
-
-
-def known_machine_types() -> tuple[str, ...]:
-    return tuple(sorted(MACHINE_GPUS)) + ("n1-*",)

@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
-from ruamel.yaml.error import MarkedYAMLError
+from ruamel.yaml.error import MarkedYAMLError, YAMLError
 
 from clusters.errors import ConfigError, Problem
 
@@ -69,11 +69,15 @@ def read_yaml(path: Path) -> YamlDocument:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError([Problem(str(path), None, "", f"cannot read file: {exc.strerror}")]) from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError([Problem(str(path), None, "", f"not UTF-8 text (byte {exc.start}); save the file as UTF-8")]) from None
     try:
         raw = YAML(typ="rt").load(text)
     except MarkedYAMLError as exc:
         line = exc.problem_mark.line + 1 if exc.problem_mark else None
         raise ConfigError([Problem(str(path), line, "", f"invalid YAML: {exc.problem}; fix the syntax")]) from None
+    except YAMLError as exc:  # e.g. ReaderError: control characters the YAML spec forbids
+        raise ConfigError([Problem(str(path), None, "", f"invalid YAML: {str(exc).splitlines()[0]}; remove the offending characters")]) from None
     if not isinstance(raw, CommentedMap):
         raise ConfigError([Problem(str(path), 1, "", "top level must be a mapping of fields; see the examples beside it")])
     return YamlDocument(path, raw)

@@ -44,7 +44,3 @@ def load_skips(path: Path = SKIPS_FILE) -> tuple[Skip, ...]:
     if problems:
         raise ConfigError(problems)
     return tuple(skips)
-
-
-def skip_check_arg(skips: tuple[Skip, ...]) -> list[str]:
-    return ["--skip-check", ",".join(s.check_id for s in skips)] if skips else []

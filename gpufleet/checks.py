@@ -7,8 +7,10 @@ synthesized; the secret scan and checkov then run on what was written.
 
 from __future__ import annotations
 
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.table import Table
@@ -16,6 +18,9 @@ from rich.table import Table
 import clusters
 from clusters.errors import ConfigError, Problem
 from clusters.schema import ClusterConfig
+
+if TYPE_CHECKING:
+    from jobs.spec import FinetuneSpec
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -45,7 +50,7 @@ class CheckReport:
         console.print(table)
 
 
-def validate_inputs(configs: tuple[ClusterConfig, ...] | None = None) -> tuple[tuple[ClusterConfig, ...], int]:
+def validate_inputs(configs: tuple[ClusterConfig, ...] | None = None) -> tuple[tuple[ClusterConfig, ...], tuple[FinetuneSpec, ...]]:
     """Clusters, Vault definitions and job files, cross-checked; raises one ConfigError with all problems."""
     import jobs.loader
     from vault_policies import validate as vault_validate
@@ -56,29 +61,33 @@ def validate_inputs(configs: tuple[ClusterConfig, ...] | None = None) -> tuple[t
     except ConfigError as exc:
         problems.extend(exc.problems)
     problems.extend(vault_validate.check(REPO_ROOT))
-    job_count = 0
+    specs: tuple[FinetuneSpec, ...] = ()
     if configs is not None and not problems:
         try:
-            job_count = len(jobs.loader.load_all(cluster_configs=configs))
+            specs = jobs.loader.load_all(cluster_configs=configs)
         except ConfigError as exc:
             problems.extend(exc.problems)
     if problems:
         raise ConfigError(problems)
-    return configs, job_count
+    return configs, specs
 
 
 def run_checks(configs: tuple[ClusterConfig, ...] | None, *, out: Path, state_files: tuple[Path, ...] = (),
                checkov: bool = True) -> CheckReport:
     from gpufleet.safety import checkov_scan, secret_scan
-    from gpufleet.synth import synthesize
+    from jobs.render import write_job
+    from stacks.synth import synthesize
 
     report = CheckReport()
-    configs, job_count = validate_inputs(configs)
-    report.add("inputs", True, f"{len(configs)} cluster file(s), {job_count} job file(s), Vault policies and roles")
+    configs, specs = validate_inputs(configs)
+    report.add("inputs", True, f"{len(configs)} cluster file(s), {len(specs)} job file(s), Vault policies and roles")
     stacks = synthesize(configs, out)
     report.add("synth", True, f"{len(stacks)} stack(s) into {out}")
-    scanned = [out, REPO_ROOT / "jobs" / "out", *state_files]
-    findings = secret_scan.scan_paths(p for p in scanned if p.exists())
+    with tempfile.TemporaryDirectory(prefix="gpufleet-check-jobs-") as rendered:
+        # Scan the jobs as they render now; jobs/out may be stale or absent (it is not committed).
+        for spec in specs:
+            write_job(spec, Path(rendered))
+        findings = secret_scan.scan_paths([out, Path(rendered), *state_files])
     report.add("secrets", not findings, f"{len(findings)} finding(s)" if findings else "no secret values found",
                [f"secret: {f}" for f in findings])
     if checkov:

@@ -45,9 +45,9 @@ def cmd_stacks(
     clusters_dir: Path | None = ClustersDir,
 ) -> None:
     """List every stack with its cluster, kind and dependencies."""
-    from gpufleet.synth import fleet_info
+    from stacks.layout import plan_stacks
 
-    info = fleet_info(_configs(clusters_dir))
+    info = plan_stacks(_configs(clusters_dir))
     if as_json:
         rows = [{"stack": s.name, "cluster": s.cluster, "kind": s.kind, "depends_on": list(s.depends_on)} for s in info]
         typer.echo(json.dumps(rows, indent=2))
@@ -66,7 +66,7 @@ def cmd_synth(
     clusters_dir: Path | None = ClustersDir,
 ) -> None:
     """Synthesize stacks into cdktf.out atomically; a bad cluster file leaves it untouched."""
-    from gpufleet.synth import synthesize
+    from stacks.synth import synthesize
 
     names = synthesize(_configs(clusters_dir), out, only=tuple(stacks or ()))
     console.print(f"synthesized {len(names)} stack(s) into {out}: {', '.join(names)}")

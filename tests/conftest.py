@@ -29,7 +29,7 @@ def example_configs():
 @pytest.fixture(scope="session")
 def fleet_out(tmp_path_factory, example_configs) -> Path:
     """``cdktf.out`` of the example fleet, synthesized once for the whole session."""
-    from gpufleet.synth import synthesize
+    from stacks.synth import synthesize
 
     outdir = tmp_path_factory.mktemp("fleet") / "cdktf.out"
     synthesize(example_configs, outdir)

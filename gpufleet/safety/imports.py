@@ -19,7 +19,7 @@ from typing import Any
 from clusters.errors import UserError
 from clusters.source import did_you_mean
 from stacks import imported
-from stacks.imported import apply_imports, load_imports
+from stacks.imported import load_imports
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 MANIFEST_VERSION = 1
@@ -29,7 +29,7 @@ def synthesized_stack(stack: str, clusters_dir: Path | None, workdir: Path) -> P
     """Synthesize the stack's cluster from the current tree into ``workdir``: manifests are checked against what the
     repo produces now, never against a ``cdktf.out`` that may predate the last edit."""
     import clusters
-    from gpufleet.synth import synthesize
+    from stacks.synth import synthesize
 
     configs = clusters.load_all(clusters_dir) if clusters_dir else clusters.load_all()
     out = Path(workdir) / "cdktf.out"

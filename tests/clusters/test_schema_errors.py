@@ -91,3 +91,14 @@ def test_fails_when_yaml_is_not_parseable(tmp_path):
 def test_fails_when_directory_has_no_cluster_files(tmp_path):
     with pytest.raises(ConfigError, match="no cluster files"):
         clusters.load_all(tmp_path)
+
+
+@pytest.mark.parametrize(("content", "message"), [
+    (b"name: x\n\x01bad: 1\n", r"ctl\.yaml: invalid YAML: unacceptable character"),
+    (b"name: \xff\xfe\n", r"ctl\.yaml: not UTF-8 text \(byte 6\); save the file as UTF-8"),
+])
+def test_fails_when_the_file_is_not_clean_text(tmp_path, content, message):
+    path = tmp_path / "ctl.yaml"
+    path.write_bytes(content)
+    with pytest.raises(ConfigError, match=message):
+        clusters.load(path)

@@ -70,3 +70,16 @@ def test_fails_when_synth_names_an_unknown_stack(tmp_path):
     assert result.returncode == 2
     assert result.stderr.strip().startswith("error: unknown stack 'nope'")
     assert "Traceback" not in result.stderr
+
+
+def test_fails_when_cdktf_runs_main_py_on_a_wrong_cluster_file(tmp_path):
+    """`cdktf synth` runs main.py: same one-line error, exit 2, and its outdir untouched."""
+    out = tmp_path / "cdktf.out"
+    out.mkdir()
+    (out / "marker").write_text("previous synthesis")
+    env = {**os.environ, "GPUFLEET_CLUSTERS_DIR": str(bad_clusters_dir(tmp_path)), "CDKTF_OUTDIR": str(out)}
+    result = subprocess.run([sys.executable, "main.py"], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2
+    (line,) = result.stderr.strip().splitlines()
+    assert "gpu_pools[0].gpus_per_node" in line and "Traceback" not in result.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["marker"]

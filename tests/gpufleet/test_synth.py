@@ -10,7 +10,7 @@ import pytest
 
 import stacks.fleet
 from clusters.errors import UserError
-from gpufleet.synth import synthesize
+from stacks.synth import synthesize
 
 
 def tree_digest(root: Path) -> dict[str, str]:

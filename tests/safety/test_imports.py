@@ -122,7 +122,7 @@ def _cdktf_stack(outdir: Path):
 
 def test_synthesis_emits_import_blocks_that_terraform_plans_and_the_gate_protects(tmp_path: Path) -> None:
     app, stack = _cdktf_stack(tmp_path / "cdktf.out")
-    imports.apply_imports(stack, {"terraform_data.pool": "existing-pool"})
+    imported.apply_imports(stack, {"terraform_data.pool": "existing-pool"})
     app.synth()
     directory = terraform.stack_dir(tmp_path / "cdktf.out", "demo")
     synthesized = json.loads((directory / "cdk.tf.json").read_text())
@@ -138,7 +138,7 @@ def test_synthesis_emits_import_blocks_that_terraform_plans_and_the_gate_protect
 def test_fails_when_a_recorded_import_matches_no_resource(tmp_path: Path) -> None:
     _, stack = _cdktf_stack(tmp_path / "cdktf.out")
     with pytest.raises(UserError, match=r"recorded import terraform_data\.poool matches no resource of stack 'demo'"):
-        imports.apply_imports(stack, {"terraform_data.poool": "x"})
+        imported.apply_imports(stack, {"terraform_data.poool": "x"})
 
 
 def test_cli_generate_then_apply(stack_json: Path, ids_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:

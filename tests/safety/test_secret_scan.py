@@ -1,7 +1,7 @@
 """Planted secrets are found and located; names of secrets, references and TTLs are not; values never printed.
 
 Every fake secret is assembled at run time from random characters, so nothing realistic is
-committed and no two runs plant the same value.
+committed; the draw is seeded (and the global RNG restored) so a run cannot flake.
 """
 
 from __future__ import annotations
@@ -58,9 +58,11 @@ def planted(tmp_path: Path) -> tuple[Path, dict[str, str]]:
 
     Seeded: a 40-character random draw falls under the entropy bar about once in a thousand.
     """
+    outer = random.getstate()
     random.seed(20261202)
     values = {name: make() for name, make in PLANTED.items()}
     values |= {"pem": fake_pem(), "sa": fake_sa_key(), "vault": "s." + rand(24), "cf": rand(40, ALNUM + "_-"), "hex": shuffled_hex(), "uuid": str(uuid.uuid4())}
+    random.setstate(outer)
     stack = {
         "//": {"metadata": {"path": "s", "note": values["vault"]}},
         "resource": {

@@ -11,6 +11,8 @@ import json
 import os
 from pathlib import Path
 
+import pytest
+
 GOLDEN = Path(__file__).with_name("golden_addresses.json")
 
 
@@ -29,6 +31,7 @@ def test_addresses_match_the_pinned_list(fleet_out):
     current = addresses(fleet_out)
     if os.environ.get("GPUFLEET_UPDATE_GOLDEN") == "1":
         GOLDEN.write_text(json.dumps(current, indent=2, sort_keys=True) + "\n")
+        pytest.fail(f"regenerated {GOLDEN.name}: review `git diff` for removed addresses, then rerun without GPUFLEET_UPDATE_GOLDEN")
     pinned = json.loads(GOLDEN.read_text())
     for stack in sorted(set(pinned) | set(current)):
         gone = sorted(set(pinned.get(stack, ())) - set(current.get(stack, ())))

@@ -14,16 +14,12 @@ from pathlib import Path
 
 from clusters.errors import UserError
 from clusters.schema import ClusterConfig
-from stacks.layout import StackInfo, plan_stacks
+from stacks.layout import plan_stacks
 
 DEFAULT_OUTDIR = Path("cdktf.out")
 # jsii prints a banner on every start under Node 20; gpufleet pins Node 20 knowingly.
 os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
 os.environ.setdefault("JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION", "1")
-
-
-def fleet_info(configs: tuple[ClusterConfig, ...]) -> tuple[StackInfo, ...]:
-    return plan_stacks(configs)
 
 
 def _select(configs: tuple[ClusterConfig, ...], only: tuple[str, ...]) -> tuple[tuple[ClusterConfig, ...], tuple[str, ...]]:
