@@ -14,7 +14,7 @@ from clusters.derive import GpuPoolSpec, derive_gpu_pools
 from clusters.schema import ClusterConfig, SchedulerKind
 from clusters.source import FieldPath, did_you_mean
 from jobs.durations import NS_PER_SECOND
-from jobs.schema import ENV_NAME, META_KEY, RESERVED_ENV_PREFIXES, SECRET_REF, JobFile, looks_secret, secret_like_name
+from jobs.schema import ENV_NAME, META_KEY, RESERVED_ENV_PREFIXES, SECRET_REF, JobFile, RestartMode, looks_secret, secret_like_name
 from jobs.vault_refs import VaultView, readable_paths
 
 Finding = tuple[FieldPath, str]
@@ -26,6 +26,7 @@ def cross_check(job: JobFile, clusters: dict[str, ClusterConfig], vault: VaultVi
         findings.append((("name",), f"{job.name!r} must equal the file name {file_stem!r}; rename the file or set name: {file_stem}"))
     findings += _hygiene(job)
     findings += _collisions(job)
+    findings += _retries(job)
     findings += _vault(job, vault)
     config = clusters.get(job.cluster)
     if config is None:
@@ -80,6 +81,22 @@ def _collisions(job: JobFile) -> Iterator[Finding]:
         yield (("meta_optional",), f"{key!r} is also in meta_required; keep each key in one list")
     if job.kill_timeout >= job.max_run_hours * 3600 * NS_PER_SECOND:
         yield (("kill_timeout",), f"{job.kill_timeout // NS_PER_SECOND}s is not shorter than max_run_hours ({job.max_run_hours:g}h); write e.g. '2m'")
+
+
+RETRY_FIX = "a retried task would reuse the spent single-use secret_id; set attempts: 0 and re-dispatch a failed run with gpufleet jobs dispatch"
+
+
+def _retries(job: JobFile) -> Iterator[Finding]:
+    """Nomad retries reuse the dispatch meta, so the task would unwrap a spent token and exit
+    78 with a false compromise alarm; retrying is the dispatcher's job, with a new secret_id."""
+    if job.restart.attempts > 0:
+        yield (("restart", "attempts"), f"{job.restart.attempts} is not allowed; allowed: 0; {RETRY_FIX}")
+    if job.restart.mode != RestartMode.FAIL:
+        yield (("restart", "mode"), f"{job.restart.mode.value!r} restarts the task after each interval; allowed: 'fail'; {RETRY_FIX.replace('set attempts: 0', 'set mode: fail')}")
+    if job.reschedule.attempts > 0:
+        yield (("reschedule", "attempts"), f"{job.reschedule.attempts} is not allowed; allowed: 0; {RETRY_FIX}")
+    if job.reschedule.unlimited:
+        yield (("reschedule", "unlimited"), f"true is not allowed; allowed: false; {RETRY_FIX.replace('set attempts: 0', 'set unlimited: false')}")
 
 
 def _placement(job: JobFile, config: ClusterConfig) -> Iterator[Finding]:

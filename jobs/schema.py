@@ -85,18 +85,20 @@ class Gpu(Model):
 
 
 class Restart(Model):
-    """Restarts on the same client; Nomad's batch default is 3 in 24h, fine-tunes want fewer."""
+    """Restarts on the same client. Off: a restarted task would present the same wrapped,
+    single-use secret_id again and fail as if it had been stolen (``jobs.checks`` refuses > 0)."""
 
-    attempts: Annotated[int, Field(ge=0, le=10)] = 1
+    attempts: Annotated[int, Field(ge=0, le=10)] = 0
     delay: DurationNs = parse_duration_ns("30s")
     interval: DurationNs = parse_duration_ns("24h")
     mode: RestartMode = RestartMode.FAIL
 
 
 class Reschedule(Model):
-    """Moves to another client after restarts run out; unlimited rescheduling burns GPU hours."""
+    """Moving to another client. Off for the same reason as restarts: a failed run is
+    re-dispatched, which mints a fresh secret_id."""
 
-    attempts: Annotated[int, Field(ge=0, le=10)] = 1
+    attempts: Annotated[int, Field(ge=0, le=10)] = 0
     interval: DurationNs = parse_duration_ns("24h")
     delay: DurationNs = parse_duration_ns("5m")
     delay_function: DelayFunction = DelayFunction.CONSTANT

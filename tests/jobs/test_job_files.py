@@ -68,6 +68,10 @@ BAD = [
     ("meta-platform-prefix", _set(("meta_optional",), ["gpufleet_vault_role_id"]), "meta_optional[0]", r"uses the platform prefix 'gpufleet_'"),
     ("priority-range", _set(("priority",), 101), "priority", r"101: Input should be less than or equal to 100"),
     ("kill-timeout-too-long", _set(("kill_timeout",), "13h"), "kill_timeout", r"46800s is not shorter than max_run_hours \(12h\)"),
+    ("restart-retries", _set(("restart", "attempts"), 1), "restart.attempts", r"^1 is not allowed; allowed: 0; a retried task would reuse the spent single-use secret_id; set attempts: 0 and re-dispatch a failed run with gpufleet jobs dispatch$"),
+    ("restart-delay-mode", _set(("restart", "mode"), "delay"), "restart.mode", r"'delay' restarts the task after each interval; allowed: 'fail'; a retried task would reuse the spent single-use secret_id; set mode: fail"),
+    ("reschedule-retries", _set(("reschedule", "attempts"), 2), "reschedule.attempts", r"^2 is not allowed; allowed: 0; a retried task would reuse the spent single-use secret_id; set attempts: 0 and re-dispatch"),
+    ("reschedule-unlimited", _set(("reschedule", "unlimited"), True), "reschedule.unlimited", r"true is not allowed; allowed: false; .*set unlimited: false"),
     ("image-shape", _set(("image",), "Not An Image"), "image", r"'Not An Image': String should match pattern"),
 ]
 
@@ -118,6 +122,14 @@ def test_shipped_examples_load(cluster_configs: Any, vault_view: Any) -> None:
     assert (llama.cluster, llama.namespace, llama.pool.name, llama.gpu.count, llama.gpu.min_memory_gib, llama.vault_role) == ("prod-nomad", "finetune", "a100", 1, 40, "finetune")
     assert llama.secrets == (("HF_TOKEN", "ml-api-keys/huggingface#token"),)
     assert specs["eval-judge"].vault_role == "eval"
+
+
+def test_retries_are_off_when_the_file_says_nothing(job_file: Callable[..., Path], cluster_configs: Any, vault_view: Any) -> None:
+    def no_retry_sections(data: Any) -> None:
+        del data["restart"], data["reschedule"]
+
+    spec = load(job_file(no_retry_sections), cluster_configs=cluster_configs, vault=vault_view)
+    assert (spec.restart.attempts, spec.restart.mode.value, spec.reschedule.attempts, spec.reschedule.unlimited) == (0, "fail", 0, False)
 
 
 def test_fails_when_job_name_is_unknown() -> None:
