@@ -9,35 +9,54 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, NoReturn
 
 import typer
 from rich.console import Console
 
 from clusters.errors import ConfigError, UserError
 
+if TYPE_CHECKING:
+    from gpufleet.safety.plan_gate import GateResult
+
 console = Console()
 
 EXIT_CODES_HELP = "Exit codes: 0 no changes, 1 terraform failed, 2 user error, 3 changes, 4 blocked."
 
-_ALLOW = typer.Option([], "--allow-destroy", help="Exact address whose delete/replace is allowed (repeatable).")
+_ALLOW = typer.Option(
+    [],
+    "--allow-destroy",
+    help=(
+        "Exact address whose delete/replace is allowed (repeatable). `plan` then plans a copy of the stack with "
+        "lifecycle.prevent_destroy lifted for exactly these addresses; applying still needs a reviewed change "
+        "(e.g. `protected: false` in the cluster file), because the synthesized stack keeps prevent_destroy."
+    ),
+)
 _PROTECT = typer.Option([], "--protected-type", help="Also protect this resource type (repeatable); adds to the defaults.")
 _SUMMARY = typer.Option(None, "--summary-out", help="Write the per-stack summary JSON here (read by `gpufleet ci comment`).")
 
 
-def _gate(plan_path: Path, stack: str, allow: list[str], extra_types: list[str], summary_out: Path | None) -> None:
-    from gpufleet.safety import imports, plan_gate, report
+def _classify(plan_path: Path, stack: str, allow: list[str], extra_types: list[str], extra_addresses: frozenset[str] = frozenset()) -> GateResult:
+    from gpufleet.safety import imports, plan_gate
 
-    protected_addresses = frozenset(imports.load_imports(stack)) if stack else frozenset()
-    result = plan_gate.classify(
+    protected_addresses = (frozenset(imports.load_imports(stack)) if stack else frozenset()) | extra_addresses
+    return plan_gate.classify(
         plan_gate.load_plan(plan_path),
         path=plan_path,
         protected=plan_gate.protected_types(extra_types),
         protected_addresses=protected_addresses,
         allow_destroy=allow,
     )
+
+
+def _finish(result: GateResult, stack: str, title: str, summary_out: Path | None, note: str | None = None) -> NoReturn:
+    from gpufleet.safety import plan_gate, report
+
     if summary_out is not None:
-        plan_gate.write_summary(summary_out, plan_gate.summary(stack or plan_path.stem, result))
-    report.render(console, stack or str(plan_path), result)
+        plan_gate.write_summary(summary_out, plan_gate.summary(stack, result, note=note))
+    report.render(console, title, result)
+    if note:
+        console.print(f"[yellow]note[/yellow]: {note}", soft_wrap=True)
     raise typer.Exit(int(result.exit_code))
 
 
@@ -56,16 +75,31 @@ def cmd_plan(
     out_dir: Path = typer.Option(Path("cdktf.out"), "--out-dir", help="Synthesized output directory."),
     lock: bool = typer.Option(True, "--lock/--no-lock", help="Take the state lock; CI plans with read-only credentials pass --no-lock."),
 ) -> None:
-    """terraform init + plan + show -json in the synthesized stack, then gate the plan."""
+    """terraform init + plan + show -json in the synthesized stack, then gate the plan.
+
+    Resources with lifecycle.prevent_destroy are protected whatever their type; when terraform
+    refuses the plan on them, their addresses are reported as blocked (exit 4).
+    """
+    import shutil
+
     from gpufleet.safety import plan_gate, terraform
 
     try:
         directory = terraform.stack_dir(out_dir, stack)
-        plan_path = terraform.plan_json(directory, lock=lock)
-        _gate(plan_path, stack, allow_destroy, protected_type, summary_out)
+        (directory / terraform.PLAN_JSON).unlink(missing_ok=True)
+        with terraform.lifted_copy(directory, allow_destroy) as (planned, lifted):
+            note = plan_gate.LIFTED_NOTE.format(addresses=", ".join(sorted(lifted))) if lifted else None
+            try:
+                plan_path = terraform.plan_json(planned, lock=lock)
+            except terraform.DestroyPrevented as exc:
+                _finish(plan_gate.prevented((p.address, p.replace) for p in exc.prevented), stack, stack, summary_out, note)
+            if planned != directory:
+                plan_path = Path(shutil.copyfile(plan_path, directory / terraform.PLAN_JSON))
+            result = _classify(plan_path, stack, allow_destroy, protected_type, terraform.prevent_destroy_addresses(directory))
+            _finish(result, stack, stack, summary_out, note)
     except terraform.TerraformFailed as exc:
         _write_error(summary_out, stack, str(exc))
-        print(exc.stderr, file=sys.stderr)
+        print(exc.stderr or exc.stdout, file=sys.stderr)
         print(f"error: {exc}", file=sys.stderr)
         raise typer.Exit(int(plan_gate.ExitCode.TERRAFORM_FAILED)) from None
     except (UserError, ConfigError) as exc:
@@ -82,7 +116,7 @@ def cmd_gate(
 ) -> None:
     """Gate a plan produced elsewhere (CI, Terraform Cloud)."""
     try:
-        _gate(plan, stack, allow_destroy, protected_type, summary_out)
+        _finish(_classify(plan, stack, allow_destroy, protected_type), stack or plan.stem, stack or str(plan), summary_out)
     except (UserError, ConfigError) as exc:
         _write_error(summary_out, stack or plan.stem, str(exc))
         raise

@@ -77,6 +77,8 @@ def _details(summary: dict[str, Any]) -> str:
         lines.append(f"| {action} | `{_cell(change['address'])}` | {flag} |")
     if summary.get("outputs_changed"):
         lines.append(f"\n{summary['outputs_changed']} output(s) change.")
+    if summary.get("note"):
+        lines.append(f"\n_{_cell(summary['note'])}_")
     return "\n".join([*lines, "", "</details>"])
 
 

@@ -10,6 +10,7 @@ the same for plans made here, in CI or in Terraform Cloud.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import IntEnum, StrEnum
@@ -100,6 +101,8 @@ class Change:
 class GateResult:
     changes: tuple[Change, ...]
     outputs_changed: int
+    stopped_by_terraform: bool = False
+    """terraform refused the plan on ``prevent_destroy``: only the blocked destroys are known, not the other changes."""
 
     @property
     def blocked(self) -> tuple[Change, ...]:
@@ -131,6 +134,16 @@ class GateResult:
             row["import"] += int(change.importing)
             row["blocked"] += int(change.blocked)
         return table
+
+
+STOPPED_NOTE = (
+    "terraform stopped this plan because it would destroy resources that set lifecycle.prevent_destroy; "
+    "its other changes are unknown until it plans again (with --allow-destroy for addresses you mean to destroy)."
+)
+LIFTED_NOTE = (
+    "planned with lifecycle.prevent_destroy lifted for {addresses} (--allow-destroy); the synthesized stack keeps "
+    "prevent_destroy, so applying needs a reviewed change too (e.g. `protected: false` in the cluster file)."
+)
 
 
 def protected_types(extra: Iterable[str] = ()) -> frozenset[str]:
@@ -212,9 +225,30 @@ def classify(
     return GateResult(changes=tuple(sorted(changes, key=lambda c: c.address)), outputs_changed=outputs_changed)
 
 
-def summary(stack: str, result: GateResult) -> dict[str, Any]:
-    """The per-stack artifact CI collects; ``gpufleet ci comment`` reads exactly these keys."""
-    return {
+def _type_of(address: str) -> str:
+    """Resource type of an address such as ``module.a.google_compute_address.ip["k"]``."""
+    parts = [p for p in re.sub(r"\[[^\]]*\]", "", address).split(".") if p]
+    return parts[-2] if len(parts) >= 2 else address
+
+
+def prevented(destroys: Iterable[tuple[str, bool]]) -> GateResult:
+    """The result for a plan terraform stopped on ``prevent_destroy``: each (address, is_replace) is blocked.
+
+    terraform writes no planfile then, so the gate cannot see the rest of the plan; the
+    operator learns which addresses to review (and may name with ``--allow-destroy``).
+    """
+    changes = tuple(
+        Change(address=a, type=_type_of(a), action=Action.REPLACE if replace else Action.DELETE, protected=True, allowed=False, importing=False,
+               reason="lifecycle.prevent_destroy")
+        for a, replace in sorted(destroys)
+    )
+    return GateResult(changes=changes, outputs_changed=0, stopped_by_terraform=True)
+
+
+def summary(stack: str, result: GateResult, *, note: str | None = None) -> dict[str, Any]:
+    """The per-stack artifact CI collects; ``gpufleet ci comment`` reads exactly these keys (``note`` only when set)."""
+    notes = [n for n in (STOPPED_NOTE if result.stopped_by_terraform else None, note) if n]
+    return ({"note": " ".join(notes)} if notes else {}) | {
         "stack": stack,
         "status": result.status.value,
         "counts": result.counts(),

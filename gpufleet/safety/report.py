@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from gpufleet.safety.plan_gate import COUNTED, GateResult, Status
+from gpufleet.safety.plan_gate import COUNTED, STOPPED_NOTE, GateResult, Status
 
 _STATUS_LINE = {
     Status.NO_CHANGES: "[green]no changes[/green]",
@@ -35,6 +35,8 @@ def render(console: Console, title: str, result: GateResult) -> None:
             f"{f' ({change.reason})' if change.reason else ''}; to allow it pass --allow-destroy {change.address}",
             soft_wrap=True,
         )
+    if result.stopped_by_terraform:
+        console.print(f"[bold red]{STOPPED_NOTE}[/bold red]", soft_wrap=True)
     for change in result.changes:
         if change.allowed:
             console.print(f"[yellow]allowed[/yellow] {change.action.value} of protected {change.address} (--allow-destroy)", soft_wrap=True)
