@@ -8,12 +8,26 @@ organization: GCP through dynamic (workload identity) credentials, so no key exi
 remaining tokens are declared here (key, category, sensitive) but their values are set by an
 administrator in Terraform Cloud. ``ignore_changes = [value]`` keeps the empty placeholder in
 this repo and in state: no credential value is ever written by gpufleet.
+
+State sharing: a cluster's other stacks (its scheduler stack) read the infra stack's outputs
+through ``terraform_remote_state``, so each infra workspace names exactly those workspaces in
+``remote_state_consumer_ids`` and keeps ``global_remote_state`` off: no other workspace of the
+organization can read a cluster's state.
+
+Execution mode: runs are ``remote`` (TFC's shared runners) except for the scheduler stacks of
+Nomad clusters, which are ``local``. Their provider talks to the Nomad servers' internal load
+balancer inside the VPC, which shared runners cannot reach. An ``agent`` pool inside the VPC
+would also work but needs a per-organization ``agent_pool_id`` the cluster files do not carry;
+so those plans run in CI inside the network (``NOMAD_TOKEN`` from CI secrets) and the
+workspace only stores state. That is also why the credentials variable set is attached to
+remote workspaces only and holds no Nomad token: a local-execution workspace never reads it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from enum import StrEnum
 
 from cdktf import CloudBackend, NamedCloudWorkspace, TerraformResourceLifecycle, TerraformStack
 from constructs import Construct
@@ -44,7 +58,11 @@ GCP_DYNAMIC_CREDENTIALS = (
     CredentialVariable("TFC_GCP_RUN_SERVICE_ACCOUNT_EMAIL", False, "Service account the runs impersonate; set in Terraform Cloud"),
 )
 CLOUDFLARE_TOKEN = CredentialVariable("CLOUDFLARE_API_TOKEN", True, "Cloudflare DNS edit token; set in Terraform Cloud, never in the repo")
-NOMAD_TOKEN = CredentialVariable("NOMAD_TOKEN", True, "Nomad ACL token for scheduler stacks; set in Terraform Cloud, never in the repo")
+
+
+class ExecutionMode(StrEnum):
+    REMOTE = "remote"
+    LOCAL = "local"
 
 
 @dataclass(frozen=True)
@@ -54,28 +72,35 @@ class WorkspaceSpec:
     organization: str
     project: str | None
     tags: tuple[tuple[str, str], ...]
+    execution_mode: ExecutionMode
+    state_consumers: tuple[str, ...]
+    """Stacks whose workspaces may read this workspace's state (``terraform_remote_state``)."""
 
 
 def derive_workspaces(stacks: Iterable[tuple[str, ClusterConfig]]) -> tuple[WorkspaceSpec, ...]:
-    """One workspace per (stack, cluster) whose cluster keeps state in Terraform Cloud, in stack-name order."""
+    """One workspace per (stack, cluster) whose cluster keeps state in Terraform Cloud, in stack-name order.
+
+    The stack named like its cluster is the infra stack; every other stack of that cluster
+    reads its state, so those are its consumers. See the module docstring for execution modes.
+    """
+    pairs = sorted(stacks, key=lambda pair: pair[0])
     specs = []
-    for stack, config in sorted(stacks, key=lambda pair: pair[0]):
+    for stack, config in pairs:
         state = config.state
         if not isinstance(state, TfcState):
             continue
+        infra = stack == config.name
+        consumers = tuple(s for s, c in pairs if c.name == config.name and s != stack) if infra else ()
+        mode = ExecutionMode.LOCAL if not infra and config.scheduler == SchedulerKind.NOMAD else ExecutionMode.REMOTE
         tags = (("cluster", config.name), ("environment", config.environment.value), ("scheduler", config.scheduler.value))
-        specs.append(WorkspaceSpec(tfc_workspace(config, stack), stack, state.organization, state.project, tags))
+        specs.append(WorkspaceSpec(tfc_workspace(config, stack), stack, state.organization, state.project, tags, mode, consumers))
     return tuple(specs)
 
 
 def credential_variables(configs: Iterable[ClusterConfig]) -> tuple[CredentialVariable, ...]:
-    """The variable set's keys: GCP always, Cloudflare when a cluster has DNS records, Nomad for Nomad clusters."""
+    """The variable set's keys: GCP always, Cloudflare when a cluster has DNS records (its infra stack runs remotely)."""
     configs = tuple(configs)
-    extra = []
-    if any(c.dns is not None for c in configs):
-        extra.append(CLOUDFLARE_TOKEN)
-    if any(c.scheduler == SchedulerKind.NOMAD for c in configs):
-        extra.append(NOMAD_TOKEN)
+    extra = [CLOUDFLARE_TOKEN] if any(c.dns is not None for c in configs) else []
     return (*GCP_DYNAMIC_CREDENTIALS, *extra)
 
 
@@ -90,7 +115,6 @@ class TfcWorkspaces(Construct):
         workspaces: tuple[WorkspaceSpec, ...],
         variables: tuple[CredentialVariable, ...],
         terraform_version: str = TERRAFORM_VERSION,
-        execution_mode: str = "remote",
     ) -> None:
         super().__init__(scope, id_)
         self.workspaces: dict[str, tfe.workspace.Workspace] = {}
@@ -126,14 +150,26 @@ class TfcWorkspaces(Construct):
                 ),
                 f"workspace_{spec.stack}",
             )
-            pin(tfe.workspace_settings.WorkspaceSettings(self, f"settings-{spec.stack}", workspace_id=workspace.id, execution_mode=execution_mode), f"settings_{spec.stack}")
-            pin(
-                tfe.workspace_variable_set.WorkspaceVariableSet(
-                    self, f"credentials-{spec.stack}", variable_set_id=self.variable_sets[spec.organization].id, workspace_id=workspace.id
-                ),
-                f"credentials_{spec.stack}",
-            )
             self.workspaces[spec.stack] = workspace
+            if spec.execution_mode is ExecutionMode.REMOTE:
+                pin(
+                    tfe.workspace_variable_set.WorkspaceVariableSet(
+                        self, f"credentials-{spec.stack}", variable_set_id=self.variable_sets[spec.organization].id, workspace_id=workspace.id
+                    ),
+                    f"credentials_{spec.stack}",
+                )
+        for spec in workspaces:
+            pin(
+                tfe.workspace_settings.WorkspaceSettings(
+                    self,
+                    f"settings-{spec.stack}",
+                    workspace_id=self.workspaces[spec.stack].id,
+                    execution_mode=spec.execution_mode.value,
+                    global_remote_state=False,
+                    remote_state_consumer_ids=[self.workspaces[s].id for s in spec.state_consumers] or None,
+                ),
+                f"settings_{spec.stack}",
+            )
 
     def _variable_set(self, org: str, variables: tuple[CredentialVariable, ...]) -> tfe.variable_set.VariableSet:
         varset = pin(
