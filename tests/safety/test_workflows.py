@@ -67,3 +67,8 @@ def test_drift_is_scheduled_and_plans_with_detailed_exitcode() -> None:
 @pytest.mark.parametrize("name", ["plan.yml", "drift.yml"])
 def test_terraform_is_pinned_to_the_repo_version(name: str) -> None:
     assert load(name)["env"]["TERRAFORM_VERSION"] == "1.11.4"
+
+
+def test_drift_reports_a_refused_protected_destroy_as_blocked_not_as_an_error() -> None:
+    runs = " ".join(s.get("run", "") for s in load("drift.yml")["jobs"]["drift"]["steps"])
+    assert 'if [ "$rc" -eq 1 ]' in runs and 'gpufleet plan "${{ matrix.stack }}" --no-lock --summary-out' in runs
