@@ -104,21 +104,23 @@ def cmd_dispatch(
     job: str = typer.Argument(..., help="Job name (jobs/<job>.yaml)."),
     meta: list[str] | None = MetaOption,
     idempotency_token: str | None = typer.Option(None, "--idempotency-token", help="Reuse a token to make a retried dispatch a no-op (default: a new one)."),
-    expected_queue_minutes: int = typer.Option(0, "--expected-queue-minutes", min=0, help="How long the run may wait for a GPU; sizes the wrap TTL."),
+    expected_queue_minutes: int | None = typer.Option(None, "--expected-queue-minutes", min=0, help="How long the run may wait for a GPU; sizes the wrap TTL (default: 20 for a pool that scales from zero, else 5)."),
 ) -> None:
     """Mint a wrapped secret_id for the job's role and dispatch one run."""
     from jobs.meta import parse_pairs, validate_meta
-    from jobs.vault_mint import mint_wrapped_secret_id
+    from jobs.vault_mint import default_queue_seconds, mint_wrapped_secret_id
 
     spec = _spec(job)
     checked = validate_meta(spec, parse_pairs(meta or []))
     token = idempotency_token or str(uuid.uuid4())
     client = _client()
-    wrapped = mint_wrapped_secret_id(spec, os.environ, expected_queue_seconds=expected_queue_minutes * 60)
+    queue_seconds = expected_queue_minutes * 60 if expected_queue_minutes is not None else default_queue_seconds(spec.pool)
+    wrapped = mint_wrapped_secret_id(spec, os.environ, expected_queue_seconds=queue_seconds)
     result = client.dispatch(spec, checked, role_id=wrapped.role_id, wrapping_token=wrapped.wrapping_token, idempotency_token=token)
     console.print(f"dispatched {result.dispatched_job_id} (namespace {result.namespace}, evaluation {result.eval_id or '-'}, idempotency token {token})")
     console.print(f"follow it: gpufleet jobs status {result.dispatched_job_id} --watch")
-    console.print(f"the wrapped secret_id expires in {wrapped.wrap_ttl_seconds}s: a run still queued then must be re-dispatched")
+    source = "--expected-queue-minutes" if expected_queue_minutes is not None else f"pool {spec.pool.name}, min_nodes {spec.pool.min_nodes}"
+    console.print(f"the wrapped secret_id expires in {wrapped.wrap_ttl_seconds}s (queue wait {queue_seconds // 60} min, from {source}): a run still queued then must be re-dispatched")
 
 
 def _status_table(status: RunStatus) -> Table:

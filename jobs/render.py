@@ -16,15 +16,19 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from jobs.durations import NS_PER_SECOND
 from jobs.spec import TASK, TASK_GROUP, FinetuneSpec
+from vault_policies.layout import (
+    ENV_KILL_GRACE_SECONDS,
+    ENV_MAX_RUN_SECONDS,
+    ENV_ROLE_ID,
+    ENV_SECRETS,
+    ENV_WRAPPED_SECRET_ID,
+    META_ROLE_ID,
+    META_WRAPPED_SECRET_ID,
+)
 
-# Env contract read by gpufleet-exec (vault_policies/client.py); a test pins these names.
-ENV_ROLE_ID = "GPUFLEET_VAULT_ROLE_ID"
-ENV_WRAPPED_SECRET_ID = "GPUFLEET_VAULT_WRAPPED_SECRET_ID"
-ENV_SECRETS = "GPUFLEET_SECRETS"
 # Dispatch meta the platform fills in; declared as required so a dispatch without them is refused by Nomad.
-META_ROLE_ID = "gpufleet_vault_role_id"
-META_WRAPPED_SECRET_ID = "gpufleet_vault_wrapped_secret_id"
 PLATFORM_META = (META_ROLE_ID, META_WRAPPED_SECRET_ID)
 # Static job meta: which role the dispatcher must mint for (a name, not a credential).
 JOB_META_ROLE = "gpufleet_vault_role"
@@ -56,13 +60,16 @@ def _device(spec: FinetuneSpec) -> dict[str, Any]:
 
 
 def task_env(spec: FinetuneSpec) -> dict[str, str]:
-    """The task's environment: user env, Vault address, and the dispatch meta interpolated in."""
+    """The task's environment: user env, Vault address, the dispatch meta interpolated in, and
+    the run limit gpufleet-exec enforces (Nomad clients before 2.0.3 ignore MaxRunDuration)."""
     return {
         **dict(spec.env),
         "VAULT_ADDR": spec.vault_addr,
         ENV_ROLE_ID: f"${{NOMAD_META_{META_ROLE_ID}}}",
         ENV_WRAPPED_SECRET_ID: f"${{NOMAD_META_{META_WRAPPED_SECRET_ID}}}",
         ENV_SECRETS: spec.secrets_env,
+        ENV_MAX_RUN_SECONDS: str(spec.max_run_ns // NS_PER_SECOND),
+        ENV_KILL_GRACE_SECONDS: str(max(1, spec.kill_timeout_ns // NS_PER_SECOND)),
     }
 
 
@@ -100,8 +107,8 @@ def _group(spec: FinetuneSpec) -> dict[str, Any]:
             "Unlimited": reschedule.unlimited,
         },
         "EphemeralDisk": {"SizeMB": spec.disk_mb, "Sticky": False, "Migrate": False},
-        # Honoured from Nomad 2.0.3; older servers ignore the field, so max_run_hours is
-        # also enforced by the role's token_max_ttl (gpufleet-exec stops the run).
+        # Honoured from Nomad 2.0.3; the fleet's 1.10 clients ignore it, so gpufleet-exec
+        # also enforces max_run_hours from GPUFLEET_MAX_RUN_SECONDS.
         "MaxRunDuration": spec.max_run_ns,
         "Tasks": [_task(spec)],
     }

@@ -10,11 +10,28 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+from clusters.derive import GpuPoolSpec
 from clusters.errors import UserError
 from jobs.spec import FinetuneSpec
 
 if TYPE_CHECKING:
     from vault_policies.orchestrator import WrappedSecretId
+
+
+# How long a dispatched run may wait for a GPU when the operator does not say: a pool that
+# scales from zero must boot a node and install drivers first; a warm pool only queues.
+SCALE_FROM_ZERO_QUEUE_SECONDS = 20 * 60
+WARM_POOL_QUEUE_SECONDS = 5 * 60
+
+
+def default_queue_seconds(pool: GpuPoolSpec) -> int:
+    """The expected queue wait a dispatch sizes its wrap TTL for, from the target pool.
+
+    Too short a wrap TTL makes a run that waited for a fresh node find its wrapping token
+    expired and exit 78 with a compromise alarm; too long only widens the window in which an
+    intercepted token could be used, which the task would then report.
+    """
+    return SCALE_FROM_ZERO_QUEUE_SECONDS if pool.min_nodes == 0 else WARM_POOL_QUEUE_SECONDS
 
 
 def mint_wrapped_secret_id(spec: FinetuneSpec, environ: Mapping[str, str], *, expected_queue_seconds: int) -> WrappedSecretId:

@@ -33,11 +33,8 @@ import requests
 from requests.adapters import HTTPAdapter
 from urllib3.util.retry import Retry
 
-from vault_policies.layout import APPROLE_MOUNT, KV_MOUNT
+from vault_policies.layout import APPROLE_MOUNT, ENV_ROLE_ID, ENV_SECRETS, ENV_WRAPPED_SECRET_ID, KV_MOUNT
 
-ENV_ROLE_ID = "GPUFLEET_VAULT_ROLE_ID"
-ENV_WRAPPED_SECRET_ID = "GPUFLEET_VAULT_WRAPPED_SECRET_ID"
-ENV_SECRETS = "GPUFLEET_SECRETS"
 REQUEST_TIMEOUT_SECONDS = 10
 RETRY_STATUSES = (412, 500, 502, 503, 504)
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -200,8 +197,9 @@ class TaskSession:
 
     @property
     def margin_seconds(self) -> float:
-        """How long before expiry a failure is reported, so the run can stop cleanly."""
-        return min(60.0, max(1.0, self.lease_seconds * 0.1))
+        """How long before expiry a failure is reported, so the run can stop cleanly; at least
+        2 s so that a loaded host still reports while the token works."""
+        return min(60.0, max(2.0, self.lease_seconds * 0.1))
 
     def _fail(self, message: str) -> None:
         self.renewal_error = TokenRenewalError(message)

@@ -26,3 +26,18 @@ MAX_WRAP_TTL_SECONDS = 6 * 3600
 
 ORCHESTRATOR_POLICY = "orchestrator"
 ADMIN_POLICY = "gpufleet-admin"
+
+# The task environment contract between the jobs layer (which renders it) and gpufleet-exec /
+# vault_policies.client (which read it). Defined here, and only here, because both sides and
+# the training image import this stdlib-only module.
+ENV_ROLE_ID = "GPUFLEET_VAULT_ROLE_ID"
+ENV_WRAPPED_SECRET_ID = "GPUFLEET_VAULT_WRAPPED_SECRET_ID"
+ENV_SECRETS = "GPUFLEET_SECRETS"
+# The job's max_run_hours in seconds, and how long gpufleet-exec waits after SIGTERM before
+# SIGKILL (the job's kill_timeout): Nomad clients before 2.0.3 ignore MaxRunDuration.
+ENV_MAX_RUN_SECONDS = "GPUFLEET_MAX_RUN_SECONDS"
+ENV_KILL_GRACE_SECONDS = "GPUFLEET_KILL_GRACE_SECONDS"
+# Dispatch meta keys carrying the role_id and the wrapping token; Nomad also exposes each
+# as NOMAD_META_<key> (as given and upper-cased).
+META_ROLE_ID = "gpufleet_vault_role_id"
+META_WRAPPED_SECRET_ID = "gpufleet_vault_wrapped_secret_id"

@@ -68,7 +68,8 @@ def client_for() -> Iterator[Callable[..., NomadClient]]:
     made: list[NomadClient] = []
 
     def make(double: NomadDouble, **overrides: Any) -> NomadClient:
-        settings = {"address": double.address, "token": double.acl_token, "timeout_seconds": 0.5, "retries": 2, "backoff_seconds": 0.01, **overrides}
+        # A 5 s timeout: tests that count requests must not see a spurious retry on a loaded host.
+        settings = {"address": double.address, "token": double.acl_token, "timeout_seconds": 5.0, "retries": 2, "backoff_seconds": 0.01, **overrides}
         client = NomadClient(NomadSettings(**settings))
         made.append(client)
         return client

@@ -74,6 +74,7 @@ def test_submit_then_dispatch_passes_a_real_wrapped_secret_id(nomad_env: NomadDo
     out = capsys.readouterr().out
     (child,) = nomad_env.dispatched("finetune-llama")
     assert f"dispatched {child}" in out and f"gpufleet jobs status {child} --watch" in out
+    assert "expires in 600s (queue wait 5 min, from pool a100, min_nodes 1)" in out
     dispatch = nomad_env.calls("POST", "dispatch")[0]
     assert dispatch.query["idempotency_token"] == ["cli-token-1"]
     meta = dispatch.body["Meta"]
@@ -93,6 +94,7 @@ def test_task_environment_is_nomad_shaped_and_never_holds_vault_token(tmp_path: 
     assert "VAULT_TOKEN" not in env and "AWS_PROFILE" not in env
     assert env["GPUFLEET_VAULT_ROLE_ID"] == "rid" and env["GPUFLEET_VAULT_WRAPPED_SECRET_ID"] == "wrap"
     assert env["GPUFLEET_SECRETS"] == "HF_TOKEN=ml-api-keys/huggingface#token"
+    assert env["GPUFLEET_MAX_RUN_SECONDS"] == "43200", "run-local must pass the run limit gpufleet-exec enforces"
     assert env["VAULT_ADDR"] == "http://127.0.0.1:8200"
     assert env["NOMAD_META_dataset_uri"] == env["NOMAD_META_DATASET_URI"] == "hf://d/x@v1"
     assert env["NOMAD_META_gpufleet_vault_role"] == "finetune"

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from jobs.loader import load_all
+from jobs.local import task_environment
 from jobs.render import ENV_ROLE_ID, ENV_SECRETS, ENV_WRAPPED_SECRET_ID, placement_probe, render, to_json, write_job
 from jobs.spec import FinetuneSpec
 
@@ -148,12 +149,19 @@ def test_job_is_parameterized_batch_pinned_to_the_pool(specs: dict[str, Finetune
     assert task["Env"][ENV_SECRETS] == "HF_TOKEN=ml-api-keys/huggingface#token"
     assert group["MaxRunDuration"] == 12 * 3600 * 10**9
     assert task["KillTimeout"] == 120 * 10**9
+    assert (task["Env"]["GPUFLEET_MAX_RUN_SECONDS"], task["Env"]["GPUFLEET_KILL_GRACE_SECONDS"]) == ("43200", "120")
 
 
-def test_env_contract_matches_gpufleet_exec() -> None:
-    from vault_policies import client
+def test_rendered_env_is_what_gpufleet_exec_reads(specs: dict[str, FinetuneSpec], tmp_path: Path) -> None:
+    """The task env, interpolated as a Nomad client would, parses on the gpufleet-exec side."""
+    from vault_policies.client import TaskConfig
+    from vault_policies.exec import run_limits
 
-    assert (ENV_ROLE_ID, ENV_WRAPPED_SECRET_ID, ENV_SECRETS) == (client.ENV_ROLE_ID, client.ENV_WRAPPED_SECRET_ID, client.ENV_SECRETS)
+    meta = {"dataset_uri": "hf://d/x@v1", "run_id": "r1", "gpufleet_vault_role_id": "rid", "gpufleet_vault_wrapped_secret_id": "wrap"}
+    env = task_environment(specs["eval-judge"], meta, job_id="eval-judge/dispatch-1-ab", alloc_id="0123456789ab", alloc_root=tmp_path, environ={"VAULT_ADDR": "http://127.0.0.1:8200"})
+    config = TaskConfig.from_env(env)
+    assert (config.role_id, config.wrapping_token, [r.env_name for r in config.secrets]) == ("rid", "wrap", ["OPENAI_API_KEY"])
+    assert run_limits(env) == (2 * 3600, 30)
 
 
 def test_rendered_json_holds_no_key_material(specs: dict[str, FinetuneSpec]) -> None:

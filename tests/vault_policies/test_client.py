@@ -143,7 +143,9 @@ def test_fails_when_vault_unreachable_after_retries() -> None:
 
 
 def test_renewal_keeps_token_alive_then_fails_before_max_ttl(vault: VaultHandle) -> None:
-    vault.root.auth.approle.create_or_update_approle("short-run", token_policies=["ml-keys-eval"], token_ttl=2, token_max_ttl=6, secret_id_ttl=60, secret_id_num_uses=1)
+    """Token TTL 6 s, max 14 s: renewed at 3 s, 6 s, 9 s (capped), reported ~2 s before 14 s.
+    Margins are seconds wide so a loaded 2-core host does not flake; no fixed sleeps."""
+    vault.root.auth.approle.create_or_update_approle("short-run", token_policies=["ml-keys-eval"], token_ttl=6, token_max_ttl=14, secret_id_ttl=60, secret_id_num_uses=1)
     try:
         failed = threading.Event()
         failures: list[tuple[TokenRenewalError, bool]] = []
@@ -155,9 +157,12 @@ def test_renewal_keeps_token_alive_then_fails_before_max_ttl(vault: VaultHandle)
         env = vault.task_env("short-run", "OPENAI_API_KEY=ml-api-keys/openai#api_key")
         with start_task(TaskConfig.from_env(env), on_renewal_failure=on_failure) as task:
             token = task.client.token
-            time.sleep(3)
-            assert not _lookup_fails(vault, token), "renewal should keep the 2s token alive past 2s"
-            assert failed.wait(timeout=6)
+            past_first_ttl = time.monotonic() + task.lease_seconds + 1
+            while time.monotonic() < past_first_ttl and not failed.is_set():
+                time.sleep(0.2)
+            assert not failed.is_set(), "the failure came before the first TTL ran out"
+            assert not _lookup_fails(vault, token), "renewal should keep the 6 s token alive past 6 s"
+            assert failed.wait(timeout=60), "no failure was reported before token_max_ttl"
         exc, alive_when_reported = failures[0]
         assert "reaches the role's token_max_ttl" in str(exc) and "set token_period" in str(exc)
         assert alive_when_reported, "the failure must be reported while the token still works"

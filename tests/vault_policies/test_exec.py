@@ -107,16 +107,54 @@ def test_fails_when_no_command_given() -> None:
 
 
 def test_child_stopped_before_token_max_ttl(vault: VaultHandle) -> None:
-    vault.root.auth.approle.create_or_update_approle("short-exec", token_policies=["ml-keys-eval"], token_ttl=2, token_max_ttl=5, secret_id_ttl=60, secret_id_num_uses=1)
+    vault.root.auth.approle.create_or_update_approle("short-exec", token_policies=["ml-keys-eval"], token_ttl=4, token_max_ttl=10, secret_id_ttl=60, secret_id_num_uses=1)
     try:
         env = {**os.environ, **vault.task_env("short-exec", "OPENAI_API_KEY=ml-api-keys/openai#api_key")}
         started = time.monotonic()
-        result = subprocess.run([EXEC, "--", "sleep", "30"], env=env, capture_output=True, text=True, timeout=60)
-        assert time.monotonic() - started < 15
-        assert result.returncode == 128 + signal.SIGTERM
+        result = subprocess.run([EXEC, "--", "sleep", "120"], env=env, capture_output=True, text=True, timeout=150)
+        assert time.monotonic() - started < 60, "the child should stop near token_max_ttl (10 s), not run to its end"
+        assert result.returncode == 128 + signal.SIGTERM, result.stderr
         assert "reaches the role's token_max_ttl" in result.stderr and "stopping the command" in result.stderr
     finally:
         vault.root.auth.approle.delete_role("short-exec")
+
+
+def _limited(vault: VaultHandle, max_run: str, grace: str) -> dict[str, str]:
+    return {**os.environ, **vault.task_env("finetune", FINETUNE_SECRETS), "GPUFLEET_MAX_RUN_SECONDS": max_run, "GPUFLEET_KILL_GRACE_SECONDS": grace}
+
+
+def test_child_stopped_when_it_outruns_max_run_seconds(vault: VaultHandle) -> None:
+    """Nomad 1.10 ignores MaxRunDuration and the finetune token lives 24h: gpufleet-exec stops it."""
+    before = _live_role_tokens(vault, "finetune")
+    started = time.monotonic()
+    result = subprocess.run([EXEC, "--", "sleep", "120"], env=_limited(vault, "2", "30"), capture_output=True, text=True, timeout=150)
+    elapsed = time.monotonic() - started
+    assert result.returncode == 124, result.stderr
+    assert "ran longer than max_run_hours (GPUFLEET_MAX_RUN_SECONDS=2); sending SIGTERM" in result.stderr
+    assert "ignored SIGTERM" not in result.stderr and "token revoked" in result.stderr
+    assert 2 <= elapsed < 60, f"stopped after {elapsed:.1f}s"
+    assert _live_role_tokens(vault, "finetune") == before
+
+
+def test_child_killed_when_it_ignores_sigterm_past_max_run(vault: VaultHandle, tmp_path: Path) -> None:
+    ready = tmp_path / "ready"
+    before = _live_role_tokens(vault, "finetune")
+    started = time.monotonic()
+    command = ["sh", "-c", f'trap "" TERM; touch {ready}; exec sleep 120']
+    result = subprocess.run([EXEC, "--", *command], env=_limited(vault, "2", "1"), capture_output=True, text=True, timeout=150)
+    assert ready.exists(), "the child was stopped before it could ignore SIGTERM"
+    assert result.returncode == 124, result.stderr
+    assert "ignored SIGTERM for 1s (GPUFLEET_KILL_GRACE_SECONDS); sending SIGKILL" in result.stderr and "token revoked" in result.stderr
+    assert time.monotonic() - started < 60
+    assert _live_role_tokens(vault, "finetune") == before
+
+
+def test_fails_when_max_run_seconds_is_malformed(vault: VaultHandle) -> None:
+    env = _limited(vault, "12h", "30")
+    result = subprocess.run([EXEC, "--", "true"], env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert "GPUFLEET_MAX_RUN_SECONDS='12h' is not a whole number of seconds >= 1" in result.stderr
+    assert vault.client(env["GPUFLEET_VAULT_WRAPPED_SECRET_ID"]).sys.unwrap()["data"]["secret_id"], "the refusal must not spend the wrapping token"
 
 
 def test_library_revokes_on_sigterm(vault: VaultHandle, tmp_path: Path) -> None:

@@ -1,0 +1,27 @@
+"""The dispatcher's default queue wait, derived from the target pool, sizes the wrap TTL."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from jobs.loader import find, load
+from jobs.vault_mint import SCALE_FROM_ZERO_QUEUE_SECONDS, WARM_POOL_QUEUE_SECONDS, default_queue_seconds
+from vault_policies.layout import MAX_WRAP_TTL_SECONDS
+from vault_policies.orchestrator import wrap_ttl_for_queue
+
+
+@pytest.mark.parametrize(("job", "min_nodes", "queue_seconds", "wrap_ttl"), [("eval-judge", 0, 1200, 1800), ("finetune-llama", 1, 300, 600)])
+def test_default_queue_wait_follows_the_pools_min_nodes(job: str, min_nodes: int, queue_seconds: int, wrap_ttl: int) -> None:
+    pool = load(find(job)).pool
+    assert pool.min_nodes == min_nodes
+    assert default_queue_seconds(pool) == queue_seconds
+    assert wrap_ttl_for_queue(default_queue_seconds(pool)) == wrap_ttl
+
+
+def test_a_warm_pool_scaled_to_zero_gets_the_long_default() -> None:
+    pool = load(find("finetune-llama")).pool
+    assert default_queue_seconds(dataclasses.replace(pool, min_nodes=0)) == SCALE_FROM_ZERO_QUEUE_SECONDS
+    assert default_queue_seconds(dataclasses.replace(pool, min_nodes=3)) == WARM_POOL_QUEUE_SECONDS
+    assert wrap_ttl_for_queue(SCALE_FROM_ZERO_QUEUE_SECONDS) <= MAX_WRAP_TTL_SECONDS
