@@ -11,7 +11,7 @@ import re
 from collections import Counter
 from collections.abc import Iterator
 
-from clusters.derive import derive_gpu_pool, machine_accelerator, tenant_account_id
+from clusters.derive import derive_gpu_pool, dns_record_address, grant_address, machine_accelerator, tenant_account_id
 from clusters.machines import MACHINE_GPUS, N1_ACCELERATOR, N1_GPU_CHOICES, is_n1
 from clusters.schema import ClusterConfig, Environment, GpuPool, SchedulerKind
 from clusters.source import FieldPath, did_you_mean
@@ -48,6 +48,19 @@ def _scheduler_sections(config: ClusterConfig) -> Iterator[Finding]:
         yield (("gke",), "a gke: section only applies to scheduler: gke; remove it or set scheduler: gke")
     if config.scheduler == SchedulerKind.GKE and config.gcp.master_cidr is None:
         yield (("gcp", "master_cidr"), "GKE private clusters need master_cidr, a /28 such as '172.16.0.0/28'; add it")
+    if config.scheduler == SchedulerKind.GKE:
+        yield from _gke_access(config)
+
+
+def _gke_access(config: ClusterConfig) -> Iterator[Finding]:
+    """The scheduler stack is applied from outside the VPC, and tenant RBAC names Google groups."""
+    if not config.gcp.master_authorized_networks:
+        yield (("gcp", "master_authorized_networks"), "an empty list blocks every client outside the VPC from the control plane,"
+               " so the scheduler stack cannot be applied; add the network Terraform runs from, e.g. [{name: corp-vpn, cidr: 198.51.100.0/24}]")
+    grouped = [t.name for t in config.tenants if any(m.startswith("group:") for m in t.groups)]
+    if grouped and (config.gke is None or config.gke.rbac_security_group is None):
+        yield (("gke", "rbac_security_group"), f"tenants {', '.join(grouped)} bind Google groups, which GKE RBAC only matches with"
+               " Google Groups for RBAC; set gke.rbac_security_group: gke-security-groups@<your domain> and nest the tenant groups in it")
 
 
 def _gcp(config: ClusterConfig) -> Iterator[Finding]:
@@ -90,6 +103,9 @@ def _pool(pool: GpuPool, config: ClusterConfig) -> Iterator[Finding]:
     if pool.reservation is not None and (not pool.reservation or "," in pool.reservation):
         yield (("reservation",), f"{pool.reservation!r}: a specific reservation names exactly one reservation; write its name")
     zones = pool.zones or config.gcp.zones
+    if pool.reservation and len(zones) != 1:
+        yield (("reservation",), f"reservation {pool.reservation} is zonal but the pool spans {len(zones)} zones ({', '.join(zones)});"
+               " set zones: [<the reservation's zone>] on the pool")
     for i, zone in enumerate(pool.zones or ()):
         if zone not in config.gcp.zones:
             yield (("zones", i), f"zone {zone!r} is not one of the cluster's zones {list(config.gcp.zones)}; add it to gcp.zones or pick one of those")
@@ -134,6 +150,17 @@ def _pool_sizing(pool: GpuPool) -> Iterator[Finding]:
 
 
 def _iam(config: ClusterConfig) -> Iterator[Finding]:
+    addresses: dict[str, str] = {}
+    for g, grant in enumerate(config.iam.grants):
+        for m, member in enumerate(grant.members):
+            address = grant_address(grant.role, member)
+            if address not in addresses:
+                addresses[address] = member
+                continue
+            other = addresses[address]
+            yield (("iam", "grants", g, "members", m), f"{member!r} already has {grant.role}; list each member once per role"
+                   if other == member else f"{member!r} and {other!r} would share the Terraform address {address}"
+                   " (only letters, digits and '_' tell addresses apart); grant one of them through a group")
     if config.environment == Environment.DEV:
         return
     for g, grant in enumerate(config.iam.grants):
@@ -199,7 +226,8 @@ def _tenants(config: ClusterConfig) -> Iterator[Finding]:
                 yield (path, f"unknown GPU pool {pool_name!r}{did_you_mean(pool_name, pools)}; allowed: {', '.join(sorted(pools))}")
                 continue
             if quota > spec.capacity_gpus:
-                yield (path, f"quota {quota} exceeds pool {pool_name} capacity {spec.capacity_gpus} GPUs (max_nodes x gpus_per_node); lower it or raise max_nodes")
+                yield (path, f"quota {quota} exceeds pool {pool_name} capacity {spec.capacity_gpus} GPUs ({spec.max_total_nodes} nodes x"
+                       f" {spec.gpus_per_node} GPUs); lower it or raise {'max_nodes' if spec.autoscaling else 'node_count'}")
             totals[pool_name] += quota
     for pool_name, total in sorted(totals.items()):
         spec = pools[pool_name]
@@ -214,7 +242,6 @@ def _dns(config: ClusterConfig) -> Iterator[Finding]:
         return
     ips = {ip.name for ip in config.gcp.static_ips}
     names: Counter[str] = Counter(r.name for r in config.dns.records)
-    # Terraform addresses replace '.' and '-' by '_': 'a-b' and 'a.b' would be one resource.
     addresses: dict[str, str] = {}
     for r, record in enumerate(config.dns.records):
         path = ("dns", "records", r)
@@ -236,8 +263,8 @@ def _dns(config: ClusterConfig) -> Iterator[Finding]:
                    " (no scheme, port or IP address; use static_ip for an address of this cluster)")
         if names[record.name] > 1:
             yield ((*path, "name"), f"duplicate DNS record {record.name!r}; each name appears once")
-        address = re.sub(r"[.-]", "_", record.name)
+        address = dns_record_address(record.name)
         other = addresses.setdefault(address, record.name)
         if other != record.name:
-            yield ((*path, "name"), f"record {record.name!r} and {other!r} differ only in '.' versus '-', which Terraform addresses"
-                   " cannot tell apart; rename one")
+            yield ((*path, "name"), f"records {record.name!r} and {other!r} both become the Terraform address {address}"
+                   " ('.' and '-' read as '_', '@' as apex, '*' as wildcard); rename one")

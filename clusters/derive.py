@@ -5,10 +5,12 @@ Tests call these directly; constructs only read the specs. Nothing here knows cd
 
 from __future__ import annotations
 
+import math
+import re
 from dataclasses import dataclass
 
 from clusters.machines import MACHINE_GPUS, N1_ACCELERATOR, N1_GPU_MEMORY_GIB, N1_MODEL, is_n1
-from clusters.schema import ClusterConfig, Environment, GpuPool, TaintEffect
+from clusters.schema import ClusterConfig, Environment, GpuPool, SchedulerKind, TaintEffect
 
 GPU_TAINT = ("nvidia.com/gpu", "present", TaintEffect.NO_SCHEDULE)
 POOL_LABEL = "gpufleet.dev/gpu-pool"
@@ -46,16 +48,35 @@ class GpuPoolSpec:
     taints: tuple[TaintSpec, ...]
     overcommit: bool
     protected: bool
+    # GKE reads a static node_count per zone; a Nomad MIG's target size is the whole group.
+    node_count_per_zone: bool
 
     @property
     def autoscaling(self) -> bool:
         return self.node_count is None
 
+    def _total(self, nodes: int) -> int:
+        if self.node_count is not None and self.node_count_per_zone:
+            return nodes * len(self.zones)
+        return nodes
+
+    @property
+    def min_total_nodes(self) -> int:
+        return self._total(self.min_nodes)
+
+    @property
+    def max_total_nodes(self) -> int:
+        return self._total(self.max_nodes)
+
     @property
     def capacity_gpus(self) -> int:
-        """GPUs the pool can hold at its largest: the ceiling for tenant quotas and Kueue."""
-        nodes = self.node_count if self.node_count is not None else self.max_nodes
-        return nodes * self.gpus_per_node
+        """GPUs the pool can hold at its largest: the ceiling for tenant quotas."""
+        return self.max_total_nodes * self.gpus_per_node
+
+    @property
+    def initial_nodes_per_zone(self) -> int:
+        """GKE creates ``initial_node_count`` nodes in every zone; spread the autoscaling minimum instead of multiplying it."""
+        return math.ceil(self.min_nodes / len(self.zones))
 
 
 def machine_accelerator(machine_type: str, accelerator: str | None, gpus_per_node: int | None) -> tuple[str, int] | None:
@@ -103,6 +124,7 @@ def derive_gpu_pool(pool: GpuPool, config: ClusterConfig) -> GpuPoolSpec:
         taints=taints,
         overcommit=pool.overcommit,
         protected=default_protected(pool, config.environment),
+        node_count_per_zone=config.scheduler == SchedulerKind.GKE,
     )
 
 
@@ -122,7 +144,7 @@ def tfc_workspace(config: ClusterConfig, stack: str) -> str:
 
 def total_gpus(specs: tuple[GpuPoolSpec, ...]) -> tuple[int, int]:
     """(min, max) GPUs across pools, for the cluster table."""
-    return (sum(s.min_nodes * s.gpus_per_node for s in specs), sum(s.capacity_gpus for s in specs))
+    return (sum(s.min_total_nodes * s.gpus_per_node for s in specs), sum(s.capacity_gpus for s in specs))
 
 
 # Kubernetes service accounts every tenant namespace gets; the infra stack binds the tenant's
@@ -166,3 +188,21 @@ def derive_tenants(config: ClusterConfig) -> tuple[TenantSpec, ...]:
         )
         for t in sorted(config.tenants, key=lambda t: t.name)
     )
+
+
+def dns_record_address(name: str) -> str:
+    """Terraform address of a DNS record: '@' and '*' spelled out, '.' and '-' become '_' as in every address.
+
+    Pure, so the cross-checks can refuse two names that would collapse into one address.
+    """
+    return "dns_" + re.sub(r"[.-]", "_", name.replace("@", "apex").replace("*", "wildcard"))
+
+
+def iam_role_key(role: str) -> str:
+    """``roles/container.developer`` -> ``container_developer``: the role part of IAM addresses."""
+    return role.rsplit("/", 1)[-1].replace(".", "_")
+
+
+def grant_address(role: str, member: str) -> str:
+    """Address of one reviewed grant, from the whole member: 'ml@a.example.com' and 'ml@b.example.com' stay two grants."""
+    return f"grant_{iam_role_key(role)}_{re.sub(r'[^a-z0-9_]', '_', member.lower())}"

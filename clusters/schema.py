@@ -19,6 +19,7 @@ LABEL_KEY = re.compile(r"^[a-z][a-z0-9_./-]{0,62}$")
 PROJECT_ID = re.compile(r"^[a-z][a-z0-9-]{4,28}[a-z0-9]$")
 REGION = re.compile(r"^[a-z]+-[a-z]+[0-9]$")
 ZONE_ID = re.compile(r"^[0-9a-f]{32}$")
+RBAC_SECURITY_GROUP = re.compile(r"^gke-security-groups@([a-z0-9]([a-z0-9-]*[a-z0-9])?\.)+[a-z]{2,63}$")
 MEMBER_KINDS = ("group:", "serviceAccount:", "user:")
 
 
@@ -66,6 +67,13 @@ def _label_key(value: str) -> str:
 def _zone_id(value: str) -> str:
     if not ZONE_ID.match(value):
         raise ValueError(f"{value!r} is not a Cloudflare zone id; copy the 32 hex characters from the zone's overview page")
+    return value
+
+
+def _rbac_security_group(value: str) -> str:
+    if not RBAC_SECURITY_GROUP.match(value):
+        raise ValueError(f"{value!r} is not a GKE RBAC security group; GKE only reads the group named"
+                         " 'gke-security-groups@<your Workspace domain>', e.g. 'gke-security-groups@example.com'")
     return value
 
 
@@ -222,6 +230,9 @@ class NomadConfig(Model):
 
 class GkeConfig(Model):
     release_channel: Literal["RAPID", "REGULAR", "STABLE"] = "REGULAR"
+    # Google Groups for RBAC: without it GKE never puts group membership in the request, so
+    # RoleBindings to Group subjects (tenant groups) match nobody.
+    rbac_security_group: Annotated[str, AfterValidator(_rbac_security_group)] | None = None
 
 
 class ClusterConfig(Model):

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 
 from constructs import Construct
 
+from clusters.derive import dns_record_address
 from clusters.schema import DnsConfig, DnsRecord
 from constructs_lib.naming import pin
 from constructs_lib.providers import cloudflare
@@ -14,10 +15,6 @@ from constructs_lib.providers import cloudflare
 def record_fqdn(record: DnsRecord, zone_name: str) -> str:
     """Cloudflare's v5 provider stores full names; a relative name would show a diff on every plan."""
     return zone_name if record.name == "@" else f"{record.name}.{zone_name}"
-
-
-def record_id(record: DnsRecord) -> str:
-    return "dns_" + record.name.replace("@", "apex").replace("*", "wildcard")
 
 
 class DnsRecords(Construct):
@@ -32,10 +29,11 @@ class DnsRecords(Construct):
         self.provider = cloudflare.provider.CloudflareProvider(self, "cloudflare")
         self.records = {}
         for record in sorted(dns.records, key=lambda r: r.name):
+            address = dns_record_address(record.name)
             is_a = record.static_ip is not None
             content = static_ips[record.static_ip] if is_a else record.hostname
             self.records[record.name] = pin(cloudflare.dns_record.DnsRecord(
-                self, record_id(record),
+                self, address,
                 zone_id=dns.zone_id,
                 name=record_fqdn(record, dns.zone_name),
                 type="A" if is_a else "CNAME",
@@ -44,4 +42,4 @@ class DnsRecords(Construct):
                 ttl=record.ttl,
                 comment=f"gpufleet: clusters/{cluster}.yaml",  # Cloudflare free plans cap comments at 100 characters
                 provider=self.provider,
-            ), record_id(record))
+            ), address)

@@ -23,6 +23,9 @@ class GkeCluster(Construct):
         gcp = config.gcp
         protected = config.environment != Environment.DEV
         release_channel = config.gke.release_channel if config.gke else "REGULAR"
+        security_group = config.gke.rbac_security_group if config.gke else None
+        # Google Groups for RBAC: the only way a RoleBinding to a Group subject (tenant groups) ever matches.
+        groups = {"authenticator_groups_config": {"security_group": security_group}} if security_group else {}
         self.workload_pool = f"{gcp.project}.svc.id.goog"
         self.cluster = pin(google.container_cluster.ContainerCluster(
             self, "cluster",
@@ -62,4 +65,5 @@ class GkeCluster(Construct):
                 "metadata": {"disable-legacy-endpoints": "true"},
             },
             lifecycle={"prevent_destroy": protected, "ignore_changes": ["node_config"]},
+            **groups,
         ), "gke")

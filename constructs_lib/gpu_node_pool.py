@@ -12,7 +12,8 @@ from constructs_lib.providers import google
 class GpuNodePool(Construct):
     """GPU nodes carry the ``nvidia.com/gpu`` taint so only pods that ask for GPUs land there.
 
-    ``prevent_destroy`` follows ``spec.protected``: losing a reserved pool can mean losing the
+    A static ``node_count`` is per zone on GKE: the pool holds ``node_count`` x zones nodes,
+    which is what ``spec.capacity_gpus`` counts. ``prevent_destroy`` follows ``spec.protected``: losing a reserved pool can mean losing the
     reservation's capacity for weeks. The underlying resource is ``self.pool`` for overrides.
     """
 
@@ -44,7 +45,7 @@ class GpuNodePool(Construct):
         }
         sizing: dict[str, object] = (
             {"node_count": spec.node_count} if spec.node_count is not None else {
-                "initial_node_count": spec.min_nodes,
+                "initial_node_count": spec.initial_nodes_per_zone,
                 "autoscaling": {"total_min_node_count": spec.min_nodes, "total_max_node_count": spec.max_nodes,
                                 "location_policy": "ANY" if spec.spot or spec.queued_provisioning else "BALANCED"},
             }

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from constructs import Construct
 
+from clusters.derive import grant_address, iam_role_key
 from clusters.schema import ClusterConfig
 from constructs_lib.naming import pin
 from constructs_lib.providers import google
@@ -18,10 +19,6 @@ BASE_NODE_ROLES = (
 )
 
 
-def _role_id(role: str) -> str:
-    return role.rsplit("/", 1)[-1].replace(".", "_")
-
-
 class NodeIdentity(Construct):
     """A dedicated node service account per cluster, so no node ever runs as the Compute default SA."""
 
@@ -34,13 +31,12 @@ class NodeIdentity(Construct):
         member = f"serviceAccount:{self.service_account.email}"
         roles = sorted(set(BASE_NODE_ROLES) | set(config.iam.node_roles))
         self.node_roles = {
-            role: pin(google.project_iam_member.ProjectIamMember(self, f"node_{_role_id(role)}", project=project, role=role, member=member),
-                      f"node_role_{_role_id(role)}")
+            role: pin(google.project_iam_member.ProjectIamMember(self, f"node_{iam_role_key(role)}", project=project, role=role, member=member),
+                      f"node_role_{iam_role_key(role)}")
             for role in roles
         }
         self.grants = {}
         for grant in sorted(config.iam.grants, key=lambda g: g.role):
             for m in sorted(grant.members):
-                kind, _, address = m.partition(':')
-                key = f"grant_{_role_id(grant.role)}_{kind}_{address.split('@', 1)[0]}"
+                key = grant_address(grant.role, m)
                 self.grants[(grant.role, m)] = pin(google.project_iam_member.ProjectIamMember(self, key, project=project, role=grant.role, member=m), key)

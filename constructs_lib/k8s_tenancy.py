@@ -29,7 +29,7 @@ class K8sTenant(Construct):
     """Tenant groups get the built-in ``edit`` role in their namespace only, never cluster-wide.
 
     The GPU quota is the sum of the tenant's per-pool quotas: a ResourceQuota cannot tell GPU
-    models apart, the Kueue queues enforce per-pool capacity. No container may ask for more
+    models apart, the tenant's Kueue ClusterQueue enforces each per-pool quota. No container may ask for more
     GPUs than the largest node holds, since such a pod could never schedule.
     """
 

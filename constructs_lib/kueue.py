@@ -1,4 +1,9 @@
-"""Kueue objects of a GKE cluster: a ResourceFlavor per GPU pool, one ClusterQueue, a LocalQueue per tenant.
+"""Kueue objects of a GKE cluster: a ResourceFlavor per GPU pool, a ClusterQueue and a LocalQueue per tenant.
+
+The per-pool tenant quotas of the cluster file are enforced here, and only here: a
+ResourceQuota cannot tell GPU models apart. Each tenant's ClusterQueue holds its own quota per
+flavor, and all of them share a cohort named after the cluster, so a pool marked ``overcommit``
+lends idle GPUs across tenants while every other pool stays a hard per-tenant limit.
 
 Pure builders (``resource_flavor``, ``cluster_queue``, ``local_queue``) return the manifests, so
 tests check them without cdktf; ``KueueQueues`` declares them as ``kubernetes_manifest``.
@@ -36,21 +41,35 @@ def resource_flavor(spec: GpuPoolSpec) -> dict:
     }
 
 
-def cluster_queue(name: str, pools: tuple[GpuPoolSpec, ...]) -> dict:
-    """Each flavor's GPU quota is its pool's full capacity (max nodes x GPUs per node)."""
+def _gpu_quota(pool: GpuPoolSpec, quota: int) -> dict:
+    """An overcommitted pool may borrow its cohort's idle GPUs (no borrowingLimit); any other pool may not."""
+    resource: dict[str, object] = {"name": GPU_RESOURCE, "nominalQuota": quota}
+    if not pool.overcommit:
+        resource["borrowingLimit"] = 0
+    return resource
+
+
+def cluster_queue(tenant: TenantSpec, cohort: str, pools: tuple[GpuPoolSpec, ...]) -> dict:
+    """The tenant's GPU quota per flavor as in the cluster file; 0 on pools it has no quota on.
+
+    Only the tenant's own namespace may submit here. A lender reclaims borrowed GPUs by
+    preempting the borrower, so a quota stays a guarantee even on an overcommitted pool.
+    """
+    quotas = dict(tenant.gpu_quota)
     return {
         "apiVersion": API_VERSION,
         "kind": "ClusterQueue",
-        "metadata": {"name": name},
+        "metadata": {"name": tenant.name},
         "spec": {
-            "namespaceSelector": {"matchExpressions": [{"key": TENANT_LABEL, "operator": "Exists"}]},
+            "cohort": cohort,
+            "namespaceSelector": {"matchLabels": {TENANT_LABEL: tenant.name}},
             "queueingStrategy": "BestEffortFIFO",
-            "preemption": {"withinClusterQueue": "LowerPriority"},
+            "preemption": {"withinClusterQueue": "LowerPriority", "reclaimWithinCohort": "Any"},
             "resourceGroups": [{
                 "coveredResources": [GPU_RESOURCE, *UNGOVERNED],
                 "flavors": [{
                     "name": p.name,
-                    "resources": [{"name": GPU_RESOURCE, "nominalQuota": p.capacity_gpus},
+                    "resources": [_gpu_quota(p, quotas.get(p.name, 0)),
                                   *({"name": r, "nominalQuota": q} for r, q in UNGOVERNED.items())],
                 } for p in pools],
             }],
@@ -68,7 +87,7 @@ def local_queue(tenant: TenantSpec, cluster_queue_name: str) -> dict:
 
 
 class KueueQueues(Construct):
-    """``depends_on`` orders creation: flavors before the queue, tenant namespaces before LocalQueues."""
+    """``depends_on`` orders creation: flavors before the queues, a tenant's namespace and queue before its LocalQueue."""
 
     def __init__(self, scope: Construct, id_: str, *, cluster: str, pools: tuple[GpuPoolSpec, ...], tenants: tuple[TenantSpec, ...],
                  namespaces: dict[str, object]) -> None:
@@ -76,11 +95,14 @@ class KueueQueues(Construct):
         manifest = kubernetes.manifest.Manifest
         self.flavors = {p.name: pin(manifest(self, f"flavor_{p.name}", manifest=resource_flavor(p)), f"kueue_flavor_{p.name}")
                         for p in pools}
-        self.cluster_queue_name = cluster
-        self.cluster_queue = pin(manifest(self, "cluster_queue", manifest=cluster_queue(cluster, pools),
-                                          depends_on=list(self.flavors.values())), "kueue_cluster_queue")
+        self.cohort = cluster
+        self.cluster_queues = {
+            t.name: pin(manifest(self, f"cluster_queue_{t.name}", manifest=cluster_queue(t, cluster, pools),
+                                 depends_on=list(self.flavors.values())), f"kueue_cluster_queue_{t.name}")
+            for t in tenants
+        }
         self.local_queues = {
-            t.name: pin(manifest(self, f"local_queue_{t.name}", manifest=local_queue(t, cluster),
-                                 depends_on=[self.cluster_queue, namespaces[t.name]]), f"kueue_local_queue_{t.name}")
+            t.name: pin(manifest(self, f"local_queue_{t.name}", manifest=local_queue(t, t.name),
+                                 depends_on=[self.cluster_queues[t.name], namespaces[t.name]]), f"kueue_local_queue_{t.name}")
             for t in tenants
         }

@@ -21,6 +21,12 @@ class NomadClientPool(Construct):
     The group updates OPPORTUNISTICALLY: a new template reaches a VM only when it is recreated,
     so a config change never kills a running fine-tune. ``prevent_destroy`` follows
     ``spec.protected`` on the group and its autoscaler. ``self.group`` is the escape hatch.
+
+    The autoscaler only scales out (``ONLY_SCALE_OUT``): its one signal is CPU, and a GCE
+    autoscaler cannot see Nomad's queue, so it would scale in idle-looking VMs in the middle of a
+    fine-tune, and pending allocations create no CPU load to scale out on. Scaling on the job
+    queue (out on pending allocations, in on drained nodes) needs the Nomad Autoscaler with its
+    GCE MIG target plugin; until then a pool shrinks only when an operator drains nodes and resizes it.
     """
 
     def __init__(self, scope: Construct, id_: str, *, spec: GpuPoolSpec, cluster: str, project: str, region: str,
@@ -69,8 +75,7 @@ class NomadClientPool(Construct):
                     "max_replicas": spec.max_nodes,
                     "cooldown_period": 300,
                     "cpu_utilization": {"target": 0.6},
-                    # GPU nodes are slow to get back; never drop more than one per ten minutes.
-                    "scale_in_control": {"max_scaled_in_replicas": {"fixed": 1}, "time_window_sec": 600},
+                    "mode": "ONLY_SCALE_OUT",
                 },
                 lifecycle={"prevent_destroy": spec.protected},
             ), f"nomad_autoscaler_{spec.name}")

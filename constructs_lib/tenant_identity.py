@@ -4,13 +4,9 @@ from __future__ import annotations
 
 from constructs import Construct
 
-from clusters.derive import WORKLOAD_KSA, TenantSpec
+from clusters.derive import WORKLOAD_KSA, TenantSpec, iam_role_key
 from constructs_lib.naming import pin
 from constructs_lib.providers import google
-
-
-def _role_key(role: str) -> str:
-    return role.rsplit("/", 1)[-1].replace(".", "_")
 
 
 def workload_member(project: str, namespace: str, ksa: str = WORKLOAD_KSA) -> str:
@@ -36,7 +32,7 @@ class TenantIdentity(Construct):
             member=workload_member(project, tenant.namespace)), f"tenant_wi_{key}")
         member = f"serviceAccount:{self.service_account.email}"
         self.roles = {
-            role: pin(google.project_iam_member.ProjectIamMember(self, f"role_{_role_key(role)}", project=project, role=role, member=member),
-                      f"tenant_role_{key}_{_role_key(role)}")
+            role: pin(google.project_iam_member.ProjectIamMember(self, f"role_{iam_role_key(role)}", project=project, role=role, member=member),
+                      f"tenant_role_{key}_{iam_role_key(role)}")
             for role in tenant.gcp_roles
         }

@@ -3,9 +3,10 @@
 Separate from the infra stack because a provider must not be configured from resources the
 same Terraform run creates. Everything it needs from the infra stack (endpoint, CA, server
 address, tenant service accounts) is a cdktf cross-stack reference, which becomes an infra
-output plus a ``terraform_remote_state`` read here. Credentials are never in the JSON: the
-Kubernetes token comes from ``google_client_config`` at plan time, the Nomad token from
-``NOMAD_TOKEN`` in the environment.
+output plus a ``terraform_remote_state`` read here. Credentials are never in the JSON nor in
+state: the kubernetes provider runs ``gke-gcloud-auth-plugin`` for a short-lived token on each
+run (a ``google_client_config`` data source would store its access token in state), the Nomad
+token comes from ``NOMAD_TOKEN`` in the environment.
 """
 
 from __future__ import annotations
@@ -21,10 +22,14 @@ from constructs_lib.k8s_tenancy import K8sTenant
 from constructs_lib.kueue import KueueQueues
 from constructs_lib.nomad_agent_config import HTTP_PORT
 from constructs_lib.nomad_tenancy import NomadTenancy
-from constructs_lib.providers import google, kubernetes, nomad
+from constructs_lib.providers import kubernetes, nomad
 from stacks.backends import configure_backend
 from stacks.infra import ClusterStack
 from stacks.layout import scheduler_stack_name
+
+# Google's kubectl credential plugin: it mints a token from the caller's gcloud credentials per run.
+AUTH_PLUGIN = "gke-gcloud-auth-plugin"
+EXEC_API_VERSION = "client.authentication.k8s.io/v1beta1"
 
 
 class GkeSchedulerStack(TerraformStack):
@@ -36,14 +41,12 @@ class GkeSchedulerStack(TerraformStack):
         if infra.gke is None:
             raise ValueError(f"{config.name} is not a GKE cluster; build NomadSchedulerStack for it")
         configure_backend(self, config, name)
-        google.provider.GoogleProvider(self, "google", project=config.gcp.project, region=config.gcp.region)
-        client = google.data_google_client_config.DataGoogleClientConfig(self, "client_config")
         cluster = infra.gke.cluster
         self.provider = kubernetes.provider.KubernetesProvider(
             self, "kubernetes",
             host=f"https://{cluster.endpoint}",
             cluster_ca_certificate=Fn.base64decode(cluster.master_auth.cluster_ca_certificate),
-            token=client.access_token,
+            exec=[kubernetes.provider.KubernetesProviderExec(api_version=EXEC_API_VERSION, command=AUTH_PLUGIN)],
         )
         pools, tenants = infra.pool_specs, derive_tenants(config)
         self.controller_role = ControllerRole(self, "controller_role")

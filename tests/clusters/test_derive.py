@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 
 import clusters
-from clusters.derive import GPU_TAINT, derive_gpu_pools, machine_accelerator, tfc_workspace, total_gpus
+from clusters.derive import (
+    GPU_TAINT, derive_gpu_pools, dns_record_address, grant_address, iam_role_key, machine_accelerator, tfc_workspace, total_gpus,
+)
 from clusters.machines import MACHINE_GPUS
 
 
@@ -57,11 +59,47 @@ def test_explicit_protected_false_wins_outside_dev(by_name):
     assert not derive_gpu_pools(config.model_copy(update={"gpu_pools": pools}))[0].protected
 
 
+def _static(config, node_count=3):
+    pool = config.gpu_pools[-1].model_copy(update={"node_count": node_count, "min_nodes": None, "max_nodes": None})
+    return derive_gpu_pools(config.model_copy(update={"gpu_pools": (pool,)}))[0]
+
+
 def test_static_pools_use_node_count_for_capacity(by_name):
-    config = by_name["dev-gke"]
-    pools = (config.gpu_pools[0].model_copy(update={"node_count": 3, "min_nodes": None, "max_nodes": None}),)
-    (spec,) = derive_gpu_pools(config.model_copy(update={"gpu_pools": pools}))
+    spec = _static(by_name["dev-gke"])
     assert (spec.autoscaling, spec.min_nodes, spec.max_nodes, spec.capacity_gpus) == (False, 3, 3, 3)
+
+
+def test_static_gke_pool_counts_node_count_in_every_zone(by_name):
+    spec = _static(by_name["prod-gke"])
+    assert spec.zones == ("us-central1-a", "us-central1-b") and spec.gpus_per_node == 2
+    assert (spec.min_total_nodes, spec.max_total_nodes, spec.capacity_gpus) == (6, 6, 12)
+    assert total_gpus((spec,)) == (12, 12)
+
+
+def test_static_nomad_pool_target_size_is_the_whole_group(by_name):
+    spec = _static(by_name["prod-nomad"])
+    assert spec.zones == ("europe-west4-a", "europe-west4-b") and spec.gpus_per_node == 1
+    assert (spec.node_count, spec.max_total_nodes, spec.capacity_gpus) == (3, 3, 3)
+
+
+def test_autoscaling_gke_pool_limits_are_totals_and_initial_nodes_are_spread(by_name):
+    config = by_name["prod-gke"]
+    pool = config.gpu_pools[1].model_copy(update={"min_nodes": 3})
+    (spec,) = derive_gpu_pools(config.model_copy(update={"gpu_pools": (pool,)}))
+    assert (spec.max_total_nodes, spec.capacity_gpus) == (8, 16)
+    assert spec.initial_nodes_per_zone == 2, "ceil(3 / 2 zones): never more than min_nodes + one per zone"
+
+
+def test_dns_record_addresses_spell_out_apex_and_wildcard():
+    assert dns_record_address("@") == "dns_apex"
+    assert dns_record_address("*.prod") == dns_record_address("wildcard.prod") == "dns_wildcard_prod"
+    assert dns_record_address("tensorboard-prod") == dns_record_address("tensorboard.prod") == "dns_tensorboard_prod"
+
+
+def test_grant_address_keeps_the_members_domain():
+    assert grant_address("roles/container.developer", "group:ml-platform@example.com") == "grant_container_developer_group_ml_platform_example_com"
+    assert grant_address("roles/x.y", "group:ml@a.example.com") != grant_address("roles/x.y", "group:ml@b.example.com")
+    assert iam_role_key("projects/p/roles/custom.role") == "custom_role"
 
 
 def test_total_gpus_sums_min_and_capacity(by_name):

@@ -61,7 +61,10 @@ CASES = [
     ("dns-duplicate-name", "prod-gke", lambda d: record(d, 1).update(name="tensorboard.prod"), "dns.records[1].name",
      "duplicate DNS record 'tensorboard.prod'"),
     ("dns-names-collide-as-addresses", "prod-gke", lambda d: record(d, 1).update(name="tensorboard-prod"), "dns.records[1].name",
-     "differ only in '.' versus '-'"),
+     "both become the Terraform address dns_tensorboard_prod"),
+    ("dns-wildcard-collides-with-a-name", "prod-gke", lambda d: d["dns"]["records"].append({"name": "*.prod", "hostname": "a.example.org"})
+     or d["dns"]["records"].append({"name": "wildcard.prod", "hostname": "b.example.org"}), "dns.records[3].name",
+     "both become the Terraform address dns_wildcard_prod"),
     ("dns-name-includes-zone", "prod-gke", lambda d: record(d).update(name="tensorboard.prod.example.com"), "dns.records[0].name",
      "write it relative to the zone: 'tensorboard.prod'"),
     ("dns-cname-to-ip", "prod-gke", lambda d: record(d, 1).update(hostname="203.0.113.7"), "dns.records[1].hostname",
@@ -74,6 +77,18 @@ CASES = [
      "gpu_pools[0].placement", "GKE node-pool feature"),
     ("nomad-queued-provisioning", "prod-nomad", lambda d: d["gpu_pools"][1].update(queued_provisioning=True, spot=False, min_nodes=0),
      "gpu_pools[1].queued_provisioning", "queued provisioning (DWS) is a GKE feature"),
+    ("gke-groups-without-rbac-group", "prod-gke", lambda d: d["gke"].pop("rbac_security_group"), "gke.rbac_security_group",
+     "tenants research, applied bind Google groups, which GKE RBAC only matches with Google Groups for RBAC;"
+     " set gke.rbac_security_group: gke-security-groups@<your domain>"),
+    ("gke-groups-without-gke-section", "dev-gke", lambda d: d.pop("gke"), "gke.rbac_security_group", "tenants sandbox bind Google groups"),
+    ("gke-rbac-group-wrong-name", "prod-gke", lambda d: d["gke"].update(rbac_security_group="ml-research@example.com"),
+     "gke.rbac_security_group", "GKE only reads the group named 'gke-security-groups@<your Workspace domain>'"),
+    ("gke-no-authorized-networks", "dev-gke", lambda d: d["gcp"].pop("master_authorized_networks"), "gcp.master_authorized_networks",
+     "the scheduler stack cannot be applied; add the network Terraform runs from"),
+    ("grant-members-share-an-address", "prod-gke", lambda d: d["iam"]["grants"][0].update(members=["group:ml-platform@example.com",
+     "group:ml.platform@example.com"]), "iam.grants[0].members[1]", "would share the Terraform address grant_container_developer_group_ml_platform_example_com"),
+    ("grant-member-twice", "prod-gke", lambda d: d["iam"]["grants"].append(dict(d["iam"]["grants"][0])), "iam.grants[1].members[0]",
+     "already has roles/container.developer; list each member once per role"),
     ("nomad-bad-existing-server", "prod-nomad", lambda d: d["nomad"].update(existing_servers=["http://10.0.0.2:4646"]),
      "nomad.existing_servers[0]", "write 'host', 'host:4647' or a cloud auto-join string"),
 ]
@@ -123,3 +138,18 @@ def test_tenants_derive_in_name_order_with_their_identity(example_configs):
     assert research.gcp_roles == ("roles/storage.objectViewer",)
     assert applied.gcp_account_id is None and applied.gcp_roles == ()
     assert WORKLOAD_KSA != CONTROLLER_KSA
+
+
+def test_groups_rbac_is_not_needed_when_tenants_bind_no_groups(write_cluster):
+    def no_groups(d):
+        d["gke"].pop("rbac_security_group")
+        for t in d["tenants"]:
+            t.pop("groups")
+
+    assert clusters.load(write_cluster("prod-gke", no_groups)).gke.rbac_security_group is None
+
+
+def test_grants_of_one_local_part_in_two_domains_are_two_grants(write_cluster):
+    members = ["group:ml@a.example.com", "group:ml@b.example.com"]
+    config = clusters.load(write_cluster("prod-gke", lambda d: d["iam"]["grants"][0].update(members=members)))
+    assert config.iam.grants[0].members == tuple(members)

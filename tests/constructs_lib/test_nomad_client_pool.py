@@ -78,6 +78,14 @@ def test_groups_are_regional_protected_and_autoscaled_within_the_file_bounds(nom
     assert (l4["min_replicas"], l4["max_replicas"]) == (0, 10)
 
 
+def test_autoscalers_never_scale_in_a_running_fine_tune(nomad):
+    """CPU is the GCE autoscaler's only signal here; an idle-looking VM may be mid fine-tune."""
+    policies = {n: a["autoscaling_policy"] for n, a in nomad["google_compute_region_autoscaler"].items()}
+    assert set(policies) == {"nomad_autoscaler_a100", "nomad_autoscaler_l4"}
+    assert all(p["mode"] == "ONLY_SCALE_OUT" for p in policies.values()), policies
+    assert not any("scale_in_control" in p for p in policies.values()), "no scale-in to control"
+
+
 def test_three_servers_without_gpus_behind_an_internal_load_balancer(nomad):
     t = nomad["google_compute_instance_template"]["nomad_server_template"]
     assert "guest_accelerator" not in t and t["machine_type"] == "e2-standard-4"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 
 def res(stack: dict, rtype: str, name: str) -> dict:
     return stack["resource"][rtype][name]
@@ -20,6 +22,18 @@ def test_gke_cluster_has_the_secure_defaults(stack_json):
     assert gke["master_authorized_networks_config"]["cidr_blocks"] == [{"cidr_block": "198.51.100.0/24", "display_name": "corp-vpn"}]
     assert gke["lifecycle"]["prevent_destroy"] is True
     assert gke["node_config"]["workload_metadata_config"] == {"mode": "GKE_METADATA"}
+
+
+def test_gke_clusters_turn_on_google_groups_for_rbac_from_the_file(stack_json, example_configs):
+    """Without it the tenant RoleBindings to Group subjects match nobody."""
+    for config in example_configs:
+        if config.gke is None:
+            continue
+        gke = res(stack_json(config.name), "google_container_cluster", "gke")
+        assert gke["authenticator_groups_config"] == {"security_group": config.gke.rbac_security_group}
+        assert config.gke.rbac_security_group == "gke-security-groups@example.com"
+    dev = res(stack_json("dev-gke"), "google_container_cluster", "gke")
+    assert dev["master_authorized_networks_config"]["cidr_blocks"] == [{"cidr_block": "198.51.100.0/24", "display_name": "corp-vpn"}]
 
 
 def test_reserved_h100_pool_is_compact_protected_and_tainted(stack_json):
@@ -80,8 +94,35 @@ def test_nodes_run_as_a_dedicated_least_privilege_service_account(stack_json):
 
 
 def test_reviewed_grants_become_project_iam_members(stack_json):
-    grant = res(stack_json("prod-gke"), "google_project_iam_member", "grant_container_developer_group_ml_platform")
+    grant = res(stack_json("prod-gke"), "google_project_iam_member", "grant_container_developer_group_ml_platform_example_com")
     assert (grant["role"], grant["member"]) == ("roles/container.developer", "group:ml-platform@example.com")
+
+
+def test_grants_of_one_local_part_in_two_domains_synthesize_as_two_resources(example_configs):
+    from cdktf import Testing
+
+    from stacks.infra import ClusterStack
+
+    prod = {c.name: c for c in example_configs}["prod-gke"]
+    grant = prod.iam.grants[0].model_copy(update={"members": ("group:ml@a.example.com", "group:ml@b.example.com")})
+    config = prod.model_copy(update={"iam": prod.iam.model_copy(update={"grants": (grant,)})})
+    stack = json.loads(Testing.synth(ClusterStack(Testing.app(), config)))
+    grants = {n: m["member"] for n, m in stack["resource"]["google_project_iam_member"].items() if n.startswith("grant_")}
+    assert grants == {"grant_container_developer_group_ml_a_example_com": "group:ml@a.example.com",
+                      "grant_container_developer_group_ml_b_example_com": "group:ml@b.example.com"}
+
+
+def test_static_gke_pool_sets_node_count_per_zone(example_configs):
+    from cdktf import Testing
+
+    from stacks.infra import ClusterStack
+
+    prod = {c.name: c for c in example_configs}["prod-gke"]
+    pool = prod.gpu_pools[1].model_copy(update={"node_count": 3, "min_nodes": None, "max_nodes": None})
+    stack = json.loads(Testing.synth(ClusterStack(Testing.app(), prod.model_copy(update={"gpu_pools": (pool,)}))))
+    l4 = res(stack, "google_container_node_pool", "pool_l4_spot")
+    assert (l4["node_count"], l4["node_locations"]) == (3, ["us-central1-a", "us-central1-b"])
+    assert "autoscaling" not in l4
 
 
 def test_static_ips_are_protected_outside_dev(stack_json):

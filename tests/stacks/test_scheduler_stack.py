@@ -59,11 +59,15 @@ def test_kubernetes_provider_reads_endpoint_and_ca_from_the_infra_stack(stack_js
     assert ca == "${google_container_cluster.gke.master_auth[0].cluster_ca_certificate}"
 
 
-def test_kubernetes_token_is_a_plan_time_reference_never_a_value(stack_json):
-    stack = stack_json("prod-gke-scheduler")
-    (provider,) = stack["provider"]["kubernetes"]
-    assert provider["token"] == "${data.google_client_config.client_config.access_token}"
-    assert set(provider) == {"host", "cluster_ca_certificate", "token"}
+@pytest.mark.parametrize("stack", ["prod-gke-scheduler", "dev-gke-scheduler"])
+def test_kubernetes_credentials_come_from_the_gke_auth_plugin_never_from_state(stack_json, stack):
+    """A google_client_config data source would write its access token into the scheduler stack's state."""
+    sched = stack_json(stack)
+    (provider,) = sched["provider"]["kubernetes"]
+    assert provider["exec"] == [{"api_version": "client.authentication.k8s.io/v1beta1", "command": "gke-gcloud-auth-plugin"}]
+    assert set(provider) == {"host", "cluster_ca_certificate", "exec"}
+    assert "google_client_config" not in sched.get("data", {})
+    assert "access_token" not in json.dumps(sched) and "token" not in provider
 
 
 def test_nomad_provider_reads_the_server_address_from_the_infra_stack_and_no_token(stack_json):
