@@ -70,7 +70,7 @@ def _print_changes(title: str, changes: tuple[Change, ...], *, applied: bool) ->
         table.add_row(change.kind, change.name, f"[{style}]{change.action}[/{style}]", change.detail)
     console = Console()
     console.print(table)
-    pending = [c for c in changes if c.action != "unchanged"]
+    pending = [c for c in changes if c.action not in ("unchanged", "skip")]
     verb = "changed" if applied else "to change"
     console.print(f"{len(pending)} {verb}" if pending else "no changes")
 

@@ -45,9 +45,10 @@ class VaultHandle:
     def client(self, token: str | None = None) -> hvac.Client:
         return hvac.Client(url=self.addr, token=token or "")
 
-    def task_env(self, role: str, secrets: str, *, wrap_ttl_seconds: int = 120) -> dict[str, str]:
-        """The environment the jobs layer renders for one task of ``role``."""
-        wrapped = issue_wrapped_secret_id(self.orchestrator, role, wrap_ttl_seconds=wrap_ttl_seconds)
+    def task_env(self, role: str, secrets: str, *, wrap_ttl_seconds: int = 120, minter: hvac.Client | None = None) -> dict[str, str]:
+        """The environment the jobs layer renders for one task of ``role``; ``minter`` (default
+        the orchestrator, which may mint only for the repo's roles) for a test-only role."""
+        wrapped = issue_wrapped_secret_id(minter or self.orchestrator, role, wrap_ttl_seconds=wrap_ttl_seconds)
         return {
             "VAULT_ADDR": self.addr,
             "GPUFLEET_VAULT_ROLE_ID": wrapped.role_id,
@@ -73,7 +74,8 @@ def _token(root: hvac.Client, policy: str) -> str:
 
 @pytest.fixture(scope="session")
 def _bootstrapped(openbao: DevServer) -> tuple[str, str]:
-    """Bootstrap like an operator would: root writes only the admin policy, the admin token does the rest.
+    """Bootstrap like an operator would: root writes only the two operator policies (which
+    gpufleet-admin denies itself), the admin token does the rest.
 
     The dev server mounts KV at secret/ already; it is removed first so the admin token
     must enable both mounts, which proves the admin policy is sufficient on a bare Vault.
@@ -81,7 +83,8 @@ def _bootstrapped(openbao: DevServer) -> tuple[str, str]:
     definitions = load_definitions(REPO_ROOT)
     root = hvac.Client(url=openbao.addr, token=openbao.root_token)
     root.sys.disable_secrets_engine(KV_MOUNT)
-    root.sys.create_or_update_acl_policy(ADMIN_POLICY, definitions.policies[ADMIN_POLICY].rendered())
+    for name in (ADMIN_POLICY, ORCHESTRATOR_POLICY):
+        root.sys.create_or_update_acl_policy(name, definitions.policies[name].rendered())
     admin_token = _token(root, ADMIN_POLICY)
     sync.apply(hvac.Client(url=openbao.addr, token=admin_token), definitions)
     for path, data in FAKE_KEYS.items():

@@ -114,7 +114,7 @@ def _kind_problems(policy: PolicyFile) -> list[Problem]:
     if policy.name == ORCHESTRATOR_POLICY:
         return [p for rule in policy.rules for p in _orchestrator_rule(policy, rule)]
     if policy.name == ADMIN_POLICY:
-        return [p for rule in policy.rules for p in _admin_rule(policy, rule)]
+        return [p for rule in policy.rules for p in _admin_rule(policy, rule)] + _admin_denies(policy)
     return [p for rule in policy.rules for p in _job_rule(policy, rule)]
 
 
@@ -138,6 +138,8 @@ def _job_rule(policy: PolicyFile, rule: PolicyRule) -> list[Problem]:
 def _orchestrator_rule(policy: PolicyFile, rule: PolicyRule) -> list[Problem]:
     from vault_policies.roles import parse_duration
 
+    if rule.path.startswith(ROLE_PATH) and ("+" in rule.path or "*" in rule.path):
+        return [_problem(policy, rule, "", f"{rule.path!r} uses a wildcard, which covers every AppRole role on the mount, other teams' included; allowed: {ROLE_PATH}<role>/secret-id and {ROLE_PATH}<role>/role-id per role in roles.yaml; name each role")]
     tail = rule.path.removeprefix(ROLE_PATH).partition("/")[2] if rule.path.startswith(ROLE_PATH) else None
     if tail == "role-id":
         if set(rule.capabilities) != {"read"}:
@@ -165,6 +167,26 @@ def _admin_rule(policy: PolicyFile, rule: PolicyRule) -> list[Problem]:
     if not rule.path.startswith(ADMIN_PREFIXES):
         return [_problem(policy, rule, "", f"{rule.path!r} is outside what the sync manages; allowed prefixes: {', '.join(ADMIN_PREFIXES)}; remove the block")]
     return []
+
+
+def orchestrator_role(rule: PolicyRule) -> tuple[str, str] | None:
+    """(role, "secret-id" | "role-id") for an orchestrator block naming one role, else None."""
+    role, _, tail = rule.path.removeprefix(ROLE_PATH).partition("/")
+    if not rule.path.startswith(ROLE_PATH) or tail not in ("secret-id", "role-id") or not role:
+        return None
+    return role, tail
+
+
+def _admin_denies(policy: PolicyFile) -> list[Problem]:
+    """The admin policy must deny itself the operator policies, or it could make itself root."""
+    problems = []
+    for name in (ADMIN_POLICY, ORCHESTRATOR_POLICY):
+        path = f"sys/policies/acl/{name}"
+        rule = next((r for r in policy.rules if r.path == path), None)
+        if rule is None or rule.capabilities != ("deny",):
+            line = rule.line if rule is not None else None
+            problems.append(Problem(str(policy.file), line, f'path "{path}"', f"{list(rule.capabilities) if rule else 'no block'} is not allowed; allowed: [\"deny\"]; without it the admin token can rewrite {name} and so become root; add path \"{path}\" {{ capabilities = [\"deny\"] }}"))
+    return problems
 
 
 def load_policies(directory: Path) -> tuple[dict[str, PolicyFile], list[Problem]]:

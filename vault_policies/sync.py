@@ -28,7 +28,8 @@ ROLE_FIELDS = ("bind_secret_id", "secret_id_bound_cidrs", "secret_id_num_uses", 
 
 @dataclass(frozen=True)
 class Change:
-    """One line of the diff table. ``action`` is create, update, delete or unchanged."""
+    """One line of the diff table. ``action`` is create, update, delete, unchanged, or skip
+    (an operator policy this token may not touch)."""
 
     kind: str
     name: str
@@ -41,6 +42,7 @@ class _State:
     approle_enabled: bool
     kv_version: str | None
     policies: dict[str, str]
+    denied_policies: frozenset[str]
     roles: dict[str, dict[str, Any]]
     managed_roles: tuple[str, ...]
 
@@ -77,9 +79,15 @@ def _read_state(client: hvac.Client) -> _State:
     if kv is not None:
         kv_version = (kv.get("options") or {}).get("version", "1") if kv.get("type") == "kv" else kv.get("type")
     policies = {}
+    denied = set()
     for name in client.sys.list_acl_policies()["data"]["keys"]:
-        if name not in BUILTIN_POLICIES:
+        if name in BUILTIN_POLICIES:
+            continue
+        try:
             policies[name] = client.sys.read_acl_policy(name)["data"]["policy"]
+        except hvac.exceptions.Forbidden:
+            # gpufleet-admin denies itself the operator policies; only an operator token sees them.
+            denied.add(name)
     approle_enabled = f"{APPROLE_MOUNT}/" in auth
     roles: dict[str, dict[str, Any]] = {}
     if approle_enabled:
@@ -95,7 +103,7 @@ def _read_state(client: hvac.Client) -> _State:
             managed = tuple(sorted(record["data"]["data"].get("roles", [])))
         except hvac.exceptions.InvalidPath:
             managed = ()
-    return _State(approle_enabled, kv_version, policies, roles, managed)
+    return _State(approle_enabled, kv_version, policies, frozenset(denied), roles, managed)
 
 
 def _is_managed(text: str) -> bool:
@@ -115,7 +123,9 @@ def _plan(state: _State, definitions: VaultDefinitions) -> list[Change]:
     ]
     for name, policy in sorted(definitions.policies.items()):
         have = state.policies.get(name)
-        if have is None:
+        if name in state.denied_policies:
+            changes.append(Change("policy", name, "skip", "this token may not read or write it (gpufleet-admin denies itself the operator policies); apply it with an operator token"))
+        elif have is None:
             changes.append(Change("policy", name, "create", policy.file.name))
         elif have != policy.rendered():
             changes.append(Change("policy", name, "update", "text differs" + ("" if _is_managed(have) else "; takes over an unmanaged policy")))
@@ -169,7 +179,7 @@ def apply(client: hvac.Client, definitions: VaultDefinitions) -> tuple[Change, .
     state = _read_state(client)
     changes = _plan(state, definitions)
     for change in changes:
-        if change.action == "unchanged":
+        if change.action in ("unchanged", "skip"):
             continue
         if change.kind == "auth":
             client.sys.enable_auth_method("approle", path=APPROLE_MOUNT, description="gpufleet training tasks")

@@ -9,7 +9,7 @@ from pathlib import Path
 from clusters.errors import ConfigError, Problem
 from clusters.source import did_you_mean
 from vault_policies.layout import ADMIN_POLICY, ORCHESTRATOR_POLICY
-from vault_policies.policies import PolicyFile, load_policies
+from vault_policies.policies import ROLE_PATH, PolicyFile, load_policies, orchestrator_role
 from vault_policies.roles import RoleSpec, load_roles_document
 
 POLICIES_DIR = Path("vault_policies/policies")
@@ -36,6 +36,8 @@ def _collect(repo_root: Path) -> tuple[VaultDefinitions, list[Problem]]:
     except ConfigError as exc:
         problems.extend(exc.problems)
         return VaultDefinitions(policies, roles), problems
+    if ORCHESTRATOR_POLICY in policies:
+        problems.extend(_orchestrator_roles(policies[ORCHESTRATOR_POLICY], roles))
     job_policies = sorted(set(policies) - {ORCHESTRATOR_POLICY, ADMIN_POLICY})
     for name, role in roles.items():
         for index, policy in enumerate(role.policies):
@@ -44,6 +46,25 @@ def _collect(repo_root: Path) -> tuple[VaultDefinitions, list[Problem]]:
             elif policy not in policies:
                 problems.append(doc.problem(("roles", name, "policies", index), f"policy {policy!r} does not exist{did_you_mean(policy, job_policies)}; allowed: {', '.join(job_policies)}; add {POLICIES_DIR}/{policy}.hcl or fix the name"))
     return VaultDefinitions(policies, roles), problems
+
+
+def _orchestrator_roles(policy: PolicyFile, roles: dict[str, RoleSpec]) -> list[Problem]:
+    """The orchestrator may mint for exactly the repo's roles: one block pair per role."""
+    problems = []
+    named: dict[str, set[str]] = {}
+    for rule in policy.rules:
+        found = orchestrator_role(rule)
+        if found is None or "+" in rule.path or "*" in rule.path:
+            continue
+        role, tail = found
+        if role not in roles:
+            problems.append(Problem(str(policy.file), rule.line, f'path "{rule.path}"', f"role {role!r} is not in {ROLES_FILE}{did_you_mean(role, roles)}; allowed: {', '.join(sorted(roles))}; the orchestrator may mint only for the repo's roles, so remove the block or add the role"))
+        named.setdefault(role, set()).add(tail)
+    for role in sorted(roles):
+        for tail in ("secret-id", "role-id"):
+            if tail not in named.get(role, set()):
+                problems.append(Problem(str(policy.file), None, f'path "{ROLE_PATH}{role}/{tail}"', f"missing for role {role!r} of {ROLES_FILE}; dispatch could not mint for it; add the block (copy another role's {tail} block)"))
+    return problems
 
 
 def check(repo_root: Path) -> list[Problem]:

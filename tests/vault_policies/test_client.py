@@ -154,7 +154,7 @@ def test_renewal_keeps_token_alive_then_fails_before_max_ttl(vault: VaultHandle)
             failures.append((exc, not _lookup_fails(vault, token)))
             failed.set()
 
-        env = vault.task_env("short-run", "OPENAI_API_KEY=ml-api-keys/openai#api_key")
+        env = vault.task_env("short-run", "OPENAI_API_KEY=ml-api-keys/openai#api_key", minter=vault.root)
         with start_task(TaskConfig.from_env(env), on_renewal_failure=on_failure) as task:
             token = task.client.token
             past_first_ttl = time.monotonic() + task.lease_seconds + 1

@@ -109,7 +109,7 @@ def test_fails_when_no_command_given() -> None:
 def test_child_stopped_before_token_max_ttl(vault: VaultHandle) -> None:
     vault.root.auth.approle.create_or_update_approle("short-exec", token_policies=["ml-keys-eval"], token_ttl=4, token_max_ttl=10, secret_id_ttl=60, secret_id_num_uses=1)
     try:
-        env = {**os.environ, **vault.task_env("short-exec", "OPENAI_API_KEY=ml-api-keys/openai#api_key")}
+        env = {**os.environ, **vault.task_env("short-exec", "OPENAI_API_KEY=ml-api-keys/openai#api_key", minter=vault.root)}
         started = time.monotonic()
         result = subprocess.run([EXEC, "--", "sleep", "120"], env=env, capture_output=True, text=True, timeout=150)
         assert time.monotonic() - started < 60, "the child should stop near token_max_ttl (10 s), not run to its end"

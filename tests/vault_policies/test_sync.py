@@ -6,6 +6,7 @@ import shutil
 from pathlib import Path
 
 import hvac
+import hvac.exceptions
 import pytest
 
 from clusters.errors import UserError
@@ -14,11 +15,12 @@ from tests.openbao_fixture import REPO_ROOT, VaultHandle
 from vault_policies import sync
 from vault_policies.devserver import start_dev_server
 from vault_policies.layout import MANAGED_MARKER
+from vault_policies.orchestrator import issue_wrapped_secret_id
 from vault_policies.validate import load_definitions
 
 
 def _pending(changes: tuple[sync.Change, ...]) -> list[tuple[str, str, str]]:
-    return [(c.kind, c.name, c.action) for c in changes if c.action != "unchanged"]
+    return [(c.kind, c.name, c.action) for c in changes if c.action not in ("unchanged", "skip")]
 
 
 def test_apply_twice_changes_nothing_the_second_time(vault: VaultHandle) -> None:
@@ -26,6 +28,36 @@ def test_apply_twice_changes_nothing_the_second_time(vault: VaultHandle) -> None
     assert _pending(sync.diff(vault.admin, vault.definitions)) == []
     text = vault.root.sys.read_acl_policy("ml-keys-finetune")["data"]["policy"]
     assert text.startswith(MANAGED_MARKER)
+
+
+def test_fails_when_admin_token_rewrites_an_operator_policy(vault: VaultHandle) -> None:
+    """gpufleet-admin may write policies, but not its own or the orchestrator's: else it is root."""
+    everything = 'path "*" {\n  capabilities = ["create", "read", "update", "delete", "list", "sudo"]\n}\n'
+    before = {name: vault.root.sys.read_acl_policy(name)["data"]["policy"] for name in ("gpufleet-admin", "orchestrator")}
+    for name in before:
+        with pytest.raises(hvac.exceptions.Forbidden, match="permission denied"):
+            vault.admin.sys.create_or_update_acl_policy(name, everything)
+        with pytest.raises(hvac.exceptions.Forbidden):
+            vault.admin.sys.delete_acl_policy(name)
+        assert vault.root.sys.read_acl_policy(name)["data"]["policy"] == before[name]
+    skipped = {c.name for c in sync.diff(vault.admin, vault.definitions) if c.action == "skip"}
+    assert skipped == {"gpufleet-admin", "orchestrator"}
+    vault.admin.sys.create_or_update_acl_policy("scratch-policy", everything)
+    vault.admin.sys.delete_acl_policy("scratch-policy")
+
+
+def test_fails_when_orchestrator_mints_for_an_unmanaged_role(vault: VaultHandle) -> None:
+    vault.root.auth.approle.create_or_update_approle("team-x-runner", token_policies=["default"], token_ttl=600)
+    try:
+        with pytest.raises(hvac.exceptions.Forbidden):
+            vault.orchestrator.auth.approle.generate_secret_id("team-x-runner", wrap_ttl="60s")
+        with pytest.raises(hvac.exceptions.Forbidden):
+            vault.orchestrator.auth.approle.read_role_id("team-x-runner")
+        with pytest.raises(UserError, match="may not mint secret_ids for role 'team-x-runner'"):
+            issue_wrapped_secret_id(vault.orchestrator, "team-x-runner", wrap_ttl_seconds=60)
+        assert issue_wrapped_secret_id(vault.orchestrator, "eval", wrap_ttl_seconds=60).role == "eval"
+    finally:
+        vault.root.auth.approle.delete_role("team-x-runner")
 
 
 def test_drift_is_shown_then_repaired(vault: VaultHandle) -> None:
@@ -44,6 +76,8 @@ def test_prune_removes_only_what_gpufleet_wrote(vault: VaultHandle, tmp_path: Pa
     (tmp_path / "vault_policies" / "policies" / "ml-keys-retired.hcl").write_text('path "secret/data/ml-api-keys/retired" {\n  capabilities = ["read"]\n}\n')
     roles = tmp_path / "vault_policies" / "roles.yaml"
     roles.write_text(roles.read_text() + "  retired:\n    policies: [ml-keys-retired]\n    token_ttl: 10m\n    token_max_ttl: 1h\n    secret_id_ttl: 1h\n")
+    orchestrator = tmp_path / "vault_policies" / "policies" / "orchestrator.hcl"
+    orchestrator.write_text(orchestrator.read_text() + '\npath "auth/approle/role/retired/secret-id" {\n  capabilities = ["update"]\n  min_wrapping_ttl = "60s"\n  max_wrapping_ttl = "6h"\n}\n\npath "auth/approle/role/retired/role-id" {\n  capabilities = ["read"]\n}\n')
     sync.apply(vault.admin, load_definitions(tmp_path))
     vault.root.sys.create_or_update_acl_policy("team-x", 'path "secret/data/team-x/*" { capabilities = ["read"] }')
     vault.root.auth.approle.create_or_update_approle("team-x-runner", token_policies=["team-x"], token_ttl=600)

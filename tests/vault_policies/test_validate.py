@@ -149,10 +149,20 @@ def test_fails_when_capability_is_unknown(repo: Path) -> None:
     assert "'reed' is not a Vault capability; allowed: create, delete, deny, list, patch, read, sudo, update" in _messages(repo)
 
 
+def _orchestrator(repo: Path) -> Path:
+    return repo / "vault_policies" / "policies" / "orchestrator.hcl"
+
+
+def _edit(path: Path, old: str, new: str) -> None:
+    text = path.read_text()
+    assert old in text, old
+    path.write_text(text.replace(old, new, 1))
+
+
 def test_fails_when_orchestrator_can_mint_unwrapped(repo: Path) -> None:
-    _policy(repo, "orchestrator", 'path "auth/approle/role/+/secret-id" {\n  capabilities = ["update"]\n}\n')
+    _edit(_orchestrator(repo), 'capabilities     = ["update"]\n  min_wrapping_ttl = "60s"\n  max_wrapping_ttl = "6h"\n}\n\npath "auth/approle/role/finetune', 'capabilities     = ["update"]\n}\n\npath "auth/approle/role/finetune')
     messages = _messages(repo)
-    assert "orchestrator.hcl:1: path \"auth/approle/role/+/secret-id\".min_wrapping_ttl: None does not match layout.py (60s)" in messages
+    assert "orchestrator.hcl:7: path \"auth/approle/role/eval/secret-id\".min_wrapping_ttl: None does not match layout.py (60s)" in messages
     assert "max_wrapping_ttl: None does not match layout.py (21600s)" in messages
 
 
@@ -166,6 +176,34 @@ def test_fails_when_admin_could_mint_secret_ids(repo: Path) -> None:
     path = repo / "vault_policies" / "policies" / "gpufleet-admin.hcl"
     path.write_text(path.read_text().replace('path "auth/approle/role/+"', 'path "auth/approle/role/*"'))
     assert "'auth/approle/role/*' would let the sync mint secret_ids" in _messages(repo)
+
+
+def test_fails_when_orchestrator_path_has_a_wildcard(repo: Path) -> None:
+    _edit(_orchestrator(repo), 'path "auth/approle/role/eval/secret-id"', 'path "auth/approle/role/+/secret-id"')
+    messages = _messages(repo)
+    assert "orchestrator.hcl:7: path \"auth/approle/role/+/secret-id\": 'auth/approle/role/+/secret-id' uses a wildcard, which covers every AppRole role on the mount, other teams' included" in messages
+    assert "path \"auth/approle/role/eval/secret-id\": missing for role 'eval'" in messages
+
+
+def test_fails_when_orchestrator_lacks_a_block_for_a_role(repo: Path) -> None:
+    _edit(_orchestrator(repo), 'path "auth/approle/role/finetune/role-id" {\n  capabilities = ["read"]\n}\n', "")
+    problems = [str(p) for p in check(repo)]
+    assert problems == [f"{_orchestrator(repo)}: path \"auth/approle/role/finetune/role-id\": missing for role 'finetune' of vault_policies/roles.yaml; dispatch could not mint for it; add the block (copy another role's role-id block)"]
+
+
+def test_fails_when_orchestrator_names_a_role_outside_the_repo(repo: Path) -> None:
+    _edit(_orchestrator(repo), 'path "auth/approle/role/eval/role-id"', 'path "auth/approle/role/team-x-runner/role-id"')
+    messages = _messages(repo)
+    assert "path \"auth/approle/role/team-x-runner/role-id\": role 'team-x-runner' is not in vault_policies/roles.yaml; allowed: eval, finetune; the orchestrator may mint only for the repo's roles" in messages
+
+
+def test_fails_when_admin_policy_does_not_deny_itself(repo: Path) -> None:
+    admin = repo / "vault_policies" / "policies" / "gpufleet-admin.hcl"
+    _edit(admin, 'path "sys/policies/acl/gpufleet-admin" {\n  capabilities = ["deny"]\n}\n', "")
+    _edit(admin, 'path "sys/policies/acl/orchestrator" {\n  capabilities = ["deny"]', 'path "sys/policies/acl/orchestrator" {\n  capabilities = ["read"]')
+    messages = _messages(repo)
+    assert "path \"sys/policies/acl/gpufleet-admin\": no block is not allowed; allowed: [\"deny\"]; without it the admin token can rewrite gpufleet-admin and so become root" in messages
+    assert "path \"sys/policies/acl/orchestrator\": ['read'] is not allowed; allowed: [\"deny\"]" in messages
 
 
 def test_fails_when_policy_carries_managed_marker(repo: Path) -> None:

@@ -25,6 +25,17 @@ path "sys/policies/acl/*" {
   capabilities = ["create", "read", "update", "delete"]
 }
 
+# Without these the admin token could rewrite its own policy (or the orchestrator's) into
+# anything, which makes it root. Deny wins over the glob above; an operator with a root
+# token writes these two policies (gpufleet vault apply shows them as "skip" otherwise).
+path "sys/policies/acl/gpufleet-admin" {
+  capabilities = ["deny"]
+}
+
+path "sys/policies/acl/orchestrator" {
+  capabilities = ["deny"]
+}
+
 path "auth/approle/role" {
   capabilities = ["list"]
 }
