@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import copy
+import re
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from ruamel.yaml import YAML
 
+import clusters
 from clusters import CLUSTERS_DIR
+from clusters.errors import ConfigError
 
 
 def _read(name: str) -> dict:
@@ -32,3 +35,15 @@ def write_cluster(tmp_path: Path) -> Callable[..., Path]:
         return path
 
     return write
+
+
+def assert_rejected(path: Path, field: str, fix: str) -> None:
+    """Loading ``path`` fails with a one-line problem at ``file:line`` that names ``field`` and says ``fix``."""
+    with pytest.raises(ConfigError) as err:
+        clusters.load(path)
+    lines = [str(p) for p in err.value.problems]
+    matching = [line for line in lines if f": {field}:" in line]
+    assert matching, f"no problem names {field!r}: {lines}"
+    assert any(fix in line for line in matching), f"no fix {fix!r} in {matching}"
+    assert all(re.match(rf"^{re.escape(str(path))}:\d+: ", line) for line in matching), matching
+    assert all("\n" not in line for line in lines)
