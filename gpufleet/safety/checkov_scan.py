@@ -221,8 +221,12 @@ class PrestartedCheckov:
 
     def __init__(self, workers: int) -> None:
         self._workers: list[subprocess.Popen[str]] = []
-        for _ in range(workers):
-            self._workers.append(self._start())
+        try:
+            for _ in range(workers):
+                self._workers.append(self._start())
+        except BaseException:
+            self.close()
+            raise
 
     @staticmethod
     def _start() -> subprocess.Popen[str]:
