@@ -221,12 +221,8 @@ class PrestartedCheckov:
 
     def __init__(self, workers: int) -> None:
         self._workers: list[subprocess.Popen[str]] = []
-        try:
-            for _ in range(workers):
-                self._workers.append(self._start())
-        except BaseException:
-            self.close()
-            raise
+        for _ in range(workers):
+            self._workers.append(self._start())
 
     @staticmethod
     def _start() -> subprocess.Popen[str]:
