@@ -7,7 +7,6 @@ synthesized; the secret scan and checkov then run on what was written.
 
 from __future__ import annotations
 
-import contextlib
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -80,20 +79,18 @@ def run_checks(configs: tuple[ClusterConfig, ...] | None, *, out: Path, state_fi
     from stacks.synth import synthesize
 
     report = CheckReport()
-    # checkov's worker imports checkov (~4 s) while we validate and synthesize; it is stopped if either fails.
-    with checkov_scan.prestart() if checkov else contextlib.nullcontext() as checkov_worker:
-        configs, specs = validate_inputs(configs)
-        report.add("inputs", True, f"{len(configs)} cluster file(s), {len(specs)} job file(s), Vault policies and roles")
-        stacks = synthesize(configs, out)
-        report.add("synth", True, f"{len(stacks)} stack(s) into {out}")
-        with tempfile.TemporaryDirectory(prefix="gpufleet-check-jobs-") as rendered:
-            # Scan the jobs as they render now; jobs/out may be stale or absent (it is not committed).
-            for spec in specs:
-                write_job(spec, Path(rendered))
-            findings = secret_scan.scan_paths([out, Path(rendered), *state_files])
-        report.add("secrets", not findings, f"{len(findings)} finding(s)" if findings else "no secret values found",
-                   [f"secret: {f}" for f in findings])
-        if checkov_worker is not None:
-            result = checkov_worker.run([out / "stacks" / s for s in stacks])
-            report.add("checkov", result.ok, result.summary_line, result.failure_lines)
+    configs, specs = validate_inputs(configs)
+    report.add("inputs", True, f"{len(configs)} cluster file(s), {len(specs)} job file(s), Vault policies and roles")
+    stacks = synthesize(configs, out)
+    report.add("synth", True, f"{len(stacks)} stack(s) into {out}")
+    with tempfile.TemporaryDirectory(prefix="gpufleet-check-jobs-") as rendered:
+        # Scan the jobs as they render now; jobs/out may be stale or absent (it is not committed).
+        for spec in specs:
+            write_job(spec, Path(rendered))
+        findings = secret_scan.scan_paths([out, Path(rendered), *state_files])
+    report.add("secrets", not findings, f"{len(findings)} finding(s)" if findings else "no secret values found",
+               [f"secret: {f}" for f in findings])
+    if checkov:
+        result = checkov_scan.run([out / "stacks" / s for s in stacks])
+        report.add("checkov", result.ok, result.summary_line, result.failure_lines)
     return report

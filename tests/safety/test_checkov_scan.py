@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
 from pathlib import Path
 
 import pytest
@@ -71,43 +69,3 @@ def test_fails_when_checkov_is_missing(monkeypatch: pytest.MonkeyPatch, tmp_path
 def test_small_fleets_use_one_process_and_large_ones_spread_over_cores() -> None:
     assert checkov_scan.default_workers(6) == 1
     assert checkov_scan.default_workers(40) == min(checkov_scan.os.cpu_count() or 1, 5)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
-def test_prestarted_workers_give_the_same_summary_as_run(stacks: list[Path], unskipped: checkov_scan.CheckovSummary) -> None:
-    with checkov_scan.prestart(workers=2) as workers:
-        prestarted = workers.pids
-        result = workers.run(stacks, skip_ids=(), workers=2)
-    assert result == unskipped
-    assert not any(_alive(pid) for pid in prestarted)
-
-
-def test_a_prestarted_worker_that_is_never_used_is_stopped() -> None:
-    with checkov_scan.prestart() as workers:
-        (pid,) = workers.pids
-        assert _alive(pid)
-    assert not _alive(pid)
-
-
-def test_fails_when_synthesis_raises_and_leaves_no_worker() -> None:
-    with pytest.raises(RuntimeError, match="synthesis failed"), checkov_scan.prestart() as workers:
-        pids = workers.pids
-        raise RuntimeError("synthesis failed")
-    assert pids and not any(_alive(pid) for pid in pids)
-
-
-def test_fails_when_the_worker_died_and_reports_every_stack_as_an_error(stacks: list[Path]) -> None:
-    with checkov_scan.prestart() as workers:
-        (pid,) = workers.pids
-        os.kill(pid, signal.SIGKILL)
-        result = workers.run(stacks[:2], skip_ids=(), workers=1)
-    assert not result.ok
-    assert [s.stack for s in result.stacks if s.error] == ["open-ssh", "quiet"]
-    assert "checkov errored on open-ssh, quiet" in result.summary_line
