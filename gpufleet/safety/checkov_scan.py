@@ -14,16 +14,14 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
-import sys
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from clusters.errors import UserError
+from clusters.tools import installed_tool
 
 STACKS_PER_PROCESS = 8
 
@@ -75,14 +73,7 @@ class CheckovSummary:
 
 
 def checkov_binary() -> str:
-    """checkov installed next to this interpreter (the venv), else on PATH."""
-    beside = Path(sys.executable).parent / "checkov"
-    if beside.is_file():
-        return str(beside)
-    found = shutil.which("checkov")
-    if found is None:
-        raise UserError("checkov not found next to the Python interpreter or on PATH; pip install -e '.[dev]'")
-    return found
+    return installed_tool("checkov", "install it with: pip install -e '.[dev]'")
 
 
 _KEY = re.compile(r'^(\s*)"([^"]+)"\s*:\s*\{')

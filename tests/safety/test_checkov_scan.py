@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -60,7 +61,7 @@ def test_unparseable_stack_is_an_error_not_a_pass(unskipped: checkov_scan.Checko
 
 
 def test_fails_when_checkov_is_missing(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setattr(checkov_scan.sys, "executable", str(tmp_path / "python"))
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "python"))
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(UserError, match="checkov not found"):
         checkov_scan.checkov_binary()
