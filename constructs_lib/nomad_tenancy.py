@@ -9,15 +9,30 @@ from constructs_lib.naming import pin
 from constructs_lib.nomad_agent_config import pool_meta
 from constructs_lib.providers import nomad
 
-# What a tenant may do in its own namespace: run, dispatch and watch its jobs. No alloc exec,
-# no variables, no host volumes, no node or agent access: those stay with platform operators.
-TENANT_CAPABILITIES = ("dispatch-job", "list-jobs", "parse-job", "read-job", "read-logs", "submit-job")
+# What a tenant may do in its own namespace: watch its jobs and read their logs. Submitting and
+# dispatching go through gpufleet's dispatcher (``gpufleet jobs dispatch`` or the control plane),
+# which enforces the tenant's GPU quota: Nomad CE has no quotas and no node-pool ACL, so a tenant
+# token with submit-job could put any job on any pool. No alloc exec, no variables, no host
+# volumes, no node or agent access: those stay with platform operators.
+TENANT_CAPABILITIES = ("list-jobs", "parse-job", "read-job", "read-logs")
+# The dispatcher's token: register, dispatch, stop and read jobs in every tenant namespace.
+DISPATCHER_CAPABILITIES = ("dispatch-job", "list-jobs", "parse-job", "read-job", "submit-job")
+DISPATCHER_POLICY = "gpufleet-dispatcher"
+
+
+def _namespace_rules(namespaces: list[str], capabilities: tuple[str, ...]) -> str:
+    caps = ", ".join(f'"{c}"' for c in capabilities)
+    return "".join(f'namespace "{n}" {{\n  capabilities = [{caps}]\n}}\n' for n in sorted(namespaces))
 
 
 def tenant_acl_rules(namespace: str) -> str:
     """HCL rules of a tenant's ACL policy, one namespace block and nothing else."""
-    caps = ", ".join(f'"{c}"' for c in TENANT_CAPABILITIES)
-    return f'namespace "{namespace}" {{\n  capabilities = [{caps}]\n}}\n'
+    return _namespace_rules([namespace], TENANT_CAPABILITIES)
+
+
+def dispatcher_acl_rules(namespaces: list[str]) -> str:
+    """HCL rules of the dispatcher's policy: the job capabilities in each tenant namespace, nothing else."""
+    return _namespace_rules(namespaces, DISPATCHER_CAPABILITIES)
 
 
 class NomadTenancy(Construct):
@@ -49,3 +64,10 @@ class NomadTenancy(Construct):
                 self, f"acl_{t.name}", name=f"tenant-{t.name}", provider=provider,
                 description=f"tenant {t.name}: submit and read jobs in namespace {t.namespace} only",
                 rules_hcl=tenant_acl_rules(t.namespace), depends_on=[self.namespaces[t.name]]), f"nomad_acl_{key}")
+        self.dispatcher_policy = None
+        if tenants:
+            self.dispatcher_policy = pin(nomad.acl_policy.AclPolicy(
+                self, "acl_dispatcher", name=DISPATCHER_POLICY, provider=provider,
+                description="gpufleet dispatcher: register and dispatch tenant jobs after its GPU quota check",
+                rules_hcl=dispatcher_acl_rules([t.namespace for t in tenants]),
+                depends_on=list(self.namespaces.values())), "nomad_acl_dispatcher")

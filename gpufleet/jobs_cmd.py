@@ -110,10 +110,17 @@ def cmd_dispatch(
     from jobs.meta import parse_pairs, validate_meta
     from jobs.vault_mint import default_queue_seconds, mint_wrapped_secret_id
 
+    from jobs.quota import check_tenant_quota
+
     spec = _spec(job)
     checked = validate_meta(spec, parse_pairs(meta or []))
     token = idempotency_token or str(uuid.uuid4())
     client = _client()
+    # Nomad CE has no quotas: refuse here, before a secret_id is minted for a run that must not start.
+    decision = check_tenant_quota(spec.tenant, pool=spec.pool.name, requested_gpus=spec.gpu.count,
+                                  in_use_gpus=client.tenant_gpus_in_use(spec.namespace, spec.pool.name))
+    if not decision.allowed:
+        raise UserError(f"not dispatching {spec.name}: {decision.reason}")
     queue_seconds = expected_queue_minutes * 60 if expected_queue_minutes is not None else default_queue_seconds(spec.pool)
     wrapped = mint_wrapped_secret_id(spec, os.environ, expected_queue_seconds=queue_seconds)
     result = client.dispatch(spec, checked, role_id=wrapped.role_id, wrapping_token=wrapped.wrapping_token, idempotency_token=token)

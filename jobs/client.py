@@ -181,6 +181,19 @@ class NomadClient:
         answer = response.json()
         return DispatchResult(answer["DispatchedJobID"], answer.get("EvalID", ""), spec.namespace)
 
+    def tenant_gpus_in_use(self, namespace: str, pool: str) -> int:
+        """GPUs the tenant's jobs in ``namespace`` hold or wait for on ``pool``, from Nomad's own
+        allocation counts (JobSummary: queued, starting, running, unknown), so runs started
+        outside this process count too."""
+        from jobs.quota import gpus_held
+
+        with self._errors("quota", "(job list)", namespace, "check the namespace"):
+            api = self._api(namespace)
+            stubs = api.jobs.request(method="get", params={"namespace": namespace}).json() or []
+            active = [s for s in stubs if not s.get("ParameterizedJob") and s.get("Status") != "dead"]
+            pairs = [(api.job.request(quote(s["ID"], safe=""), method="get").json(), s.get("JobSummary") or {}) for s in active]
+        return gpus_held(pairs, pool=pool)
+
     def status(self, job_id: str, namespace: str, spec: FinetuneSpec | None = None) -> RunStatus:
         path = quote(job_id, safe="")
         on_404 = "check the id printed by `gpufleet jobs dispatch` and the namespace (--namespace or NOMAD_NAMESPACE)"

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from clusters.derive import GpuPoolSpec, derive_gpu_pools
+from clusters.derive import GpuPoolSpec, TenantSpec, derive_gpu_pools, derive_tenants
 from clusters.schema import ClusterConfig
 from jobs.durations import NS_PER_SECOND
 from jobs.schema import JobFile, Reschedule, Restart
@@ -41,6 +41,8 @@ class FinetuneSpec:
     source: Path
     cluster: str
     namespace: str
+    # The tenant's quotas, for the dispatch-time check (Nomad CE enforces none itself).
+    tenant: TenantSpec
     region: str
     datacenter: str
     vault_addr: str
@@ -78,6 +80,7 @@ def derive_spec(job: JobFile, config: ClusterConfig, *, source: Path) -> Finetun
         source=source,
         cluster=config.name,
         namespace=job.tenant,
+        tenant=next(t for t in derive_tenants(config) if t.name == job.tenant),
         region=config.nomad.region,
         datacenter=config.nomad.datacenter,
         vault_addr=config.nomad.vault_addr,

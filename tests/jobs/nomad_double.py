@@ -203,6 +203,8 @@ class NomadDouble:
             return 200, {"Diff": {"Type": "Added" if key not in self.state.jobs else "Edited"}, "FailedTGAllocs": failed, "JobModifyIndex": 0, "Annotations": None, "CreatedEvals": None, "Warnings": "", "Index": self.state.index}
         if (method, route) == ("POST", "dispatch"):
             return self._dispatch(namespace, job_id, req)
+        if (method, route) == ("GET", "register"):
+            return 200, [self._stub(job) for (ns, _), job in sorted(self.state.jobs.items()) if ns == namespace]
         job = self.state.jobs.get(key)
         if job is None:
             return 404, "job not found"
@@ -220,6 +222,33 @@ class NomadDouble:
                 job["Stop"] = True
             return 200, {"EvalID": f"eval-stop-{self._next()}", "EvalCreateIndex": self.state.index, "JobModifyIndex": self.state.index}
         return 404, f"no route {method} {req.path}"
+
+    def _summary(self, job: dict[str, Any]) -> dict[str, Any]:
+        """JobSummary as Nomad keeps it: allocation counts per task group (Queued = not placed yet)."""
+        allocations = self.state.allocations.get(job["ID"], [])
+        blocked = any(e["Status"] == "blocked" for e in self.state.evaluations.get(job["ID"], []))
+        summary = {}
+        for group in job.get("TaskGroups") or []:
+            counts = {"Queued": 0, "Complete": 0, "Failed": 0, "Running": 0, "Starting": 0, "Lost": 0, "Unknown": 0}
+            mine = [a for a in allocations if a["TaskGroup"] == group["Name"]]
+            for alloc in mine:
+                counts[{"pending": "Starting", "running": "Running", "complete": "Complete", "failed": "Failed", "lost": "Lost", "unknown": "Unknown"}[alloc["ClientStatus"]]] += 1
+            if not mine and blocked and not job.get("Stop"):
+                counts["Queued"] = group.get("Count", 1)
+            summary[group["Name"]] = counts
+        return {"JobID": job["ID"], "Namespace": job.get("Namespace", "default"), "Summary": summary, "Children": None, "CreateIndex": 0, "ModifyIndex": 0}
+
+    def _stub(self, job: dict[str, Any]) -> dict[str, Any]:
+        """JobListStub (api/jobs.go): status 'dead' once nothing is queued or active."""
+        summary = self._summary(job)
+        active = sum(c["Queued"] + c["Starting"] + c["Running"] + c["Unknown"] for c in summary["Summary"].values())
+        status = "running" if job.get("ParameterizedJob") and not job.get("Stop") else ("pending" if active else "dead")
+        if active and any(c["Running"] for c in summary["Summary"].values()):
+            status = "running"
+        return {"ID": job["ID"], "ParentID": job.get("ParentID", ""), "Name": job.get("Name", job["ID"]), "Namespace": job.get("Namespace", "default"),
+                "Datacenters": job.get("Datacenters"), "Type": job.get("Type"), "Priority": job.get("Priority", 50), "Periodic": False,
+                "ParameterizedJob": bool(job.get("ParameterizedJob")), "Stop": bool(job.get("Stop")), "Status": status, "StatusDescription": "",
+                "JobSummary": summary, "CreateIndex": 0, "ModifyIndex": 0, "JobModifyIndex": 0, "SubmitTime": 0}
 
     def _dispatch(self, namespace: str, parent_id: str, req: Recorded) -> tuple[int, Any]:
         parent = self.state.jobs.get((namespace, parent_id))

@@ -98,9 +98,13 @@ def test_nomad_tenant_namespace_and_acl_policy_limited_to_it(stack_json):
     assert list(rules) == ["namespace"], "a tenant policy grants nothing outside its namespace"
     assert list(rules["namespace"]) == ["finetune"]
     caps = set(rules["namespace"]["finetune"]["capabilities"])
-    assert {"submit-job", "read-job", "list-jobs", "dispatch-job"} <= caps
+    assert {"read-job", "list-jobs", "read-logs"} <= caps
+    assert not caps & {"submit-job", "dispatch-job"}, "on Nomad CE only the dispatcher, which checks the GPU quota, may start jobs"
     assert not caps & {"alloc-exec", "alloc-node-exec", "csi-write-volume", "host-volume-write", "sentinel-override", "scale-job"}
     assert policy["depends_on"] == ["nomad_namespace.nomad_ns_finetune"]
+    dispatcher = hcl.loads(resources["nomad_acl_policy"]["nomad_acl_dispatcher"]["rules_hcl"])
+    assert sorted(dispatcher["namespace"]) == ["eval", "finetune"]
+    assert {"submit-job", "dispatch-job"} <= set(dispatcher["namespace"]["eval"]["capabilities"])
 
 
 def test_scheduler_stacks_keep_their_own_state(stack_json):
