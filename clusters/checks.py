@@ -178,7 +178,8 @@ def _iam(config: ClusterConfig) -> Iterator[Finding]:
 RESERVED_NAMESPACES = ("default", "kube-node-lease", "kube-public", "kube-system", "kueue-system", "gke-managed-system", "gmp-system")
 GCP_ACCOUNT_ID_MAX = 30
 HOSTNAME = re.compile(r"^(?=.{1,253}$)([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)+[a-z]{2,63}\.?$")
-SERVER_ADDRESS = re.compile(r"^(provider=\S.*|[a-z0-9]([a-z0-9.-]*[a-z0-9])?(:[0-9]{1,5})?)$")
+# Cloud auto-join values are plain words (go-discover); '$', '%', quotes and braces never occur.
+SERVER_ADDRESS = re.compile(r"^(provider=[a-z0-9]+( [a-z_]+=[^\s$%{}\"']+)*|[a-z0-9]([a-z0-9.-]*[a-z0-9])?(:[0-9]{1,5})?)$")
 
 
 def _tenant_names(config: ClusterConfig) -> Iterator[Finding]:

@@ -10,9 +10,9 @@ from __future__ import annotations
 import ipaddress
 import re
 from enum import StrEnum
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 DNS_NAME = re.compile(r"^[a-z]([a-z0-9-]{0,38}[a-z0-9])?$")
 LABEL_KEY = re.compile(r"^[a-z][a-z0-9_./-]{0,62}$")
@@ -21,6 +21,27 @@ REGION = re.compile(r"^[a-z]+-[a-z]+[0-9]$")
 ZONE_ID = re.compile(r"^[0-9a-f]{32}$")
 RBAC_SECURITY_GROUP = re.compile(r"^gke-security-groups@([a-z0-9]([a-z0-9-]*[a-z0-9])?\.)+[a-z]{2,63}$")
 MEMBER_KINDS = ("group:", "serviceAccount:", "user:")
+MEMBER = re.compile(r"^(group|serviceAccount|user):[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,63}$")
+# Charsets of free-text values that reach Terraform JSON (each is evaluated there as a template,
+# so a value outside its real charset is refused, not escaped). Sources: GCE resource names
+# (RFC 1035, cloud.google.com/compute/docs/naming-resources), Kubernetes label values
+# (k8s.io/apimachinery/pkg/util/validation IsValidLabelValue) intersected with GCE label values
+# (lowercase, digits, '_' and '-'; cloud.google.com/compute/docs/labeling-resources) because pool
+# labels land on GKE nodes and on Nomad instances, Kubernetes taint values (= label values).
+GCE_NAME = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
+RESERVATION = re.compile(r"^(projects/[a-z][a-z0-9-]{4,28}[a-z0-9]/reservations/)?[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
+POOL_LABEL_VALUE = re.compile(r"^([a-z0-9]([a-z0-9_-]{0,61}[a-z0-9])?)?$")
+K8S_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])?$")
+IMAGE = re.compile(r"^projects/[a-z][a-z0-9-]{4,28}[a-z0-9]/global/images/(family/)?[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
+ZONE = re.compile(r"^[a-z]+-[a-z]+[0-9]-[a-z]$")
+DOMAIN = re.compile(r"^(?=.{1,253}$)([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)+[a-z]{2,63}$")
+TFC_NAME = re.compile(r"^[A-Za-z0-9_-]{1,90}$")
+TFC_PROJECT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9 _-]{0,39}$")
+BUCKET = re.compile(r"^[a-z0-9][a-z0-9._-]{1,61}[a-z0-9]$")
+DESCRIPTION = re.compile(r"^[A-Za-z0-9 .,:;()'/_+-]{0,256}$")
+DISPLAY_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9 ._-]{0,62}$")
+URL = re.compile(r"^https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?(/[A-Za-z0-9._~/-]*)?$")
+TEMPLATE_MARKERS = ("${", "%{")
 
 
 def _dns_name(value: str) -> str:
@@ -53,7 +74,7 @@ def _cidr(value: str) -> str:
 
 
 def _member(value: str) -> str:
-    if not value.startswith(MEMBER_KINDS) or "@" not in value:
+    if not MEMBER.match(value):
         raise ValueError(f"{value!r} is not an IAM member; write 'group:team@example.com' or 'serviceAccount:sa@project.iam.gserviceaccount.com'")
     return value
 
@@ -77,10 +98,36 @@ def _rbac_security_group(value: str) -> str:
     return value
 
 
+def _charset(pattern: re.Pattern[str], what: str, example: str) -> AfterValidator:
+    def check(value: str) -> str:
+        if not pattern.match(value):
+            raise ValueError(f"{value!r} is not {what}; write e.g. {example!r}")
+        return value
+    return AfterValidator(check)
+
+
+def _templates(value: Any) -> str | None:
+    """The first string (or map key) under ``value`` that holds ``${`` or ``%{``."""
+    if isinstance(value, str):
+        return value if any(m in value for m in TEMPLATE_MARKERS) else None
+    if isinstance(value, dict):
+        return next((hit for k, v in value.items() for hit in (_templates(k), _templates(v)) if hit), None)
+    if isinstance(value, (list, tuple)):
+        return next((hit for v in value if (hit := _templates(v))), None)
+    return None
+
+
+def _holds_model(annotation: Any) -> bool:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return True
+    return any(_holds_model(arg) for arg in getattr(annotation, "__args__", ()) or ())
+
+
 DnsName = Annotated[str, AfterValidator(_dns_name)]
 Cidr = Annotated[str, AfterValidator(_cidr)]
 Member = Annotated[str, AfterValidator(_member)]
 LabelKey = Annotated[str, AfterValidator(_label_key)]
+Zone = Annotated[str, _charset(ZONE, "a GCP zone", "us-central1-a")]
 
 
 class Environment(StrEnum):
@@ -97,6 +144,24 @@ class SchedulerKind(StrEnum):
 class Model(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", use_enum_values=False)
 
+    @field_validator("*", mode="after")
+    @classmethod
+    def _no_terraform_template(cls, value: Any, info: ValidationInfo) -> Any:
+        """Every string of a cluster file may reach Terraform JSON, where ``${``/``%{`` is evaluated
+        (``${file("/proc/self/environ")}`` reads the plan runner's credentials). Runs after each field's
+        own charset (a field with a charset already refuses '$'), for every field of every model, so a
+        plain ``str`` field added later is covered too; fields holding a sub-model are left to that
+        model's own fields, so the error points at the exact key. ``after``: pydantic forbids
+        ``before`` validators on the discriminator (``state.backend``)."""
+        if info.field_name is None or _holds_model(cls.model_fields[info.field_name].annotation):
+            return value
+        hit = _templates(value)
+        if hit is not None:
+            shown = hit if len(hit) <= 60 else hit[:57] + "..."
+            raise ValueError(f"{shown!r} contains '${{' or '%{{', which Terraform would evaluate as an interpolation"
+                             " (it can read files and environment variables of the plan runner); allowed: plain text; remove it")
+        return value
+
 
 class LocalState(Model):
     backend: Literal["local"]
@@ -104,33 +169,33 @@ class LocalState(Model):
 
 class GcsState(Model):
     backend: Literal["gcs"]
-    bucket: Annotated[str, Field(min_length=3, max_length=63)]
+    bucket: Annotated[str, _charset(BUCKET, "a GCS bucket name (3-63 lowercase letters, digits, '.', '_', '-')", "gpufleet-tfstate-prod")]
 
 
 class TfcState(Model):
     backend: Literal["tfc"]
-    organization: Annotated[str, Field(min_length=1)]
-    workspace: str | None = None
-    project: str | None = None
+    organization: Annotated[str, _charset(TFC_NAME, "a Terraform Cloud organization name (letters, digits, '_', '-')", "gpufleet")]
+    workspace: Annotated[str, _charset(TFC_NAME, "a Terraform Cloud workspace name (letters, digits, '_', '-')", "prod-nomad")] | None = None
+    project: Annotated[str, _charset(TFC_PROJECT, "a Terraform Cloud project name (1-40 letters, digits, ' ', '_', '-')", "gpufleet")] | None = None
 
 
 State = Annotated[LocalState | GcsState | TfcState, Field(discriminator="backend")]
 
 
 class AuthorizedNetwork(Model):
-    name: Annotated[str, Field(min_length=1)]
+    name: Annotated[str, _charset(DISPLAY_NAME, "a network display name (1-63 letters, digits, ' ', '.', '_', '-')", "corp-vpn")]
     cidr: Cidr
 
 
 class StaticIp(Model):
     name: DnsName
-    description: str = ""
+    description: Annotated[str, _charset(DESCRIPTION, "a plain description (up to 256 letters, digits, spaces and .,:;()'/_+-)", "Nomad UI behind the corp proxy")] = ""
 
 
 class GcpConfig(Model):
     project: Annotated[str, AfterValidator(_project)]
     region: Annotated[str, AfterValidator(_region)]
-    zones: Annotated[tuple[str, ...], Field(min_length=1)]
+    zones: Annotated[tuple[Zone, ...], Field(min_length=1)]
     subnet_cidr: Cidr
     pods_cidr: Cidr
     services_cidr: Cidr
@@ -147,7 +212,7 @@ class TaintEffect(StrEnum):
 
 class Taint(Model):
     key: LabelKey
-    value: str
+    value: Annotated[str, _charset(K8S_LABEL_VALUE, "a Kubernetes taint value (up to 63 letters, digits, '-', '_', '.', starting and ending alphanumeric)", "present")]
     effect: TaintEffect = TaintEffect.NO_SCHEDULE
 
 
@@ -159,20 +224,20 @@ class DiskType(StrEnum):
 
 class GpuPool(Model):
     name: DnsName
-    machine_type: Annotated[str, Field(min_length=1)]
-    accelerator: str | None = None
+    machine_type: Annotated[str, _charset(GCE_NAME, "a GCE machine type name", "a2-highgpu-8g")]
+    accelerator: Annotated[str, _charset(GCE_NAME, "a GCE accelerator type name", "nvidia-tesla-t4")] | None = None
     gpus_per_node: Annotated[int, Field(ge=1, le=16)] | None = None
     node_count: Annotated[int, Field(ge=0, le=1000)] | None = None
     min_nodes: Annotated[int, Field(ge=0, le=1000)] | None = None
     max_nodes: Annotated[int, Field(ge=1, le=1000)] | None = None
     spot: bool = False
-    reservation: str | None = None
+    reservation: Annotated[str, _charset(RESERVATION, "a GCE reservation name (optionally projects/<project>/reservations/<name>)", "h100-reservation-2026")] | None = None
     queued_provisioning: bool = False
     placement: Literal["COMPACT"] | None = None
-    zones: tuple[str, ...] | None = None
+    zones: tuple[Zone, ...] | None = None
     boot_disk_gb: Annotated[int, Field(ge=50, le=65536)] = 200
     boot_disk_type: DiskType = DiskType.PD_SSD
-    labels: dict[LabelKey, str] = {}
+    labels: dict[LabelKey, Annotated[str, _charset(POOL_LABEL_VALUE, "a label value GKE and GCE both accept (up to 63 lowercase letters, digits, '_', '-')", "pretrain")]] = {}
     taints: tuple[Taint, ...] = ()
     overcommit: bool = False
     protected: bool | None = None
@@ -181,7 +246,7 @@ class GpuPool(Model):
 class Grant(Model):
     role: Annotated[str, Field(pattern=r"^(roles|projects/[a-z0-9-]+/roles)/[A-Za-z0-9_.]+$")]
     members: Annotated[tuple[Member, ...], Field(min_length=1)]
-    reason: Annotated[str, Field(min_length=10)]
+    reason: Annotated[str, Field(min_length=10), _charset(DESCRIPTION, "a plain sentence (letters, digits, spaces and .,:;()'/_+-)", "platform team operates the training namespaces")]
 
 
 class IamConfig(Model):
@@ -196,13 +261,13 @@ class TenantServiceAccount(Model):
 class Tenant(Model):
     name: DnsName
     groups: tuple[Member, ...] = ()
-    gpu_quota: dict[str, Annotated[int, Field(ge=0)]] = {}
+    gpu_quota: dict[DnsName, Annotated[int, Field(ge=0)]] = {}
     service_account: TenantServiceAccount | None = None
 
 
 class DnsRecord(Model):
     name: Annotated[str, Field(pattern=r"^([a-z0-9*]([a-z0-9-]*[a-z0-9])?)(\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)*$|^@$")]
-    static_ip: str | None = None
+    static_ip: DnsName | None = None
     hostname: str | None = None
     proxied: bool = False
     ttl: Annotated[int, Field(ge=1, le=86400)] = 1
@@ -210,22 +275,22 @@ class DnsRecord(Model):
 
 class DnsConfig(Model):
     zone_id: Annotated[str, AfterValidator(_zone_id)]
-    zone_name: Annotated[str, Field(min_length=3)]
+    zone_name: Annotated[str, _charset(DOMAIN, "a DNS zone name", "example.com")]
     records: tuple[DnsRecord, ...] = ()
 
 
 class NomadServers(Model):
     count: Literal[3, 5] = 3
-    machine_type: str = "e2-standard-4"
+    machine_type: Annotated[str, _charset(GCE_NAME, "a GCE machine type name", "e2-standard-4")] = "e2-standard-4"
 
 
 class NomadConfig(Model):
     datacenter: DnsName
     region: DnsName = "global"
-    vault_addr: Annotated[str, Field(pattern=r"^https?://[^\s]+$")]
+    vault_addr: Annotated[str, _charset(URL, "a Vault address (http(s)://host[:port][/path], no credentials or query)", "https://vault.example.com:8200")]
     existing_servers: tuple[str, ...] = ()
     servers: NomadServers = NomadServers()
-    client_machine_image: str = "projects/ubuntu-os-accelerator-images/global/images/family/ubuntu-accelerator-2204-amd64-with-nvidia-550"
+    client_machine_image: Annotated[str, _charset(IMAGE, "a GCE image (projects/<project>/global/images/[family/]<name>)", "projects/ubuntu-os-accelerator-images/global/images/family/ubuntu-accelerator-2204-amd64-with-nvidia-550")] = "projects/ubuntu-os-accelerator-images/global/images/family/ubuntu-accelerator-2204-amd64-with-nvidia-550"
 
 
 class GkeConfig(Model):

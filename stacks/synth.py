@@ -1,7 +1,8 @@
 """Deterministic, atomic synthesis: build stacks into a temp dir, then swap them into place.
 
-A failed synthesis (bad cluster file, construct error) leaves the previous ``cdktf.out``
-untouched, so a reviewer never plans against a half-written tree.
+A failed synthesis (bad cluster file, construct error, a Terraform template sequence gpufleet
+did not generate) leaves the previous ``cdktf.out`` untouched, so a reviewer never plans against
+a half-written or injected tree.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pathlib import Path
 
 from clusters.errors import UserError
 from clusters.schema import ClusterConfig
+from stacks.interpolation import check_outdir
 from stacks.layout import plan_stacks
 
 DEFAULT_OUTDIR = Path("cdktf.out")
@@ -51,6 +53,7 @@ def synthesize(configs: tuple[ClusterConfig, ...], outdir: Path = DEFAULT_OUTDIR
         app = App(outdir=str(tmp))
         fleet = build_fleet(app, configs)
         app.synth()
+        check_outdir(tmp, shown_as=outdir)
         if only:
             _merge(tmp, outdir, only)
         else:

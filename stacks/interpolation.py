@@ -1,0 +1,157 @@
+"""No user string is evaluated by Terraform: every ``${``/``%{`` in synthesized JSON is one gpufleet generated.
+
+Terraform's JSON syntax evaluates every string (and every object key inside an expression) as a
+template, so ``${base64encode(file("/proc/self/environ"))}`` in a label value would print the
+plan runner's credentials, base64-encoded past log masking. Cluster files refuse ``${``/``%{``
+(``clusters.schema``); this is the synthesis-wide backstop that also covers a field added later,
+an ``add_override`` or a construct bug. It allows exactly the shapes cdktf emits for the example
+fleet (``tests/stacks/test_interpolation.py`` derives them from a real synthesis): references
+(``${google_x.y.attr}``, ``${var.x}``, ``${data.x.y.z[0]}``) and a few functions of references.
+Anything else, including every ``%{`` directive, refuses the synthesis; ``$${`` is Terraform's
+escape for a literal ``${`` and is not evaluated.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from clusters.errors import UserError
+
+_ESCAPES = ("$${", "%%{")
+_OPENERS = ("${", "%{")
+_NAME = r"[A-Za-z_][A-Za-z0-9_-]*"
+_STEP = rf"(?:\.{_NAME}|\[[0-9]+\]|\[\"[A-Za-z0-9_./-]*\"\])"
+REFERENCE = re.compile(rf"(?:var\.{_NAME}|local\.{_NAME}|data\.{_NAME}\.{_NAME}|{_NAME}\.{_NAME}){_STEP}*")
+# Functions gpufleet's constructs emit (the GKE provider's CA certificate); a construct that needs
+# another Fn.* adds it here. Arguments must themselves be allowed expressions, so no literal (and
+# so no user text) can ride inside a call.
+FUNCTIONS = frozenset({"base64decode"})
+_CALL = re.compile(rf"({_NAME})\((.*)\)", re.DOTALL)
+
+
+@dataclass(frozen=True)
+class Interpolation:
+    file: str
+    path: str
+    marker: str
+    expression: str
+
+    def __str__(self) -> str:
+        shown = self.expression if len(self.expression) <= 60 else self.expression[:57] + "..."
+        return (f"{self.file}: {self.path}: {self.marker}{shown}}} is a Terraform {'directive' if self.marker == '%{' else 'interpolation'}"
+                " gpufleet did not generate; Terraform would evaluate it at plan time (it can read files and the environment);"
+                " remove '${'/'%{' from the cluster file or the override that put it there")
+
+
+def _closing(text: str, start: int) -> int:
+    """Index of the ``}`` closing a template sequence whose body starts at ``start``; -1 if unclosed."""
+    depth, i, quoted = 1, start, False
+    while i < len(text):
+        ch = text[i]
+        if quoted:
+            if ch == "\\":
+                i += 1
+            elif ch == '"':
+                quoted = False
+        elif ch == '"':
+            quoted = True
+        elif ch == "{":
+            depth += 1
+        elif ch == "}":
+            depth -= 1
+            if depth == 0:
+                return i
+        i += 1
+    return -1
+
+
+def sequences(text: str) -> Iterator[tuple[str, str]]:
+    """(``${`` or ``%{``, expression) for every template sequence Terraform would evaluate in ``text``."""
+    i = 0
+    while i < len(text):
+        if text.startswith(_ESCAPES, i):
+            i += 3
+        elif text.startswith(_OPENERS, i):
+            end = _closing(text, i + 2)
+            yield text[i:i + 2], text[i + 2:end] if end >= 0 else text[i + 2:]
+            i = end + 1 if end >= 0 else len(text)
+        else:
+            i += 1
+
+
+def _split_args(body: str) -> list[str] | None:
+    args, depth, current, quoted, i = [], 0, "", False, 0
+    while i < len(body):
+        ch = body[i]
+        if quoted:
+            current += ch
+            if ch == "\\" and i + 1 < len(body):
+                current += body[i + 1]
+                i += 1
+            elif ch == '"':
+                quoted = False
+        elif ch == '"':
+            quoted, current = True, current + ch
+        elif ch in "([{":
+            depth, current = depth + 1, current + ch
+        elif ch in ")]}":
+            depth, current = depth - 1, current + ch
+        elif ch == "," and depth == 0:
+            args.append(current.strip())
+            current = ""
+        else:
+            current += ch
+        i += 1
+    if quoted or depth:
+        return None
+    if current.strip():
+        args.append(current.strip())
+    return args
+
+
+def allowed(expression: str) -> bool:
+    """A reference, or an allowed function applied to allowed expressions."""
+    expression = expression.strip()
+    if REFERENCE.fullmatch(expression):
+        return True
+    call = _CALL.fullmatch(expression)
+    if not call or call.group(1) not in FUNCTIONS:
+        return False
+    args = _split_args(call.group(2))
+    return args is not None and all(allowed(a) for a in args)
+
+
+def _segment(key: str) -> str:
+    return f".{key}" if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_-]*", key) else f"[{json.dumps(key)}]"
+
+
+def find(node: Any, file: str, path: str = "$") -> Iterator[Interpolation]:
+    """Every template sequence under ``node`` (keys included: JSON object keys are templates too) that is not allowed."""
+    if isinstance(node, dict):
+        for key in sorted(node):
+            for marker, expression in sequences(str(key)):
+                if marker == "%{" or not allowed(expression):
+                    yield Interpolation(file, f"{path}{_segment(str(key))} (key)", marker, expression)
+            yield from find(node[key], file, path + _segment(str(key)))
+    elif isinstance(node, list):
+        for index, item in enumerate(node):
+            yield from find(item, file, f"{path}[{index}]")
+    elif isinstance(node, str):
+        for marker, expression in sequences(node):
+            if marker == "%{" or not allowed(expression):
+                yield Interpolation(file, path, marker, expression)
+
+
+def check_outdir(outdir: Path, shown_as: Path | None = None) -> None:
+    """Refuse a synthesis whose Terraform JSON holds a template sequence gpufleet did not generate."""
+    found: list[Interpolation] = []
+    for file in sorted(Path(outdir).glob("stacks/*/cdk.tf.json")):
+        name = str((shown_as or outdir) / file.relative_to(outdir))
+        found.extend(find(json.loads(file.read_text()), name))
+    if found:
+        raise UserError("\n".join(str(f) for f in found))

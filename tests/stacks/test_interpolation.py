@@ -1,0 +1,135 @@
+"""The synthesis-wide backstop: Terraform evaluates only the ``${...}`` gpufleet generated.
+
+The threat is shown with real terraform (only the built-in ``terraform_data`` resource can plan
+here): an unescaped user string in a resource input prints the plan runner's environment,
+base64-encoded past log masking. The same JSON is refused by ``stacks.interpolation``; the
+escaped form (``$${``) plans to the literal text and leaks nothing.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+import clusters
+from clusters.errors import UserError
+from clusters.schema import StaticIp
+from stacks.interpolation import allowed, check_outdir, find, sequences
+from stacks.synth import synthesize
+
+PAYLOAD = '${base64encode(file("/proc/self/environ"))}'
+CANARY = "gpufleet-canary-7f3a9c"
+
+
+def test_every_interpolation_of_the_example_fleet_is_allowed(fleet_out: Path) -> None:
+    """The allow-list is the example fleet's own output: references and base64decode of one."""
+    found = []
+    for file in sorted(fleet_out.glob("stacks/*/cdk.tf.json")):
+        found += [s for s in _all_strings(json.loads(file.read_text())) for s in sequences(s)]
+    assert len(found) > 50, "the example fleet should hold many cross-resource references"
+    assert all(marker == "${" and allowed(expr) for marker, expr in found), [f for f in found if not allowed(f[1])]
+    assert {expr.split("(")[0] for _, expr in found if "(" in expr} == {"base64decode"}
+    check_outdir(fleet_out)
+
+
+def _all_strings(node: object) -> list[str]:
+    if isinstance(node, dict):
+        return [s for k, v in node.items() for s in (k, *_all_strings(v))]
+    if isinstance(node, list):
+        return [s for v in node for s in _all_strings(v)]
+    return [node] if isinstance(node, str) else []
+
+
+@pytest.mark.parametrize("value", [
+    PAYLOAD,
+    "prefix ${file(\"/etc/passwd\")} suffix",
+    "%{ if true }x%{ endif }",
+    "${var.x}${file(\"/x\")}",
+    "$$$${file(\"/x\")}",  # terraform console: any run of 2+ '$' before '{' is an escape, nothing is evaluated
+    "${google_x.y.name} ${jsonencode(google_x.y)}",
+    "${base64decode(file(\"/x\"))}",
+])
+def test_fails_when_synthesized_json_holds_a_sequence_gpufleet_did_not_generate(value: str) -> None:
+    stack = {"resource": {"terraform_data": {"x": {"input": {"labels": {"a": value}}}}}}
+    hits = list(find(stack, "cdk.tf.json"))
+    if value.startswith("$$$$"):
+        assert hits == [], "'$$$${' is literal text to terraform (checked with terraform console)"
+        return
+    assert hits and hits[0].path == "$.resource.terraform_data.x.input.labels.a"
+    assert "\n" not in str(hits[0]) and "did not generate" in str(hits[0])
+
+
+def test_fails_when_a_map_key_holds_an_interpolation() -> None:
+    """In JSON syntax object keys inside an expression are templates too."""
+    hits = list(find({"resource": {"terraform_data": {"x": {"input": {PAYLOAD: "v"}}}}}, "f"))
+    assert [h.path for h in hits] == [f"$.resource.terraform_data.x.input[{json.dumps(PAYLOAD)}] (key)"]
+
+
+def test_escaped_and_generated_sequences_pass() -> None:
+    stack = {"a": "$${file(\"/x\")} and %%{ if true }", "b": "${google_container_cluster.gke.endpoint}",
+             "c": "${base64decode(google_container_cluster.gke.master_auth[0].cluster_ca_certificate)}",
+             "d": "${data.terraform_remote_state.cross-stack-reference-input-prod-gke.outputs.x}", "e": "${var.nomad_address}"}
+    assert list(find(stack, "f")) == []
+
+
+def _terraform(directory: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    binary = shutil.which("terraform")
+    if binary is None:
+        pytest.fail("terraform is not on PATH; the injection test needs terraform 1.11 (no provider download)")
+    env = dict(os.environ, TF_IN_AUTOMATION="1", TF_INPUT="0", GPUFLEET_TEST_CANARY=CANARY)
+    return subprocess.run([binary, *args, "-no-color"], cwd=directory, env=env, capture_output=True, text=True, check=False, timeout=120)
+
+
+def _leaked(plan_output: str) -> bool:
+    """Any base64 run in the plan that decodes to text holding the canary."""
+    for run in re.findall(r"[A-Za-z0-9+/=]{40,}", plan_output):
+        try:
+            if CANARY in base64.b64decode(run).decode("utf-8", "replace"):
+                return True
+        except ValueError:
+            continue
+    return False
+
+
+def test_real_terraform_evaluates_an_unescaped_user_string_and_the_check_refuses_it(tmp_path: Path) -> None:
+    if not Path("/proc/self/environ").exists():
+        pytest.fail("/proc/self/environ is missing; this test needs Linux procfs to show what the payload reads")
+    leaky = tmp_path / "stacks" / "leaky"
+    leaky.mkdir(parents=True)
+    (leaky / "cdk.tf.json").write_text(json.dumps({"resource": {"terraform_data": {"ip": {"input": {"description": PAYLOAD}}}}}))
+    assert _terraform(leaky, "init", "-input=false").returncode == 0
+    plan = _terraform(leaky, "plan", "-input=false")
+    assert plan.returncode == 0, plan.stderr
+    assert _leaked(plan.stdout), "terraform should have printed the environment (holding the canary) base64-encoded"
+    with pytest.raises(UserError, match=r"stacks/leaky/cdk.tf.json: \$\.resource\.terraform_data\.ip\.input\.description: .*did not generate"):
+        check_outdir(tmp_path)
+
+    escaped = tmp_path / "escaped"
+    (escaped / "stacks" / "safe").mkdir(parents=True)
+    (escaped / "stacks" / "safe" / "cdk.tf.json").write_text(
+        json.dumps({"resource": {"terraform_data": {"ip": {"input": {"description": "$" + PAYLOAD}}}}}))
+    check_outdir(escaped)
+    assert _terraform(escaped / "stacks" / "safe", "init", "-input=false").returncode == 0
+    plan = _terraform(escaped / "stacks" / "safe", "plan", "-input=false")
+    assert plan.returncode == 0, plan.stderr
+    assert 'base64encode(file(\\"/proc/self/environ\\"))' in plan.stdout and not _leaked(plan.stdout)
+
+
+def test_fails_when_a_config_that_bypassed_the_schema_is_synthesized_and_keeps_the_old_output(tmp_path: Path) -> None:
+    """A ClusterConfig built without validation (model_copy) still cannot put a payload into cdk.tf.json."""
+    config = next(c for c in clusters.load_all() if c.name == "prod-nomad")
+    bad_ip = StaticIp.model_construct(name="nomad-ui", description=PAYLOAD)
+    bad = config.model_copy(update={"gcp": config.gcp.model_copy(update={"static_ips": (bad_ip,)})})
+    out = tmp_path / "cdktf.out"
+    out.mkdir()
+    (out / "previous").write_text("kept")
+    with pytest.raises(UserError, match=r"google_compute_address\.ip_nomad_ui\.description: .*did not generate"):
+        synthesize((bad,), out, only=("prod-nomad",))
+    assert (out / "previous").read_text() == "kept" and not (out / "stacks").exists()
