@@ -5,13 +5,14 @@ import sys
 from pathlib import Path
 
 import clusters
+import clusters.repo
 from clusters.errors import ConfigError, UserError
 from stacks.synth import synthesize
 
 
 def main() -> int:
-    clusters_dir = Path(os.environ.get("GPUFLEET_CLUSTERS_DIR", clusters.CLUSTERS_DIR))
     try:
+        clusters_dir = Path(os.environ.get("GPUFLEET_CLUSTERS_DIR") or clusters.repo.clusters_dir())
         synthesize(clusters.load_all(clusters_dir), Path(os.environ.get("CDKTF_OUTDIR", "cdktf.out")))
     except ConfigError as exc:
         for problem in exc.problems:

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from clusters import repo
 from clusters.checks import cross_check
 from clusters.errors import ConfigError, Problem
 from clusters.schema import ClusterConfig
 from clusters.source import read_yaml, validate_document
 
+# The package's own directory: the example cluster files of this checkout (tests read them).
+# Commands never default to it; they read ``clusters.repo.clusters_dir()`` of the repository they run in.
 CLUSTERS_DIR = Path(__file__).resolve().parent
 
 
@@ -23,12 +26,15 @@ def load(path: Path) -> ClusterConfig:
     return config
 
 
-def cluster_files(directory: Path = CLUSTERS_DIR) -> tuple[Path, ...]:
-    return tuple(sorted(Path(directory).glob("*.yaml")))
+def cluster_files(directory: Path | None = None) -> tuple[Path, ...]:
+    return tuple(sorted(Path(directory or repo.clusters_dir()).glob("*.yaml")))
 
 
-def load_all(directory: Path = CLUSTERS_DIR) -> tuple[ClusterConfig, ...]:
-    """Every cluster file in name order; problems of all files are collected into one error."""
+def load_all(directory: Path | None = None) -> tuple[ClusterConfig, ...]:
+    """Every cluster file in name order (default: the current repository's clusters/); problems of all files are collected into one error."""
+    directory = Path(directory or repo.clusters_dir())
+    if not directory.is_dir():
+        raise ConfigError([Problem(str(directory), None, "", "directory not found; pass the directory holding the cluster files (*.yaml)")])
     files = cluster_files(directory)
     if not files:
         raise ConfigError([Problem(str(directory), None, "", "no cluster files (*.yaml) found; add clusters/<name>.yaml")])

@@ -12,8 +12,7 @@ from pathlib import Path
 from clusters.errors import ConfigError
 from clusters.source import read_yaml
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-SKIPS_FILE = REPO_ROOT / ".checkov-skips.yaml"
+SKIPS_FILE = Path(".checkov-skips.yaml")
 MIN_REASON = 10
 
 
@@ -23,8 +22,11 @@ class Skip:
     reason: str
 
 
-def load_skips(path: Path = SKIPS_FILE) -> tuple[Skip, ...]:
-    doc = read_yaml(path)
+def load_skips(path: Path | None = None) -> tuple[Skip, ...]:
+    """The skip list of ``path`` (default: the current repository's ``.checkov-skips.yaml``)."""
+    from clusters import repo
+
+    doc = read_yaml(path or repo.root() / SKIPS_FILE)
     entries = doc.data.get("skips")
     if not isinstance(entries, list):
         raise ConfigError([doc.problem(("skips",), "expected a list of {id, reason}; see the comment at the top of the file")])

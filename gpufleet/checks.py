@@ -16,13 +16,12 @@ from rich.console import Console
 from rich.table import Table
 
 import clusters
+from clusters import repo
 from clusters.errors import ConfigError, Problem
 from clusters.schema import ClusterConfig
 
 if TYPE_CHECKING:
     from jobs.spec import FinetuneSpec
-
-REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 @dataclass
@@ -60,7 +59,7 @@ def validate_inputs(configs: tuple[ClusterConfig, ...] | None = None) -> tuple[t
         configs = configs if configs is not None else clusters.load_all()
     except ConfigError as exc:
         problems.extend(exc.problems)
-    problems.extend(vault_validate.check(REPO_ROOT))
+    problems.extend(vault_validate.check(repo.root()))
     specs: tuple[FinetuneSpec, ...] = ()
     if configs is not None and not problems:
         try:

@@ -8,8 +8,11 @@ User errors (ConfigError, UserError) become one line per problem on stderr and e
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import typer
+
+import clusters.repo
 
 from clusters.errors import ConfigError, UserError
 from gpufleet import fleet_cmd, jobs_cmd, ops_cmd, vault_cmd
@@ -24,8 +27,13 @@ app = typer.Typer(
 
 
 @app.callback()
-def _root() -> None:
-    """Keeps ``gpufleet <command>`` a command group even while only one command exists."""
+def _root(
+    repo: Path | None = typer.Option(
+        None, "--repo", help="The gpufleet repository to act on (default: the one around the current directory)."),
+) -> None:
+    """Every command acts on one repository: ``--repo``, else the nearest directory above the current one
+    holding cdktf.json and clusters/; never the checkout gpufleet was installed from."""
+    clusters.repo.use(repo)
 
 
 fleet_cmd.register(app)

@@ -20,7 +20,7 @@ OutDir = typer.Option(Path("cdktf.out"), "--out", help="Where synthesized stacks
 
 
 def _configs(path: Path | None) -> tuple[clusters.ClusterConfig, ...]:
-    return clusters.load_all(path if path is not None else clusters.CLUSTERS_DIR)
+    return clusters.load_all(path)
 
 
 def cmd_clusters(clusters_dir: Path | None = ClustersDir) -> None:
@@ -66,8 +66,10 @@ def cmd_synth(
     clusters_dir: Path | None = ClustersDir,
 ) -> None:
     """Synthesize stacks into cdktf.out atomically; a bad cluster file leaves it untouched."""
+    from gpufleet import outputs
     from stacks.synth import synthesize
 
+    outputs.claim_dir(out)  # refuse `--out .` before spending a synthesis on it
     names = synthesize(_configs(clusters_dir), out, only=tuple(stacks or ()))
     console.print(f"synthesized {len(names)} stack(s) into {out}: {', '.join(names)}")
 
@@ -79,6 +81,9 @@ def cmd_check(
     skip_checkov: bool = typer.Option(False, "--skip-checkov", help="Skip the policy scan (faster local loops)."),
 ) -> None:
     """Load and cross-check every file, synthesize, scan for secrets and run checkov; one summary."""
+    from gpufleet import outputs
+
+    outputs.claim_dir(out)
     report = run_checks(_configs(clusters_dir) if clusters_dir else None, out=out, state_files=tuple(state or ()),
                         checkov=not skip_checkov)
     report.print(console)

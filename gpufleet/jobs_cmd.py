@@ -46,11 +46,13 @@ def _client() -> NomadClient:
 
 def _resolve(job_id: str, namespace: str | None) -> tuple[str, FinetuneSpec | None]:
     """Namespace and spec of a (dispatched) job id: its parent's job file if there is one."""
-    from jobs.loader import JOBS_DIR, load
+    from clusters import repo
+    from jobs.loader import load
 
     parent = job_id.split("/", 1)[0]
-    path = JOBS_DIR / f"{parent}.yaml"
-    spec = load(path) if path.exists() else None
+    found = repo.root_or_none()
+    path = found / "jobs" / f"{parent}.yaml" if found else None
+    spec = load(path) if path is not None and path.exists() else None
     chosen = namespace or (spec.namespace if spec else None) or os.environ.get("NOMAD_NAMESPACE") or "default"
     return chosen, spec
 
@@ -61,14 +63,14 @@ def cmd_render(
 ) -> None:
     """Check job files and write their Nomad API JSON (for `nomad job run -json`)."""
     from jobs.loader import find, load, load_all
-    from jobs.render import OUT_DIR, write_job
+    from jobs.render import write_job
 
     specs = [load(find(j)) for j in jobs] if jobs else list(load_all())
     table = Table(title="rendered Nomad jobs")
     for column in ("job", "cluster", "namespace", "pool", "GPUs", "role", "file"):
         table.add_column(column)
     for spec in specs:
-        path = write_job(spec, out_dir or OUT_DIR)
+        path = write_job(spec, out_dir)
         table.add_row(spec.name, spec.cluster, spec.namespace, spec.pool.name, spec.gpu.describe(free=False), spec.vault_role, os.path.relpath(path))
     console.print(table)
 

@@ -180,7 +180,10 @@ def cmd_ci_comment(
     if out is None:
         sys.stdout.write(body)
     else:
-        out.write_text(body, encoding="utf-8")
+        from gpufleet import outputs
+        from gpufleet.safety.ci_comment import MARKER
+
+        outputs.write_file(out, body, option="--out", owned=outputs.starts_with(MARKER))
 
 
 _CLUSTERS = typer.Option(None, "--clusters-dir", help="Directory of cluster files (default: clusters/).")

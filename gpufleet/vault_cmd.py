@@ -29,7 +29,18 @@ DEMO_KEYS = {
     "ml-api-keys/wandb": {"api_key": "fake-wandb-demo-0000"},
     "ml-api-keys/openai": {"api_key": "fake-openai-demo-0000"},
 }
-RepoOption = typer.Option(Path("."), "--repo", help="Repository root holding vault_policies/.")
+RepoOption = typer.Option(None, "--repo", help="Repository root holding vault_policies/ (default: the repository around the current directory).")
+
+
+def _repo(path: Path | None) -> Path:
+    """``--repo`` (a directory holding vault_policies/) or the repository around the current directory."""
+    from clusters import repo as repo_mod
+
+    if path is None:
+        return repo_mod.root()
+    if not (Path(path) / "vault_policies").is_dir():
+        raise UserError(f"--repo {path}: no vault_policies/ directory in it; pass the repository root")
+    return Path(path).resolve()
 
 
 def _client_from_env() -> hvac.Client:
@@ -156,28 +167,33 @@ def register(app: typer.Typer) -> None:
     dev = typer.Typer(help="A local OpenBao dev server with the repo's policies, roles and fake demo keys.", no_args_is_help=True)
 
     @vault.command("diff")
-    def vault_diff(repo: Path = RepoOption) -> None:
+    def vault_diff(repo: Path | None = RepoOption) -> None:
         """Show what apply would write and what prune would delete; writes nothing."""
+        repo = _repo(repo)
         _print_changes("vault diff", _run_sync("diff", _client_from_env(), repo), applied=False)
 
     @vault.command("apply")
-    def vault_apply(repo: Path = RepoOption) -> None:
+    def vault_apply(repo: Path | None = RepoOption) -> None:
         """Enable approle/ and secret/ (KV v2) if missing, write policies and roles; idempotent."""
+        repo = _repo(repo)
         _print_changes("vault apply", _run_sync("apply", _client_from_env(), repo), applied=True)
 
     @vault.command("prune")
-    def vault_prune(repo: Path = RepoOption) -> None:
+    def vault_prune(repo: Path | None = RepoOption) -> None:
         """Delete policies and roles gpufleet wrote that are no longer in the repo; never others'."""
+        repo = _repo(repo)
         _print_changes("vault prune", _run_sync("prune", _client_from_env(), repo), applied=True)
 
     @dev.command("up")
-    def up(repo: Path = RepoOption) -> None:
+    def up(repo: Path | None = RepoOption) -> None:
         """Start bao server -dev on a loopback port (or reuse it), apply, seed fake keys."""
+        repo = _repo(repo)
         dev_up(repo)
 
     @dev.command("env")
-    def env(repo: Path = RepoOption) -> None:
+    def env(repo: Path | None = RepoOption) -> None:
         """Print export lines for: eval "$(gpufleet dev env)"."""
+        repo = _repo(repo)
         state = _running_state(repo)
         if state is None:
             raise UserError("no local OpenBao dev server is running; start one with: gpufleet dev up")
@@ -186,8 +202,9 @@ def register(app: typer.Typer) -> None:
         typer.echo("unset VAULT_NAMESPACE VAULT_CACERT")
 
     @dev.command("down")
-    def down(repo: Path = RepoOption) -> None:
+    def down(repo: Path | None = RepoOption) -> None:
         """Stop the local dev server and forget its state (it is in-memory: keys go with it)."""
+        repo = _repo(repo)
         directory = _dev_dir(repo)
         state = _read_dev_state(repo)
         if state and _is_our_bao(int(state["pid"])):

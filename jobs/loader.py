@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import clusters
+from clusters import repo
 from clusters.errors import ConfigError, Problem, UserError
 from clusters.schema import ClusterConfig
 from clusters.source import did_you_mean, read_yaml, validate_document
@@ -13,11 +14,12 @@ from jobs.schema import JobFile
 from jobs.spec import FinetuneSpec, derive_spec
 from jobs.vault_refs import VaultView, load_vault_view
 
+# The package's own directory (this checkout's example jobs, for tests); commands read ``clusters.repo.jobs_dir()``.
 JOBS_DIR = Path(__file__).resolve().parent
 
 
-def job_files(directory: Path = JOBS_DIR) -> tuple[Path, ...]:
-    return tuple(sorted(Path(directory).glob("*.yaml")))
+def job_files(directory: Path | None = None) -> tuple[Path, ...]:
+    return tuple(sorted(Path(directory or repo.jobs_dir()).glob("*.yaml")))
 
 
 def load(path: Path, *, cluster_configs: tuple[ClusterConfig, ...] | None = None, vault: VaultView | None = None) -> FinetuneSpec:
@@ -33,7 +35,7 @@ def load(path: Path, *, cluster_configs: tuple[ClusterConfig, ...] | None = None
     return derive_spec(job, by_name[job.cluster], source=path)
 
 
-def load_all(directory: Path = JOBS_DIR, *, cluster_configs: tuple[ClusterConfig, ...] | None = None, vault: VaultView | None = None) -> tuple[FinetuneSpec, ...]:
+def load_all(directory: Path | None = None, *, cluster_configs: tuple[ClusterConfig, ...] | None = None, vault: VaultView | None = None) -> tuple[FinetuneSpec, ...]:
     """Every job file in name order; problems of all files are collected into one error."""
     configs = cluster_configs if cluster_configs is not None else clusters.load_all()
     view = vault if vault is not None else load_vault_view()
@@ -49,8 +51,9 @@ def load_all(directory: Path = JOBS_DIR, *, cluster_configs: tuple[ClusterConfig
     return tuple(specs)
 
 
-def find(name: str, directory: Path = JOBS_DIR) -> Path:
+def find(name: str, directory: Path | None = None) -> Path:
     """The file of job ``name`` (or a path given directly); a typo gets a did-you-mean."""
+    directory = Path(directory or repo.jobs_dir())
     candidate = Path(name)
     if candidate.suffix == ".yaml" and candidate.exists():
         return candidate

@@ -11,8 +11,6 @@ Durations are integer nanoseconds, as Nomad's API wants them.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +32,6 @@ PLATFORM_META = (META_ROLE_ID, META_WRAPPED_SECRET_ID)
 JOB_META_ROLE = "gpufleet_vault_role"
 EXEC = "gpufleet-exec"
 GPU_DEVICE = "nvidia/gpu"
-OUT_DIR = Path(__file__).resolve().parent / "out"
 
 
 def _constraint(ltarget: str, operand: str, rtarget: str) -> dict[str, str]:
@@ -150,16 +147,14 @@ def to_json(job: dict[str, Any]) -> str:
     return json.dumps(job, indent=2, sort_keys=True) + "\n"
 
 
-def write_job(spec: FinetuneSpec, out_dir: Path = OUT_DIR) -> Path:
-    """Write ``<out_dir>/<job>.json`` atomically: a reader sees the old file or the new one."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    target = out_dir / f"{spec.name}.json"
-    fd, tmp = tempfile.mkstemp(prefix=f".{spec.name}.", suffix=".tmp", dir=out_dir)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(to_json(render(spec)))
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return target
+def write_job(spec: FinetuneSpec, out_dir: Path | None = None) -> Path:
+    """Write ``<out_dir>/<job>.json`` atomically (default: the repository's ``jobs/out``).
+
+    The directory must be one gpufleet made (or new, or empty): ``gpufleet.outputs`` refuses
+    ``--out-dir jobs`` or a directory of someone else's files.
+    """
+    from clusters import repo
+    from gpufleet import outputs
+
+    directory = outputs.ensure_dir(out_dir or repo.jobs_out_dir(), option="--out-dir")
+    return outputs.write_file(directory / f"{spec.name}.json", to_json(render(spec)), option="--out-dir")

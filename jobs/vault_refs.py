@@ -11,13 +11,13 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from clusters import repo
 from vault_policies.layout import KV_MOUNT
 from vault_policies.policies import PolicyFile, load_policies
 from vault_policies.roles import RoleSpec, load_roles
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-ROLES_FILE = REPO_ROOT / "vault_policies" / "roles.yaml"
-POLICIES_DIR = REPO_ROOT / "vault_policies" / "policies"
+ROLES_FILE = Path("vault_policies/roles.yaml")
+POLICIES_DIR = Path("vault_policies/policies")
 _KV_DATA = f"{KV_MOUNT}/data/"
 
 
@@ -27,14 +27,15 @@ class VaultView:
     policies: dict[str, PolicyFile]
 
 
-def load_vault_view(roles_file: Path = ROLES_FILE, policies_dir: Path = POLICIES_DIR) -> VaultView:
+def load_vault_view(roles_file: Path | None = None, policies_dir: Path | None = None) -> VaultView:
     """Roles (a broken roles file raises ConfigError) and the policies that parse.
 
     Policy problems are ``gpufleet check``'s to report; a policy that does not parse simply
     grants nothing here, so a job naming its paths is refused too.
     """
-    policies, _ = load_policies(policies_dir)
-    return VaultView(load_roles(roles_file), policies)
+    root = repo.root() if roles_file is None or policies_dir is None else None
+    policies, _ = load_policies(policies_dir or root / POLICIES_DIR)
+    return VaultView(load_roles(roles_file or root / ROLES_FILE), policies)
 
 
 def _glob(path: str) -> re.Pattern[str]:

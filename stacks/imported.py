@@ -13,12 +13,19 @@ from typing import Any
 from clusters.errors import UserError
 from clusters.source import did_you_mean
 
-IMPORTED_DIR = Path(__file__).resolve().parent / "imported"
+# None: the current repository's ``stacks/imported`` (tests point it at a temp dir).
+IMPORTED_DIR: Path | None = None
+
+
+def imported_dir() -> Path:
+    from clusters import repo
+
+    return Path(IMPORTED_DIR) if IMPORTED_DIR is not None else repo.root() / "stacks" / "imported"
 
 
 def load_imports(stack: str, *, imported_dir: Path | None = None) -> dict[str, str]:
     """Recorded imports of one stack (address -> provider id); empty when none were recorded."""
-    path = Path(imported_dir or IMPORTED_DIR) / f"{stack}.json"
+    path = Path(imported_dir or globals()["imported_dir"]()) / f"{stack}.json"
     if not path.is_file():
         return {}
     data = json.loads(path.read_text(encoding="utf-8"))

@@ -2,7 +2,8 @@
 
 A failed synthesis (bad cluster file, construct error, a Terraform template sequence gpufleet
 did not generate) leaves the previous ``cdktf.out`` untouched, so a reviewer never plans against
-a half-written or injected tree.
+a half-written or injected tree. The output directory is replaced only if gpufleet made it
+(``gpufleet.outputs``): ``--out .`` or ``--out clusters`` is refused.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 
 from clusters.errors import UserError
 from clusters.schema import ClusterConfig
+from gpufleet import outputs
 from stacks.interpolation import check_outdir
 from stacks.layout import plan_stacks
 
@@ -46,9 +48,8 @@ def synthesize(configs: tuple[ClusterConfig, ...], outdir: Path = DEFAULT_OUTDIR
 
     if only:
         configs, only = _select(configs, only)
-    outdir = Path(outdir).resolve()
-    outdir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{outdir.name}.", dir=outdir.parent))
+    outdir = outputs.claim_dir(outdir)
+    tmp = outputs.staging_dir(outdir)
     try:
         app = App(outdir=str(tmp))
         fleet = build_fleet(app, configs)
@@ -57,15 +58,15 @@ def synthesize(configs: tuple[ClusterConfig, ...], outdir: Path = DEFAULT_OUTDIR
         if only:
             _merge(tmp, outdir, only)
         else:
-            _swap(tmp, outdir)
+            outputs.replace_dir(tmp, outdir)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return only or tuple(fleet.stacks)
 
 
 def _swap(new: Path, target: Path) -> None:
-    old = target.with_name(f".{target.name}.old")
-    shutil.rmtree(old, ignore_errors=True)
+    """Swap one stack directory inside a gpufleet-made output directory."""
+    old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old.", dir=target.parent))
     if target.exists():
         os.replace(target, old)
     os.replace(new, target)
@@ -78,7 +79,7 @@ def _merge(new: Path, target: Path, stacks: tuple[str, ...]) -> None:
     A stack's manifest entry depends on its name alone, so an existing manifest that already
     lists the stack is left byte-for-byte as cdktf wrote it.
     """
-    target.mkdir(parents=True, exist_ok=True)
+    outputs.ensure_dir(target)
     (target / "stacks").mkdir(exist_ok=True)
     for stack in stacks:
         _swap(new / "stacks" / stack, target / "stacks" / stack)
@@ -91,6 +92,4 @@ def _merge(new: Path, target: Path, stacks: tuple[str, ...]) -> None:
     if missing:
         fresh = json.loads((new / "manifest.json").read_text())
         manifest["stacks"] = dict(sorted({**manifest.get("stacks", {}), **{s: fresh["stacks"][s] for s in missing}}.items()))
-        tmp_manifest = manifest_path.with_suffix(".json.tmp")
-        tmp_manifest.write_text(json.dumps(manifest, indent=2) + "\n")
-        os.replace(tmp_manifest, manifest_path)
+        outputs.write_file(manifest_path, json.dumps(manifest, indent=2) + "\n", option="--out")

@@ -18,10 +18,10 @@ from typing import Any
 
 from clusters.errors import UserError
 from clusters.source import did_you_mean
+from gpufleet import outputs
 from stacks import imported
 from stacks.imported import load_imports
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 MANIFEST_VERSION = 1
 
 
@@ -81,19 +81,21 @@ def derive_manifest(stack: str, ids: dict[str, str], stack_json: Path) -> bytes:
     return _canonical({"version": MANIFEST_VERSION, "stack": stack, "imports": entries})
 
 
-def refuse_inside_repo(out: Path, repo: Path = REPO_ROOT) -> None:
+def refuse_inside_repo(out: Path, repo: Path | None = None) -> None:
     """The manifest is reviewed, not committed: only the applied record enters the repo."""
-    if Path(out).resolve().is_relative_to(Path(repo).resolve()):
+    from clusters import repo as repo_mod
+
+    repo = repo if repo is not None else repo_mod.root_or_none()
+    if repo is not None and Path(out).resolve().is_relative_to(Path(repo).resolve()):
         raise UserError(f"{out} is inside the repository {repo}; write the manifest elsewhere (e.g. --out /tmp/{Path(out).stem}.import.json)")
 
 
-def generate(stack: str, ids_file: Path, stack_json: Path, out: Path, *, repo: Path = REPO_ROOT) -> tuple[dict[str, str], str]:
+def generate(stack: str, ids_file: Path, stack_json: Path, out: Path, *, repo: Path | None = None) -> tuple[dict[str, str], str]:
     """Write the manifest to ``out`` (never inside the repo); returns (address -> id, SHA-256 of the manifest)."""
     refuse_inside_repo(out, repo)
     ids = _read_ids(ids_file)
     data = derive_manifest(stack, ids, stack_json)
-    Path(out).parent.mkdir(parents=True, exist_ok=True)
-    Path(out).write_bytes(data)
+    outputs.write_file(out, data, option="--out", owned=outputs.json_with_keys("version", "stack", "imports"))
     return ids, _digest(data)
 
 
@@ -119,12 +121,12 @@ def verify(stack: str, manifest: Path, digest: str, stack_json: Path) -> dict[st
 
 def record(stack: str, ids: dict[str, str], *, imported_dir: Path | None = None) -> Path:
     """Merge into ``<imported_dir>/<stack>.json``; an address already recorded with another id is refused."""
-    imported_dir = Path(imported_dir or imported.IMPORTED_DIR)
+    imported_dir = Path(imported_dir or imported.imported_dir())
     current = load_imports(stack, imported_dir=imported_dir)
     for address, provider_id in sorted(ids.items()):
         if current.get(address, provider_id) != provider_id:
             raise UserError(f"{address} is already recorded with another id in {imported_dir / f'{stack}.json'}; remove that entry in a reviewed change first")
     target = imported_dir / f"{stack}.json"
-    target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_bytes(_canonical(dict(sorted((current | ids).items()))))
+    outputs.write_file(target, _canonical(dict(sorted((current | ids).items()))), option="import apply",
+                       owned=lambda p: isinstance(load_imports(stack, imported_dir=imported_dir), dict), source_ok=True)
     return target

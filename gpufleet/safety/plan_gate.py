@@ -267,5 +267,7 @@ def error_summary(stack: str, message: str) -> dict[str, Any]:
 
 
 def write_summary(path: Path, data: dict[str, Any]) -> None:
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    from gpufleet import outputs
+
+    outputs.write_file(path, json.dumps(data, indent=2, sort_keys=True) + "\n", option="--summary-out",
+                       owned=outputs.json_with_keys("stack", "status"))

@@ -32,6 +32,7 @@ def bad_clusters_dir(tmp_path: Path) -> Path:
 def test_fails_when_a_cluster_file_is_wrong_with_one_line_exit_2_and_nothing_written(tmp_path):
     out = tmp_path / "cdktf.out"
     out.mkdir()
+    (out / ".gpufleet-output").write_text("gpufleet made this directory\n")
     (out / "marker").write_text("previous synthesis")
     result = run("synth", "--clusters-dir", str(bad_clusters_dir(tmp_path)), "--out", str(out))
     assert result.returncode == 2
@@ -40,7 +41,7 @@ def test_fails_when_a_cluster_file_is_wrong_with_one_line_exit_2_and_nothing_wri
     assert "prod-gke.yaml:" in lines[0] and "gpu_pools[0].gpus_per_node" in lines[0]
     assert "set gpus_per_node: 8 or pick a3-highgpu-4g" in lines[0]
     assert "Traceback" not in result.stderr + result.stdout
-    assert sorted(p.name for p in out.iterdir()) == ["marker"]
+    assert sorted(p.name for p in out.iterdir()) == [".gpufleet-output", "marker"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cdktf.out", "clusters"]
 
 

@@ -17,6 +17,7 @@ from gpufleet.cli import main
 from jobs.client import NomadClient
 from jobs.local import task_environment
 from jobs.loader import find, load
+from tests.conftest import REPO_ROOT
 from tests.jobs.nomad_double import NomadDouble
 from tests.openbao_fixture import FAKE_KEYS, VaultHandle
 
@@ -105,7 +106,7 @@ def test_task_environment_is_nomad_shaped_and_never_holds_vault_token(tmp_path: 
 def test_run_local_trains_with_its_key_from_openbao(vault: VaultHandle, tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("VAULT_", "NOMAD_"))}
     env.update({"VAULT_ADDR": vault.addr, "VAULT_TOKEN": vault.orchestrator.token})
-    done = subprocess.run([GPUFLEET, "jobs", "run-local", "finetune-llama", *META], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    done = subprocess.run([GPUFLEET, "--repo", str(REPO_ROOT), "jobs", "run-local", "finetune-llama", *META], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     output = done.stdout + done.stderr
     assert done.returncode == 0, output
     key = FAKE_KEYS["ml-api-keys/huggingface"]["token"]
@@ -125,7 +126,7 @@ def test_fails_when_run_local_role_cannot_read_its_key(vault: VaultHandle, tmp_p
     try:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("VAULT_", "NOMAD_"))}
         env.update({"VAULT_ADDR": vault.addr, "VAULT_TOKEN": vault.orchestrator.token})
-        done = subprocess.run([GPUFLEET, "jobs", "run-local", "eval-judge", *META], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+        done = subprocess.run([GPUFLEET, "--repo", str(REPO_ROOT), "jobs", "run-local", "eval-judge", *META], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     finally:
         vault.root.secrets.kv.v2.create_or_update_secret("ml-api-keys/openai", secret=FAKE_KEYS["ml-api-keys/openai"], mount_point="secret")
     assert done.returncode == 78, done.stdout + done.stderr

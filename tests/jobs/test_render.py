@@ -179,7 +179,7 @@ def test_write_is_atomic_and_deterministic(specs: dict[str, FinetuneSpec], tmp_p
     first = write_job(spec, tmp_path).read_bytes()
     second = write_job(spec, tmp_path).read_bytes()
     assert first == second == to_json(render(spec)).encode()
-    assert [p.name for p in tmp_path.iterdir()] == ["finetune-llama.json"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".gpufleet-output", "finetune-llama.json"]
     assert json.loads(first)["Job"]["ID"] == "finetune-llama"
 
 
@@ -195,7 +195,7 @@ def test_fails_when_write_is_interrupted_and_keeps_the_old_file(specs: dict[str,
     with pytest.raises(OSError, match="disk full"):
         write_job(spec, tmp_path)
     assert target.read_bytes() == old
-    assert [p.name for p in tmp_path.iterdir()] == ["finetune-llama.json"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".gpufleet-output", "finetune-llama.json"]
 
 
 def test_placement_probe_is_the_same_job_without_parameters(specs: dict[str, FinetuneSpec]) -> None:

@@ -13,6 +13,7 @@ from clusters.errors import UserError
 from gpufleet.cli import main
 from gpufleet.safety import imports, plan_gate, terraform
 from stacks import imported
+from tests.conftest import REPO_ROOT
 
 IDS = {"terraform_data.pool": "projects/p/locations/l/clusters/c/nodePools/h100", "terraform_data.ip": "projects/p/regions/r/addresses/ingress"}
 
@@ -67,7 +68,7 @@ def test_fails_when_manifest_is_written_inside_the_repo(stack_json: Path, ids_fi
 
 def test_fails_when_manifest_is_written_inside_this_checkout(stack_json: Path, ids_file: Path) -> None:
     with pytest.raises(UserError, match="is inside the repository"):
-        imports.generate("demo", ids_file, stack_json, imports.REPO_ROOT / "demo.import.json")
+        imports.generate("demo", ids_file, stack_json, REPO_ROOT / "demo.import.json")
 
 
 def test_fails_when_an_address_is_not_in_the_stack(stack_json: Path, tmp_path: Path) -> None:
