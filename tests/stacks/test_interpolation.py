@@ -129,6 +129,7 @@ def test_fails_when_a_config_that_bypassed_the_schema_is_synthesized_and_keeps_t
     bad = config.model_copy(update={"gcp": config.gcp.model_copy(update={"static_ips": (bad_ip,)})})
     out = tmp_path / "cdktf.out"
     out.mkdir()
+    (out / ".gpufleet-output").write_text("gpufleet made this directory\n")
     (out / "previous").write_text("kept")
     with pytest.raises(UserError, match=r"google_compute_address\.ip_nomad_ui\.description: .*did not generate"):
         synthesize((bad,), out, only=("prod-nomad",))
