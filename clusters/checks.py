@@ -210,10 +210,35 @@ def _nomad(config: ClusterConfig) -> Iterator[Finding]:
                    " Nomad jobs get credentials from Vault instead: remove service_account or use scheduler: gke")
     if config.nomad is None:
         return
+    yield from _nomad_servers(config)
     for s, server in enumerate(config.nomad.existing_servers):
         if not SERVER_ADDRESS.match(server):
             yield (("nomad", "existing_servers", s), f"{server!r} is not a Nomad server address; write 'host', 'host:4647' or a cloud auto-join string"
                    " such as 'provider=gce tag_value=nomad-server'")
+
+
+def _nomad_servers(config: ClusterConfig) -> Iterator[Finding]:
+    """Servers gpufleet creates must keep quorum through a zone loss, and someone must be able to
+    reach their API to apply the scheduler stack (the firewall admits only the node subnet and
+    nomad.api_access)."""
+    nomad = config.nomad
+    if nomad is None or nomad.existing_servers:
+        return
+    servers = nomad.servers
+    zones = servers.zones or config.gcp.zones
+    at = ("nomad", "servers", "zones") if servers.zones else ("gcp", "zones")
+    for i, zone in enumerate(servers.zones or ()):
+        if not zone.startswith(config.gcp.region + "-"):
+            yield (("nomad", "servers", "zones", i), f"zone {zone!r} is not in region {config.gcp.region!r}; use e.g. '{config.gcp.region}-c'")
+    distinct = sorted(set(zones))
+    if len(distinct) < 3 and servers.fewer_zones_reason is None:
+        yield (at, f"the {servers.count} Nomad servers would span {len(distinct)} zone(s) ({', '.join(distinct)}): losing one zone can take"
+               f" the quorum; set nomad.servers.zones to 3 zones, e.g. [{config.gcp.region}-a, {config.gcp.region}-b, {config.gcp.region}-c],"
+               " or write why not in nomad.servers.fewer_zones_reason")
+    if not nomad.api_access.cidrs:
+        yield (("nomad", "api_access"), "nobody outside the node subnet can reach the Nomad API, so the scheduler stack cannot be applied"
+               " (the firewall admits only the subnet); add nomad.api_access.cidrs, e.g. [{name: corp-vpn, cidr: 198.51.100.0/24}],"
+               " with the ranges of the operators' VPN and of the CI runners that plan it")
 
 
 def _tenants(config: ClusterConfig) -> Iterator[Finding]:

@@ -282,6 +282,19 @@ class DnsConfig(Model):
 class NomadServers(Model):
     count: Literal[3, 5] = 3
     machine_type: Annotated[str, _charset(GCE_NAME, "a GCE machine type name", "e2-standard-4")] = "e2-standard-4"
+    # Zones of the server groups (default: gcp.zones). Fewer than 3 needs a written reason:
+    # a zone holding a majority of the servers takes the quorum with it.
+    zones: tuple[Zone, ...] | None = None
+    fewer_zones_reason: Annotated[str, Field(min_length=10), _charset(DESCRIPTION, "a plain sentence (letters, digits, spaces and .,:;()'/_+-)", "staging: one zone down is acceptable")] | None = None
+    data_disk_gb: Annotated[int, Field(ge=10, le=1000)] = 50
+
+
+class NomadApiAccess(Model):
+    """Who may reach the Nomad HTTP API (4646) from outside the node subnet: operators' VPN and the
+    CI runners or TFC agents that plan the scheduler stack. Every caller also needs the CLI
+    certificate (mTLS) and an ACL token; the firewall is the first gate, not the only one."""
+
+    cidrs: tuple[AuthorizedNetwork, ...] = ()
 
 
 class NomadConfig(Model):
@@ -290,6 +303,7 @@ class NomadConfig(Model):
     vault_addr: Annotated[str, _charset(URL, "a Vault address (http(s)://host[:port][/path], no credentials or query)", "https://vault.example.com:8200")]
     existing_servers: tuple[str, ...] = ()
     servers: NomadServers = NomadServers()
+    api_access: NomadApiAccess = NomadApiAccess()
     client_machine_image: Annotated[str, _charset(IMAGE, "a GCE image (projects/<project>/global/images/[family/]<name>)", "projects/ubuntu-os-accelerator-images/global/images/family/ubuntu-accelerator-2204-amd64-with-nvidia-550")] = "projects/ubuntu-os-accelerator-images/global/images/family/ubuntu-accelerator-2204-amd64-with-nvidia-550"
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from constructs import Construct
 
-from clusters.schema import ClusterConfig
+from clusters.schema import ClusterConfig, SchedulerKind
 from constructs_lib.naming import pin
 from constructs_lib.providers import google
 
@@ -13,6 +13,15 @@ IAP_RANGE = "35.235.240.0/20"
 HEALTH_CHECK_RANGES = ("35.191.0.0/16", "130.211.0.0/22")
 PODS_RANGE = "pods"
 SERVICES_RANGE = "services"
+
+
+def _health_check_scope(config: ClusterConfig) -> dict[str, object]:
+    """Nomad: Google's health checkers probe only the servers' API port (the load balancer's
+    health check). GKE keeps the open rule its load balancers' node ports rely on."""
+    if config.scheduler == SchedulerKind.NOMAD:
+        return {"allow": [google.compute_firewall.ComputeFirewallAllow(protocol="tcp", ports=["4646"])],
+                "target_tags": [f"{config.name}-nomad-server"]}
+    return {"allow": [google.compute_firewall.ComputeFirewallAllow(protocol="tcp")]}
 
 
 class GpuNetwork(Construct):
@@ -51,8 +60,7 @@ class GpuNetwork(Construct):
             "allow_iap_ssh": self._firewall("allow-iap-ssh", priority=1000, source_ranges=[IAP_RANGE],
                                             allow=[google.compute_firewall.ComputeFirewallAllow(protocol="tcp", ports=["22"])]),
             "allow_health_checks": self._firewall("allow-health-checks", priority=1000,
-                                                  source_ranges=list(HEALTH_CHECK_RANGES),
-                                                  allow=[google.compute_firewall.ComputeFirewallAllow(protocol="tcp")]),
+                                                  source_ranges=list(HEALTH_CHECK_RANGES), **_health_check_scope(config)),
         }
 
     def _firewall(self, suffix: str, **kwargs: object) -> object:

@@ -4,6 +4,13 @@ Nothing here knows cdktf: tests parse the rendered HCL with pyhcl (the HCL1 dial
 agent config parser reads) and check the fields a job depends on, ``node_class`` and
 ``node_pool`` above all, because ``jobs/`` constrains placement on ``${node.class}``.
 
+Every agent talks mTLS (HTTP and RPC, ``verify_server_hostname``, ``verify_https_client``)
+and servers encrypt gossip, as Nomad's security model requires (``tls`` block:
+nomad/structs/config/tls.go; gossip: ``server.encrypt``, command/agent/config.go, v1.10.5).
+The configs only name file paths: the boot script fetches the CA, the agent's certificate and
+key, and (servers) the gossip key from Secret Manager with the VM's own service account, so no
+key is in the rendered text, the synthesized JSON or Terraform state.
+
 The boot script goes into ``metadata_startup_script``, a Terraform string: ``${`` and ``%{``
 would start Terraform interpolation, so the renderers refuse them instead of escaping.
 """
@@ -14,7 +21,7 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from clusters.derive import GpuPoolSpec
+from clusters.derive import NOMAD_GOSSIP_FILE, NOMAD_TLS_DIR, GpuPoolSpec, NomadSecretSpec
 
 NOMAD_VERSION = "1.10.5"
 NVIDIA_PLUGIN = "nomad-device-nvidia"
@@ -23,6 +30,11 @@ CONFIG_PATH = "/etc/nomad.d/nomad.hcl"
 DATA_DIR = "/opt/nomad/data"
 PLUGIN_DIR = "/opt/nomad/plugins"
 HTTP_PORT = 4646
+CA_FILE = f"{NOMAD_TLS_DIR}/ca.pem"
+CERT_FILE = f"{NOMAD_TLS_DIR}/agent.pem"
+KEY_FILE = f"{NOMAD_TLS_DIR}/agent-key.pem"
+SECRET_MANAGER = "https://secretmanager.googleapis.com/v1"
+METADATA_TOKEN = "http://metadata.google.internal/computeMetadata/v1/instance/service-accounts/default/token"
 # Google's documented driver installer for GCE GPU VMs; it reboots once, and the startup
 # script runs again on every boot, so the "nvidia-smi works" check makes it converge.
 CUDA_INSTALLER = "https://storage.googleapis.com/compute-gpu-installation-us/installer/latest/cuda_installer.pyz"
@@ -68,16 +80,34 @@ def render_hcl(body: HCL, indent: int = 0) -> str:
     return "\n".join(line for line in lines if line)
 
 
-def _common(*, datacenter: str, region: str, vault_addr: str) -> dict[str, object]:
+def tls_block() -> dict[str, object]:
+    """mTLS everywhere: servers require a CA-signed certificate on RPC (nomad/server.go verifies
+    incoming), so a VM without the client certificate cannot register as a client; the HTTP API
+    requires one too (``verify_https_client``), and hostnames are checked so a client
+    certificate cannot act as a server (``server.<region>.nomad``)."""
+    return {
+        "http": True,
+        "rpc": True,
+        "ca_file": CA_FILE,
+        "cert_file": CERT_FILE,
+        "key_file": KEY_FILE,
+        "verify_server_hostname": True,
+        "verify_https_client": True,
+        "tls_min_version": "tls12",
+    }
+
+
+def _common(*, datacenter: str, region: str) -> dict[str, object]:
+    """No ``vault`` block: on Nomad >= 1.10 it means workload identity, which no gpufleet job uses
+    (jobs log in with AppRole through gpufleet-exec)."""
     return {
         "region": region,
         "datacenter": datacenter,
         "data_dir": DATA_DIR,
         "bind_addr": "0.0.0.0",
         "acl": {"enabled": True},
+        "tls": tls_block(),
         "telemetry": {"prometheus_metrics": True, "publish_node_metrics": True, "publish_allocation_metrics": True},
-        # Nomad >= 1.10: a vault block means workload identity; jobs authenticate with their JWT.
-        "vault": {"enabled": True, "address": vault_addr},
     }
 
 
@@ -94,10 +124,9 @@ def pool_meta(spec: GpuPoolSpec, cluster: str) -> dict[str, str]:
     }
 
 
-def render_client_config(*, spec: GpuPoolSpec, cluster: str, datacenter: str, region: str, vault_addr: str,
-                         join: AgentJoin) -> str:
+def render_client_config(*, spec: GpuPoolSpec, cluster: str, datacenter: str, region: str, join: AgentJoin) -> str:
     """The client agent of one GPU pool: its node class and node pool are the pool's name."""
-    body = _common(datacenter=datacenter, region=region, vault_addr=vault_addr)
+    body = _common(datacenter=datacenter, region=region)
     body["plugin_dir"] = PLUGIN_DIR
     body["client"] = {
         "enabled": True,
@@ -111,9 +140,12 @@ def render_client_config(*, spec: GpuPoolSpec, cluster: str, datacenter: str, re
     return _checked(render_hcl(body) + "\n")
 
 
-def render_server_config(*, count: int, datacenter: str, region: str, vault_addr: str, join: AgentJoin) -> str:
-    """A server agent; ``bootstrap_expect`` equals the group size so the first election waits for quorum."""
-    body = _common(datacenter=datacenter, region=region, vault_addr=vault_addr)
+def render_server_config(*, count: int, datacenter: str, region: str, join: AgentJoin) -> str:
+    """A server agent; ``bootstrap_expect`` equals the group size so the first election waits for quorum.
+
+    The gossip key is not here: the boot script writes it to a second file of the config
+    directory (``server { encrypt = ... }``), which Nomad merges with this one."""
+    body = _common(datacenter=datacenter, region=region)
     body["server"] = {"enabled": True, "bootstrap_expect": count,
                       "server_join": {"retry_join": list(join.retry_join), "retry_interval": "15s"}}
     body["client"] = {"enabled": False}
@@ -133,14 +165,23 @@ _INSTALL_GPU = f"""if ! nvidia-smi >/dev/null 2>&1; then
   curl -fsSL -o /opt/cuda_installer.pyz {CUDA_INSTALLER}
   python3 /opt/cuda_installer.pyz install_driver --installation-mode=repo --installation-branch=prod
 fi
+# Docker on its own condition: an image may ship the container toolkit without Docker.
+if ! command -v docker >/dev/null 2>&1; then
+  apt-get update -q && apt-get install -yq docker.io
+fi
 if ! command -v nvidia-ctk >/dev/null 2>&1; then
   curl -fsSL https://nvidia.github.io/libnvidia-container/gpgkey | gpg --dearmor --yes -o /usr/share/keyrings/nvidia-container-toolkit.gpg
   curl -fsSL https://nvidia.github.io/libnvidia-container/stable/deb/nvidia-container-toolkit.list \\
     | sed 's#deb https://#deb [signed-by=/usr/share/keyrings/nvidia-container-toolkit.gpg] https://#' \\
     > /etc/apt/sources.list.d/nvidia-container-toolkit.list
-  apt-get update -q && apt-get install -yq docker.io nvidia-container-toolkit
+  apt-get update -q && apt-get install -yq nvidia-container-toolkit
+fi
+if ! grep -q '"nvidia"' /etc/docker/daemon.json 2>/dev/null; then
   nvidia-ctk runtime configure --runtime=docker && systemctl restart docker
 fi
+# Task containers must not reach the metadata server: it would hand them this VM's service
+# account token, which reads the client certificate and key from Secret Manager.
+iptables -C DOCKER-USER -d 169.254.169.254/32 -j REJECT 2>/dev/null || iptables -I DOCKER-USER -d 169.254.169.254/32 -j REJECT
 mkdir -p {PLUGIN_DIR}
 if [ ! -x {PLUGIN_DIR}/{NVIDIA_PLUGIN} ]; then
   curl -fsSL -o /opt/{NVIDIA_PLUGIN}.zip \\
@@ -149,15 +190,63 @@ if [ ! -x {PLUGIN_DIR}/{NVIDIA_PLUGIN} ]; then
 fi"""
 
 
-def render_startup_script(*, agent_config: str, gpu: bool) -> str:
-    """Idempotent boot script: GPU driver and container toolkit (GPU nodes), Nomad, config, restart.
+_FETCH_SECRET = f"""# gpufleet_secret <secret id> <file>: the latest version from Secret Manager, read with this VM's
+# service account; waits (and says so) until the Nomad bootstrap has added a version.
+gpufleet_secret() {{
+  local url="{SECRET_MANAGER}/projects/$GPUFLEET_PROJECT/secrets/$1/versions/latest:access"
+  until token=$(curl -fsS -H 'Metadata-Flavor: Google' {METADATA_TOKEN} \\
+          | python3 -c 'import json,sys; print(json.load(sys.stdin)["access_token"])') \\
+      && curl -fsS -H "Authorization: Bearer $token" "$url" \\
+          | python3 -c 'import base64,json,sys; sys.stdout.buffer.write(base64.b64decode(json.load(sys.stdin)["payload"]["data"]))' > "$2.tmp"; do
+    echo "gpufleet: waiting for secret $1 in Secret Manager (run the Nomad bootstrap, see README)" >&2
+    sleep 30
+  done
+  mv "$2.tmp" "$2"
+}}"""
+
+# The gossip key is checked to be base64 before it goes into HCL, so a bad secret cannot inject config.
+_GOSSIP = f"""key=$(tr -d '\\n' < {NOMAD_GOSSIP_FILE}.key)
+rm -f {NOMAD_GOSSIP_FILE}.key
+if ! printf '%s' "$key" | grep -Eq '^[A-Za-z0-9+/]{{22,}}={{0,2}}$'; then echo "gpufleet: the gossip key secret is not base64" >&2; exit 1; fi
+printf 'server {{\\n  encrypt = "%s"\\n}}\\n' "$key" > {NOMAD_GOSSIP_FILE}
+unset key"""
+
+
+def _secret_steps(project: str, secrets: tuple[NomadSecretSpec, ...]) -> str:
+    lines = [f"GPUFLEET_PROJECT={project}", _FETCH_SECRET, "umask 077", f"mkdir -p {NOMAD_TLS_DIR}"]
+    for secret in secrets:
+        target = f"{secret.path}.key" if secret.path == NOMAD_GOSSIP_FILE else secret.path
+        lines.append(f"gpufleet_secret {secret.secret_id} {target}")
+        if secret.path == NOMAD_GOSSIP_FILE:
+            lines.append(_GOSSIP)
+    lines.append("umask 022")
+    return "\n".join(lines)
+
+
+def _mount_data(device: str) -> str:
+    """Format the stateful data disk once (never again: it holds Raft state) and mount it as the data dir."""
+    dev = f"/dev/disk/by-id/google-{device}"
+    return (f"mkdir -p {DATA_DIR}\n"
+            f"blkid {dev} >/dev/null 2>&1 || mkfs.ext4 -q -L {device} {dev}\n"
+            f"mountpoint -q {DATA_DIR} || mount -o discard,defaults {dev} {DATA_DIR}")
+
+
+def render_startup_script(*, agent_config: str, gpu: bool, project: str, secrets: tuple[NomadSecretSpec, ...],
+                          data_device: str | None = None) -> str:
+    """Idempotent boot script: GPU driver and container toolkit (GPU nodes), Nomad, TLS material
+    and gossip key from Secret Manager, config, restart.
 
     It runs on every boot, so each step checks before it installs; the config is rewritten
     each time, so a new instance template version is the only way configuration changes.
     """
+    if not secrets:
+        raise ValueError("a Nomad agent needs its TLS secrets (CA, certificate, key); none were given")
     steps = ["#!/bin/bash", "# Rendered by gpufleet; edit the cluster file, not this script.", "set -euo pipefail", _INSTALL_NOMAD]
     if gpu:
         steps.append(_INSTALL_GPU)
+    steps.append(_secret_steps(project, secrets))
+    if data_device is not None:
+        steps.append(_mount_data(data_device))
     steps.append(f"mkdir -p {DATA_DIR} /etc/nomad.d\ncat > {CONFIG_PATH} <<'GPUFLEET_NOMAD_CONFIG'\n{agent_config}GPUFLEET_NOMAD_CONFIG")
     steps.append("systemctl enable nomad\nsystemctl restart nomad")
     return _checked("\n".join(steps) + "\n")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from constructs import Construct
 
-from clusters.derive import GpuPoolSpec
+from clusters.derive import GpuPoolSpec, NomadSecretSpec
 from constructs_lib.naming import pin
 from constructs_lib.nomad_agent_config import AgentJoin, render_client_config, render_startup_script
 from constructs_lib.nomad_instance_template import Machine, nomad_instance_template
@@ -30,18 +30,17 @@ class NomadClientPool(Construct):
     """
 
     def __init__(self, scope: Construct, id_: str, *, spec: GpuPoolSpec, cluster: str, project: str, region: str,
-                 subnetwork: str, service_account: str, datacenter: str, nomad_region: str, vault_addr: str,
-                 join: AgentJoin, image: str) -> None:
+                 subnetwork: str, service_account: str, datacenter: str, nomad_region: str,
+                 join: AgentJoin, image: str, secrets: tuple[NomadSecretSpec, ...]) -> None:
         super().__init__(scope, id_)
-        self.client_config = render_client_config(spec=spec, cluster=cluster, datacenter=datacenter, region=nomad_region,
-                                                  vault_addr=vault_addr, join=join)
+        self.client_config = render_client_config(spec=spec, cluster=cluster, datacenter=datacenter, region=nomad_region, join=join)
         name = f"{cluster}-{spec.name}"
         self.template = nomad_instance_template(
             self, f"nomad_client_template_{spec.name}", name_prefix=f"{name}-",
             machine=Machine(machine_type=spec.machine_type, image=image, disk_gb=spec.boot_disk_gb, disk_type=spec.boot_disk_type,
                             accelerator=spec.accelerator, gpus=spec.gpus_per_node, spot=spec.spot, reservation=spec.reservation),
             project=project, region=region, subnetwork=subnetwork, service_account=service_account,
-            startup_script=render_startup_script(agent_config=self.client_config, gpu=True),
+            startup_script=render_startup_script(agent_config=self.client_config, gpu=True, project=project, secrets=secrets),
             tags=[client_tag(cluster)],
             labels={k.replace(".", "_").replace("/", "_"): v for k, v in spec.labels},
         )

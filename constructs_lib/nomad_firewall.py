@@ -9,12 +9,20 @@ from constructs_lib.providers import google
 
 NOMAD_TCP_PORTS = "4646-4648"
 NOMAD_SERF_UDP = "4648"
+NOMAD_HTTP_PORT = 4646
 
 
 class NomadFirewall(Construct):
-    """Explicit so it survives a narrower ``allow-internal`` rule; the source is the node subnet only."""
+    """Explicit so it survives a narrower ``allow-internal`` rule; agents talk inside the node subnet only.
 
-    def __init__(self, scope: Construct, id_: str, *, cluster: str, vpc_id: str, subnet_cidr: str, target_tags: list[str]) -> None:
+    The HTTP API (4646 on the servers, through the internal load balancer, which keeps the
+    caller's address) is also open to the file's ``nomad.api_access`` ranges: the operators'
+    VPN and the CI runners or Terraform agents that plan the scheduler stack. Callers still need
+    the CLI certificate (mTLS) and an ACL token.
+    """
+
+    def __init__(self, scope: Construct, id_: str, *, cluster: str, vpc_id: str, subnet_cidr: str, target_tags: list[str],
+                 api_tags: list[str], api_cidrs: list[str]) -> None:
         super().__init__(scope, id_)
         fw = google.compute_firewall
         self.rule = pin(fw.ComputeFirewall(
@@ -24,3 +32,11 @@ class NomadFirewall(Construct):
                    fw.ComputeFirewallAllow(protocol="udp", ports=[NOMAD_SERF_UDP])],
             log_config={"metadata": "INCLUDE_ALL_METADATA"},
         ), "fw_allow_nomad")
+        self.api_rule = None
+        if api_cidrs and api_tags:
+            self.api_rule = pin(fw.ComputeFirewall(
+                self, "api", name=f"{cluster}-allow-nomad-api", network=vpc_id, direction="INGRESS", priority=900,
+                source_ranges=sorted(api_cidrs), target_tags=sorted(api_tags),
+                allow=[fw.ComputeFirewallAllow(protocol="tcp", ports=[str(NOMAD_HTTP_PORT)])],
+                log_config={"metadata": "INCLUDE_ALL_METADATA"},
+            ), "fw_allow_nomad_api")

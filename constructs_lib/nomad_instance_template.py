@@ -16,6 +16,16 @@ LOCKED_METADATA = {"block-project-ssh-keys": "true", "serial-port-enable": "fals
 
 
 @dataclass(frozen=True)
+class DataDisk:
+    """A persistent disk kept across VM recreation (the group's stateful disk), mounted by the boot script."""
+
+    device_name: str
+    size_gb: int
+    mount_path: str
+    disk_type: str = "pd-balanced"
+
+
+@dataclass(frozen=True)
 class Machine:
     """What differs between a GPU client and a server VM; the security settings never do."""
 
@@ -27,6 +37,7 @@ class Machine:
     gpus: int = 0
     spot: bool = False
     reservation: str | None = None
+    data_disk: DataDisk | None = None
 
 
 def nomad_instance_template(scope: Construct, id_: str, *, name_prefix: str, machine: Machine, project: str, region: str,
@@ -50,14 +61,19 @@ def nomad_instance_template(scope: Construct, id_: str, *, name_prefix: str, mac
             "key": "compute.googleapis.com/reservation-name", "values": [machine.reservation]}}
     elif machine.gpus:
         extras["reservation_affinity"] = {"type": "NO_RESERVATION"}
+    disks = [tmpl.ComputeInstanceTemplateDisk(source_image=machine.image, boot=True, auto_delete=True,
+                                              disk_size_gb=machine.disk_gb, disk_type=machine.disk_type)]
+    if machine.data_disk is not None:
+        data = machine.data_disk
+        disks.append(tmpl.ComputeInstanceTemplateDisk(device_name=data.device_name, boot=False, auto_delete=False, type="PERSISTENT",
+                                                      disk_size_gb=data.size_gb, disk_type=data.disk_type))
     return pin(tmpl.ComputeInstanceTemplate(
         scope, "template",
         name_prefix=name_prefix,
         project=project,
         region=region,
         machine_type=machine.machine_type,
-        disk=[tmpl.ComputeInstanceTemplateDisk(source_image=machine.image, boot=True, auto_delete=True,
-                                               disk_size_gb=machine.disk_gb, disk_type=machine.disk_type)],
+        disk=disks,
         network_interface=[tmpl.ComputeInstanceTemplateNetworkInterface(subnetwork=subnetwork)],
         can_ip_forward=False,
         service_account={"email": service_account, "scopes": SCOPES},

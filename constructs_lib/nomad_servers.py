@@ -1,18 +1,22 @@
-"""A small fixed Nomad server group (no GPUs) behind an internal TCP load balancer."""
+"""Nomad servers: one zonal group per zone with Raft on stateful disks, behind an internal TCP load balancer."""
 
 from __future__ import annotations
 
 from constructs import Construct
 
-from clusters.schema import ClusterConfig, Environment, NomadConfig
+from clusters.derive import NomadSecretSpec, NomadServersSpec
 from constructs_lib.naming import pin
-from constructs_lib.nomad_agent_config import HTTP_PORT, AgentJoin, render_server_config, render_startup_script
-from constructs_lib.nomad_instance_template import SERVER_IMAGE, Machine, nomad_instance_template
+from constructs_lib.nomad_agent_config import (
+    DATA_DIR, HTTP_PORT, AgentJoin, render_server_config, render_startup_script,
+)
+from constructs_lib.nomad_instance_template import SERVER_IMAGE, DataDisk, Machine, nomad_instance_template
 from constructs_lib.providers import google
 
 SERVER_DISK_GB = 50
+DATA_DEVICE = "nomad-data"
 # Cloud auto-join lists instances by tag; that needs compute read access on the agents' SA.
 AUTOJOIN_ROLE = "roles/compute.viewer"
+SERVER_ROLES = ("roles/logging.logWriter", "roles/monitoring.metricWriter", AUTOJOIN_ROLE)
 
 
 def server_tag(cluster: str) -> str:
@@ -22,48 +26,70 @@ def server_tag(cluster: str) -> str:
 class NomadServers(Construct):
     """Created only when the cluster file names no existing servers.
 
-    The servers keep Raft state on their boot disks, so the group updates OPPORTUNISTICALLY
-    (never several at once, which would lose quorum) and is protected outside dev. The
-    internal load balancer gives the scheduler stack one stable address inside the VPC.
+    Quorum survives a zone: servers spread over (normally 3) zones, one zonal group per zone,
+    so no group ever has more than one server unavailable. Raft state lives on a stateful data
+    disk (``delete_rule = NEVER``) that the group re-attaches when it recreates the VM under
+    the same name, so a replaced server rejoins with its log instead of as a blank peer.
+    Groups update OPPORTUNISTICALLY: a new template reaches a server only when an operator
+    recreates it, one at a time (README: "Nomad: replace servers"). No autohealing: a blind
+    recreate of several servers would lose quorum.
+
+    Servers run as their own service account, which alone may read the server key and the
+    gossip key; clients (which run tenant code) cannot.
     """
 
-    def __init__(self, scope: Construct, id_: str, *, config: ClusterConfig, nomad: NomadConfig, vpc_id: str, subnetwork: str,
-                 service_account: str, join: AgentJoin) -> None:
+    def __init__(self, scope: Construct, id_: str, *, cluster: str, project: str, region: str, spec: NomadServersSpec,
+                 datacenter: str, nomad_region: str, vpc_id: str, subnetwork: str, node_service_account: str, join: AgentJoin,
+                 secrets: tuple[NomadSecretSpec, ...], global_access: bool) -> None:
         super().__init__(scope, id_)
-        gcp, name = config.gcp, f"{config.name}-nomad"
-        protected = config.environment != Environment.DEV
-        self.server_config = render_server_config(count=nomad.servers.count, datacenter=nomad.datacenter, region=nomad.region,
-                                                  vault_addr=nomad.vault_addr, join=join)
+        name = f"{cluster}-nomad"
+        self.service_account = pin(google.service_account.ServiceAccount(
+            self, "sa", account_id=f"{cluster[:19]}-nomad-srv", project=project,
+            display_name=f"gpufleet {cluster} Nomad servers"), "nomad_server_sa")
+        member = f"serviceAccount:{self.service_account.email}"
+        self.roles = {
+            role: pin(google.project_iam_member.ProjectIamMember(self, f"role_{role.rsplit('/', 1)[-1]}", project=project, role=role, member=member),
+                      f"nomad_server_role_{role.rsplit('/', 1)[-1].replace('.', '_')}")
+            for role in SERVER_ROLES
+        }
+        self.autojoin_grant = pin(google.project_iam_member.ProjectIamMember(
+            self, "autojoin", project=project, role=AUTOJOIN_ROLE, member=f"serviceAccount:{node_service_account}"), "nomad_autojoin_compute_viewer")
+        self.server_config = render_server_config(count=spec.count, datacenter=datacenter, region=nomad_region, join=join)
         self.template = nomad_instance_template(
             self, "nomad_server_template", name_prefix=f"{name}-server-",
-            machine=Machine(machine_type=nomad.servers.machine_type, image=SERVER_IMAGE, disk_gb=SERVER_DISK_GB, disk_type="pd-balanced"),
-            project=gcp.project, region=gcp.region, subnetwork=subnetwork, service_account=service_account,
-            startup_script=render_startup_script(agent_config=self.server_config, gpu=False),
-            tags=[server_tag(config.name)], labels={"gpufleet-cluster": config.name, "nomad-role": "server"},
+            machine=Machine(machine_type=spec.machine_type, image=SERVER_IMAGE, disk_gb=SERVER_DISK_GB, disk_type="pd-balanced",
+                            data_disk=DataDisk(device_name=DATA_DEVICE, size_gb=spec.data_disk_gb, mount_path=DATA_DIR)),
+            project=project, region=region, subnetwork=subnetwork, service_account=self.service_account.email,
+            startup_script=render_startup_script(agent_config=self.server_config, gpu=False, project=project, secrets=secrets,
+                                                 data_device=DATA_DEVICE),
+            tags=[server_tag(cluster)], labels={"gpufleet-cluster": cluster, "nomad-role": "server"},
         )
-        mig = google.compute_region_instance_group_manager
-        self.group = pin(mig.ComputeRegionInstanceGroupManager(
-            self, "group", name=f"{name}-servers", base_instance_name=f"{name}-server", project=gcp.project, region=gcp.region,
-            distribution_policy_zones=list(gcp.zones), target_size=nomad.servers.count,
-            version=[mig.ComputeRegionInstanceGroupManagerVersion(name="primary", instance_template=self.template.self_link_unique)],
-            update_policy={"type": "OPPORTUNISTIC", "minimal_action": "REPLACE", "instance_redistribution_type": "NONE",
-                           "max_surge_fixed": 0, "max_unavailable_fixed": len(gcp.zones)},
-            wait_for_instances=False, lifecycle={"prevent_destroy": protected},
-        ), "nomad_servers")
-        self.autojoin_grant = pin(google.project_iam_member.ProjectIamMember(
-            self, "autojoin", project=gcp.project, role=AUTOJOIN_ROLE, member=f"serviceAccount:{service_account}"), "nomad_autojoin_compute_viewer")
+        mig = google.compute_instance_group_manager
+        self.groups = {}
+        for group in spec.groups:
+            self.groups[group.zone] = pin(mig.ComputeInstanceGroupManager(
+                self, f"group_{group.suffix}", name=f"{name}-servers-{group.suffix}", base_instance_name=f"{name}-server-{group.suffix}",
+                project=project, zone=group.zone, target_size=group.size,
+                version=[mig.ComputeInstanceGroupManagerVersion(name="primary", instance_template=self.template.self_link_unique)],
+                stateful_disk=[mig.ComputeInstanceGroupManagerStatefulDisk(device_name=DATA_DEVICE, delete_rule="NEVER")],
+                update_policy={"type": "OPPORTUNISTIC", "minimal_action": "REPLACE", "replacement_method": "RECREATE",
+                               "max_surge_fixed": 0, "max_unavailable_fixed": 1},
+                wait_for_instances=False, lifecycle={"prevent_destroy": spec.protected},
+            ), f"nomad_servers_{group.suffix}")
+        # TCP, not HTTP: the API requires a client certificate (verify_https_client), which no
+        # Google health checker presents.
         self.health_check = pin(google.compute_region_health_check.ComputeRegionHealthCheck(
-            self, "health", name=f"{name}-api", project=gcp.project, region=gcp.region,
-            http_health_check={"port": HTTP_PORT, "request_path": "/v1/agent/health?type=server"},
-            log_config={"enable": True}), "nomad_api_health")
+            self, "health", name=f"{name}-api", project=project, region=region,
+            tcp_health_check={"port": HTTP_PORT}, log_config={"enable": True}), "nomad_api_health")
         self.backend = pin(google.compute_region_backend_service.ComputeRegionBackendService(
-            self, "backend", name=f"{name}-api", project=gcp.project, region=gcp.region, protocol="TCP",
+            self, "backend", name=f"{name}-api", project=project, region=region, protocol="TCP",
             load_balancing_scheme="INTERNAL", health_checks=[self.health_check.id],
             backend=[google.compute_region_backend_service.ComputeRegionBackendServiceBackend(
-                group=self.group.instance_group, balancing_mode="CONNECTION")],
+                group=g.instance_group, balancing_mode="CONNECTION") for _, g in sorted(self.groups.items())],
             log_config={"enable": True}), "nomad_api_backend")
         self.forwarding_rule = pin(google.compute_forwarding_rule.ComputeForwardingRule(
-            self, "api", name=f"{name}-api", project=gcp.project, region=gcp.region, load_balancing_scheme="INTERNAL",
+            self, "api", name=f"{name}-api", project=project, region=region, load_balancing_scheme="INTERNAL",
             backend_service=self.backend.id, ip_protocol="TCP", ports=[str(HTTP_PORT)], network=vpc_id, subnetwork=subnetwork,
-            allow_global_access=False), "nomad_api")
-        self.address = f"http://{self.forwarding_rule.ip_address}:{HTTP_PORT}"
+            # Callers in the file's api_access ranges may sit behind VPN/Interconnect in another region.
+            allow_global_access=global_access), "nomad_api")
+        self.address = f"https://{self.forwarding_rule.ip_address}:{HTTP_PORT}"

@@ -15,7 +15,7 @@ import typer
 import clusters.repo
 
 from clusters.errors import ConfigError, UserError
-from gpufleet import fleet_cmd, jobs_cmd, ops_cmd, vault_cmd
+from gpufleet import fleet_cmd, jobs_cmd, nomad_cmd, ops_cmd, vault_cmd
 
 app = typer.Typer(
     name="gpufleet",
@@ -40,6 +40,7 @@ fleet_cmd.register(app)
 ops_cmd.register(app)
 vault_cmd.register(app)
 jobs_cmd.register(app)
+nomad_cmd.register(app)
 
 EXIT_USER_ERROR = 2
 

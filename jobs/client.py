@@ -1,11 +1,13 @@
 """The Nomad HTTP client gpufleet uses: python-nomad, wrapped where its defaults bite.
 
-python-nomad as shipped: 5 s timeout and no retries; TLS verification off and NOMAD_CACERT
-never read; no ``namespace`` on evaluation endpoints; ``user_agent`` without a token raises
+python-nomad as shipped: 5 s timeout and no retries; TLS verification off and NOMAD_CACERT,
+NOMAD_CLIENT_CERT/KEY and NOMAD_TLS_SERVER_NAME never read; no ``namespace`` on evaluation endpoints; ``user_agent`` without a token raises
 TypeError; and ``dispatch_job(idempotency_token=...)`` puts the token in the body, where
 Nomad ignores it. So this module: builds its own session (urllib3 Retry on connection
 errors, read timeouts and 5xx, for every method: a retried dispatch resends the same URL,
-hence the same ``?idempotency_token=``), verifies TLS against NOMAD_CACERT, sends the
+hence the same ``?idempotency_token=``), verifies TLS against NOMAD_CACERT and presents the
+CLI certificate (the fleet's agents require mTLS on the API), checks the server's name
+against NOMAD_TLS_SERVER_NAME (e.g. ``server.global.nomad``) when set, sends the
 namespace explicitly, calls ``/dispatch`` itself, and maps 400/403/404 to one-line errors.
 """
 
@@ -45,6 +47,9 @@ class NomadSettings:
     namespace: str | None = None
     region: str | None = None
     cacert: str | None = None
+    client_cert: str | None = None
+    client_key: str | None = None
+    tls_server_name: str | None = None
     skip_verify: bool = False
     timeout_seconds: float = 10.0
     retries: int = 3
@@ -52,19 +57,30 @@ class NomadSettings:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> NomadSettings:
-        """NOMAD_ADDR, NOMAD_TOKEN, NOMAD_NAMESPACE, NOMAD_REGION, NOMAD_CACERT, NOMAD_SKIP_VERIFY."""
+        """NOMAD_ADDR, NOMAD_TOKEN, NOMAD_NAMESPACE, NOMAD_REGION, NOMAD_CACERT, NOMAD_CLIENT_CERT,
+        NOMAD_CLIENT_KEY, NOMAD_TLS_SERVER_NAME, NOMAD_SKIP_VERIFY (the Nomad CLI's names)."""
         address = env.get("NOMAD_ADDR", "http://127.0.0.1:4646")
         if not _ADDR.match(address):
             raise UserError(f"NOMAD_ADDR {address!r} is not an http(s) address; set it like https://nomad.example.com:4646")
         cacert = env.get("NOMAD_CACERT") or None
         if cacert and not os.path.isfile(cacert):
             raise UserError(f"NOMAD_CACERT {cacert!r} is not a file; point it at the PEM CA bundle that signed the Nomad servers' certificates")
+        cert, key = env.get("NOMAD_CLIENT_CERT") or None, env.get("NOMAD_CLIENT_KEY") or None
+        if bool(cert) != bool(key):
+            given, missing = ("NOMAD_CLIENT_CERT", "NOMAD_CLIENT_KEY") if cert else ("NOMAD_CLIENT_KEY", "NOMAD_CLIENT_CERT")
+            raise UserError(f"{given} is set but {missing} is not; set both to the CLI certificate and key from the Nomad bootstrap, or neither")
+        for name, path in (("NOMAD_CLIENT_CERT", cert), ("NOMAD_CLIENT_KEY", key)):
+            if path and not os.path.isfile(path):
+                raise UserError(f"{name} {path!r} is not a file; point it at the PEM file the Nomad bootstrap wrote")
         return cls(
             address=address.rstrip("/"),
             token=env.get("NOMAD_TOKEN") or None,
             namespace=env.get("NOMAD_NAMESPACE") or None,
             region=env.get("NOMAD_REGION") or None,
             cacert=cacert,
+            client_cert=cert,
+            client_key=key,
+            tls_server_name=env.get("NOMAD_TLS_SERVER_NAME") or None,
             skip_verify=env.get("NOMAD_SKIP_VERIFY", "").lower() in ("1", "true"),
         )
 
@@ -82,6 +98,25 @@ class DispatchResult:
     dispatched_job_id: str
     eval_id: str
     namespace: str
+
+
+def _server_name_adapter() -> type:
+    from requests.adapters import HTTPAdapter
+
+    class ServerNameAdapter(HTTPAdapter):
+        """Sends SNI and checks the certificate for this name instead of the URL's host: the API is
+        reached by load-balancer IP, Nomad's server certificates name ``server.<region>.nomad``."""
+
+        def __init__(self, server_name: str, **kwargs: object) -> None:
+            self.server_name = server_name
+            super().__init__(**kwargs)
+
+        def init_poolmanager(self, *args: object, **kwargs: object) -> None:
+            kwargs["server_hostname"] = self.server_name
+            kwargs["assert_hostname"] = self.server_name
+            super().init_poolmanager(*args, **kwargs)
+
+    return ServerNameAdapter
 
 
 def _session(settings: NomadSettings) -> requests.Session:
@@ -102,7 +137,10 @@ def _session(settings: NomadSettings) -> requests.Session:
         respect_retry_after_header=True,
     )
     session = requests.Session()
-    adapter = HTTPAdapter(max_retries=retry)
+    if settings.tls_server_name:
+        adapter = _server_name_adapter()(settings.tls_server_name, max_retries=retry)
+    else:
+        adapter = HTTPAdapter(max_retries=retry)
     session.mount("http://", adapter)
     session.mount("https://", adapter)
     session.headers["User-Agent"] = USER_AGENT
@@ -112,6 +150,20 @@ def _session(settings: NomadSettings) -> requests.Session:
 def _first_line(text: str, limit: int = 300) -> str:
     line = (text or "").strip().splitlines()[0] if (text or "").strip() else "(empty answer)"
     return line[:limit]
+
+
+def _tls_advice(detail: str, settings: NomadSettings) -> str:
+    """One line for a failed TLS handshake: which of the four mTLS settings to fix."""
+    if "CERTIFICATE_VERIFY_FAILED" in detail or "doesn't match" in detail or "hostname mismatch" in detail.lower():
+        if "match" in detail.lower():
+            return (f"Nomad at {settings.address} presented a certificate for another name; set NOMAD_TLS_SERVER_NAME=server.<region>.nomad"
+                    " (Nomad's server certificates name that, not the load balancer's address)")
+        return (f"the certificate of Nomad at {settings.address} is not signed by "
+                f"{'NOMAD_CACERT ' + repr(settings.cacert) if settings.cacert else 'a CA this machine trusts'}; set NOMAD_CACERT to the cluster's CA (nomad-agent-ca.pem from the bootstrap)")
+    if not settings.client_cert:
+        return (f"Nomad at {settings.address} refused the TLS handshake: its API requires a client certificate (mTLS);"
+                " set NOMAD_CLIENT_CERT and NOMAD_CLIENT_KEY to the CLI certificate from the Nomad bootstrap")
+    return f"TLS handshake with Nomad at {settings.address} failed ({detail.splitlines()[0][:160]}); check NOMAD_CLIENT_CERT/NOMAD_CLIENT_KEY were issued by the cluster's CA"
 
 
 class NomadClient:
@@ -131,6 +183,7 @@ class NomadClient:
             region=s.region,
             timeout=s.timeout_seconds,
             verify=verify,
+            cert=(s.client_cert, s.client_key) if s.client_cert and s.client_key else (),
             session=self._session,
         )
 
@@ -150,6 +203,8 @@ class NomadClient:
         except exc.BaseNomadException as error:
             response = error.nomad_resp
             tries = self.settings.retries + 1
+            if isinstance(response, requests.exceptions.SSLError):
+                raise NomadError(f"{action}: {_tls_advice(str(response), self.settings)}") from None
             if isinstance(response, requests.Response):
                 raise NomadError(f"{action}: Nomad at {self.settings.address} answered {response.status_code} after {tries} attempts ({_first_line(response.text)}); retry later or check the servers") from None
             raise NomadError(f"{action}: cannot reach Nomad at {self.settings.address} after {tries} attempts ({type(response).__name__}); check NOMAD_ADDR and that the servers are up") from None

@@ -5,7 +5,7 @@ from __future__ import annotations
 from cdktf import TerraformOutput, TerraformStack
 from constructs import Construct
 
-from clusters.derive import derive_gpu_pools, derive_tenants
+from clusters.derive import NomadRole, derive_gpu_pools, derive_nomad_secrets, derive_nomad_servers, derive_tenants, nomad_secrets_for
 from clusters.schema import ClusterConfig, NomadConfig, SchedulerKind
 from constructs_lib.dns_records import DnsRecords
 from constructs_lib.gke_cluster import GkeCluster
@@ -16,6 +16,7 @@ from constructs_lib.network import GpuNetwork
 from constructs_lib.nomad_agent_config import AgentJoin
 from constructs_lib.nomad_client_pool import NomadClientPool, client_tag
 from constructs_lib.nomad_firewall import NomadFirewall
+from constructs_lib.nomad_secrets import NomadSecrets
 from constructs_lib.nomad_servers import NomadServers, server_tag
 from constructs_lib.providers import google
 from constructs_lib.static_ips import StaticIps
@@ -59,20 +60,32 @@ class ClusterStack(TerraformStack):
         self._outputs()
 
     def _nomad(self, config: ClusterConfig, nomad: NomadConfig, node_sa: str) -> None:
-        """Servers join each other by tag and clients join the servers, or both use the file's existing servers."""
+        """Servers join each other by tag and clients join the servers, or both use the file's existing servers.
+
+        Every agent reads its TLS material from Secret Manager at boot (``NomadSecrets``), so the
+        secrets and their per-role IAM live here, next to the VMs that read them."""
         gcp, vpc, subnet = config.gcp, self.network.vpc.id, self.network.subnet.id
         join = AgentJoin.for_cluster(project=gcp.project, server_tag=server_tag(config.name), existing_servers=nomad.existing_servers)
+        api_cidrs = [n.cidr for n in nomad.api_access.cidrs]
         NomadFirewall(self, "nomad_firewall", cluster=config.name, vpc_id=vpc, subnet_cidr=gcp.subnet_cidr,
-                      target_tags=[client_tag(config.name), server_tag(config.name)])
-        if not nomad.existing_servers:
-            self.nomad_servers = NomadServers(self, "nomad_servers", config=config, nomad=nomad, vpc_id=vpc, subnetwork=subnet,
-                                              service_account=node_sa, join=join)
+                      target_tags=[client_tag(config.name), server_tag(config.name)],
+                      api_tags=[server_tag(config.name)] if not nomad.existing_servers else [], api_cidrs=api_cidrs)
+        secrets = derive_nomad_secrets(config)
+        readers = {NomadRole.CLIENT: node_sa}
+        servers = derive_nomad_servers(config)
+        if servers is not None:
+            self.nomad_servers = NomadServers(
+                self, "nomad_servers", cluster=config.name, project=gcp.project, region=gcp.region, spec=servers,
+                datacenter=nomad.datacenter, nomad_region=nomad.region, vpc_id=vpc, subnetwork=subnet, node_service_account=node_sa,
+                join=join, secrets=nomad_secrets_for(secrets, NomadRole.SERVER), global_access=bool(api_cidrs))
             self.nomad_address = self.nomad_servers.address
+            readers[NomadRole.SERVER] = self.nomad_servers.service_account.email
+        self.nomad_secrets = NomadSecrets(self, "nomad_secrets", cluster=config.name, project=gcp.project, secrets=secrets, readers=readers)
         for spec in self.pool_specs:
             self.nomad_pools[spec.name] = NomadClientPool(
                 self, f"nomad_pool_{spec.name}", spec=spec, cluster=config.name, project=gcp.project, region=gcp.region,
                 subnetwork=subnet, service_account=node_sa, datacenter=nomad.datacenter, nomad_region=nomad.region,
-                vault_addr=nomad.vault_addr, join=join, image=nomad.client_machine_image)
+                join=join, image=nomad.client_machine_image, secrets=nomad_secrets_for(secrets, NomadRole.CLIENT))
 
     def _outputs(self) -> None:
         """What the scheduler stack and operators need; nothing here is a secret."""

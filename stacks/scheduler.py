@@ -6,7 +6,9 @@ address, tenant service accounts) is a cdktf cross-stack reference, which become
 output plus a ``terraform_remote_state`` read here. Credentials are never in the JSON nor in
 state: the kubernetes provider runs ``gke-gcloud-auth-plugin`` for a short-lived token on each
 run (a ``google_client_config`` data source would store its access token in state), the Nomad
-token comes from ``NOMAD_TOKEN`` in the environment.
+token comes from ``NOMAD_TOKEN`` and the mTLS files from ``NOMAD_CACERT``, ``NOMAD_CLIENT_CERT`` and
+``NOMAD_CLIENT_KEY`` in the environment (the nomad provider's defaults for ``ca_file``,
+``cert_file`` and ``key_file``), never from the JSON.
 """
 
 from __future__ import annotations
@@ -81,7 +83,7 @@ class NomadSchedulerStack(TerraformStack):
         if infra.nomad_address is not None:
             return infra.nomad_address
         first = config.nomad.existing_servers[0] if config.nomad and config.nomad.existing_servers else ""
-        default = None if not first or first.startswith("provider=") else f"http://{first.rsplit(':', 1)[0]}:{HTTP_PORT}"
+        default = None if not first or first.startswith("provider=") else f"https://{first.rsplit(':', 1)[0]}:{HTTP_PORT}"
         variable = TerraformVariable(self, "nomad_address", type="string", default=default,
-                                     description="HTTP API of the existing Nomad servers, e.g. http://10.0.0.2:4646")
+                                     description="HTTPS API of the existing Nomad servers, e.g. https://10.0.0.2:4646")
         return variable.string_value

@@ -33,8 +33,7 @@ def test_boot_script_carries_the_pools_rendered_client_config(nomad, config, poo
     template = nomad["google_compute_instance_template"][f"nomad_client_template_{pool}"]
     spec = {s.name: s for s in derive_gpu_pools(config)}[pool]
     join = AgentJoin.for_cluster(project=config.gcp.project, server_tag=server_tag(config.name), existing_servers=())
-    expected = render_client_config(spec=spec, cluster=config.name, datacenter="europe-west4", region="global",
-                                    vault_addr="https://vault.example.com:8200", join=join)
+    expected = render_client_config(spec=spec, cluster=config.name, datacenter="europe-west4", region="global", join=join)
     assert embedded_config(template) == expected
     parsed = hcl.loads(embedded_config(template))["client"]
     assert (parsed["node_class"], parsed["node_pool"]) == (pool, pool)
@@ -86,19 +85,54 @@ def test_autoscalers_never_scale_in_a_running_fine_tune(nomad):
     assert not any("scale_in_control" in p for p in policies.values()), "no scale-in to control"
 
 
-def test_three_servers_without_gpus_behind_an_internal_load_balancer(nomad):
+def test_three_servers_in_three_zones_with_raft_on_stateful_disks(nomad):
     t = nomad["google_compute_instance_template"]["nomad_server_template"]
     assert "guest_accelerator" not in t and t["machine_type"] == "e2-standard-4"
     assert t["scheduling"]["on_host_maintenance"] == "MIGRATE"
+    assert t["service_account"]["email"] == "${google_service_account.nomad_server_sa.email}", "servers do not share the clients' identity"
     server = hcl.loads(embedded_config(t))["server"]
     assert server["bootstrap_expect"] == 3
     assert server["server_join"]["retry_join"] == ["provider=gce project_name=ml-finetune-prod tag_value=prod-nomad-nomad-server"]
-    assert nomad["google_compute_region_instance_group_manager"]["nomad_servers"]["target_size"] == 3
+    (data,) = [d for d in t["disk"] if not d.get("boot")]
+    assert (data["device_name"], data["auto_delete"]) == ("nomad-data", False)
+    assert "mount -o discard,defaults /dev/disk/by-id/google-nomad-data /opt/nomad/data" in t["metadata_startup_script"]
+    groups = nomad["google_compute_instance_group_manager"]
+    assert sorted((g["zone"], g["target_size"]) for g in groups.values()) == [
+        ("europe-west4-a", 1), ("europe-west4-b", 1), ("europe-west4-c", 1)], "losing any zone leaves 2 of 3"
+    for group in groups.values():
+        assert group["stateful_disk"] == [{"device_name": "nomad-data", "delete_rule": "NEVER"}]
+        assert group["update_policy"] == {"type": "OPPORTUNISTIC", "minimal_action": "REPLACE", "replacement_method": "RECREATE",
+                                          "max_surge_fixed": 0, "max_unavailable_fixed": 1}
+        assert "auto_healing_policies" not in group and group["lifecycle"] == {"prevent_destroy": True}
+    assert "nomad_servers" not in nomad.get("google_compute_region_instance_group_manager", {})
     rule = nomad["google_compute_forwarding_rule"]["nomad_api"]
-    assert (rule["load_balancing_scheme"], rule["ports"]) == ("INTERNAL", ["4646"])
+    assert (rule["load_balancing_scheme"], rule["ports"], rule["allow_global_access"]) == ("INTERNAL", ["4646"], True)
     backend = nomad["google_compute_region_backend_service"]["nomad_api_backend"]
-    assert backend["backend"][0]["group"] == "${google_compute_region_instance_group_manager.nomad_servers.instance_group}"
+    assert sorted(b["group"] for b in backend["backend"]) == [
+        f"${{google_compute_instance_group_manager.nomad_servers_{z}.instance_group}}" for z in "abc"]
+    assert nomad["google_compute_region_health_check"]["nomad_api_health"]["tcp_health_check"] == {"port": 4646}
     assert nomad["google_project_iam_member"]["nomad_autojoin_compute_viewer"]["role"] == "roles/compute.viewer"
+
+
+def test_secrets_exist_empty_and_only_the_right_role_reads_each(nomad, stack_json):
+    secrets = nomad["google_secret_manager_secret"]
+    assert sorted(s["secret_id"] for s in secrets.values()) == [f"prod-nomad-nomad-{n}" for n in (
+        "ca-cert", "client-cert", "client-key", "gossip-key", "server-cert", "server-key")]
+    assert "google_secret_manager_secret_version" not in nomad, "values are added by the bootstrap, never through state"
+    readers = {(g["secret_id"].split(".")[1], g["member"]) for g in nomad["google_secret_manager_secret_iam_member"].values()}
+    server, client = "serviceAccount:${google_service_account.nomad_server_sa.email}", "serviceAccount:${google_service_account.node_sa.email}"
+    assert {s for s, m in readers if m == client} == {"nomad_secret_ca_cert", "nomad_secret_client_cert", "nomad_secret_client_key"}
+    assert {s for s, m in readers if m == server} == {"nomad_secret_ca_cert", "nomad_secret_server_cert", "nomad_secret_server_key",
+                                                     "nomad_secret_gossip_key"}
+    assert all(g["role"] == "roles/secretmanager.secretAccessor" for g in nomad["google_secret_manager_secret_iam_member"].values())
+
+
+def test_api_is_open_to_the_declared_ranges_and_health_checks_to_its_port_only(nomad):
+    api = nomad["google_compute_firewall"]["fw_allow_nomad_api"]
+    assert api["source_ranges"] == ["198.51.100.0/24", "203.0.113.16/28"]
+    assert api["allow"] == [{"protocol": "tcp", "ports": ["4646"]}] and api["target_tags"] == ["prod-nomad-nomad-server"]
+    health = nomad["google_compute_firewall"]["fw_allow_health_checks"]
+    assert health["allow"] == [{"protocol": "tcp", "ports": ["4646"]}] and health["target_tags"] == ["prod-nomad-nomad-server"]
 
 
 def test_nomad_ports_are_open_from_the_node_subnet_only(nomad):

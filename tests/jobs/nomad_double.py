@@ -1,10 +1,12 @@
 """A local Nomad HTTP API double for the jobs client tests.
 
-No Nomad binary is available on these machines (none is installed and none can be
-downloaded), so the client is tested against this instead: a small ``http.server`` on
+It is a double, not Nomad: no Nomad binary is available on these machines (none is installed
+and none can be downloaded), so the client is tested against this instead: a small ``http.server`` on
 127.0.0.1 in a thread of the test process, speaking the JSON of Nomad's documented HTTP API
 for the endpoints gpufleet uses (register, plan, dispatch, job, evaluations, allocations,
-deregister). It records every request exactly as sent (method, path, query string,
+deregister, job list). With ``tls=`` (an ``ssl.SSLContext``) it serves HTTPS and, when the
+context requires a client certificate, behaves like agents with ``verify_https_client``, so the
+client's CA, certificate and server-name handling run against a real TLS handshake. It records every request exactly as sent (method, path, query string,
 headers, body) and can inject faults (an HTTP status, or a slow answer that outlives the
 client's timeout *after* the request took effect, like a lost response).
 
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import json
 import re
+import ssl
 import threading
 import time
 from dataclasses import dataclass, field
@@ -86,7 +89,7 @@ def _node_ok(node: FakeNode, constraint: dict[str, str]) -> bool:
 
 
 class NomadDouble:
-    def __init__(self, nodes: list[FakeNode] | None = None, *, acl_token: str | None = None) -> None:
+    def __init__(self, nodes: list[FakeNode] | None = None, *, acl_token: str | None = None, tls: ssl.SSLContext | None = None) -> None:
         self.nodes = list(nodes or [])
         self.acl_token = acl_token
         self.requests: list[Recorded] = []
@@ -96,12 +99,19 @@ class NomadDouble:
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self._server.daemon_threads = True
+        self.tls = tls
+        if tls is not None:
+            self._server.socket = tls.wrap_socket(self._server.socket, server_side=True)
         self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
 
     @property
     def address(self) -> str:
         host, port = self._server.server_address[:2]
-        return f"http://{host}:{port}"
+        return f"{'https' if self.tls else 'http'}://{host}:{port}"
+
+    @property
+    def port(self) -> int:
+        return int(self._server.server_address[1])
 
     def start(self) -> NomadDouble:
         self._thread.start()

@@ -73,7 +73,7 @@ def test_kubernetes_credentials_come_from_the_gke_auth_plugin_never_from_state(s
 def test_nomad_provider_reads_the_server_address_from_the_infra_stack_and_no_token(stack_json):
     (provider,) = stack_json("prod-nomad-scheduler")["provider"]["nomad"]
     [(remote, ip)] = resolve(stack_json, "prod-nomad-scheduler", "prod-nomad", provider["address"])
-    assert re.fullmatch(r"http://\$\{data\.terraform_remote_state\.[\w-]+\.outputs\.[\w-]+\}:4646", provider["address"])
+    assert re.fullmatch(r"https://\$\{data\.terraform_remote_state\.[\w-]+\.outputs\.[\w-]+\}:4646", provider["address"])
     assert ip == "${google_compute_forwarding_rule.nomad_api.ip_address}"
     assert remote["backend"] == "remote"
     assert remote["config"] == {"organization": "gpufleet", "workspaces": {"name": stack_json("prod-nomad")["terraform"]["cloud"]["workspaces"]["name"]}}
@@ -141,7 +141,7 @@ def test_existing_servers_replace_the_server_group_and_feed_client_join(existing
 
 def test_existing_servers_address_is_a_variable_defaulting_to_the_first_server(existing_servers_fleet):
     sched = existing_servers_fleet["prod-nomad-scheduler"]
-    assert sched["variable"]["nomad_address"]["default"] == "http://10.50.0.10:4646"
+    assert sched["variable"]["nomad_address"]["default"] == "https://10.50.0.10:4646"
     assert sched["provider"]["nomad"][0]["address"] == "${var.nomad_address}"
     assert "data" not in sched, "nothing to read from the infra stack"
 

@@ -1,0 +1,79 @@
+"""The Nomad bootstrap script: creates the cluster's CA, agent certificates and gossip key on an
+operator's machine and stores them as Secret Manager versions, where the agents' boot scripts
+read them. Rendered by ``gpufleet nomad bootstrap-script <cluster>``; nothing it creates is
+written to the repository, the synthesized JSON or Terraform state.
+
+Order (README, "Nomad: bootstrap"): apply the infra stack (it creates the empty secrets and the
+API load balancer; agents wait for the secrets), run this script with the API address from the
+``nomad_address`` output, then ``nomad acl bootstrap`` and the scheduler stack.
+"""
+
+from __future__ import annotations
+
+from clusters.derive import NomadSecretSpec
+from constructs_lib.nomad_agent_config import HTTP_PORT
+
+# What `nomad tls ca create` / `nomad tls cert create` write (command/tls_*.go, v1.10.5).
+CA_CERT = "nomad-agent-ca.pem"
+CA_KEY = "nomad-agent-ca-key.pem"
+CERT_DAYS = 365
+
+
+def _files(region: str) -> dict[str, str]:
+    return {
+        "ca-cert": CA_CERT,
+        "server-cert": f"{region}-server-nomad.pem",
+        "server-key": f"{region}-server-nomad-key.pem",
+        "client-cert": f"{region}-client-nomad.pem",
+        "client-key": f"{region}-client-nomad-key.pem",
+        "gossip-key": "gossip.key",
+    }
+
+
+def render_bootstrap_script(*, cluster: str, project: str, region: str, secrets: tuple[NomadSecretSpec, ...]) -> str:
+    """The script text; it refuses to keep the CA key inside a git work tree, and deletes every
+    other generated file when it exits, so keys live only in Secret Manager and the offline dir."""
+    files = _files(region)
+    names = {s.name for s in secrets}
+    lines = [
+        "#!/bin/bash",
+        f"# Nomad bootstrap for cluster {cluster}: CA, agent certificates, gossip key -> Secret Manager ({project}).",
+        "# Usage: bash bootstrap.sh <API load balancer IP (nomad_address output)> <offline dir for the CA key and CLI cert>",
+        "# Needs: nomad (CLI), gcloud authenticated as an operator who may add secret versions.",
+        "set -euo pipefail",
+        'API_IP="$1"',
+        'KEEP="$2"',
+        'mkdir -p "$KEEP"',
+        'KEEP=$(cd "$KEEP" && pwd)',
+        'if git -C "$KEEP" rev-parse --is-inside-work-tree >/dev/null 2>&1; then echo "refusing: $KEEP is inside a git repository" >&2; exit 2; fi',
+        "umask 077",
+        'work=$(mktemp -d)',
+        'trap \'rm -rf "$work"\' EXIT',
+        'cd "$work"',
+    ]
+    if "server-cert" not in names:
+        # Existing servers: their CA signs the new client certificate; it is read, never stored.
+        lines += [
+            ': "${NOMAD_CA_DIR:?set NOMAD_CA_DIR to the directory holding the existing servers\' nomad-agent-ca.pem and -key.pem}"',
+            f'cp "$NOMAD_CA_DIR/{CA_CERT}" "$NOMAD_CA_DIR/{CA_KEY}" .',
+        ]
+    else:
+        lines += [
+            "nomad tls ca create",
+            f'nomad tls cert create -server -region {region} -days {CERT_DAYS} -additional-ipaddress "$API_IP"',
+            # 32 random bytes: AES-256 gossip encryption (Nomad docs, "Enable gossip encryption").
+            "openssl rand -base64 32 > gossip.key",
+        ]
+    lines += [
+        f"nomad tls cert create -client -region {region} -days {CERT_DAYS}",
+        f"nomad tls cert create -cli -region {region} -days {CERT_DAYS}",
+    ]
+    for secret in secrets:
+        lines.append(f'gcloud secrets versions add {secret.secret_id} --project {project} --data-file="{files[secret.name]}"')
+    kept = [CA_CERT, f"{region}-cli-nomad.pem", f"{region}-cli-nomad-key.pem"] + ([CA_KEY] if "server-cert" in names else [])
+    lines += [
+        f'cp {" ".join(kept)} "$KEEP"/',
+        f'echo "stored {", ".join(s.secret_id for s in secrets)} in Secret Manager; CA and CLI certificate in $KEEP (keep it offline)"',
+        f'echo "API callers: NOMAD_ADDR=https://$API_IP:{HTTP_PORT} NOMAD_CACERT=$KEEP/' + CA_CERT + ' NOMAD_CLIENT_CERT=$KEEP/' + region + '-cli-nomad.pem NOMAD_CLIENT_KEY=$KEEP/' + region + '-cli-nomad-key.pem"',
+    ]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,72 @@
+"""The generated Nomad bootstrap script, run for real under bash.
+
+No ``nomad`` or ``gcloud`` binary exists here, so both are small shims on PATH that do what
+the real commands document (``nomad tls ca/cert create`` writes ``<region>-<role>-nomad.pem``
+and ``-key.pem``, command/tls_cert_create.go v1.10.5; ``gcloud secrets versions add`` reads
+``--data-file``) and log their arguments. ``openssl`` is the real one."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from clusters.derive import derive_nomad_secrets
+from constructs_lib.nomad_bootstrap import render_bootstrap_script
+
+NOMAD_SHIM = r"""#!/bin/bash
+echo "nomad $*" >> "$SHIM_LOG"
+case "$*" in
+  "tls ca create") echo ca > nomad-agent-ca.pem; echo cakey > nomad-agent-ca-key.pem ;;
+  *"cert create -server"*) echo s > global-server-nomad.pem; echo sk > global-server-nomad-key.pem ;;
+  *"cert create -client"*) echo c > global-client-nomad.pem; echo ck > global-client-nomad-key.pem ;;
+  *"cert create -cli"*) echo l > global-cli-nomad.pem; echo lk > global-cli-nomad-key.pem ;;
+  *) exit 1 ;;
+esac
+"""
+GCLOUD_SHIM = r"""#!/bin/bash
+file=$(printf '%s\n' "$@" | sed -n 's/^--data-file=//p')
+echo "gcloud $4 $(wc -c < "$file")" >> "$SHIM_LOG"
+"""
+
+
+@pytest.fixture(scope="module")
+def prod_nomad(example_configs):
+    return {c.name: c for c in example_configs}["prod-nomad"]
+
+
+def run(script: str, tmp_path: Path, keep: Path) -> subprocess.CompletedProcess[str]:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    for name, text in (("nomad", NOMAD_SHIM), ("gcloud", GCLOUD_SHIM)):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    (tmp_path / "bootstrap.sh").write_text(script)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SHIM_LOG": str(tmp_path / "log"), "TMPDIR": str(tmp_path)}
+    return subprocess.run(["bash", str(tmp_path / "bootstrap.sh"), "10.50.0.9", str(keep)], env=env, capture_output=True, text=True,
+                          check=False, cwd=tmp_path)
+
+
+def test_bootstrap_stores_every_secret_and_keeps_only_the_ca_and_cli_cert(prod_nomad, tmp_path):
+    script = render_bootstrap_script(cluster="prod-nomad", project="ml-finetune-prod", region="global", secrets=derive_nomad_secrets(prod_nomad))
+    result = run(script, tmp_path, tmp_path / "offline")
+    assert result.returncode == 0, result.stderr
+    log = (tmp_path / "log").read_text().splitlines()
+    assert "nomad tls cert create -server -region global -days 365 -additional-ipaddress 10.50.0.9" in log
+    stored = [line.split()[1] for line in log if line.startswith("gcloud")]
+    assert stored == [s.secret_id for s in derive_nomad_secrets(prod_nomad)]
+    gossip = next(line for line in log if line.startswith("gcloud prod-nomad-nomad-gossip-key"))
+    assert gossip.endswith(" 45"), "32 random bytes, base64 with newline"
+    assert sorted(p.name for p in (tmp_path / "offline").iterdir()) == [
+        "global-cli-nomad-key.pem", "global-cli-nomad.pem", "nomad-agent-ca-key.pem", "nomad-agent-ca.pem"]
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith("tmp")], "the work dir with the agent keys is deleted"
+
+
+def test_fails_when_the_offline_dir_is_inside_a_git_repository(prod_nomad, tmp_path):
+    subprocess.run(["git", "init", "-q", str(tmp_path / "repo")], check=True)
+    script = render_bootstrap_script(cluster="prod-nomad", project="p", region="global", secrets=derive_nomad_secrets(prod_nomad))
+    result = run(script, tmp_path, tmp_path / "repo" / "keys")
+    assert result.returncode == 2 and "is inside a git repository" in result.stderr
+    assert not (tmp_path / "log").exists(), "nothing was generated"
