@@ -52,7 +52,7 @@ def _client_from_env() -> hvac.Client:
     return make_client(addr, token=token, cacert=os.environ.get("VAULT_CACERT"), namespace=os.environ.get("VAULT_NAMESPACE"))
 
 
-def _run_sync(action: str, client: hvac.Client, repo: Path) -> tuple[Change, ...]:
+def _run_sync(action: str, client: hvac.Client, repo: Path, *, local_dev: bool = False) -> tuple[Change, ...]:
     import hvac.exceptions
     import requests
 
@@ -60,6 +60,8 @@ def _run_sync(action: str, client: hvac.Client, repo: Path) -> tuple[Change, ...
     from vault_policies.validate import load_definitions
 
     definitions = load_definitions(repo)
+    if local_dev:
+        definitions = definitions.for_local_dev()
     try:
         return getattr(sync, action)(client, definitions)
     except hvac.exceptions.Forbidden as exc:
@@ -155,7 +157,7 @@ def dev_up(repo: Path) -> dict[str, object]:
     else:
         typer.echo(f"reusing OpenBao dev server at {state['addr']} (pid {state['pid']})", err=True)
     client = make_client(str(state["addr"]), token=_root_token(repo))
-    _print_changes("vault apply (dev)", _run_sync("apply", client, repo), applied=True)
+    _print_changes("vault apply (dev)", _run_sync("apply", client, repo, local_dev=True), applied=True)
     for path in _seed_demo_keys(client):
         typer.echo(f"seeded fake demo key secret/{path}", err=True)
     typer.echo('next: eval "$(gpufleet dev env)"', err=True)
@@ -165,6 +167,17 @@ def dev_up(repo: Path) -> dict[str, object]:
 def register(app: typer.Typer) -> None:
     vault = typer.Typer(help="Sync Vault policies and AppRole roles with vault_policies/ (VAULT_ADDR, VAULT_TOKEN, VAULT_CACERT, VAULT_NAMESPACE).", no_args_is_help=True)
     dev = typer.Typer(help="A local OpenBao dev server with the repo's policies, roles and fake demo keys.", no_args_is_help=True)
+
+    @vault.command("render")
+    def vault_render(repo: Path = RepoOption) -> None:
+        """Regenerate the operator policies (gpufleet-admin, orchestrator) from roles.yaml and clusters/."""
+        from vault_policies.validate import render
+
+        written = render(repo)
+        for path in written:
+            typer.echo(f"wrote {path}; review it, then an operator applies it: gpufleet vault apply with a root token", err=True)
+        if not written:
+            typer.echo("operator policies are up to date", err=True)
 
     @vault.command("diff")
     def vault_diff(repo: Path | None = RepoOption) -> None:

@@ -14,7 +14,7 @@ from clusters.derive import GpuPoolSpec, derive_gpu_pools
 from clusters.schema import ClusterConfig, SchedulerKind
 from clusters.source import FieldPath, did_you_mean
 from jobs.durations import NS_PER_SECOND
-from jobs.schema import ENV_NAME, META_KEY, RESERVED_ENV_PREFIXES, SECRET_REF, JobFile, RestartMode, looks_secret, secret_like_name
+from jobs.schema import ENV_NAME, META_KEY, RESERVED_ENV_PREFIXES, SECRET_REF, WRAPPER_ENV_NAMES, WRAPPER_ENV_PREFIXES, JobFile, RestartMode, looks_secret, secret_like_name
 from jobs.vault_refs import VaultView, readable_paths
 
 Finding = tuple[FieldPath, str]
@@ -49,6 +49,8 @@ def _hygiene(job: JobFile) -> Iterator[Finding]:
             yield (at, f"env name {name!r} is not allowed; use upper-case letters, digits and '_', e.g. 'HF_HOME'")
         elif name.startswith(RESERVED_ENV_PREFIXES):
             yield (at, f"{name} is set by the platform (prefixes {', '.join(RESERVED_ENV_PREFIXES)}); remove it or rename it")
+        elif name in WRAPPER_ENV_NAMES or name.startswith(WRAPPER_ENV_PREFIXES):
+            yield (at, f"{name} would be honoured by gpufleet-exec itself before its Vault login (proxies, CA bundles, PATH, PYTHON*, LD_*); not allowed in a job's env; remove it (the platform sets these on the node if needed)")
         elif looks_secret(str(value)):
             yield (at, f"the value of {name} looks like a credential (not shown); delete it from this file, rotate it, and add {name} to secrets.env as a Vault path")
         elif secret_like_name(name):
@@ -58,7 +60,7 @@ def _hygiene(job: JobFile) -> Iterator[Finding]:
             yield (("args", index), "this argument looks like a credential (not shown); delete it, rotate it, and read it from a variable listed in secrets.env")
     for name, ref in sorted(job.secrets.env.items()):
         at = ("secrets", "env", name)
-        if not ENV_NAME.match(name) or name.startswith(RESERVED_ENV_PREFIXES):
+        if not ENV_NAME.match(name) or name.startswith(RESERVED_ENV_PREFIXES) or name in WRAPPER_ENV_NAMES or name.startswith(WRAPPER_ENV_PREFIXES):
             yield (at, f"secret env name {name!r} is not allowed; use upper-case letters, digits and '_' without the prefixes {', '.join(RESERVED_ENV_PREFIXES)}, e.g. 'HF_TOKEN'")
         elif not SECRET_REF.match(ref):
             hint = " and looks like the secret itself (not shown): delete it, rotate it" if looks_secret(ref) else f" ({ref!r})"
@@ -135,6 +137,8 @@ def _vault(job: JobFile, vault: VaultView) -> Iterator[Finding]:
     if role is None:
         yield (("secrets", "role"), f"Vault role {job.secrets.role!r} does not exist in vault_policies/roles.yaml{did_you_mean(job.secrets.role, vault.roles)}; allowed: {', '.join(sorted(vault.roles))}; add the role or pick one")
         return
+    if job.cluster not in role.clusters:
+        yield (("secrets", "role"), f"role {role.name} is bound to the task addresses of clusters {', '.join(role.clusters)}, not {job.cluster}: its tasks could not log in to Vault; add {job.cluster} to the role's clusters in vault_policies/roles.yaml (then gpufleet vault render) or pick another role")
     readable = readable_paths(role, vault)
     for name, ref in sorted(job.secrets.env.items()):
         if not SECRET_REF.match(ref):

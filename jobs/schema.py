@@ -23,6 +23,11 @@ META_KEY = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
 SECRET_REF = re.compile(r"^[a-z0-9][a-z0-9_.-]*(/[a-z0-9][a-z0-9_.-]*)+#[A-Za-z0-9_]+$")
 # Variables the platform sets; a job must not shadow them.
 RESERVED_ENV_PREFIXES = ("GPUFLEET_", "NOMAD_", "VAULT_")
+# Variables gpufleet-exec (a Python program holding the Vault token) would itself honour before
+# login: proxies and CA bundles redirect or intercept its Vault traffic, PYTHON*/LD_* load code
+# into it. The platform sets them if a node needs them; a job file never does.
+WRAPPER_ENV_NAMES = frozenset({"HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "SSL_CERT_FILE", "SSL_CERT_DIR", "NETRC", "PATH"})
+WRAPPER_ENV_PREFIXES = ("PYTHON", "LD_")
 # A name is secret-looking if one of its _-separated words is here, or it contains a *_KEY pair below.
 SECRET_NAME_WORDS = frozenset({"TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "CREDENTIALS", "APIKEY"})
 SECRET_NAME_PAIRS = ("API_KEY", "ACCESS_KEY", "PRIVATE_KEY", "SECRET_KEY")

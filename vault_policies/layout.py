@@ -12,20 +12,30 @@ APPROLE_MOUNT = "approle"
 API_KEYS_PREFIX = "ml-api-keys/"
 API_KEYS_POLICY_PREFIX = f"{KV_MOUNT}/data/{API_KEYS_PREFIX}"
 
-# The sync marks every policy it writes with this first line, and keeps the names of the
-# roles it wrote in one KV record, so that prune never deletes what someone else wrote.
+# The sync marks every policy it writes with this first line. What gpufleet owns is decided
+# by names, never by a record the sync token could edit: job policies carry the prefix
+# below (gpufleet-admin may write only those), roles are the ones roles.yaml names.
 MANAGED_MARKER = "# managed-by: gpufleet"
-MANAGED_RECORD_PATH = "gpufleet/managed"
+JOB_POLICY_PREFIX = "ml-keys-"
+# Vault's built-in policies: attached to every token (default) or all-powerful (root).
+BUILTIN_POLICIES = ("default", "root")
 
 # Wrap TTL bounds for secret_ids; orchestrator.hcl states the same values as
 # min_wrapping_ttl / max_wrapping_ttl so Vault itself refuses anything outside them.
 # The minimum covers a dispatch round trip; the maximum is the longest queue wait we
 # accept before the task must be re-dispatched (roles' secret_id_ttl must cover it).
+# A role's secret_id_ttl may not exceed the maximum: a secret_id outliving its wrap is only
+# useful to whoever unwrapped it.
 MIN_WRAP_TTL_SECONDS = 60
-MAX_WRAP_TTL_SECONDS = 6 * 3600
+MAX_WRAP_TTL_SECONDS = 30 * 60
+
+# Local development (gpufleet dev up, the tests' OpenBao) runs tasks on this host: roles
+# applied there are also bound to the loopback address; real Vaults never get it.
+LOOPBACK_CIDR = "127.0.0.1/32"
 
 ORCHESTRATOR_POLICY = "orchestrator"
 ADMIN_POLICY = "gpufleet-admin"
+OPERATOR_POLICIES = (ADMIN_POLICY, ORCHESTRATOR_POLICY)
 
 # The task environment contract between the jobs layer (which renders it) and gpufleet-exec /
 # vault_policies.client (which read it). Defined here, and only here, because both sides and

@@ -1,9 +1,11 @@
 """Vault ACL policies as files (``vault_policies/policies/<name>.hcl``): parsing and path rules.
 
-Three kinds, told apart by name: the orchestrator policy (mint wrapped secret_ids, read
-role_ids), the admin policy (what the sync needs), and job-family policies, which may only
-read API keys under ``secret/data/ml-api-keys/``. A job policy that could write or read
-elsewhere is refused here, before any token carries it.
+Two kinds, told apart by name. Job-family policies are named ``ml-keys-<family>`` (the
+prefix is the namespace gpufleet-admin may write in; Vault's built-in ``default`` and
+``root`` and every other name are refused) and may only read the current version of API
+keys under ``secret/data/ml-api-keys/``. The operator policies (``gpufleet-admin``,
+``orchestrator``) are generated from the roles and clusters (vault_policies/operator.py)
+and checked against that rendering in validate.py.
 """
 
 from __future__ import annotations
@@ -14,22 +16,23 @@ from pathlib import Path
 
 from clusters.errors import Problem
 from vault_policies.layout import (
-    ADMIN_POLICY,
     API_KEYS_POLICY_PREFIX,
     APPROLE_MOUNT,
+    BUILTIN_POLICIES,
+    JOB_POLICY_PREFIX,
     KV_MOUNT,
     MANAGED_MARKER,
-    MANAGED_RECORD_PATH,
-    MAX_WRAP_TTL_SECONDS,
-    MIN_WRAP_TTL_SECONDS,
-    ORCHESTRATOR_POLICY,
+    OPERATOR_POLICIES,
 )
 
 POLICY_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 VAULT_CAPABILITIES = frozenset({"create", "read", "update", "patch", "delete", "list", "sudo", "deny"})
 BLOCK_FIELDS = frozenset({"capabilities", "min_wrapping_ttl", "max_wrapping_ttl", "required_parameters", "allowed_parameters", "denied_parameters"})
 ROLE_PATH = f"auth/{APPROLE_MOUNT}/role/"
-ADMIN_PREFIXES = ("sys/auth", "sys/mounts", "sys/policies/acl", f"auth/{APPROLE_MOUNT}/role", f"{KV_MOUNT}/data/{MANAGED_RECORD_PATH}")
+# KV v2 serves old versions of a key through ?version=N on the same path; a job token reads
+# only the current one (a rotated-out key stays out of reach). Vault denies any value of a
+# parameter listed with an empty list.
+CURRENT_VERSION_ONLY = {"version": []}
 _HCL_LINE = re.compile(r"Line (\d+)")
 
 
@@ -40,6 +43,7 @@ class PolicyRule:
     min_wrapping_ttl: str | None
     max_wrapping_ttl: str | None
     line: int | None
+    denied_parameters: object = None
 
 
 @dataclass(frozen=True)
@@ -72,9 +76,11 @@ def parse_policy(file: Path) -> tuple[PolicyFile | None, list[Problem]]:
         text = file.read_text(encoding="utf-8")
     except OSError as exc:
         return None, [Problem(where, None, "", f"cannot read file: {exc.strerror}")]
-    if not POLICY_NAME.match(name):
-        problems.append(Problem(where, None, "", f"policy name {name!r} is not allowed; rename the file to lowercase letters, digits, '-' or '_' + .hcl"))
-    if MANAGED_MARKER in text:
+    if name in BUILTIN_POLICIES:
+        problems.append(Problem(where, None, "", f"{name!r} is Vault's built-in policy ({'attached to every token' if name == 'default' else 'all-powerful'}); gpufleet never writes it; allowed: {JOB_POLICY_PREFIX}<family>.hcl; rename the file"))
+    elif name not in OPERATOR_POLICIES and not (POLICY_NAME.match(name) and name.startswith(JOB_POLICY_PREFIX) and len(name) > len(JOB_POLICY_PREFIX)):
+        problems.append(Problem(where, None, "", f"policy name {name!r} is outside gpufleet's namespace; allowed: {JOB_POLICY_PREFIX}<family> (lowercase letters, digits, '-' or '_'); rename the file to {JOB_POLICY_PREFIX}{name if POLICY_NAME.match(name) else 'family'}.hcl"))
+    if MANAGED_MARKER in text and name not in OPERATOR_POLICIES:
         problems.append(Problem(where, line_of_text(text, MANAGED_MARKER), "", f"{MANAGED_MARKER!r} is added by the sync; remove that line from the file"))
     try:
         parsed = hcl.loads(text)
@@ -104,17 +110,15 @@ def parse_policy(file: Path) -> tuple[PolicyFile | None, list[Problem]]:
         for cap in caps:
             if cap not in VAULT_CAPABILITIES:
                 problems.append(Problem(where, line, f"{field}.capabilities", f"{cap!r} is not a Vault capability; allowed: {', '.join(sorted(VAULT_CAPABILITIES))}"))
-        rules.append(PolicyRule(path, tuple(caps), body.get("min_wrapping_ttl"), body.get("max_wrapping_ttl"), line))
+        rules.append(PolicyRule(path, tuple(caps), body.get("min_wrapping_ttl"), body.get("max_wrapping_ttl"), line, body.get("denied_parameters")))
     policy = PolicyFile(name, file, text, tuple(rules))
     problems.extend(_kind_problems(policy))
     return policy, problems
 
 
 def _kind_problems(policy: PolicyFile) -> list[Problem]:
-    if policy.name == ORCHESTRATOR_POLICY:
-        return [p for rule in policy.rules for p in _orchestrator_rule(policy, rule)]
-    if policy.name == ADMIN_POLICY:
-        return [p for rule in policy.rules for p in _admin_rule(policy, rule)] + _admin_denies(policy)
+    if policy.name in OPERATOR_POLICIES or policy.name in BUILTIN_POLICIES:
+        return []
     return [p for rule in policy.rules for p in _job_rule(policy, rule)]
 
 
@@ -132,60 +136,8 @@ def _job_rule(policy: PolicyFile, rule: PolicyRule) -> list[Problem]:
         problems.append(_problem(policy, rule, ".capabilities", f"{extra} not allowed in a job policy; allowed: [\"read\"]; job tokens are read-only, so set capabilities = [\"read\"]"))
     if rule.min_wrapping_ttl or rule.max_wrapping_ttl:
         problems.append(_problem(policy, rule, "", "wrapping TTLs belong to the orchestrator policy; remove min_wrapping_ttl/max_wrapping_ttl"))
-    return problems
-
-
-def _orchestrator_rule(policy: PolicyFile, rule: PolicyRule) -> list[Problem]:
-    from vault_policies.roles import parse_duration
-
-    if rule.path.startswith(ROLE_PATH) and ("+" in rule.path or "*" in rule.path):
-        return [_problem(policy, rule, "", f"{rule.path!r} uses a wildcard, which covers every AppRole role on the mount, other teams' included; allowed: {ROLE_PATH}<role>/secret-id and {ROLE_PATH}<role>/role-id per role in roles.yaml; name each role")]
-    tail = rule.path.removeprefix(ROLE_PATH).partition("/")[2] if rule.path.startswith(ROLE_PATH) else None
-    if tail == "role-id":
-        if set(rule.capabilities) != {"read"}:
-            return [_problem(policy, rule, ".capabilities", f"{list(rule.capabilities)} not allowed; allowed: [\"read\"]; role_ids are only read")]
-        return []
-    if tail != "secret-id":
-        return [_problem(policy, rule, "", f"{rule.path!r} not allowed for the orchestrator; allowed: {ROLE_PATH}<role>/secret-id and {ROLE_PATH}<role>/role-id; remove the block")]
-    problems = []
-    if set(rule.capabilities) != {"update"}:
-        problems.append(_problem(policy, rule, ".capabilities", f"{list(rule.capabilities)} not allowed; allowed: [\"update\"]; generating a secret_id is an update"))
-    for field, want in (("min_wrapping_ttl", MIN_WRAP_TTL_SECONDS), ("max_wrapping_ttl", MAX_WRAP_TTL_SECONDS)):
-        value = getattr(rule, field)
-        try:
-            seconds = parse_duration(value) if value is not None else None
-        except ValueError:
-            seconds = None
-        if seconds != want:
-            problems.append(_problem(policy, rule, f".{field}", f"{value!r} does not match layout.py ({want}s); set {field} = \"{want}s\" so Vault refuses unwrapped or out-of-bounds secret_ids"))
-    return problems
-
-
-def _admin_rule(policy: PolicyFile, rule: PolicyRule) -> list[Problem]:
-    if rule.path.endswith(("/secret-id", "/secret-id/*", "/*")) and rule.path.startswith(f"auth/{APPROLE_MOUNT}/"):
-        return [_problem(policy, rule, "", f"{rule.path!r} would let the sync mint secret_ids; allowed: {ROLE_PATH}+ (role definitions only); narrow the path")]
-    if not rule.path.startswith(ADMIN_PREFIXES):
-        return [_problem(policy, rule, "", f"{rule.path!r} is outside what the sync manages; allowed prefixes: {', '.join(ADMIN_PREFIXES)}; remove the block")]
-    return []
-
-
-def orchestrator_role(rule: PolicyRule) -> tuple[str, str] | None:
-    """(role, "secret-id" | "role-id") for an orchestrator block naming one role, else None."""
-    role, _, tail = rule.path.removeprefix(ROLE_PATH).partition("/")
-    if not rule.path.startswith(ROLE_PATH) or tail not in ("secret-id", "role-id") or not role:
-        return None
-    return role, tail
-
-
-def _admin_denies(policy: PolicyFile) -> list[Problem]:
-    """The admin policy must deny itself the operator policies, or it could make itself root."""
-    problems = []
-    for name in (ADMIN_POLICY, ORCHESTRATOR_POLICY):
-        path = f"sys/policies/acl/{name}"
-        rule = next((r for r in policy.rules if r.path == path), None)
-        if rule is None or rule.capabilities != ("deny",):
-            line = rule.line if rule is not None else None
-            problems.append(Problem(str(policy.file), line, f'path "{path}"', f"{list(rule.capabilities) if rule else 'no block'} is not allowed; allowed: [\"deny\"]; without it the admin token can rewrite {name} and so become root; add path \"{path}\" {{ capabilities = [\"deny\"] }}"))
+    if rule.denied_parameters != CURRENT_VERSION_ONLY:
+        problems.append(_problem(policy, rule, ".denied_parameters", f"{'missing' if rule.denied_parameters is None else repr(rule.denied_parameters)} is not allowed; allowed: {{\"version\" = []}}; without it the token also reads rotated-out versions (?version=N); add denied_parameters = {{ \"version\" = [] }} to the block"))
     return problems
 
 

@@ -3,23 +3,31 @@
 The jobs layer calls :func:`load_roles` to check that a job's role exists; ``gpufleet check``
 and the sync call it too, so a role that would hand out over-long or reusable credentials
 is refused before it reaches Vault.
+
+Each role names the clusters its tasks run on; its ``secret_id_bound_cidrs`` and
+``token_bound_cidrs`` are derived from those cluster files (:func:`task_source_cidrs`), so a
+wrapped secret_id, or the token it buys, is useless from any other host (a job reader's
+laptop, the dispatcher). Extra ranges may be listed per role; none can be removed.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
 
 from clusters.errors import ConfigError, Problem
-from clusters.source import YamlDocument, problems_from_validation, read_yaml, validate_document
+from clusters.source import YamlDocument, did_you_mean, problems_from_validation, read_yaml, validate_document
+from vault_policies.layout import MAX_WRAP_TTL_SECONDS
+
+if TYPE_CHECKING:
+    from clusters.schema import ClusterConfig
 
 MAX_TOKEN_TTL_SECONDS = 3600
-MIN_REASON_CHARS = 10
 ROLE_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 _DURATION = re.compile(r"^(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
 
@@ -48,15 +56,18 @@ class RoleModel(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     policies: list[str] = Field(min_length=1)
+    clusters: list[str] = Field(min_length=1)
     token_ttl: Duration
     token_max_ttl: Duration
     secret_id_ttl: Duration
-    secret_id_num_uses: int = Field(default=1, ge=0)
+    # Single use, always: Vault itself refuses any other value from the sync token
+    # (gpufleet-admin pins it), so there is no reviewed exception to grant here.
+    secret_id_num_uses: Literal[1] = 1
     secret_id_bound_cidrs: list[str] | None = None
+    token_bound_cidrs: list[str] | None = None
     token_period: Duration | None = None
-    reason: str | None = None
 
-    @field_validator("secret_id_bound_cidrs")
+    @field_validator("secret_id_bound_cidrs", "token_bound_cidrs")
     @classmethod
     def _cidrs(cls, cidrs: list[str] | None) -> list[str] | None:
         for cidr in cidrs or []:
@@ -71,6 +82,9 @@ class RolesFile(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     roles: dict[str, dict[str, Any]] = Field(min_length=1)
+    # Roles gpufleet created and the repo dropped: `gpufleet vault prune` may delete exactly
+    # these (gpufleet-admin is granted delete on these names only, never on a live role).
+    retired: list[str] = []
 
 
 @dataclass(frozen=True)
@@ -79,14 +93,45 @@ class RoleSpec:
 
     name: str
     policies: tuple[str, ...]
+    clusters: tuple[str, ...]
     token_ttl_seconds: int
     token_max_ttl_seconds: int
     secret_id_ttl_seconds: int
     secret_id_num_uses: int
     secret_id_bound_cidrs: tuple[str, ...]
+    token_bound_cidrs: tuple[str, ...]
     token_period_seconds: int | None
-    reason: str | None
     line: int | None
+
+
+def task_source_cidrs(config: ClusterConfig) -> tuple[str, ...]:
+    """The source addresses a task of this cluster reaches Vault from.
+
+    Nomad: the GPU clients are VMs in the cluster subnet (subnet_cidr). GKE: pods are
+    VPC-native and keep their pod address towards in-VPC destinations (pods_cidr). A Vault
+    reached through Cloud NAT sees the NAT address instead; then list it per role.
+    """
+    return (config.gcp.subnet_cidr,) if config.scheduler.value == "nomad" else (config.gcp.pods_cidr,)
+
+
+def bind_to_clusters(role: RoleSpec, clusters: dict[str, ClusterConfig], *, extra: tuple[str, ...] = ()) -> RoleSpec:
+    """The role with both CIDR bindings derived from its clusters (plus its own extras)."""
+    derived = [cidr for name in role.clusters if name in clusters for cidr in task_source_cidrs(clusters[name])]
+    return replace(
+        role,
+        secret_id_bound_cidrs=tuple(sorted(set(derived) | set(role.secret_id_bound_cidrs) | set(extra))),
+        token_bound_cidrs=tuple(sorted(set(derived) | set(role.token_bound_cidrs) | set(extra))),
+    )
+
+
+def cluster_problems(doc: YamlDocument, roles: dict[str, RoleSpec], clusters: dict[str, ClusterConfig]) -> list[Problem]:
+    """Every role's clusters exist (their subnets become the role's CIDR bindings)."""
+    return [
+        doc.problem(("roles", name, "clusters", index), f"cluster {cluster!r} is not in clusters/{did_you_mean(cluster, clusters)}; allowed: {', '.join(sorted(clusters))}; name the clusters whose GPU nodes run this role's tasks")
+        for name, role in roles.items()
+        for index, cluster in enumerate(role.clusters)
+        if cluster not in clusters
+    ]
 
 
 def _rule_problems(doc: YamlDocument, name: str, role: RoleModel) -> list[Problem]:
@@ -101,8 +146,8 @@ def _rule_problems(doc: YamlDocument, name: str, role: RoleModel) -> list[Proble
         problems.append(doc.problem((*at, "token_period"), f"{role.token_period}s is longer than {MAX_TOKEN_TTL_SECONDS}s (1h); a periodic token is renewed every period, so set token_period to at most 1h"))
     if role.token_max_ttl < role.token_ttl:
         problems.append(doc.problem((*at, "token_max_ttl"), f"{role.token_max_ttl}s is shorter than token_ttl {role.token_ttl}s; allowed: token_max_ttl >= token_ttl; raise token_max_ttl to cover the longest run"))
-    if role.secret_id_num_uses != 1 and not (role.reason and len(role.reason.strip()) >= MIN_REASON_CHARS):
-        problems.append(doc.problem((*at, "secret_id_num_uses"), f"{role.secret_id_num_uses} is not allowed without a reason; allowed: 1 (single use); set secret_id_num_uses: 1 or add reason: '<why, {MIN_REASON_CHARS}+ characters>' to the role"))
+    if role.secret_id_ttl > MAX_WRAP_TTL_SECONDS:
+        problems.append(doc.problem((*at, "secret_id_ttl"), f"{role.secret_id_ttl}s is longer than the longest wrap ({MAX_WRAP_TTL_SECONDS}s); a secret_id outliving its wrapping token only serves whoever unwrapped it; allowed: <= {MAX_WRAP_TTL_SECONDS // 60}m; set secret_id_ttl: {MAX_WRAP_TTL_SECONDS // 60}m"))
     if len(set(role.policies)) != len(role.policies):
         problems.append(doc.problem((*at, "policies"), f"{role.policies} names a policy twice; list each policy once"))
     return problems
@@ -129,6 +174,9 @@ def load_roles_document(path: Path) -> tuple[YamlDocument, dict[str, RoleSpec]]:
     doc = read_yaml(path)
     parsed = _validate_roles(doc)
     problems = [p for name, role in parsed.items() for p in _rule_problems(doc, name, role)]
+    for index, name in enumerate(retired_roles(doc)):
+        if name in parsed or not ROLE_NAME.match(name):
+            problems.append(doc.problem(("retired", index), f"{name!r} cannot be retired: {'it is a live role in roles' if name in parsed else 'not a role name'}; list here only roles gpufleet created that left roles:"))
     if problems:
         raise ConfigError(problems)
     specs = {
@@ -138,15 +186,22 @@ def load_roles_document(path: Path) -> tuple[YamlDocument, dict[str, RoleSpec]]:
             token_ttl_seconds=role.token_ttl,
             token_max_ttl_seconds=role.token_max_ttl,
             secret_id_ttl_seconds=role.secret_id_ttl,
+            clusters=tuple(role.clusters),
             secret_id_num_uses=role.secret_id_num_uses,
             secret_id_bound_cidrs=tuple(role.secret_id_bound_cidrs or ()),
+            token_bound_cidrs=tuple(role.token_bound_cidrs or ()),
             token_period_seconds=role.token_period,
-            reason=role.reason,
             line=doc.line_of(("roles", name)),
         )
         for name, role in parsed.items()
     }
     return doc, specs
+
+
+def retired_roles(doc: YamlDocument) -> tuple[str, ...]:
+    """Roles the repo dropped and prune may delete (validated as a list of names by RolesFile)."""
+    data = doc.data if isinstance(doc.data, dict) else {}
+    return tuple(sorted(str(name) for name in data.get("retired") or ()))
 
 
 def load_roles(path: Path) -> dict[str, RoleSpec]:

@@ -1,34 +1,74 @@
-"""``gpufleet check`` for the Vault layer: policies parse and stay in bounds, roles are sane
-and name only policies that exist, and the fixed policies the flow depends on are present."""
+"""``gpufleet check`` for the Vault layer: policies parse and stay in gpufleet's namespace,
+roles are sane, name only job policies and existing clusters, and the two operator policies
+are exactly what vault_policies/operator.py renders from them."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from clusters.errors import ConfigError, Problem
 from clusters.source import did_you_mean
-from vault_policies.layout import ADMIN_POLICY, ORCHESTRATOR_POLICY
-from vault_policies.policies import ROLE_PATH, PolicyFile, load_policies, orchestrator_role
-from vault_policies.roles import RoleSpec, load_roles_document
+from vault_policies.layout import LOOPBACK_CIDR, OPERATOR_POLICIES
+from vault_policies.operator import render_admin, render_orchestrator
+from vault_policies.policies import PolicyFile, load_policies
+from vault_policies.roles import RoleSpec, bind_to_clusters, cluster_problems, load_roles_document, retired_roles
 
 POLICIES_DIR = Path("vault_policies/policies")
 ROLES_FILE = Path("vault_policies/roles.yaml")
+CLUSTERS_DIR = Path("clusters")
+RENDER_HINT = "run `gpufleet vault render` and review the diff (an operator applies it with a root token)"
 
 
 @dataclass(frozen=True)
 class VaultDefinitions:
-    """Everything the sync writes, validated."""
+    """Everything the sync writes, validated; roles carry their derived CIDR bindings."""
 
     policies: dict[str, PolicyFile]
     roles: dict[str, RoleSpec]
+    retired: tuple[str, ...] = ()
+
+    @property
+    def job_policies(self) -> dict[str, PolicyFile]:
+        return {name: p for name, p in self.policies.items() if name not in OPERATOR_POLICIES}
+
+    def operator_texts(self) -> dict[str, str]:
+        """The operator policies' file text as rendered from these roles."""
+        from vault_policies.layout import ADMIN_POLICY, ORCHESTRATOR_POLICY
+
+        texts = {name: policy.rendered() for name, policy in self.job_policies.items()}
+        return {ADMIN_POLICY: render_admin(self.roles, self.retired, texts), ORCHESTRATOR_POLICY: render_orchestrator(self.roles)}
+
+    def for_local_dev(self) -> VaultDefinitions:
+        """The same definitions for a Vault on this machine (gpufleet dev up, tests): every role
+        also accepts the loopback address, and the operator policies are re-rendered to match."""
+        roles = {name: bind_to_clusters(role, {}, extra=(LOOPBACK_CIDR,)) for name, role in self.roles.items()}
+        dev = VaultDefinitions(dict(self.policies), roles, self.retired)
+        for name, text in dev.operator_texts().items():
+            dev.policies[name] = replace(self.policies[name], text=text)
+        return dev
+
+
+def _clusters(repo_root: Path) -> dict[str, object]:
+    """Cluster configs that load; a broken cluster file is the cluster check's to report."""
+    from clusters.loader import cluster_files, load
+
+    configs = {}
+    for path in cluster_files(repo_root / CLUSTERS_DIR):
+        try:
+            config = load(path)
+        except ConfigError:
+            configs[path.stem] = None
+            continue
+        configs[config.name] = config
+    return configs
 
 
 def _collect(repo_root: Path) -> tuple[VaultDefinitions, list[Problem]]:
     policies, problems = load_policies(repo_root / POLICIES_DIR)
-    for required in (ORCHESTRATOR_POLICY, ADMIN_POLICY):
+    for required in OPERATOR_POLICIES:
         if required not in policies and not (repo_root / POLICIES_DIR / f"{required}.hcl").exists():
-            problems.append(Problem(str(repo_root / POLICIES_DIR), None, "", f"{required}.hcl is missing; the dispatch flow needs it; restore it from git"))
+            problems.append(Problem(str(repo_root / POLICIES_DIR), None, "", f"{required}.hcl is missing; the dispatch flow needs it; {RENDER_HINT}"))
     roles_path = repo_root / ROLES_FILE
     roles: dict[str, RoleSpec] = {}
     try:
@@ -36,35 +76,30 @@ def _collect(repo_root: Path) -> tuple[VaultDefinitions, list[Problem]]:
     except ConfigError as exc:
         problems.extend(exc.problems)
         return VaultDefinitions(policies, roles), problems
-    if ORCHESTRATOR_POLICY in policies:
-        problems.extend(_orchestrator_roles(policies[ORCHESTRATOR_POLICY], roles))
-    job_policies = sorted(set(policies) - {ORCHESTRATOR_POLICY, ADMIN_POLICY})
+    clusters = _clusters(repo_root)
+    problems.extend(cluster_problems(doc, roles, clusters))
+    loaded = {name: config for name, config in clusters.items() if config is not None}
+    roles = {name: bind_to_clusters(role, loaded) for name, role in roles.items()}
+    job_policies = sorted(set(policies) - set(OPERATOR_POLICIES))
     for name, role in roles.items():
         for index, policy in enumerate(role.policies):
-            if policy in (ORCHESTRATOR_POLICY, ADMIN_POLICY):
+            if policy in OPERATOR_POLICIES:
                 problems.append(doc.problem(("roles", name, "policies", index), f"{policy!r} is an operator policy and must not reach training tasks; allowed: {', '.join(job_policies)}; name a job policy"))
             elif policy not in policies:
                 problems.append(doc.problem(("roles", name, "policies", index), f"policy {policy!r} does not exist{did_you_mean(policy, job_policies)}; allowed: {', '.join(job_policies)}; add {POLICIES_DIR}/{policy}.hcl or fix the name"))
-    return VaultDefinitions(policies, roles), problems
+    definitions = VaultDefinitions(policies, roles, retired_roles(doc))
+    if not problems:
+        for name, text in definitions.operator_texts().items():
+            if name in policies and policies[name].text != text:
+                problems.append(Problem(str(policies[name].file), _first_difference(policies[name].text, text), "", f"differs from what roles.yaml and clusters/ render (hand-edited or stale); {RENDER_HINT}"))
+    return definitions, problems
 
 
-def _orchestrator_roles(policy: PolicyFile, roles: dict[str, RoleSpec]) -> list[Problem]:
-    """The orchestrator may mint for exactly the repo's roles: one block pair per role."""
-    problems = []
-    named: dict[str, set[str]] = {}
-    for rule in policy.rules:
-        found = orchestrator_role(rule)
-        if found is None or "+" in rule.path or "*" in rule.path:
-            continue
-        role, tail = found
-        if role not in roles:
-            problems.append(Problem(str(policy.file), rule.line, f'path "{rule.path}"', f"role {role!r} is not in {ROLES_FILE}{did_you_mean(role, roles)}; allowed: {', '.join(sorted(roles))}; the orchestrator may mint only for the repo's roles, so remove the block or add the role"))
-        named.setdefault(role, set()).add(tail)
-    for role in sorted(roles):
-        for tail in ("secret-id", "role-id"):
-            if tail not in named.get(role, set()):
-                problems.append(Problem(str(policy.file), None, f'path "{ROLE_PATH}{role}/{tail}"', f"missing for role {role!r} of {ROLES_FILE}; dispatch could not mint for it; add the block (copy another role's {tail} block)"))
-    return problems
+def _first_difference(have: str, want: str) -> int:
+    for number, (a, b) in enumerate(zip(have.splitlines(), want.splitlines(), strict=False), start=1):
+        if a != b:
+            return number
+    return min(len(have.splitlines()), len(want.splitlines())) + 1
 
 
 def check(repo_root: Path) -> list[Problem]:
@@ -78,3 +113,19 @@ def load_definitions(repo_root: Path) -> VaultDefinitions:
     if problems:
         raise ConfigError(problems)
     return definitions
+
+
+def render(repo_root: Path) -> list[Path]:
+    """Write the operator policies rendered from roles.yaml and clusters/; the files changed."""
+    definitions, problems = _collect(repo_root)
+    operator_files = {str(repo_root / POLICIES_DIR / f"{name}.hcl") for name in OPERATOR_POLICIES} | {str(repo_root / POLICIES_DIR)}
+    blocking = [p for p in problems if p.file not in operator_files]
+    if blocking:
+        raise ConfigError(blocking)
+    written = []
+    for name, text in definitions.operator_texts().items():
+        path = repo_root / POLICIES_DIR / f"{name}.hcl"
+        if not path.exists() or path.read_text(encoding="utf-8") != text:
+            path.write_text(text, encoding="utf-8")
+            written.append(path)
+    return written

@@ -75,7 +75,7 @@ def test_submit_then_dispatch_passes_a_real_wrapped_secret_id(nomad_env: NomadDo
     out = capsys.readouterr().out
     (child,) = nomad_env.dispatched("finetune-llama")
     assert f"dispatched {child}" in out and f"gpufleet jobs status {child} --watch" in out
-    assert "expires in 600s (queue wait 5 min, from pool a100, min_nodes 1)" in out
+    assert "expires in 375s (queue wait 5 min, from pool a100, min_nodes 1)" in out
     dispatch = nomad_env.calls("POST", "dispatch")[0]
     assert dispatch.query["idempotency_token"] == ["cli-token-1"]
     meta = dispatch.body["Meta"]

@@ -60,6 +60,11 @@ BAD = [
     ("secret-name-in-env", _set(("env", "WANDB_API_KEY"), "x"), "env.WANDB_API_KEY", r"looks like a secret name; move it to secrets.env"),
     ("env-collides-with-secret", _set(("env", "HF_TOKEN"), "x"), "secrets.env.HF_TOKEN", r"HF_TOKEN is also set under env; a variable has one source"),
     ("env-shadows-platform", _set(("env", "NOMAD_JOB_ID"), "x"), "env.NOMAD_JOB_ID", r"is set by the platform"),
+    ("env-proxy-for-the-wrapper", _set(("env", "HTTPS_PROXY"), "http://attacker.example:3128"), "env.HTTPS_PROXY", r"would be honoured by gpufleet-exec itself before its Vault login"),
+    ("env-ca-bundle-for-the-wrapper", _set(("env", "REQUESTS_CA_BUNDLE"), "/tmp/attacker.pem"), "env.REQUESTS_CA_BUNDLE", r"would be honoured by gpufleet-exec itself"),
+    ("env-pythonpath-for-the-wrapper", _set(("env", "PYTHONPATH"), "/tmp/evil"), "env.PYTHONPATH", r"would be honoured by gpufleet-exec itself"),
+    ("env-ld-preload-for-the-wrapper", _set(("env", "LD_PRELOAD"), "/tmp/evil.so"), "env.LD_PRELOAD", r"would be honoured by gpufleet-exec itself"),
+    ("secret-into-wrapper-variable", _set(("secrets", "env", "PYTHONSTARTUP"), "ml-api-keys/huggingface#token"), "secrets.env.PYTHONSTARTUP", r"secret env name 'PYTHONSTARTUP' is not allowed"),
     ("run-outlives-token", _set(("max_run_hours",), 30), "max_run_hours", r"30h outlives role finetune's token_max_ttl \(24h\).*allowed: <= 24"),
     ("duration-without-units", _set(("restart", "delay"), "30"), "restart.delay", r"'30' is not a duration; write seconds \(30\) or a string with units"),
     ("restart-mode", _set(("restart", "mode"), "retry"), "restart.mode", r"'retry' is not allowed; allowed: 'fail' or 'delay'"),
@@ -113,6 +118,16 @@ def test_every_problem_of_a_file_is_reported_at_once(job_file: Callable[..., Pat
     with pytest.raises(ConfigError) as caught:
         load(job_file(two_mistakes), cluster_configs=cluster_configs, vault=vault_view)
     assert {p.field for p in caught.value.problems} == {"tenant", "secrets.role"}
+
+
+def test_fails_when_role_is_not_bound_to_the_jobs_cluster(job_file: Callable[..., Path], cluster_configs: Any, vault_view: Any) -> None:
+    """A job on a cluster its role is not bound to would dispatch, then fail the Vault login
+    (the role's secret_id/token CIDRs are the clusters' task ranges): refused at review."""
+    import dataclasses
+
+    roles = {**vault_view.roles, "finetune": dataclasses.replace(vault_view.roles["finetune"], clusters=("prod-gke",))}
+    with pytest.raises(ConfigError, match=r"secrets\.role: role finetune is bound to the task addresses of clusters prod-gke, not prod-nomad: its tasks could not log in to Vault"):
+        load(job_file(), cluster_configs=cluster_configs, vault=dataclasses.replace(vault_view, roles=roles))
 
 
 def test_shipped_examples_load(cluster_configs: Any, vault_view: Any) -> None:

@@ -12,7 +12,7 @@ from vault_policies.layout import MAX_WRAP_TTL_SECONDS
 from vault_policies.orchestrator import wrap_ttl_for_queue
 
 
-@pytest.mark.parametrize(("job", "min_nodes", "queue_seconds", "wrap_ttl"), [("eval-judge", 0, 1200, 1800), ("finetune-llama", 1, 300, 600)])
+@pytest.mark.parametrize(("job", "min_nodes", "queue_seconds", "wrap_ttl"), [("eval-judge", 0, 1200, 1500), ("finetune-llama", 1, 300, 375)])
 def test_default_queue_wait_follows_the_pools_min_nodes(job: str, min_nodes: int, queue_seconds: int, wrap_ttl: int) -> None:
     pool = load(find(job)).pool
     assert pool.min_nodes == min_nodes

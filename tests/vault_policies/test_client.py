@@ -99,8 +99,8 @@ def test_fails_when_wrap_ttl_out_of_bounds(vault: VaultHandle) -> None:
         issue_wrapped_secret_id(vault.orchestrator, "finetune", wrap_ttl_seconds=30)
     with pytest.raises(UserError, match="exceeds the maximum wrap TTL"):
         wrap_ttl_for_queue(MAX_WRAP_TTL_SECONDS + 1)
-    assert wrap_ttl_for_queue(0) == 300
-    assert wrap_ttl_for_queue(3600) == 5400
+    assert wrap_ttl_for_queue(0) == 60
+    assert wrap_ttl_for_queue(1200) == 1500
     assert wrap_ttl_for_queue(MAX_WRAP_TTL_SECONDS) == MAX_WRAP_TTL_SECONDS
 
 

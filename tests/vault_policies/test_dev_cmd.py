@@ -35,6 +35,7 @@ def _exports(text: str) -> dict[str, str]:
 
 def test_dev_up_env_down(tmp_path: Path) -> None:
     shutil.copytree(REPO_ROOT / "vault_policies", tmp_path / "vault_policies", ignore=shutil.ignore_patterns("*.py", "__pycache__"))
+    shutil.copytree(REPO_ROOT / "clusters", tmp_path / "clusters", ignore=shutil.ignore_patterns("*.py", "__pycache__"))
     up = _gpufleet("dev", "up", repo=tmp_path)
     try:
         assert up.returncode == 0, up.stderr

@@ -12,13 +12,14 @@ from tests.openbao_fixture import REPO_ROOT
 from vault_policies.layout import MAX_WRAP_TTL_SECONDS, MIN_WRAP_TTL_SECONDS
 from vault_policies.policies import parse_policy
 from vault_policies.roles import load_roles, parse_duration
-from vault_policies.validate import check, load_definitions
+from vault_policies.validate import check, load_definitions, render
 
 
 @pytest.fixture
 def repo(tmp_path: Path) -> Path:
     shutil.copytree(REPO_ROOT / "vault_policies" / "policies", tmp_path / "vault_policies" / "policies")
     shutil.copy(REPO_ROOT / "vault_policies" / "roles.yaml", tmp_path / "vault_policies" / "roles.yaml")
+    shutil.copytree(REPO_ROOT / "clusters", tmp_path / "clusters", ignore=shutil.ignore_patterns("*.py", "__pycache__"))
     return tmp_path
 
 
@@ -65,7 +66,7 @@ def test_fails_when_policy_is_not_hcl(repo: Path) -> None:
 
 def test_fails_when_role_names_missing_policy(repo: Path) -> None:
     _edit_roles(repo, "policies: [ml-keys-eval]", "policies: [ml-keys-evals]")
-    with pytest.raises(ConfigError, match=r"roles\.yaml:13: roles\.eval\.policies\[0\]: policy 'ml-keys-evals' does not exist \(did you mean 'ml-keys-eval'\?\)"):
+    with pytest.raises(ConfigError, match=r"roles\.yaml:18: roles\.eval\.policies\[0\]: policy 'ml-keys-evals' does not exist \(did you mean 'ml-keys-eval'\?\)"):
         load_definitions(repo)
 
 
@@ -77,7 +78,7 @@ def test_fails_when_role_names_operator_policy(repo: Path) -> None:
 
 def test_fails_when_token_ttl_over_one_hour(repo: Path) -> None:
     _edit_roles(repo, "token_ttl: 30m", "token_ttl: 2h")
-    with pytest.raises(ConfigError, match=r"roles\.yaml:8: roles\.finetune\.token_ttl: 7200s is longer than 3600s \(1h\);.*set token_period"):
+    with pytest.raises(ConfigError, match=r"roles\.yaml:13: roles\.finetune\.token_ttl: 7200s is longer than 3600s \(1h\);.*set token_period"):
         load_roles(_roles(repo))
 
 
@@ -92,15 +93,21 @@ def test_fails_when_token_period_over_one_hour(repo: Path) -> None:
         load_roles(_roles(repo))
 
 
-def test_fails_when_secret_id_reusable_without_reason(repo: Path) -> None:
-    _edit_roles(repo, "secret_id_num_uses: 1", "secret_id_num_uses: 0")
-    with pytest.raises(ConfigError, match=r"roles\.yaml:11: roles\.finetune\.secret_id_num_uses: 0 is not allowed without a reason; allowed: 1"):
+def test_fails_when_secret_id_reusable(repo: Path) -> None:
+    """Point 16: no reason, however long, unlocks a reusable secret_id any more."""
+    _edit_roles(repo, "secret_id_num_uses: 1", "secret_id_num_uses: 0\n    reason: notebook sessions log in again after a kernel restart")
+    with pytest.raises(ConfigError) as caught:
         load_roles(_roles(repo))
+    text = str(caught.value)
+    assert "roles.finetune.secret_id_num_uses: 0 is not allowed; allowed: 1" in text
+    assert "roles.finetune.reason: unknown field" in text
 
 
-def test_reusable_secret_id_allowed_with_reason(repo: Path) -> None:
-    _edit_roles(repo, "secret_id_num_uses: 1", "secret_id_num_uses: 3\n    reason: notebook sessions log in again after a kernel restart")
-    assert load_roles(_roles(repo))["finetune"].secret_id_num_uses == 3
+def test_fails_when_secret_id_outlives_the_longest_wrap(repo: Path) -> None:
+    """Point 4/16: a secret_id living 6 h while wraps live minutes only serves whoever unwrapped it."""
+    _edit_roles(repo, "secret_id_ttl: 30m", "secret_id_ttl: 6h")
+    with pytest.raises(ConfigError, match=r"roles\.yaml:15: roles\.finetune\.secret_id_ttl: 21600s is longer than the longest wrap \(1800s\).*set secret_id_ttl: 30m"):
+        load_roles(_roles(repo))
 
 
 def test_fails_when_max_ttl_below_ttl(repo: Path) -> None:
@@ -110,7 +117,7 @@ def test_fails_when_max_ttl_below_ttl(repo: Path) -> None:
 
 
 def test_fails_when_duration_is_not_a_duration(repo: Path) -> None:
-    _edit_roles(repo, "secret_id_ttl: 6h", "secret_id_ttl: six hours")
+    _edit_roles(repo, "secret_id_ttl: 30m", "secret_id_ttl: six hours")
     with pytest.raises(ConfigError, match=r"roles\.finetune\.secret_id_ttl: 'six hours' is not a duration; use seconds \(1800\) or a string like '30m'"):
         load_roles(_roles(repo))
 
@@ -159,51 +166,52 @@ def _edit(path: Path, old: str, new: str) -> None:
     path.write_text(text.replace(old, new, 1))
 
 
-def test_fails_when_orchestrator_can_mint_unwrapped(repo: Path) -> None:
-    _edit(_orchestrator(repo), 'capabilities     = ["update"]\n  min_wrapping_ttl = "60s"\n  max_wrapping_ttl = "6h"\n}\n\npath "auth/approle/role/finetune', 'capabilities     = ["update"]\n}\n\npath "auth/approle/role/finetune')
-    messages = _messages(repo)
-    assert "orchestrator.hcl:7: path \"auth/approle/role/eval/secret-id\".min_wrapping_ttl: None does not match layout.py (60s)" in messages
-    assert "max_wrapping_ttl: None does not match layout.py (21600s)" in messages
-
-
-def test_fails_when_orchestrator_reaches_beyond_approle(repo: Path) -> None:
-    path = repo / "vault_policies" / "policies" / "orchestrator.hcl"
-    path.write_text(path.read_text() + '\npath "secret/data/ml-api-keys/*" {\n  capabilities = ["read"]\n}\n')
-    assert "'secret/data/ml-api-keys/*' not allowed for the orchestrator" in _messages(repo)
-
-
-def test_fails_when_admin_could_mint_secret_ids(repo: Path) -> None:
-    path = repo / "vault_policies" / "policies" / "gpufleet-admin.hcl"
-    path.write_text(path.read_text().replace('path "auth/approle/role/+"', 'path "auth/approle/role/*"'))
-    assert "'auth/approle/role/*' would let the sync mint secret_ids" in _messages(repo)
-
-
-def test_fails_when_orchestrator_path_has_a_wildcard(repo: Path) -> None:
-    _edit(_orchestrator(repo), 'path "auth/approle/role/eval/secret-id"', 'path "auth/approle/role/+/secret-id"')
-    messages = _messages(repo)
-    assert "orchestrator.hcl:7: path \"auth/approle/role/+/secret-id\": 'auth/approle/role/+/secret-id' uses a wildcard, which covers every AppRole role on the mount, other teams' included" in messages
-    assert "path \"auth/approle/role/eval/secret-id\": missing for role 'eval'" in messages
-
-
-def test_fails_when_orchestrator_lacks_a_block_for_a_role(repo: Path) -> None:
-    _edit(_orchestrator(repo), 'path "auth/approle/role/finetune/role-id" {\n  capabilities = ["read"]\n}\n', "")
+@pytest.mark.parametrize(("name", "old", "new"), [
+    ("orchestrator", 'max_wrapping_ttl = "1800s"', 'max_wrapping_ttl = "6h"'),
+    ("orchestrator", 'path "auth/approle/role/eval/secret-id"', 'path "auth/approle/role/+/secret-id"'),
+    ("orchestrator", '  required_parameters = ["cidr_list", "num_uses", "token_bound_cidrs"]\n', ""),
+    ("gpufleet-admin", 'path "sys/policies/acl/ml-keys-*"', 'path "sys/policies/acl/*"'),
+    ("gpufleet-admin", '"secret_id_num_uses" = ["1"]', '"secret_id_num_uses" = []'),
+])
+def test_fails_when_an_operator_policy_is_hand_edited(repo: Path, name: str, old: str, new: str) -> None:
+    """The operator policies are what Vault enforces against a stolen token: they are
+    rendered from roles.yaml and clusters/, and any difference is refused."""
+    path = repo / "vault_policies" / "policies" / f"{name}.hcl"
+    _edit(path, old, new)
     problems = [str(p) for p in check(repo)]
-    assert problems == [f"{_orchestrator(repo)}: path \"auth/approle/role/finetune/role-id\": missing for role 'finetune' of vault_policies/roles.yaml; dispatch could not mint for it; add the block (copy another role's role-id block)"]
+    assert len(problems) == 1 and problems[0].startswith(f"{path}:")
+    assert "differs from what roles.yaml and clusters/ render (hand-edited or stale); run `gpufleet vault render`" in problems[0]
 
 
-def test_fails_when_orchestrator_names_a_role_outside_the_repo(repo: Path) -> None:
-    _edit(_orchestrator(repo), 'path "auth/approle/role/eval/role-id"', 'path "auth/approle/role/team-x-runner/role-id"')
+def test_render_follows_roles_and_clusters(repo: Path) -> None:
+    """A new cluster range reaches both operator policies through `gpufleet vault render`."""
+    _edit(repo / "clusters" / "prod-nomad.yaml", "subnet_cidr: 10.50.0.0/20", "subnet_cidr: 10.51.0.0/20")
+    assert "differs from what roles.yaml and clusters/ render" in _messages(repo)
+    written = render(repo)
+    assert sorted(p.name for p in written) == ["gpufleet-admin.hcl", "orchestrator.hcl"]
+    assert check(repo) == []
+    assert '"cidr_list" = ["10.51.0.0/20,10.64.0.0/14"]' in _orchestrator(repo).read_text()
+
+
+def test_fails_when_role_names_an_unknown_cluster(repo: Path) -> None:
+    _edit_roles(repo, "clusters: [prod-gke, prod-nomad]", "clusters: [prod-nomda]")
+    assert "roles.yaml:12: roles.finetune.clusters[0]: cluster 'prod-nomda' is not in clusters/ (did you mean 'prod-nomad'?)" in _messages(repo)
+
+
+@pytest.mark.parametrize("name", ["default", "root", "team-x", "gpufleet-keys"])
+def test_fails_when_policy_file_is_outside_gpufleets_namespace(repo: Path, name: str) -> None:
+    """Point 3: default.hcl (every token's policy) or root.hcl or another team's name never passes check."""
+    path = _policy(repo, name, 'path "secret/data/ml-api-keys/openai" {\n  capabilities = ["read"]\n  denied_parameters = {\n    "version" = []\n  }\n}\n')
     messages = _messages(repo)
-    assert "path \"auth/approle/role/team-x-runner/role-id\": role 'team-x-runner' is not in vault_policies/roles.yaml; allowed: eval, finetune; the orchestrator may mint only for the repo's roles" in messages
+    assert f"{path}: " in messages
+    assert ("built-in policy" if name in ("default", "root") else "outside gpufleet's namespace") in messages
+    with pytest.raises(ConfigError):
+        load_definitions(repo)
 
 
-def test_fails_when_admin_policy_does_not_deny_itself(repo: Path) -> None:
-    admin = repo / "vault_policies" / "policies" / "gpufleet-admin.hcl"
-    _edit(admin, 'path "sys/policies/acl/gpufleet-admin" {\n  capabilities = ["deny"]\n}\n', "")
-    _edit(admin, 'path "sys/policies/acl/orchestrator" {\n  capabilities = ["deny"]', 'path "sys/policies/acl/orchestrator" {\n  capabilities = ["read"]')
-    messages = _messages(repo)
-    assert "path \"sys/policies/acl/gpufleet-admin\": no block is not allowed; allowed: [\"deny\"]; without it the admin token can rewrite gpufleet-admin and so become root" in messages
-    assert "path \"sys/policies/acl/orchestrator\": ['read'] is not allowed; allowed: [\"deny\"]" in messages
+def test_fails_when_job_policy_reads_old_versions(repo: Path) -> None:
+    _policy(repo, "ml-keys-eval", 'path "secret/data/ml-api-keys/openai" {\n  capabilities = ["read"]\n}\n')
+    assert "ml-keys-eval.hcl:1: path \"secret/data/ml-api-keys/openai\".denied_parameters: missing is not allowed; allowed: {\"version\" = []}" in _messages(repo)
 
 
 def test_fails_when_policy_carries_managed_marker(repo: Path) -> None:
@@ -213,7 +221,7 @@ def test_fails_when_policy_carries_managed_marker(repo: Path) -> None:
 
 def test_fails_when_orchestrator_policy_missing(repo: Path) -> None:
     (repo / "vault_policies" / "policies" / "orchestrator.hcl").unlink()
-    assert "orchestrator.hcl is missing; the dispatch flow needs it" in _messages(repo)
+    assert "orchestrator.hcl is missing; the dispatch flow needs it; run `gpufleet vault render`" in _messages(repo)
 
 
 def test_fails_when_roles_file_is_not_yaml(repo: Path) -> None:
@@ -223,9 +231,9 @@ def test_fails_when_roles_file_is_not_yaml(repo: Path) -> None:
 
 
 def test_fails_when_policy_file_has_unknown_block(repo: Path) -> None:
-    path = _policy(repo, "ml-keys-eval", 'path "secret/data/ml-api-keys/openai" {\n  capabilities = ["read"]\n}\n\nname "x" {\n  value = 1\n}\n')
+    path = _policy(repo, "ml-keys-eval", 'path "secret/data/ml-api-keys/openai" {\n  capabilities = ["read"]\n  denied_parameters = {\n    "version" = []\n  }\n}\n\nname "x" {\n  value = 1\n}\n')
     _, problems = parse_policy(path)
-    assert [str(p) for p in problems] == [f"{path}:5: name: unknown top-level block 'name'; allowed: path; remove it"]
+    assert [str(p) for p in problems] == [f"{path}:8: name: unknown top-level block 'name'; allowed: path; remove it"]
 
 
 def test_every_problem_reported_in_one_pass(repo: Path) -> None:
