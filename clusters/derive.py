@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass
 from enum import StrEnum
 
-from clusters.machines import MACHINE_GPUS, N1_ACCELERATOR, N1_GPU_MEMORY_GIB, N1_MODEL, is_n1
+from clusters.machines import MACHINE_GPUS, N1_ACCELERATOR, N1_GPU_MEMORY_GIB, N1_MODEL, NVML_GPUS, NvmlGpu, is_n1
 from clusters.schema import ClusterConfig, Environment, GpuPool, SchedulerKind, TaintEffect
 
 GPU_TAINT = ("nvidia.com/gpu", "present", TaintEffect.NO_SCHEDULE)
@@ -35,6 +35,8 @@ class GpuPoolSpec:
     gpus_per_node: int
     gpu_memory_gib: int
     gpu_model: str
+    # What the NVIDIA device plugin reports for this pool's GPUs: placement compares these.
+    nvml: NvmlGpu
     node_count: int | None
     min_nodes: int
     max_nodes: int
@@ -111,6 +113,7 @@ def derive_gpu_pool(pool: GpuPool, config: ClusterConfig) -> GpuPoolSpec:
         gpus_per_node=gpus,
         gpu_memory_gib=known.gpu_memory_gib if known else N1_GPU_MEMORY_GIB,
         gpu_model=known.model if known else N1_MODEL,
+        nvml=NVML_GPUS[accelerator],
         node_count=pool.node_count,
         min_nodes=pool.node_count if static else (pool.min_nodes or 0),
         max_nodes=pool.node_count if static else (pool.max_nodes or 1),

@@ -1,11 +1,14 @@
-"""The GPU machine table: which accelerator and how many GPUs each GCE machine type carries.
+"""The GPU machine table: which accelerator and how many GPUs each GCE machine type carries,
+and what the NVIDIA device plugin reports for each GPU model.
 
 From ../shared/REFERENCE.md (GKE accelerators). A/G/A3/A4 series fix the accelerator and count
-by machine type; N1 machines take a T4 count chosen by the user (1, 2 or 4).
+by machine type; N1 machines take a T4 count chosen by the user (1, 2 or 4). ``gpu_memory_gib``
+is the marketing size, for descriptions only; placement compares ``NVML_GPUS`` values.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 
@@ -43,3 +46,42 @@ N1_MODEL = "Tesla-T4"
 
 def is_n1(machine_type: str) -> bool:
     return machine_type.startswith("n1-")
+
+
+@dataclass(frozen=True)
+class NvmlGpu:
+    """What the NVIDIA device plugin fingerprints for one GPU model (nomad-device-nvidia
+    fingerprint.go: ``${device.model}`` is NVML's device name, ``${device.attr.memory}`` NVML's
+    total memory in MiB), with where the number comes from. Jobs compare against these, never
+    against the marketing size (an L4 is sold as 24 GB and reports 23034 MiB = 22.49 GiB)."""
+
+    nvml_name: str
+    memory_mib: int
+    source: str
+    # False where no public NVML/nvidia-smi output was found: ``check`` then refuses memory
+    # constraints on such pools instead of guessing (the pool's node_class already picks the GPU).
+    memory_confirmed: bool = True
+
+    # A regexp for ``${device.model}`` that matches this NVML name whatever vendor prefix a driver
+    # release puts in front ("Tesla T4" vs "NVIDIA T4"), and no other model in the table.
+    model_pattern: str = ""
+
+    def matches(self, name: str) -> bool:
+        return re.search(self.model_pattern, name) is not None
+
+
+_MODAL = "modal.com blog 'GPU memory capacity' (thundergolfer.com/blog/nvidia-gpu-memory-capacity): NVML via nvidia-smi"
+NVML_GPUS: dict[str, NvmlGpu] = {
+    "nvidia-tesla-t4": NvmlGpu("Tesla T4", 15360, _MODAL, model_pattern=r"(^|\s)T4$"),
+    "nvidia-l4": NvmlGpu("NVIDIA L4", 23034, _MODAL + "; REFERENCE.md (public nvidia-smi on GCE g2)", model_pattern=r"(^|\s)L4$"),
+    "nvidia-tesla-a100": NvmlGpu("NVIDIA A100-SXM4-40GB", 40960, _MODAL + "; REFERENCE.md (public nvidia-smi on GCE a2)",
+                                 model_pattern=r"A100-SXM4-40GB$"),
+    "nvidia-a100-80gb": NvmlGpu("NVIDIA A100-SXM4-80GB", 81920, _MODAL, model_pattern=r"A100-SXM4-80GB$"),
+    "nvidia-h100-80gb": NvmlGpu("NVIDIA H100 80GB HBM3", 81559, _MODAL, model_pattern=r"H100 80GB HBM3$"),
+    "nvidia-h100-mega-80gb": NvmlGpu("NVIDIA H100 80GB HBM3", 81559, "the H100 80GB HBM3 part of A3 High (GCE GPU docs: A3 Mega"
+                                     " attaches H100 80GB Mega GPUs); not observed on a3-megagpu", memory_confirmed=False,
+                                     model_pattern=r"H100 80GB HBM3$"),
+    "nvidia-h200-141gb": NvmlGpu("NVIDIA H200", 143771, _MODAL, model_pattern=r"(^|\s)H200$"),
+    "nvidia-b200": NvmlGpu("NVIDIA B200", 183359, "not confirmed from a public NVML output (HBM3e, sold as 180 GB)",
+                           memory_confirmed=False, model_pattern=r"(^|\s)B200$"),
+}

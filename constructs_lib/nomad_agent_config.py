@@ -117,6 +117,8 @@ def pool_meta(spec: GpuPoolSpec, cluster: str) -> dict[str, str]:
         "accelerator": spec.accelerator,
         "gpu_model": spec.gpu_model,
         "gpu_memory_gib": str(spec.gpu_memory_gib),
+        "gpu_memory_mib": str(spec.nvml.memory_mib),
+        "gpu_nvml_name": spec.nvml.nvml_name,
         "gpus_per_node": str(spec.gpus_per_node),
         "machine_type": spec.machine_type,
         "gpufleet_cluster": cluster,

@@ -40,6 +40,14 @@ class Machine:
     data_disk: DataDisk | None = None
 
 
+# GCE requires gVNIC on these families (A3, A4); the Ubuntu accelerator images support it.
+GVNIC_FAMILIES = ("a3-", "a4-")
+
+
+def _nic(machine_type: str) -> dict[str, str]:
+    return {"nic_type": "GVNIC"} if machine_type.startswith(GVNIC_FAMILIES) else {}
+
+
 def nomad_instance_template(scope: Construct, id_: str, *, name_prefix: str, machine: Machine, project: str, region: str,
                             subnetwork: str, service_account: str, startup_script: str, tags: list[str],
                             labels: dict[str, str]) -> object:
@@ -74,7 +82,7 @@ def nomad_instance_template(scope: Construct, id_: str, *, name_prefix: str, mac
         region=region,
         machine_type=machine.machine_type,
         disk=disks,
-        network_interface=[tmpl.ComputeInstanceTemplateNetworkInterface(subnetwork=subnetwork)],
+        network_interface=[tmpl.ComputeInstanceTemplateNetworkInterface(subnetwork=subnetwork, **_nic(machine.machine_type))],
         can_ip_forward=False,
         service_account={"email": service_account, "scopes": SCOPES},
         shielded_instance_config={"enable_secure_boot": True, "enable_vtpm": True, "enable_integrity_monitoring": True},

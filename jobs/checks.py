@@ -122,14 +122,24 @@ def _gpu_fit(job: JobFile, pool: GpuPoolSpec) -> Iterator[Finding]:
     gpu = job.gpu
     if gpu.count > pool.gpus_per_node:
         yield (("gpu", "count"), f"{gpu.count} GPUs do not fit one node of pool {pool.name} ({pool.machine_type} has {pool.gpus_per_node}); allowed: 1..{pool.gpus_per_node}; lower count or pick a bigger pool")
-    if gpu.min_memory_gib is not None and gpu.min_memory_gib > pool.gpu_memory_gib:
-        yield (("gpu", "min_memory_gib"), f"{gpu.min_memory_gib} GiB is more than pool {pool.name}'s {pool.gpu_model} has ({pool.gpu_memory_gib} GiB); allowed: <= {pool.gpu_memory_gib}; lower it or pick a pool with bigger GPUs")
+    nvml = pool.nvml
+    reported = f"{nvml.nvml_name} reports {nvml.memory_mib} MiB = {nvml.memory_mib / 1024:.2f} GiB to Nomad"
+    top = nvml.memory_mib // 1024
+    for field in ("min_memory_gib", "prefer_memory_gib"):
+        value = getattr(gpu, field)
+        if value is not None and not nvml.memory_confirmed:
+            yield (("gpu", field), f"pool {pool.name}'s {nvml.nvml_name} memory as NVML reports it is not confirmed ({nvml.source});"
+                   f" remove {field} (the pool already selects the GPU model) or confirm the value in clusters/machines.py")
+            return
+    if gpu.min_memory_gib is not None and gpu.min_memory_gib * 1024 > nvml.memory_mib:
+        yield (("gpu", "min_memory_gib"), f"{gpu.min_memory_gib} GiB is more than pool {pool.name}'s GPU has: {reported} (marketed as"
+               f" {pool.gpu_memory_gib} GB), so the job could never be placed; allowed: <= {top}; lower it or pick a pool with bigger GPUs")
     if gpu.prefer_memory_gib is not None:
         low = gpu.min_memory_gib or 1
-        if not low <= gpu.prefer_memory_gib <= pool.gpu_memory_gib:
-            yield (("gpu", "prefer_memory_gib"), f"{gpu.prefer_memory_gib} GiB can never be preferred on pool {pool.name}; allowed: {low}..{pool.gpu_memory_gib}; change it or remove it")
-    if gpu.model is not None and not re.search(gpu.model, pool.gpu_model):
-        yield (("gpu", "model"), f"pattern {gpu.model!r} does not match pool {pool.name}'s GPU model {pool.gpu_model!r}; the job could never be placed; write a pattern matching it, e.g. {pool.gpu_model.split('-')[0]!r}")
+        if not low <= gpu.prefer_memory_gib <= top:
+            yield (("gpu", "prefer_memory_gib"), f"{gpu.prefer_memory_gib} GiB can never be preferred on pool {pool.name} ({reported}); allowed: {low}..{top}; change it or remove it")
+    if gpu.model is not None and not re.search(gpu.model, nvml.nvml_name):
+        yield (("gpu", "model"), f"pattern {gpu.model!r} does not match pool {pool.name}'s GPU model as NVML names it ({nvml.nvml_name!r}); the job could never be placed; write a pattern matching it, e.g. {nvml.nvml_name.split()[-1]!r}")
 
 
 def _vault(job: JobFile, vault: VaultView) -> Iterator[Finding]:

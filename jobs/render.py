@@ -38,19 +38,25 @@ def _constraint(ltarget: str, operand: str, rtarget: str) -> dict[str, str]:
     return {"LTarget": ltarget, "Operand": operand, "RTarget": rtarget}
 
 
+def mib(gib: int) -> str:
+    """A memory bound in the unit the NVIDIA device plugin reports (``device.attr.memory`` is NVML
+    MiB, nomad-device-nvidia fingerprint.go), so the comparison is the one the checks made."""
+    return f"{gib * 1024} MiB"
+
+
 def _device(spec: FinetuneSpec) -> dict[str, Any]:
+    """The GPU request: always the pool's model as NVML names it (so a device of another model on
+    a mislabelled node never matches), then the job's own memory and model bounds."""
     gpu = spec.gpu
-    constraints = []
+    constraints = [_constraint("${device.model}", "regexp", spec.pool.nvml.model_pattern)]
     if gpu.min_memory_gib is not None:
-        constraints.append(_constraint("${device.attr.memory}", ">=", f"{gpu.min_memory_gib} GiB"))
+        constraints.append(_constraint("${device.attr.memory}", ">=", mib(gpu.min_memory_gib)))
     if gpu.model is not None:
         constraints.append(_constraint("${device.model}", "regexp", gpu.model))
     affinities = []
     if gpu.prefer_memory_gib is not None:
-        affinities.append({**_constraint("${device.attr.memory}", ">=", f"{gpu.prefer_memory_gib} GiB"), "Weight": 50})
-    device: dict[str, Any] = {"Name": GPU_DEVICE, "Count": gpu.count}
-    if constraints:
-        device["Constraints"] = constraints
+        affinities.append({**_constraint("${device.attr.memory}", ">=", mib(gpu.prefer_memory_gib)), "Weight": 50})
+    device: dict[str, Any] = {"Name": GPU_DEVICE, "Count": gpu.count, "Constraints": constraints}
     if affinities:
         device["Affinities"] = affinities
     return device

@@ -147,3 +147,11 @@ def test_gke_clusters_get_no_nomad_resources(stack_json):
     resources = stack_json("prod-gke")["resource"]
     assert "google_compute_instance_template" not in resources
     assert "fw_allow_nomad" not in resources["google_compute_firewall"]
+
+
+def test_a3_and_a4_templates_get_the_gvnic_they_require(nomad):
+    from constructs_lib.nomad_instance_template import _nic
+
+    assert _nic("a3-highgpu-8g") == _nic("a4-highgpu-8g") == {"nic_type": "GVNIC"}
+    assert _nic("a2-highgpu-2g") == {}
+    assert "nic_type" not in nomad["google_compute_instance_template"]["nomad_client_template_a100"]["network_interface"][0]

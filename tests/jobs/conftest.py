@@ -53,7 +53,7 @@ def job_file(tmp_path: Path) -> Callable[..., Path]:
 
 
 def a100_nodes(*, count: int = 2, used: int = 0) -> list[FakeNode]:
-    return [FakeNode(f"a100-{i}", "a100", "a100", "A100-SXM4-40GB", 40, 2, gpus_used=used) for i in range(count)]
+    return [FakeNode(f"a100-{i}", "a100", "a100", "NVIDIA A100-SXM4-40GB", 40960, 2, gpus_used=used) for i in range(count)]
 
 
 @pytest.fixture

@@ -37,8 +37,8 @@ class FakeNode:
     name: str
     node_pool: str
     node_class: str
-    gpu_model: str
-    gpu_memory_gib: int
+    gpu_model: str  # the NVML device name, as the nvidia plugin reports it (the device group's Name)
+    gpu_memory_mib: int  # NVML total memory; the plugin's ``memory`` attribute has unit MiB
     gpus: int
     gpus_used: int = 0
     datacenter: str = "europe-west4"
@@ -68,15 +68,19 @@ class _State:
     index: int = 100
 
 
-def _gib(text: str) -> float:
+def _mib(text: str) -> float:
+    """An attribute value with a unit, as Nomad's ParseAttribute reads ``RTarget`` (base-2 units)."""
     number, _, unit = text.partition(" ")
-    return float(number) * {"GiB": 1, "MiB": 1 / 1024, "TiB": 1024}.get(unit or "GiB", 1)
+    factor = {"MiB": 1, "GiB": 1024, "TiB": 1024 * 1024}
+    if unit not in factor:
+        raise AssertionError(f"the double does not model memory unit {unit!r} in {text!r}")
+    return float(number) * factor[unit]
 
 
 def _device_ok(node: FakeNode, constraint: dict[str, str]) -> bool:
     ltarget, operand, rtarget = constraint["LTarget"], constraint["Operand"], constraint["RTarget"]
     if ltarget == "${device.attr.memory}" and operand == ">=":
-        return node.gpu_memory_gib >= _gib(rtarget)
+        return node.gpu_memory_mib >= _mib(rtarget)
     if ltarget == "${device.model}" and operand == "regexp":
         return re.search(rtarget, node.gpu_model) is not None
     raise AssertionError(f"the double does not model device constraint {constraint}")

@@ -137,7 +137,8 @@ def test_job_is_parameterized_batch_pinned_to_the_pool(specs: dict[str, Finetune
         "Name": "nvidia/gpu",
         "Count": 1,
         "Constraints": [
-            {"LTarget": "${device.attr.memory}", "Operand": ">=", "RTarget": "40 GiB"},
+            {"LTarget": "${device.model}", "Operand": "regexp", "RTarget": "A100-SXM4-40GB$"},
+            {"LTarget": "${device.attr.memory}", "Operand": ">=", "RTarget": "40960 MiB"},
             {"LTarget": "${device.model}", "Operand": "regexp", "RTarget": "A100"},
         ],
     }]

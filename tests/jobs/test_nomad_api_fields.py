@@ -1,0 +1,72 @@
+"""What gpufleet sends Nomad uses only field names of Nomad's api package structs, read from
+hashicorp/nomad's source (vendored extract ``vendor/nomad_api_fields.json``, with its tags and
+commits; regenerate with ``vendor/extract_nomad_api.py``): the rendered jobs, and the plan,
+register and dispatch bodies the client puts on the wire (recorded by the API double)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from jobs.client import NomadClient
+from jobs.loader import load_all
+from jobs.render import render
+
+VENDORED = json.loads((Path(__file__).parent / "vendor" / "nomad_api_fields.json").read_text())
+OLD, NEW = "v1.10.5", "v2.0.5"  # the version the fleet installs, and the newest read
+# Sent on purpose although 1.10.5 lacks it: honoured from 2.0.3, ignored by 1.10's JSON decoder
+# (gpufleet-exec enforces the same limit).
+NEWER_ONLY = {("TaskGroup", "MaxRunDuration")}
+CHILDREN = {
+    "Job": {"TaskGroups": "TaskGroup", "Constraints": "Constraint", "Affinities": "Affinity", "ParameterizedJob": "ParameterizedJobConfig",
+            "Reschedule": "ReschedulePolicy"},
+    "TaskGroup": {"Tasks": "Task", "Constraints": "Constraint", "Affinities": "Affinity", "RestartPolicy": "RestartPolicy",
+                  "ReschedulePolicy": "ReschedulePolicy", "EphemeralDisk": "EphemeralDisk"},
+    "Task": {"Resources": "Resources", "Constraints": "Constraint", "Affinities": "Affinity", "RestartPolicy": "RestartPolicy"},
+    "Resources": {"Devices": "RequestedDevice"},
+    "RequestedDevice": {"Constraints": "Constraint", "Affinities": "Affinity"},
+}
+
+
+def field_errors(value: Any, struct: str, where: str) -> list[str]:
+    errors = []
+    for key, item in value.items():
+        if key not in VENDORED[NEW][struct] and key not in VENDORED[OLD][struct]:
+            errors.append(f"{where}.{key}: not a field of Nomad's api.{struct}")
+        elif key not in VENDORED[OLD][struct] and (struct, key) not in NEWER_ONLY:
+            errors.append(f"{where}.{key}: api.{struct} has it only after {OLD}, the version the fleet runs")
+        child = CHILDREN.get(struct, {}).get(key)
+        if child and item is not None:
+            for i, element in enumerate(item if isinstance(item, list) else [item]):
+                errors += field_errors(element, child, f"{where}.{key}[{i}]")
+    return errors
+
+
+def test_vendored_extract_names_its_source() -> None:
+    assert VENDORED["_provenance"]["repo"] == "hashicorp/nomad"
+    assert VENDORED["_provenance"]["tags"][OLD] == "a3b86c697f38ab032e1acaae8503ed10815bc4a2"
+    assert "MaxRunDuration" in VENDORED[NEW]["TaskGroup"] and "MaxRunDuration" not in VENDORED[OLD]["TaskGroup"]
+
+
+@pytest.mark.parametrize("spec", load_all(), ids=lambda s: s.name)
+def test_rendered_jobs_use_only_api_fields(spec) -> None:
+    assert field_errors(render(spec)["Job"], "Job", "Job") == []
+
+
+def test_field_check_fails_on_an_unknown_field() -> None:
+    assert field_errors({"TaskGroups": [{"Name": "t", "MaxRunTime": 1}]}, "Job", "Job") == ["Job.TaskGroups[0].MaxRunTime: not a field of Nomad's api.TaskGroup"]
+
+
+def test_request_bodies_on_the_wire_use_only_api_fields(nomad, client_for) -> None:
+    client: NomadClient = client_for(nomad)
+    spec = next(s for s in load_all() if s.name == "finetune-llama")
+    client.plan(spec)
+    client.register(spec)
+    client.dispatch(spec, {"dataset_uri": "hf://d/x@v1", "run_id": "r"}, role_id="r", wrapping_token="w", idempotency_token="i")
+    plan, register, dispatch = nomad.requests[:3]
+    for body, request in ((plan.body, "JobPlanRequest"), (register.body, "JobRegisterRequest"), (dispatch.body, "JobDispatchRequest")):
+        assert set(body) <= set(VENDORED[OLD][request]), (request, set(body) - set(VENDORED[OLD][request]))
+    assert field_errors(plan.body["Job"], "Job", "plan.Job") == [] and field_errors(register.body["Job"], "Job", "register.Job") == []
