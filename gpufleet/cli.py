@@ -15,7 +15,7 @@ import typer
 import clusters.repo
 
 from clusters.errors import ConfigError, UserError
-from gpufleet import fleet_cmd, jobs_cmd, nomad_cmd, ops_cmd, vault_cmd
+from gpufleet import fleet_cmd, jobs_cmd, nomad_cmd, ops_cmd, preview_cmd, vault_cmd
 
 app = typer.Typer(
     name="gpufleet",
@@ -38,6 +38,7 @@ def _root(
 
 fleet_cmd.register(app)
 ops_cmd.register(app)
+preview_cmd.register(app)
 vault_cmd.register(app)
 jobs_cmd.register(app)
 nomad_cmd.register(app)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from cdktf import App, TerraformStack
 
@@ -20,7 +21,7 @@ class Fleet:
     info: tuple[StackInfo, ...]
 
 
-def build_fleet(app: App, configs: tuple[ClusterConfig, ...]) -> Fleet:
+def build_fleet(app: App, configs: tuple[ClusterConfig, ...], *, imported_dir: Path | None = None) -> Fleet:
     """Build every stack ``plan_stacks`` names, in its order, so synthesis is byte-identical run to run."""
     info = plan_stacks(configs)
     by_name = {c.name: c for c in configs}
@@ -38,7 +39,7 @@ def build_fleet(app: App, configs: tuple[ClusterConfig, ...]) -> Fleet:
             scheduler = GkeSchedulerStack if config.scheduler == SchedulerKind.GKE else NomadSchedulerStack
             stacks[entry.name] = scheduler(app, config, stacks[entry.cluster])
     for name, stack in stacks.items():
-        apply_imports(stack, load_imports(name))
+        apply_imports(stack, load_imports(name, imported_dir=imported_dir))
     missing = [s.name for s in info if s.name not in stacks]
     if missing:
         raise RuntimeError(f"stacks.layout names stacks build_fleet does not build: {missing}")

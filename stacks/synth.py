@@ -40,8 +40,12 @@ def _select(configs: tuple[ClusterConfig, ...], only: tuple[str, ...]) -> tuple[
 
 
 def synthesize(configs: tuple[ClusterConfig, ...], outdir: Path = DEFAULT_OUTDIR,
-               only: tuple[str, ...] = ()) -> tuple[str, ...]:
-    """Synthesize the fleet, or only the named stacks, into ``outdir``; returns the stack names written."""
+               only: tuple[str, ...] = (), imported_dir: Path | None = None) -> tuple[str, ...]:
+    """Synthesize the fleet, or only the named stacks, into ``outdir``; returns the stack names written.
+
+    ``imported_dir`` holds the recorded imports (default ``stacks/imported``); ``gpufleet preview``
+    points it at another checkout's.
+    """
     from cdktf import App
 
     from stacks.fleet import build_fleet
@@ -52,7 +56,7 @@ def synthesize(configs: tuple[ClusterConfig, ...], outdir: Path = DEFAULT_OUTDIR
     tmp = outputs.staging_dir(outdir)
     try:
         app = App(outdir=str(tmp))
-        fleet = build_fleet(app, configs)
+        fleet = build_fleet(app, configs, imported_dir=imported_dir)
         app.synth()
         check_outdir(tmp, shown_as=outdir)
         if only:

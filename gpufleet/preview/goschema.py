@@ -1,0 +1,406 @@
+"""Read Terraform provider resource schemas statically from Go source (maintainer tooling).
+
+Terraform's own schema export (``terraform providers schema -json``) does not say which
+attributes force replacement, and building a provider to ask it at run time needs Go and
+gigabytes of modules. The schemas are Go composite literals, so this reads them the way a
+reviewer would: ``map[string]*schema.Schema{"name": {Type: ..., ForceNew: true, Elem: ...}}``,
+following package-level ``var``s, schema-returning functions (``schemaNodeConfig()``),
+``MergeSchemas(a, b)`` and nested ``Elem: &schema.Resource{Schema: ...}`` blocks (SDK v2), and
+``Attributes``/``Blocks`` with a ``RequiresReplace`` plan modifier (plugin framework).
+
+It is not a Go compiler: an expression it cannot evaluate (a schema assembled by loops or
+mutated after construction) raises ``Unsupported`` naming the file and line, so a provider
+upgrade that changes style fails the regeneration instead of silently dropping attributes.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+_TOKEN = re.compile(
+    r"""(?P<ws>\s+)|(?P<comment>//[^\n]*|/\*.*?\*/)|(?P<raw>`[^`]*`)|(?P<str>"(?:\\.|[^"\\\n])*")|(?P<rune>'(?:\\.|[^'\\\n])+')"""
+    r"""|(?P<num>\d[\w.]*)|(?P<ident>[A-Za-z_][A-Za-z0-9_]*)|(?P<op>:=|\.\.\.|&&|\|\||==|!=|<=|>=|<-|[-+*/%&|^<>=!.,;:(){}\[\]])""",
+    re.DOTALL,
+)
+OPEN, CLOSE = "([{", ")]}"
+
+
+class Unsupported(Exception):
+    """A schema expression this reader cannot evaluate; the message names file:line."""
+
+
+@dataclass(frozen=True)
+class Tok:
+    text: str
+    kind: str
+    file: str
+    line: int
+
+
+def tokenize(source: str, file: str) -> list[Tok]:
+    tokens: list[Tok] = []
+    line, pos = 1, 0
+    for match in _TOKEN.finditer(source):
+        if match.start() != pos:
+            raise Unsupported(f"{file}:{line}: cannot tokenize {source[pos:pos + 20]!r}")
+        pos = match.end()
+        kind = match.lastgroup or ""
+        if kind not in ("ws", "comment"):
+            tokens.append(Tok(match.group(), kind, file, line))
+        line += match.group().count("\n")
+    return tokens
+
+
+def _split(tokens: list[Tok], sep: str) -> list[list[Tok]]:
+    """Split at depth-0 separators (commas of a literal, arguments of a call)."""
+    parts: list[list[Tok]] = [[]]
+    depth = 0
+    for tok in tokens:
+        if tok.text in OPEN:
+            depth += 1
+        elif tok.text in CLOSE:
+            depth -= 1
+        if depth == 0 and tok.text == sep:
+            parts.append([])
+        else:
+            parts[-1].append(tok)
+    return [p for p in parts if p]
+
+
+def _matching(tokens: list[Tok], start: int) -> int:
+    """Index of the bracket closing the one at ``start``."""
+    depth = 0
+    for i in range(start, len(tokens)):
+        if tokens[i].text in OPEN:
+            depth += 1
+        elif tokens[i].text in CLOSE:
+            depth -= 1
+            if depth == 0:
+                return i
+    raise Unsupported(f"{tokens[start].file}:{tokens[start].line}: unbalanced {tokens[start].text!r}")
+
+
+@dataclass
+class Func:
+    name: str
+    params: list[str]
+    body: list[Tok]
+
+
+@dataclass
+class Package:
+    """Top-level ``func`` and ``var`` declarations of a set of Go files (one name space, first wins)."""
+
+    funcs: dict[str, Func] = field(default_factory=dict)
+    vars: dict[str, list[Tok]] = field(default_factory=dict)
+
+    def add_source(self, source: str, file: str) -> None:
+        tokens = tokenize(source, file)
+        i = 0
+        while i < len(tokens):
+            tok = tokens[i]
+            if tok.text == "func" and i + 1 < len(tokens) and tokens[i + 1].kind == "ident":
+                i = self._func(tokens, i)
+            elif tok.text == "func" and tokens[i + 1].text == "(":  # method: skip its receiver, then record by name
+                receiver_end = _matching(tokens, i + 1)
+                i = self._func(tokens, receiver_end)
+            elif tok.text == "var" and tokens[i + 1].text == "(":
+                end = _matching(tokens, i + 1)
+                j = i + 2
+                while j < end:
+                    spec_end = min(self._statement_end(tokens, j), end)
+                    self._var(tokens[j:spec_end])
+                    j = spec_end
+                i = end + 1
+            elif tok.text == "var":
+                end = self._statement_end(tokens, i + 1)
+                self._var(tokens[i + 1:end])
+                i = end
+            elif tok.text in OPEN:
+                i = _matching(tokens, i) + 1
+            else:
+                i += 1
+
+    @staticmethod
+    def _statement_end(tokens: list[Tok], i: int) -> int:
+        """End of a declaration: the first depth-0 token on a new line after a complete expression."""
+        depth = 0
+        start_line = tokens[i].line
+        j = i
+        while j < len(tokens):
+            tok = tokens[j]
+            if depth == 0 and tok.line != start_line and j > i and tokens[j - 1].text not in ("=", ",", "{", "(", "&", ".", "&&", "||", "+"):
+                return j
+            if tok.text in OPEN:
+                depth += 1
+            elif tok.text in CLOSE:
+                depth -= 1
+            if depth == 0:
+                start_line = tok.line
+            j += 1
+        return j
+
+    def _var(self, spec: list[Tok]) -> None:
+        eq = next((k for k, t in enumerate(spec) if t.text == "="), None)
+        if eq is None or spec[0].kind != "ident":
+            return
+        self.vars.setdefault(spec[0].text, spec[eq + 1:])
+
+    def _func(self, tokens: list[Tok], i: int) -> int:
+        name = tokens[i + 1].text
+        j = i + 2
+        if tokens[j].text == "[":  # type parameters
+            j = _matching(tokens, j) + 1
+        params_end = _matching(tokens, j)
+        params = [p[0].text for p in _split(tokens[j + 1:params_end], ",") if p and p[0].kind == "ident"]
+        k = params_end + 1
+        while k < len(tokens) and tokens[k].text != "{":
+            if tokens[k].text in "([":
+                k = _matching(tokens, k)
+            k += 1
+        end = _matching(tokens, k)
+        self.funcs.setdefault(name, Func(name, params, tokens[k + 1:end]))
+        return end + 1
+
+
+@dataclass
+class Attr:
+    """One schema attribute or block, as far as replacement is concerned."""
+
+    force_new: bool
+    block: bool
+    computed_only: bool
+    optional_computed: bool
+    file: str
+    line: int
+    type: str
+    children: dict[str, Attr] = field(default_factory=dict)
+
+
+def _where(tokens: list[Tok]) -> str:
+    return f"{tokens[0].file}:{tokens[0].line}" if tokens else "?"
+
+
+class Reader:
+    """Evaluates schema expressions against a ``Package``."""
+
+    def __init__(self, packages: list[Package]) -> None:
+        self.packages = packages
+
+    def _func(self, name: str) -> Func | None:
+        return next((p.funcs[name] for p in self.packages if name in p.funcs), None)
+
+    def _var(self, name: str) -> list[Tok] | None:
+        return next((p.vars[name] for p in self.packages if name in p.vars), None)
+
+    # -- expressions -------------------------------------------------------------------------
+    def _strip(self, tokens: list[Tok]) -> list[Tok]:
+        while tokens and tokens[0].text in ("&", "*"):
+            tokens = tokens[1:]
+        while tokens and tokens[0].text == "(" and _matching(tokens, 0) == len(tokens) - 1:
+            tokens = tokens[1:-1]
+        return tokens
+
+    def _qualified(self, tokens: list[Tok]) -> tuple[str, int]:
+        """``pkg.Name`` / ``Name`` at the start of tokens -> (Name, index after it)."""
+        j = 0
+        name = tokens[0].text
+        while j + 2 < len(tokens) and tokens[j + 1].text == "." and tokens[j + 2].kind == "ident":
+            j += 2
+            name = tokens[j].text
+        return name, j + 1
+
+    def literal(self, tokens: list[Tok], scope: dict[str, list[Tok]]) -> tuple[str, list[Tok]]:
+        """Resolve an expression to (type text, the tokens inside its braces) of a composite literal,
+        following variables and function calls. The type text is '' when elided."""
+        tokens = self._strip(tokens)
+        if not tokens:
+            raise Unsupported("empty expression")
+        if tokens[-1].text == "}":
+            start = next(k for k, t in enumerate(tokens) if t.text == "{")
+            if _matching(tokens, start) != len(tokens) - 1:
+                raise Unsupported(f"{_where(tokens)}: not a composite literal")
+            return "".join(t.text for t in tokens[:start]), tokens[start + 1:-1]
+        if tokens[0].kind == "ident":
+            name, after = self._qualified(tokens)
+            if after == len(tokens):
+                if tokens[0].text in scope and len(tokens) == 1:
+                    return self.literal(scope[tokens[0].text], {})
+                if self._var(name) is not None:
+                    return self.literal(self._var(name) or [], {})
+                raise Unsupported(f"{_where(tokens)}: unknown identifier {name}")
+            if tokens[after].text == "(" and _matching(tokens, after) == len(tokens) - 1:
+                return self.call(name, _split(tokens[after + 1:-1], ","), scope, tokens)
+        raise Unsupported(f"{_where(tokens)}: cannot evaluate {' '.join(t.text for t in tokens[:12])}")
+
+    def call(self, name: str, args: list[list[Tok]], scope: dict[str, list[Tok]], where: list[Tok]) -> tuple[str, list[Tok]]:
+        if name == "MergeSchemas":
+            merged: list[Tok] = []
+            for arg in args:
+                _, inner = self.literal(arg, scope)
+                merged.extend([*inner, Tok(",", "op", inner[0].file if inner else "", 0)])
+            return "map[string]*schema.Schema", merged
+        func = self._func(name)
+        if func is None:
+            raise Unsupported(f"{_where(where)}: unknown function {name}")
+        bound = dict(zip(func.params, args, strict=False))
+        return self.literal(self._returned(func), {**bound, **self._locals(func)})
+
+    def _returned(self, func: Func) -> list[Tok]:
+        """The expression of the function's last top-level ``return``."""
+        body, depth, last = func.body, 0, None
+        for k, tok in enumerate(body):
+            if tok.text in OPEN:
+                depth += 1
+            elif tok.text in CLOSE:
+                depth -= 1
+            elif depth == 0 and tok.text == "return":
+                last = k
+        if last is None:
+            raise Unsupported(f"{func.name}: no return statement")
+        end = Package._statement_end(body, last + 1)
+        return body[last + 1:end]
+
+    def _locals(self, func: Func) -> dict[str, list[Tok]]:
+        """``x := expr`` at the top level of a function body, so ``return x`` resolves.
+
+        A later top-level assignment into the variable (``x.ForceNew = true``) is a mutation this
+        reader does not model: refuse rather than mis-report.
+        """
+        body, locals_ = func.body, {}
+        depth = 0
+        for k, tok in enumerate(body):
+            if tok.text in OPEN:
+                depth += 1
+            elif tok.text in CLOSE:
+                depth -= 1
+            elif depth == 0 and tok.text == ":=" and k > 0 and body[k - 1].kind == "ident":
+                end = Package._statement_end(body, k + 1)
+                locals_[body[k - 1].text] = body[k + 1:end]
+            elif depth == 0 and tok.text == "=" and k > 0 and any(body[k - 1 - m].text in locals_ for m in range(min(k, 8)) if body[k - 1 - m].line == tok.line):
+                raise Unsupported(f"{tok.file}:{tok.line}: {func.name} mutates a schema after building it")
+        return locals_
+
+    def fields(self, inner: list[Tok]) -> Iterator[tuple[str, list[Tok]]]:
+        """``key: value`` pairs of a composite literal (keys unquoted)."""
+        for part in _split(inner, ","):
+            colon = next((k for k, t in enumerate(part) if t.text == ":"), None)
+            depth = 0
+            for k, t in enumerate(part):  # the first depth-0 colon
+                if t.text in OPEN:
+                    depth += 1
+                elif t.text in CLOSE:
+                    depth -= 1
+                elif t.text == ":" and depth == 0:
+                    colon = k
+                    break
+            if colon is None:
+                if len(part) == 1 or part[-1].text in (")", "}"):  # an element of a list literal / merged map spread
+                    yield "", part
+                    continue
+                raise Unsupported(f"{_where(part)}: literal element without a key")
+            key = "".join(t.text for t in part[:colon])
+            yield key.strip('"'), part[colon + 1:]
+
+    # -- SDK v2 ------------------------------------------------------------------------------
+    def sdk_map(self, tokens: list[Tok], scope: dict[str, list[Tok]]) -> dict[str, Attr]:
+        _, inner = self.literal(tokens, scope)
+        out: dict[str, Attr] = {}
+        for key, value in self.fields(inner):
+            if not key:
+                continue
+            out[key] = self.sdk_attr(value, scope)
+        return out
+
+    def _bool(self, tokens: list[Tok], scope: dict[str, list[Tok]]) -> bool:
+        text = "".join(t.text for t in tokens)
+        if text in ("true", "false"):
+            return text == "true"
+        if text in scope:
+            return self._bool(scope[text], {})
+        raise Unsupported(f"{_where(tokens)}: cannot evaluate boolean {text}")
+
+    def sdk_attr(self, tokens: list[Tok], scope: dict[str, list[Tok]]) -> Attr:
+        type_text, inner = self.literal(tokens, scope)
+        values = dict(self.fields(inner))
+        flag = {k: self._bool(values[k], scope) if k in values else False for k in ("ForceNew", "Computed", "Optional", "Required")}
+        kind = "".join(t.text for t in values.get("Type", []))
+        children: dict[str, Attr] = {}
+        block = False
+        if "Elem" in values:
+            elem_type, elem_inner = self.literal(values["Elem"], scope)
+            if "Resource" in elem_type:
+                block = True
+                schema = dict(self.fields(elem_inner)).get("Schema")
+                if schema is None:
+                    raise Unsupported(f"{_where(values['Elem'])}: Elem resource without Schema")
+                children = self.sdk_map(schema, scope)
+            elif "Schema" not in elem_type and elem_type:
+                raise Unsupported(f"{_where(values['Elem'])}: Elem of type {elem_type}")
+        where = tokens[0] if tokens else Tok("", "", "?", 0)
+        return Attr(
+            force_new=flag["ForceNew"], block=block, computed_only=flag["Computed"] and not (flag["Optional"] or flag["Required"]),
+            optional_computed=flag["Computed"] and flag["Optional"], file=where.file, line=where.line,
+            type=kind.removeprefix("schema."), children=children,
+        )
+
+    def sdk_resource(self, func_name: str, args: str = "") -> dict[str, Attr]:
+        """The schema of ``func_name(args)``; ``args`` is the Go text of the registration call's arguments."""
+        arg_tokens = _split(tokenize(args, "<registration>"), ",")
+        func = self._func(func_name)
+        if func is None:
+            raise Unsupported(f"unknown function {func_name}")
+        scope = {**dict(zip(func.params, arg_tokens, strict=False)), **self._locals(func)}
+        _, inner = self.literal(self._returned(func), scope)
+        schema = dict(self.fields(inner)).get("Schema")
+        if schema is None:
+            raise Unsupported(f"{func_name}: resource without Schema")
+        return self.sdk_map(schema, scope)
+
+    # -- plugin framework --------------------------------------------------------------------
+    def fw_schema(self, func_name: str) -> dict[str, Attr]:
+        _, inner = self.call(func_name, [], {}, [])
+        return self._fw_children(dict(self.fields(inner)), {})
+
+    def fw_literal(self, tokens: list[Tok]) -> dict[str, Attr]:
+        _, inner = self.literal(tokens, {})
+        return self._fw_children(dict(self.fields(inner)), {})
+
+    def _fw_children(self, values: dict[str, list[Tok]], scope: dict[str, list[Tok]]) -> dict[str, Attr]:
+        out: dict[str, Attr] = {}
+        for group in ("Attributes", "Blocks"):
+            if group in values:
+                _, inner = self.literal(values[group], scope)
+                for key, value in self.fields(inner):
+                    out[key] = self.fw_attr(value, scope)
+        return out
+
+    def fw_attr(self, tokens: list[Tok], scope: dict[str, list[Tok]]) -> Attr:
+        type_text, inner = self.literal(tokens, scope)
+        values = dict(self.fields(inner))
+        flag = {k: self._bool(values[k], scope) if k in values else False for k in ("Computed", "Optional", "Required")}
+        modifiers = " ".join(t.text for t in values.get("PlanModifiers", []))
+        force_new = bool(re.search(r"\bRequiresReplace\s*\(", modifiers))
+        nested = values
+        if "NestedObject" in values:
+            _, nested_inner = self.literal(values["NestedObject"], scope)
+            nested = dict(self.fields(nested_inner))
+        children = self._fw_children(nested, scope) if nested is not values or "Attributes" in values or "Blocks" in values else {}
+        where = tokens[0] if tokens else Tok("", "", "?", 0)
+        return Attr(
+            force_new=force_new, block=bool(children), computed_only=flag["Computed"] and not (flag["Optional"] or flag["Required"]),
+            optional_computed=flag["Computed"] and flag["Optional"], file=where.file, line=where.line,
+            type=type_text.removeprefix("schema."), children=children,
+        )
+
+
+def force_new_paths(attrs: dict[str, Attr], prefix: str = "") -> Iterator[tuple[str, Attr]]:
+    """Every ForceNew attribute or block, as a dotted path with list indexes dropped."""
+    for name in sorted(attrs):
+        attr = attrs[name]
+        path = f"{prefix}{name}"
+        if attr.force_new:
+            yield path, attr
+        yield from force_new_paths(attr.children, f"{path}.")

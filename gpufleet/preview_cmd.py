@@ -1,0 +1,54 @@
+"""``gpufleet preview``: an offline report of what a change destroys, replaces or renames.
+
+Exit codes (the plan gate's): 0 no changes, 3 changes none of them blocked, 4 a protected
+resource is destroyed, replaced or renamed (unless ``--allow-destroy`` names it), 2 user error.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+from rich.console import Console
+
+from clusters.errors import UserError
+
+console = Console()
+
+EXIT_CODES_HELP = "Exit codes: 0 no changes, 2 user error, 3 changes (nothing protected destroyed or replaced), 4 blocked."
+
+
+def cmd_preview(
+    base: str | None = typer.Option(None, "--base", help="Git ref to compare with (default: merge base of HEAD with the default branch)."),
+    allow_destroy: list[str] = typer.Option([], "--allow-destroy", help="<stack>/<address> (or a fleet-unique address) whose "
+                                            "destroy/replace/rename is intended (repeatable)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the machine-readable report instead of text."),
+    json_out: Path | None = typer.Option(None, "--json-out", help="Also write the JSON report here (`gpufleet ci comment --preview`)."),
+    repo: Path = typer.Option(Path("."), "--repo", help="The fleet repository (default: the current directory)."),
+    cache_dir: Path | None = typer.Option(None, "--cache-dir", help="Base synthesis cache (default: ~/.cache/gpufleet/preview)."),
+    no_cache: bool = typer.Option(False, "--no-cache", help="Synthesize the base again even if cached."),
+) -> None:
+    """Synthesize the base ref and the working tree offline; report protected resources destroyed, replaced or renamed."""
+    from gpufleet.preview import report
+    from gpufleet.preview.diff import AllowError
+    from gpufleet.preview.service import run_preview
+
+    try:
+        result, info = run_preview(repo, base, allow_destroy=allow_destroy, cache_dir=None if no_cache else cache_dir, use_cache=not no_cache)
+    except AllowError as exc:
+        raise UserError(str(exc)) from None
+    data = report.to_json(result, info)
+    if json_out is not None:
+        json_out.parent.mkdir(parents=True, exist_ok=True)
+        json_out.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    if as_json:
+        typer.echo(json.dumps(data, indent=2, sort_keys=True))
+    else:
+        for line in report.text_lines(result, info):
+            console.print(line, markup=False, highlight=False, soft_wrap=True)
+    raise typer.Exit(int(result.exit_code))
+
+
+def register(app: typer.Typer) -> None:
+    app.command("preview", epilog=EXIT_CODES_HELP)(cmd_preview)
