@@ -179,6 +179,24 @@ class Attr:
     children: dict[str, Attr] = field(default_factory=dict)
 
 
+def _subst(tokens: list[Tok], scope: dict[str, list[Tok]]) -> list[Tok]:
+    """Replace identifiers bound in ``scope`` (function parameters, locals) by their expressions.
+
+    Not a field selector (``x.name``) and not a literal key (``name:``).
+    """
+    if not scope:
+        return tokens
+    out: list[Tok] = []
+    for k, tok in enumerate(tokens):
+        selector = k > 0 and tokens[k - 1].text == "."
+        key = k + 1 < len(tokens) and tokens[k + 1].text == ":"
+        if tok.kind == "ident" and tok.text in scope and not selector and not key:
+            out.extend(scope[tok.text])
+        else:
+            out.append(tok)
+    return out
+
+
 def _where(tokens: list[Tok]) -> str:
     return f"{tokens[0].file}:{tokens[0].line}" if tokens else "?"
 
@@ -222,7 +240,7 @@ class Reader:
             start = next(k for k, t in enumerate(tokens) if t.text == "{")
             if _matching(tokens, start) != len(tokens) - 1:
                 raise Unsupported(f"{_where(tokens)}: not a composite literal")
-            return "".join(t.text for t in tokens[:start]), tokens[start + 1:-1]
+            return "".join(t.text for t in tokens[:start]), _subst(tokens[start + 1:-1], scope)
         if tokens[0].kind == "ident":
             name, after = self._qualified(tokens)
             if after == len(tokens):
@@ -245,8 +263,8 @@ class Reader:
         func = self._func(name)
         if func is None:
             raise Unsupported(f"{_where(where)}: unknown function {name}")
-        bound = dict(zip(func.params, args, strict=False))
-        return self.literal(self._returned(func), {**bound, **self._locals(func)})
+        bound = {p: _subst(a, scope) for p, a in zip(func.params, args, strict=False)}
+        return self.literal(self._returned(func), {**bound, **self._locals(func, bound)})
 
     def _returned(self, func: Func) -> list[Tok]:
         """The expression of the function's last top-level ``return``."""
@@ -263,25 +281,124 @@ class Reader:
         end = Package._statement_end(body, last + 1)
         return body[last + 1:end]
 
-    def _locals(self, func: Func) -> dict[str, list[Tok]]:
-        """``x := expr`` at the top level of a function body, so ``return x`` resolves.
+    def _locals(self, func: Func, bound: dict[str, list[Tok]] | None = None) -> dict[str, list[Tok]]:
+        """Local variables of a function body, so ``return x`` resolves.
 
-        A later top-level assignment into the variable (``x.ForceNew = true``) is a mutation this
-        reader does not model: refuse rather than mis-report.
+        Modelled: ``x := expr``, ``var x T``, ``x = expr``, adding a map entry ``x["k"] = expr``
+        (returned as ``MergeSchemas(x, {"k": expr})``), and ``if``/``else`` on a condition
+        that evaluates to a constant (a bound ``true``/``false`` parameter). Setting a field that
+        matters for replacement (``x.ForceNew = ...``) or a mutation under a condition it
+        cannot evaluate is refused: better no table than a wrong one.
         """
-        body, locals_ = func.body, {}
-        depth = 0
-        for k, tok in enumerate(body):
-            if tok.text in OPEN:
-                depth += 1
-            elif tok.text in CLOSE:
-                depth -= 1
-            elif depth == 0 and tok.text == ":=" and k > 0 and body[k - 1].kind == "ident":
-                end = Package._statement_end(body, k + 1)
-                locals_[body[k - 1].text] = body[k + 1:end]
-            elif depth == 0 and tok.text == "=" and k > 0 and any(body[k - 1 - m].text in locals_ for m in range(min(k, 8)) if body[k - 1 - m].line == tok.line):
-                raise Unsupported(f"{tok.file}:{tok.line}: {func.name} mutates a schema after building it")
+        scope = dict(bound or {})
+        locals_: dict[str, list[Tok]] = {}
+        self._block(func, func.body, scope, locals_)
         return locals_
+
+    def _block(self, func: Func, body: list[Tok], scope: dict[str, list[Tok]], locals_: dict[str, list[Tok]]) -> None:
+        i = 0
+        while i < len(body):
+            tok = body[i]
+            if tok.text == "if":
+                brace = next(k for k in range(i + 1, len(body)) if body[k].text == "{" and body[k - 1].text not in ("{",)
+                             and not self._in_literal(body, i + 1, k))
+                end = _matching(body, brace)
+                branches = [(body[i + 1:brace], body[brace + 1:end])]
+                i = end + 1
+                while i + 1 < len(body) and body[i].text == "else":
+                    if body[i + 1].text == "{":
+                        close = _matching(body, i + 1)
+                        branches.append(([], body[i + 2:close]))
+                        i = close + 1
+                        break
+                    raise Unsupported(f"{body[i].file}:{body[i].line}: {func.name}: else-if chains are not modelled")
+                chosen = self._choose(func, branches, {**scope, **locals_}, locals_)
+                if chosen is not None:
+                    self._block(func, chosen, scope, locals_)
+                continue
+            if tok.text in ("for", "switch", "select", "go", "defer"):
+                brace = next(k for k in range(i + 1, len(body)) if body[k].text == "{")
+                end = _matching(body, brace)
+                if self._mutates(body[i:end + 1], locals_, scope):
+                    raise Unsupported(f"{tok.file}:{tok.line}: {func.name} changes a schema inside a {tok.text}")
+                i = end + 1
+                continue
+            end = Package._statement_end(body, i)
+            self._statement(func, body[i:end], scope, locals_)
+            i = end
+
+    @staticmethod
+    def _in_literal(body: list[Tok], start: int, brace: int) -> bool:
+        """A ``{`` that opens a composite literal inside an if condition (``if x == (T{}) {``) is rare; treat none as such."""
+        return False
+
+    RELEVANT = frozenset({"ForceNew", "Computed", "Optional", "Required", "Type", "Elem", "Schema", "PlanModifiers", "Attributes", "Blocks"})
+
+    def _mutates(self, tokens: list[Tok], locals_: dict[str, list[Tok]], scope: dict[str, list[Tok]]) -> bool:
+        """Does a block assign into a local/parameter map or set a relevant field of one?"""
+        names = {*locals_, *scope}
+        for k, tok in enumerate(tokens):
+            if tok.text != "=" or k == 0:
+                continue
+            lhs_start = k - 1
+            while lhs_start > 0 and tokens[lhs_start - 1].line == tok.line and tokens[lhs_start - 1].text not in ("{", "}", ";"):
+                lhs_start -= 1
+            lhs = tokens[lhs_start:k]
+            if lhs and lhs[0].text in names and (any(t.text in self.RELEVANT for t in lhs) or (len(lhs) > 1 and lhs[1].text == "[")):
+                if not (len(lhs) > 1 and lhs[-2].text == "." and lhs[-1].text not in self.RELEVANT):
+                    return True
+        return False
+
+    def _choose(self, func: Func, branches: list[tuple[list[Tok], list[Tok]]], scope: dict[str, list[Tok]],
+                locals_: dict[str, list[Tok]]) -> list[Tok] | None:
+        for cond, block in branches:
+            if not cond:
+                return block
+            text = "".join(t.text for t in _subst(cond, scope))
+            value = {"true": True, "false": False, "!true": False, "!false": True}.get(text)
+            if value is None:
+                if any(self._mutates(b, locals_, scope) for _, b in branches):
+                    raise Unsupported(f"{cond[0].file}:{cond[0].line}: {func.name} changes a schema under `if {text}`")
+                return None
+            if value:
+                return block
+        return None
+
+    def _statement(self, func: Func, stmt: list[Tok], scope: dict[str, list[Tok]], locals_: dict[str, list[Tok]]) -> None:
+        if not stmt or stmt[0].text == "return":
+            return
+        env = {**scope, **locals_}
+        if stmt[0].text == "var" and len(stmt) > 1:
+            eq = next((k for k, t in enumerate(stmt) if t.text == "="), None)
+            locals_[stmt[1].text] = _subst(stmt[eq + 1:], env) if eq is not None else []
+            return
+        if len(stmt) > 2 and stmt[1].text == ":=" and stmt[0].kind == "ident":
+            locals_[stmt[0].text] = _subst(stmt[2:], env)
+            return
+        eq = next((k for k, t in enumerate(stmt) if t.text == "="), None)
+        if eq is None or stmt[0].text not in env:
+            return
+        lhs, rhs = stmt[:eq], stmt[eq + 1:]
+        name = lhs[0].text
+        if len(lhs) == 1 and name in locals_:
+            locals_[name] = _subst(rhs, env)
+        elif len(lhs) == 4 and lhs[1].text == "[" and lhs[2].kind == "str" and lhs[3].text == "]" and name in locals_:
+            locals_[name] = self._merged(locals_[name], lhs[2], _subst(rhs, env))
+        elif len(lhs) >= 3 and lhs[-2].text == "." and lhs[-1].text not in self.RELEVANT:
+            return  # ValidateFunc, ConflictsWith, Description: no effect on replacement
+        else:
+            where = stmt[0]
+            raise Unsupported(f"{where.file}:{where.line}: {func.name} mutates a schema after building it "
+                              f"({' '.join(t.text for t in lhs)} = ...)")
+
+    @staticmethod
+    def _merged(base: list[Tok], key: Tok, value: list[Tok]) -> list[Tok]:
+        """``MergeSchemas(base, map[string]*schema.Schema{key: value})`` as tokens."""
+        def t(text: str, kind: str = "op") -> Tok:
+            return Tok(text, kind, key.file, key.line)
+        literal = [t("map", "ident"), t("["), t("string", "ident"), t("]"), t("*"), t("schema", "ident"), t("."), t("Schema", "ident"),
+                   t("{"), key, t(":"), *value, t("}")]
+        return [t("MergeSchemas", "ident"), t("("), *base, t(","), *literal, t(")")]
 
     def fields(self, inner: list[Tok]) -> Iterator[tuple[str, list[Tok]]]:
         """``key: value`` pairs of a composite literal (keys unquoted)."""
@@ -316,8 +433,10 @@ class Reader:
 
     def _bool(self, tokens: list[Tok], scope: dict[str, list[Tok]]) -> bool:
         text = "".join(t.text for t in tokens)
+        negated = text.startswith("!")
+        text = text.lstrip("!")
         if text in ("true", "false"):
-            return text == "true"
+            return (text == "true") != negated
         if text in scope:
             return self._bool(scope[text], {})
         raise Unsupported(f"{_where(tokens)}: cannot evaluate boolean {text}")
@@ -329,6 +448,9 @@ class Reader:
         kind = "".join(t.text for t in values.get("Type", []))
         children: dict[str, Attr] = {}
         block = False
+        elem_text = "".join(t.text for t in values.get("Elem", []))
+        if re.fullmatch(r"schema\.Type\w+", elem_text):
+            values.pop("Elem")  # `Elem: schema.TypeString` (a bare ValueType): a map/list of values, no nested schema
         if "Elem" in values:
             elem_type, elem_inner = self.literal(values["Elem"], scope)
             if "Resource" in elem_type:
@@ -352,7 +474,8 @@ class Reader:
         func = self._func(func_name)
         if func is None:
             raise Unsupported(f"unknown function {func_name}")
-        scope = {**dict(zip(func.params, arg_tokens, strict=False)), **self._locals(func)}
+        bound = dict(zip(func.params, arg_tokens, strict=False))
+        scope = {**bound, **self._locals(func, bound)}
         _, inner = self.literal(self._returned(func), scope)
         schema = dict(self.fields(inner)).get("Schema")
         if schema is None:

@@ -1,0 +1,205 @@
+"""``gpufleet preview`` end to end: a throwaway git repository of the example fleet, a committed
+base, one edit in the working tree, a real synthesis of both sides and the exact findings.
+
+The repository is a copy of this checkout (code, cluster files), so base and head synthesize
+in-process (same code) and the base synthesis is cached across tests (same base tree): each
+case costs one head synthesis. ``test_code_change_*`` edits code, which makes the head
+synthesize in a subprocess with its own ``main.py``, the path a PR that changes code takes.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from gpufleet.cli import main
+from tests.conftest import REPO_ROOT
+
+GIT_ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.com", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@example.com"}
+
+
+def git(repo: Path, *args: str) -> str:
+    import os
+
+    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True, env={**os.environ, **GIT_ENV}).stdout
+
+
+@pytest.fixture(scope="module")
+def fleet_repo(tmp_path_factory, fleet_out) -> Path:
+    """A git repository holding this checkout's files, committed once as the base (``fleet_out`` warms jsii)."""
+    repo = tmp_path_factory.mktemp("fleet-repo")
+    files = subprocess.run(["git", "-C", str(REPO_ROOT), "ls-files", "-co", "--exclude-standard", "-z"], check=True,
+                           capture_output=True, text=True).stdout.split("\0")
+    for name in filter(None, files):
+        source = REPO_ROOT / name
+        if source.is_file():
+            (repo / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(source, repo / name)
+    git(repo, "init", "-q", "-b", "main")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "base")
+    return repo
+
+
+@pytest.fixture()
+def repo(fleet_repo) -> Path:
+    git(fleet_repo, "reset", "-q", "--hard", "main")
+    git(fleet_repo, "clean", "-qfd")
+    return fleet_repo
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("preview-cache")
+
+
+def edit(path: Path, old: str, new: str) -> None:
+    text = path.read_text()
+    assert old in text, f"{old!r} not in {path}"
+    path.write_text(text.replace(old, new, 1))
+
+
+def run(repo: Path, cache_dir: Path, tmp_path: Path, *extra: str) -> tuple[int, dict]:
+    out = tmp_path / "preview.json"
+    rc = main(["preview", "--repo", str(repo), "--base", "main", "--cache-dir", str(cache_dir), "--json-out", str(out), *extra])
+    return rc, json.loads(out.read_text()) if out.exists() else {}
+
+
+def findings(report: dict, protected_only: bool = False) -> list[tuple[str, str, str | None]]:
+    return [(f["kind"], f"{s['stack']}/{f['address']}", f["new_address"]) for s in report["stacks"] for f in s["findings"]
+            if f["protected"] or not protected_only]
+
+
+def test_unchanged_working_tree_exits_0_and_second_preview_hits_the_cache(repo, cache_dir, tmp_path):
+    rc, report = run(repo, cache_dir, tmp_path)
+    assert rc == 0 and findings(report) == []
+    rc, report = run(repo, cache_dir, tmp_path)
+    assert rc == 0 and report["base"]["cache"] == "hit" and report["base"]["tree"] == git(repo, "rev-parse", "main^{tree}").strip()
+
+
+def test_pool_renamed_is_a_costly_rename_of_a_protected_pool(repo, cache_dir, tmp_path):
+    cluster = repo / "clusters/prod-gke.yaml"
+    edit(cluster, "  - name: h100\n", "  - name: h200\n")
+    edit(cluster, "gpu_quota: {h100: 24,", "gpu_quota: {h200: 24,")
+    edit(cluster, "gpu_quota: {h100: 8,", "gpu_quota: {h200: 8,")
+    rc, report = run(repo, cache_dir, tmp_path)
+    assert rc == 4
+    assert findings(report, protected_only=True) == [
+        ("renamed", "prod-gke/google_container_node_pool.pool_h100", "google_container_node_pool.pool_h200")]
+    (pool,) = [f for s in report["stacks"] for f in s["findings"] if f["protected"]]
+    assert "keep the old name" in pool["advice"] and report["blocking"] == ["prod-gke/google_container_node_pool.pool_h100"]
+
+
+def test_rename_kept_by_allow_destroy_exits_3(repo, cache_dir, tmp_path):
+    cluster = repo / "clusters/prod-gke.yaml"
+    edit(cluster, "  - name: h100\n", "  - name: h200\n")
+    edit(cluster, "gpu_quota: {h100: 24,", "gpu_quota: {h200: 24,")
+    edit(cluster, "gpu_quota: {h100: 8,", "gpu_quota: {h200: 8,")
+    rc, report = run(repo, cache_dir, tmp_path, "--allow-destroy", "prod-gke/google_container_node_pool.pool_h100")
+    assert rc == 3 and report["blocking"] == []
+    assert [f["allowed"] for s in report["stacks"] for f in s["findings"] if f["protected"]] == [True]
+
+
+def test_static_ip_description_changed_replaces_the_ip(repo, cache_dir, tmp_path):
+    edit(repo / "clusters/prod-gke.yaml", "description: training dashboards and TensorBoard ingress", "description: dashboards")
+    rc, report = run(repo, cache_dir, tmp_path)
+    assert rc == 4 and findings(report) == [("replaced", "prod-gke/google_compute_address.ip_ingress", None)]
+    (ip,) = report["stacks"][[s["stack"] for s in report["stacks"]].index("prod-gke")]["findings"]
+    assert ip["changes"] == [{"path": "description", "old": "training dashboards and TensorBoard ingress", "new": "dashboards",
+                              "forces_replacement": True, "source": ip["changes"][0]["source"]}]
+
+
+def test_reservation_changed_replaces_the_reserved_pool(repo, cache_dir, tmp_path):
+    edit(repo / "clusters/prod-gke.yaml", "reservation: h100-reservation-2026", "reservation: h100-reservation-2027")
+    rc, report = run(repo, cache_dir, tmp_path)
+    assert rc == 4 and findings(report) == [("replaced", "prod-gke/google_container_node_pool.pool_h100", None)]
+
+
+def test_machine_type_changed_replaces_the_pool_through_its_accelerator_count(repo, cache_dir, tmp_path):
+    edit(repo / "clusters/prod-gke.yaml", "machine_type: g2-standard-24", "machine_type: g2-standard-48")
+    rc, report = run(repo, cache_dir, tmp_path)
+    assert rc == 4 and findings(report) == [("replaced", "prod-gke/google_container_node_pool.pool_l4_spot", None)]
+    (pool,) = [f for s in report["stacks"] for f in s["findings"]]
+    assert [(c["path"], c["old"], c["new"]) for c in pool["changes"]] == [("node_config.guest_accelerator[0].count", 2, 4)]
+
+
+def test_max_nodes_raised_is_in_place(repo, cache_dir, tmp_path):
+    edit(repo / "clusters/prod-gke.yaml", "max_nodes: 4\n", "max_nodes: 6\n")
+    rc, report = run(repo, cache_dir, tmp_path)
+    assert rc == 3 and findings(report) == []
+    assert {s["stack"]: s["updated_in_place"] for s in report["stacks"] if s["status"] == "changed"} == {"prod-gke": 1}
+
+
+def test_tenant_added_is_not_destructive(repo, cache_dir, tmp_path):
+    edit(repo / "clusters/prod-gke.yaml", "dns:\n", "  - name: evals\n    groups: [group:ml-evals@example.com]\n    gpu_quota: {}\ndns:\n")
+    rc, report = run(repo, cache_dir, tmp_path)
+    assert rc == 3 and findings(report) == []
+    assert {s["stack"] for s in report["stacks"] if s["created"]} == {"prod-gke-scheduler"}
+
+
+def test_cluster_file_deleted_destroys_every_protected_resource_of_its_stacks(repo, cache_dir, tmp_path):
+    (repo / "clusters/prod-nomad.yaml").unlink()
+    rc, report = run(repo, cache_dir, tmp_path)
+    assert rc == 4
+    removed = {s["stack"] for s in report["stacks"] if s["status"] == "removed"}
+    assert removed == {"prod-nomad", "prod-nomad-scheduler", "tfc-workspaces"}  # prod-nomad was the only TFC-backed cluster
+    assert findings(report, protected_only=True) == [
+        ("destroyed", "prod-nomad/google_compute_address.ip_nomad_ui", None),
+        ("destroyed", "prod-nomad/google_compute_region_autoscaler.nomad_autoscaler_a100", None),
+        ("destroyed", "prod-nomad/google_compute_region_autoscaler.nomad_autoscaler_l4", None),
+        ("destroyed", "prod-nomad/google_compute_region_instance_group_manager.nomad_pool_a100", None),
+        ("destroyed", "prod-nomad/google_compute_region_instance_group_manager.nomad_pool_l4", None),
+        ("destroyed", "prod-nomad/google_compute_region_instance_group_manager.nomad_servers", None),
+        ("destroyed", "prod-nomad-scheduler/nomad_node_pool.nomad_node_pool_a100", None),
+        ("destroyed", "prod-nomad-scheduler/nomad_node_pool.nomad_node_pool_l4", None),
+        ("destroyed", "tfc-workspaces/tfe_workspace.workspace_prod_nomad", None),
+        ("destroyed", "tfc-workspaces/tfe_workspace.workspace_prod_nomad_scheduler", None),
+    ]
+
+
+def test_reviewed_import_removed_with_its_resource_is_a_blocked_destroy(repo, cache_dir, tmp_path):
+    imported = repo / "stacks/imported/prod-gke.json"
+    imported.parent.mkdir(parents=True, exist_ok=True)
+    imported.write_text(json.dumps({"google_service_account.tenant_sa_research": "projects/ml-train-prod/serviceAccounts/r@x"}))
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "import the research tenant's service account")
+    try:
+        imported.unlink()
+        edit(repo / "clusters/prod-gke.yaml", "    service_account:\n      roles: [roles/storage.objectViewer]\n", "")
+        rc, report = run(repo, cache_dir, tmp_path, "--base", "HEAD")
+    finally:
+        git(repo, "reset", "-q", "--hard", "main")
+    assert rc == 4
+    assert findings(report, protected_only=True) == [("destroyed", "prod-gke/google_service_account.tenant_sa_research", None)]
+    (sa,) = [f for s in report["stacks"] for f in s["findings"] if f["protected"]]
+    assert sa["why_protected"] == "reviewed import"
+
+
+def test_non_protected_resource_replaced_is_reported_not_blocking(repo, cache_dir, tmp_path):
+    # a DNS record pointing at a static IP (A) becomes a CNAME: cloudflare replaces it (type RequiresReplace)
+    edit(repo / "clusters/prod-gke.yaml", "    - name: tensorboard.prod\n      static_ip: ingress\n",
+         "    - name: tensorboard.prod\n      hostname: dashboards.example.com\n")
+    rc, report = run(repo, cache_dir, tmp_path)
+    assert rc == 3
+    assert findings(report) == [("replaced", "prod-gke/cloudflare_dns_record.dns_tensorboard_prod", None)]
+
+
+def test_bad_base_ref_is_a_one_line_user_error(repo, cache_dir, tmp_path, capsys):
+    rc, _ = run(repo, cache_dir, tmp_path, "--base", "no-such-branch")
+    err = capsys.readouterr().err
+    assert rc == 2 and err.strip().startswith("error: --base no-such-branch: not a commit") and "Traceback" not in err
+
+
+def test_code_change_renaming_a_construct_id_is_previewed_with_the_working_tree_code(repo, cache_dir, tmp_path):
+    edit(repo / "constructs_lib/static_ips.py", 'f"ip_{ip.name}"', 'f"static_ip_{ip.name}"')
+    rc, report = run(repo, cache_dir, tmp_path)
+    assert rc == 4
+    assert findings(report, protected_only=True) == [
+        ("renamed", "prod-gke/google_compute_address.ip_ingress", "google_compute_address.static_ip_ingress"),
+        ("renamed", "prod-nomad/google_compute_address.ip_nomad_ui", "google_compute_address.static_ip_nomad_ui"),
+    ]
+    assert all("moved" in f["advice"] for s in report["stacks"] for f in s["findings"] if f["protected"])
