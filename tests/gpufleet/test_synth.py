@@ -35,7 +35,7 @@ def test_failed_synthesis_leaves_previous_output_untouched(fleet_out, example_co
     synthesize(example_configs, out)
     before = tree_digest(out)
 
-    def explode(app, configs):
+    def explode(app, configs, **_):
         raise RuntimeError("construct failed half-way")
 
     monkeypatch.setattr(stacks.fleet, "build_fleet", explode)
