@@ -25,17 +25,17 @@ def cmd_preview(
                                             "destroy/replace/rename is intended (repeatable)."),
     as_json: bool = typer.Option(False, "--json", help="Print the machine-readable report instead of text."),
     json_out: Path | None = typer.Option(None, "--json-out", help="Also write the JSON report here (`gpufleet ci comment --preview`)."),
-    repo: Path = typer.Option(Path("."), "--repo", help="The fleet repository (default: the current directory)."),
     cache_dir: Path | None = typer.Option(None, "--cache-dir", help="Base synthesis cache (default: ~/.cache/gpufleet/preview)."),
     no_cache: bool = typer.Option(False, "--no-cache", help="Synthesize the base again even if cached."),
 ) -> None:
     """Synthesize the base ref and the working tree offline; report protected resources destroyed, replaced or renamed."""
+    import clusters.repo
     from gpufleet.preview import report
     from gpufleet.preview.diff import AllowError
     from gpufleet.preview.service import run_preview
 
     try:
-        result, info = run_preview(repo, base, allow_destroy=allow_destroy, cache_dir=None if no_cache else cache_dir, use_cache=not no_cache)
+        result, info = run_preview(clusters.repo.root(), base, allow_destroy=allow_destroy, cache_dir=None if no_cache else cache_dir, use_cache=not no_cache)
     except AllowError as exc:
         raise UserError(str(exc)) from None
     data = report.to_json(result, info)

@@ -48,7 +48,8 @@ class Provider:
 PROVIDERS: dict[str, Provider] = {
     "google": Provider(
         repo="hashicorp/terraform-provider-google", tag="v6.50.0", registry="google",
-        dirs=("google/services/container", "google/services/compute", "google/services/resourcemanager", "google/tpgresource",
+        dirs=("google/services/container", "google/services/compute", "google/services/resourcemanager", "google/services/secretmanager",
+              "google/tpgresource",
               "google/tpgiamresource", "google/verify"),
         registration=("google/provider",),
         resources=(
@@ -57,7 +58,8 @@ PROVIDERS: dict[str, Provider] = {
             "google_compute_region_autoscaler", "google_compute_region_backend_service", "google_compute_region_health_check",
             "google_compute_region_instance_group_manager", "google_compute_region_instance_template", "google_compute_router",
             "google_compute_router_nat", "google_compute_subnetwork", "google_container_cluster", "google_container_node_pool",
-            "google_project_iam_member", "google_service_account", "google_service_account_iam_member",
+            "google_project_iam_member", "google_secret_manager_secret", "google_secret_manager_secret_iam_member",
+            "google_service_account", "google_service_account_iam_member",
         ),
     ),
     "nomad": Provider(

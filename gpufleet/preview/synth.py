@@ -129,6 +129,19 @@ def extracted(repo: Path, commit: str) -> Iterator[Path]:
         yield target
 
 
+@contextmanager
+def _acting_on(tree: Path) -> Iterator[None]:
+    """Point repository-relative reads (imports, Vault files) at ``tree`` while it synthesizes in-process."""
+    import clusters.repo
+
+    previous = clusters.repo.root_or_none()
+    clusters.repo.use(tree)
+    try:
+        yield
+    finally:
+        clusters.repo.use(previous)
+
+
 def _bytes_io(data: bytes) -> Any:
     import io
 
@@ -146,7 +159,8 @@ def synth_tree(tree: Path, outdir: Path, label: str = "the base") -> str:
         import clusters
         from stacks.synth import synthesize
 
-        synthesize(clusters.load_all(tree / "clusters"), outdir, imported_dir=tree / "stacks" / "imported")
+        with _acting_on(tree):
+            synthesize(clusters.load_all(tree / "clusters"), outdir, imported_dir=tree / "stacks" / "imported")
         return "in-process"
     if not (tree / "main.py").is_file():
         raise UserError(f"{tree}: no main.py; the base predates gpufleet's layout, pick a later --base")

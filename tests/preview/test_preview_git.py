@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from gpufleet.cli import main
+from gpufleet.safety.plan_gate import DEFAULT_PROTECTED_TYPES
 from tests.conftest import REPO_ROOT
 
 GIT_ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.com", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@example.com"}
@@ -65,7 +66,7 @@ def edit(path: Path, old: str, new: str) -> None:
 
 def run(repo: Path, cache_dir: Path, tmp_path: Path, *extra: str) -> tuple[int, dict]:
     out = tmp_path / "preview.json"
-    rc = main(["preview", "--repo", str(repo), "--base", "main", "--cache-dir", str(cache_dir), "--json-out", str(out), *extra])
+    rc = main(["--repo", str(repo), "preview", "--base", "main", "--cache-dir", str(cache_dir), "--json-out", str(out), *extra])
     return rc, json.loads(out.read_text()) if out.exists() else {}
 
 
@@ -141,24 +142,24 @@ def test_tenant_added_is_not_destructive(repo, cache_dir, tmp_path):
     assert {s["stack"] for s in report["stacks"] if s["created"]} == {"prod-gke-scheduler"}
 
 
-def test_cluster_file_deleted_destroys_every_protected_resource_of_its_stacks(repo, cache_dir, tmp_path):
+def test_cluster_file_deleted_destroys_every_protected_resource_of_its_stacks(repo, cache_dir, tmp_path, stack_json):
     (repo / "clusters/prod-nomad.yaml").unlink()
     rc, report = run(repo, cache_dir, tmp_path)
     assert rc == 4
     removed = {s["stack"] for s in report["stacks"] if s["status"] == "removed"}
     assert removed == {"prod-nomad", "prod-nomad-scheduler", "tfc-workspaces"}  # prod-nomad was the only TFC-backed cluster
-    assert findings(report, protected_only=True) == [
-        ("destroyed", "prod-nomad/google_compute_address.ip_nomad_ui", None),
-        ("destroyed", "prod-nomad/google_compute_region_autoscaler.nomad_autoscaler_a100", None),
-        ("destroyed", "prod-nomad/google_compute_region_autoscaler.nomad_autoscaler_l4", None),
-        ("destroyed", "prod-nomad/google_compute_region_instance_group_manager.nomad_pool_a100", None),
-        ("destroyed", "prod-nomad/google_compute_region_instance_group_manager.nomad_pool_l4", None),
-        ("destroyed", "prod-nomad/google_compute_region_instance_group_manager.nomad_servers", None),
-        ("destroyed", "prod-nomad-scheduler/nomad_node_pool.nomad_node_pool_a100", None),
-        ("destroyed", "prod-nomad-scheduler/nomad_node_pool.nomad_node_pool_l4", None),
-        ("destroyed", "tfc-workspaces/tfe_workspace.workspace_prod_nomad", None),
-        ("destroyed", "tfc-workspaces/tfe_workspace.workspace_prod_nomad_scheduler", None),
-    ]
+    # every resource of the removed stacks is destroyed; protected: by type (the gate's list) or by prevent_destroy
+    expected = []
+    for stack in sorted(removed):
+        for rtype, by_name in sorted(stack_json(stack)["resource"].items()):
+            for name, body in sorted(by_name.items()):
+                protected = rtype in DEFAULT_PROTECTED_TYPES or body.get("lifecycle", {}).get("prevent_destroy") is True
+                expected.append(("destroyed", f"{stack}/{rtype}.{name}", None, protected))
+    assert [(*f, p["protected"]) for f, p in zip(findings(report), [f for s in report["stacks"] for f in s["findings"]])] == expected
+    assert {
+        "prod-nomad/google_compute_address.ip_nomad_ui", "prod-nomad/google_compute_region_instance_group_manager.nomad_pool_a100",
+        "prod-nomad-scheduler/nomad_node_pool.nomad_node_pool_a100", "tfc-workspaces/tfe_workspace.workspace_prod_nomad",
+    } <= set(report["blocking"])
 
 
 def test_reviewed_import_removed_with_its_resource_is_a_blocked_destroy(repo, cache_dir, tmp_path):
