@@ -11,7 +11,10 @@ import re
 from collections import Counter
 from collections.abc import Iterator
 
-from clusters.derive import derive_gpu_pool, dns_record_address, grant_address, machine_accelerator, tenant_account_id
+from clusters.derive import (
+    SYSTEM_POOL_NAME, derive_control_plane, derive_gpu_pool, dns_record_address, grant_address, kueue_queue_key, machine_accelerator, tenant_account_id,
+)
+from clusters.families import machine_family
 from clusters.machines import MACHINE_GPUS, N1_ACCELERATOR, N1_GPU_CHOICES, is_n1
 from clusters.schema import ClusterConfig, Environment, GpuPool, SchedulerKind
 from clusters.source import FieldPath, did_you_mean
@@ -53,10 +56,21 @@ def _scheduler_sections(config: ClusterConfig) -> Iterator[Finding]:
 
 
 def _gke_access(config: ClusterConfig) -> Iterator[Finding]:
-    """The scheduler stack is applied from outside the VPC, and tenant RBAC names Google groups."""
-    if not config.gcp.master_authorized_networks:
-        yield (("gcp", "master_authorized_networks"), "an empty list blocks every client outside the VPC from the control plane,"
-               " so the scheduler stack cannot be applied; add the network Terraform runs from, e.g. [{name: corp-vpn, cidr: 198.51.100.0/24}]")
+    """The scheduler stack is planned from outside the VPC (CI, Terraform Cloud), and tenant RBAC names Google groups."""
+    control_plane = derive_control_plane(config)
+    if not control_plane.reachable_from_ci:
+        yield (("gke", "dns_endpoint"), "with the DNS endpoint off and no public IP endpoint in master_authorized_networks nobody outside"
+               " the VPC can reach the control plane, so CI and Terraform Cloud cannot plan the scheduler stack;"
+               " set gke.dns_endpoint: true (IAM-authorized, no IP allow-list)")
+    gke = config.gke
+    if gke is not None:
+        if gke.system_pool.min_nodes > gke.system_pool.max_nodes:
+            yield (("gke", "system_pool", "min_nodes"), f"min_nodes {gke.system_pool.min_nodes} is above max_nodes"
+                   f" {gke.system_pool.max_nodes}; lower min_nodes or raise max_nodes")
+        exclusion = gke.upgrade_exclusion
+        if exclusion is not None and exclusion.end_time <= exclusion.start_time:
+            yield (("gke", "upgrade_exclusion", "end_time"), f"{exclusion.end_time} is not after start_time {exclusion.start_time};"
+                   " set an end_time after the start (GKE allows NO_MINOR_OR_NODE_UPGRADES until the minor version's end of support)")
     grouped = [t.name for t in config.tenants if any(m.startswith("group:") for m in t.groups)]
     if grouped and (config.gke is None or config.gke.rbac_security_group is None):
         yield (("gke", "rbac_security_group"), f"tenants {', '.join(grouped)} bind Google groups, which GKE RBAC only matches with"
@@ -100,8 +114,17 @@ def _pool(pool: GpuPool, config: ClusterConfig) -> Iterator[Finding]:
             yield (("queued_provisioning",), "queued provisioning (DWS) cannot be spot; set spot: false")
         if (pool.min_nodes or 0) != 0 or pool.node_count is not None:
             yield (("queued_provisioning",), "queued provisioning (DWS) needs autoscaling with min_nodes: 0; set min_nodes: 0 and drop node_count")
-    if pool.reservation is not None and (not pool.reservation or "," in pool.reservation):
-        yield (("reservation",), f"{pool.reservation!r}: a specific reservation names exactly one reservation; write its name")
+        if pool.placement == "COMPACT":
+            yield (("placement",), "queued provisioning (DWS) cannot use COMPACT placement (toolkit gke-node-pool precondition); remove placement")
+    if pool.reservation is not None and not RESERVATION.match(pool.reservation):
+        yield (("reservation",), f"{pool.reservation!r} is not a reservation; write its name ('h100-reservation')"
+               " or 'projects/<project>/reservations/<name>[/reservationBlocks/<block>]' for a shared one")
+    family = machine_family(pool.machine_type)
+    if pool.boot_disk_type is not None and pool.boot_disk_type.value not in family.boot_disk_types:
+        yield (("boot_disk_type",), f"{pool.boot_disk_type.value} is not offered on {pool.machine_type}; allowed:"
+               f" {', '.join(family.boot_disk_types)}; set boot_disk_type: {family.boot_disk_types[0]} or omit it")
+    if config.scheduler == SchedulerKind.GKE and pool.name == SYSTEM_POOL_NAME:
+        yield (("name",), f"{SYSTEM_POOL_NAME!r} is the name of the cluster's system pool; rename the GPU pool")
     zones = pool.zones or config.gcp.zones
     if pool.reservation and len(zones) != 1:
         yield (("reservation",), f"reservation {pool.reservation} is zonal but the pool spans {len(zones)} zones ({', '.join(zones)});"
@@ -174,6 +197,9 @@ def _iam(config: ClusterConfig) -> Iterator[Finding]:
                 yield (("tenants", t, "groups", m), f"{member!r}: tenants are groups outside dev; use group:team@example.com")
 
 
+# A reservation of this project by name, or a shared one by path (toolkit reservation_definitions.tf).
+RESERVATION = re.compile(r"^([a-z]([-a-z0-9]{0,61}[a-z0-9])?|projects/[a-z][-a-z0-9]{4,28}[a-z0-9]/reservations/[a-z]([-a-z0-9]{0,61}[a-z0-9])?"
+                         r"(/reservationBlocks/[a-z]([-a-z0-9]{0,61}[a-z0-9])?)?)$")
 # Namespaces the platform (Kubernetes, GKE, Kueue) or Nomad already owns; a tenant must not take them over.
 RESERVED_NAMESPACES = ("default", "kube-node-lease", "kube-public", "kube-system", "kueue-system", "gke-managed-system", "gmp-system")
 GCP_ACCOUNT_ID_MAX = 30
@@ -255,6 +281,13 @@ def _tenants(config: ClusterConfig) -> Iterator[Finding]:
                 yield (path, f"quota {quota} exceeds pool {pool_name} capacity {spec.capacity_gpus} GPUs ({spec.max_total_nodes} nodes x"
                        f" {spec.gpus_per_node} GPUs); lower it or raise {'max_nodes' if spec.autoscaling else 'node_count'}")
             totals[pool_name] += quota
+    keys: dict[str, tuple[str, str]] = {}
+    for t, tenant in enumerate(config.tenants):
+        for pool_name in sorted(pools):
+            other = keys.setdefault(kueue_queue_key(tenant.name, pool_name), (tenant.name, pool_name))
+            if other != (tenant.name, pool_name):
+                yield (("tenants", t, "name"), f"tenant {tenant.name!r} on pool {pool_name!r} and tenant {other[0]!r} on pool {other[1]!r}"
+                       " would share one Kueue queue address ('-' reads as '_'); rename the tenant")
     for pool_name, total in sorted(totals.items()):
         spec = pools[pool_name]
         if total > spec.capacity_gpus and not spec.overcommit:

@@ -10,12 +10,47 @@ import re
 from dataclasses import dataclass
 from enum import StrEnum
 
+from clusters.families import GpuDirect, machine_family
 from clusters.machines import MACHINE_GPUS, N1_ACCELERATOR, N1_GPU_MEMORY_GIB, N1_MODEL, NVML_GPUS, NvmlGpu, is_n1
-from clusters.schema import ClusterConfig, Environment, GpuPool, SchedulerKind, TaintEffect
+from clusters.schema import ClusterConfig, Environment, GkeConfig, GpuPool, SchedulerKind, TaintEffect
 
 GPU_TAINT = ("nvidia.com/gpu", "present", TaintEffect.NO_SCHEDULE)
 POOL_LABEL = "gpufleet.dev/gpu-pool"
 CLUSTER_LABEL = "gpufleet.dev/cluster"
+# GKE taints queued-provisioning (DWS) nodes with this key; the toolkit also labels them with it
+# (gke-node-pool/main.tf kubernetes_labels) so node selectors can target them.
+QUEUED_LABEL = "cloud.google.com/gke-queued"
+
+
+def kueue_local_queue_name(pool_name: str) -> str:
+    """The LocalQueue a tenant namespace submits to for one GPU pool (the job renderer calls this too)."""
+    return f"gpu-{pool_name}"
+
+
+def kueue_queue_key(tenant: str, pool: str) -> str:
+    """The (tenant, pool) part of the Kueue queue addresses; checks refuse two pairs that collapse into one."""
+    return f"{tenant}__{pool}".replace("-", "_")
+
+
+@dataclass(frozen=True)
+class UpgradeSpec:
+    """How GKE replaces a pool's nodes. A reserved pool has no VM beyond its reservation for a surge
+    node, so it upgrades one node down at a time (toolkit default: max_surge 0, max_unavailable 1);
+    DWS nodes come only through ProvisioningRequests, so GKE must not upgrade or repair them."""
+
+    max_surge: int
+    max_unavailable: int
+    auto_upgrade: bool
+    auto_repair: bool
+
+
+def derive_upgrade(reserved: bool, queued_provisioning: bool) -> UpgradeSpec:
+    if queued_provisioning:
+        # toolkit examples/gke-consumption-options/dws-flex-start-queued-provisioning/gke-a3-ultragpu.yaml:164-167
+        return UpgradeSpec(max_surge=1, max_unavailable=0, auto_upgrade=False, auto_repair=False)
+    if reserved:
+        return UpgradeSpec(max_surge=0, max_unavailable=1, auto_upgrade=True, auto_repair=True)
+    return UpgradeSpec(max_surge=1, max_unavailable=0, auto_upgrade=True, auto_repair=True)
 
 
 @dataclass(frozen=True)
@@ -53,6 +88,11 @@ class GpuPoolSpec:
     protected: bool
     # GKE reads a static node_count per zone; a Nomad MIG's target size is the whole group.
     node_count_per_zone: bool
+    gpu_driver_version: str = "DEFAULT"
+    local_ssd_count: int | None = None
+    gpudirect: GpuDirect = GpuDirect.NONE
+    upgrade: UpgradeSpec = UpgradeSpec(1, 0, True, True)
+    location_policy: str = "BALANCED"
 
     @property
     def autoscaling(self) -> bool:
@@ -90,6 +130,11 @@ def machine_accelerator(machine_type: str, accelerator: str | None, gpus_per_nod
     return (known.accelerator, known.gpus) if known else None
 
 
+def pool_gpudirect(pool: GpuPool) -> GpuDirect:
+    """The machine type's GPUDirect transport, unless the file opts the pool out."""
+    return machine_family(pool.machine_type).gpudirect if pool.gpudirect is not False else GpuDirect.NONE
+
+
 def default_protected(pool: GpuPool, environment: Environment) -> bool:
     """Pools are protected from destroy by default everywhere but dev, where churn is the point."""
     return pool.protected if pool.protected is not None else environment != Environment.DEV
@@ -102,6 +147,9 @@ def derive_gpu_pool(pool: GpuPool, config: ClusterConfig) -> GpuPoolSpec:
     accelerator, gpus = derived
     known = MACHINE_GPUS.get(pool.machine_type)
     labels = {CLUSTER_LABEL: config.name, POOL_LABEL: pool.name, **pool.labels}
+    if pool.queued_provisioning:
+        labels[QUEUED_LABEL] = "true"
+    family = machine_family(pool.machine_type)
     taints = (TaintSpec(GPU_TAINT[0], GPU_TAINT[1], GPU_TAINT[2].value),) + tuple(
         TaintSpec(t.key, t.value, t.effect.value) for t in pool.taints
     )
@@ -123,17 +171,89 @@ def derive_gpu_pool(pool: GpuPool, config: ClusterConfig) -> GpuPoolSpec:
         compact_placement=pool.placement == "COMPACT",
         zones=tuple(pool.zones or config.gcp.zones),
         boot_disk_gb=pool.boot_disk_gb,
-        boot_disk_type=pool.boot_disk_type.value,
+        boot_disk_type=pool.boot_disk_type.value if pool.boot_disk_type else family.boot_disk_types[0],
         labels=tuple(sorted(labels.items())),
         taints=taints,
         overcommit=pool.overcommit,
         protected=default_protected(pool, config.environment),
         node_count_per_zone=config.scheduler == SchedulerKind.GKE,
+        gpu_driver_version=pool.gpu_driver_version,
+        local_ssd_count=family.local_ssd_count,
+        gpudirect=pool_gpudirect(pool),
+        upgrade=derive_upgrade(pool.reservation is not None, pool.queued_provisioning),
+        # ANY fills unused reservations first and takes spot/DWS capacity wherever it is
+        # (toolkit gke-node-pool/main.tf:120 always uses ANY); BALANCED spreads on-demand pools.
+        location_policy="ANY" if pool.spot or pool.queued_provisioning or pool.reservation else "BALANCED",
     )
 
 
 def derive_gpu_pools(config: ClusterConfig) -> tuple[GpuPoolSpec, ...]:
     return tuple(derive_gpu_pool(p, config) for p in config.gpu_pools)
+
+
+SYSTEM_POOL_NAME = "gpufleet-system"
+
+
+@dataclass(frozen=True)
+class SystemPoolSpec:
+    """The untainted pool system pods (Kueue's controller and webhooks, kube-dns) schedule on."""
+
+    machine_type: str
+    min_nodes: int
+    max_nodes: int
+    boot_disk_gb: int
+    zones: tuple[str, ...]
+    labels: tuple[tuple[str, str], ...]
+    protected: bool
+
+
+def gke_settings(config: ClusterConfig) -> GkeConfig:
+    """The file's gke: section, or its defaults when the file has none."""
+    return config.gke if config.gke is not None else GkeConfig()
+
+
+def derive_system_pool(config: ClusterConfig) -> SystemPoolSpec:
+    pool = gke_settings(config).system_pool
+    return SystemPoolSpec(machine_type=pool.machine_type, min_nodes=pool.min_nodes, max_nodes=max(pool.max_nodes, pool.min_nodes),
+                          boot_disk_gb=pool.boot_disk_gb, zones=tuple(config.gcp.zones),
+                          labels=((CLUSTER_LABEL, config.name), ("gpufleet.dev/role", "system")),
+                          protected=config.environment != Environment.DEV)
+
+
+@dataclass(frozen=True)
+class ControlPlaneSpec:
+    """How the API server is reached and when GKE may touch the cluster.
+
+    ``dns_endpoint``: the IAM-authorized DNS endpoint (``control_plane_endpoints_config``), which
+    CI runners and Terraform need no IP allow-list for; the scheduler stack's kubernetes provider
+    uses it whenever it is on. ``exclusion``: (name, start, end) of a NO_MINOR_OR_NODE_UPGRADES
+    maintenance exclusion.
+    """
+
+    dns_endpoint: bool
+    private_endpoint: bool
+    authorized_networks: tuple[tuple[str, str], ...]
+    maintenance_start_time: str
+    exclusion: tuple[str, str, str] | None
+    multi_networking: bool
+
+    @property
+    def reachable_from_ci(self) -> bool:
+        """Someone outside the VPC can plan the scheduler stack: over the DNS endpoint, or a public IP endpoint with an allow-list."""
+        return self.dns_endpoint or (not self.private_endpoint and bool(self.authorized_networks))
+
+
+def derive_control_plane(config: ClusterConfig) -> ControlPlaneSpec:
+    gke = gke_settings(config)
+    exclusion = gke.upgrade_exclusion
+    return ControlPlaneSpec(
+        dns_endpoint=gke.dns_endpoint,
+        private_endpoint=gke.private_endpoint,
+        authorized_networks=tuple((n.name, n.cidr) for n in config.gcp.master_authorized_networks),
+        maintenance_start_time=gke.maintenance_start_time,
+        exclusion=(exclusion.name, exclusion.start_time, exclusion.end_time) if exclusion else None,
+        multi_networking=any(pool_gpudirect(p) != GpuDirect.NONE for p in config.gpu_pools),
+    )
 
 
 def tfc_workspace(config: ClusterConfig, stack: str) -> str:

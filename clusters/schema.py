@@ -236,7 +236,12 @@ class GpuPool(Model):
     placement: Literal["COMPACT"] | None = None
     zones: tuple[Zone, ...] | None = None
     boot_disk_gb: Annotated[int, Field(ge=50, le=65536)] = 200
-    boot_disk_type: DiskType = DiskType.PD_SSD
+    # None: the machine family's default (clusters.families): pd-ssd, or hyperdisk-balanced where PD is not offered.
+    boot_disk_type: DiskType | None = None
+    # Immutable on a GKE pool: DEFAULT follows the node version (toolkit default); LATEST is a deliberate choice.
+    gpu_driver_version: Literal["DEFAULT", "LATEST"] = "DEFAULT"
+    # None: on for machine types built for GPUDirect (a3-highgpu/megagpu/ultragpu-8g, a4-highgpu-8g); false opts out.
+    gpudirect: bool | None = None
     labels: dict[LabelKey, Annotated[str, _charset(POOL_LABEL_VALUE, "a label value GKE and GCE both accept (up to 63 lowercase letters, digits, '_', '-')", "pretrain")]] = {}
     taints: tuple[Taint, ...] = ()
     overcommit: bool = False
@@ -307,7 +312,35 @@ class NomadConfig(Model):
     client_machine_image: Annotated[str, _charset(IMAGE, "a GCE image (projects/<project>/global/images/[family/]<name>)", "projects/ubuntu-os-accelerator-images/global/images/family/ubuntu-accelerator-2204-amd64-with-nvidia-550")] = "projects/ubuntu-os-accelerator-images/global/images/family/ubuntu-accelerator-2204-amd64-with-nvidia-550"
 
 
+class SystemPool(Model):
+    """The untainted CPU pool Kueue, kube-dns and other system pods run on (toolkit: e2-standard-4, total min 2)."""
+
+    machine_type: Annotated[str, _charset(GCE_NAME, "a GCE machine type name", "e2-standard-4")] = "e2-standard-4"
+    min_nodes: Annotated[int, Field(ge=1, le=100)] = 2
+    max_nodes: Annotated[int, Field(ge=1, le=100)] = 4
+    boot_disk_gb: Annotated[int, Field(ge=50, le=65536)] = 100
+
+
+HH_MM = r"^([01][0-9]|2[0-3]):[0-5][0-9]$"
+RFC3339 = r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}Z$"
+
+
+class UpgradeExclusion(Model):
+    """A NO_MINOR_OR_NODE_UPGRADES window (the toolkit's A3 default): no node upgrade evicts a run inside it."""
+
+    name: DnsName = "no-minor-or-node-upgrades"
+    start_time: Annotated[str, Field(pattern=RFC3339)]
+    end_time: Annotated[str, Field(pattern=RFC3339)]
+
+
 class GkeConfig(Model):
+    system_pool: SystemPool = SystemPool()
+    # The IAM-authorized DNS endpoint is how CI, Terraform Cloud and operators reach the API
+    # server without an IP allow-list; false leaves only master_authorized_networks.
+    dns_endpoint: bool = True
+    private_endpoint: bool = False
+    maintenance_start_time: Annotated[str, Field(pattern=HH_MM)] = "09:00"
+    upgrade_exclusion: UpgradeExclusion | None = None
     release_channel: Literal["RAPID", "REGULAR", "STABLE"] = "REGULAR"
     # Google Groups for RBAC: without it GKE never puts group membership in the request, so
     # RoleBindings to Group subjects (tenant groups) match nobody.

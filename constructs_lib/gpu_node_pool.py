@@ -13,12 +13,14 @@ class GpuNodePool(Construct):
     """GPU nodes carry the ``nvidia.com/gpu`` taint so only pods that ask for GPUs land there.
 
     A static ``node_count`` is per zone on GKE: the pool holds ``node_count`` x zones nodes,
-    which is what ``spec.capacity_gpus`` counts. ``prevent_destroy`` follows ``spec.protected``: losing a reserved pool can mean losing the
+    which is what ``spec.capacity_gpus`` counts. Upgrade settings, local SSDs, driver version and
+    location policy come derived in the spec (``clusters.derive``). ``prevent_destroy`` follows ``spec.protected``: losing a reserved pool can mean losing the
     reservation's capacity for weeks. The underlying resource is ``self.pool`` for overrides.
     """
 
     def __init__(self, scope: Construct, id_: str, *, spec: GpuPoolSpec, cluster_id: str, region: str,
-                 node_service_account: str) -> None:
+                 node_service_account: str, resource_labels: dict[str, str],
+                 node_networks: tuple[tuple[str, str], ...] = ()) -> None:
         super().__init__(scope, id_)
         node_config: dict[str, object] = {
             "machine_type": spec.machine_type,
@@ -29,10 +31,13 @@ class GpuNodePool(Construct):
             "service_account": node_service_account,
             "oauth_scopes": ["https://www.googleapis.com/auth/cloud-platform"],
             "labels": dict(spec.labels),
+            # GCE labels on the VMs (cost attribution per pool): the provider's default_labels
+            # stop at the cluster resource in 6.50, so node pools set their own.
+            "resource_labels": {**resource_labels, "gpufleet-pool": spec.name},
             "taint": [google.container_node_pool.ContainerNodePoolNodeConfigTaint(key=t.key, value=t.value, effect=t.effect) for t in spec.taints],
             "guest_accelerator": [google.container_node_pool.ContainerNodePoolNodeConfigGuestAccelerator(
                 type=spec.accelerator, count=spec.gpus_per_node,
-                gpu_driver_installation_config={"gpu_driver_version": "LATEST"})],
+                gpu_driver_installation_config={"gpu_driver_version": spec.gpu_driver_version})],
             "shielded_instance_config": {"enable_secure_boot": True, "enable_integrity_monitoring": True},
             "workload_metadata_config": {"mode": "GKE_METADATA"},
             "gvnic": {"enabled": True},
@@ -43,11 +48,15 @@ class GpuNodePool(Construct):
                 if spec.reservation else {"consume_reservation_type": "NO_RESERVATION"}
             ),
         }
+        if spec.local_ssd_count:
+            # The NVMe SSDs bundled with A3/A4 machines back emptyDir and the image store
+            # (toolkit gke-node-pool/disk_definitions.tf); ForceNew, so set at creation.
+            node_config["ephemeral_storage_local_ssd_config"] = {"local_ssd_count": spec.local_ssd_count}
         sizing: dict[str, object] = (
             {"node_count": spec.node_count} if spec.node_count is not None else {
                 "initial_node_count": spec.initial_nodes_per_zone,
                 "autoscaling": {"total_min_node_count": spec.min_nodes, "total_max_node_count": spec.max_nodes,
-                                "location_policy": "ANY" if spec.spot or spec.queued_provisioning else "BALANCED"},
+                                "location_policy": spec.location_policy},
             }
         )
         extras: dict[str, object] = {}
@@ -55,14 +64,19 @@ class GpuNodePool(Construct):
             extras["placement_policy"] = {"type": "COMPACT"}
         if spec.queued_provisioning:
             extras["queued_provisioning"] = {"enabled": True}
+        if node_networks:
+            # GPUDirect NICs: one extra VPC per NIC (ForceNew, so right before the first apply).
+            extras["network_config"] = {"additional_node_network_configs": [
+                google.container_node_pool.ContainerNodePoolNetworkConfigAdditionalNodeNetworkConfigs(network=n, subnetwork=sn)
+                for n, sn in node_networks]}
         self.pool = pin(google.container_node_pool.ContainerNodePool(
             self, "pool",
             name=spec.name,
             cluster=cluster_id,
             location=region,
             node_locations=list(spec.zones),
-            management={"auto_repair": True, "auto_upgrade": True},
-            upgrade_settings={"max_surge": 1, "max_unavailable": 0},
+            management={"auto_repair": spec.upgrade.auto_repair, "auto_upgrade": spec.upgrade.auto_upgrade},
+            upgrade_settings={"max_surge": spec.upgrade.max_surge, "max_unavailable": spec.upgrade.max_unavailable},
             node_config=node_config,
             lifecycle={"prevent_destroy": spec.protected, "ignore_changes": ["initial_node_count"]},
             **sizing,

@@ -70,6 +70,5 @@ class K8sTenant(Construct):
         lr = kubernetes.limit_range_v1
         self.limits = pin(lr.LimitRangeV1(
             self, "limits", metadata={"name": "defaults", "namespace": ns},
-            spec={"limit": [lr.LimitRangeV1SpecLimit(type="Container", default_request=dict(DEFAULT_REQUESTS),
-                                                     max={GPU_RESOURCE: str(max(p.gpus_per_node for p in pools))})]},
+            spec={"limit": [lr.LimitRangeV1SpecLimit(type="Container", default_request=dict(DEFAULT_REQUESTS))]},
         ), f"limits_{key}")

@@ -1,93 +1,123 @@
-"""Kueue objects of a GKE cluster: a ResourceFlavor per GPU pool, a ClusterQueue and a LocalQueue per tenant.
+"""Kueue objects of a GKE cluster: a ResourceFlavor per GPU pool, a ClusterQueue and a LocalQueue per (tenant, pool).
 
-The per-pool tenant quotas of the cluster file are enforced here, and only here: a
-ResourceQuota cannot tell GPU models apart. Each tenant's ClusterQueue holds its own quota per
-flavor, and all of them share a cohort named after the cluster, so a pool marked ``overcommit``
-lends idle GPUs across tenants while every other pool stays a hard per-tenant limit.
+Placement is exactly what a job asks for: each (tenant, pool) ClusterQueue holds one flavor,
+so a job submitted to LocalQueue ``kueue_local_queue_name(pool)`` can only be admitted on that
+pool's nodes (one ClusterQueue with several flavors would give an unpinned job the first flavor
+that fits, e.g. an 8xH100 node for a 1-GPU sweep: review B4). The per-pool tenant quota of the
+cluster file is that ClusterQueue's nominal quota; all queues share a cohort named after the
+cluster, so a pool marked ``overcommit`` lends idle GPUs across tenants while every other pool
+stays a hard per-tenant limit. Jobs that skip Kueue are refused by ``TenantQueuePolicy``.
 
-Pure builders (``resource_flavor``, ``cluster_queue``, ``local_queue``) return the manifests, so
-tests check them without cdktf; ``KueueQueues`` declares them as ``kubernetes_manifest``.
-Kueue itself (its CRDs and controller) must be installed on the cluster before this applies.
+DWS (queued provisioning) pools only get nodes through a ProvisioningRequest, so their queues
+carry Kueue's provisioning AdmissionCheck (``ProvisioningRequestConfig`` with GKE's
+``queued-provisioning.gke.io`` class), as in the toolkit's dws-queues template.
+
+API: ``kueue.x-k8s.io/v1beta2`` (v1beta1 is deprecated since Kueue v0.16 and v1beta2 is the
+storage version; served from v0.15). Checked against Kueue v0.19.2's CRDs by
+``tests/constructs_lib/test_kueue_crds.py``. Kueue itself must be installed before this applies.
+
+Pure builders return the manifests so tests check them without cdktf; ``KueueQueues`` declares
+them as ``kubernetes_manifest``.
 """
 
 from __future__ import annotations
 
 from constructs import Construct
 
-from clusters.derive import TENANT_LABEL, GpuPoolSpec, TenantSpec
+from clusters.derive import QUEUED_LABEL, TENANT_LABEL, GpuPoolSpec, TenantSpec, kueue_local_queue_name, kueue_queue_key
 from constructs_lib.naming import pin
 from constructs_lib.providers import kubernetes
 
-API_VERSION = "kueue.x-k8s.io/v1beta1"
+API_VERSION = "kueue.x-k8s.io/v1beta2"
 ACCELERATOR_LABEL = "cloud.google.com/gke-accelerator"
 GPU_RESOURCE = "nvidia.com/gpu"
-LOCAL_QUEUE = "gpu"
 # Kueue only admits workloads whose every requested resource the queue covers; GPUs are the
 # governed resource, so CPU and memory get a ceiling no GPU pool of this fleet reaches.
 UNGOVERNED = {"cpu": "100000", "memory": "1000000Gi"}
 TAINT_EFFECTS = {"NO_SCHEDULE": "NoSchedule", "PREFER_NO_SCHEDULE": "PreferNoSchedule", "NO_EXECUTE": "NoExecute"}
+DWS_CHECK = "dws-prov"
+DWS_CONFIG = "dws-config"
+PROVISIONING_CONTROLLER = "kueue.x-k8s.io/provisioning-request"
+QUEUED_PROVISIONING_CLASS = "queued-provisioning.gke.io"
 
 
 def resource_flavor(spec: GpuPoolSpec) -> dict:
-    """Pods admitted on this flavor land on the pool's nodes and tolerate its taints."""
+    """Pods admitted on this flavor land on the pool's nodes and tolerate its taints (and GKE's DWS taint)."""
+    tolerations = [{"key": t.key, "operator": "Equal", "value": t.value, "effect": TAINT_EFFECTS[t.effect]} for t in spec.taints]
+    if spec.queued_provisioning:
+        tolerations.append({"key": QUEUED_LABEL, "operator": "Exists", "effect": "NoSchedule"})
     return {
         "apiVersion": API_VERSION,
         "kind": "ResourceFlavor",
         "metadata": {"name": spec.name},
         "spec": {
             "nodeLabels": {ACCELERATOR_LABEL: spec.accelerator, **{k: v for k, v in spec.labels if k.startswith("gpufleet.dev/")}},
-            "tolerations": [{"key": t.key, "operator": "Equal", "value": t.value, "effect": TAINT_EFFECTS[t.effect]} for t in spec.taints],
+            "tolerations": tolerations,
         },
     }
 
 
-def _gpu_quota(pool: GpuPoolSpec, quota: int) -> dict:
-    """An overcommitted pool may borrow its cohort's idle GPUs (no borrowingLimit); any other pool may not."""
-    resource: dict[str, object] = {"name": GPU_RESOURCE, "nominalQuota": quota}
-    if not pool.overcommit:
-        resource["borrowingLimit"] = 0
-    return resource
+def cluster_queue_name(tenant: str, pool: str) -> str:
+    """``<tenant>.<pool>``: the dot cannot occur in either name, so no two pairs share a queue."""
+    return f"{tenant}.{pool}"
 
 
-def cluster_queue(tenant: TenantSpec, cohort: str, pools: tuple[GpuPoolSpec, ...]) -> dict:
-    """The tenant's GPU quota per flavor as in the cluster file; 0 on pools it has no quota on.
-
-    Only the tenant's own namespace may submit here. A lender reclaims borrowed GPUs by
-    preempting the borrower, so a quota stays a guarantee even on an overcommitted pool.
-    """
+def tenant_pools(tenant: TenantSpec, pools: tuple[GpuPoolSpec, ...]) -> tuple[GpuPoolSpec, ...]:
+    """Pools the tenant can ever be admitted on: those it has quota on, and overcommitted pools it may borrow on."""
     quotas = dict(tenant.gpu_quota)
-    return {
-        "apiVersion": API_VERSION,
-        "kind": "ClusterQueue",
-        "metadata": {"name": tenant.name},
-        "spec": {
-            "cohort": cohort,
-            "namespaceSelector": {"matchLabels": {TENANT_LABEL: tenant.name}},
-            "queueingStrategy": "BestEffortFIFO",
-            "preemption": {"withinClusterQueue": "LowerPriority", "reclaimWithinCohort": "Any"},
-            "resourceGroups": [{
-                "coveredResources": [GPU_RESOURCE, *UNGOVERNED],
-                "flavors": [{
-                    "name": p.name,
-                    "resources": [_gpu_quota(p, quotas.get(p.name, 0)),
-                                  *({"name": r, "nominalQuota": q} for r, q in UNGOVERNED.items())],
-                } for p in pools],
-            }],
-        },
+    return tuple(p for p in pools if quotas.get(p.name, 0) > 0 or p.overcommit)
+
+
+def cluster_queue(tenant: TenantSpec, pool: GpuPoolSpec, cohort: str) -> dict:
+    """The tenant's GPU quota on one pool, as in the cluster file.
+
+    Only the tenant's own namespace may submit here. An overcommitted pool may borrow its
+    cohort's idle GPUs (no borrowingLimit); any other pool may not. A lender reclaims borrowed
+    GPUs by preempting the borrower, so a quota stays a guarantee even on an overcommitted pool.
+    """
+    gpu: dict[str, object] = {"name": GPU_RESOURCE, "nominalQuota": dict(tenant.gpu_quota).get(pool.name, 0)}
+    if not pool.overcommit:
+        gpu["borrowingLimit"] = 0
+    spec: dict[str, object] = {
+        "cohortName": cohort,
+        "namespaceSelector": {"matchLabels": {TENANT_LABEL: tenant.name}},
+        "queueingStrategy": "BestEffortFIFO",
+        "preemption": {"withinClusterQueue": "LowerPriority", "reclaimWithinCohort": "Any"},
+        "resourceGroups": [{
+            "coveredResources": [GPU_RESOURCE, *UNGOVERNED],
+            "flavors": [{"name": pool.name, "resources": [gpu, *({"name": r, "nominalQuota": q} for r, q in UNGOVERNED.items())]}],
+        }],
     }
+    if pool.queued_provisioning:
+        spec["admissionChecksStrategy"] = {"admissionChecks": [{"name": DWS_CHECK, "onFlavors": [pool.name]}]}
+    return {"apiVersion": API_VERSION, "kind": "ClusterQueue", "metadata": {"name": cluster_queue_name(tenant.name, pool.name)}, "spec": spec}
 
 
-def local_queue(tenant: TenantSpec, cluster_queue_name: str) -> dict:
+def local_queue(tenant: TenantSpec, pool: GpuPoolSpec) -> dict:
     return {
         "apiVersion": API_VERSION,
         "kind": "LocalQueue",
-        "metadata": {"name": LOCAL_QUEUE, "namespace": tenant.namespace},
-        "spec": {"clusterQueue": cluster_queue_name},
+        "metadata": {"name": kueue_local_queue_name(pool.name), "namespace": tenant.namespace},
+        "spec": {"clusterQueue": cluster_queue_name(tenant.name, pool.name)},
     }
 
 
+def dws_objects() -> tuple[dict, dict]:
+    """The AdmissionCheck that makes Kueue create a ProvisioningRequest per workload, and its parameters."""
+    check = {
+        "apiVersion": API_VERSION, "kind": "AdmissionCheck", "metadata": {"name": DWS_CHECK},
+        "spec": {"controllerName": PROVISIONING_CONTROLLER,
+                 "parameters": {"apiGroup": "kueue.x-k8s.io", "kind": "ProvisioningRequestConfig", "name": DWS_CONFIG}},
+    }
+    config = {
+        "apiVersion": API_VERSION, "kind": "ProvisioningRequestConfig", "metadata": {"name": DWS_CONFIG},
+        "spec": {"provisioningClassName": QUEUED_PROVISIONING_CLASS, "managedResources": [GPU_RESOURCE]},
+    }
+    return check, config
+
+
 class KueueQueues(Construct):
-    """``depends_on`` orders creation: flavors before the queues, a tenant's namespace and queue before its LocalQueue."""
+    """``depends_on`` orders creation: flavors (and the DWS check) before the queues, a tenant's namespace and queue before its LocalQueue."""
 
     def __init__(self, scope: Construct, id_: str, *, cluster: str, pools: tuple[GpuPoolSpec, ...], tenants: tuple[TenantSpec, ...],
                  namespaces: dict[str, object]) -> None:
@@ -96,13 +126,22 @@ class KueueQueues(Construct):
         self.flavors = {p.name: pin(manifest(self, f"flavor_{p.name}", manifest=resource_flavor(p)), f"kueue_flavor_{p.name}")
                         for p in pools}
         self.cohort = cluster
-        self.cluster_queues = {
-            t.name: pin(manifest(self, f"cluster_queue_{t.name}", manifest=cluster_queue(t, cluster, pools),
-                                 depends_on=list(self.flavors.values())), f"kueue_cluster_queue_{t.name}")
-            for t in tenants
-        }
-        self.local_queues = {
-            t.name: pin(manifest(self, f"local_queue_{t.name}", manifest=local_queue(t, t.name),
-                                 depends_on=[self.cluster_queues[t.name], namespaces[t.name]]), f"kueue_local_queue_{t.name}")
-            for t in tenants
-        }
+        prerequisites: list[object] = list(self.flavors.values())
+        self.dws: tuple[object, ...] = ()
+        if any(p.queued_provisioning for p in pools):
+            check, config = dws_objects()
+            dws_config = pin(manifest(self, "dws_config", manifest=config), "kueue_provisioning_config_dws")
+            dws_check = pin(manifest(self, "dws_check", manifest=check, depends_on=[dws_config]), "kueue_admission_check_dws")
+            self.dws = (dws_config, dws_check)
+            prerequisites.append(dws_check)
+        self.cluster_queues: dict[tuple[str, str], object] = {}
+        self.local_queues: dict[tuple[str, str], object] = {}
+        for t in tenants:
+            for p in tenant_pools(t, pools):
+                key = kueue_queue_key(t.name, p.name)
+                cq = pin(manifest(self, f"cluster_queue_{key}", manifest=cluster_queue(t, p, cluster), depends_on=prerequisites),
+                         f"kueue_cluster_queue_{key}")
+                self.cluster_queues[(t.name, p.name)] = cq
+                self.local_queues[(t.name, p.name)] = pin(
+                    manifest(self, f"local_queue_{key}", manifest=local_queue(t, p), depends_on=[cq, namespaces[t.name]]),
+                    f"kueue_local_queue_{key}")

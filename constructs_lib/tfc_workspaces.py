@@ -14,13 +14,16 @@ through ``terraform_remote_state``, so each infra workspace names exactly those 
 ``remote_state_consumer_ids`` and keeps ``global_remote_state`` off: no other workspace of the
 organization can read a cluster's state.
 
-Execution mode: runs are ``remote`` (TFC's shared runners) except for the scheduler stacks of
-Nomad clusters, which are ``local``. Their provider talks to the Nomad servers' internal load
-balancer inside the VPC, which shared runners cannot reach. An ``agent`` pool inside the VPC
-would also work but needs a per-organization ``agent_pool_id`` the cluster files do not carry;
-so those plans run in CI inside the network (``NOMAD_TOKEN`` from CI secrets) and the
-workspace only stores state. That is also why the credentials variable set is attached to
-remote workspaces only and holds no Nomad token: a local-execution workspace never reads it.
+Execution mode: infra stacks run ``remote`` (TFC's shared runners); every scheduler stack runs
+``local``. A Nomad scheduler stack's provider talks to the servers' internal load balancer
+inside the VPC, which shared runners cannot reach. A GKE scheduler stack reaches the cluster
+over its DNS endpoint, but its kubernetes provider authenticates by running
+``gke-gcloud-auth-plugin``, which shared runners do not have (and a ``google_client_config``
+token instead would land in state). So those plans run in CI, which installs the plugin
+(``.github/workflows/plan.yml``, ``drift.yml``), and the workspace only stores state. An
+``agent`` pool would also work but needs a per-organization ``agent_pool_id`` the cluster files
+do not carry. That is also why the credentials variable set is attached to remote workspaces
+only and holds no Nomad token: a local-execution workspace never reads it.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from cdktf import CloudBackend, NamedCloudWorkspace, TerraformResourceLifecycle,
 from constructs import Construct
 
 from clusters.derive import tfc_workspace
-from clusters.schema import ClusterConfig, SchedulerKind, TfcState
+from clusters.schema import ClusterConfig, TfcState
 from constructs_lib.naming import pin, tf_id
 from constructs_lib.providers import tfe
 
@@ -91,7 +94,7 @@ def derive_workspaces(stacks: Iterable[tuple[str, ClusterConfig]]) -> tuple[Work
             continue
         infra = stack == config.name
         consumers = tuple(s for s, c in pairs if c.name == config.name and s != stack) if infra else ()
-        mode = ExecutionMode.LOCAL if not infra and config.scheduler == SchedulerKind.NOMAD else ExecutionMode.REMOTE
+        mode = ExecutionMode.REMOTE if infra else ExecutionMode.LOCAL
         tags = (("cluster", config.name), ("environment", config.environment.value), ("scheduler", config.scheduler.value))
         specs.append(WorkspaceSpec(tfc_workspace(config, stack), stack, state.organization, state.project, tags, mode, consumers))
     return tuple(specs)

@@ -5,7 +5,10 @@ from __future__ import annotations
 from cdktf import TerraformOutput, TerraformStack
 from constructs import Construct
 
-from clusters.derive import NomadRole, derive_gpu_pools, derive_nomad_secrets, derive_nomad_servers, derive_tenants, nomad_secrets_for
+from clusters.derive import (
+    NomadRole, derive_control_plane, derive_gpu_pools, derive_nomad_secrets, derive_nomad_servers, derive_system_pool, derive_tenants,
+    nomad_secrets_for,
+)
 from clusters.schema import ClusterConfig, NomadConfig, SchedulerKind
 from constructs_lib.dns_records import DnsRecords
 from constructs_lib.gke_cluster import GkeCluster
@@ -20,6 +23,7 @@ from constructs_lib.nomad_secrets import NomadSecrets
 from constructs_lib.nomad_servers import NomadServers, server_tag
 from constructs_lib.providers import google
 from constructs_lib.static_ips import StaticIps
+from constructs_lib.system_node_pool import SystemNodePool
 from constructs_lib.tenant_identity import TenantIdentity
 from stacks.backends import configure_backend
 
@@ -41,11 +45,18 @@ class ClusterStack(TerraformStack):
         self.gke: GkeCluster | None = None
         self.tenant_identities: dict[str, TenantIdentity] = {}
         self.node_pools: dict[str, GpuNodePool] = {}
+        self.system_pool: SystemNodePool | None = None
         if config.scheduler == SchedulerKind.GKE:
-            self.gke = GkeCluster(self, "gke", config=config, network=self.network, node_service_account=node_sa)
+            self.control_plane = derive_control_plane(config)
+            self.gke = GkeCluster(self, "gke", config=config, control_plane=self.control_plane, network=self.network,
+                                  node_service_account=node_sa)
+            cost_labels = {"gpufleet-cluster": config.name, "environment": config.environment.value}
+            self.system_pool = SystemNodePool(self, "system_pool", spec=derive_system_pool(config), cluster_id=self.gke.cluster.id,
+                                              region=config.gcp.region, node_service_account=node_sa, resource_labels=cost_labels)
             for spec in self.pool_specs:
                 self.node_pools[spec.name] = GpuNodePool(self, f"pool_{spec.name}", spec=spec, cluster_id=self.gke.cluster.id,
-                                                         region=config.gcp.region, node_service_account=node_sa)
+                                                         region=config.gcp.region, node_service_account=node_sa,
+                                                         resource_labels=cost_labels)
             self.tenant_identities = {
                 t.name: TenantIdentity(self, f"tenant_{t.name}", tenant=t, project=config.gcp.project, cluster=config.name)
                 for t in derive_tenants(config) if t.gcp_account_id is not None
@@ -97,6 +108,7 @@ class ClusterStack(TerraformStack):
             self._output(f"static_ip_{name}", address.address)
         if self.gke is not None:
             self._output("cluster_endpoint", self.gke.cluster.endpoint)
+            self._output("cluster_dns_endpoint", self.gke.dns_endpoint)
             self._output("cluster_ca_certificate", self.gke.cluster.master_auth.cluster_ca_certificate)
         for name, identity in sorted(self.tenant_identities.items()):
             self._output(f"tenant_sa_{name}", identity.service_account.email)

@@ -44,12 +44,20 @@ class GkeSchedulerStack(TerraformStack):
             raise ValueError(f"{config.name} is not a GKE cluster; build NomadSchedulerStack for it")
         configure_backend(self, config, name)
         cluster = infra.gke.cluster
-        self.provider = kubernetes.provider.KubernetesProvider(
-            self, "kubernetes",
-            host=f"https://{cluster.endpoint}",
-            cluster_ca_certificate=Fn.base64decode(cluster.master_auth.cluster_ca_certificate),
-            exec=[kubernetes.provider.KubernetesProviderExec(api_version=EXEC_API_VERSION, command=AUTH_PLUGIN)],
-        )
+        auth = [kubernetes.provider.KubernetesProviderExec(api_version=EXEC_API_VERSION, command=AUTH_PLUGIN)]
+        if infra.control_plane.dns_endpoint:
+            # The DNS endpoint is fronted by Google (IAM checks container.clusters.connect before
+            # the API server sees the request) and serves a publicly trusted certificate, so no
+            # cluster CA is pinned: `gcloud container clusters get-credentials --dns-endpoint`
+            # writes none either. Reachable from CI and TFC without any IP allow-list.
+            self.provider = kubernetes.provider.KubernetesProvider(self, "kubernetes", host=f"https://{infra.gke.dns_endpoint}", exec=auth)
+        else:
+            self.provider = kubernetes.provider.KubernetesProvider(
+                self, "kubernetes",
+                host=f"https://{cluster.endpoint}",
+                cluster_ca_certificate=Fn.base64decode(cluster.master_auth.cluster_ca_certificate),
+                exec=auth,
+            )
         pools, tenants = infra.pool_specs, derive_tenants(config)
         self.controller_role = ControllerRole(self, "controller_role")
         self.priority_classes = PriorityClasses(self, "priority_classes")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from constructs_lib.k8s_controller_role import CONTROLLER_RULES
@@ -49,11 +51,15 @@ def test_gpu_quota_is_the_sum_of_the_tenants_pool_quotas(sched):
     assert quotas == {"quota_research": {"requests.nvidia.com/gpu": "32"}, "quota_applied": {"requests.nvidia.com/gpu": "16"}}
 
 
-def test_limit_range_caps_gpus_at_the_largest_node_and_sets_default_requests(sched):
-    (limit,) = sched["kubernetes_limit_range_v1"]["limits_research"]["spec"]["limit"]
+@pytest.mark.parametrize(("stack", "name"), [("prod-gke-scheduler", "limits_research"), ("dev-gke-scheduler", "limits_sandbox")])
+def test_limit_range_sets_default_requests_and_says_nothing_about_gpus(stack_json, stack, name):
+    """A GPU ``max`` without a default becomes every container's GPU limit (SetDefaults_LimitRangeItem) and
+    LimitRanger rejects containers without one: CPU pods, init containers and sidecars (review B3)."""
+    (limit,) = stack_json(stack)["resource"]["kubernetes_limit_range_v1"][name]["spec"]["limit"]
     assert limit["type"] == "Container"
-    assert limit["max"] == {"nvidia.com/gpu": "8"}
     assert limit["default_request"] == {"cpu": "1", "memory": "4Gi"}
+    assert "nvidia.com/gpu" not in json.dumps(limit)
+    assert set(limit) == {"type", "default_request"}
 
 
 def test_training_priority_classes(sched):

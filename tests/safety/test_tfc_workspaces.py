@@ -113,14 +113,16 @@ def test_nomad_scheduler_workspace_runs_locally_because_its_provider_is_inside_t
     assert attached == {"${tfe_workspace.workspace_prod_nomad.id}"}, "credentials only where TFC runs the plan"
 
 
-def test_gke_scheduler_workspace_stays_remote_and_reads_only_its_own_infra(pairs: list[tuple[str, ClusterConfig]]) -> None:
-    """Pure derivation: a GKE cluster on tfc keeps remote runs (its API endpoint is public); consumers never cross clusters."""
+def test_gke_scheduler_workspace_runs_locally_and_reads_only_its_own_infra(pairs: list[tuple[str, ClusterConfig]]) -> None:
+    """Pure derivation: a GKE scheduler stack's provider runs gke-gcloud-auth-plugin, which TFC's shared runners lack,
+    so CI (which installs it) runs the plan; consumers never cross clusters."""
     from constructs_lib.tfc_workspaces import ExecutionMode, derive_workspaces
 
     tfc_state = next(c.state for _, c in pairs if c.state.backend == "tfc")
     moved = [(stack, c.model_copy(update={"state": tfc_state})) for stack, c in pairs]
     specs = {s.stack: s for s in derive_workspaces(moved)}
-    assert specs["prod-gke-scheduler"].execution_mode is ExecutionMode.REMOTE
+    assert specs["prod-gke-scheduler"].execution_mode is ExecutionMode.LOCAL
+    assert specs["prod-gke"].execution_mode is ExecutionMode.REMOTE
     assert specs["prod-nomad-scheduler"].execution_mode is ExecutionMode.LOCAL
     assert {stack: s.state_consumers for stack, s in specs.items() if s.state_consumers} == {
         "dev-gke": ("dev-gke-scheduler",),

@@ -41,7 +41,7 @@ def test_reserved_h100_pool_is_compact_protected_and_tainted(stack_json):
     node = pool["node_config"]
     assert node["machine_type"] == "a3-highgpu-8g"
     assert node["guest_accelerator"] == [{"type": "nvidia-h100-80gb", "count": 8,
-                                          "gpu_driver_installation_config": {"gpu_driver_version": "LATEST"}}]
+                                          "gpu_driver_installation_config": {"gpu_driver_version": "DEFAULT"}}]
     assert node["reservation_affinity"] == {"consume_reservation_type": "SPECIFIC_RESERVATION",
                                             "key": "compute.googleapis.com/reservation-name", "values": ["h100-reservation-2026"]}
     assert node["taint"][0] == {"key": "nvidia.com/gpu", "value": "present", "effect": "NO_SCHEDULE"}
@@ -54,6 +54,7 @@ def test_reserved_h100_pool_is_compact_protected_and_tainted(stack_json):
     assert pool["management"] == {"auto_repair": True, "auto_upgrade": True}
     assert pool["lifecycle"]["prevent_destroy"] is True
     assert pool["cluster"] == "${google_container_cluster.gke.id}"
+    assert node["resource_labels"] == {"gpufleet-cluster": "prod-gke", "environment": "prod", "gpufleet-pool": "h100"}
 
 
 def test_spot_pool_uses_no_reservation_and_any_location(stack_json):

@@ -1,0 +1,69 @@
+"""What a GPU machine family needs beyond its GPUs: boot disk types, bundled local SSDs, GPUDirect networking.
+
+Every row names its source. "toolkit" is GoogleCloudPlatform/cluster-toolkit at 1047080375afbb44
+(v1.95.0 RC); "review" is ../shared/reviews/infra-review.md. These fields are immutable on a GKE
+node pool (ForceNew at google provider 6.50.0), so they are derived before the first apply
+instead of being left for someone to remember.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+
+class GpuDirect(StrEnum):
+    """The multi-NIC GPU-to-GPU transport a machine type is built for."""
+
+    NONE = "none"
+    TCPX = "tcpx"    # a3-highgpu-8g: 4 extra gVNIC VPCs
+    TCPXO = "tcpxo"  # a3-megagpu-8g: 8 extra gVNIC VPCs
+    RDMA = "rdma"    # a3-ultragpu-8g, a4-highgpu-8g: 1 extra gVNIC VPC + an RDMA (RoCE) VPC with 8 subnets
+
+
+@dataclass(frozen=True)
+class Family:
+    """Per machine family: allowed boot disk types (first is the default), bundled local SSDs, GPUDirect."""
+
+    prefixes: tuple[str, ...]
+    boot_disk_types: tuple[str, ...]
+    local_ssd_count: int | None
+    gpudirect: GpuDirect
+    gvnic_networks: int
+    rdma_subnets: int
+
+
+# Boot disks:
+# - a3-ultragpu / a4: Hyperdisk only. Vertex AI's DiskSpec reference: "for A3U machines, the
+#   default value is hyperdisk-balanced"; the toolkit's A4X blueprints set disk_type
+#   hyperdisk-balanced; the review (A3) asks to refuse pd-* on these families. GKE's own
+#   rejection of pd-* could not be confirmed offline: the refusal is the safe side (a pool
+#   whose first node never boots costs more than a pd-ssd default that is never used).
+# - a3-highgpu / a3-megagpu: pd-ssd stays the default (what deployed pools already have:
+#   disk_type is ForceNew); pd-balanced and hyperdisk-balanced are allowed.
+# - a2 / g2 / n1: Persistent Disk only; Hyperdisk Balanced is not offered on these series
+#   (N1 supports no Hyperdisk at all; A2/G2 support is limited to other Hyperdisk types).
+# Local SSD: toolkit modules/compute/gke-node-pool/disk_definitions.tf (local_ssd_machines).
+# GPUDirect: toolkit modules/compute/gke-node-pool/gpu_direct.tf (min_additional_networks 4
+# for a3-highgpu-8g, 8 for a3-megagpu-8g); examples/gke-a3-ultragpu/gke-a3-ultragpu.yaml (one
+# extra gVNIC VPC plus gpu-rdma-vpc with 8 subnets and the zone's vpc-roce network profile).
+_PD = ("pd-ssd", "pd-balanced")
+FAMILIES: tuple[Family, ...] = (
+    Family(("a4-highgpu-8g",), ("hyperdisk-balanced",), 32, GpuDirect.RDMA, 1, 8),
+    Family(("a3-ultragpu-8g",), ("hyperdisk-balanced",), 32, GpuDirect.RDMA, 1, 8),
+    Family(("a3-megagpu-8g",), (*_PD, "hyperdisk-balanced"), 16, GpuDirect.TCPXO, 8, 0),
+    Family(("a3-highgpu-8g",), (*_PD, "hyperdisk-balanced"), 16, GpuDirect.TCPX, 4, 0),
+    Family(("a3-highgpu-",), (*_PD, "hyperdisk-balanced"), None, GpuDirect.NONE, 0, 0),
+    Family(("a4-", "a3-ultragpu-"), ("hyperdisk-balanced",), None, GpuDirect.NONE, 0, 0),
+    Family(("a2-", "g2-", "n1-"), _PD, None, GpuDirect.NONE, 0, 0),
+)
+# Jumbo frames on every GPUDirect VPC: toolkit examples/gke-a3-highgpu and gke-a3-megagpu (mtu: 8244).
+GPUDIRECT_MTU = 8244
+
+
+def machine_family(machine_type: str) -> Family:
+    """The first row whose prefix the machine type starts with (exact shapes are listed before their series)."""
+    for family in FAMILIES:
+        if machine_type.startswith(family.prefixes):
+            return family
+    return Family((machine_type,), _PD, None, GpuDirect.NONE, 0, 0)
