@@ -116,9 +116,6 @@ def _pool(pool: GpuPool, config: ClusterConfig) -> Iterator[Finding]:
             yield (("queued_provisioning",), "queued provisioning (DWS) needs autoscaling with min_nodes: 0; set min_nodes: 0 and drop node_count")
         if pool.placement == "COMPACT":
             yield (("placement",), "queued provisioning (DWS) cannot use COMPACT placement (toolkit gke-node-pool precondition); remove placement")
-    if pool.reservation is not None and not RESERVATION.match(pool.reservation):
-        yield (("reservation",), f"{pool.reservation!r} is not a reservation; write its name ('h100-reservation')"
-               " or 'projects/<project>/reservations/<name>[/reservationBlocks/<block>]' for a shared one")
     family = machine_family(pool.machine_type)
     if pool.boot_disk_type is not None and pool.boot_disk_type.value not in family.boot_disk_types:
         yield (("boot_disk_type",), f"{pool.boot_disk_type.value} is not offered on {pool.machine_type}; allowed:"
@@ -197,9 +194,6 @@ def _iam(config: ClusterConfig) -> Iterator[Finding]:
                 yield (("tenants", t, "groups", m), f"{member!r}: tenants are groups outside dev; use group:team@example.com")
 
 
-# A reservation of this project by name, or a shared one by path (toolkit reservation_definitions.tf).
-RESERVATION = re.compile(r"^([a-z]([-a-z0-9]{0,61}[a-z0-9])?|projects/[a-z][-a-z0-9]{4,28}[a-z0-9]/reservations/[a-z]([-a-z0-9]{0,61}[a-z0-9])?"
-                         r"(/reservationBlocks/[a-z]([-a-z0-9]{0,61}[a-z0-9])?)?)$")
 # Namespaces the platform (Kubernetes, GKE, Kueue) or Nomad already owns; a tenant must not take them over.
 RESERVED_NAMESPACES = ("default", "kube-node-lease", "kube-public", "kube-system", "kueue-system", "gke-managed-system", "gmp-system")
 GCP_ACCOUNT_ID_MAX = 30

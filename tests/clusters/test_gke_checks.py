@@ -36,7 +36,7 @@ CASES = [
                                                                           zones=["us-central1-a"]),
      "gpu_pools[1].placement", "queued provisioning (DWS) cannot use COMPACT placement"),
     ("reservation-not-a-name", "prod-gke", lambda d: pool(d).update(reservation="zones/us-central1-a/h100"), "gpu_pools[0].reservation",
-     "'projects/<project>/reservations/<name>[/reservationBlocks/<block>]'"),
+     "is not a GCE reservation name (optionally projects/<project>/reservations/<name>)"),
     ("gpu-pool-named-like-the-system-pool", "prod-gke", lambda d: pool(d, 1).update(name="gpufleet-system"), "gpu_pools[1].name",
      "name of the cluster's system pool"),
     ("system-pool-min-above-max", "prod-gke", lambda d: d["gke"].update(system_pool={"min_nodes": 5, "max_nodes": 3}),
