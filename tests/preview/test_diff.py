@@ -132,7 +132,7 @@ def test_static_ip_description_reworded_replaces_the_address(stack_json):
 def test_driver_version_on_a_reserved_pool_replaces_it(stack_json):
     def edit(r):
         r["google_container_node_pool"]["pool_h100"]["node_config"]["guest_accelerator"][0]["gpu_driver_installation_config"] = {
-            "gpu_driver_version": "DEFAULT"}
+            "gpu_driver_version": "LATEST"}
     result = preview(*_edit(stack_json, "prod-gke", edit), TABLES)
     assert _summary(result) == [("replaced", "prod-gke/google_container_node_pool.pool_h100",
                                  ("node_config.guest_accelerator[0].gpu_driver_installation_config.gpu_driver_version",))]
