@@ -255,6 +255,11 @@ def _nomad_servers(config: ClusterConfig) -> Iterator[Finding]:
         yield (at, f"the {servers.count} Nomad servers would span {len(distinct)} zone(s) ({', '.join(distinct)}): losing one zone can take"
                f" the quorum; set nomad.servers.zones to 3 zones, e.g. [{config.gcp.region}-a, {config.gcp.region}-b, {config.gcp.region}-c],"
                " or write why not in nomad.servers.fewer_zones_reason")
+    scaled = [p.name for p in config.gpu_pools if p.node_count is None]
+    if scaled and nomad.autoscaler is None:
+        yield (("nomad", "autoscaler"), f"pools {', '.join(scaled)} autoscale, which on Nomad needs the Nomad Autoscaler and its metrics;"
+               " add nomad.autoscaler.prometheus_address (a Prometheus scraping the servers' /v1/metrics?format=prometheus),"
+               " or give each pool a fixed node_count")
     if not nomad.api_access.cidrs:
         yield (("nomad", "api_access"), "nobody outside the node subnet can reach the Nomad API, so the scheduler stack cannot be applied"
                " (the firewall admits only the subnet); add nomad.api_access.cidrs, e.g. [{name: corp-vpn, cidr: 198.51.100.0/24}],"

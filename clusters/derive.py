@@ -351,6 +351,8 @@ class NomadSecretSpec:
 
 
 NOMAD_TLS_DIR = "/etc/nomad.d/tls"
+# Created after `nomad acl bootstrap` (README), so the TLS bootstrap script does not make it.
+AUTOSCALER_TOKEN = "autoscaler-token"
 NOMAD_GOSSIP_FILE = "/etc/nomad.d/gossip.hcl"
 # (name, file on the agent, who reads it, what it is). The CA key is never among them: it
 # stays with the operator who ran the bootstrap (offline or in a separate, operator-only secret).
@@ -361,16 +363,18 @@ _NOMAD_SECRETS = (
     ("client-cert", f"{NOMAD_TLS_DIR}/agent.pem", (NomadRole.CLIENT,), "client certificate, SAN client.<region>.nomad"),
     ("client-key", f"{NOMAD_TLS_DIR}/agent-key.pem", (NomadRole.CLIENT,), "client private key"),
     ("gossip-key", NOMAD_GOSSIP_FILE, (NomadRole.SERVER,), "gossip (Serf) encryption key, 32 random bytes base64"),
+    ("autoscaler-token", "", (NomadRole.SERVER,), "ACL token (policy gpufleet-autoscaler) of the Nomad Autoscaler on the servers"),
 )
 
 
 def derive_nomad_secrets(config: ClusterConfig) -> tuple[NomadSecretSpec, ...]:
     """The secrets of a Nomad cluster; with ``existing_servers`` only what its clients read."""
     has_servers = config.nomad is not None and not config.nomad.existing_servers
+    autoscaled = has_servers and config.nomad is not None and config.nomad.autoscaler is not None
     return tuple(
         NomadSecretSpec(name, f"{config.name}-nomad-{name}", path, readers, purpose)
         for name, path, readers, purpose in _NOMAD_SECRETS
-        if has_servers or NomadRole.CLIENT in readers
+        if (has_servers or NomadRole.CLIENT in readers) and (name != AUTOSCALER_TOKEN or autoscaled)
     )
 
 
@@ -417,3 +421,10 @@ def derive_nomad_servers(config: ClusterConfig) -> NomadServersSpec | None:
         data_disk_gb=servers.data_disk_gb,
         protected=config.environment != Environment.DEV,
     )
+
+
+def nomad_task_group_name(pool: str, gpus: int) -> str:
+    """``gpu-<pool>-x<gpus>``: Nomad's job-summary metrics carry the task group, not the node pool,
+    so a pool's autoscaling policy finds the GPUs its runs want by this name
+    (``constructs_lib.nomad_autoscaler.demand_query``); jobs name their group with it."""
+    return f"gpu-{pool}-x{gpus}"

@@ -302,6 +302,13 @@ class NomadApiAccess(Model):
     cidrs: tuple[AuthorizedNetwork, ...] = ()
 
 
+class NomadAutoscaler(Model):
+    """The Nomad Autoscaler's metrics source: a Prometheus that scrapes the servers'
+    ``/v1/metrics?format=prometheus`` (with a client certificate from the cluster CA)."""
+
+    prometheus_address: Annotated[str, _charset(URL, "a Prometheus address (http(s)://host[:port][/path])", "https://prometheus.internal.example.com:9090")]
+
+
 class NomadConfig(Model):
     datacenter: DnsName
     region: DnsName = "global"
@@ -309,6 +316,7 @@ class NomadConfig(Model):
     existing_servers: tuple[str, ...] = ()
     servers: NomadServers = NomadServers()
     api_access: NomadApiAccess = NomadApiAccess()
+    autoscaler: NomadAutoscaler | None = None
     client_machine_image: Annotated[str, _charset(IMAGE, "a GCE image (projects/<project>/global/images/[family/]<name>)", "projects/ubuntu-os-accelerator-images/global/images/family/ubuntu-accelerator-2204-amd64-with-nvidia-550")] = "projects/ubuntu-os-accelerator-images/global/images/family/ubuntu-accelerator-2204-amd64-with-nvidia-550"
 
 

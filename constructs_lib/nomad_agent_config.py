@@ -217,6 +217,8 @@ unset key"""
 def _secret_steps(project: str, secrets: tuple[NomadSecretSpec, ...]) -> str:
     lines = [f"GPUFLEET_PROJECT={project}", _FETCH_SECRET, "umask 077", f"mkdir -p {NOMAD_TLS_DIR}"]
     for secret in secrets:
+        if not secret.path:
+            continue  # not a file of the agent (the autoscaler token is written by its own step)
         target = f"{secret.path}.key" if secret.path == NOMAD_GOSSIP_FILE else secret.path
         lines.append(f"gpufleet_secret {secret.secret_id} {target}")
         if secret.path == NOMAD_GOSSIP_FILE:
@@ -234,7 +236,7 @@ def _mount_data(device: str) -> str:
 
 
 def render_startup_script(*, agent_config: str, gpu: bool, project: str, secrets: tuple[NomadSecretSpec, ...],
-                          data_device: str | None = None) -> str:
+                          data_device: str | None = None, extra: str | None = None) -> str:
     """Idempotent boot script: GPU driver and container toolkit (GPU nodes), Nomad, TLS material
     and gossip key from Secret Manager, config, restart.
 
@@ -251,6 +253,8 @@ def render_startup_script(*, agent_config: str, gpu: bool, project: str, secrets
         steps.append(_mount_data(data_device))
     steps.append(f"mkdir -p {DATA_DIR} /etc/nomad.d\ncat > {CONFIG_PATH} <<'GPUFLEET_NOMAD_CONFIG'\n{agent_config}GPUFLEET_NOMAD_CONFIG")
     steps.append("systemctl enable nomad\nsystemctl restart nomad")
+    if extra is not None:
+        steps.append(extra)
     return _checked("\n".join(steps) + "\n")
 
 

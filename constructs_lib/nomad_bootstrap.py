@@ -69,11 +69,15 @@ def render_bootstrap_script(*, cluster: str, project: str, region: str, secrets:
         f"nomad tls cert create -cli -region {region} -days {CERT_DAYS}",
     ]
     for secret in secrets:
+        if secret.name not in files:
+            continue
         lines.append(f'gcloud secrets versions add {secret.secret_id} --project {project} --data-file="{files[secret.name]}"')
     kept = [CA_CERT, f"{region}-cli-nomad.pem", f"{region}-cli-nomad-key.pem"] + ([CA_KEY] if "server-cert" in names else [])
     lines += [
         f'cp {" ".join(kept)} "$KEEP"/',
-        f'echo "stored {", ".join(s.secret_id for s in secrets)} in Secret Manager; CA and CLI certificate in $KEEP (keep it offline)"',
+        f'echo "stored {", ".join(s.secret_id for s in secrets if s.name in files)} in Secret Manager; CA and CLI certificate in $KEEP (keep it offline)"',
+        *([f'echo "after nomad acl bootstrap: nomad acl token create -name autoscaler -policy gpufleet-autoscaler -t \'{{{{.SecretID}}}}\''
+           f' | gcloud secrets versions add {s.secret_id} --project {project} --data-file=-"' for s in secrets if s.name == "autoscaler-token"]),
         f'echo "API callers: NOMAD_ADDR=https://$API_IP:{HTTP_PORT} NOMAD_CACERT=$KEEP/' + CA_CERT + ' NOMAD_CLIENT_CERT=$KEEP/' + region + '-cli-nomad.pem NOMAD_CLIENT_KEY=$KEEP/' + region + '-cli-nomad-key.pem"',
     ]
     return "\n".join(lines) + "\n"

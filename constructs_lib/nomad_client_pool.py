@@ -22,11 +22,11 @@ class NomadClientPool(Construct):
     so a config change never kills a running fine-tune. ``prevent_destroy`` follows
     ``spec.protected`` on the group and its autoscaler. ``self.group`` is the escape hatch.
 
-    The autoscaler only scales out (``ONLY_SCALE_OUT``): its one signal is CPU, and a GCE
-    autoscaler cannot see Nomad's queue, so it would scale in idle-looking VMs in the middle of a
-    fine-tune, and pending allocations create no CPU load to scale out on. Scaling on the job
-    queue (out on pending allocations, in on drained nodes) needs the Nomad Autoscaler with its
-    GCE MIG target plugin; until then a pool shrinks only when an operator drains nodes and resizes it.
+    Autoscaled pools follow the Nomad queue: the Nomad Autoscaler on the servers resizes the group
+    (``gce-mig`` target; policy in ``constructs_lib.nomad_autoscaler``): out on queued GPU runs,
+    so a pool at zero grows, and in only on empty, drained nodes. Terraform creates the group at
+    ``min_nodes`` and then ignores its size. No GCE autoscaler: its only signal is CPU, which a
+    pool at zero or a queued run does not produce, and ``ONLY_SCALE_OUT`` never gave idle GPUs back.
     """
 
     def __init__(self, scope: Construct, id_: str, *, spec: GpuPoolSpec, cluster: str, project: str, region: str,
@@ -45,7 +45,12 @@ class NomadClientPool(Construct):
             labels={k.replace(".", "_").replace("/", "_"): v for k, v in spec.labels},
         )
         mig = google.compute_region_instance_group_manager
-        sizing = {"target_size": spec.node_count} if spec.node_count is not None else {}
+        # Static pools: Terraform owns the size. Autoscaled pools: created at the minimum, then the
+        # Nomad Autoscaler owns it (ignore_changes), so an apply never undoes a scale-out.
+        size = spec.node_count if spec.node_count is not None else spec.min_total_nodes
+        lifecycle: dict[str, object] = {"prevent_destroy": spec.protected}
+        if spec.autoscaling:
+            lifecycle["ignore_changes"] = ["target_size"]
         self.group = pin(mig.ComputeRegionInstanceGroupManager(
             self, "group",
             name=name,
@@ -58,23 +63,6 @@ class NomadClientPool(Construct):
             update_policy={"type": "OPPORTUNISTIC", "minimal_action": "REPLACE", "instance_redistribution_type": "NONE",
                            "max_surge_fixed": 0, "max_unavailable_fixed": len(spec.zones)},
             wait_for_instances=False,
-            lifecycle={"prevent_destroy": spec.protected},
-            **sizing,
+            lifecycle=lifecycle,
+            target_size=size,
         ), f"nomad_pool_{spec.name}")
-        self.autoscaler = None
-        if spec.autoscaling:
-            self.autoscaler = pin(google.compute_region_autoscaler.ComputeRegionAutoscaler(
-                self, "autoscaler",
-                name=name,
-                project=project,
-                region=region,
-                target=self.group.id,
-                autoscaling_policy={
-                    "min_replicas": spec.min_nodes,
-                    "max_replicas": spec.max_nodes,
-                    "cooldown_period": 300,
-                    "cpu_utilization": {"target": 0.6},
-                    "mode": "ONLY_SCALE_OUT",
-                },
-                lifecycle={"prevent_destroy": spec.protected},
-            ), f"nomad_autoscaler_{spec.name}")

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from constructs import Construct
 
-from clusters.derive import NomadSecretSpec, NomadServersSpec
+from clusters.derive import AUTOSCALER_TOKEN, GpuPoolSpec, NomadSecretSpec, NomadServersSpec
 from constructs_lib.naming import pin
 from constructs_lib.nomad_agent_config import (
-    DATA_DIR, HTTP_PORT, AgentJoin, render_server_config, render_startup_script,
+    CA_FILE, CERT_FILE, DATA_DIR, HTTP_PORT, KEY_FILE, AgentJoin, render_server_config, render_startup_script,
 )
+from constructs_lib.nomad_autoscaler import render_agent_config, render_autoscaler_boot, render_policy
 from constructs_lib.nomad_instance_template import SERVER_IMAGE, DataDisk, Machine, nomad_instance_template
 from constructs_lib.providers import google
 
@@ -16,6 +17,8 @@ SERVER_DISK_GB = 50
 DATA_DEVICE = "nomad-data"
 # Cloud auto-join lists instances by tag; that needs compute read access on the agents' SA.
 AUTOJOIN_ROLE = "roles/compute.viewer"
+# The Nomad Autoscaler on the servers resizes the pools' groups and deletes drained instances.
+AUTOSCALER_ROLE = "roles/compute.instanceAdmin.v1"
 SERVER_ROLES = ("roles/logging.logWriter", "roles/monitoring.metricWriter", AUTOJOIN_ROLE)
 
 
@@ -40,7 +43,8 @@ class NomadServers(Construct):
 
     def __init__(self, scope: Construct, id_: str, *, cluster: str, project: str, region: str, spec: NomadServersSpec,
                  datacenter: str, nomad_region: str, vpc_id: str, subnetwork: str, node_service_account: str, join: AgentJoin,
-                 secrets: tuple[NomadSecretSpec, ...], global_access: bool) -> None:
+                 secrets: tuple[NomadSecretSpec, ...], global_access: bool, pools: tuple[GpuPoolSpec, ...] = (),
+                 prometheus_address: str | None = None) -> None:
         super().__init__(scope, id_)
         name = f"{cluster}-nomad"
         self.service_account = pin(google.service_account.ServiceAccount(
@@ -50,18 +54,26 @@ class NomadServers(Construct):
         self.roles = {
             role: pin(google.project_iam_member.ProjectIamMember(self, f"role_{role.rsplit('/', 1)[-1]}", project=project, role=role, member=member),
                       f"nomad_server_role_{role.rsplit('/', 1)[-1].replace('.', '_')}")
-            for role in SERVER_ROLES
+            for role in SERVER_ROLES + ((AUTOSCALER_ROLE,) if prometheus_address else ())
         }
         self.autojoin_grant = pin(google.project_iam_member.ProjectIamMember(
             self, "autojoin", project=project, role=AUTOJOIN_ROLE, member=f"serviceAccount:{node_service_account}"), "nomad_autojoin_compute_viewer")
         self.server_config = render_server_config(count=spec.count, datacenter=datacenter, region=nomad_region, join=join)
+        self.autoscaler_config, self.policies, autoscaler_boot = None, {}, None
+        token = next((s for s in secrets if s.name == AUTOSCALER_TOKEN), None)
+        if prometheus_address is not None and token is not None:
+            self.autoscaler_config = render_agent_config(nomad_region=nomad_region, prometheus_address=prometheus_address,
+                                                         ca_file=CA_FILE, cert_file=CERT_FILE, key_file=KEY_FILE)
+            self.policies = {f"{cluster}-{p.name}": render_policy(spec=p, cluster=cluster, project=project, region=region)
+                             for p in pools if p.autoscaling}
+            autoscaler_boot = render_autoscaler_boot(config=self.autoscaler_config, policies=self.policies, token_secret=token.secret_id)
         self.template = nomad_instance_template(
             self, "nomad_server_template", name_prefix=f"{name}-server-",
             machine=Machine(machine_type=spec.machine_type, image=SERVER_IMAGE, disk_gb=SERVER_DISK_GB, disk_type="pd-balanced",
                             data_disk=DataDisk(device_name=DATA_DEVICE, size_gb=spec.data_disk_gb, mount_path=DATA_DIR)),
             project=project, region=region, subnetwork=subnetwork, service_account=self.service_account.email,
             startup_script=render_startup_script(agent_config=self.server_config, gpu=False, project=project, secrets=secrets,
-                                                 data_device=DATA_DEVICE),
+                                                 data_device=DATA_DEVICE, extra=autoscaler_boot),
             tags=[server_tag(cluster)], labels={"gpufleet-cluster": cluster, "nomad-role": "server"},
         )
         mig = google.compute_instance_group_manager

@@ -18,6 +18,23 @@ TENANT_CAPABILITIES = ("list-jobs", "parse-job", "read-job", "read-logs")
 # The dispatcher's token: register, dispatch, stop and read jobs in every tenant namespace.
 DISPATCHER_CAPABILITIES = ("dispatch-job", "list-jobs", "parse-job", "read-job", "submit-job")
 DISPATCHER_POLICY = "gpufleet-dispatcher"
+# The Nomad Autoscaler: drain and purge the nodes it removes, read allocations on them, and hold
+# its high-availability lock (a variable at nomad-autoscaler/lock in the default namespace).
+AUTOSCALER_POLICY = "gpufleet-autoscaler"
+AUTOSCALER_RULES = """node {
+  policy = "write"
+}
+namespace "*" {
+  capabilities = ["list-jobs", "read-job", "list-scaling-policies", "read-scaling-policy"]
+}
+namespace "default" {
+  variables {
+    path "nomad-autoscaler/lock" {
+      capabilities = ["read", "write", "destroy"]
+    }
+  }
+}
+"""
 
 
 def _namespace_rules(namespaces: list[str], capabilities: tuple[str, ...]) -> str:
@@ -64,6 +81,10 @@ class NomadTenancy(Construct):
                 self, f"acl_{t.name}", name=f"tenant-{t.name}", provider=provider,
                 description=f"tenant {t.name}: submit and read jobs in namespace {t.namespace} only",
                 rules_hcl=tenant_acl_rules(t.namespace), depends_on=[self.namespaces[t.name]]), f"nomad_acl_{key}")
+        self.autoscaler_policy = pin(nomad.acl_policy.AclPolicy(
+            self, "acl_autoscaler", name=AUTOSCALER_POLICY, provider=provider,
+            description="Nomad Autoscaler on the servers: drain and purge GPU nodes it removes, hold its HA lock",
+            rules_hcl=AUTOSCALER_RULES), "nomad_acl_autoscaler")
         self.dispatcher_policy = None
         if tenants:
             self.dispatcher_policy = pin(nomad.acl_policy.AclPolicy(

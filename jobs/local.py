@@ -30,7 +30,7 @@ from pathlib import Path
 from clusters.errors import UserError
 from jobs.meta import validate_meta
 from jobs.render import JOB_META_ROLE, META_ROLE_ID, META_WRAPPED_SECRET_ID, exec_argv, render, task_env
-from jobs.spec import TASK, TASK_GROUP, FinetuneSpec
+from jobs.spec import TASK, FinetuneSpec
 from jobs.vault_mint import mint_wrapped_secret_id
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -90,11 +90,11 @@ def task_environment(
             "NOMAD_NAMESPACE": spec.namespace,
             "NOMAD_REGION": spec.region,
             "NOMAD_DC": spec.datacenter,
-            "NOMAD_GROUP_NAME": TASK_GROUP,
+            "NOMAD_GROUP_NAME": spec.task_group,
             "NOMAD_TASK_NAME": TASK,
             "NOMAD_ALLOC_ID": alloc_id,
             "NOMAD_SHORT_ALLOC_ID": alloc_id[:8],
-            "NOMAD_ALLOC_NAME": f"{job_id}.{TASK_GROUP}[0]",
+            "NOMAD_ALLOC_NAME": f"{job_id}.{spec.task_group}[0]",
             "NOMAD_ALLOC_INDEX": "0",
             "NOMAD_ALLOC_DIR": str(dirs["alloc"]),
             "NOMAD_TASK_DIR": str(dirs["task"]),

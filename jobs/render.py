@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from jobs.durations import NS_PER_SECOND
-from jobs.spec import TASK, TASK_GROUP, FinetuneSpec
+from jobs.spec import TASK, FinetuneSpec
 from vault_policies.layout import (
     ENV_KILL_GRACE_SECONDS,
     ENV_MAX_RUN_SECONDS,
@@ -97,7 +97,7 @@ def _task(spec: FinetuneSpec) -> dict[str, Any]:
 def _group(spec: FinetuneSpec) -> dict[str, Any]:
     restart, reschedule = spec.restart, spec.reschedule
     return {
-        "Name": TASK_GROUP,
+        "Name": spec.task_group,
         "Count": 1,
         "Constraints": [_constraint("${node.class}", "=", spec.pool.name)],
         "RestartPolicy": {"Attempts": restart.attempts, "Delay": restart.delay, "Interval": restart.interval, "Mode": restart.mode.value},

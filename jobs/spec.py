@@ -9,12 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from clusters.derive import GpuPoolSpec, TenantSpec, derive_gpu_pools, derive_tenants
+from clusters.derive import GpuPoolSpec, TenantSpec, derive_gpu_pools, derive_tenants, nomad_task_group_name
 from clusters.schema import ClusterConfig
 from jobs.durations import NS_PER_SECOND
 from jobs.schema import JobFile, Reschedule, Restart
 
-TASK_GROUP = "train"
 TASK = "train"
 
 
@@ -64,6 +63,10 @@ class FinetuneSpec:
     restart: Restart
     reschedule: Reschedule
     priority: int
+
+    @property
+    def task_group(self) -> str:
+        return nomad_task_group_name(self.pool.name, self.gpu.count)
 
     @property
     def secrets_env(self) -> str:

@@ -88,7 +88,8 @@ class ClusterStack(TerraformStack):
             self.nomad_servers = NomadServers(
                 self, "nomad_servers", cluster=config.name, project=gcp.project, region=gcp.region, spec=servers,
                 datacenter=nomad.datacenter, nomad_region=nomad.region, vpc_id=vpc, subnetwork=subnet, node_service_account=node_sa,
-                join=join, secrets=nomad_secrets_for(secrets, NomadRole.SERVER), global_access=bool(api_cidrs))
+                join=join, secrets=nomad_secrets_for(secrets, NomadRole.SERVER), global_access=bool(api_cidrs), pools=self.pool_specs,
+                prometheus_address=nomad.autoscaler.prometheus_address if nomad.autoscaler else None)
             self.nomad_address = self.nomad_servers.address
             readers[NomadRole.SERVER] = self.nomad_servers.service_account.email
         self.nomad_secrets = NomadSecrets(self, "nomad_secrets", cluster=config.name, project=gcp.project, secrets=secrets, readers=readers)

@@ -14,6 +14,8 @@ CASES = [
     ("servers-default-to-the-pool-zones", lambda d: d["nomad"].pop("servers"), "gcp.zones", "or write why not in nomad.servers.fewer_zones_reason"),
     ("server-zone-outside-region", lambda d: d["nomad"]["servers"]["zones"].__setitem__(2, "us-central1-c"), "nomad.servers.zones[2]",
      "is not in region 'europe-west4'"),
+    ("autoscaled-pools-without-the-autoscaler", lambda d: d["nomad"].pop("autoscaler"), "nomad.autoscaler",
+     "pools a100, l4 autoscale, which on Nomad needs the Nomad Autoscaler and its metrics; add nomad.autoscaler.prometheus_address"),
     ("nobody-reaches-the-api", lambda d: d["nomad"].pop("api_access"), "nomad.api_access",
      "the scheduler stack cannot be applied (the firewall admits only the subnet); add nomad.api_access.cidrs"),
 ]

@@ -62,27 +62,14 @@ def test_spot_pool_template_uses_the_spot_model(nomad):
     assert nomad["google_compute_instance_template"]["nomad_client_template_a100"]["scheduling"]["automatic_restart"] is True
 
 
-def test_groups_are_regional_protected_and_autoscaled_within_the_file_bounds(nomad):
+def test_groups_are_regional_protected_and_sized_by_the_nomad_autoscaler(nomad):
     group = nomad["google_compute_region_instance_group_manager"]["nomad_pool_a100"]
     assert group["distribution_policy_zones"] == ["europe-west4-a", "europe-west4-b"]
     assert group["version"] == [{"name": "primary", "instance_template": "${google_compute_instance_template.nomad_client_template_a100.self_link_unique}"}]
-    assert group["lifecycle"] == {"prevent_destroy": True}
+    assert group["lifecycle"] == {"prevent_destroy": True, "ignore_changes": ["target_size"]}, "the Nomad Autoscaler owns the size"
     assert group["update_policy"]["type"] == "OPPORTUNISTIC"
-    assert "target_size" not in group, "the autoscaler owns the size"
-    scaler = nomad["google_compute_region_autoscaler"]["nomad_autoscaler_a100"]
-    assert scaler["target"] == "${google_compute_region_instance_group_manager.nomad_pool_a100.id}"
-    assert (scaler["autoscaling_policy"]["min_replicas"], scaler["autoscaling_policy"]["max_replicas"]) == (1, 6)
-    assert scaler["lifecycle"] == {"prevent_destroy": True}
-    l4 = nomad["google_compute_region_autoscaler"]["nomad_autoscaler_l4"]["autoscaling_policy"]
-    assert (l4["min_replicas"], l4["max_replicas"]) == (0, 10)
-
-
-def test_autoscalers_never_scale_in_a_running_fine_tune(nomad):
-    """CPU is the GCE autoscaler's only signal here; an idle-looking VM may be mid fine-tune."""
-    policies = {n: a["autoscaling_policy"] for n, a in nomad["google_compute_region_autoscaler"].items()}
-    assert set(policies) == {"nomad_autoscaler_a100", "nomad_autoscaler_l4"}
-    assert all(p["mode"] == "ONLY_SCALE_OUT" for p in policies.values()), policies
-    assert not any("scale_in_control" in p for p in policies.values()), "no scale-in to control"
+    assert group["target_size"] == 1, "created at the pool's minimum"
+    assert "google_compute_region_autoscaler" not in nomad, "CPU-only ONLY_SCALE_OUT never scaled in and never left zero"
 
 
 def test_three_servers_in_three_zones_with_raft_on_stateful_disks(nomad):
@@ -117,13 +104,13 @@ def test_three_servers_in_three_zones_with_raft_on_stateful_disks(nomad):
 def test_secrets_exist_empty_and_only_the_right_role_reads_each(nomad, stack_json):
     secrets = nomad["google_secret_manager_secret"]
     assert sorted(s["secret_id"] for s in secrets.values()) == [f"prod-nomad-nomad-{n}" for n in (
-        "ca-cert", "client-cert", "client-key", "gossip-key", "server-cert", "server-key")]
+        "autoscaler-token", "ca-cert", "client-cert", "client-key", "gossip-key", "server-cert", "server-key")]
     assert "google_secret_manager_secret_version" not in nomad, "values are added by the bootstrap, never through state"
     readers = {(g["secret_id"].split(".")[1], g["member"]) for g in nomad["google_secret_manager_secret_iam_member"].values()}
     server, client = "serviceAccount:${google_service_account.nomad_server_sa.email}", "serviceAccount:${google_service_account.node_sa.email}"
     assert {s for s, m in readers if m == client} == {"nomad_secret_ca_cert", "nomad_secret_client_cert", "nomad_secret_client_key"}
     assert {s for s, m in readers if m == server} == {"nomad_secret_ca_cert", "nomad_secret_server_cert", "nomad_secret_server_key",
-                                                     "nomad_secret_gossip_key"}
+                                                     "nomad_secret_gossip_key", "nomad_secret_autoscaler_token"}
     assert all(g["role"] == "roles/secretmanager.secretAccessor" for g in nomad["google_secret_manager_secret_iam_member"].values())
 
 

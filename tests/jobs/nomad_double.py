@@ -296,7 +296,7 @@ class NomadDouble:
             evals.append({"ID": f"eval-{n:04d}-blocked", "JobID": child_id, "Namespace": namespace, "Status": "blocked", "TriggeredBy": "queued-allocs", "Type": "batch", "FailedTGAllocs": failed, "CreateIndex": n + 1})
         self.state.evaluations[child_id] = evals
         self.state.allocations[child_id] = [] if node is None else [{
-            "ID": f"alloc-{n:04d}", "EvalID": eval_id, "JobID": child_id, "Namespace": namespace, "TaskGroup": "train",
+            "ID": f"alloc-{n:04d}", "EvalID": eval_id, "JobID": child_id, "Namespace": namespace, "TaskGroup": child["TaskGroups"][0]["Name"],
             "NodeID": f"node-{node.name}", "NodeName": node.name, "DesiredStatus": "run", "ClientStatus": "pending", "TaskStates": {}, "CreateIndex": n,
         }]
         return 200, {"DispatchedJobID": child_id, "EvalID": eval_id, "EvalCreateIndex": n, "JobCreateIndex": n, "Index": n}

@@ -99,7 +99,7 @@ def test_task_environment_is_nomad_shaped_and_never_holds_vault_token(tmp_path: 
     assert env["VAULT_ADDR"] == "http://127.0.0.1:8200"
     assert env["NOMAD_META_dataset_uri"] == env["NOMAD_META_DATASET_URI"] == "hf://d/x@v1"
     assert env["NOMAD_META_gpufleet_vault_role"] == "finetune"
-    assert (env["NOMAD_JOB_ID"], env["NOMAD_JOB_PARENT_ID"], env["NOMAD_NAMESPACE"], env["NOMAD_ALLOC_NAME"]) == ("finetune-llama/dispatch-1-ab", "finetune-llama", "finetune", "finetune-llama/dispatch-1-ab.train[0]")
+    assert (env["NOMAD_JOB_ID"], env["NOMAD_JOB_PARENT_ID"], env["NOMAD_NAMESPACE"], env["NOMAD_ALLOC_NAME"]) == ("finetune-llama/dispatch-1-ab", "finetune-llama", "finetune", "finetune-llama/dispatch-1-ab.gpu-a100-x1[0]")
     assert Path(env["NOMAD_ALLOC_DIR"]).is_dir() and Path(env["NOMAD_TASK_DIR"]).is_dir() and Path(env["NOMAD_SECRETS_DIR"]).stat().st_mode & 0o077 == 0
 
 

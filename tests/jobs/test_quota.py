@@ -38,8 +38,8 @@ def test_fails_when_the_tenant_has_no_quota_on_the_pool() -> None:
 
 def test_held_gpus_count_queued_and_running_allocations_of_the_pool_only() -> None:
     job = placement_probe(render(load(find("finetune-llama"))))["Job"]
-    assert requested_gpus(job) == {"train": 1}
-    summary = {"Summary": {"train": {"Queued": 1, "Starting": 1, "Running": 1, "Unknown": 1, "Complete": 5, "Failed": 2, "Lost": 1}}}
+    assert requested_gpus(job) == {"gpu-a100-x1": 1}
+    summary = {"Summary": {"gpu-a100-x1": {"Queued": 1, "Starting": 1, "Running": 1, "Unknown": 1, "Complete": 5, "Failed": 2, "Lost": 1}}}
     parent = {**job, "ParameterizedJob": {"MetaRequired": []}}
     other_pool = {**job, "NodePool": "l4"}
     assert gpus_held([(job, summary), (parent, summary), (other_pool, summary)], pool="a100") == 4
