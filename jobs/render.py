@@ -19,6 +19,7 @@ from jobs.spec import TASK, FinetuneSpec
 from vault_policies.layout import (
     ENV_KILL_GRACE_SECONDS,
     ENV_MAX_RUN_SECONDS,
+    ENV_ROLE,
     ENV_ROLE_ID,
     ENV_SECRETS,
     ENV_WRAPPED_SECRET_ID,
@@ -68,6 +69,7 @@ def task_env(spec: FinetuneSpec) -> dict[str, str]:
     return {
         **dict(spec.env),
         "VAULT_ADDR": spec.vault_addr,
+        ENV_ROLE: spec.vault_role,
         ENV_ROLE_ID: f"${{NOMAD_META_{META_ROLE_ID}}}",
         ENV_WRAPPED_SECRET_ID: f"${{NOMAD_META_{META_WRAPPED_SECRET_ID}}}",
         ENV_SECRETS: spec.secrets_env,

@@ -4,9 +4,16 @@ hvac and the standard library only (requests/urllib3 come with hvac), so this mo
 installs into any training image. The environment contract, rendered by the jobs layer:
 
     VAULT_ADDR                        e.g. https://vault.internal:8200 (+ VAULT_CACERT, VAULT_NAMESPACE)
+    GPUFLEET_VAULT_ROLE               the role's name (optional; then the wrap must come from it)
     GPUFLEET_VAULT_ROLE_ID            the role's role_id (not secret)
     GPUFLEET_VAULT_WRAPPED_SECRET_ID  the wrapping token around a single-use secret_id
     GPUFLEET_SECRETS                  ENV_NAME=kv/path#key,...  paths relative to the secret/ KV v2 mount
+
+Before unwrapping, the wrapping token is looked up: it must exist and have been created by
+``auth/approle/role/<role>/secret-id``; anything else (already unwrapped, swapped for a
+re-wrap of other data) raises :class:`PossibleInterception` without touching it. Proxy and
+CA-bundle variables of the environment are ignored (only VAULT_CACERT is honoured), so a job
+cannot redirect the wrapper's Vault traffic.
 
 Use it as a context manager so the token is revoked however the run ends (SIGTERM
 included, when entered from the main thread)::
@@ -33,7 +40,7 @@ import requests
 from requests.adapters import HTTPAdapter
 from urllib3.util.retry import Retry
 
-from vault_policies.layout import APPROLE_MOUNT, ENV_ROLE_ID, ENV_SECRETS, ENV_WRAPPED_SECRET_ID, KV_MOUNT
+from vault_policies.layout import APPROLE_MOUNT, ENV_ROLE, ENV_ROLE_ID, ENV_SECRETS, ENV_WRAPPED_SECRET_ID, KV_MOUNT
 
 REQUEST_TIMEOUT_SECONDS = 10
 RETRY_STATUSES = (412, 500, 502, 503, 504)
@@ -45,12 +52,35 @@ class VaultClientError(Exception):
     """One clear line for the task log: what failed, the likely cause, what to do."""
 
 
+class MalformedEnvironment(VaultClientError):
+    """The task environment is incomplete or malformed; nothing was sent to Vault."""
+
+
+class VaultUnavailable(VaultClientError):
+    """Vault could not be reached, or answered with a server error."""
+
+
 class WrappingTokenError(VaultClientError):
     pass
 
 
+class PossibleInterception(WrappingTokenError):
+    """The wrap was used or swapped, or the login failed right after unwrapping: someone
+    else may hold this task's secret_id."""
+
+
 class TokenRenewalError(VaultClientError):
     pass
+
+
+class TokenRevoked(TokenRenewalError):
+    """Vault answered 403 to a renewal: the token was revoked (incident response) or expired."""
+
+
+# A wrapped secret_id comes from exactly this endpoint; a re-wrap via sys/wrapping/wrap does not.
+_SECRET_ID_PATH = re.compile(rf"^auth/{APPROLE_MOUNT}/role/([^/]+)/secret-id$")
+# The token is renewed at least this often, so a revocation stops the run within a minute.
+MAX_RENEW_INTERVAL_SECONDS = 60.0
 
 
 @dataclass(frozen=True)
@@ -70,9 +100,9 @@ def parse_secrets(spec: str) -> tuple[SecretRef, ...]:
         env_name, eq, target = entry.partition("=")
         path, hash_, key = target.partition("#")
         if not eq or not hash_ or not _ENV_NAME.match(env_name) or not _KV_PATH.match(path) or not key:
-            raise VaultClientError(f"{ENV_SECRETS} entry {entry!r} is malformed; write ENV_NAME=path/in/{KV_MOUNT}#key, e.g. HF_TOKEN=ml-api-keys/huggingface#token")
+            raise MalformedEnvironment(f"{ENV_SECRETS} entry {entry!r} is malformed; write ENV_NAME=path/in/{KV_MOUNT}#key, e.g. HF_TOKEN=ml-api-keys/huggingface#token")
         if env_name in seen:
-            raise VaultClientError(f"{ENV_SECRETS} names {env_name} twice; give each variable one source")
+            raise MalformedEnvironment(f"{ENV_SECRETS} names {env_name} twice; give each variable one source")
         seen.add(env_name)
         refs.append(SecretRef(env_name, path, key))
     return tuple(refs)
@@ -86,12 +116,13 @@ class TaskConfig:
     secrets: tuple[SecretRef, ...]
     cacert: str | None = None
     namespace: str | None = None
+    role: str | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> TaskConfig:
         missing = [name for name in ("VAULT_ADDR", ENV_ROLE_ID, ENV_WRAPPED_SECRET_ID) if not env.get(name)]
         if missing:
-            raise VaultClientError(f"missing environment variable(s) {', '.join(missing)}; the dispatcher sets them (gpufleet jobs dispatch / run-local)")
+            raise MalformedEnvironment(f"missing environment variable(s) {', '.join(missing)}; the dispatcher sets them (gpufleet jobs dispatch / run-local)")
         return cls(
             addr=env["VAULT_ADDR"],
             role_id=env[ENV_ROLE_ID],
@@ -99,6 +130,7 @@ class TaskConfig:
             secrets=parse_secrets(env.get(ENV_SECRETS, "")),
             cacert=env.get("VAULT_CACERT") or None,
             namespace=env.get("VAULT_NAMESPACE") or None,
+            role=env.get(ENV_ROLE) or None,
         )
 
 
@@ -119,6 +151,9 @@ def retrying_session(*, attempts: int = 4, backoff_seconds: float = 0.25) -> req
         raise_on_status=False,
     )
     session = requests.Session()
+    # No HTTP(S)_PROXY, REQUESTS_CA_BUNDLE or .netrc from the environment: a job's env must not
+    # route or trust-anchor the token holder's Vault traffic. VAULT_CACERT is passed explicitly.
+    session.trust_env = False
     adapter = HTTPAdapter(max_retries=retry)
     session.mount("http://", adapter)
     session.mount("https://", adapter)
@@ -131,24 +166,55 @@ def make_client(addr: str, *, token: str | None = None, cacert: str | None = Non
 
 
 def _unreachable(addr: str, exc: Exception) -> VaultClientError:
-    return VaultClientError(f"cannot reach Vault at {addr} after retries ({type(exc).__name__}); check VAULT_ADDR, VAULT_CACERT and the network from this task")
+    return VaultUnavailable(f"cannot reach Vault at {addr} after retries, or it answered with a server error ({type(exc).__name__}); check VAULT_ADDR, VAULT_CACERT and the network from this task")
+
+
+INTERCEPTION = "POSSIBLE INTERCEPTION: "
+REPORT = "treat the role's secret_ids as compromised, check Vault's audit log for who unwrapped it, and re-dispatch the task"
+
+
+def _lookup_wrap(client: hvac.Client, config: TaskConfig) -> str:
+    """The wrapping token's creation path, checked before anything consumes it."""
+    client.token = ""
+    try:
+        info = client.adapter.post("/v1/sys/wrapping/lookup", json={"token": config.wrapping_token})
+    except hvac.exceptions.InvalidRequest:
+        raise PossibleInterception(f"{INTERCEPTION}the wrapping token in {ENV_WRAPPED_SECRET_ID} is unknown to Vault: someone else already unwrapped it, or it expired while the task waited longer than its wrap TTL; {REPORT}") from None
+    path = str(((info or {}).get("data") or {}).get("creation_path", ""))
+    found = _SECRET_ID_PATH.match(path)
+    if not found or (config.role and found.group(1) != config.role):
+        want = f"auth/{APPROLE_MOUNT}/role/{config.role or '<role>'}/secret-id"
+        raise PossibleInterception(f"{INTERCEPTION}the wrapping token in {ENV_WRAPPED_SECRET_ID} was created by {path or '(unknown)'!r}, not {want!r}: it was swapped for another wrap (not unwrapped, so it stays as evidence); {REPORT}")
+    return path
 
 
 def _unwrap(client: hvac.Client, config: TaskConfig) -> str:
+    _lookup_wrap(client, config)
     client.token = config.wrapping_token
     try:
-        return client.sys.unwrap()["data"]["secret_id"]
+        data = client.sys.unwrap().get("data") or {}
     except (hvac.exceptions.InvalidRequest, hvac.exceptions.Forbidden):
-        raise WrappingTokenError(f"the wrapping token in {ENV_WRAPPED_SECRET_ID} was already used or has expired: someone else may have unwrapped it; treat its secret_id as compromised, check the audit log, and re-dispatch the task (or raise the wrap TTL if it waited in the queue too long)") from None
+        raise PossibleInterception(f"{INTERCEPTION}the wrapping token in {ENV_WRAPPED_SECRET_ID} was unwrapped by someone else between lookup and unwrap; {REPORT}") from None
     finally:
         client.token = ""
+    secret_id = data.get("secret_id") if isinstance(data, dict) else None
+    if not isinstance(secret_id, str) or not secret_id:
+        raise PossibleInterception(f"{INTERCEPTION}the wrapping token in {ENV_WRAPPED_SECRET_ID} held no secret_id; {REPORT}")
+    return secret_id
 
 
 def _login(client: hvac.Client, config: TaskConfig, secret_id: str) -> dict[str, Any]:
     try:
-        return client.auth.approle.login(config.role_id, secret_id, mount_point=APPROLE_MOUNT, use_token=True)["auth"]
-    except hvac.exceptions.InvalidRequest:
-        raise VaultClientError(f"AppRole login refused for {ENV_ROLE_ID} {config.role_id}: the secret_id was already used or expired, the role_id belongs to another role, or this host is outside secret_id_bound_cidrs; secret_ids are single-use, so re-dispatch the task") from None
+        auth = client.auth.approle.login(config.role_id, secret_id, mount_point=APPROLE_MOUNT, use_token=True)["auth"]
+    except hvac.exceptions.InvalidRequest as exc:
+        if "CIDR" in str(exc):
+            raise VaultClientError(f"AppRole login refused for {ENV_ROLE_ID} {config.role_id}: this host's address is outside the role's bound CIDRs (the task runs on a cluster its role is not bound to); add the cluster to the role's clusters in vault_policies/roles.yaml, render and apply, then re-dispatch") from None
+        raise PossibleInterception(f"{INTERCEPTION}AppRole login refused right after unwrapping ({ENV_ROLE_ID} {config.role_id}): the secret_id was used by someone else first, or the role_id was swapped; {REPORT}") from None
+    role = (auth.get("metadata") or {}).get("role_name")
+    if config.role and role != config.role:
+        client.auth.token.revoke_self()
+        raise PossibleInterception(f"{INTERCEPTION}logged in as role {role!r}, not {config.role!r}: the role_id was swapped; the token was revoked; {REPORT}")
+    return auth
 
 
 def _read_secrets(client: hvac.Client, refs: tuple[SecretRef, ...]) -> dict[str, str]:
@@ -207,7 +273,7 @@ class TaskSession:
 
     def _renew_loop(self) -> None:
         capped = False
-        wait = self.lease_seconds / 2
+        wait = min(self.lease_seconds / 2, MAX_RENEW_INTERVAL_SECONDS)
         while not self._stop.wait(max(0.2, wait)):
             remaining = self._expires_at - time.monotonic()
             if capped:
@@ -215,6 +281,10 @@ class TaskSession:
                 return
             try:
                 lease = int(self.client.auth.token.renew_self()["auth"]["lease_duration"])
+            except hvac.exceptions.Forbidden:
+                self.renewal_error = TokenRevoked("Vault refused to renew the task token (403): it was revoked, by an operator responding to an incident or by its parent; stopping now")
+                self._on_failure(self.renewal_error)
+                return
             except (hvac.exceptions.VaultError, requests.RequestException) as exc:
                 if remaining <= self.margin_seconds * 2:
                     self._fail(f"cannot renew the Vault token ({type(exc).__name__}: {exc}) and it expires in {remaining:.0f}s; check that Vault is reachable from this task")
@@ -223,7 +293,7 @@ class TaskSession:
                 continue
             self._expires_at = time.monotonic() + lease
             capped = lease < self.lease_seconds
-            wait = lease - self.margin_seconds if capped else lease / 2
+            wait = lease - self.margin_seconds if capped else min(lease / 2, MAX_RENEW_INTERVAL_SECONDS)
 
     def close(self) -> bool:
         """Stop renewing and revoke the token; True when Vault confirmed the revocation."""

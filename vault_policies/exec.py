@@ -12,31 +12,73 @@ the job's max_run_hours. When the command has run for ``GPUFLEET_MAX_RUN_SECONDS
 SIGTERM, then SIGKILL after ``GPUFLEET_KILL_GRACE_SECONDS`` (the job's kill_timeout), and
 gpufleet-exec exits with EXIT_MAX_RUN (124, as timeout(1) does).
 
-If the token can no longer be renewed (the role's token_max_ttl is about to pass), the
-child is sent SIGTERM as well: a run outliving its role should stop with a clear message
-rather than continue unaccounted for.
+If the token can no longer be renewed (revoked: Vault answers 403; or the role's
+token_max_ttl is about to pass), the child gets SIGTERM at once and SIGKILL after the kill
+grace, and gpufleet-exec exits non-zero whatever the child does.
 
-Exit codes: the child's own, 128+N (child killed by signal N), 2 usage or a malformed run
-limit, 78 Vault refused (spent wrapping token, denied path), 124 max run time exceeded,
-127 command not found.
+Hardening: the wrapper makes itself non-dumpable (``PR_SET_DUMPABLE=0``), so the child, with
+the same uid, cannot read the live token from ``/proc/<ppid>/mem``; the child gets
+``PR_SET_PDEATHSIG=SIGKILL`` (set by a small launcher before it execs the command), so if the
+wrapper is SIGKILLed the child and its keys die with it, and the role's short token TTL
+(renewed at least every minute) lets the orphaned token expire within minutes.
+
+Exit codes (README "Training side"): the child's own; 128+N child killed by signal N;
+2 usage or malformed environment (nothing sent to Vault, the wrap is not spent);
+69 Vault unreachable or a server error; 78 Vault refused (denied path, missing key, host
+outside the role's CIDRs); 79 POSSIBLE INTERCEPTION (wrap already used, swapped, or login
+refused right after unwrapping); 80 token revoked during the run; 81 token could not be
+renewed further (token_max_ttl, or Vault unreachable until expiry); 124 max run time
+exceeded; 127 command not found.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Mapping
 from types import FrameType
 
-from vault_policies.client import TokenRenewalError, TaskConfig, VaultClientError, start_task
+from vault_policies.client import (
+    MalformedEnvironment,
+    PossibleInterception,
+    TaskConfig,
+    TokenRenewalError,
+    TokenRevoked,
+    VaultClientError,
+    VaultUnavailable,
+    start_task,
+)
 from vault_policies.layout import ENV_KILL_GRACE_SECONDS, ENV_MAX_RUN_SECONDS, ENV_WRAPPED_SECRET_ID, META_WRAPPED_SECRET_ID
 
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 EXIT_USAGE = 2
+EXIT_VAULT_UNAVAILABLE = 69
 EXIT_VAULT = 78
+EXIT_INTERCEPTED = 79
+EXIT_REVOKED = 80
+EXIT_TOKEN_LOST = 81
 EXIT_MAX_RUN = 124
+EXIT_NOT_FOUND = 127
+PR_SET_PDEATHSIG = 1
+PR_SET_DUMPABLE = 4
+# Runs between fork and the command's exec: parent-death signal first, then check that the
+# parent did not die before it was set, then exec (the signal setting survives exec).
+_LAUNCHER = (
+    "import ctypes, os, sys\n"
+    f"ctypes.CDLL(None, use_errno=True).prctl({PR_SET_PDEATHSIG}, 9, 0, 0, 0)\n"
+    "if os.getppid() != int(sys.argv[1]):\n"
+    "    os._exit(137)\n"
+    "try:\n"
+    "    os.execvp(sys.argv[2], sys.argv[2:])\n"
+    "except OSError as exc:\n"
+    "    print(f'gpufleet-exec: error: cannot start {sys.argv[2]!r}: {exc.strerror}', file=sys.stderr, flush=True)\n"
+    f"    os._exit({EXIT_NOT_FOUND})\n"
+)
 DEFAULT_KILL_GRACE_SECONDS = 30
 # Nomad also exposes every dispatch meta key as NOMAD_META_<key> (as given and upper-cased);
 # the wrapping token is spent by now, but the training process has no reason to see it.
@@ -61,7 +103,7 @@ class _Signals:
 
     def handle(self, signum: int, frame: FrameType | None) -> None:
         if self.child is not None and self.child.poll() is None:
-            self.child.send_signal(signum)
+            _signal_group(self.child, signum)
         else:
             self.pending.append(signum)
 
@@ -94,24 +136,63 @@ def run_limits(environ: Mapping[str, str]) -> tuple[int | None, int]:
     return _seconds(environ, ENV_MAX_RUN_SECONDS), _seconds(environ, ENV_KILL_GRACE_SECONDS) or DEFAULT_KILL_GRACE_SECONDS
 
 
-def _wait(child: subprocess.Popen[bytes], max_run: int | None, grace: int) -> int:
-    """The child's exit status, or EXIT_MAX_RUN once it was stopped for running too long.
-
-    The limit counts from the command's start, so the Vault login does not eat into it.
-    """
+def _signal_group(child: subprocess.Popen[bytes], signum: int) -> None:
+    """Signal the command's process group (the command and whatever it started)."""
     try:
-        return _status(child.wait(timeout=max_run))
-    except subprocess.TimeoutExpired:
+        os.killpg(child.pid, signum)
+    except ProcessLookupError:
         pass
-    _say(f"error: the command ran longer than max_run_hours ({ENV_MAX_RUN_SECONDS}={max_run}); sending SIGTERM, SIGKILL in {grace}s; exiting {EXIT_MAX_RUN}")
-    child.send_signal(signal.SIGTERM)
+
+
+def _stop(child: subprocess.Popen[bytes], grace: int) -> None:
+    _signal_group(child, signal.SIGTERM)
     try:
         child.wait(timeout=grace)
     except subprocess.TimeoutExpired:
         _say(f"error: the command ignored SIGTERM for {grace}s ({ENV_KILL_GRACE_SECONDS}); sending SIGKILL")
-        child.kill()
-        child.wait()
-    return EXIT_MAX_RUN
+    _signal_group(child, signal.SIGKILL)
+    child.wait()
+
+
+def _wait(child: subprocess.Popen[bytes], max_run: int | None, grace: int, lost: threading.Event, code: list[int]) -> int:
+    """The child's exit status; EXIT_MAX_RUN once it was stopped for running too long; the
+    token-loss code once the token could not be renewed (``lost`` set by the renewer).
+
+    The limit counts from the command's start, so the Vault login does not eat into it.
+    """
+    deadline = None if max_run is None else time.monotonic() + max_run
+    while True:
+        step = 0.2 if deadline is None else max(0.0, min(0.2, deadline - time.monotonic()))
+        try:
+            return _status(child.wait(timeout=step))
+        except subprocess.TimeoutExpired:
+            pass
+        if lost.is_set():
+            _stop(child, grace)
+            return code[0]
+        if deadline is not None and time.monotonic() >= deadline:
+            _say(f"error: the command ran longer than max_run_hours ({ENV_MAX_RUN_SECONDS}={max_run}); sending SIGTERM, SIGKILL in {grace}s; exiting {EXIT_MAX_RUN}")
+            _stop(child, grace)
+            return EXIT_MAX_RUN
+
+
+def _not_dumpable() -> None:
+    """Keep same-uid processes (the child included) out of /proc/<pid>/mem of the token holder."""
+    try:
+        if ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl failed")
+    except (OSError, AttributeError) as exc:
+        _say(f"warning: cannot make this process non-dumpable ({exc}); the child could read the Vault token from /proc")
+
+
+def _exit_code(exc: VaultClientError) -> int:
+    if isinstance(exc, MalformedEnvironment):
+        return EXIT_USAGE
+    if isinstance(exc, PossibleInterception):
+        return EXIT_INTERCEPTED
+    if isinstance(exc, VaultUnavailable):
+        return EXIT_VAULT_UNAVAILABLE
+    return EXIT_VAULT
 
 
 def _status(returncode: int) -> int:
@@ -125,6 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args:
         _say("usage: gpufleet-exec -- <command> [args...]")
         return EXIT_USAGE
+    _not_dumpable()
     try:
         max_run, grace = run_limits(os.environ)
     except UsageError as exc:
@@ -132,29 +214,36 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     signals = _Signals()
     signals.install()
+    lost = threading.Event()
+    lost_code = [EXIT_TOKEN_LOST]
 
     def on_renewal_failure(exc: TokenRenewalError) -> None:
-        _say(f"error: {exc}; stopping the command")
-        signals.handle(signal.SIGTERM, None)
+        lost_code[0] = EXIT_REVOKED if isinstance(exc, TokenRevoked) else EXIT_TOKEN_LOST
+        _say(f"error: {exc}; stopping the command (SIGTERM, SIGKILL after {grace}s); exiting {lost_code[0]}")
+        lost.set()
 
     try:
         session = start_task(TaskConfig.from_env(os.environ), on_renewal_failure=on_renewal_failure)
     except VaultClientError as exc:
-        _say(f"error: {exc}")
-        return EXIT_VAULT
+        code = _exit_code(exc)
+        _say(f"error: {exc} (exit {code})")
+        return code
     try:
         if signals.pending:
             _say(f"received signal {signals.pending[0]} before the command started; not starting it")
             return 128 + signals.pending[0]
         _say(f"logged in (policies {', '.join(session.policies)}); passing {', '.join(sorted(session.secrets)) or 'no keys'} to {args[0]}")
-        try:
-            signals.child = subprocess.Popen(args, env=child_env(dict(os.environ), session.secrets))
-        except OSError as exc:
-            _say(f"error: cannot start {args[0]!r}: {exc.strerror}")
-            return 127
+        # The interpreter running this wrapper, by its magic link (its path may not be
+        # traversable for the task's uid); -I -S: no site, no PYTHON* from the environment.
+        interpreter = "/proc/self/exe" if os.path.exists("/proc/self/exe") else sys.executable
+        launcher = [interpreter, "-I", "-S", "-c", _LAUNCHER, str(os.getpid()), *args]
+        # Its own process group, so stop signals reach the command's children too.
+        signals.child = subprocess.Popen(launcher, env=child_env(dict(os.environ), session.secrets), process_group=0)
         for signum in signals.pending:
-            signals.child.send_signal(signum)
-        return _wait(signals.child, max_run, grace)
+            _signal_group(signals.child, signum)
+        return _wait(signals.child, max_run, grace, lost, lost_code)
     finally:
+        if signals.child is not None:
+            _signal_group(signals.child, signal.SIGKILL)  # leftovers of the command hold its keys
         if session.close():
             _say("token revoked")

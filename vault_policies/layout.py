@@ -40,6 +40,7 @@ OPERATOR_POLICIES = (ADMIN_POLICY, ORCHESTRATOR_POLICY)
 # The task environment contract between the jobs layer (which renders it) and gpufleet-exec /
 # vault_policies.client (which read it). Defined here, and only here, because both sides and
 # the training image import this stdlib-only module.
+ENV_ROLE = "GPUFLEET_VAULT_ROLE"
 ENV_ROLE_ID = "GPUFLEET_VAULT_ROLE_ID"
 ENV_WRAPPED_SECRET_ID = "GPUFLEET_VAULT_WRAPPED_SECRET_ID"
 ENV_SECRETS = "GPUFLEET_SECRETS"

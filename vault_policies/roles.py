@@ -27,7 +27,8 @@ from vault_policies.layout import MAX_WRAP_TTL_SECONDS
 if TYPE_CHECKING:
     from clusters.schema import ClusterConfig
 
-MAX_TOKEN_TTL_SECONDS = 3600
+# Short, renewed at least every minute: a token orphaned by a killed wrapper dies in minutes.
+MAX_TOKEN_TTL_SECONDS = 900
 ROLE_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 _DURATION = re.compile(r"^(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
 
@@ -141,9 +142,9 @@ def _rule_problems(doc: YamlDocument, name: str, role: RoleModel) -> list[Proble
     if not ROLE_NAME.match(name):
         problems.append(doc.problem(at, f"role name {name!r} is not allowed; use lowercase letters, digits, '-' or '_' (at most 63)"))
     if role.token_ttl > MAX_TOKEN_TTL_SECONDS and role.token_period is None:
-        problems.append(doc.problem((*at, "token_ttl"), f"{role.token_ttl}s is longer than {MAX_TOKEN_TTL_SECONDS}s (1h); tokens are renewed in the background, so set token_ttl to at most 1h (e.g. '30m') or set token_period for a periodic token"))
+        problems.append(doc.problem((*at, "token_ttl"), f"{role.token_ttl}s is longer than {MAX_TOKEN_TTL_SECONDS}s (15m); a token orphaned by a killed wrapper lives that long, and tokens are renewed in the background anyway; allowed: <= 15m; set token_ttl: 5m"))
     if role.token_period is not None and role.token_period > MAX_TOKEN_TTL_SECONDS:
-        problems.append(doc.problem((*at, "token_period"), f"{role.token_period}s is longer than {MAX_TOKEN_TTL_SECONDS}s (1h); a periodic token is renewed every period, so set token_period to at most 1h"))
+        problems.append(doc.problem((*at, "token_period"), f"{role.token_period}s is longer than {MAX_TOKEN_TTL_SECONDS}s (15m); a periodic token is renewed every period, so set token_period to at most 15m"))
     if role.token_max_ttl < role.token_ttl:
         problems.append(doc.problem((*at, "token_max_ttl"), f"{role.token_max_ttl}s is shorter than token_ttl {role.token_ttl}s; allowed: token_max_ttl >= token_ttl; raise token_max_ttl to cover the longest run"))
     if role.secret_id_ttl > MAX_WRAP_TTL_SECONDS:

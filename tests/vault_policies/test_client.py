@@ -36,7 +36,7 @@ def test_full_flow_reads_keys_and_revokes(vault: VaultHandle) -> None:
     assert _lookup_fails(vault, token)
 
 
-@pytest.mark.parametrize(("role", "ttl_seconds"), [("finetune", 1800), ("eval", 900)])
+@pytest.mark.parametrize(("role", "ttl_seconds"), [("finetune", 300), ("eval", 300)])
 def test_token_ttl_as_configured(vault: VaultHandle, role: str, ttl_seconds: int) -> None:
     secrets = "OPENAI_API_KEY=ml-api-keys/openai#api_key" if role == "eval" else FINETUNE_SECRETS
     with start_task(TaskConfig.from_env(vault.task_env(role, secrets))) as task:

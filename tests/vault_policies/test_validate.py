@@ -66,7 +66,7 @@ def test_fails_when_policy_is_not_hcl(repo: Path) -> None:
 
 def test_fails_when_role_names_missing_policy(repo: Path) -> None:
     _edit_roles(repo, "policies: [ml-keys-eval]", "policies: [ml-keys-evals]")
-    with pytest.raises(ConfigError, match=r"roles\.yaml:18: roles\.eval\.policies\[0\]: policy 'ml-keys-evals' does not exist \(did you mean 'ml-keys-eval'\?\)"):
+    with pytest.raises(ConfigError, match=r"roles\.yaml:19: roles\.eval\.policies\[0\]: policy 'ml-keys-evals' does not exist \(did you mean 'ml-keys-eval'\?\)"):
         load_definitions(repo)
 
 
@@ -77,19 +77,19 @@ def test_fails_when_role_names_operator_policy(repo: Path) -> None:
 
 
 def test_fails_when_token_ttl_over_one_hour(repo: Path) -> None:
-    _edit_roles(repo, "token_ttl: 30m", "token_ttl: 2h")
-    with pytest.raises(ConfigError, match=r"roles\.yaml:13: roles\.finetune\.token_ttl: 7200s is longer than 3600s \(1h\);.*set token_period"):
+    _edit_roles(repo, "token_ttl: 5m", "token_ttl: 2h")
+    with pytest.raises(ConfigError, match=r"roles\.yaml:14: roles\.finetune\.token_ttl: 7200s is longer than 900s \(15m\); a token orphaned by a killed wrapper lives that long.*set token_ttl: 5m"):
         load_roles(_roles(repo))
 
 
 def test_long_token_ttl_allowed_when_periodic(repo: Path) -> None:
-    _edit_roles(repo, "token_ttl: 30m", "token_ttl: 2h\n    token_period: 30m")
-    assert load_roles(_roles(repo))["finetune"].token_period_seconds == 1800
+    _edit_roles(repo, "token_ttl: 5m", "token_ttl: 2h\n    token_period: 10m")
+    assert load_roles(_roles(repo))["finetune"].token_period_seconds == 600
 
 
 def test_fails_when_token_period_over_one_hour(repo: Path) -> None:
-    _edit_roles(repo, "token_ttl: 30m", "token_ttl: 30m\n    token_period: 3h")
-    with pytest.raises(ConfigError, match=r"roles\.finetune\.token_period: 10800s is longer than 3600s"):
+    _edit_roles(repo, "token_ttl: 5m", "token_ttl: 5m\n    token_period: 3h")
+    with pytest.raises(ConfigError, match=r"roles\.finetune\.token_period: 10800s is longer than 900s"):
         load_roles(_roles(repo))
 
 
@@ -106,13 +106,13 @@ def test_fails_when_secret_id_reusable(repo: Path) -> None:
 def test_fails_when_secret_id_outlives_the_longest_wrap(repo: Path) -> None:
     """Point 4/16: a secret_id living 6 h while wraps live minutes only serves whoever unwrapped it."""
     _edit_roles(repo, "secret_id_ttl: 30m", "secret_id_ttl: 6h")
-    with pytest.raises(ConfigError, match=r"roles\.yaml:15: roles\.finetune\.secret_id_ttl: 21600s is longer than the longest wrap \(1800s\).*set secret_id_ttl: 30m"):
+    with pytest.raises(ConfigError, match=r"roles\.yaml:16: roles\.finetune\.secret_id_ttl: 21600s is longer than the longest wrap \(1800s\).*set secret_id_ttl: 30m"):
         load_roles(_roles(repo))
 
 
 def test_fails_when_max_ttl_below_ttl(repo: Path) -> None:
-    _edit_roles(repo, "token_max_ttl: 4h", "token_max_ttl: 10m")
-    with pytest.raises(ConfigError, match=r"roles\.eval\.token_max_ttl: 600s is shorter than token_ttl 900s; allowed: token_max_ttl >= token_ttl"):
+    _edit_roles(repo, "token_max_ttl: 4h", "token_max_ttl: 4m")
+    with pytest.raises(ConfigError, match=r"roles\.eval\.token_max_ttl: 240s is shorter than token_ttl 300s; allowed: token_max_ttl >= token_ttl"):
         load_roles(_roles(repo))
 
 
@@ -123,8 +123,8 @@ def test_fails_when_duration_is_not_a_duration(repo: Path) -> None:
 
 
 def test_fails_when_role_has_unknown_field(repo: Path) -> None:
-    _edit_roles(repo, "token_ttl: 15m", "token_tll: 15m")
-    with pytest.raises(ConfigError, match=r"roles\.eval\.token_tll: unknown field \(did you mean 'token_ttl'\?\)"):
+    _edit_roles(repo, "token_ttl: 5m", "token_tll: 5m")
+    with pytest.raises(ConfigError, match=r"roles\.finetune\.token_tll: unknown field \(did you mean 'token_ttl'\?\)"):
         load_roles(_roles(repo))
 
 
@@ -195,7 +195,7 @@ def test_render_follows_roles_and_clusters(repo: Path) -> None:
 
 def test_fails_when_role_names_an_unknown_cluster(repo: Path) -> None:
     _edit_roles(repo, "clusters: [prod-gke, prod-nomad]", "clusters: [prod-nomda]")
-    assert "roles.yaml:12: roles.finetune.clusters[0]: cluster 'prod-nomda' is not in clusters/ (did you mean 'prod-nomad'?)" in _messages(repo)
+    assert "roles.yaml:13: roles.finetune.clusters[0]: cluster 'prod-nomda' is not in clusters/ (did you mean 'prod-nomad'?)" in _messages(repo)
 
 
 @pytest.mark.parametrize("name", ["default", "root", "team-x", "gpufleet-keys"])
@@ -237,7 +237,7 @@ def test_fails_when_policy_file_has_unknown_block(repo: Path) -> None:
 
 
 def test_every_problem_reported_in_one_pass(repo: Path) -> None:
-    _edit_roles(repo, "token_ttl: 30m", "token_ttl: 2h")
+    _edit_roles(repo, "token_ttl: 5m", "token_ttl: 2h")
     _edit_roles(repo, "policies: [ml-keys-eval]", "policies: [nope]")
     _policy(repo, "ml-keys-finetune", 'path "sys/mounts" {\n  capabilities = ["sudo"]\n}\n')
     assert len(check(repo)) >= 3

@@ -76,7 +76,7 @@ path "auth/approle/role/eval" {
     "token_num_uses" = ["0"]
     "token_period" = ["0"]
     "token_policies" = ["ml-keys-eval"]
-    "token_ttl" = ["900"]
+    "token_ttl" = ["300"]
     "token_type" = ["service"]
   }
 }
@@ -93,7 +93,7 @@ path "auth/approle/role/finetune" {
     "token_num_uses" = ["0"]
     "token_period" = ["0"]
     "token_policies" = ["ml-keys-finetune"]
-    "token_ttl" = ["1800"]
+    "token_ttl" = ["300"]
     "token_type" = ["service"]
   }
 }
