@@ -70,7 +70,10 @@ PR_SET_DUMPABLE = 4
 # parent did not die before it was set, then exec (the signal setting survives exec).
 _LAUNCHER = (
     "import ctypes, os, sys\n"
-    f"ctypes.CDLL(None, use_errno=True).prctl({PR_SET_PDEATHSIG}, 9, 0, 0, 0)\n"
+    "try:\n"
+    f"    ctypes.CDLL(None, use_errno=True).prctl({PR_SET_PDEATHSIG}, 9, 0, 0, 0)\n"
+    "except AttributeError:\n"
+    "    pass  # not Linux: no parent-death signal\n"
     "if os.getppid() != int(sys.argv[1]):\n"
     "    os._exit(137)\n"
     "try:\n"

@@ -11,7 +11,7 @@ import pytest
 
 from clusters.errors import UserError
 from tests.openbao_fixture import VaultHandle
-from vault_policies.client import TaskConfig, TokenRenewalError, VaultClientError, WrappingTokenError, parse_secrets, start_task
+from vault_policies.client import PossibleInterception, TaskConfig, TokenRenewalError, VaultClientError, parse_secrets, start_task
 from vault_policies.layout import MAX_WRAP_TTL_SECONDS, MIN_WRAP_TTL_SECONDS
 from vault_policies.orchestrator import issue_wrapped_secret_id, wrap_ttl_for_queue
 
@@ -48,7 +48,7 @@ def test_token_ttl_as_configured(vault: VaultHandle, role: str, ttl_seconds: int
 def test_fails_when_wrapping_token_is_reused(vault: VaultHandle) -> None:
     env = vault.task_env("finetune", FINETUNE_SECRETS)
     start_task(TaskConfig.from_env(env)).close()
-    with pytest.raises(WrappingTokenError, match="already used or has expired: someone else may have unwrapped it"):
+    with pytest.raises(PossibleInterception, match="POSSIBLE INTERCEPTION: the wrapping token in GPUFLEET_VAULT_WRAPPED_SECRET_ID is unknown to Vault: someone else already unwrapped it"):
         start_task(TaskConfig.from_env(env))
 
 
@@ -61,7 +61,16 @@ def test_fails_when_secret_id_is_used_twice(vault: VaultHandle) -> None:
         vault.client().auth.approle.login(wrapped.role_id, secret_id)
     rewrapped = vault.root.sys.wrap(payload={"secret_id": secret_id}, ttl="60s")["wrap_info"]["token"]
     env = {**vault.task_env("finetune", FINETUNE_SECRETS), "GPUFLEET_VAULT_WRAPPED_SECRET_ID": rewrapped}
-    with pytest.raises(VaultClientError, match="AppRole login refused .*already used or expired.*secret_ids are single-use"):
+    with pytest.raises(PossibleInterception, match="created by 'sys/wrapping/wrap', not 'auth/approle/role/<role>/secret-id'"):
+        start_task(TaskConfig.from_env(env))
+
+
+def test_fails_as_interception_when_login_is_refused_after_unwrap(vault: VaultHandle) -> None:
+    """Point 9: a genuine wrap, but the role_id beside it was swapped: the login after the
+    unwrap is refused, which the task reports as a possible interception."""
+    env = vault.task_env("finetune", FINETUNE_SECRETS)
+    env["GPUFLEET_VAULT_ROLE_ID"] = vault.orchestrator.auth.approle.read_role_id("eval")["data"]["role_id"]
+    with pytest.raises(PossibleInterception, match="POSSIBLE INTERCEPTION: AppRole login refused right after unwrapping"):
         start_task(TaskConfig.from_env(env))
 
 

@@ -63,7 +63,7 @@ def test_drift_is_shown_then_repaired(vault: VaultHandle) -> None:
     vault.root.sys.create_or_update_acl_policy("ml-keys-eval", 'path "secret/data/*" { capabilities = ["read"] }')
     changes = {(c.kind, c.name): c for c in sync.diff(vault.admin, vault.definitions)}
     assert changes[("role", "eval")].action == "update"
-    assert changes[("role", "eval")].detail == "token_policies 'ml-keys-eval,orchestrator' -> 'ml-keys-eval', token_ttl '60' -> '900'"
+    assert changes[("role", "eval")].detail == "token_policies 'ml-keys-eval,orchestrator' -> 'ml-keys-eval', token_ttl '60' -> '300'"
     assert changes[("policy", "ml-keys-eval")].detail == "text differs; takes over an unmanaged policy"
     assert _pending(sync.apply(vault.admin, vault.definitions)) == [("policy", "ml-keys-eval", "update"), ("role", "eval", "update")]
     assert _pending(sync.apply(vault.admin, vault.definitions)) == []
