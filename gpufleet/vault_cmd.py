@@ -60,7 +60,9 @@ def _run_sync(action: str, client: hvac.Client, repo: Path, *, local_dev: bool =
     from vault_policies.validate import load_definitions
 
     definitions = load_definitions(repo)
-    if local_dev:
+    state = None if local_dev else _read_dev_state(repo)
+    if local_dev or (state is not None and str(state.get("addr", "")).rstrip("/") == str(client.url).rstrip("/")):
+        # This repo's own `gpufleet dev up` server: its roles also accept the loopback address.
         definitions = definitions.for_local_dev()
     try:
         return getattr(sync, action)(client, definitions)

@@ -50,6 +50,8 @@ def test_dev_up_env_down(tmp_path: Path) -> None:
         again = _gpufleet("dev", "up", repo=tmp_path)
         assert f"reusing OpenBao dev server at {state['addr']} (pid {state['pid']})" in again.stderr
         assert again.stdout.rstrip().endswith("no changes")
+        diff = subprocess.run([str(BIN / "gpufleet"), "vault", "diff", "--repo", str(tmp_path)], env={**os.environ, **env}, capture_output=True, text=True, timeout=60)
+        assert diff.returncode == 0 and diff.stdout.rstrip().endswith("no changes"), "make demo's `vault diff` sees the dev server's loopback bindings as intended"
 
         wrapped = issue_wrapped_secret_id(hvac.Client(url=env["VAULT_ADDR"], token=env["VAULT_TOKEN"]), "finetune", wrap_ttl_seconds=120)
         task_env = {**os.environ, "VAULT_ADDR": env["VAULT_ADDR"], "GPUFLEET_VAULT_ROLE_ID": wrapped.role_id, "GPUFLEET_VAULT_WRAPPED_SECRET_ID": wrapped.wrapping_token, "GPUFLEET_SECRETS": "HF_TOKEN=ml-api-keys/huggingface#token"}
