@@ -172,11 +172,13 @@ def cmd_ci_comment(
     expected: Path | None = typer.Option(None, "--expected", help="`gpufleet stacks --json` output: stacks without a summary show as errors."),
     out: Path | None = typer.Option(None, "--out", help="Write the comment here instead of stdout."),
     title: str = typer.Option("gpufleet plan", "--title", help="Heading (the drift workflow uses 'gpufleet drift')."),
+    preview: Path | None = typer.Option(None, "--preview", help="`gpufleet preview --json-out` report: its section goes on top."),
 ) -> None:
     """Build the one PR comment (marker line, an icon per stack, folded details) from plan summaries."""
     from gpufleet.safety import ci_comment
 
-    body = ci_comment.build_comment(ci_comment.load_summaries(directory, _expected_stacks(expected)), title=title)
+    body = ci_comment.build_comment(ci_comment.load_summaries(directory, _expected_stacks(expected)), title=title,
+                                    preview=ci_comment.load_preview(preview) if preview is not None else None)
     if out is None:
         sys.stdout.write(body)
     else:

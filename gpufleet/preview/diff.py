@@ -235,15 +235,19 @@ def _ignore_changes(body: dict[str, Any]) -> tuple[str, ...]:
 def _name_pairs(old_address: str, new_address: str, old: dict[str, Any], new: dict[str, Any]) -> Iterator[tuple[str, str]]:
     if isinstance(old.get("name"), str) and isinstance(new.get("name"), str) and old["name"] != new["name"]:
         yield old["name"], new["name"]
-    a, b = old_address.split(".", 1)[1], new_address.split(".", 1)[1]
+    # the differing tokens of the two resource names (pool_h100 / pool_h200 -> h100 / h200), never a partial token
+    a, b = (re.split(r"([_-])", x.split(".", 1)[1]) for x in (old_address, new_address))
     start = 0
     while start < min(len(a), len(b)) and a[start] == b[start]:
         start += 1
     end = 0
     while end < min(len(a), len(b)) - start and a[-1 - end] == b[-1 - end]:
         end += 1
-    if a[start:len(a) - end] and b[start:len(b) - end]:
-        yield a[start:len(a) - end], b[start:len(b) - end]
+    old_part, new_part = "".join(a[start:len(a) - end]), "".join(b[start:len(b) - end])
+    if old_part and new_part:
+        yield old_part, new_part
+        if "_" in old_part or "_" in new_part:  # construct IDs turn a name's hyphens into underscores
+            yield old_part.replace("_", "-"), new_part.replace("_", "-")
 
 
 def _is_rename(changes: tuple[AttrChange, ...], pairs: list[tuple[str, str]]) -> bool:

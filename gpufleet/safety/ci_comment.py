@@ -91,8 +91,27 @@ def _result(summary: dict[str, Any]) -> str:
     return LABELS[status]
 
 
-def build_comment(summaries: list[dict[str, Any]], *, title: str = "gpufleet plan") -> str:
-    """The whole comment body, marker first; deterministic for the same summaries."""
+def load_preview(path: Path) -> str:
+    """The markdown section of a ``gpufleet preview --json-out`` report; a missing or bad file says so in the comment."""
+    from gpufleet.preview.report import FORMAT_VERSION, markdown
+
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return "### gpufleet preview\n\n❌ no preview report: the preview job failed before writing it; see its log\n"
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+        return f"### gpufleet preview\n\n❌ unreadable preview report {Path(path).name}\n"
+    if not isinstance(data, dict) or data.get("format_version") != FORMAT_VERSION:
+        return f"### gpufleet preview\n\n❌ {Path(path).name} is not a gpufleet preview report (format {FORMAT_VERSION})\n"
+    return markdown(data)
+
+
+def build_comment(summaries: list[dict[str, Any]], *, title: str = "gpufleet plan", preview: str | None = None) -> str:
+    """The whole comment body, marker first; deterministic for the same summaries.
+
+    ``preview`` (markdown from ``load_preview``) goes first, above the plan table: the
+    reviewer reads what the PR destroys before the per-stack details.
+    """
     counts = {status: sum(1 for s in summaries if s["status"] == status) for status in ICONS}
     headline = ", ".join(f"{ICONS[s]} {n} {LABELS[s]}" for s, n in counts.items() if n) or "no stacks"
     table = [f"| | stack | result | {' | '.join(ACTIONS)} |", "|---|---|---|" + "---:|" * len(ACTIONS)]
@@ -107,7 +126,8 @@ def build_comment(summaries: list[dict[str, Any]], *, title: str = "gpufleet pla
             "If that is intended, plan it again with `gpufleet plan <stack> --allow-destroy <address>` and say why in the PR."
         )
     footer.append("This workflow only plans; it never applies.")
-    head = [MARKER, f"## {title}", "", f"**{len(summaries)} stack(s):** {headline}", "", *table, ""]
+    head = [MARKER, f"## {title}", "", *([preview.rstrip("\n"), ""] if preview else []),
+            f"**{len(summaries)} stack(s):** {headline}", "", *table, ""]
     details = [d for d in (_details(s) for s in summaries) if d]
     body = "\n".join([*head, *details, "", *footer]) + "\n"
     if len(body) > MAX_BODY_CHARS:

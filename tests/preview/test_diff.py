@@ -171,3 +171,13 @@ def test_non_protected_resource_replaced_is_reported_not_blocking(stack_json):
     (finding,) = result.findings
     assert (finding.kind, finding.protected, finding.blocking) == (Kind.REPLACED, False, False)
     assert result.exit_code == ExitCode.CHANGES
+
+
+def test_rename_pairs_use_whole_name_tokens():
+    """pool_h100 -> pool_h200 substitutes h100 -> h200, never the digit alone ("nvidia-h100-80gb" stays equal)."""
+    body = {"label": "pool-h100", "accel": "nvidia-h100-80gb", "zone": "a-1"}
+    base = {"s": stack(t_pool__pool_h100=body)}
+    head = {"s": stack(t_pool__pool_h200={**body, "label": "pool-h200", "zone": "a-2"})}
+    assert [f.kind for f in preview(base, head, HAND, protected_types=frozenset({"t_pool"})).findings] == [Kind.DESTROYED]
+    head = {"s": stack(t_pool__pool_h200={**body, "label": "pool-h200"})}
+    assert [f.kind for f in preview(base, head, HAND, protected_types=frozenset({"t_pool"})).findings] == [Kind.RENAMED]

@@ -87,7 +87,9 @@ def test_pool_renamed_is_a_costly_rename_of_a_protected_pool(repo, cache_dir, tm
     edit(cluster, "  - name: h100\n", "  - name: h200\n")
     edit(cluster, "gpu_quota: {h100: 24,", "gpu_quota: {h200: 24,")
     edit(cluster, "gpu_quota: {h100: 8,", "gpu_quota: {h200: 8,")
+    status, worktrees, refs = git(repo, "status", "--porcelain"), git(repo, "worktree", "list"), git(repo, "show-ref")
     rc, report = run(repo, cache_dir, tmp_path)
+    assert (git(repo, "status", "--porcelain"), git(repo, "worktree", "list"), git(repo, "show-ref")) == (status, worktrees, refs)
     assert rc == 4
     assert findings(report, protected_only=True) == [
         ("renamed", "prod-gke/google_container_node_pool.pool_h100", "google_container_node_pool.pool_h200")]
