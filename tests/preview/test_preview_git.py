@@ -122,6 +122,16 @@ def test_reservation_changed_replaces_the_reserved_pool(repo, cache_dir, tmp_pat
     assert rc == 4 and findings(report) == [("replaced", "prod-gke/google_container_node_pool.pool_h100", None)]
 
 
+def test_driver_version_changed_on_a_reserved_pool_replaces_it(repo, cache_dir, tmp_path):
+    edit(repo / "clusters/prod-gke.yaml", "    reservation: h100-reservation-2026\n",
+         "    reservation: h100-reservation-2026\n    gpu_driver_version: LATEST\n")
+    rc, report = run(repo, cache_dir, tmp_path)
+    assert rc == 4 and findings(report) == [("replaced", "prod-gke/google_container_node_pool.pool_h100", None)]
+    (pool,) = [f for s in report["stacks"] for f in s["findings"]]
+    assert [(c["path"], c["old"], c["new"]) for c in pool["changes"]] == [
+        ("node_config.guest_accelerator[0].gpu_driver_installation_config.gpu_driver_version", "DEFAULT", "LATEST")]
+
+
 def test_machine_type_changed_replaces_the_pool_through_its_accelerator_count(repo, cache_dir, tmp_path):
     edit(repo / "clusters/prod-gke.yaml", "machine_type: g2-standard-24", "machine_type: g2-standard-48")
     rc, report = run(repo, cache_dir, tmp_path)
