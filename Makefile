@@ -19,7 +19,11 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	@touch $@
 
-# Synthesize the example fleet, start a local OpenBao, run a fine-tune task through the real Vault flow.
+DEMO_DB := sqlite:///$(CURDIR)/.gpufleet/demo-experiments.db
+DEMO_API := http://127.0.0.1:8787
+
+# Synthesize the example fleet, start a local OpenBao and the control plane (SQLite), submit the
+# fine-tune through the API; the service runs it here through the real Vault flow (run-local's).
 demo: $(STAMP)
 	$(BIN)/gpufleet clusters
 	$(BIN)/gpufleet synth
@@ -29,8 +33,12 @@ demo: $(STAMP)
 	@set -e; eval "$$($(BIN)/gpufleet dev env)"; \
 	  trap '$(BIN)/gpufleet dev down' EXIT; \
 	  $(BIN)/gpufleet vault diff; \
-	  PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/gpufleet jobs run-local finetune-llama \
-	    --meta dataset_uri=hf://datasets/demo/tiny@v1 --meta run_id=demo-1
+	  rm -f .gpufleet/demo-experiments.db*; \
+	  export GPUFLEET_API=$(DEMO_API) GPUFLEET_API_TOKEN="$$($(BIN)/gpufleet api token create --tenant finetune --db $(DEMO_DB) --quiet)"; \
+	  PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/gpufleet serve --db $(DEMO_DB) --scheduler local --port 8787 --poll-seconds 0.5 > .gpufleet/demo-serve.log 2>&1 & \
+	  serve=$$!; trap 'kill $$serve 2>/dev/null; $(BIN)/gpufleet dev down' EXIT; \
+	  for i in $$(seq 50); do curl -fsS $(DEMO_API)/healthz >/dev/null 2>&1 && break; sleep 0.2; done; \
+	  $(BIN)/gpufleet exp submit finetune-llama --meta dataset_uri=hf://datasets/demo/tiny@v1 --meta run_id=demo-1 --watch
 
 test: $(STAMP)
 	@command -v terraform >/dev/null || { echo "error: terraform is not on PATH; install terraform 1.11 (plan-gate tests run it)"; exit 2; }

@@ -43,6 +43,8 @@ class RunStatus:
     detail: str
     alloc_id: str | None
     node: str | None
+    # The task's exit code from its last Terminated event (None while it runs or if unknown).
+    exit_code: int | None = None
 
 
 def _latest(items: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -52,6 +54,24 @@ def _latest(items: list[dict[str, Any]]) -> dict[str, Any] | None:
 def _event_text(event: dict[str, Any]) -> str:
     message = event.get("DisplayMessage") or event.get("DriverError") or event.get("Message") or ""
     return f"{event.get('Type', 'event')}: {message}".rstrip(": ")
+
+
+def _terminated(alloc: dict[str, Any]) -> dict[str, Any] | None:
+    """The last Terminated task event (Nomad's TaskEvent: ExitCode, Details.exit_code/oom_killed)."""
+    events = [e for state in (alloc.get("TaskStates") or {}).values() for e in state.get("Events") or [] if e.get("Type") == "Terminated"]
+    return max(events, key=lambda e: e.get("Time", 0), default=None)
+
+
+def _exit_code(alloc: dict[str, Any]) -> int | None:
+    event = _terminated(alloc)
+    if event is None:
+        return None
+    details = event.get("Details") or {}
+    raw = details.get("exit_code", event.get("ExitCode"))
+    try:
+        return int(raw)
+    except (TypeError, ValueError):
+        return None
 
 
 def _failing_task(alloc: dict[str, Any]) -> str:
@@ -78,7 +98,11 @@ def summarize(
     if alloc is not None:
         state = _CLIENT_STATUS.get(alloc.get("ClientStatus", ""), RunState.PENDING)
         node = alloc.get("NodeName") or alloc.get("NodeID")
-        if state == RunState.FAILED:
+        if alloc.get("PreemptedByAllocation"):
+            detail = f"preempted by allocation {alloc['PreemptedByAllocation']} (a higher-priority job needed the GPUs)"
+        elif state == RunState.FAILED and ((_terminated(alloc) or {}).get("Details") or {}).get("oom_killed") == "true":
+            detail = f"OOM killed: {_failing_task(alloc)}"
+        elif state == RunState.FAILED:
             detail = _failing_task(alloc)
         elif state == RunState.LOST:
             detail = f"client {node} stopped reporting ({alloc.get('ClientStatus')}); Nomad reschedules per the job's reschedule policy"
@@ -86,7 +110,7 @@ def summarize(
             detail = "stopped by request"
         else:
             detail = _failing_task(alloc) if state == RunState.COMPLETE else f"on {node}"
-        return RunStatus(job_id, state, detail, alloc.get("ID"), node)
+        return RunStatus(job_id, state, detail, alloc.get("ID"), node, _exit_code(alloc))
     evaluation = _latest(evaluations)
     if job.get("Stop"):
         return RunStatus(job_id, RunState.COMPLETE, "stopped by request before it was placed", None, None)

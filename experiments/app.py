@@ -1,0 +1,112 @@
+"""Builds the FastAPI app of ``gpufleet serve``: the database (migrated to head at start),
+the runner, the catalog of checked jobs, the metrics and, unless disabled, the worker thread.
+
+Everything is passed in (runner, clock, catalog) so tests drive the same app against the
+Nomad double, a real OpenBao and a fake clock; only ``gpufleet serve`` reads the environment.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from experiments import db
+from experiments.auth import OidcSettings
+from experiments.background.context import Context, Timing
+from experiments.background.worker import Worker
+from experiments.errors import ApiError
+from experiments.metrics import Metrics
+from experiments.runner import Runner
+from experiments.services.catalog import Catalog
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC).replace(tzinfo=None)
+
+
+@dataclass(frozen=True)
+class ServiceSettings:
+    db_url: str
+    worker: bool = True
+    timing: Timing = field(default_factory=Timing)
+    oidc: OidcSettings | None = None
+
+
+def _field_of(loc: tuple[Any, ...]) -> str:
+    parts = [str(p) for p in loc if p not in ("body", "query", "path", "header")]
+    return ".".join(parts) or "body"
+
+
+_FIXES = {
+    "missing": "add it",
+    "extra_forbidden": "remove it; allowed fields: job, meta, deadline_hours",
+    "string_type": "send a string",
+    "dict_type": "send a JSON object of strings",
+    "float_parsing": "send a number",
+    "json_invalid": "send a JSON body",
+    "model_attributes_type": "send a JSON object like {\"job\": \"finetune-llama\", \"meta\": {...}}",
+}
+
+
+def create_app(settings: ServiceSettings, *, runner: Runner, catalog: Catalog | None = None, clock: Callable[[], datetime] = utcnow) -> FastAPI:
+    from experiments.routers import dashboard, experiments, ops
+
+    engine = db.make_engine(settings.db_url)
+    db.upgrade(engine)
+    sessions = db.session_factory(engine)
+    metrics = Metrics(sessions, clock)
+    ctx = Context(sessions=sessions, runner=runner, catalog=catalog or Catalog(), clock=clock, metrics=metrics, timing=settings.timing)
+    worker = Worker(ctx) if settings.worker else None
+    jwks = None
+    if settings.oidc is not None:
+        import jwt
+
+        jwks = jwt.PyJWKClient(settings.oidc.jwks_url, cache_keys=True, lifespan=300, timeout=5)
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        if worker is not None:
+            worker.start()
+        try:
+            yield
+        finally:
+            if worker is not None:
+                worker.stop()
+            engine.dispose()
+
+    app = FastAPI(title="gpufleet experiments", version="1", lifespan=lifespan, docs_url="/api/docs", redoc_url=None, openapi_url="/api/openapi.json")
+    app.state.ctx = ctx
+    app.state.worker = worker
+    app.state.engine = engine
+    app.state.oidc = settings.oidc
+    app.state.jwks = jwks
+
+    @app.exception_handler(ApiError)
+    async def _api_error(_request: Request, exc: ApiError) -> JSONResponse:
+        return JSONResponse(exc.body(), status_code=exc.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0]
+        where = _field_of(tuple(first.get("loc", ())))
+        kind = str(first.get("type", ""))
+        error = f"{where}: {'missing' if kind == 'missing' else 'not allowed' if kind == 'extra_forbidden' else 'wrong type or value'}"
+        return JSONResponse({"error": error, "field": where, "fix": _FIXES.get(kind, "see GET /api/docs for the request schema")}, status_code=422)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        fix = "see GET /api/docs for the routes" if exc.status_code in (404, 405) else "retry later"
+        return JSONResponse({"error": str(exc.detail).lower(), "field": None, "fix": fix}, status_code=exc.status_code)
+
+    app.include_router(experiments.router)
+    app.include_router(ops.router)
+    app.include_router(dashboard.router)
+    return app

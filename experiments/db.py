@@ -1,0 +1,95 @@
+"""Database URLs, engines and migrations: SQLite (WAL, under .gpufleet/) or PostgreSQL.
+
+SQLite: every transaction starts with BEGIN IMMEDIATE, so writers queue on the database lock
+(busy_timeout) instead of failing when two requests upgrade a read lock at once; that also
+makes the quota count and the insert of a submission one atomic step. PostgreSQL: the same
+step takes a transaction-scoped advisory lock per (tenant, pool), see services.submit.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine import make_url
+from sqlalchemy.orm import Session, sessionmaker
+
+from clusters.errors import UserError
+
+DEFAULT_SQLITE = Path(".gpufleet") / "experiments.db"
+MIGRATIONS = Path(__file__).resolve().parent / "migrations"
+SQLITE_BUSY_MS = 30_000
+
+
+def database_url(value: str | None) -> str:
+    """``--db``: a postgresql:// URL, a sqlite:/// URL, or empty for .gpufleet/experiments.db."""
+    if not value:
+        DEFAULT_SQLITE.parent.mkdir(mode=0o700, exist_ok=True)
+        return f"sqlite:///{DEFAULT_SQLITE.resolve()}"
+    if value.startswith(("postgresql://", "postgres://")):
+        return "postgresql+psycopg://" + value.split("://", 1)[1]
+    if value.startswith(("postgresql+psycopg://", "sqlite:///")):
+        return value
+    raise UserError(f"--db {make_url_safe(value)!r} is not a database URL; allowed: postgresql://user@host/db, sqlite:///path/file.db, or nothing for {DEFAULT_SQLITE}")
+
+
+def make_url_safe(value: str) -> str:
+    """The URL without its password, for messages."""
+    try:
+        return make_url(value).render_as_string(hide_password=True)
+    except Exception:  # noqa: BLE001 - not a URL at all: show only the scheme part
+        return value.split("://", 1)[0] + "://..."
+
+
+def make_engine(url: str) -> Engine:
+    if url.startswith("sqlite"):
+        path = make_url(url).database
+        if path:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": SQLITE_BUSY_MS / 1000}, pool_size=20, max_overflow=40)
+
+        @event.listens_for(engine, "connect")
+        def _pragmas(dbapi_connection, _record) -> None:  # type: ignore[no-untyped-def]
+            dbapi_connection.isolation_level = None  # SQLAlchemy emits BEGIN itself (below)
+            cursor = dbapi_connection.cursor()
+            cursor.execute("PRAGMA journal_mode=WAL")
+            cursor.execute("PRAGMA synchronous=NORMAL")
+            cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_MS}")
+            cursor.execute("PRAGMA foreign_keys=ON")
+            cursor.close()
+
+        @event.listens_for(engine, "begin")
+        def _begin(connection) -> None:  # type: ignore[no-untyped-def]
+            connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+        return engine
+    return create_engine(url, pool_size=20, max_overflow=40, pool_pre_ping=True)
+
+
+def session_factory(engine: Engine) -> sessionmaker[Session]:
+    return sessionmaker(engine, expire_on_commit=False)
+
+
+def _alembic(engine: Engine, action: str, target: str) -> None:
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS))
+    with engine.begin() as connection:
+        config.attributes["connection"] = connection
+        getattr(command, action)(config, target)
+
+
+def upgrade(engine: Engine, target: str = "head") -> None:
+    _alembic(engine, "upgrade", target)
+
+
+def downgrade(engine: Engine, target: str = "-1") -> None:
+    _alembic(engine, "downgrade", target)
+
+
+def current_revision(engine: Engine) -> str | None:
+    from alembic.runtime.migration import MigrationContext
+
+    with engine.connect() as connection:
+        return MigrationContext.configure(connection).get_current_revision()

@@ -1,0 +1,105 @@
+"""The control plane's tables (SQLAlchemy 2). The database is the record of every run:
+Nomad garbage-collects finished jobs, this does not forget them.
+
+Times are naive UTC (SQLite has no time zones); ``services.views`` adds the ``Z``.
+No column holds a credential: API tokens are stored as SHA-256 hashes, and the wrapped
+secret_id minted at dispatch goes straight to the scheduler and is never written here.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import JSON, Boolean, DateTime, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Experiment(Base):
+    __tablename__ = "experiments"
+    __table_args__ = (
+        UniqueConstraint("tenant", "idempotency_key", name="uq_experiments_tenant_idempotency_key"),
+        Index("ix_experiments_state", "state"),
+        Index("ix_experiments_tenant_state", "tenant", "state"),
+    )
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    tenant: Mapped[str] = mapped_column(String(64))
+    job: Mapped[str] = mapped_column(String(128))
+    cluster: Mapped[str] = mapped_column(String(64))
+    pool: Mapped[str] = mapped_column(String(64))
+    gpus: Mapped[int] = mapped_column(Integer)
+    meta: Mapped[dict[str, Any]] = mapped_column(JSON)
+    state: Mapped[str] = mapped_column(String(16))
+    reason: Mapped[str | None] = mapped_column(Text, default=None)
+    exit_code: Mapped[int | None] = mapped_column(Integer, default=None)
+    scheduler: Mapped[str] = mapped_column(String(16))
+    run_id: Mapped[str | None] = mapped_column(String(255), default=None)
+    submitted_by: Mapped[str] = mapped_column(String(255))
+    idempotency_key: Mapped[str | None] = mapped_column(String(255), default=None)
+    request_hash: Mapped[str] = mapped_column(String(64))
+    deadline_hours: Mapped[float] = mapped_column(Float)
+    price_per_gpu_hour: Mapped[float] = mapped_column(Float)
+    price_kind: Mapped[str] = mapped_column(String(16))
+    created_at: Mapped[datetime] = mapped_column(DateTime)
+    updated_at: Mapped[datetime] = mapped_column(DateTime)
+    dispatching_at: Mapped[datetime | None] = mapped_column(DateTime, default=None)
+    queued_at: Mapped[datetime | None] = mapped_column(DateTime, default=None)
+    provisioning_at: Mapped[datetime | None] = mapped_column(DateTime, default=None)
+    running_at: Mapped[datetime | None] = mapped_column(DateTime, default=None)
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime, default=None)
+    deadline_at: Mapped[datetime | None] = mapped_column(DateTime, default=None)
+    cancel_requested_at: Mapped[datetime | None] = mapped_column(DateTime, default=None)
+    reconciled_at: Mapped[datetime | None] = mapped_column(DateTime, default=None)
+
+
+class Event(Base):
+    """The audit trail: every state change and every request that changed something."""
+
+    __tablename__ = "events"
+    __table_args__ = (Index("ix_events_experiment", "experiment_id", "id"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    experiment_id: Mapped[str | None] = mapped_column(ForeignKey("experiments.id"), default=None)
+    at: Mapped[datetime] = mapped_column(DateTime)
+    actor: Mapped[str] = mapped_column(String(255))
+    kind: Mapped[str] = mapped_column(String(32))
+    from_state: Mapped[str | None] = mapped_column(String(16), default=None)
+    to_state: Mapped[str | None] = mapped_column(String(16), default=None)
+    message: Mapped[str] = mapped_column(Text, default="")
+
+
+class Outbox(Base):
+    """One row per accepted experiment not yet handed to the scheduler.
+
+    Written in the same transaction as the experiment, deleted in the same transaction that
+    records the scheduler's run id: a crash in between leaves the row, and the retry reuses
+    the experiment id as the scheduler's idempotency token, so the run exists once.
+    """
+
+    __tablename__ = "outbox"
+
+    experiment_id: Mapped[str] = mapped_column(ForeignKey("experiments.id"), primary_key=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    next_attempt_at: Mapped[datetime] = mapped_column(DateTime)
+    lease_until: Mapped[datetime | None] = mapped_column(DateTime, default=None)
+    last_error: Mapped[str | None] = mapped_column(Text, default=None)
+
+
+class ApiToken(Base):
+    """A bearer token for one tenant (or admin); only its SHA-256 is kept."""
+
+    __tablename__ = "api_tokens"
+
+    id: Mapped[str] = mapped_column(String(16), primary_key=True)
+    token_sha256: Mapped[str] = mapped_column(String(64), unique=True)
+    tenant: Mapped[str | None] = mapped_column(String(64), default=None)
+    admin: Mapped[bool] = mapped_column(Boolean, default=False)
+    name: Mapped[str] = mapped_column(String(128), default="")
+    created_at: Mapped[datetime] = mapped_column(DateTime)
+    revoked_at: Mapped[datetime | None] = mapped_column(DateTime, default=None)

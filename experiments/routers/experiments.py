@@ -1,0 +1,73 @@
+"""/api/v1/experiments: parse, authorize, call services.experiments; nothing else."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Header, Query
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from experiments.auth import Caller
+from experiments.background.context import Context
+from experiments.routers.deps import caller, context
+from experiments.services import experiments as service
+from experiments.states import State
+
+router = APIRouter(prefix="/api/v1")
+
+
+class SubmitRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    job: str = Field(min_length=1, max_length=128)
+    meta: dict[str, str] = Field(default_factory=dict)
+    deadline_hours: float | None = None
+
+
+@router.post("/experiments", status_code=202)
+def submit(body: SubmitRequest, who: Annotated[Caller, Depends(caller)], ctx: Annotated[Context, Depends(context)],
+           idempotency_key: Annotated[str | None, Header(max_length=255)] = None) -> JSONResponse:
+    with ctx.sessions() as session:
+        exp, created = service.submit(session, ctx.catalog, who, job=body.job, meta=body.meta, deadline_hours=body.deadline_hours,
+                                      idempotency_key=idempotency_key, scheduler=ctx.runner.scheduler, now=ctx.clock())
+    return JSONResponse(service.view(exp, now=ctx.clock()), status_code=202 if created else 200)
+
+
+@router.get("/experiments")
+def list_experiments(who: Annotated[Caller, Depends(caller)], ctx: Annotated[Context, Depends(context)],
+                     status: State | None = None, tenant: str | None = None, job: str | None = None,
+                     limit: Annotated[int, Query(ge=1, le=service.MAX_PAGE)] = 50, offset: Annotated[int, Query(ge=0)] = 0) -> dict[str, Any]:
+    now = ctx.clock()
+    with ctx.sessions() as session:
+        rows, total = service.list_visible(session, who, state=status.value if status else None, tenant=tenant, job=job, limit=limit, offset=offset)
+        items = [service.view(e, now=now) for e in rows]
+    return {"items": items, "total": total, "limit": limit, "offset": offset,
+            "totals": service.totals(items)}
+
+
+@router.get("/experiments/{experiment_id}")
+def show(experiment_id: str, who: Annotated[Caller, Depends(caller)], ctx: Annotated[Context, Depends(context)]) -> dict[str, Any]:
+    with ctx.sessions() as session:
+        return service.view(service.get_visible(session, who, experiment_id), now=ctx.clock())
+
+
+@router.get("/experiments/{experiment_id}/events")
+def events(experiment_id: str, who: Annotated[Caller, Depends(caller)], ctx: Annotated[Context, Depends(context)]) -> dict[str, Any]:
+    with ctx.sessions() as session:
+        exp = service.get_visible(session, who, experiment_id)
+        return {"id": exp.id, "events": [service.event_view(e) for e in service.events_of(session, exp)]}
+
+
+@router.post("/experiments/{experiment_id}/cancel", status_code=202)
+def cancel(experiment_id: str, who: Annotated[Caller, Depends(caller)], ctx: Annotated[Context, Depends(context)]) -> dict[str, Any]:
+    with ctx.sessions() as session:
+        exp = service.cancel(session, who, experiment_id, now=ctx.clock())
+        return service.view(exp, now=ctx.clock())
+
+
+@router.get("/costs")
+def costs(who: Annotated[Caller, Depends(caller)], ctx: Annotated[Context, Depends(context)]) -> dict[str, Any]:
+    """GPU-hours and estimated cost per tenant and per job, over every visible experiment."""
+    with ctx.sessions() as session:
+        return service.cost_totals(session, who, now=ctx.clock())

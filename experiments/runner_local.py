@@ -1,0 +1,94 @@
+"""A development runner: each experiment runs on this machine exactly like
+``gpufleet jobs run-local`` (same Vault flow: a wrapped single-use secret_id minted with this
+service's VAULT_TOKEN, unwrapped by gpufleet-exec in the child; same Nomad-shaped environment),
+but in the background, so ``make demo`` can drive it through the API.
+
+Runs live in this process: a restarted service forgets them (the reconciler then fails them
+with "the scheduler no longer knows run ..."). Production uses ``NomadRunner``.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import subprocess
+import tempfile
+import threading
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from jobs.local import REPO_ROOT, local_argv, task_environment
+from jobs.render import META_ROLE_ID, META_WRAPPED_SECRET_ID
+from jobs.spec import FinetuneSpec
+from jobs.vault_mint import mint_wrapped_secret_id
+from experiments.runner import Phase, RunNotFound, RunReport
+
+
+@dataclass
+class _Run:
+    process: subprocess.Popen[bytes]
+    root: Path
+    stopped: bool = False
+
+
+class LocalRunner:
+    scheduler = "local"
+
+    def __init__(self, vault_env: Mapping[str, str]) -> None:
+        self._environ = dict(vault_env)
+        self._runs: dict[str, _Run] = {}
+        self._by_key: dict[str, str] = {}
+        self._lock = threading.Lock()
+
+    def submit(self, job: FinetuneSpec, meta: Mapping[str, str], *, idempotency_key: str) -> str:
+        with self._lock:
+            if idempotency_key in self._by_key:
+                return self._by_key[idempotency_key]
+        wrapped = mint_wrapped_secret_id(job, self._environ, expected_queue_seconds=0)
+        run_id = f"local/{job.name}/dispatch-{secrets.token_hex(4)}"
+        root = Path(tempfile.mkdtemp(prefix=f"gpufleet-{job.name}-"))
+        platform = {META_ROLE_ID: wrapped.role_id, META_WRAPPED_SECRET_ID: wrapped.wrapping_token}
+        env = task_environment(job, {**meta, **platform}, job_id=run_id.removeprefix("local/"), alloc_id=str(uuid.uuid4()), alloc_root=root, environ=self._environ)
+        log = (root / "alloc" / "logs" / "train.log").open("wb")
+        process = subprocess.Popen(local_argv(job), cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+        log.close()
+        with self._lock:
+            self._runs[run_id] = _Run(process, root)
+            self._by_key[idempotency_key] = run_id
+        return run_id
+
+    def status(self, run_id: str) -> RunReport:
+        with self._lock:
+            run = self._runs.get(run_id)
+        if run is None:
+            raise RunNotFound(run_id)
+        code = run.process.poll()
+        if code is None:
+            return RunReport(Phase.RUNNING, f"pid {run.process.pid} on this machine", True, None)
+        shutil.rmtree(run.root, ignore_errors=True)
+        if run.stopped:
+            return RunReport(Phase.STOPPED, "stopped by request", True, code)
+        if code == 0:
+            return RunReport(Phase.SUCCEEDED, "exited 0", True, 0)
+        return RunReport(Phase.FAILED, f"task train: Terminated: Exit Code: {code}", True, code)
+
+    def stop(self, run_id: str) -> None:
+        with self._lock:
+            run = self._runs.get(run_id)
+        if run is None or run.process.poll() is not None:
+            return
+        run.stopped = True
+        run.process.terminate()  # gpufleet-exec forwards SIGTERM and revokes the run's Vault token
+        try:
+            run.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            run.process.kill()
+
+
+def vault_env(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """What a runner may pass on: PATH-like basics and the Vault connection, nothing else."""
+    keep = ("PATH", "HOME", "LANG", "LC_ALL", "TERM", "USER", "VAULT_ADDR", "VAULT_TOKEN", "VAULT_CACERT", "VAULT_NAMESPACE")
+    return {k: environ[k] for k in keep if k in environ}

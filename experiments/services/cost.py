@@ -1,0 +1,53 @@
+"""Cost: GPU-hours from the experiment's state timestamps x its GPUs, priced from prices.yaml.
+
+A run holds its GPUs from the moment it is placed (provisioning: the node is up and the
+allocation pulls its image) until it ends; before that nothing bills for it. The price kind
+follows the pool: spot pools pay Spot, pools on a reservation pay the commitment, others list.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from functools import lru_cache
+from pathlib import Path
+
+from ruamel.yaml import YAML
+
+from clusters.derive import GpuPoolSpec
+
+PRICES = Path(__file__).resolve().parent.parent / "prices.yaml"
+
+
+@dataclass(frozen=True)
+class PriceTable:
+    source: str
+    date: str
+    currency: str
+    per_gpu_hour: tuple[tuple[str, tuple[tuple[str, float], ...]], ...]
+
+    def price(self, accelerator: str, kind: str) -> float:
+        table = dict(self.per_gpu_hour)
+        if accelerator not in table:
+            raise KeyError(f"no price for accelerator {accelerator!r} in {PRICES.name}; add it with its source")
+        return dict(table[accelerator])[kind]
+
+
+@lru_cache(maxsize=1)
+def load_prices(path: Path = PRICES) -> PriceTable:
+    data = YAML(typ="safe").load(path.read_text())
+    rows = tuple(sorted((name, tuple(sorted((k, float(v)) for k, v in kinds.items()))) for name, kinds in data["prices"].items()))
+    return PriceTable(str(data["source"]), str(data["date"]), str(data["currency"]), rows)
+
+
+def price_kind(pool: GpuPoolSpec) -> str:
+    if pool.spot:
+        return "spot"
+    return "reservation" if pool.reservation else "list"
+
+
+def gpu_hours(*, gpus: int, placed_at: datetime | None, finished_at: datetime | None, now: datetime) -> float:
+    if placed_at is None:
+        return 0.0
+    end = finished_at or now
+    return max(0.0, (end - placed_at).total_seconds()) / 3600 * gpus

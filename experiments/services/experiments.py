@@ -1,0 +1,193 @@
+"""Submit, read and cancel experiments: the logic behind the routers.
+
+Submit is one transaction: the idempotency lookup, the quota count, the experiment row, its
+outbox row and its event. Counting and inserting under one lock (SQLite: BEGIN IMMEDIATE;
+PostgreSQL: an advisory lock per tenant and pool) is what makes 50 clients racing for the
+last GPUs of a quota admit exactly as many as fit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import uuid
+import zlib
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import func, select, text
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from experiments.auth import Caller
+from experiments.errors import ApiError
+from experiments.models import Event, Experiment, Outbox
+from experiments.services import admission, cost
+from experiments.services.catalog import Catalog
+from experiments.services.lifecycle import record, transition
+from experiments.states import NON_TERMINAL, TERMINAL, State
+
+MAX_PAGE = 500
+
+
+def request_hash(job: str, meta: dict[str, str], deadline_hours: float | None) -> str:
+    canonical = json.dumps({"job": job, "meta": meta, "deadline_hours": deadline_hours}, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def _lock_quota(session: Session, tenant: str, cluster: str, pool: str) -> None:
+    if session.get_bind().dialect.name == "postgresql":
+        key = zlib.crc32(f"{cluster}/{tenant}/{pool}".encode())
+        session.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": key})
+
+
+def _existing(session: Session, tenant: str, key: str | None, digest: str) -> Experiment | None:
+    if key is None:
+        return None
+    found = session.scalar(select(Experiment).where(Experiment.tenant == tenant, Experiment.idempotency_key == key))
+    if found is not None and found.request_hash != digest:
+        raise ApiError(409, f"Idempotency-Key {key!r} was used for a different request (experiment {found.id})", field="Idempotency-Key",
+                       fix="send the same body again to get that experiment, or use a new key for a new experiment")
+    return found
+
+
+def gpus_in_use(session: Session, tenant: str, cluster: str, pool: str) -> int:
+    total = session.scalar(select(func.coalesce(func.sum(Experiment.gpus), 0)).where(
+        Experiment.tenant == tenant, Experiment.cluster == cluster, Experiment.pool == pool, Experiment.state.in_([s.value for s in NON_TERMINAL])))
+    return int(total or 0)
+
+
+def submit(session: Session, catalog: Catalog, caller: Caller, *, job: str, meta: dict[str, str], deadline_hours: float | None,
+           idempotency_key: str | None, scheduler: str, now: datetime) -> tuple[Experiment, bool]:
+    """Returns (experiment, created). Commits."""
+    spec = catalog.job(job)
+    if not caller.may_see(spec.namespace):
+        raise ApiError(403, f"job {spec.name} belongs to tenant {spec.namespace}, not {caller.tenant}", field="job",
+                       fix=f"submit a job of tenant {caller.tenant}, or use a token of tenant {spec.namespace}")
+    checked = admission.checked_meta(spec, dict(meta))
+    hours = admission.checked_deadline(spec, deadline_hours)
+    digest = request_hash(job, checked, deadline_hours)
+    tenant_spec = catalog.tenant(spec.cluster, spec.namespace)
+    if tenant_spec is None:  # loader cross-checks guarantee it; a changed cluster file must not crash the API
+        raise ApiError(422, f"tenant {spec.namespace} is not in cluster {spec.cluster}", field="job", fix="run gpufleet check")
+    prices = cost.load_prices()
+    kind = cost.price_kind(spec.pool)
+    try:
+        with session.begin():
+            _lock_quota(session, spec.namespace, spec.cluster, spec.pool.name)
+            found = _existing(session, spec.namespace, idempotency_key, digest)
+            if found is not None:
+                return found, False
+            decision = admission.check_tenant_quota(tenant_spec, pool=spec.pool.name, requested_gpus=spec.gpu.count,
+                                                    in_use_gpus=gpus_in_use(session, spec.namespace, spec.cluster, spec.pool.name))
+            admission.quota_or_409(decision)
+            exp = Experiment(
+                id=str(uuid.uuid4()), tenant=spec.namespace, job=spec.name, cluster=spec.cluster, pool=spec.pool.name, gpus=spec.gpu.count,
+                meta=checked, state=State.PENDING.value, scheduler=scheduler, submitted_by=caller.subject, idempotency_key=idempotency_key,
+                request_hash=digest, deadline_hours=hours, price_per_gpu_hour=prices.price(spec.pool.accelerator, kind), price_kind=kind,
+                created_at=now, updated_at=now,
+            )
+            session.add(exp)
+            session.flush()
+            session.add(Outbox(experiment_id=exp.id, created_at=now, attempts=0, next_attempt_at=now))
+            record(session, experiment_id=exp.id, actor=caller.subject, kind="request", message=f"submitted job {spec.name} ({spec.gpu.count} GPU on {spec.cluster}/{spec.pool.name}, deadline {hours:g}h)",
+                   now=now, to_state=State.PENDING.value)
+        return exp, True
+    except IntegrityError:
+        # A concurrent retry with the same key won the insert: answer with its experiment.
+        session.rollback()
+        with session.begin():
+            found = _existing(session, spec.namespace, idempotency_key, digest)
+        if found is None:
+            raise
+        return found, False
+
+
+def get_visible(session: Session, caller: Caller, experiment_id: str) -> Experiment:
+    exp = session.get(Experiment, experiment_id)
+    if exp is None or not caller.may_see(exp.tenant):
+        # Another tenant's experiment is indistinguishable from a missing one: ids do not leak.
+        raise ApiError(404, f"no experiment {experiment_id!r}", field="id", fix="list yours with GET /api/v1/experiments (gpufleet exp list)")
+    return exp
+
+
+def list_visible(session: Session, caller: Caller, *, state: str | None, tenant: str | None, job: str | None, limit: int, offset: int) -> tuple[Sequence[Experiment], int]:
+    query = select(Experiment)
+    if not caller.admin:
+        if tenant is not None and tenant != caller.tenant:
+            raise ApiError(403, f"tenant {tenant} is not yours", field="tenant", fix=f"filter by your tenant {caller.tenant} or drop the filter")
+        query = query.where(Experiment.tenant == caller.tenant)
+    if tenant is not None:
+        query = query.where(Experiment.tenant == tenant)
+    if state is not None:
+        query = query.where(Experiment.state == state)
+    if job is not None:
+        query = query.where(Experiment.job == job)
+    total = session.scalar(select(func.count()).select_from(query.subquery())) or 0
+    rows = session.scalars(query.order_by(Experiment.created_at.desc(), Experiment.id).limit(limit).offset(offset)).all()
+    return rows, int(total)
+
+
+def events_of(session: Session, exp: Experiment) -> Sequence[Event]:
+    return session.scalars(select(Event).where(Event.experiment_id == exp.id).order_by(Event.id)).all()
+
+
+def cancel(session: Session, caller: Caller, experiment_id: str, *, now: datetime) -> Experiment:
+    """Pending (never handed to the scheduler): cancelled at once. Later: the stop is recorded
+    here and carried out by the reconciler, which stops the run on the scheduler first."""
+    with session.begin():
+        exp = get_visible(session, caller, experiment_id)
+        if State(exp.state) in TERMINAL:
+            raise ApiError(409, f"experiment {exp.id} is already {exp.state}", field="id", fix="nothing to cancel; submit a new experiment to run it again")
+        outbox = session.get(Outbox, exp.id, with_for_update=True)
+        record(session, experiment_id=exp.id, actor=caller.subject, kind="request", message="cancel requested", now=now)
+        if exp.state == State.PENDING.value and outbox is not None and outbox.attempts == 0 and outbox.lease_until is None:
+            session.delete(outbox)
+            transition(session, exp, State.CANCELLED, actor=caller.subject, now=now, reason=f"cancelled by {caller.subject} before dispatch")
+        elif exp.cancel_requested_at is None:
+            exp.cancel_requested_at = now
+            exp.updated_at = now
+    return exp
+
+
+def view(exp: Experiment, *, now: datetime) -> dict[str, Any]:
+    placed = exp.provisioning_at or exp.running_at
+    hours = cost.gpu_hours(gpus=exp.gpus, placed_at=placed, finished_at=exp.finished_at, now=now)
+    stamp = lambda t: t.isoformat(timespec="seconds") + "Z" if t else None  # noqa: E731
+    return {
+        "id": exp.id, "status": exp.state, "reason": exp.reason, "exit_code": exp.exit_code,
+        "tenant": exp.tenant, "job": exp.job, "cluster": exp.cluster, "pool": exp.pool, "gpus": exp.gpus, "meta": exp.meta,
+        "scheduler": exp.scheduler, "run_id": exp.run_id, "submitted_by": exp.submitted_by,
+        "deadline_hours": exp.deadline_hours, "deadline_at": stamp(exp.deadline_at), "cancel_requested": exp.cancel_requested_at is not None,
+        "timestamps": {"pending": stamp(exp.created_at), "dispatching": stamp(exp.dispatching_at), "queued": stamp(exp.queued_at),
+                       "provisioning": stamp(exp.provisioning_at), "running": stamp(exp.running_at), "finished": stamp(exp.finished_at)},
+        "gpu_hours": round(hours, 4), "price_per_gpu_hour": exp.price_per_gpu_hour, "price_kind": exp.price_kind,
+        "estimated_cost_usd": round(hours * exp.price_per_gpu_hour, 4),
+    }
+
+
+def event_view(event: Event) -> dict[str, Any]:
+    return {"id": event.id, "at": event.at.isoformat(timespec="seconds") + "Z", "actor": event.actor, "kind": event.kind,
+            "from": event.from_state, "to": event.to_state, "message": event.message}
+
+
+def totals(items: list[dict[str, Any]]) -> dict[str, float]:
+    return {"gpu_hours": round(sum(i["gpu_hours"] for i in items), 4), "estimated_cost_usd": round(sum(i["estimated_cost_usd"] for i in items), 4)}
+
+
+def cost_totals(session: Session, caller: Caller, *, now: datetime) -> dict[str, Any]:
+    query = select(Experiment).where(Experiment.provisioning_at.is_not(None) | Experiment.running_at.is_not(None))
+    if not caller.admin:
+        query = query.where(Experiment.tenant == caller.tenant)
+    by_tenant: dict[str, dict[str, float]] = {}
+    by_job: dict[str, dict[str, float]] = {}
+    for exp in session.scalars(query):
+        item = view(exp, now=now)
+        for bucket, key in ((by_tenant, exp.tenant), (by_job, f"{exp.tenant}/{exp.job}")):
+            row = bucket.setdefault(key, {"gpu_hours": 0.0, "estimated_cost_usd": 0.0})
+            row["gpu_hours"] = round(row["gpu_hours"] + item["gpu_hours"], 4)
+            row["estimated_cost_usd"] = round(row["estimated_cost_usd"] + item["estimated_cost_usd"], 4)
+    prices = cost.load_prices()
+    return {"by_tenant": dict(sorted(by_tenant.items())), "by_job": dict(sorted(by_job.items())),
+            "price_source": prices.source, "price_date": prices.date, "currency": prices.currency}

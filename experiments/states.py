@@ -1,0 +1,43 @@
+"""The experiment state machine: one enum, one table of allowed moves.
+
+pending (accepted, in the outbox) -> dispatching (claimed by a dispatcher) -> queued (the
+scheduler has it, no GPU yet) -> provisioning (placed, starting) -> running -> succeeded /
+failed; cancelled and expired can end any non-terminal state. The scheduler may skip states
+between two reconcile passes (a short run goes queued -> succeeded), so forward jumps are allowed.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class State(StrEnum):
+    PENDING = "pending"
+    DISPATCHING = "dispatching"
+    QUEUED = "queued"
+    PROVISIONING = "provisioning"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    EXPIRED = "expired"
+
+
+TERMINAL = frozenset({State.SUCCEEDED, State.FAILED, State.CANCELLED, State.EXPIRED})
+NON_TERMINAL = frozenset(State) - TERMINAL
+# States in which the scheduler holds a run the reconciler must follow.
+ON_SCHEDULER = frozenset({State.QUEUED, State.PROVISIONING, State.RUNNING})
+_ENDS = frozenset({State.FAILED, State.CANCELLED, State.EXPIRED})
+
+ALLOWED: dict[State, frozenset[State]] = {
+    State.PENDING: frozenset({State.DISPATCHING}) | _ENDS,
+    State.DISPATCHING: frozenset({State.QUEUED, State.PROVISIONING, State.RUNNING, State.SUCCEEDED}) | _ENDS,
+    State.QUEUED: frozenset({State.PROVISIONING, State.RUNNING, State.SUCCEEDED}) | _ENDS,
+    State.PROVISIONING: frozenset({State.RUNNING, State.SUCCEEDED}) | _ENDS,
+    State.RUNNING: frozenset({State.SUCCEEDED}) | _ENDS,
+    **{state: frozenset() for state in TERMINAL},
+}
+
+
+def can_move(current: State, target: State) -> bool:
+    return target in ALLOWED[current]

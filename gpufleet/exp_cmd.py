@@ -1,0 +1,162 @@
+"""``gpufleet exp submit|list|show|cancel|watch|events``: the control plane's API from a shell.
+
+GPUFLEET_API (default http://127.0.0.1:8080) and GPUFLEET_API_TOKEN (a token from
+``gpufleet api token create`` or a CI workload identity's OIDC token). ``--json`` prints
+the API's JSON unchanged for scripts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from clusters.errors import UserError
+
+console = Console(soft_wrap=True)
+JsonOption = typer.Option(False, "--json", help="Print the API's JSON.")
+TERMINAL = ("succeeded", "failed", "cancelled", "expired")
+COLOURS = {"succeeded": "green", "failed": "red", "expired": "red", "cancelled": "dim", "running": "cyan", "provisioning": "cyan"}
+
+
+def _call(method: str, path: str, **kwargs: Any) -> Any:
+    import httpx
+
+    base = os.environ.get("GPUFLEET_API", "http://127.0.0.1:8080").rstrip("/")
+    token = os.environ.get("GPUFLEET_API_TOKEN")
+    if not token:
+        raise UserError("GPUFLEET_API_TOKEN is not set; create one with: gpufleet api token create --tenant <tenant>")
+    headers = {"Authorization": f"Bearer {token}", **kwargs.pop("headers", {})}
+    try:
+        answer = httpx.request(method, f"{base}{path}", headers=headers, timeout=30, **kwargs)
+    except httpx.HTTPError as exc:
+        raise UserError(f"cannot reach the control plane at {base} ({type(exc).__name__}); start it with gpufleet serve or set GPUFLEET_API") from None
+    try:
+        body = answer.json()
+    except ValueError:
+        raise UserError(f"{base}{path} answered {answer.status_code} without JSON; is GPUFLEET_API the gpufleet control plane?") from None
+    if answer.status_code >= 400:
+        field = f" ({body.get('field')})" if body.get("field") else ""
+        raise UserError(f"{answer.status_code}: {body.get('error')}{field}; {body.get('fix')}")
+    return body
+
+
+def _print_json(data: Any) -> None:
+    print(json.dumps(data, indent=2, sort_keys=True))
+
+
+def _state(value: str) -> str:
+    return f"[{COLOURS.get(value, 'yellow')}]{value}[/]"
+
+
+def _detail(exp: dict[str, Any]) -> Table:
+    table = Table(title=f"experiment {exp['id']}", show_header=False)
+    table.add_column("field")
+    table.add_column("value")
+    rows = [("status", _state(exp["status"])), ("reason", exp.get("reason") or ""), ("exit code", str(exp["exit_code"]) if exp["exit_code"] is not None else "-"),
+            ("tenant / job", f"{exp['tenant']} / {exp['job']}"), ("pool", f"{exp['cluster']}/{exp['pool']} ({exp['gpus']} GPU)"),
+            ("run", f"{exp['scheduler']} {exp.get('run_id') or '-'}"), ("deadline", f"{exp['deadline_hours']}h" + (f" (at {exp['deadline_at']})" if exp.get("deadline_at") else "")),
+            ("GPU-hours", f"{exp['gpu_hours']:.4f}"), ("estimated cost", f"{exp['estimated_cost_usd']:.4f} USD ({exp['price_kind']} {exp['price_per_gpu_hour']}/GPU-hour)")]
+    rows += [(f"  {state}", at) for state, at in exp["timestamps"].items() if at]
+    for name, value in rows:
+        table.add_row(name, value, style=None)
+    return table
+
+
+def cmd_submit(
+    job: str = typer.Argument(..., help="Job name (jobs/<job>.yaml on the server)."),
+    meta: list[str] | None = typer.Option(None, "--meta", help="key=value; repeat for each key the job declares."),
+    deadline_hours: float | None = typer.Option(None, "--deadline-hours", help="Stop the run after this many hours (at most the job's max_run_hours)."),
+    idempotency_key: str | None = typer.Option(None, "--idempotency-key", help="Retrying with the same key and body returns the same experiment."),
+    watch: bool = typer.Option(False, "--watch", help="Follow it until it ends; exit 1 unless it succeeded."),
+    as_json: bool = JsonOption,
+) -> None:
+    """Submit an experiment: checked like gpufleet check, then dispatched in the background."""
+    from jobs.meta import parse_pairs
+
+    body: dict[str, Any] = {"job": job, "meta": parse_pairs(meta or [])}
+    if deadline_hours is not None:
+        body["deadline_hours"] = deadline_hours
+    headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
+    exp = _call("POST", "/api/v1/experiments", json=body, headers=headers)
+    if watch:
+        cmd_watch(exp["id"], interval=1.0, as_json=as_json)
+        return
+    if as_json:
+        _print_json(exp)
+        return
+    console.print(f"accepted {exp['id']} ({_state(exp['status'])}); follow it: gpufleet exp watch {exp['id']}")
+
+
+def cmd_list(
+    status: str | None = typer.Option(None, "--status"), tenant: str | None = typer.Option(None, "--tenant"), job: str | None = typer.Option(None, "--job"),
+    limit: int = typer.Option(50, "--limit", min=1, max=500), offset: int = typer.Option(0, "--offset", min=0), as_json: bool = JsonOption,
+) -> None:
+    """Experiments you may see, newest first, with GPU-hours and cost."""
+    params = {k: v for k, v in {"status": status, "tenant": tenant, "job": job, "limit": limit, "offset": offset}.items() if v is not None}
+    page = _call("GET", "/api/v1/experiments", params=params)
+    if as_json:
+        _print_json(page)
+        return
+    table = Table(title=f"experiments ({len(page['items'])} of {page['total']})")
+    for column in ("id", "status", "tenant", "job", "pool", "GPU-hours", "cost USD", "reason"):
+        table.add_column(column)
+    for e in page["items"]:
+        table.add_row(e["id"][:8], _state(e["status"]), e["tenant"], e["job"], f"{e['cluster']}/{e['pool']}", f"{e['gpu_hours']:.3f}", f"{e['estimated_cost_usd']:.2f}", (e.get("reason") or "")[:60])
+    console.print(table)
+    console.print(f"total: {page['totals']['gpu_hours']:.3f} GPU-hours, {page['totals']['estimated_cost_usd']:.2f} USD (this page)")
+
+
+def cmd_show(experiment_id: str = typer.Argument(...), as_json: bool = JsonOption) -> None:
+    """One experiment: state, reason, timestamps, run id, exit code, GPU-hours and cost."""
+    exp = _call("GET", f"/api/v1/experiments/{experiment_id}")
+    _print_json(exp) if as_json else console.print(_detail(exp))
+
+
+def cmd_cancel(experiment_id: str = typer.Argument(...), as_json: bool = JsonOption) -> None:
+    """Cancel: at once if not dispatched yet, else the run is stopped on the scheduler first."""
+    exp = _call("POST", f"/api/v1/experiments/{experiment_id}/cancel")
+    _print_json(exp) if as_json else console.print(f"{exp['id']}: {_state(exp['status'])}{' (stop requested)' if exp['cancel_requested'] and exp['status'] != 'cancelled' else ''}")
+
+
+def cmd_events(experiment_id: str = typer.Argument(...), as_json: bool = JsonOption) -> None:
+    """The audit trail: every state change and request, with who made it."""
+    answer = _call("GET", f"/api/v1/experiments/{experiment_id}/events")
+    if as_json:
+        _print_json(answer)
+        return
+    table = Table(title=f"events of {answer['id']}")
+    for column in ("at", "who", "what", "change", "message"):
+        table.add_column(column)
+    for e in answer["events"]:
+        table.add_row(e["at"], e["actor"], e["kind"], f"{e['from'] or ''} -> {e['to']}" if e["to"] else "", e["message"])
+    console.print(table)
+
+
+def cmd_watch(experiment_id: str = typer.Argument(...), interval: float = typer.Option(1.0, "--interval", min=0.2), as_json: bool = JsonOption) -> None:
+    """Print each state change until the experiment ends; exit 1 unless it succeeded."""
+    seen = None
+    while True:
+        exp = _call("GET", f"/api/v1/experiments/{experiment_id}")
+        if exp["status"] != seen:
+            seen = exp["status"]
+            if not as_json:
+                console.print(f"{exp['id'][:8]} {_state(seen)} {exp.get('reason') or ''}")
+        if seen in TERMINAL:
+            break
+        time.sleep(interval)
+    _print_json(exp) if as_json else console.print(_detail(exp))
+    if seen != "succeeded":
+        raise typer.Exit(1)
+
+
+def register(app: typer.Typer) -> None:
+    exp = typer.Typer(help="Experiments on the control plane (GPUFLEET_API, GPUFLEET_API_TOKEN): submit, list, show, cancel, watch, events.", no_args_is_help=True)
+    for name, command in (("submit", cmd_submit), ("list", cmd_list), ("show", cmd_show), ("cancel", cmd_cancel), ("watch", cmd_watch), ("events", cmd_events)):
+        exp.command(name)(command)
+    app.add_typer(exp, name="exp")
