@@ -9,7 +9,7 @@ export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 export CHECKPOINT_DISABLE := 1
 export BC_SKIP_MAPPING := TRUE
 
-.PHONY: demo test bench install cdktf-cli clean
+.PHONY: demo test bench install browser cdktf-cli clean
 
 install: $(STAMP)
 
@@ -40,7 +40,15 @@ demo: $(STAMP)
 	  for i in $$(seq 50); do curl -fsS $(DEMO_API)/healthz >/dev/null 2>&1 && break; sleep 0.2; done; \
 	  $(BIN)/gpufleet exp submit finetune-llama --meta dataset_uri=hf://datasets/demo/tiny@v1 --meta run_id=demo-1 --watch
 
-test: $(STAMP)
+# The dashboard tests drive Debian's chromium (Playwright only connects to it; no browser download).
+browser:
+	@test -x /usr/bin/chromium || { \
+	  command -v apt-get >/dev/null || { echo "error: /usr/bin/chromium is missing and apt-get is not available; install Chromium at /usr/bin/chromium"; exit 2; }; \
+	  echo "installing Debian chromium for the dashboard tests (apt-get, needs root)"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
+	@test -x /usr/bin/chromium || { echo "error: /usr/bin/chromium is still missing after apt-get install chromium"; exit 2; }
+
+test: $(STAMP) browser
 	@command -v terraform >/dev/null || { echo "error: terraform is not on PATH; install terraform 1.11 (plan-gate tests run it)"; exit 2; }
 	@command -v node >/dev/null || { echo "error: node is not on PATH; install Node.js 20 (jsii runs cdktf on it)"; exit 2; }
 	$(BIN)/python -m pytest -q

@@ -104,7 +104,9 @@ def cmd_list(
         _print_json(page)
         return
     table = Table(title=f"experiments ({len(page['items'])} of {page['total']})")
-    for column in ("id", "status", "tenant", "job", "pool", "GPU-hours", "cost USD", "reason"):
+    table.add_column("id", no_wrap=True, min_width=8)
+    table.add_column("status", no_wrap=True)
+    for column in ("tenant", "job", "pool", "GPU-hours", "cost USD", "reason"):
         table.add_column(column)
     for e in page["items"]:
         table.add_row(e["id"][:8], _state(e["status"]), e["tenant"], e["job"], f"{e['cluster']}/{e['pool']}", f"{e['gpu_hours']:.3f}", f"{e['estimated_cost_usd']:.2f}", (e.get("reason") or "")[:60])

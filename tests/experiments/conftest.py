@@ -7,6 +7,8 @@ from __future__ import annotations
 import itertools
 import shutil
 import tempfile
+import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -14,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import uvicorn
 from fastapi.testclient import TestClient
 
 from experiments.app import ServiceSettings, create_app
@@ -161,3 +164,27 @@ class UnusedRunner:
 
     def stop(self, run_id: str) -> None:
         raise AssertionError("this test must not stop runs")
+
+
+@pytest.fixture
+def live(sqlite_url, catalog, nomad_runner) -> Iterator[dict]:
+    """The service under uvicorn on 127.0.0.1 (a real socket: for the browser and the CLI)."""
+    clock = FakeClock()
+    app = create_app(ServiceSettings(db_url=sqlite_url, worker=False), runner=nomad_runner, catalog=catalog, clock=clock)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
+        time.sleep(0.05)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    tokens = {}
+    with app.state.ctx.sessions() as session, session.begin():
+        for who, tenant, admin in (("finetune", "finetune", False), ("eval", "eval", False), ("admin", None, True)):
+            tokens[who] = create_token(session, tenant=tenant, admin=admin, name=who, now=clock())[1]
+    yield {"base": f"http://127.0.0.1:{port}", "tokens": tokens, "ctx": app.state.ctx, "clock": clock}
+    server.should_exit = True
+    thread.join(timeout=10)
+
+

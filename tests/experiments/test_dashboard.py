@@ -1,0 +1,94 @@
+"""The dashboard in a real headless Chromium (Debian's, installed by `make browser`), driven by
+Playwright over the service served by uvicorn on 127.0.0.1. A missing browser fails the test."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+CHROMIUM = Path("/usr/bin/chromium")
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update", "--disable-sync", "--no-first-run"]
+META = {"dataset_uri": "hf://datasets/acme/chat@v3", "run_id": "r1"}
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[object]:
+    if not CHROMIUM.exists():
+        pytest.fail(f"{CHROMIUM} is missing; run `make browser` (apt-get install chromium)", pytrace=False)
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        instance = playwright.chromium.launch(executable_path=str(CHROMIUM), args=FLAGS, headless=True)
+        yield instance
+        instance.close()
+
+
+def _sign_in(page, base: str, token: str) -> None:
+    page.goto(f"{base}/")
+    assert page.url.endswith("/login")
+    page.fill("#token", token)
+    page.click("#sign-in")
+    page.wait_for_url(f"{base}/")
+
+
+def test_dashboard_lists_filters_and_shows_the_timeline_in_chromium(browser, live, nomad, tmp_path):
+    import httpx
+
+    from experiments.background.worker import run_once
+
+    base, tokens = live["base"], live["tokens"]
+    auth = {"Authorization": f"Bearer {tokens['finetune']}"}
+    ids = [httpx.post(f"{base}/api/v1/experiments", json={"job": "finetune-llama", "meta": {**META, "run_id": f"r{i}"}}, headers=auth).json()["id"] for i in range(3)]
+    httpx.post(f"{base}/api/v1/experiments/{ids[2]}/cancel", headers=auth)
+    eval_auth = {"Authorization": f"Bearer {tokens['eval']}"}
+    httpx.post(f"{base}/api/v1/experiments", json={"job": "eval-judge", "meta": META}, headers=eval_auth)
+    run_once(live["ctx"])  # dispatch: two finetune runs are placed on the double's A100s
+    for job_id in nomad.dispatched("finetune-llama"):
+        nomad.finish(job_id, client_status="running")
+    live["clock"].advance(hours=1)
+    run_once(live["ctx"])
+
+    page = browser.new_page()
+    _sign_in(page, base, tokens["finetune"])
+    rows = page.locator("#experiments tbody tr")
+    assert rows.count() == 3  # finetune's three, not eval's
+    assert sorted(page.locator("#experiments td.state").all_inner_texts()) == ["cancelled", "running", "running"]
+    capacity = page.locator("#capacity tbody tr").all_inner_texts()
+    assert any("a100" in row and "\t8\t2" in row for row in capacity), capacity  # quota 8, 2 GPUs held
+    assert all("eval" not in row for row in capacity)
+    assert page.locator("#cost-by-tenant").inner_text().count("finetune") == 1
+    page.screenshot(path=str(tmp_path / "dashboard.png"), full_page=True)
+
+    page.select_option("#filter-status", "cancelled")
+    page.click("#apply-filters")
+    page.wait_for_url("**status=cancelled**")
+    assert page.locator("#experiments tbody tr").count() == 1
+    page.click("#experiments tbody tr a")
+    assert page.locator("#state").inner_text() == "cancelled"
+    timeline = page.locator("#events tbody tr").all_inner_texts()
+    assert len(timeline) == 3 and "cancel requested" in timeline[1] and "token:" in timeline[0]
+
+    admin_page = browser.new_page()
+    _sign_in(admin_page, base, tokens["admin"])
+    assert admin_page.locator("#experiments tbody tr").count() == 4
+    admin_page.goto(f"{base}/?tenant=eval")
+    # No L4 node in the double: eval-judge queued for an hour, past its wrapped secret_id, and was failed.
+    assert admin_page.locator("#experiments td.state").all_inner_texts() == ["failed"]
+
+
+def test_fails_to_sign_in_with_a_bad_token_and_hides_other_tenants_experiments(browser, live):
+    import httpx
+
+    base, tokens = live["base"], live["tokens"]
+    exp = httpx.post(f"{base}/api/v1/experiments", json={"job": "finetune-llama", "meta": META}, headers={"Authorization": f"Bearer {tokens['finetune']}"}).json()
+    page = browser.new_page()
+    page.goto(f"{base}/login")
+    page.fill("#token", "gfx_wrong")
+    page.click("#sign-in")
+    assert "unknown or revoked token" in page.locator("#error").inner_text()
+    _sign_in(page, base, tokens["eval"])
+    assert page.locator("#no-experiments").count() == 1
+    page.goto(f"{base}/experiments/{exp['id']}")
+    assert "no experiment" in page.locator("h1").inner_text()
