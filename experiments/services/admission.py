@@ -3,45 +3,20 @@
 quota on the pool, counted over its non-terminal experiments.
 
 The quota is enforced here because Nomad Community Edition cannot: namespace quotas are an
-Enterprise feature. ``check_tenant_quota`` has the signature of issue 12's ``jobs.quota``
-function (the one pure decision both dispatch paths call); this module switches to that
-import when it lands.
+Enterprise feature. The decision is ``jobs.quota.check_tenant_quota``, the one pure function
+``gpufleet jobs dispatch`` calls too; only what counts as in use differs: here the tenant's
+non-terminal experiments (pending ones included, so a burst cannot queue past the quota).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from clusters.derive import TenantSpec
 from clusters.errors import UserError
 from experiments.errors import ApiError, split_message
 from jobs.meta import validate_meta
+from jobs.quota import QuotaDecision
 from jobs.spec import FinetuneSpec
 
 MAX_META_KEYS = 32
-
-
-@dataclass(frozen=True)
-class QuotaDecision:
-    allowed: bool
-    quota: int
-    in_use: int
-    requested: int
-    reason: str
-
-
-def check_tenant_quota(tenant: TenantSpec, *, pool: str, requested_gpus: int, in_use_gpus: int) -> QuotaDecision:
-    """A pool missing from the tenant's gpu_quota has quota 0; queued runs count as held."""
-    quotas = dict(tenant.gpu_quota)
-    quota = quotas.get(pool, 0)
-    if quota == 0:
-        return QuotaDecision(False, 0, in_use_gpus, requested_gpus,
-                             f"tenant {tenant.name} has no GPU quota on pool {pool}; pick a pool it has quota on or add {pool} to its gpu_quota in the cluster file")
-    if in_use_gpus + requested_gpus > quota:
-        return QuotaDecision(False, quota, in_use_gpus, requested_gpus,
-                             f"tenant {tenant.name} would exceed its GPU quota on pool {pool}: it holds {in_use_gpus} of {quota} (pending, queued or running) "
-                             f"and asks for {requested_gpus} more; wait for a run to finish, cancel one, or raise the quota")
-    return QuotaDecision(True, quota, in_use_gpus, requested_gpus, "")
 
 
 def checked_meta(spec: FinetuneSpec, meta: dict[str, str]) -> dict[str, str]:
@@ -75,4 +50,4 @@ def checked_deadline(spec: FinetuneSpec, deadline_hours: float | None) -> float:
 def quota_or_409(decision: QuotaDecision) -> None:
     if not decision.allowed:
         error, fix = split_message(decision.reason)
-        raise ApiError(409, error, field="job", fix=fix)
+        raise ApiError(409, f"over the GPU quota: {error}", field="job", fix=fix)

@@ -27,6 +27,7 @@ from experiments.services import admission, cost
 from experiments.services.catalog import Catalog
 from experiments.services.lifecycle import record, transition
 from experiments.states import NON_TERMINAL, TERMINAL, State
+from jobs.quota import check_tenant_quota
 
 MAX_PAGE = 500
 
@@ -79,7 +80,7 @@ def submit(session: Session, catalog: Catalog, caller: Caller, *, job: str, meta
             found = _existing(session, spec.namespace, idempotency_key, digest)
             if found is not None:
                 return found, False
-            decision = admission.check_tenant_quota(tenant_spec, pool=spec.pool.name, requested_gpus=spec.gpu.count,
+            decision = check_tenant_quota(tenant_spec, pool=spec.pool.name, requested_gpus=spec.gpu.count,
                                                     in_use_gpus=gpus_in_use(session, spec.namespace, spec.cluster, spec.pool.name))
             admission.quota_or_409(decision)
             exp = Experiment(

@@ -126,4 +126,4 @@ def test_quota_admits_exactly_what_fits_under_a_concurrent_burst(make_service, d
     refused = [a for a in answers if a.status_code == 409]
     assert len(admitted) * spec.gpu.count <= quota < (len(admitted) + 1) * spec.gpu.count
     assert len(admitted) + len(refused) == len(answers)
-    assert "quota" in refused[0].json()["error"] and "cancel one" in refused[0].json()["fix"]
+    assert "quota" in refused[0].json()["error"] and "stop one" in refused[0].json()["fix"]
