@@ -57,6 +57,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/synth.py --write
 	$(BIN)/python bench/vault_startup.py
 	$(BIN)/python bench/jobs.py
+	$(BIN)/python bench/control_plane.py
 
 # Optional: the pinned cdktf CLI for `npx cdktf synth|diff|deploy <stack>`.
 cdktf-cli: package-lock.json

