@@ -16,9 +16,10 @@ from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
+from clusters import repo
 from clusters.errors import UserError
 
-DEFAULT_SQLITE = Path(".gpufleet") / "experiments.db"
+DEFAULT_SQLITE = Path(".gpufleet") / "experiments.db"  # under the repository root (clusters.repo)
 MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 SQLITE_BUSY_MS = 30_000
 
@@ -26,8 +27,9 @@ SQLITE_BUSY_MS = 30_000
 def database_url(value: str | None) -> str:
     """``--db``: a postgresql:// URL, a sqlite:/// URL, or empty for .gpufleet/experiments.db."""
     if not value:
-        DEFAULT_SQLITE.parent.mkdir(mode=0o700, exist_ok=True)
-        return f"sqlite:///{DEFAULT_SQLITE.resolve()}"
+        path = repo.root() / DEFAULT_SQLITE
+        path.parent.mkdir(mode=0o700, exist_ok=True)
+        return f"sqlite:///{path}"
     if value.startswith(("postgresql://", "postgres://")):
         return "postgresql+psycopg://" + value.split("://", 1)[1]
     if value.startswith(("postgresql+psycopg://", "sqlite:///")):

@@ -9,18 +9,19 @@ import threading
 from pathlib import Path
 
 import clusters
+from clusters import repo
 from clusters.derive import TenantSpec, derive_tenants
 from clusters.errors import ConfigError, UserError
 from clusters.schema import ClusterConfig
 from experiments.errors import ApiError, split_message
-from jobs.loader import JOBS_DIR, find, load
+from jobs.loader import find, load
 from jobs.spec import FinetuneSpec
 from jobs.vault_refs import VaultView, load_vault_view
 
 
 class Catalog:
-    def __init__(self, jobs_dir: Path = JOBS_DIR, *, configs: tuple[ClusterConfig, ...] | None = None, vault: VaultView | None = None) -> None:
-        self.jobs_dir = Path(jobs_dir)
+    def __init__(self, jobs_dir: Path | None = None, *, configs: tuple[ClusterConfig, ...] | None = None, vault: VaultView | None = None) -> None:
+        self.jobs_dir = Path(jobs_dir or repo.jobs_dir())
         self.configs = configs if configs is not None else clusters.load_all()
         self.vault = vault if vault is not None else load_vault_view()
         self._by_name = {c.name: c for c in self.configs}
