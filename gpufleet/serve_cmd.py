@@ -106,6 +106,7 @@ def cmd_token_create(
     from experiments import db as database
     from experiments.app import utcnow
     from experiments.auth import create_token
+    from experiments.services.lifecycle import record
 
     if (tenant is None) == (not admin):
         raise UserError("give exactly one of --tenant <tenant> or --admin")
@@ -117,6 +118,7 @@ def cmd_token_create(
     database.upgrade(engine)
     with database.session_factory(engine)() as session, session.begin():
         token_id, token = create_token(session, tenant=tenant, admin=admin, name=name, now=utcnow())
+        record(session, experiment_id=None, actor=_operator(), kind="token", message=f"created token {token_id} for {'admin' if admin else 'tenant ' + str(tenant)}", now=utcnow())
     engine.dispose()
     if quiet:
         print(token)
@@ -149,6 +151,7 @@ def cmd_token_revoke(token_id: str = typer.Argument(..., help="The id shown by `
     from experiments import db as database
     from experiments.app import utcnow
     from experiments.models import ApiToken
+    from experiments.services.lifecycle import record
 
     engine = database.make_engine(database.database_url(db))
     database.upgrade(engine)
@@ -157,8 +160,16 @@ def cmd_token_revoke(token_id: str = typer.Argument(..., help="The id shown by `
         if row is None:
             raise UserError(f"no token {token_id!r}; list them with gpufleet api token list")
         row.revoked_at = row.revoked_at or utcnow()
+        record(session, experiment_id=None, actor=_operator(), kind="token", message=f"revoked token {token_id}", now=utcnow())
     engine.dispose()
     console.print(f"revoked token {token_id}")
+
+
+def _operator() -> str:
+    """Who ran a token command, for the audit trail (the OS user; tokens are made on the service host)."""
+    import getpass
+
+    return f"cli:{getpass.getuser()}"
 
 
 def register(app: typer.Typer) -> None:
