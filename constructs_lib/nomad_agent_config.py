@@ -39,6 +39,7 @@ METADATA_TOKEN = "http://metadata.google.internal/computeMetadata/v1/instance/se
 # script runs again on every boot, so the "nvidia-smi works" check makes it converge.
 CUDA_INSTALLER = "https://storage.googleapis.com/compute-gpu-installation-us/installer/latest/cuda_installer.pyz"
 HCL = Mapping[str, object]
+CLIENT_RESERVED = {"cpu": 1000, "memory": 2048, "disk": 10240}
 
 
 @dataclass(frozen=True)
@@ -134,6 +135,9 @@ def render_client_config(*, spec: GpuPoolSpec, cluster: str, datacenter: str, re
         "enabled": True,
         "node_class": spec.name,
         "node_pool": spec.name,
+        # Kept back from jobs for the OS, Docker and the agent (command/agent/config.go Resources:
+        # cpu MHz, memory MB, disk MB), so a fine-tune cannot starve the node's own services.
+        "reserved": dict(CLIENT_RESERVED),
         "server_join": {"retry_join": list(join.retry_join), "retry_interval": "15s"},
         "meta": pool_meta(spec, cluster),
     }
@@ -228,15 +232,32 @@ def _secret_steps(project: str, secrets: tuple[NomadSecretSpec, ...]) -> str:
 
 
 def _mount_data(device: str) -> str:
-    """Format the stateful data disk once (never again: it holds Raft state) and mount it as the data dir."""
+    """Format the stateful data disk once (never again: it holds Raft state) and mount it as the data dir.
+
+    On a reboot systemd starts Nomad before this script runs, so the mount is also in fstab and
+    Nomad requires it: a server must never start on an empty data dir and rejoin as a blank peer.
+    """
     dev = f"/dev/disk/by-id/google-{device}"
     return (f"mkdir -p {DATA_DIR}\n"
             f"blkid {dev} >/dev/null 2>&1 || mkfs.ext4 -q -L {device} {dev}\n"
-            f"mountpoint -q {DATA_DIR} || mount -o discard,defaults {dev} {DATA_DIR}")
+            f"grep -q '^LABEL={device} ' /etc/fstab || echo 'LABEL={device} {DATA_DIR} ext4 discard,defaults,nofail 0 2' >> /etc/fstab\n"
+            f"mountpoint -q {DATA_DIR} || mount -o discard,defaults {dev} {DATA_DIR}\n"
+            "mkdir -p /etc/systemd/system/nomad.service.d\n"
+            f"printf '[Unit]\\nRequiresMountsFor={DATA_DIR}\\n' > /etc/systemd/system/nomad.service.d/gpufleet-data.conf\n"
+            "systemctl daemon-reload")
+
+
+def _run_as(user: str) -> str:
+    """Servers run as the package's unprivileged user (its unit file says they should); clients stay
+    root, which the docker driver and device plugins need."""
+    return (f"chown -R {user}:{user} /etc/nomad.d {DATA_DIR}\n"
+            "mkdir -p /etc/systemd/system/nomad.service.d\n"
+            f"printf '[Service]\\nUser={user}\\nGroup={user}\\n' > /etc/systemd/system/nomad.service.d/gpufleet-user.conf\n"
+            "systemctl daemon-reload")
 
 
 def render_startup_script(*, agent_config: str, gpu: bool, project: str, secrets: tuple[NomadSecretSpec, ...],
-                          data_device: str | None = None, extra: str | None = None) -> str:
+                          data_device: str | None = None, extra: str | None = None, run_as: str | None = None) -> str:
     """Idempotent boot script: GPU driver and container toolkit (GPU nodes), Nomad, TLS material
     and gossip key from Secret Manager, config, restart.
 
@@ -252,6 +273,8 @@ def render_startup_script(*, agent_config: str, gpu: bool, project: str, secrets
     if data_device is not None:
         steps.append(_mount_data(data_device))
     steps.append(f"mkdir -p {DATA_DIR} /etc/nomad.d\ncat > {CONFIG_PATH} <<'GPUFLEET_NOMAD_CONFIG'\n{agent_config}GPUFLEET_NOMAD_CONFIG")
+    if run_as is not None:
+        steps.append(_run_as(run_as))
     steps.append("systemctl enable nomad\nsystemctl restart nomad")
     if extra is not None:
         steps.append(extra)

@@ -73,7 +73,7 @@ class NomadServers(Construct):
                             data_disk=DataDisk(device_name=DATA_DEVICE, size_gb=spec.data_disk_gb, mount_path=DATA_DIR)),
             project=project, region=region, subnetwork=subnetwork, service_account=self.service_account.email,
             startup_script=render_startup_script(agent_config=self.server_config, gpu=False, project=project, secrets=secrets,
-                                                 data_device=DATA_DEVICE, extra=autoscaler_boot),
+                                                 data_device=DATA_DEVICE, extra=autoscaler_boot, run_as="nomad"),
             tags=[server_tag(cluster)], labels={"gpufleet-cluster": cluster, "nomad-role": "server"},
         )
         mig = google.compute_instance_group_manager

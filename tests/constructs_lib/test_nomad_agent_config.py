@@ -65,6 +65,7 @@ def test_client_meta_describes_the_accelerator(a100):
     assert meta["accelerator"] == "nvidia-tesla-a100"
     assert meta["gpus_per_node"] == "2"
     assert meta["gpu_memory_gib"] == "40"
+    assert hcl.loads(client(a100))["client"]["reserved"] == {"cpu": 1000, "memory": 2048, "disk": 10240}
     assert meta["gpufleet_pool"] == "a100"
 
 
@@ -123,7 +124,15 @@ def test_agents_fetch_their_own_tls_material_and_never_carry_it(a100, secrets):
     assert f"> {NOMAD_GOSSIP_FILE}" in server_script and "encrypt" not in render_server_config(
         count=3, datacenter="dc1", region="global", join=AUTO_JOIN), "the gossip key is written at boot, never rendered"
     assert "iptables -C DOCKER-USER -d 169.254.169.254/32 -j REJECT" in client_script, "tasks cannot borrow the VM's identity"
-    assert script("x = 1\n", secrets, NomadRole.SERVER, data_device="nomad-data").count("mkfs.ext4") == 1
+    server = script("x = 1\n", secrets, NomadRole.SERVER, data_device="nomad-data")
+    assert server.count("mkfs.ext4") == 1
+    assert "LABEL=nomad-data /opt/nomad/data ext4 discard,defaults,nofail 0 2" in server, "mounted at boot, before Nomad starts"
+    assert "RequiresMountsFor=/opt/nomad/data" in server, "Nomad never starts on an empty data dir"
+    assert server.index("RequiresMountsFor") < server.index("systemctl restart nomad")
+    as_user = script("x = 1\n", secrets, NomadRole.SERVER, run_as="nomad")
+    assert "User=nomad" in as_user and "chown -R nomad:nomad /etc/nomad.d /opt/nomad/data" in as_user
+    assert as_user.index("gpufleet-user.conf") < as_user.index("systemctl restart nomad")
+    assert "User=nomad" not in script(client(a100), secrets, NomadRole.CLIENT), "clients need root (docker, devices)"
 
 
 def test_boot_script_runs_under_bash_syntax_check(a100, secrets, tmp_path):

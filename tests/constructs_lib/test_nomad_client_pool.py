@@ -83,6 +83,7 @@ def test_three_servers_in_three_zones_with_raft_on_stateful_disks(nomad):
     (data,) = [d for d in t["disk"] if not d.get("boot")]
     assert (data["device_name"], data["auto_delete"]) == ("nomad-data", False)
     assert "mount -o discard,defaults /dev/disk/by-id/google-nomad-data /opt/nomad/data" in t["metadata_startup_script"]
+    assert "printf '[Service]\\nUser=nomad\\nGroup=nomad\\n'" in t["metadata_startup_script"], "servers do not run as root"
     groups = nomad["google_compute_instance_group_manager"]
     assert sorted((g["zone"], g["target_size"]) for g in groups.values()) == [
         ("europe-west4-a", 1), ("europe-west4-b", 1), ("europe-west4-c", 1)], "losing any zone leaves 2 of 3"
