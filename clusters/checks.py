@@ -11,6 +11,7 @@ import re
 from collections import Counter
 from collections.abc import Iterator
 
+from clusters import rules
 from clusters.derive import (
     SYSTEM_POOL_NAME, derive_control_plane, derive_gpu_pool, dns_record_address, grant_address, kueue_queue_key, machine_accelerator, tenant_account_id,
 )
@@ -39,6 +40,7 @@ def cross_check(config: ClusterConfig, file_stem: str | None = None) -> list[Fin
     if not any(path[0] == "gpu_pools" for path, _ in findings):
         findings += _tenants(config)
     findings += _dns(config)
+    findings += rules.check(config)
     return findings
 
 
@@ -304,10 +306,11 @@ def _dns(config: ClusterConfig) -> Iterator[Finding]:
     for r, record in enumerate(config.dns.records):
         path = ("dns", "records", r)
         if (record.static_ip is None) == (record.hostname is None):
-            yield ((*path, "name"), f"record {record.name!r} needs exactly one of static_ip (A record) or hostname (CNAME)")
+            yield ((*path, "name"), f"record {record.name!r} needs exactly one of static_ip (A record) or hostname (CNAME); keep one of them")
         if record.static_ip is not None and record.static_ip not in ips:
             allowed = ", ".join(sorted(ips)) or "none declared under gcp.static_ips"
-            yield ((*path, "static_ip"), f"unknown static IP {record.static_ip!r}{did_you_mean(record.static_ip, ips)}; allowed: {allowed}")
+            yield ((*path, "static_ip"), f"unknown static IP {record.static_ip!r}{did_you_mean(record.static_ip, ips)}; allowed: {allowed};"
+                   " pick one of those or declare it under gcp.static_ips")
         if record.proxied and record.ttl != 1:
             yield ((*path, "ttl"), f"proxied records have an automatic TTL; set ttl: 1 or proxied: false (got {record.ttl})")
         if not record.proxied and 1 < record.ttl < 60:

@@ -85,3 +85,45 @@ NVML_GPUS: dict[str, NvmlGpu] = {
     "nvidia-b200": NvmlGpu("NVIDIA B200", 183359, "not confirmed from a public NVML output (HBM3e, sold as 180 GB)",
                            memory_confirmed=False, model_pattern=r"(^|\s)B200$"),
 }
+
+
+@dataclass(frozen=True)
+class MachineShape:
+    """vCPUs and memory of a machine type: the ceiling for what one job on one node can ask for."""
+
+    vcpus: int
+    memory_gib: float
+
+
+# From the Compute Engine machine-type catalog as SkyPilot publishes it (github.com/skypilot-org/
+# skypilot-catalog, catalogs/v8/gcp/vms.csv at 006059e0f18a, columns vCPUs and MemoryGiB), read
+# 2026-12-03. G2 and N1 follow their series' fixed ratio (G2: 4 GiB per vCPU, checked on
+# g2-standard-8/48/96; N1: standard 3.75, highmem 6.5, highcpu 0.9 GiB per vCPU).
+_SHAPES: dict[str, MachineShape] = {
+    **{f"a2-highgpu-{n}g": MachineShape(12 * n, 85.0 * n) for n in (1, 2, 4, 8)},
+    "a2-megagpu-16g": MachineShape(96, 1360.0),
+    **{f"a2-ultragpu-{n}g": MachineShape(12 * n, 170.0 * n) for n in (1, 2, 4, 8)},
+    **{f"a3-highgpu-{n}g": MachineShape(26 * n, 234.0 * n) for n in (1, 2, 4, 8)},
+    "a3-megagpu-8g": MachineShape(208, 1872.0),
+    "a3-ultragpu-8g": MachineShape(224, 2952.0),
+    "a4-highgpu-8g": MachineShape(224, 3968.0),
+    **{f"g2-standard-{n}": MachineShape(n, 4.0 * n) for n in (4, 8, 12, 16, 24, 32, 48, 96)},
+}
+_N1_GIB_PER_VCPU = {"standard": 3.75, "highmem": 6.5, "highcpu": 0.9}
+
+
+def machine_shape(machine_type: str) -> MachineShape | None:
+    """vCPUs and memory of a GPU machine type (or an N1 predefined type); None when unknown."""
+    if machine_type in _SHAPES:
+        return _SHAPES[machine_type]
+    parts = machine_type.split("-")
+    if len(parts) == 3 and parts[0] == "n1" and parts[1] in _N1_GIB_PER_VCPU and parts[2].isdigit():
+        vcpus = int(parts[2])
+        return MachineShape(vcpus, _N1_GIB_PER_VCPU[parts[1]] * vcpus)
+    return None
+
+
+def machine_series(machine_type: str) -> str | None:
+    """The series the zone table lists (A2, A3, A4, G2, N1) for a GPU machine type."""
+    prefix = machine_type.split("-", 1)[0].upper()
+    return prefix if prefix in ("A2", "A3", "A4", "G2", "N1") else None

@@ -39,7 +39,8 @@ def use(path: Path | None) -> None:
         return
     resolved = Path(path).expanduser().resolve()
     if not resolved.is_dir():
-        raise UserError(f"--repo {path}: directory not found; pass the checkout that holds cdktf.json and clusters/")
+        what = "is a file, not a directory" if resolved.exists() else "directory not found"
+        raise UserError(f"--repo {path}: {what}; pass the checkout that holds cdktf.json and clusters/")
     if not is_repo(resolved):
         raise UserError(f"--repo {path}: not a gpufleet repository (no {MARKER_FILE} and {MARKER_DIR}/ in it); pass the checkout root")
     _explicit = resolved

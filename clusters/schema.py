@@ -48,7 +48,7 @@ def _dns_name(value: str) -> str:
     if not DNS_NAME.match(value):
         raise ValueError(
             f"{value!r} is not DNS-safe; use 1-40 lowercase letters, digits or '-', starting with a letter"
-            f" and not ending with '-', e.g. {re.sub(r'[^a-z0-9-]+', '-', value.lower()).strip('-') or 'gpu-a'!r}"
+            f" and not ending with '-', e.g. {re.sub(r'[^a-z0-9-]+', '-', value.lower())[:40].strip('-') or 'gpu-a'!r}"
         )
     return value
 
@@ -94,7 +94,7 @@ def _zone_id(value: str) -> str:
 def _rbac_security_group(value: str) -> str:
     if not RBAC_SECURITY_GROUP.match(value):
         raise ValueError(f"{value!r} is not a GKE RBAC security group; GKE only reads the group named"
-                         " 'gke-security-groups@<your Workspace domain>', e.g. 'gke-security-groups@example.com'")
+                         " 'gke-security-groups@<your Workspace domain>'; set it to that group, e.g. 'gke-security-groups@example.com'")
     return value
 
 
@@ -249,18 +249,21 @@ class GpuPool(Model):
 
 
 class Grant(Model):
-    role: Annotated[str, Field(pattern=r"^(roles|projects/[a-z0-9-]+/roles)/[A-Za-z0-9_.]+$")]
+    role: Annotated[str, Field(pattern=r"^(roles|projects/[a-z0-9-]+/roles)/[A-Za-z0-9_.]+$",
+                               description="an IAM role: 'roles/<name>' (e.g. 'roles/container.developer') or 'projects/<project>/roles/<custom role>'")]
     members: Annotated[tuple[Member, ...], Field(min_length=1)]
     reason: Annotated[str, Field(min_length=10), _charset(DESCRIPTION, "a plain sentence (letters, digits, spaces and .,:;()'/_+-)", "platform team operates the training namespaces")]
 
 
 class IamConfig(Model):
-    node_roles: tuple[Annotated[str, Field(pattern=r"^roles/[A-Za-z0-9_.]+$")], ...] = ()
+    node_roles: Annotated[tuple[Annotated[str, Field(pattern=r"^roles/[A-Za-z0-9_.]+$")], ...],
+                          Field(description="a predefined IAM role such as 'roles/storage.objectViewer'")] = ()
     grants: tuple[Grant, ...] = ()
 
 
 class TenantServiceAccount(Model):
-    roles: tuple[Annotated[str, Field(pattern=r"^roles/[A-Za-z0-9_.]+$")], ...] = ()
+    roles: Annotated[tuple[Annotated[str, Field(pattern=r"^roles/[A-Za-z0-9_.]+$")], ...],
+                     Field(description="a predefined IAM role such as 'roles/storage.objectViewer'")] = ()
 
 
 class Tenant(Model):
@@ -271,7 +274,9 @@ class Tenant(Model):
 
 
 class DnsRecord(Model):
-    name: Annotated[str, Field(pattern=r"^([a-z0-9*]([a-z0-9-]*[a-z0-9])?)(\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)*$|^@$")]
+    name: Annotated[str, Field(pattern=r"^([a-z0-9*]([a-z0-9-]*[a-z0-9])?)(\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)*$|^@$",
+                               description="a record name relative to the zone: dot-separated labels of lowercase letters, digits"
+                                           " and '-' (a first label may be '*'), or '@' for the zone apex, e.g. 'tensorboard.prod'")]
     static_ip: DnsName | None = None
     hostname: str | None = None
     proxied: bool = False

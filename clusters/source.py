@@ -7,6 +7,7 @@ Every loader (clusters, jobs, Vault roles) goes through here so that all of them
 from __future__ import annotations
 
 import difflib
+import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -88,8 +89,14 @@ def did_you_mean(value: str, choices: Iterable[str]) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
+def _show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def _message(err: dict[str, Any], model: type[BaseModel], loc: FieldPath) -> str:
-    kind, value = err["type"], err.get("input")
+    """Every pydantic error in words: the value, what is allowed and the fix; never a regex or a class name."""
+    kind, value, ctx = err["type"], err.get("input"), err.get("ctx", {})
     if kind == "extra_forbidden":
         allowed = _allowed_fields(model, loc[:-1])
         hint = did_you_mean(str(loc[-1]), allowed)
@@ -98,32 +105,62 @@ def _message(err: dict[str, Any], model: type[BaseModel], loc: FieldPath) -> str
     if kind == "missing":
         return "required field is missing; add it"
     if kind in ("literal_error", "enum"):
-        expected = err.get("ctx", {}).get("expected", "")
-        return f"{value!r} is not allowed; allowed: {expected}; pick one of those"
-    text = err["msg"].removeprefix("Value error, ")
+        return f"{_show(value)} is not allowed; allowed: {ctx.get('expected', '')}; pick one of those"
+    if kind == "union_tag_invalid":
+        return f"{_show(ctx.get('tag'))} is not allowed; allowed: {ctx.get('expected_tags', '')}; pick one of those"
+    if kind == "union_tag_not_found":
+        return f"needs {ctx.get('discriminator', 'a kind')}: one of the allowed kinds; add it"
     if kind == "value_error":
-        return text
-    if kind in _FIXES:
-        text = f"{text}; {_FIXES[kind]}"
-    return f"{value!r}: {text}" if value is not None and not isinstance(value, (dict, list)) else text
+        return err["msg"].removeprefix("Value error, ")
+    if kind == "string_pattern_mismatch":
+        described = _field_description(model, loc)
+        return f"{_show(value)} is not {described or 'in the format this field takes'}; write it that way"
+    words = _WORDS.get(kind)
+    if words is not None:
+        return f"{_show(value)}: {words.format(**{k: v for k, v in ctx.items() if isinstance(v, (int, float, str))})}"
+    # Unknown kinds: pydantic's sentence without class names ("instance of GpuPool").
+    text = re.sub(r" or instance of \w+| of \w+ type", "", err["msg"])
+    return f"{_show(value)}: {text[0].lower() + text[1:]}; fix the value"
 
 
-_FIXES = {
-    "bool_parsing": "write true or false",
-    "bool_type": "write true or false",
-    "int_parsing": "write a whole number",
-    "int_type": "write a whole number",
-    "string_type": "write a quoted string",
-    "tuple_type": "write a YAML list, e.g. [a, b]",
-    "dict_type": "write a mapping of key: value",
-    "model_type": "write a mapping of fields",
-    "string_pattern_mismatch": "see the examples in the same folder",
-    "string_too_short": "write a longer value (a reason says why, in a sentence)",
-    "too_short": "add at least one entry",
-    "union_tag_invalid": "use one of those",
-    "greater_than_equal": "raise the value",
-    "less_than_equal": "lower the value",
+_WORDS = {
+    "bool_parsing": "expected true or false; write true or false",
+    "bool_type": "expected true or false; write true or false",
+    "int_parsing": "expected a whole number; write e.g. 4",
+    "int_type": "expected a whole number; write e.g. 4",
+    "int_from_float": "expected a whole number, not a fraction; write e.g. 4",
+    "float_parsing": "expected a number; write e.g. 1.5",
+    "float_type": "expected a number; write e.g. 1.5",
+    "string_type": "expected text; write a quoted string",
+    "tuple_type": "expected a list; write a YAML list, e.g. [a, b]",
+    "list_type": "expected a list; write a YAML list, e.g. [a, b]",
+    "dict_type": "expected a mapping; write key: value lines",
+    "model_type": "expected a mapping of fields; write field: value lines",
+    "model_attributes_type": "expected a mapping of fields; write field: value lines",
+    "string_too_short": "too short; allowed: at least {min_length} characters; write a longer value",
+    "string_too_long": "too long; allowed: at most {max_length} characters; shorten it",
+    "too_short": "too few entries; allowed: at least {min_length}; add entries",
+    "too_long": "too many entries; allowed: at most {max_length}; remove entries",
+    "greater_than_equal": "too small; allowed: >= {ge}; raise the value",
+    "greater_than": "too small; allowed: > {gt}; raise the value",
+    "less_than_equal": "too large; allowed: <= {le}; lower the value",
+    "less_than": "too large; allowed: < {lt}; lower the value",
+    "finite_number": "expected a finite number; write e.g. 1.5",
 }
+
+
+def _field_description(model: type[BaseModel], loc: FieldPath) -> str | None:
+    """``description`` of the field at ``loc`` (list indexes skipped): schemas describe pattern fields in words."""
+    current: Any = model
+    field = None
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        field = getattr(current, "model_fields", {}).get(part)
+        if field is None:
+            return None
+        current = _model_of(field.annotation)
+    return field.description if field is not None else None
 
 
 def _allowed_fields(model: type[BaseModel], loc: FieldPath) -> list[str]:
@@ -151,9 +188,23 @@ def _model_of(annotation: Any) -> type[BaseModel] | None:
     return None
 
 
+def _data_path(data: Any, loc: FieldPath) -> FieldPath:
+    """``loc`` without the parts pydantic adds that are not keys of the file (the tag of a discriminated
+    union: ``state.gcs.bucket`` is ``state.bucket`` in the YAML), so field names and lines match the file."""
+    out: list[str | int] = []
+    node = data
+    for i, part in enumerate(loc):
+        if isinstance(node, dict) and isinstance(part, str) and part not in node and i + 1 < len(loc) and loc[i + 1] in node:
+            continue
+        out.append(part)
+        node = node.get(part) if isinstance(node, dict) else node[part] if isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node) else None
+    return tuple(out)
+
+
 def problems_from_validation(doc: YamlDocument, model: type[BaseModel], exc: ValidationError) -> list[Problem]:
     """One Problem per pydantic error, located at the YAML line of the failing field."""
-    errors = [(tuple(p for p in e["loc"] if not (isinstance(p, str) and p.startswith("function-"))), e) for e in exc.errors()]
+    errors = [(_data_path(doc.data, tuple(p for p in e["loc"] if not (isinstance(p, str) and p.startswith("function-")))), e)
+              for e in exc.errors()]
     nested = {loc[:i] for loc, _ in errors for i in range(len(loc))}
     # A list whose items failed also reports "too short"; the item errors are the ones to fix.
     return [doc.problem(loc, _message(e, model, loc)) for loc, e in errors if not (e["type"] == "too_short" and loc in nested)]

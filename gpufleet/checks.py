@@ -43,7 +43,7 @@ class CheckReport:
         table = Table(title="gpufleet check")
         table.add_column("step")
         table.add_column("result")
-        table.add_column("summary")
+        table.add_column("summary", overflow="fold")
         for step, passed, summary in self.rows:
             table.add_row(step, "[green]ok[/green]" if passed else "[red]FAILED[/red]", summary)
         console.print(table)
@@ -71,6 +71,20 @@ def validate_inputs(configs: tuple[ClusterConfig, ...] | None = None) -> tuple[t
     return configs, specs
 
 
+def _destroys(report: CheckReport, configs: tuple[ClusterConfig, ...]) -> None:
+    """Removed cluster files and renamed protected pools, against the git base (see gpufleet.destroys)."""
+    from gpufleet import destroys
+
+    base, found = destroys.announce(repo.root(), configs)
+    if base is None:
+        report.add("destroys", True, "skipped: not a git checkout")
+        return
+    blocking = [d for d in found if d.blocking]
+    summary = f"{len(blocking)} protected resource(s) destroyed vs {base}" if blocking else f"none vs {base}"
+    report.add("destroys", not blocking, summary + (f", {len(found) - len(blocking)} note(s)" if len(found) > len(blocking) else ""),
+               [f"{'destroy' if d.blocking else 'note'}: {d.line}" for d in found])
+
+
 def run_checks(configs: tuple[ClusterConfig, ...] | None, *, out: Path, state_files: tuple[Path, ...] = (),
                checkov: bool = True) -> CheckReport:
     from gpufleet.safety import checkov_scan, secret_scan
@@ -78,8 +92,11 @@ def run_checks(configs: tuple[ClusterConfig, ...] | None, *, out: Path, state_fi
     from stacks.synth import synthesize
 
     report = CheckReport()
+    from_repo = configs is None
     configs, specs = validate_inputs(configs)
     report.add("inputs", True, f"{len(configs)} cluster file(s), {len(specs)} job file(s), Vault policies and roles")
+    if from_repo:
+        _destroys(report, configs)
     stacks = synthesize(configs, out)
     report.add("synth", True, f"{len(stacks)} stack(s) into {out}")
     with tempfile.TemporaryDirectory(prefix="gpufleet-check-jobs-") as rendered:

@@ -7,8 +7,11 @@ User errors (ConfigError, UserError) become one line per problem on stderr and e
 
 from __future__ import annotations
 
+import functools
 import sys
 from pathlib import Path
+
+import click
 
 import typer
 
@@ -48,9 +51,16 @@ exp_cmd.register(app)
 EXIT_USER_ERROR = 2
 
 
+@functools.cache
+def _command() -> click.Command:
+    """The click command typer builds from ``app``, built once: ``app(...)`` rebuilds it on every call,
+    which is most of an in-process call's cost (the test suites call ``main`` hundreds of times)."""
+    return typer.main.get_command(app)
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
-        rc = app(args=argv, standalone_mode=False)
+        rc = _command()(args=argv, standalone_mode=False)
     except ConfigError as exc:
         for problem in exc.problems:
             print(f"error: {problem}", file=sys.stderr)

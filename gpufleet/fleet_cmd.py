@@ -27,7 +27,7 @@ def cmd_clusters(clusters_dir: Path | None = ClustersDir) -> None:
     """Show every cluster: environment, scheduler, GPU pools, GPU range, tenants and quotas."""
     table = Table(title="gpufleet clusters")
     for column in ("cluster", "env", "scheduler", "state", "pools", "GPUs min/max", "tenants (GPU quota)"):
-        table.add_column(column)
+        table.add_column(column, overflow="fold")
     for config in _configs(clusters_dir):
         specs = derive_gpu_pools(config)
         low, high = total_gpus(specs)
@@ -54,7 +54,7 @@ def cmd_stacks(
         return
     table = Table(title="gpufleet stacks")
     for column in ("stack", "cluster", "kind", "depends on"):
-        table.add_column(column)
+        table.add_column(column, overflow="fold")
     for s in info:
         table.add_row(s.name, s.cluster, s.kind, ", ".join(s.depends_on) or "-")
     console.print(table)
@@ -81,9 +81,13 @@ def cmd_check(
     skip_checkov: bool = typer.Option(False, "--skip-checkov", help="Skip the policy scan (faster local loops)."),
 ) -> None:
     """Load and cross-check every file, synthesize, scan for secrets and run checkov; one summary."""
+    from clusters.errors import UserError
     from gpufleet import outputs
 
     outputs.claim_dir(out)
+    for file in state or ():
+        if not file.is_file():
+            raise UserError(f"--state {file}: file not found; write it with `terraform show -json > {file}`")
     report = run_checks(_configs(clusters_dir) if clusters_dir else None, out=out, state_files=tuple(state or ()),
                         checkov=not skip_checkov)
     report.print(console)

@@ -68,7 +68,7 @@ def cmd_render(
     specs = [load(find(j)) for j in jobs] if jobs else list(load_all())
     table = Table(title="rendered Nomad jobs")
     for column in ("job", "cluster", "namespace", "pool", "GPUs", "role", "file"):
-        table.add_column(column)
+        table.add_column(column, overflow="fold")
     for spec in specs:
         path = write_job(spec, out_dir)
         table.add_row(spec.name, spec.cluster, spec.namespace, spec.pool.name, spec.gpu.describe(free=False), spec.vault_role, os.path.relpath(path))
@@ -102,6 +102,21 @@ def cmd_submit(
     console.print(f"registered {spec.name} in namespace {spec.namespace} (job modify index {index}); next: gpufleet jobs dispatch {spec.name} " + " ".join(f"--meta {k}=..." for k in spec.meta_required))
 
 
+def _preflight(spec: FinetuneSpec) -> NomadClient:
+    """Everything checkable before a single-use secret_id is minted: NOMAD_ADDR set, Nomad reachable, the job registered."""
+    from jobs.client import NomadError
+
+    if not os.environ.get("NOMAD_ADDR"):
+        raise UserError("NOMAD_ADDR is not set; nothing was minted; set NOMAD_ADDR (and NOMAD_TOKEN) to your Nomad servers, e.g. https://nomad.example.com:4646")
+    client = _client()
+    try:
+        client.status(spec.name, spec.namespace, spec)
+    except NomadError as exc:
+        detail = str(exc).split("; check the id printed")[0]
+        raise UserError(f"not dispatching, nothing was minted: {detail}; if the job is not registered yet: gpufleet jobs submit {spec.name}") from None
+    return client
+
+
 def cmd_dispatch(
     job: str = typer.Argument(..., help="Job name (jobs/<job>.yaml)."),
     meta: list[str] | None = MetaOption,
@@ -117,7 +132,7 @@ def cmd_dispatch(
     spec = _spec(job)
     checked = validate_meta(spec, parse_pairs(meta or []))
     token = idempotency_token or str(uuid.uuid4())
-    client = _client()
+    client = _preflight(spec)
     # Nomad CE has no quotas: refuse here, before a secret_id is minted for a run that must not start.
     decision = check_tenant_quota(spec.tenant, pool=spec.pool.name, requested_gpus=spec.gpu.count,
                                   in_use_gpus=client.tenant_gpus_in_use(spec.namespace, spec.pool.name))
@@ -136,7 +151,7 @@ def _status_table(status: RunStatus) -> Table:
     colour = {"running": "cyan", "complete": "green", "failed": "red", "lost": "red"}.get(status.state.value, "yellow")
     table = Table(title=status.job_id)
     for column in ("state", "detail", "allocation", "node"):
-        table.add_column(column)
+        table.add_column(column, overflow="fold")
     table.add_row(f"[{colour}]{status.state.value}[/]", status.detail, status.alloc_id or "-", status.node or "-")
     return table
 

@@ -32,6 +32,15 @@ _ALLOW = typer.Option(
         "(e.g. `protected: false` in the cluster file), because the synthesized stack keeps prevent_destroy."
     ),
 )
+_GATE_ALLOW = typer.Option(
+    [],
+    "--allow-destroy",
+    help=(
+        "Exact address whose delete/replace in this plan is allowed (repeatable): the gate reports it as allowed"
+        " instead of blocked. It changes nothing in the plan; applying still needs a reviewed change that lifts"
+        " prevent_destroy (e.g. `protected: false` in the cluster file)."
+    ),
+)
 _PROTECT = typer.Option([], "--protected-type", help="Also protect this resource type (repeatable); adds to the defaults.")
 _SUMMARY = typer.Option(None, "--summary-out", help="Write the per-stack summary JSON here (read by `gpufleet ci comment`).")
 
@@ -110,7 +119,7 @@ def cmd_plan(
 def cmd_gate(
     plan: Path = typer.Argument(..., help="Plan JSON from `terraform show -json <planfile>`."),
     stack: str = typer.Option("", "--stack", help="Stack name: labels the summary and protects its reviewed imports."),
-    allow_destroy: list[str] = _ALLOW,
+    allow_destroy: list[str] = _GATE_ALLOW,
     protected_type: list[str] = _PROTECT,
     summary_out: Path | None = _SUMMARY,
 ) -> None:
@@ -137,7 +146,16 @@ def cmd_scan(
     for file in state:
         if not file.is_file():
             raise UserError(f"--state {file}: file not found; write it with `terraform show -json > {file}`")
-    findings = secret_scan.scan_paths([*(paths or DEFAULT_SCAN_PATHS), *state])
+    for path in paths or ():
+        if not path.exists():
+            raise UserError(f"{path}: not found; pass an existing file or directory (e.g. cdktf.out after `gpufleet synth`)")
+    from clusters import repo
+
+    base = repo.root_or_none() or Path.cwd()
+    targets = list(paths) if paths else [base / p for p in DEFAULT_SCAN_PATHS if (base / p).exists()]
+    if not targets and not state:
+        raise UserError("nothing to scan: neither cdktf.out nor jobs/out exists; run `gpufleet synth` and `gpufleet jobs render` first, or pass paths")
+    findings = secret_scan.scan_paths([*targets, *state])
     if not findings:
         console.print("secret scan: no secret values found")
         return
@@ -207,6 +225,7 @@ def cmd_import_generate(
 
     target = out or Path(tempfile.gettempdir()) / f"gpufleet-import-{stack}.json"
     imports.refuse_inside_repo(target)
+    imports.read_ids(ids)  # a missing or malformed ids file is refused before the synthesis it would waste
     with tempfile.TemporaryDirectory(prefix="gpufleet-import-") as work:
         stack_json = imports.synthesized_stack(stack, clusters_dir, Path(work))
         recorded, digest = imports.generate(stack, ids, stack_json, target)
@@ -232,6 +251,8 @@ def cmd_import_apply(
 
     from gpufleet.safety import imports
 
+    if not manifest.is_file():
+        raise UserError(f"{manifest}: manifest not found; run `gpufleet import generate {stack} --ids FILE` first")
     with tempfile.TemporaryDirectory(prefix="gpufleet-import-") as work:
         stack_json = imports.synthesized_stack(stack, clusters_dir, Path(work))
         ids = imports.verify(stack, manifest, digest, stack_json)

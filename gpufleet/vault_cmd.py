@@ -78,7 +78,7 @@ def _print_changes(title: str, changes: tuple[Change, ...], *, applied: bool) ->
 
     table = Table(title=title)
     for column in ("kind", "name", "action", "detail"):
-        table.add_column(column)
+        table.add_column(column, overflow="fold")
     styles = {"create": "green", "update": "yellow", "delete": "red", "delete (prune)": "red"}
     for change in changes:
         style = styles.get(change.action, "dim")
@@ -86,8 +86,13 @@ def _print_changes(title: str, changes: tuple[Change, ...], *, applied: bool) ->
     console = Console()
     console.print(table)
     pending = [c for c in changes if c.action not in ("unchanged", "skip")]
+    skipped = [c for c in changes if c.action == "skip"]
     verb = "changed" if applied else "to change"
-    console.print(f"{len(pending)} {verb}" if pending else "no changes")
+    summary = f"{len(pending)} {verb}" if pending else "no changes"
+    if skipped:
+        names = ", ".join(f"{c.kind} {c.name}" for c in skipped)
+        summary += f"; {len(skipped)} skipped ({names}): this token may not write them; apply those with an operator token"
+    console.print(summary, soft_wrap=True)
 
 
 def _dev_dir(repo: Path) -> Path:

@@ -11,6 +11,7 @@ import re
 from collections.abc import Iterator
 
 from clusters.derive import GpuPoolSpec, derive_gpu_pools
+from clusters.machines import machine_shape
 from clusters.schema import ClusterConfig, SchedulerKind
 from clusters.source import FieldPath, did_you_mean
 from jobs.durations import NS_PER_SECOND
@@ -112,6 +113,7 @@ def _placement(job: JobFile, config: ClusterConfig) -> Iterator[Finding]:
         yield (("gpu", "pool"), f"GPU pool {job.gpu.pool!r} does not exist in cluster {config.name}{did_you_mean(job.gpu.pool, pools)}; allowed: {', '.join(sorted(pools))}; pick one")
         return
     yield from _gpu_fit(job, pool)
+    yield from _resources_fit(job, pool)
     if tenant is not None and tenant.gpu_quota:
         quota = tenant.gpu_quota.get(pool.name, 0)
         if job.gpu.count > quota:
@@ -140,6 +142,29 @@ def _gpu_fit(job: JobFile, pool: GpuPoolSpec) -> Iterator[Finding]:
             yield (("gpu", "prefer_memory_gib"), f"{gpu.prefer_memory_gib} GiB can never be preferred on pool {pool.name} ({reported}); allowed: {low}..{top}; change it or remove it")
     if gpu.model is not None and not re.search(gpu.model, nvml.nvml_name):
         yield (("gpu", "model"), f"pattern {gpu.model!r} does not match pool {pool.name}'s GPU model as NVML names it ({nvml.nvml_name!r}); the job could never be placed; write a pattern matching it, e.g. {nvml.nvml_name.split()[-1]!r}")
+
+
+# Nomad counts CPU in MHz; no Compute Engine vCPU offers more than this per core, so a request above
+# vCPUs x this can never be placed (an upper bound: the real fingerprint is lower).
+MAX_MHZ_PER_VCPU = 4000
+
+
+def _resources_fit(job: JobFile, pool: GpuPoolSpec) -> Iterator[Finding]:
+    """One dispatched run lands on one node: it cannot ask for more than the pool's machine and boot disk have."""
+    shape = machine_shape(pool.machine_type)
+    if shape is not None:
+        memory_mb = int(shape.memory_gib * 1024)
+        if job.memory_mb > memory_mb:
+            yield (("memory_mb",), f"{job.memory_mb} MB is more than a {pool.machine_type} node of pool {pool.name} has ({shape.memory_gib:g} GiB"
+                   f" = {memory_mb} MB); allowed: <= {memory_mb}; lower memory_mb or pick a pool with a bigger machine")
+        cpu_mhz = shape.vcpus * MAX_MHZ_PER_VCPU
+        if job.cpu_mhz > cpu_mhz:
+            yield (("cpu_mhz",), f"{job.cpu_mhz} MHz is more than a {pool.machine_type} node of pool {pool.name} can offer ({shape.vcpus} vCPUs"
+                   f" x at most {MAX_MHZ_PER_VCPU} MHz = {cpu_mhz}); allowed: <= {cpu_mhz}; lower cpu_mhz or pick a bigger machine")
+    disk_mb = pool.boot_disk_gb * 1024
+    if job.disk_mb > disk_mb:
+        yield (("disk_mb",), f"{job.disk_mb} MB is more than pool {pool.name}'s boot disk ({pool.boot_disk_gb} GB = {disk_mb} MB);"
+               f" allowed: <= {disk_mb}; lower disk_mb or raise boot_disk_gb on the pool")
 
 
 def _vault(job: JobFile, vault: VaultView) -> Iterator[Finding]:

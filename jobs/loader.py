@@ -19,7 +19,9 @@ JOBS_DIR = Path(__file__).resolve().parent
 
 
 def job_files(directory: Path | None = None) -> tuple[Path, ...]:
-    return tuple(sorted(Path(directory or repo.jobs_dir()).glob("*.yaml")))
+    """``.yml`` is loaded like ``.yaml``: a job file is never silently ignored for its extension."""
+    directory = Path(directory or repo.jobs_dir())
+    return tuple(sorted(p for pattern in ("*.yaml", "*.yml") for p in directory.glob(pattern)))
 
 
 def load(path: Path, *, cluster_configs: tuple[ClusterConfig, ...] | None = None, vault: VaultView | None = None) -> FinetuneSpec:
@@ -55,10 +57,11 @@ def find(name: str, directory: Path | None = None) -> Path:
     """The file of job ``name`` (or a path given directly); a typo gets a did-you-mean."""
     directory = Path(directory or repo.jobs_dir())
     candidate = Path(name)
-    if candidate.suffix == ".yaml" and candidate.exists():
+    if candidate.suffix in (".yaml", ".yml") and candidate.is_file():
         return candidate
-    path = Path(directory) / f"{name}.yaml"
-    if path.exists():
-        return path
+    for suffix in (".yaml", ".yml"):
+        path = Path(directory) / f"{name}{suffix}"
+        if path.is_file():
+            return path
     names = [p.stem for p in job_files(directory)]
     raise UserError(f"no job {name!r}{did_you_mean(name, names)}; allowed: {', '.join(names) or '(none)'}; add jobs/{name}.yaml or pick one")

@@ -120,7 +120,10 @@ class JobFile(Model):
     cluster: Annotated[str, Field(min_length=1)]
     tenant: Annotated[str, Field(min_length=1)]
     gpu: Gpu
-    image: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9._/-]*(:[A-Za-z0-9._-]+)?(@sha256:[0-9a-f]{64})?$")]
+    # Lengths from distribution/reference: a name is at most 255 characters, a tag 128 (plus ':' and '@sha256:<64>').
+    image: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9._/-]{0,254}(:[A-Za-z0-9_][A-Za-z0-9._-]{0,127})?(@sha256:[0-9a-f]{64})?$",
+                                description="an image reference: a lowercase registry/path of at most 255 characters, optional"
+                                            " ':tag' (at most 128) and '@sha256:<64 hex>', e.g. 'ghcr.io/acme/train:1.4'")]
     command: Annotated[str, Field(min_length=1)]
     args: tuple[str, ...] = ()
     env: dict[str, str] = {}

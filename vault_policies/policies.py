@@ -65,6 +65,32 @@ def line_of_text(text: str, needle: str) -> int | None:
     return None
 
 
+_TOKENS = {"RIGHTBRACE": "'}'", "LEFTBRACE": "'{'", "RIGHTBRACKET": "']'", "LEFTBRACKET": "'['", "COMMA": "','",
+           "EQUAL": "'='", "STRING": "a quoted string", "IDENTIFIER": "a name", "RIGHTPAREN": "')'", "LEFTPAREN": "'('",
+           "NUMBER": "a number", "FLOAT": "a number", "MINUS": "'-'", "BOOL": "true or false", "PERIOD": "'.'", "COLON": "':'",
+           "ASTERISK_PERIOD": "'*.'", "QMARK": "'?'", "EPLUS": "a number", "EMINUS": "a number"}
+
+
+def hcl_error(raw: str, text: str) -> tuple[int, str]:
+    """(line, words) of a pyhcl parse error: token names as the characters they stand for, no column
+    (pyhcl's is unreliable); an unexpected end of file points at the last line and says what is open."""
+    found = _HCL_LINE.search(raw)
+    line = int(found.group(1)) if found else max(text.count("\n"), 1)
+    unexpected = re.search(r"unexpected (\w+)", raw)
+    tail = re.split(r"\bexpected\b", raw, maxsplit=1)
+    expected = [t for t in re.findall(r"\b[A-Z_]{2,}\b", tail[1]) if t in _TOKENS] if len(tail) == 2 else []
+    wanted = " or ".join(dict.fromkeys(_TOKENS[t] for t in expected if "COMMENT" not in t))
+    if "end of file" in raw.lower():
+        return line, f"the file ends inside a block or list{'; expected ' + wanted if wanted else ''} (a closing '}}' or ']' is missing)"
+    what = _TOKENS.get(unexpected.group(1), unexpected.group(1).lower()) if unexpected else "text"
+    return line, f"unexpected {what}{'; expected ' + wanted if wanted else ''}"
+
+
+def text_line(data: bytes, offset: int) -> int:
+    """1-based line of a byte offset."""
+    return data[:offset].count(b"\n") + 1
+
+
 def parse_policy(file: Path) -> tuple[PolicyFile | None, list[Problem]]:
     """One policy file; problems instead of exceptions so every file is reported in one pass."""
     import hcl
@@ -76,6 +102,8 @@ def parse_policy(file: Path) -> tuple[PolicyFile | None, list[Problem]]:
         text = file.read_text(encoding="utf-8")
     except OSError as exc:
         return None, [Problem(where, None, "", f"cannot read file: {exc.strerror}")]
+    except UnicodeDecodeError as exc:
+        return None, [Problem(where, text_line(file.read_bytes(), exc.start), "", f"not UTF-8 text (byte {exc.start}); save the file as UTF-8")]
     if name in BUILTIN_POLICIES:
         problems.append(Problem(where, None, "", f"{name!r} is Vault's built-in policy ({'attached to every token' if name == 'default' else 'all-powerful'}); gpufleet never writes it; allowed: {JOB_POLICY_PREFIX}<family>.hcl; rename the file"))
     elif name not in OPERATOR_POLICIES and not (POLICY_NAME.match(name) and name.startswith(JOB_POLICY_PREFIX) and len(name) > len(JOB_POLICY_PREFIX)):
@@ -85,8 +113,8 @@ def parse_policy(file: Path) -> tuple[PolicyFile | None, list[Problem]]:
     try:
         parsed = hcl.loads(text)
     except ValueError as exc:
-        found = _HCL_LINE.search(str(exc))
-        return None, [*problems, Problem(where, int(found.group(1)) if found else None, "", f"invalid HCL: {exc}; fix the syntax (blocks look like: path \"secret/data/...\" {{ capabilities = [\"read\"] }})")]
+        line, message = hcl_error(str(exc), text)
+        return None, [*problems, Problem(where, line, "", f"invalid HCL: {message}; fix the syntax (blocks look like: path \"secret/data/...\" {{ capabilities = [\"read\"] }})")]
     unknown = sorted(set(parsed) - {"path"})
     for key in unknown:
         problems.append(Problem(where, line_of_text(text, key), key, f"unknown top-level block {key!r}; allowed: path; remove it"))

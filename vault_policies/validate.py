@@ -85,7 +85,9 @@ def _collect(repo_root: Path) -> tuple[VaultDefinitions, list[Problem]]:
         for index, policy in enumerate(role.policies):
             if policy in OPERATOR_POLICIES:
                 problems.append(doc.problem(("roles", name, "policies", index), f"{policy!r} is an operator policy and must not reach training tasks; allowed: {', '.join(job_policies)}; name a job policy"))
-            elif policy not in policies:
+            elif policy not in policies and not (repo_root / POLICIES_DIR / f"{policy}.hcl").is_file():
+                # A policy file that exists but does not parse is reported once, by its parser; a second
+                # "does not exist" here would send the reader to the wrong file.
                 problems.append(doc.problem(("roles", name, "policies", index), f"policy {policy!r} does not exist{did_you_mean(policy, job_policies)}; allowed: {', '.join(job_policies)}; add {POLICIES_DIR}/{policy}.hcl or fix the name"))
     definitions = VaultDefinitions(policies, roles, retired_roles(doc))
     if not problems:

@@ -54,7 +54,7 @@ def _digest(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _read_ids(path: Path) -> dict[str, str]:
+def read_ids(path: Path) -> dict[str, str]:
     if not Path(path).is_file():
         raise UserError(f"{path}: ids file not found; write a JSON object {{\"<address>\": \"<provider id>\"}}")
     try:
@@ -93,7 +93,7 @@ def refuse_inside_repo(out: Path, repo: Path | None = None) -> None:
 def generate(stack: str, ids_file: Path, stack_json: Path, out: Path, *, repo: Path | None = None) -> tuple[dict[str, str], str]:
     """Write the manifest to ``out`` (never inside the repo); returns (address -> id, SHA-256 of the manifest)."""
     refuse_inside_repo(out, repo)
-    ids = _read_ids(ids_file)
+    ids = read_ids(ids_file)
     data = derive_manifest(stack, ids, stack_json)
     outputs.write_file(out, data, option="--out", owned=outputs.json_with_keys("version", "stack", "imports"))
     return ids, _digest(data)

@@ -50,7 +50,7 @@ CASES = [
     ("bad-state-backend", "prod-gke", lambda d: d.update(state={"backend": "s3", "bucket": "x"}), "state", "'local', 'gcs', 'tfc'"),
     ("nomad-needs-section", "prod-nomad", lambda d: d.pop("nomad"), "nomad", "needs a nomad: section"),
     ("nomad-section-on-gke", "prod-gke", lambda d: d.update(nomad={"datacenter": "dc1", "vault_addr": "https://v:8200"}), "nomad", "only applies to scheduler: nomad"),
-    ("no-pools", "prod-gke", lambda d: d.update(gpu_pools=[]), "gpu_pools", "at least 1 item"),
+    ("no-pools", "prod-gke", lambda d: d.update(gpu_pools=[]), "gpu_pools", "too few entries; allowed: at least 1; add entries"),
     ("bad-project", "prod-gke", lambda d: d["gcp"].update(project="ML"), "gcp.project", "not a GCP project id"),
 ]
 

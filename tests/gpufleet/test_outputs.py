@@ -155,3 +155,10 @@ def test_a_second_checkout_reads_its_own_files_with_the_first_ones_venv(tmp_path
     assert done.returncode == 2 and str(copy / "clusters" / "prod-gke.yaml") in done.stderr, done.stderr
     done = subprocess.run([str(GPUFLEET), "--repo", str(REPO_ROOT), "stacks", "--json"], cwd=copy, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and '"dev-gke"' in done.stdout, done.stderr
+
+
+def test_tables_keep_whole_names_at_80_columns() -> None:
+    env = {**os.environ, "COLUMNS": "80"}
+    done = subprocess.run([str(GPUFLEET), "clusters"], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "…" not in done.stdout and max(len(line) for line in done.stdout.splitlines()) <= 80

@@ -71,13 +71,13 @@ BAD = [
     ("meta-key-shape", _set(("meta_required",), ["Dataset-URI", "run_id"]), "meta_required[0]", r"meta key 'Dataset-URI' is not allowed"),
     ("meta-both-lists", _set(("meta_optional",), ["run_id"]), "meta_optional", r"'run_id' is also in meta_required"),
     ("meta-platform-prefix", _set(("meta_optional",), ["gpufleet_vault_role_id"]), "meta_optional[0]", r"uses the platform prefix 'gpufleet_'"),
-    ("priority-range", _set(("priority",), 101), "priority", r"101: Input should be less than or equal to 100"),
+    ("priority-range", _set(("priority",), 101), "priority", r"101: too large; allowed: <= 100; lower the value"),
     ("kill-timeout-too-long", _set(("kill_timeout",), "13h"), "kill_timeout", r"46800s is not shorter than max_run_hours \(12h\)"),
     ("restart-retries", _set(("restart", "attempts"), 1), "restart.attempts", r"^1 is not allowed; allowed: 0; a retried task would reuse the spent single-use secret_id; set attempts: 0 and re-dispatch a failed run with gpufleet jobs dispatch$"),
     ("restart-delay-mode", _set(("restart", "mode"), "delay"), "restart.mode", r"'delay' restarts the task after each interval; allowed: 'fail'; a retried task would reuse the spent single-use secret_id; set mode: fail"),
     ("reschedule-retries", _set(("reschedule", "attempts"), 2), "reschedule.attempts", r"^2 is not allowed; allowed: 0; a retried task would reuse the spent single-use secret_id; set attempts: 0 and re-dispatch"),
     ("reschedule-unlimited", _set(("reschedule", "unlimited"), True), "reschedule.unlimited", r"true is not allowed; allowed: false; .*set unlimited: false"),
-    ("image-shape", _set(("image",), "Not An Image"), "image", r"'Not An Image': String should match pattern"),
+    ("image-shape", _set(("image",), "Not An Image"), "image", r"'Not An Image' is not an image reference: a lowercase registry/path"),
 ]
 
 
