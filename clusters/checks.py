@@ -234,7 +234,9 @@ def _nomad(config: ClusterConfig) -> Iterator[Finding]:
         return
     yield from _nomad_servers(config)
     for s, server in enumerate(config.nomad.existing_servers):
-        if not SERVER_ADDRESS.match(server):
+        if server in config.nomad.existing_servers[:s]:
+            yield (("nomad", "existing_servers", s), f"{server!r} is listed twice; list each server once")
+        elif not SERVER_ADDRESS.match(server):
             yield (("nomad", "existing_servers", s), f"{server!r} is not a Nomad server address; write 'host', 'host:4647' or a cloud auto-join string"
                    " such as 'provider=gce tag_value=nomad-server'")
 

@@ -342,8 +342,8 @@ class UpgradeExclusion(Model):
     """A NO_MINOR_OR_NODE_UPGRADES window (the toolkit's A3 default): no node upgrade evicts a run inside it."""
 
     name: DnsName = "no-minor-or-node-upgrades"
-    start_time: Annotated[str, Field(pattern=RFC3339)]
-    end_time: Annotated[str, Field(pattern=RFC3339)]
+    start_time: Annotated[str, Field(pattern=RFC3339, description="an RFC 3339 time such as '2026-06-01T00:00:00Z'")]
+    end_time: Annotated[str, Field(pattern=RFC3339, description="an RFC 3339 time such as '2026-06-30T00:00:00Z'")]
 
 
 class GkeConfig(Model):
@@ -352,7 +352,7 @@ class GkeConfig(Model):
     # server without an IP allow-list; false leaves only master_authorized_networks.
     dns_endpoint: bool = True
     private_endpoint: bool = False
-    maintenance_start_time: Annotated[str, Field(pattern=HH_MM)] = "09:00"
+    maintenance_start_time: Annotated[str, Field(pattern=HH_MM, description="a UTC time of day as HH:MM, such as '09:00'")] = "09:00"
     upgrade_exclusion: UpgradeExclusion | None = None
     release_channel: Literal["RAPID", "REGULAR", "STABLE"] = "REGULAR"
     # Google Groups for RBAC: without it GKE never puts group membership in the request, so

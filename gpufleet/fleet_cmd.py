@@ -16,7 +16,14 @@ from gpufleet.checks import run_checks
 console = Console()
 
 ClustersDir = typer.Option(None, "--clusters-dir", help="Directory of cluster files (default: clusters/).")
-OutDir = typer.Option(Path("cdktf.out"), "--out", help="Where synthesized stacks go.")
+OutDir = typer.Option(None, "--out", help="Where synthesized stacks go (default: cdktf.out in the repository root).")
+
+
+def _out(out: Path | None) -> Path:
+    """An explicit --out is taken as given (relative to the current directory); the default is the repository's."""
+    from clusters import repo
+
+    return out if out is not None else repo.root() / "cdktf.out"
 
 
 def _configs(path: Path | None) -> tuple[clusters.ClusterConfig, ...]:
@@ -62,20 +69,21 @@ def cmd_stacks(
 
 def cmd_synth(
     stacks: list[str] = typer.Argument(None, help="Stacks to synthesize (default: all)."),
-    out: Path = OutDir,
+    out: Path | None = OutDir,
     clusters_dir: Path | None = ClustersDir,
 ) -> None:
     """Synthesize stacks into cdktf.out atomically; a bad cluster file leaves it untouched."""
     from gpufleet import outputs
     from stacks.synth import synthesize
 
+    out = _out(out)
     outputs.claim_dir(out)  # refuse `--out .` before spending a synthesis on it
     names = synthesize(_configs(clusters_dir), out, only=tuple(stacks or ()))
     console.print(f"synthesized {len(names)} stack(s) into {out}: {', '.join(names)}")
 
 
 def cmd_check(
-    out: Path = OutDir,
+    out: Path | None = OutDir,
     clusters_dir: Path | None = ClustersDir,
     state: list[Path] = typer.Option(None, "--state", help="`terraform show -json` state files to scan for secrets."),
     skip_checkov: bool = typer.Option(False, "--skip-checkov", help="Skip the policy scan (faster local loops)."),
@@ -84,6 +92,7 @@ def cmd_check(
     from clusters.errors import UserError
     from gpufleet import outputs
 
+    out = _out(out)
     outputs.claim_dir(out)
     for file in state or ():
         if not file.is_file():

@@ -159,7 +159,11 @@ def _empty(kind: str) -> Any:
 
 
 def _near_miss(key: str) -> str:
-    return key[:-2] + key[-1] + key[-2] if len(key) > 2 else key + "s"
+    """The last two letters swapped (a typo); a doubled last letter ('access') loses one instead."""
+    if len(key) <= 2:
+        return key + "s"
+    swapped = key[:-2] + key[-1] + key[-2]
+    return swapped if swapped != key else key[:-1]
 
 
 def _walk(model: type[BaseModel], data: Any, path: tuple[str | int, ...]) -> Iterator[tuple[tuple[str | int, ...], FieldInfo, Any]]:

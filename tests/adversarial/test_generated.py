@@ -42,6 +42,7 @@ def _prepare(base: str, data: dict[str, Any], case: Case, tmp: Path) -> Path:
         path = tmp / f"{base}.yaml"
     else:
         shutil.copytree(REPO / "vault_policies", tmp / "vault_policies", ignore=shutil.ignore_patterns("*.py", "__pycache__"))
+        shutil.copytree(REPO / "clusters", tmp / "clusters", ignore=shutil.ignore_patterns("*.py", "*.json", "__pycache__"))
         path = tmp / "vault_policies" / "roles.yaml"
     path.parent.mkdir(parents=True, exist_ok=True)
     _dump(mutated, path)

@@ -42,15 +42,15 @@ CASES = [
     ("system-pool-min-above-max", "prod-gke", lambda d: d["gke"].update(system_pool={"min_nodes": 5, "max_nodes": 3}),
      "gke.system_pool.min_nodes", "lower min_nodes or raise max_nodes"),
     ("system-pool-min-zero", "prod-gke", lambda d: d["gke"].update(system_pool={"min_nodes": 0}),
-     "gke.system_pool.min_nodes", "greater than or equal to 1"),
+     "gke.system_pool.min_nodes", "too small; allowed: >= 1; raise the value"),
     ("exclusion-ends-before-it-starts", "prod-gke", lambda d: d["gke"].update(
         upgrade_exclusion={"start_time": "2026-06-01T00:00:00Z", "end_time": "2026-01-01T00:00:00Z"}),
      "gke.upgrade_exclusion.end_time", "set an end_time after the start"),
     ("exclusion-not-rfc3339", "prod-gke", lambda d: d["gke"].update(
         upgrade_exclusion={"start_time": "June 1st", "end_time": "2026-01-01T00:00:00Z"}),
-     "gke.upgrade_exclusion.start_time", "should match pattern"),
+     "gke.upgrade_exclusion.start_time", "is not an RFC 3339 time such as"),
     ("maintenance-window-not-hh-mm", "prod-gke", lambda d: d["gke"].update(maintenance_start_time="9am"),
-     "gke.maintenance_start_time", "should match pattern"),
+     "gke.maintenance_start_time", "is not a UTC time of day as HH:MM"),
     ("tenant-queue-addresses-collide", "prod-gke", colliding_queues, "tenants[2].name", "would share one Kueue queue address"),
 ]
 

@@ -117,7 +117,7 @@ def test_cli_diff_and_apply(prod_vault: VaultHandle, monkeypatch: pytest.MonkeyP
     assert main(["vault", "apply", "--repo", str(REPO_ROOT)]) == 0
     assert main(["vault", "diff", "--repo", str(REPO_ROOT)]) == 0
     out = capsys.readouterr().out
-    assert "ml-keys-finetune" in out and out.rstrip().endswith("no changes; 2 skipped (policy gpufleet-admin, policy orchestrator): this token may not write them; apply those with an operator token")
+    assert "ml-keys-finetune" in out and out.rstrip().endswith("no changes")
 
 
 def test_fails_when_cli_token_lacks_admin_policy(vault: VaultHandle, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
