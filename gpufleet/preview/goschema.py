@@ -19,150 +19,7 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-_TOKEN = re.compile(
-    r"""(?P<ws>\s+)|(?P<comment>//[^\n]*|/\*.*?\*/)|(?P<raw>`[^`]*`)|(?P<str>"(?:\\.|[^"\\\n])*")|(?P<rune>'(?:\\.|[^'\\\n])+')"""
-    r"""|(?P<num>\d[\w.]*)|(?P<ident>[A-Za-z_][A-Za-z0-9_]*)|(?P<op>:=|\.\.\.|&&|\|\||==|!=|<=|>=|<-|[-+*/%&|^<>=!.,;:(){}\[\]])""",
-    re.DOTALL,
-)
-OPEN, CLOSE = "([{", ")]}"
-
-
-class Unsupported(Exception):
-    """A schema expression this reader cannot evaluate; the message names file:line."""
-
-
-@dataclass(frozen=True)
-class Tok:
-    text: str
-    kind: str
-    file: str
-    line: int
-
-
-def tokenize(source: str, file: str) -> list[Tok]:
-    tokens: list[Tok] = []
-    line, pos = 1, 0
-    for match in _TOKEN.finditer(source):
-        if match.start() != pos:
-            raise Unsupported(f"{file}:{line}: cannot tokenize {source[pos:pos + 20]!r}")
-        pos = match.end()
-        kind = match.lastgroup or ""
-        if kind not in ("ws", "comment"):
-            tokens.append(Tok(match.group(), kind, file, line))
-        line += match.group().count("\n")
-    return tokens
-
-
-def _split(tokens: list[Tok], sep: str) -> list[list[Tok]]:
-    """Split at depth-0 separators (commas of a literal, arguments of a call)."""
-    parts: list[list[Tok]] = [[]]
-    depth = 0
-    for tok in tokens:
-        if tok.text in OPEN:
-            depth += 1
-        elif tok.text in CLOSE:
-            depth -= 1
-        if depth == 0 and tok.text == sep:
-            parts.append([])
-        else:
-            parts[-1].append(tok)
-    return [p for p in parts if p]
-
-
-def _matching(tokens: list[Tok], start: int) -> int:
-    """Index of the bracket closing the one at ``start``."""
-    depth = 0
-    for i in range(start, len(tokens)):
-        if tokens[i].text in OPEN:
-            depth += 1
-        elif tokens[i].text in CLOSE:
-            depth -= 1
-            if depth == 0:
-                return i
-    raise Unsupported(f"{tokens[start].file}:{tokens[start].line}: unbalanced {tokens[start].text!r}")
-
-
-@dataclass
-class Func:
-    name: str
-    params: list[str]
-    body: list[Tok]
-
-
-@dataclass
-class Package:
-    """Top-level ``func`` and ``var`` declarations of a set of Go files (one name space, first wins)."""
-
-    funcs: dict[str, Func] = field(default_factory=dict)
-    vars: dict[str, list[Tok]] = field(default_factory=dict)
-
-    def add_source(self, source: str, file: str) -> None:
-        tokens = tokenize(source, file)
-        i = 0
-        while i < len(tokens):
-            tok = tokens[i]
-            if tok.text == "func" and i + 1 < len(tokens) and tokens[i + 1].kind == "ident":
-                i = self._func(tokens, i)
-            elif tok.text == "func" and tokens[i + 1].text == "(":  # method: skip its receiver, then record by name
-                receiver_end = _matching(tokens, i + 1)
-                i = self._func(tokens, receiver_end)
-            elif tok.text == "var" and tokens[i + 1].text == "(":
-                end = _matching(tokens, i + 1)
-                j = i + 2
-                while j < end:
-                    spec_end = min(self._statement_end(tokens, j), end)
-                    self._var(tokens[j:spec_end])
-                    j = spec_end
-                i = end + 1
-            elif tok.text == "var":
-                end = self._statement_end(tokens, i + 1)
-                self._var(tokens[i + 1:end])
-                i = end
-            elif tok.text in OPEN:
-                i = _matching(tokens, i) + 1
-            else:
-                i += 1
-
-    @staticmethod
-    def _statement_end(tokens: list[Tok], i: int) -> int:
-        """End of a declaration: the first depth-0 token on a new line after a complete expression."""
-        depth = 0
-        start_line = tokens[i].line
-        j = i
-        while j < len(tokens):
-            tok = tokens[j]
-            if depth == 0 and tok.line != start_line and j > i and tokens[j - 1].text not in ("=", ",", "{", "(", "&", ".", "&&", "||", "+"):
-                return j
-            if tok.text in OPEN:
-                depth += 1
-            elif tok.text in CLOSE:
-                depth -= 1
-            if depth == 0:
-                start_line = tok.line
-            j += 1
-        return j
-
-    def _var(self, spec: list[Tok]) -> None:
-        eq = next((k for k, t in enumerate(spec) if t.text == "="), None)
-        if eq is None or spec[0].kind != "ident":
-            return
-        self.vars.setdefault(spec[0].text, spec[eq + 1:])
-
-    def _func(self, tokens: list[Tok], i: int) -> int:
-        name = tokens[i + 1].text
-        j = i + 2
-        if tokens[j].text == "[":  # type parameters
-            j = _matching(tokens, j) + 1
-        params_end = _matching(tokens, j)
-        params = [p[0].text for p in _split(tokens[j + 1:params_end], ",") if p and p[0].kind == "ident"]
-        k = params_end + 1
-        while k < len(tokens) and tokens[k].text != "{":
-            if tokens[k].text in "([":
-                k = _matching(tokens, k)
-            k += 1
-        end = _matching(tokens, k)
-        self.funcs.setdefault(name, Func(name, params, tokens[k + 1:end]))
-        return end + 1
+from gpufleet.preview.gosource import CLOSE, OPEN, Func, Package, Tok, Unsupported, matching, split, subst, tokenize, where
 
 
 @dataclass
@@ -177,28 +34,6 @@ class Attr:
     line: int
     type: str
     children: dict[str, Attr] = field(default_factory=dict)
-
-
-def _subst(tokens: list[Tok], scope: dict[str, list[Tok]]) -> list[Tok]:
-    """Replace identifiers bound in ``scope`` (function parameters, locals) by their expressions.
-
-    Not a field selector (``x.name``) and not a literal key (``name:``).
-    """
-    if not scope:
-        return tokens
-    out: list[Tok] = []
-    for k, tok in enumerate(tokens):
-        selector = k > 0 and tokens[k - 1].text == "."
-        key = k + 1 < len(tokens) and tokens[k + 1].text == ":"
-        if tok.kind == "ident" and tok.text in scope and not selector and not key:
-            out.extend(scope[tok.text])
-        else:
-            out.append(tok)
-    return out
-
-
-def _where(tokens: list[Tok]) -> str:
-    return f"{tokens[0].file}:{tokens[0].line}" if tokens else "?"
 
 
 class Reader:
@@ -217,7 +52,7 @@ class Reader:
     def _strip(self, tokens: list[Tok]) -> list[Tok]:
         while tokens and tokens[0].text in ("&", "*"):
             tokens = tokens[1:]
-        while tokens and tokens[0].text == "(" and _matching(tokens, 0) == len(tokens) - 1:
+        while tokens and tokens[0].text == "(" and matching(tokens, 0) == len(tokens) - 1:
             tokens = tokens[1:-1]
         return tokens
 
@@ -238,9 +73,9 @@ class Reader:
             raise Unsupported("empty expression")
         if tokens[-1].text == "}":
             start = next(k for k, t in enumerate(tokens) if t.text == "{")
-            if _matching(tokens, start) != len(tokens) - 1:
-                raise Unsupported(f"{_where(tokens)}: not a composite literal")
-            return "".join(t.text for t in tokens[:start]), _subst(tokens[start + 1:-1], scope)
+            if matching(tokens, start) != len(tokens) - 1:
+                raise Unsupported(f"{where(tokens)}: not a composite literal")
+            return "".join(t.text for t in tokens[:start]), subst(tokens[start + 1:-1], scope)
         if tokens[0].kind == "ident":
             name, after = self._qualified(tokens)
             if after == len(tokens):
@@ -248,10 +83,10 @@ class Reader:
                     return self.literal(scope[tokens[0].text], {})
                 if self._var(name) is not None:
                     return self.literal(self._var(name) or [], {})
-                raise Unsupported(f"{_where(tokens)}: unknown identifier {name}")
-            if tokens[after].text == "(" and _matching(tokens, after) == len(tokens) - 1:
-                return self.call(name, _split(tokens[after + 1:-1], ","), scope, tokens)
-        raise Unsupported(f"{_where(tokens)}: cannot evaluate {' '.join(t.text for t in tokens[:12])}")
+                raise Unsupported(f"{where(tokens)}: unknown identifier {name}")
+            if tokens[after].text == "(" and matching(tokens, after) == len(tokens) - 1:
+                return self.call(name, split(tokens[after + 1:-1], ","), scope, tokens)
+        raise Unsupported(f"{where(tokens)}: cannot evaluate {' '.join(t.text for t in tokens[:12])}")
 
     def call(self, name: str, args: list[list[Tok]], scope: dict[str, list[Tok]], where: list[Tok]) -> tuple[str, list[Tok]]:
         if name == "MergeSchemas":
@@ -262,8 +97,8 @@ class Reader:
             return "map[string]*schema.Schema", merged
         func = self._func(name)
         if func is None:
-            raise Unsupported(f"{_where(where)}: unknown function {name}")
-        bound = {p: _subst(a, scope) for p, a in zip(func.params, args, strict=False)}
+            raise Unsupported(f"{where(where)}: unknown function {name}")
+        bound = {p: subst(a, scope) for p, a in zip(func.params, args, strict=False)}
         return self.literal(self._returned(func), {**bound, **self._locals(func, bound)})
 
     def _returned(self, func: Func) -> list[Tok]:
@@ -300,14 +135,13 @@ class Reader:
         while i < len(body):
             tok = body[i]
             if tok.text == "if":
-                brace = next(k for k in range(i + 1, len(body)) if body[k].text == "{" and body[k - 1].text not in ("{",)
-                             and not self._in_literal(body, i + 1, k))
-                end = _matching(body, brace)
+                brace = next(k for k in range(i + 1, len(body)) if body[k].text == "{")
+                end = matching(body, brace)
                 branches = [(body[i + 1:brace], body[brace + 1:end])]
                 i = end + 1
                 while i + 1 < len(body) and body[i].text == "else":
                     if body[i + 1].text == "{":
-                        close = _matching(body, i + 1)
+                        close = matching(body, i + 1)
                         branches.append(([], body[i + 2:close]))
                         i = close + 1
                         break
@@ -318,7 +152,7 @@ class Reader:
                 continue
             if tok.text in ("for", "switch", "select", "go", "defer"):
                 brace = next(k for k in range(i + 1, len(body)) if body[k].text == "{")
-                end = _matching(body, brace)
+                end = matching(body, brace)
                 if self._mutates(body[i:end + 1], locals_, scope):
                     raise Unsupported(f"{tok.file}:{tok.line}: {func.name} changes a schema inside a {tok.text}")
                 i = end + 1
@@ -326,11 +160,6 @@ class Reader:
             end = Package._statement_end(body, i)
             self._statement(func, body[i:end], scope, locals_)
             i = end
-
-    @staticmethod
-    def _in_literal(body: list[Tok], start: int, brace: int) -> bool:
-        """A ``{`` that opens a composite literal inside an if condition (``if x == (T{}) {``) is rare; treat none as such."""
-        return False
 
     RELEVANT = frozenset({"ForceNew", "Computed", "Optional", "Required", "Type", "Elem", "Schema", "PlanModifiers", "Attributes", "Blocks"})
 
@@ -354,7 +183,7 @@ class Reader:
         for cond, block in branches:
             if not cond:
                 return block
-            text = "".join(t.text for t in _subst(cond, scope))
+            text = "".join(t.text for t in subst(cond, scope))
             value = {"true": True, "false": False, "!true": False, "!false": True}.get(text)
             if value is None:
                 if any(self._mutates(b, locals_, scope) for _, b in branches):
@@ -370,10 +199,10 @@ class Reader:
         env = {**scope, **locals_}
         if stmt[0].text == "var" and len(stmt) > 1:
             eq = next((k for k, t in enumerate(stmt) if t.text == "="), None)
-            locals_[stmt[1].text] = _subst(stmt[eq + 1:], env) if eq is not None else []
+            locals_[stmt[1].text] = subst(stmt[eq + 1:], env) if eq is not None else []
             return
         if len(stmt) > 2 and stmt[1].text == ":=" and stmt[0].kind == "ident":
-            locals_[stmt[0].text] = _subst(stmt[2:], env)
+            locals_[stmt[0].text] = subst(stmt[2:], env)
             return
         eq = next((k for k, t in enumerate(stmt) if t.text == "="), None)
         if eq is None or stmt[0].text not in env:
@@ -381,9 +210,9 @@ class Reader:
         lhs, rhs = stmt[:eq], stmt[eq + 1:]
         name = lhs[0].text
         if len(lhs) == 1 and name in locals_:
-            locals_[name] = _subst(rhs, env)
+            locals_[name] = subst(rhs, env)
         elif len(lhs) == 4 and lhs[1].text == "[" and lhs[2].kind == "str" and lhs[3].text == "]" and name in locals_:
-            locals_[name] = self._merged(locals_[name], lhs[2], _subst(rhs, env))
+            locals_[name] = self._merged(locals_[name], lhs[2], subst(rhs, env))
         elif len(lhs) >= 3 and lhs[-2].text == "." and lhs[-1].text not in self.RELEVANT:
             return  # ValidateFunc, ConflictsWith, Description: no effect on replacement
         else:
@@ -402,7 +231,7 @@ class Reader:
 
     def fields(self, inner: list[Tok]) -> Iterator[tuple[str, list[Tok]]]:
         """``key: value`` pairs of a composite literal (keys unquoted)."""
-        for part in _split(inner, ","):
+        for part in split(inner, ","):
             colon = next((k for k, t in enumerate(part) if t.text == ":"), None)
             depth = 0
             for k, t in enumerate(part):  # the first depth-0 colon
@@ -417,7 +246,7 @@ class Reader:
                 if len(part) == 1 or part[-1].text in (")", "}"):  # an element of a list literal / merged map spread
                     yield "", part
                     continue
-                raise Unsupported(f"{_where(part)}: literal element without a key")
+                raise Unsupported(f"{where(part)}: literal element without a key")
             key = "".join(t.text for t in part[:colon])
             yield key.strip('"'), part[colon + 1:]
 
@@ -439,7 +268,7 @@ class Reader:
             return (text == "true") != negated
         if text in scope:
             return self._bool(scope[text], {})
-        raise Unsupported(f"{_where(tokens)}: cannot evaluate boolean {text}")
+        raise Unsupported(f"{where(tokens)}: cannot evaluate boolean {text}")
 
     def sdk_attr(self, tokens: list[Tok], scope: dict[str, list[Tok]]) -> Attr:
         type_text, inner = self.literal(tokens, scope)
@@ -457,10 +286,10 @@ class Reader:
                 block = True
                 schema = dict(self.fields(elem_inner)).get("Schema")
                 if schema is None:
-                    raise Unsupported(f"{_where(values['Elem'])}: Elem resource without Schema")
+                    raise Unsupported(f"{where(values['Elem'])}: Elem resource without Schema")
                 children = self.sdk_map(schema, scope)
             elif "Schema" not in elem_type and elem_type:
-                raise Unsupported(f"{_where(values['Elem'])}: Elem of type {elem_type}")
+                raise Unsupported(f"{where(values['Elem'])}: Elem of type {elem_type}")
         where = tokens[0] if tokens else Tok("", "", "?", 0)
         return Attr(
             force_new=flag["ForceNew"], block=block, computed_only=flag["Computed"] and not (flag["Optional"] or flag["Required"]),
@@ -470,7 +299,7 @@ class Reader:
 
     def sdk_resource(self, func_name: str, args: str = "") -> dict[str, Attr]:
         """The schema of ``func_name(args)``; ``args`` is the Go text of the registration call's arguments."""
-        arg_tokens = _split(tokenize(args, "<registration>"), ",")
+        arg_tokens = split(tokenize(args, "<registration>"), ",")
         func = self._func(func_name)
         if func is None:
             raise Unsupported(f"unknown function {func_name}")

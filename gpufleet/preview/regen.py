@@ -27,7 +27,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpufleet.preview.goschema import Attr, Package, Reader, Unsupported, force_new_paths
+from gpufleet.preview.goschema import Attr, Reader, force_new_paths
+from gpufleet.preview.gosource import Package, Unsupported
 
 TABLE_DIR = Path(__file__).resolve().parent / "forcenew"
 

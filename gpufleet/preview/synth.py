@@ -34,6 +34,7 @@ from typing import Any
 from clusters.errors import UserError
 
 CACHE_VERSION = 1
+SYNTH_TIMEOUT_S = 900
 CODE_ROOT = Path(__file__).resolve().parent.parent.parent
 SYNTH_PACKAGES = ("clusters", "constructs_lib", "stacks", "jobs", "vault_policies", "gpufleet")
 SYNTH_FILES = ("main.py", "pyproject.toml", "cdktf.json")
@@ -167,7 +168,10 @@ def synth_tree(tree: Path, outdir: Path, label: str = "the base") -> str:
     env = {**os.environ, "CDKTF_OUTDIR": str(outdir), "PYTHONDONTWRITEBYTECODE": "1"}
     env.pop("GPUFLEET_CLUSTERS_DIR", None)
     check = f"import sys; sys.path.insert(0, {str(tree)!r}); import runpy; runpy.run_path('main.py', run_name='__main__')"
-    result = subprocess.run([sys.executable, "-c", check], cwd=tree, env=env, capture_output=True, text=True)
+    try:
+        result = subprocess.run([sys.executable, "-c", check], cwd=tree, env=env, capture_output=True, text=True, timeout=SYNTH_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise UserError(f"{label} did not finish synthesizing in {SYNTH_TIMEOUT_S} s; run `gpufleet synth` there to see why") from None
     if result.returncode != 0:
         lines = [line for line in (result.stderr or result.stdout).strip().splitlines() if line.strip()]
         raise UserError(f"{label} does not synthesize with its own code: {lines[-1] if lines else 'exit ' + str(result.returncode)}")
