@@ -8,7 +8,7 @@ from typing import Any
 
 from gpufleet.preview.diff import PreviewResult, preview
 from gpufleet.preview.forcenew import load_tables
-from gpufleet.preview.synth import base_stacks, default_base, default_cache_dir, head_stacks, read_stacks, repo_root
+from gpufleet.preview.synth import base_stacks, default_base, default_cache_dir, head_stacks, read_stacks, require_git
 
 
 def run_preview(repo: Path, base: str | None, *, allow_destroy: Iterable[str] = (), cache_dir: Path | None = None,
@@ -18,7 +18,7 @@ def run_preview(repo: Path, base: str | None, *, allow_destroy: Iterable[str] = 
     ``head_out``: an already synthesized ``cdktf.out`` of the working tree (``gpufleet check``
     has one), so the head is not synthesized twice.
     """
-    root = repo_root(Path(repo))
+    root = require_git(Path(repo))
     ref = base or default_base(root)
     base_json, info = base_stacks(root, ref, (cache_dir or default_cache_dir()) if use_cache else None)
     head_json = read_stacks(head_out) if head_out is not None else head_stacks(root)

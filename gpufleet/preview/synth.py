@@ -53,11 +53,12 @@ def git(repo: Path, *args: str) -> str:
     return result.stdout.strip()
 
 
-def repo_root(path: Path) -> Path:
-    result = subprocess.run(["git", "-C", str(path), "rev-parse", "--show-toplevel"], capture_output=True, text=True)
-    if result.returncode != 0:
+def require_git(path: Path) -> Path:
+    """``path`` itself (the fleet directory), after checking it is inside a git work tree."""
+    result = subprocess.run(["git", "-C", str(path), "rev-parse", "--is-inside-work-tree"], capture_output=True, text=True)
+    if result.returncode != 0 or result.stdout.strip() != "true":
         raise UserError(f"{path}: not inside a git repository; run gpufleet preview from a clone of the fleet repository")
-    return Path(result.stdout.strip())
+    return Path(path)
 
 
 def default_base(repo: Path) -> str:
@@ -75,12 +76,21 @@ def default_base(repo: Path) -> str:
 
 
 def resolve_tree(repo: Path, ref: str) -> tuple[str, str]:
-    """(commit, tree) of a ref; an unknown ref is a one-line user error."""
+    """(commit, tree of the fleet directory) at a ref; an unknown ref is a one-line user error.
+
+    The fleet may live in a subdirectory of the git repository (a monorepo): the tree is that
+    directory's at the ref, so the cache key covers the fleet and nothing else.
+    """
     result = subprocess.run(["git", "-C", str(repo), "rev-parse", "-q", "--verify", f"{ref}^{{commit}}"], capture_output=True, text=True)
     if result.returncode != 0:
         raise UserError(f"--base {ref}: not a commit in {repo}; pass a branch, tag or commit (e.g. --base origin/main)")
     commit = result.stdout.strip()
-    return commit, git(repo, "rev-parse", f"{commit}^{{tree}}")
+    prefix = git(repo, "rev-parse", "--show-prefix").rstrip("/")
+    found = subprocess.run(["git", "-C", str(repo), "rev-parse", "-q", "--verify", f"{commit}:{prefix}" if prefix else f"{commit}^{{tree}}"],
+                           capture_output=True, text=True)
+    if found.returncode != 0:
+        raise UserError(f"--base {ref}: {prefix or 'the repository'} does not exist at {commit[:12]}; pick a base that has the fleet")
+    return commit, found.stdout.strip()
 
 
 def dependency_fingerprint() -> str:
@@ -117,12 +127,12 @@ def code_hash(root: Path) -> str:
 
 
 @contextmanager
-def extracted(repo: Path, commit: str) -> Iterator[Path]:
-    """The commit's tree in a temporary directory, via ``git archive`` (the repository is not modified)."""
+def extracted(repo: Path, tree: str) -> Iterator[Path]:
+    """A tree (the fleet directory at the base) in a temporary directory, via ``git archive`` (the repository is not modified)."""
     with tempfile.TemporaryDirectory(prefix="gpufleet-preview-base-") as tmp:
-        archive = subprocess.run(["git", "-C", str(repo), "archive", "--format=tar", commit], capture_output=True, check=False)
+        archive = subprocess.run(["git", "-C", str(repo), "archive", "--format=tar", tree], capture_output=True, check=False)
         if archive.returncode != 0:
-            raise UserError(f"git archive {commit[:12]} failed: {archive.stderr.decode(errors='replace').strip()}")
+            raise UserError(f"git archive {tree[:12]} failed: {archive.stderr.decode(errors='replace').strip()}")
         target = Path(tmp) / "tree"
         target.mkdir()
         with tarfile.open(fileobj=_bytes_io(archive.stdout)) as tar:
@@ -187,7 +197,7 @@ def base_stacks(repo: Path, ref: str, cache_dir: Path | None) -> tuple[dict[str,
         entry = Path(cache_dir) / cache_key(tree)
         if (entry / "complete").is_file():
             return read_stacks(entry), {**info, "cache": "hit"}
-    with extracted(repo, commit) as base_tree, tempfile.TemporaryDirectory(prefix="gpufleet-preview-out-") as out:
+    with extracted(repo, tree) as base_tree, tempfile.TemporaryDirectory(prefix="gpufleet-preview-out-") as out:
         outdir = Path(out) / "cdktf.out"
         info["synth"] = synth_tree(base_tree, outdir)
         stacks = read_stacks(outdir)

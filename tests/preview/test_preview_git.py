@@ -216,3 +216,21 @@ def test_code_change_renaming_a_construct_id_is_previewed_with_the_working_tree_
         ("renamed", "prod-nomad/google_compute_address.ip_nomad_ui", "google_compute_address.static_ip_nomad_ui"),
     ]
     assert all("moved" in f["advice"] for s in report["stacks"] for f in s["findings"] if f["protected"])
+
+
+def test_fleet_in_a_subdirectory_of_a_git_repository_previews_that_directory(tmp_path, repo, cache_dir):
+    """A monorepo: the fleet is ``infra/gpufleet``; base and head are that directory, not the repository root."""
+    assert run(repo, cache_dir, tmp_path)[0] == 0  # caches the fleet's base tree (usually already cached)
+    mono = tmp_path / "mono"
+    (mono / "infra").mkdir(parents=True)
+    shutil.copytree(repo, mono / "infra" / "gpufleet", ignore=shutil.ignore_patterns(".git"))
+    (mono / "README.md").write_text("other things\n")
+    git(mono, "init", "-q", "-b", "main")
+    git(mono, "add", "-A")
+    git(mono, "commit", "-qm", "base")
+    fleet = mono / "infra" / "gpufleet"
+    edit(fleet / "clusters/prod-gke.yaml", "reservation: h100-reservation-2026", "reservation: h100-reservation-2027")
+    rc, report = run(fleet, cache_dir, tmp_path)
+    assert rc == 4 and findings(report) == [("replaced", "prod-gke/google_container_node_pool.pool_h100", None)]
+    assert report["base"]["tree"] == git(mono, "rev-parse", "main:infra/gpufleet").strip()
+    assert report["base"]["cache"] == "hit"  # the same fleet tree as fleet_repo's base: its cached synthesis serves
