@@ -22,7 +22,7 @@ class NomadSecrets(Construct):
     """``self.secrets[name]`` is the secret resource (escape hatch); ``self.grants`` its reader bindings."""
 
     def __init__(self, scope: Construct, id_: str, *, cluster: str, project: str, secrets: tuple[NomadSecretSpec, ...],
-                 readers: dict[NomadRole, str]) -> None:
+                 readers: dict[NomadRole, str], protected: bool) -> None:
         super().__init__(scope, id_)
         self.secrets = {}
         self.grants = {}
@@ -32,7 +32,8 @@ class NomadSecrets(Construct):
                 self, f"secret_{key}", secret_id=spec.secret_id, project=project, replication={"auto": {}},
                 labels={"gpufleet-cluster": cluster, "nomad-secret": spec.name},
                 # Losing the secret loses the cluster's identity: every agent would fail to boot.
-                lifecycle={"prevent_destroy": True},
+                # Protected outside dev, like the servers that read it.
+                lifecycle={"prevent_destroy": protected},
             ), f"nomad_secret_{key}")
             for role in spec.readers:
                 if role not in readers:

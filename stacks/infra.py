@@ -9,7 +9,7 @@ from clusters.derive import (
     NomadRole, derive_control_plane, derive_gpu_pools, derive_nomad_secrets, derive_nomad_servers, derive_system_pool, derive_tenants,
     nomad_secrets_for,
 )
-from clusters.schema import ClusterConfig, NomadConfig, SchedulerKind
+from clusters.schema import ClusterConfig, Environment, NomadConfig, SchedulerKind
 from constructs_lib.dns_records import DnsRecords
 from constructs_lib.gke_cluster import GkeCluster
 from constructs_lib.gpu_node_pool import GpuNodePool
@@ -92,7 +92,8 @@ class ClusterStack(TerraformStack):
                 prometheus_address=nomad.autoscaler.prometheus_address if nomad.autoscaler else None)
             self.nomad_address = self.nomad_servers.address
             readers[NomadRole.SERVER] = self.nomad_servers.service_account.email
-        self.nomad_secrets = NomadSecrets(self, "nomad_secrets", cluster=config.name, project=gcp.project, secrets=secrets, readers=readers)
+        self.nomad_secrets = NomadSecrets(self, "nomad_secrets", cluster=config.name, project=gcp.project, secrets=secrets, readers=readers,
+                                          protected=config.environment != Environment.DEV)
         for spec in self.pool_specs:
             self.nomad_pools[spec.name] = NomadClientPool(
                 self, f"nomad_pool_{spec.name}", spec=spec, cluster=config.name, project=gcp.project, region=gcp.region,

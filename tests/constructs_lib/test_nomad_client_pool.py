@@ -107,6 +107,7 @@ def test_secrets_exist_empty_and_only_the_right_role_reads_each(nomad, stack_jso
     assert sorted(s["secret_id"] for s in secrets.values()) == [f"prod-nomad-nomad-{n}" for n in (
         "autoscaler-token", "ca-cert", "client-cert", "client-key", "gossip-key", "server-cert", "server-key")]
     assert "google_secret_manager_secret_version" not in nomad, "values are added by the bootstrap, never through state"
+    assert all(s["lifecycle"] == {"prevent_destroy": True} for s in secrets.values()), "prod: losing a secret loses the cluster identity"
     readers = {(g["secret_id"].split(".")[1], g["member"]) for g in nomad["google_secret_manager_secret_iam_member"].values()}
     server, client = "serviceAccount:${google_service_account.nomad_server_sa.email}", "serviceAccount:${google_service_account.node_sa.email}"
     assert {s for s, m in readers if m == client} == {"nomad_secret_ca_cert", "nomad_secret_client_cert", "nomad_secret_client_key"}
