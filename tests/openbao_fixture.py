@@ -16,6 +16,7 @@ Fixtures:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -98,8 +99,16 @@ def _bootstrap(server: DevServer, definitions: VaultDefinitions) -> tuple[str, s
     return admin_token, _token(root, ORCHESTRATOR_POLICY)
 
 
+@functools.cache
+def repo_definitions() -> VaultDefinitions:
+    """The repo's definitions, loaded once per session (clusters, HCL and pydantic cost seconds
+    on a loaded machine); tests that need other definitions copy the repo to a temp dir."""
+    return load_definitions(REPO_ROOT)
+
+
+@functools.cache
 def local_definitions() -> VaultDefinitions:
-    return load_definitions(REPO_ROOT).for_local_dev()
+    return repo_definitions().for_local_dev()
 
 
 @pytest.fixture(scope="session")
@@ -129,7 +138,7 @@ def vault(openbao: DevServer, _bootstrapped: tuple[str, str]) -> VaultHandle:
 def _prod_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[DevServer, tuple[str, str]]]:
     server = _start(tmp_path_factory, "openbao-prod")
     try:
-        yield server, _bootstrap(server, load_definitions(REPO_ROOT))
+        yield server, _bootstrap(server, repo_definitions())
     finally:
         server.stop()
 
@@ -138,4 +147,4 @@ def _prod_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Dev
 def prod_vault(_prod_server: tuple[DevServer, tuple[str, str]]) -> VaultHandle:
     """The repo's definitions exactly as production gets them (no loopback binding)."""
     server, tokens = _prod_server
-    return _handle(server, tokens, load_definitions(REPO_ROOT))
+    return _handle(server, tokens, repo_definitions())
