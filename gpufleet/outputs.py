@@ -6,7 +6,8 @@ Every command that writes goes through here: ``synth``/``check`` (``--out``), ``
 Rules:
 
 - An output *directory* is replaced only if gpufleet made it: it holds the marker file
-  ``.gpufleet-output`` (written when gpufleet creates the directory), or it is empty or absent.
+  ``.gpufleet-output`` (written when gpufleet creates the directory), or it is absent or holds no
+  file at all (only empty directories).
   A non-empty directory without the marker is someone else's and is refused.
 - Never, marker or not: the repository root or any parent of it, the reviewed source
   directories (``clusters/``, ``jobs/`` except ``jobs/out``, ``vault_policies/``, ``stacks/``,
@@ -69,9 +70,14 @@ def claim_dir(path: Path, *, option: str = "--out") -> Path:
         raise UserError(f"{option} {path}: refused: it {reason}; gpufleet only replaces directories it made; {FIX}")
     if resolved.exists() and not resolved.is_dir():
         raise UserError(f"{option} {path}: is a file, not a directory; pass a directory path")
-    if resolved.is_dir() and not is_gpufleet_dir(resolved) and any(resolved.iterdir()):
+    if resolved.is_dir() and not is_gpufleet_dir(resolved) and _holds_data(resolved):
         raise UserError(f"{option} {path}: refused: the directory holds files gpufleet did not write (no {MARKER} marker); {FIX}")
     return resolved
+
+
+def _holds_data(directory: Path) -> bool:
+    """Any file or symlink below ``directory``: a tree of empty directories holds nothing to lose."""
+    return any(not p.is_dir() or p.is_symlink() for p in directory.rglob("*"))
 
 
 def mark(directory: Path) -> None:

@@ -91,6 +91,15 @@ def test_refuses_a_foreign_non_empty_directory_and_a_file(repo_copy: Path, tmp_p
     refused(["synth", "--out", "README.md"], tmp_path, capsys, "is a file, not a directory")
 
 
+def test_a_tree_of_empty_directories_is_not_foreign_but_a_file_deep_inside_is(repo_copy: Path, capsys) -> None:
+    from gpufleet.outputs import claim_dir
+
+    (repo_copy / "old-out" / "stacks" / "a").mkdir(parents=True)
+    assert claim_dir(Path("old-out")) == repo_copy / "old-out"
+    (repo_copy / "old-out" / "stacks" / "a" / "notes.txt").write_text("mine")
+    refused(["synth", "--out", "old-out"], repo_copy, capsys, "no .gpufleet-output marker")
+
+
 def test_refuses_writing_single_files_over_foreign_ones(repo_copy: Path, tmp_path: Path, capsys) -> None:
     summaries = tmp_path / "summaries"
     summaries.mkdir()
