@@ -71,10 +71,32 @@ def validate_inputs(configs: tuple[ClusterConfig, ...] | None = None) -> tuple[t
     return configs, specs
 
 
-def _destroys(report: CheckReport, configs: tuple[ClusterConfig, ...]) -> None:
-    """Removed cluster files and renamed protected pools, against the git base (see gpufleet.destroys)."""
+def _destroys(report: CheckReport, configs: tuple[ClusterConfig, ...], out: Path | None = None) -> None:
+    """What the working tree destroys against the git base.
+
+    With the synthesized ``out``, the full offline preview (``gpufleet preview``: replaced
+    immutable attributes too) runs when it is cheap (base cached, or base code = this code);
+    otherwise the simple form (removed cluster files, renamed protected pools, gpufleet.destroys).
+    """
+    from clusters.errors import UserError
     from gpufleet import destroys
 
+    if out is not None:
+        from gpufleet.preview import report as preview_report
+        from gpufleet.preview.service import cheap_preview
+
+        try:
+            found_preview = cheap_preview(repo.root(), out)
+        except (UserError, ConfigError):
+            found_preview = None  # a base that does not synthesize with this code: the simple form below still runs
+        if found_preview is not None:
+            result, info = found_preview
+            blocking = result.blocking
+            lines = [line for line in preview_report.text_lines(result, info)[1:-1] if not line.startswith("to go ahead")]
+            report.add("destroys", not blocking, f"{len(blocking)} protected resource(s) destroyed, replaced or renamed vs "
+                       f"{info['commit'][:12]} (gpufleet preview)" if blocking else f"none vs {info['commit'][:12]} (gpufleet preview)",
+                       [f"preview: {line.strip()}" for line in lines if line.startswith(("BLOCKED", "allowed", "note", "protected"))])
+            return
     base, found = destroys.announce(repo.root(), configs)
     if base is None:
         report.add("destroys", True, "skipped: not a git checkout")
@@ -95,10 +117,10 @@ def run_checks(configs: tuple[ClusterConfig, ...] | None, *, out: Path, state_fi
     from_repo = configs is None
     configs, specs = validate_inputs(configs)
     report.add("inputs", True, f"{len(configs)} cluster file(s), {len(specs)} job file(s), Vault policies and roles")
-    if from_repo:
-        _destroys(report, configs)
     stacks = synthesize(configs, out)
     report.add("synth", True, f"{len(stacks)} stack(s) into {out}")
+    if from_repo:
+        _destroys(report, configs, out)
     with tempfile.TemporaryDirectory(prefix="gpufleet-check-jobs-") as rendered:
         # Scan the jobs as they render now; jobs/out may be stale or absent (it is not committed).
         for spec in specs:

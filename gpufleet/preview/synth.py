@@ -61,20 +61,6 @@ def require_git(path: Path) -> Path:
     return Path(path)
 
 
-def default_base(repo: Path) -> str:
-    """The merge base of HEAD with the default branch (origin's HEAD, else main or master)."""
-    candidates = []
-    remote_head = subprocess.run(["git", "-C", str(repo), "symbolic-ref", "-q", "--short", "refs/remotes/origin/HEAD"],
-                                 capture_output=True, text=True).stdout.strip()
-    if remote_head:
-        candidates.append(remote_head)
-    candidates += ["origin/main", "main", "origin/master", "master"]
-    for ref in candidates:
-        if subprocess.run(["git", "-C", str(repo), "rev-parse", "-q", "--verify", f"{ref}^{{commit}}"], capture_output=True).returncode == 0:
-            return git(repo, "merge-base", "HEAD", ref)
-    raise UserError(f"{repo}: no default branch found (tried {', '.join(candidates)}); pass --base <ref>")
-
-
 def resolve_tree(repo: Path, ref: str) -> tuple[str, str]:
     """(commit, tree of the fleet directory) at a ref; an unknown ref is a one-line user error.
 
@@ -164,7 +150,11 @@ def read_stacks(outdir: Path) -> dict[str, dict[str, Any]]:
     return {p.parent.name: json.loads(p.read_text(encoding="utf-8")) for p in sorted(stacks_dir.glob("*/cdk.tf.json"))}
 
 
-def synth_tree(tree: Path, outdir: Path, label: str = "the base") -> str:
+class NeedsSubprocess(Exception):
+    """The tree's code differs from the running code and the caller asked for in-process synthesis only."""
+
+
+def synth_tree(tree: Path, outdir: Path, label: str = "the base", subprocess_ok: bool = True) -> str:
     """Synthesize a fleet tree (code + cluster files + imports) into ``outdir``; returns how (in-process|subprocess)."""
     if (tree / "clusters").is_dir() and code_hash(tree) == code_hash(CODE_ROOT):
         import clusters
@@ -173,6 +163,8 @@ def synth_tree(tree: Path, outdir: Path, label: str = "the base") -> str:
         with _acting_on(tree):
             synthesize(clusters.load_all(tree / "clusters"), outdir, imported_dir=tree / "stacks" / "imported")
         return "in-process"
+    if not subprocess_ok:
+        raise NeedsSubprocess(label)
     if not (tree / "main.py").is_file():
         raise UserError(f"{tree}: no main.py; the base predates gpufleet's layout, pick a later --base")
     env = {**os.environ, "CDKTF_OUTDIR": str(outdir), "PYTHONDONTWRITEBYTECODE": "1"}
@@ -188,7 +180,7 @@ def synth_tree(tree: Path, outdir: Path, label: str = "the base") -> str:
     return "subprocess"
 
 
-def base_stacks(repo: Path, ref: str, cache_dir: Path | None) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
+def base_stacks(repo: Path, ref: str, cache_dir: Path | None, subprocess_ok: bool = True) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
     """The base fleet's stacks, from the cache when the same tree was synthesized before."""
     commit, tree = resolve_tree(repo, ref)
     info = {"ref": ref, "commit": commit, "tree": tree, "cache": "off"}
@@ -199,7 +191,7 @@ def base_stacks(repo: Path, ref: str, cache_dir: Path | None) -> tuple[dict[str,
             return read_stacks(entry), {**info, "cache": "hit"}
     with extracted(repo, tree) as base_tree, tempfile.TemporaryDirectory(prefix="gpufleet-preview-out-") as out:
         outdir = Path(out) / "cdktf.out"
-        info["synth"] = synth_tree(base_tree, outdir)
+        info["synth"] = synth_tree(base_tree, outdir, subprocess_ok=subprocess_ok)
         stacks = read_stacks(outdir)
         if entry is not None:
             _store(entry, outdir)

@@ -234,3 +234,26 @@ def test_fleet_in_a_subdirectory_of_a_git_repository_previews_that_directory(tmp
     assert rc == 4 and findings(report) == [("replaced", "prod-gke/google_container_node_pool.pool_h100", None)]
     assert report["base"]["tree"] == git(mono, "rev-parse", "main:infra/gpufleet").strip()
     assert report["base"]["cache"] == "hit"  # the same fleet tree as fleet_repo's base: its cached synthesis serves
+
+
+def test_check_runs_the_full_preview_when_cheap_and_catches_an_immutable_edit(repo, cache_dir, tmp_path, monkeypatch, capsys):
+    """The simple check-time notice sees only removed files and pools; a reworded static IP
+    description (the IP is released) needs the ForceNew tables: check reuses its own synthesis
+    as the head and the base's in-process synthesis (same code), then fails the destroys step."""
+    from gpufleet.checks import run_checks
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache_dir / "xdg"))
+    monkeypatch.setenv("GPUFLEET_BASE_REF", "main")
+    edit(repo / "clusters/prod-gke.yaml", "description: training dashboards and TensorBoard ingress", "description: dashboards")
+    import clusters.repo
+
+    clusters.repo.use(repo)
+    try:
+        report = run_checks(None, out=repo / "cdktf.out", checkov=False)
+    finally:
+        clusters.repo.use(None)
+    row = next(r for r in report.rows if r[0] == "destroys")
+    assert row[:2] == ("destroys", False) and "(gpufleet preview)" in row[2]
+    assert [d for d in report.details if d.startswith("preview:")] == [
+        "preview: BLOCKED: prod-gke: google_compute_address.ip_ingress is replaced (immutable: description: "
+        "training dashboards and TensorBoard ingress -> dashboards) [protected type]"]
