@@ -38,7 +38,7 @@ DOMAIN = re.compile(r"^(?=.{1,253}$)([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)+[a-z]
 TFC_NAME = re.compile(r"^[A-Za-z0-9_-]{1,90}$")
 TFC_PROJECT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9 _-]{0,39}$")
 BUCKET = re.compile(r"^[a-z0-9][a-z0-9._-]{1,61}[a-z0-9]$")
-DESCRIPTION = re.compile(r"^[A-Za-z0-9 .,:;()'/_+-]{0,256}$")
+DESCRIPTION = re.compile(r"^[A-Za-z0-9 .,:;()'/&_+-]{0,256}$")
 DISPLAY_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9 ._-]{0,62}$")
 URL = re.compile(r"^https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?(/[A-Za-z0-9._~/-]*)?$")
 TEMPLATE_MARKERS = ("${", "%{")
@@ -189,7 +189,7 @@ class AuthorizedNetwork(Model):
 
 class StaticIp(Model):
     name: DnsName
-    description: Annotated[str, _charset(DESCRIPTION, "a plain description (up to 256 letters, digits, spaces and .,:;()'/_+-)", "Nomad UI behind the corp proxy")] = ""
+    description: Annotated[str, _charset(DESCRIPTION, "a plain description (up to 256 letters, digits, spaces and .,:;()'/&_+-)", "Nomad UI behind the corp proxy")] = ""
 
 
 class GcpConfig(Model):
@@ -252,7 +252,7 @@ class Grant(Model):
     role: Annotated[str, Field(pattern=r"^(roles|projects/[a-z0-9-]+/roles)/[A-Za-z0-9_.]+$",
                                description="an IAM role: 'roles/<name>' (e.g. 'roles/container.developer') or 'projects/<project>/roles/<custom role>'")]
     members: Annotated[tuple[Member, ...], Field(min_length=1)]
-    reason: Annotated[str, Field(min_length=10), _charset(DESCRIPTION, "a plain sentence (letters, digits, spaces and .,:;()'/_+-)", "platform team operates the training namespaces")]
+    reason: Annotated[str, Field(min_length=10), _charset(DESCRIPTION, "a plain sentence (letters, digits, spaces and .,:;()'/&_+-)", "platform team operates the training namespaces")]
 
 
 class IamConfig(Model):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import difflib
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -16,6 +16,7 @@ from pydantic import BaseModel, ValidationError
 from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.error import MarkedYAMLError, YAMLError
+from ruamel.yaml.events import AliasEvent, NodeEvent
 
 from clusters.errors import ConfigError, Problem
 
@@ -64,8 +65,46 @@ def format_path(field_path: Sequence[str | int]) -> str:
     return out
 
 
+def _repository(directory: Path) -> Path:
+    """The nearest enclosing directory holding ``.git`` (the checkout under review), else ``directory``."""
+    for candidate in (directory, *directory.parents):
+        if (candidate / ".git").exists():
+            return candidate
+    return directory
+
+
+def _outside_repository(path: Path) -> Problem | None:
+    """A reviewed file that is (or sits behind) a symlink leaving the repository is not reviewed content."""
+    listed = path.parent.resolve()
+    root = _repository(listed)
+    target = path.resolve()
+    if target.is_relative_to(root):
+        return None
+    return Problem(str(path), None, "", f"is a symlink to {target}, outside the repository {root}; reviewed files must live in"
+                   " the repository: copy the file in (so the change is reviewed) or delete the link")
+
+
+def _anchors(path: Path, text: str) -> Problem | None:
+    """Anchors and aliases are refused before anything is built: an alias bomb (a few hundred bytes that
+    expand to billions of nodes) would exhaust memory, and reviewed files are short enough to write out.
+    Parsing events costs as much as loading, so a file without '&' or '*' skips it."""
+    if "&" not in text and "*" not in text:
+        return None
+    for event in YAML(typ="rt").parse(text):
+        if isinstance(event, AliasEvent) or (isinstance(event, NodeEvent) and event.anchor):
+            kind, name = ("alias", f"*{event.anchor}") if isinstance(event, AliasEvent) else ("anchor", f"&{event.anchor}")
+            line = event.start_mark.line + 1 if event.start_mark else None
+            return Problem(str(path), line, "", f"YAML {kind} {name} is not allowed in reviewed files (anchors, aliases and"
+                           " '<<' merges hide what a key holds and can expand without bound); write the values out")
+    return None
+
+
 def read_yaml(path: Path) -> YamlDocument:
-    """Parse one file; a syntax error or a non-mapping top level is a ConfigError, not a traceback."""
+    """Parse one file; a syntax error, an anchor/alias, a symlink out of the repository or a non-mapping
+    top level is a ConfigError, not a traceback."""
+    escaped = _outside_repository(path)
+    if escaped is not None:
+        raise ConfigError([escaped])
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
@@ -73,6 +112,9 @@ def read_yaml(path: Path) -> YamlDocument:
     except UnicodeDecodeError as exc:
         raise ConfigError([Problem(str(path), None, "", f"not UTF-8 text (byte {exc.start}); save the file as UTF-8")]) from None
     try:
+        aliased = _anchors(path, text)
+        if aliased is not None:
+            raise ConfigError([aliased])
         raw = YAML(typ="rt").load(text)
     except MarkedYAMLError as exc:
         line = exc.problem_mark.line + 1 if exc.problem_mark else None
@@ -210,7 +252,49 @@ def problems_from_validation(doc: YamlDocument, model: type[BaseModel], exc: Val
     return [doc.problem(loc, _message(e, model, loc)) for loc, e in errors if not (e["type"] == "too_short" and loc in nested)]
 
 
+def _strings(node: Any, path: FieldPath = (), field: str = "") -> Iterator[tuple[FieldPath, str, str, bool]]:
+    """(path, string, nearest name, is a map key) for every string of a document; an argv-style list
+    gives each item the flag before it as its name ('--wandb-key', '<value>')."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            yield (*path, key), str(key), "", True
+            yield from _strings(value, (*path, key), str(key))
+    elif isinstance(node, list):
+        previous = field
+        for index, item in enumerate(node):
+            yield from _strings(item, (*path, index), previous)
+            previous = item if isinstance(item, str) and item.startswith("-") else field
+    elif isinstance(node, str):
+        yield path, node, field, False
+
+
+def secret_problems(doc: YamlDocument) -> list[Problem]:
+    """Credentials anywhere in a reviewed file (values and keys), masked; checked before the schema so
+    no schema message can echo one."""
+    from gpufleet.safety.secrets import detect
+
+    problems = []
+    for path, value, field, is_key in _strings(doc.data):
+        hit = detect(value, field)
+        if hit is None:
+            continue
+        where = path[:-1] if is_key else path
+        if not is_key and path[:2] == ("secrets", "env"):
+            message = ("value is not a Vault reference and looks like the secret itself (not shown); delete it, rotate it, and write"
+                       f" <path under the secret/ mount>#<key>, e.g. ml-api-keys/huggingface#token; detected: {hit.kind}, {hit.masked}")
+        else:
+            what = "a key of this mapping" if is_key else "the value"
+            message = (f"{what} looks like a credential (not shown); delete it from this file, rotate it, and keep it in Vault"
+                       f" (a job reads it through secrets.env); detected: {hit.kind}, {hit.masked}")
+        shown = tuple("<credential>" if isinstance(part, str) and detect(part) else part for part in where)
+        problems.append(Problem(str(doc.path), doc.line_of(where), format_path(shown), message))
+    return problems
+
+
 def validate_document(doc: YamlDocument, model: type[M], context: dict[str, Any] | None = None) -> M:
+    leaks = secret_problems(doc)
+    if leaks:
+        raise ConfigError(leaks)
     try:
         return model.model_validate(doc.data, context=context)
     except ValidationError as exc:

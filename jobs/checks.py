@@ -15,7 +15,8 @@ from clusters.machines import machine_shape
 from clusters.schema import ClusterConfig, SchedulerKind
 from clusters.source import FieldPath, did_you_mean
 from jobs.durations import NS_PER_SECOND
-from jobs.schema import ENV_NAME, META_KEY, RESERVED_ENV_PREFIXES, SECRET_REF, WRAPPER_ENV_NAMES, WRAPPER_ENV_PREFIXES, JobFile, RestartMode, looks_secret, secret_like_name
+from gpufleet.safety.secrets import detect
+from jobs.schema import ENV_NAME, META_KEY, RESERVED_ENV_PREFIXES, SECRET_REF, WRAPPER_ENV_NAMES, WRAPPER_ENV_PREFIXES, JobFile, RestartMode, secret_like_name
 from jobs.vault_refs import VaultView, readable_paths
 
 Finding = tuple[FieldPath, str]
@@ -52,19 +53,24 @@ def _hygiene(job: JobFile) -> Iterator[Finding]:
             yield (at, f"{name} is set by the platform (prefixes {', '.join(RESERVED_ENV_PREFIXES)}); remove it or rename it")
         elif name in WRAPPER_ENV_NAMES or name.startswith(WRAPPER_ENV_PREFIXES):
             yield (at, f"{name} would be honoured by gpufleet-exec itself before its Vault login (proxies, CA bundles, PATH, PYTHON*, LD_*); not allowed in a job's env; remove it (the platform sets these on the node if needed)")
-        elif looks_secret(str(value)):
+        elif detect(str(value), name):
             yield (at, f"the value of {name} looks like a credential (not shown); delete it from this file, rotate it, and add {name} to secrets.env as a Vault path")
         elif secret_like_name(name):
             yield (at, f"{name} looks like a secret name; move it to secrets.env as {name}: ml-api-keys/<name>#<key> so it comes from Vault, or rename it")
+    previous = ""
     for index, arg in enumerate(job.args):
-        if looks_secret(arg):
+        if detect(arg, previous):  # '--wandb-key', '<hex>': the flag before a value names it
             yield (("args", index), "this argument looks like a credential (not shown); delete it, rotate it, and read it from a variable listed in secrets.env")
+        previous = arg if arg.startswith("-") else ""
+    for field, value in (("command", job.command), ("image", job.image), ("gpu", job.gpu.model)):
+        if value is not None and detect(value, field):
+            yield ((field, "model") if field == "gpu" else (field,), "this looks like a credential (not shown); delete it, rotate it, and read it from a variable listed in secrets.env")
     for name, ref in sorted(job.secrets.env.items()):
         at = ("secrets", "env", name)
         if not ENV_NAME.match(name) or name.startswith(RESERVED_ENV_PREFIXES) or name in WRAPPER_ENV_NAMES or name.startswith(WRAPPER_ENV_PREFIXES):
             yield (at, f"secret env name {name!r} is not allowed; use upper-case letters, digits and '_' without the prefixes {', '.join(RESERVED_ENV_PREFIXES)}, e.g. 'HF_TOKEN'")
         elif not SECRET_REF.match(ref):
-            hint = " and looks like the secret itself (not shown): delete it, rotate it" if looks_secret(ref) else f" ({ref!r})"
+            hint = " and looks like the secret itself (not shown): delete it, rotate it" if detect(ref, name) else f" ({ref!r})"
             yield (at, f"value is not a Vault reference{hint}; write <path under the secret/ mount>#<key>, e.g. ml-api-keys/huggingface#token")
     for field in ("meta_required", "meta_optional"):
         keys = getattr(job, field)

@@ -13,7 +13,7 @@ from collections.abc import Iterable
 
 from clusters.errors import UserError
 from clusters.source import did_you_mean
-from jobs.schema import looks_secret
+from gpufleet.safety.secrets import detect
 from jobs.spec import FinetuneSpec
 
 DATASET_SCHEMES = ("gs://", "s3://", "hf://")
@@ -30,6 +30,8 @@ def parse_pairs(pairs: Iterable[str]) -> dict[str, str]:
     meta: dict[str, str] = {}
     for pair in pairs:
         key, eq, value = pair.partition("=")
+        if detect(key) or (not eq and detect(pair)):
+            raise UserError("--meta: a key looks like a credential (not shown); dispatch meta is visible in Nomad: rotate it, put it in Vault and list it in secrets.env")
         if not eq or not key:
             raise UserError(f"--meta {pair!r} is not key=value; write e.g. --meta dataset_uri=hf://datasets/acme/chat@v3")
         if key in meta:
@@ -62,6 +64,13 @@ FORMATS = {"dataset_uri": _dataset_uri, "run_id": _run_id}
 def validate_meta(spec: FinetuneSpec, meta: dict[str, str]) -> dict[str, str]:
     """The user's dispatch meta, checked against the job's declaration; returns it sorted."""
     allowed = (*spec.meta_required, *spec.meta_optional)
+    for key, value in meta.items():
+        # Before any message that names a key or shows a value: neither may echo a credential.
+        hit = detect(key) or detect(value, key)
+        if hit:
+            shown = "a key" if detect(key) else f"--meta {key}"
+            raise UserError(f"{shown} looks like a credential (not shown); dispatch meta is visible in Nomad: rotate it, put the key"
+                            f" in Vault and list it in secrets.env; detected: {hit.kind}, {hit.masked}")
     for key in meta:
         if key not in allowed:
             raise UserError(f"--meta {key} is not declared by job {spec.name}{did_you_mean(key, allowed)}; allowed: {', '.join(allowed) or '(none)'}; add it to meta_optional in {spec.source.name} or drop it")
@@ -71,8 +80,6 @@ def validate_meta(spec: FinetuneSpec, meta: dict[str, str]) -> dict[str, str]:
     for key, value in meta.items():
         if not value or len(value) > MAX_VALUE_CHARS or any(ch.isspace() or not ch.isprintable() for ch in value):
             raise UserError(f"--meta {key} must be 1-{MAX_VALUE_CHARS} printable characters without spaces")
-        if looks_secret(value):
-            raise UserError(f"--meta {key} looks like a credential (not shown); dispatch meta is visible in Nomad: put the key in Vault and list it in secrets.env")
         problem = FORMATS.get(key, lambda _v: None)(value)
         if problem:
             raise UserError(problem)

@@ -31,22 +31,10 @@ WRAPPER_ENV_PREFIXES = ("PYTHON", "LD_")
 # A name is secret-looking if one of its _-separated words is here, or it contains a *_KEY pair below.
 SECRET_NAME_WORDS = frozenset({"TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "CREDENTIALS", "APIKEY"})
 SECRET_NAME_PAIRS = ("API_KEY", "ACCESS_KEY", "PRIVATE_KEY", "SECRET_KEY")
-# Shapes of real credentials (Hugging Face, OpenAI, GitHub, AWS, Slack, Vault/OpenBao, PEM, and a
-# bare 40-hex value: a W&B key looks exactly like a git sha, so pass shas inside a URI, '...@<sha>').
-SECRET_VALUE = re.compile(
-    r"(^hf_[A-Za-z0-9]{20,}$|^sk-[A-Za-z0-9_-]{16,}$|^gh[pousr]_[A-Za-z0-9]{20,}$|^AKIA[0-9A-Z]{16}$|^xox[abprs]-|"
-    r"^[hs]vs\.[A-Za-z0-9_-]{20,}$|^s\.[A-Za-z0-9]{20,}$|-----BEGIN [A-Z ]*PRIVATE KEY-----|^[0-9a-f]{40}$)"
-)
-
-
 def _job_name(value: str) -> str:
     if not JOB_NAME.match(value):
         raise ValueError(f"{value!r} is not a job name; use 1-48 lowercase letters, digits or '-', starting with a letter, e.g. 'finetune-llama'")
     return value
-
-
-def looks_secret(value: str) -> bool:
-    return bool(SECRET_VALUE.search(value))
 
 
 def secret_like_name(name: str) -> bool:

@@ -30,6 +30,7 @@ def write_cluster(tmp_path: Path) -> Callable[..., Path]:
         path = tmp_path / f"{file_name or base}.yaml"
         yaml = YAML()
         yaml.default_flow_style = False
+        yaml.representer.ignore_aliases = lambda _data: True  # a mutation may share an object; loaders refuse anchors
         with path.open("w") as fh:
             yaml.dump(data, fh)
         return path

@@ -1,0 +1,122 @@
+"""Reviewed YAML is what the reviewer read: no anchors/aliases (alias bombs), no symlinks out of the repo.
+
+Every loader (clusters, jobs, Vault roles) reads through ``clusters.source.read_yaml``, so each
+refusal is one ``file:line`` line and exit 2 from the CLI, never a traceback or an exhausted host.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import clusters
+import jobs.loader
+from clusters import CLUSTERS_DIR
+from clusters.errors import ConfigError
+from vault_policies import roles
+
+REPO = Path(__file__).resolve().parents[2]
+# The classic "billion laughs": 9 levels of 9 aliases, under 500 bytes, ~387 million nodes expanded.
+BOMB = "name: prod-gke\n" + 'a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]\n' + "".join(
+    f"{chr(98 + i)}: &{chr(98 + i)} [{','.join([f'*{chr(97 + i)}'] * 9)}]\n" for i in range(8))
+
+
+def _limit_memory() -> None:
+    resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))  # 1 GiB: the bomb must not take the host down
+
+
+def test_fails_fast_on_an_alias_bomb_without_expanding_it(tmp_path: Path) -> None:
+    assert len(BOMB.encode()) < 500
+    path = tmp_path / "prod-gke.yaml"
+    path.write_text(BOMB)
+    code = ("import sys, clusters\nfrom clusters.errors import ConfigError\n"
+            "try:\n    clusters.load(sys.argv[1])\nexcept ConfigError as e:\n    print(e); sys.exit(2)\n")
+    done = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=60,
+                          preexec_fn=_limit_memory, cwd=REPO, check=False)
+    assert done.returncode == 2, done.stderr[-400:]
+    assert done.stdout.strip() == (f"{path}:2: YAML anchor &a is not allowed in reviewed files (anchors, aliases and '<<' merges"
+                                   " hide what a key holds and can expand without bound); write the values out")
+
+
+@pytest.mark.parametrize("text", [
+    "labels: &l {workload: x}\nother: *l\n",
+    "base: &b\n  x: 1\nmerged:\n  <<: *b\n",
+    "value: !!str &v plain\n",
+])
+def test_fails_when_a_cluster_file_uses_anchors_or_aliases(tmp_path: Path, text: str) -> None:
+    path = tmp_path / "prod-gke.yaml"
+    path.write_text((CLUSTERS_DIR / "prod-gke.yaml").read_text() + text)
+    with pytest.raises(ConfigError) as err:
+        clusters.load(path)
+    (problem,) = err.value.problems
+    assert problem.line is not None and problem.line > 60 and "is not allowed in reviewed files" in problem.message
+    assert "\n" not in str(problem)
+
+
+def test_fails_when_a_job_file_or_the_roles_file_uses_an_alias(tmp_path: Path) -> None:
+    job = tmp_path / "finetune-llama.yaml"
+    job.write_text((REPO / "jobs" / "finetune-llama.yaml").read_text().replace("env:\n  HF_HOME", "env: &e\n  HF_HOME") + "extra: *e\n")
+    with pytest.raises(ConfigError, match=r"YAML anchor &e is not allowed"):
+        jobs.loader.load(job)
+    roles_file = tmp_path / "roles.yaml"
+    roles_file.write_text((REPO / "vault_policies" / "roles.yaml").read_text() + "x: &r 1\ny: *r\n")
+    with pytest.raises(ConfigError, match=r"YAML anchor &r is not allowed"):
+        roles.load_roles(roles_file)
+
+
+def test_a_dns_wildcard_or_an_ampersand_in_text_is_not_an_anchor(tmp_path: Path) -> None:
+    path = tmp_path / "prod-gke.yaml"
+    text = (CLUSTERS_DIR / "prod-gke.yaml").read_text().replace("- name: tensorboard.prod", "- name: '*.prod'")
+    path.write_text(text.replace("reason: platform team operates", "reason: platform team (R&D) operates"))
+    clusters.load(path)
+
+
+def _repo_with_link(tmp_path: Path, target: Path) -> Path:
+    repo = tmp_path / "repo"
+    (repo / ".git").mkdir(parents=True)
+    (repo / "clusters").mkdir()
+    os.symlink(target, repo / "clusters" / "prod-gke.yaml")
+    return repo
+
+
+def test_fails_when_a_cluster_file_is_a_symlink_out_of_the_repository(tmp_path: Path) -> None:
+    outside = tmp_path / "elsewhere" / "prod-gke.yaml"
+    outside.parent.mkdir()
+    marker = "outside-content-never-echoed"
+    outside.write_text((CLUSTERS_DIR / "prod-gke.yaml").read_text().replace("name: prod-gke", f"name: {marker}"))
+    repo = _repo_with_link(tmp_path, outside)
+    with pytest.raises(ConfigError) as err:
+        clusters.load_all(repo / "clusters")
+    (problem,) = err.value.problems
+    assert str(problem) == (f"{repo / 'clusters' / 'prod-gke.yaml'}: is a symlink to {outside}, outside the repository {repo};"
+                            " reviewed files must live in the repository: copy the file in (so the change is reviewed) or delete the link")
+    assert marker not in str(err.value)
+
+
+def test_a_symlink_inside_the_repository_is_read(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    (repo / ".git").mkdir(parents=True)
+    (repo / "shared").mkdir()
+    (repo / "shared" / "prod-gke.yaml").write_text((CLUSTERS_DIR / "prod-gke.yaml").read_text())
+    (repo / "clusters").mkdir()
+    os.symlink(repo / "shared" / "prod-gke.yaml", repo / "clusters" / "prod-gke.yaml")
+    assert [c.name for c in clusters.load_all(repo / "clusters")] == ["prod-gke"]
+
+
+def test_fails_with_one_line_when_vault_addr_holds_an_interpolation(tmp_path: Path) -> None:
+    """Once a traceback from the Nomad agent renderer at synthesis; now a schema error at the line."""
+    path = tmp_path / "prod-nomad.yaml"
+    path.write_text((CLUSTERS_DIR / "prod-nomad.yaml").read_text().replace(
+        "vault_addr: https://vault.example.com:8200", "vault_addr: https://vault.example.com:8200/${file(\"/etc/passwd\")}"))
+    with pytest.raises(ConfigError) as err:
+        clusters.load(path)
+    (problem,) = err.value.problems
+    assert str(problem).startswith(f"{path}:20: nomad.vault_addr: ") and "\n" not in str(problem)
+    assert json.dumps(problem.message)  # plain text, no pydantic/regex internals
+    assert "String should match pattern" not in problem.message
