@@ -19,6 +19,7 @@ from ruamel.yaml.error import MarkedYAMLError, YAMLError
 from ruamel.yaml.events import AliasEvent, NodeEvent
 
 from clusters.errors import ConfigError, Problem
+from clusters.secrets import detect
 
 FieldPath = tuple[str | int, ...]
 M = TypeVar("M", bound=BaseModel)
@@ -271,8 +272,6 @@ def _strings(node: Any, path: FieldPath = (), field: str = "") -> Iterator[tuple
 def secret_problems(doc: YamlDocument) -> list[Problem]:
     """Credentials anywhere in a reviewed file (values and keys), masked; checked before the schema so
     no schema message can echo one."""
-    from gpufleet.safety.secrets import detect
-
     problems = []
     for path, value, field, is_key in _strings(doc.data):
         hit = detect(value, field)

@@ -15,7 +15,7 @@ from clusters.machines import machine_shape
 from clusters.schema import ClusterConfig, SchedulerKind
 from clusters.source import FieldPath, did_you_mean
 from jobs.durations import NS_PER_SECOND
-from gpufleet.safety.secrets import detect
+from clusters.secrets import detect
 from jobs.schema import ENV_NAME, META_KEY, RESERVED_ENV_PREFIXES, SECRET_REF, WRAPPER_ENV_NAMES, WRAPPER_ENV_PREFIXES, JobFile, RestartMode, secret_like_name
 from jobs.vault_refs import VaultView, readable_paths
 

@@ -13,7 +13,7 @@ from collections.abc import Iterable
 
 from clusters.errors import UserError
 from clusters.source import did_you_mean
-from gpufleet.safety.secrets import detect
+from clusters.secrets import detect
 from jobs.spec import FinetuneSpec
 
 DATASET_SCHEMES = ("gs://", "s3://", "hf://")

@@ -2,7 +2,7 @@
 
 Every key of the fleet comes from Vault or the environment at run time, so a secret value in
 ``cdktf.out``, ``jobs/out`` or Terraform state is always a leak. What counts as a secret is
-decided by ``gpufleet.safety.secrets`` (the one detector, shared with job checks and dispatch
+decided by ``clusters.secrets`` (the one detector, shared with job checks and dispatch
 meta); this module walks files: every string value and every map key, with the nearest key as
 context, and in Terraform state every attribute terraform itself marks sensitive
 (``sensitive_values`` in ``terraform show -json``, ``sensitive_attributes`` in a state file)
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpufleet.safety.secrets import detect, is_service_account_key, mask
+from clusters.secrets import detect, is_service_account_key, mask
 
 
 @dataclass(frozen=True)

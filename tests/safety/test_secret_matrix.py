@@ -1,6 +1,6 @@
 """The planted-secret matrix: every format in every position is caught, masked; real output has no findings.
 
-One detector (``gpufleet.safety.secrets``) serves the cluster/job/roles loaders, dispatch meta and
+One detector (``clusters.secrets``) serves the cluster/job/roles loaders, dispatch meta and
 the scanner, so the matrix plants each format into each position and requires 100%: cluster
 fields (values and map keys), job fields (env, args, command, gpu.model, image, env keys), dispatch
 meta (values and keys), synthesized JSON (values, keys, argv lists, text files) and Terraform

@@ -1,4 +1,7 @@
-"""The one secret detector: job checks, dispatch meta validation and the scanner all ask it.
+"""The one secret detector: reviewed-file loaders, job checks, dispatch meta and the scanner all ask it.
+
+It lives in ``clusters`` (the bottom layer, pure functions, standard library only) so the loaders,
+``jobs`` and ``gpufleet.safety.secret_scan`` can all import it without reversing dependencies.
 
 Every key of the fleet comes from Vault at run time, so a secret value in a reviewed file, a
 dispatch parameter, synthesized JSON or Terraform state is always a leak. Evidence, strongest first:
@@ -45,9 +48,13 @@ SELF_IDENTIFYING: tuple[tuple[str, str, re.Pattern[str]], ...] = (
     ("vault-token", "hvs.", re.compile(_EDGE + r"hv[sbr]\.[A-Za-z0-9_-]{20,}" + _END)),
     ("jwt", "eyJ", re.compile(_EDGE + r"eyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{10,}" + _END)),
 )
-URL_PASSWORD = re.compile(r"\b[a-zA-Z][a-zA-Z0-9+.-]{1,20}://[^/\s:@]*:(?P<value>[^/\s@]+)@")
+# Quantifiers are bounded so a megabyte of base64 in state cannot make a pattern quadratic.
+URL_PASSWORD = re.compile(r"\b[a-zA-Z][a-zA-Z0-9+.-]{1,20}://[^/\s:@]{0,256}:(?P<value>[^/\s@]{1,256})@")
 # A name then '=' or ':' then a value, as in '--wandb-key=...', 'WANDB_API_KEY=...', 'password: ...'.
-KEYISH = re.compile(r"(?P<name>[A-Za-z0-9_.-]*(?i:key|token|secret|passw(?:or)?d|pwd|credential)[A-Za-z0-9_.-]*)\s*[=:]\s*[\"']?(?P<value>[^\s\"',;&]+)")
+# The match starts at the keyword (a literal the engine can search for); the name's left part is
+# found by _name_before, so no pattern begins with an unbounded character class.
+KEYISH = re.compile(r"(?i:key|token|secret|passw(?:or)?d|pwd|credential)(?P<rest>[A-Za-z0-9_.-]{0,40})\s{0,4}[=:]\s{0,4}[\"']?(?P<value>[^\s\"',;&]{1,512})")
+_NAME_CHAR = re.compile(r"[A-Za-z0-9_.-]")
 BEARER = re.compile(r"(?i)\b(?:bearer|token|basic)\s+(?P<value>[A-Za-z0-9._~+/=-]{16,})")
 BASE64_RUN = re.compile(r"[A-Za-z0-9+/_-]{24,}={0,2}")
 PLACEHOLDER = re.compile(r"^(\$\{[^}]*\}|\$[A-Za-z_][A-Za-z0-9_]*|\{\{.*\}\}|<[^>]*>|\*+|x+|X+|\.\.\.)$")
@@ -153,6 +160,13 @@ def _valued(value: str, field: str) -> Hit | None:
     return None
 
 
+def _name_before(text: str, end: int) -> str:
+    start = end
+    while start > 0 and end - start < 40 and _NAME_CHAR.match(text[start - 1]):
+        start -= 1
+    return text[start:end]
+
+
 def _decoded_text(run: str) -> str | None:
     padded = run + "=" * (-len(run) % 4)
     for decode in (base64.b64decode, base64.urlsafe_b64decode):
@@ -184,12 +198,14 @@ def detect(value: str, field: str = "", *, depth: int = 0) -> Hit | None:
     hit = _valued(value, field)
     if hit:
         return hit
-    for pattern in (KEYISH, BEARER):
-        for match in pattern.finditer(value):
-            name = match.groupdict().get("name") or "bearer"
-            hit = _valued(match.group("value"), name)
-            if hit:
-                return hit
+    for match in KEYISH.finditer(value):
+        hit = _valued(match.group("value"), _name_before(value, match.start()) + value[match.start():match.end("rest")])
+        if hit:
+            return hit
+    for match in BEARER.finditer(value):
+        hit = _valued(match.group("value"), "bearer")
+        if hit:
+            return hit
     if depth < MAX_DEPTH:
         for run in BASE64_RUN.findall(value):
             text = _decoded_text(run)
