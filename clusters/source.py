@@ -18,6 +18,7 @@ from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.error import MarkedYAMLError, YAMLError
 from ruamel.yaml.events import AliasEvent, NodeEvent
 
+from clusters import repo
 from clusters.errors import ConfigError, Problem
 from clusters.secrets import detect
 
@@ -67,7 +68,11 @@ def format_path(field_path: Sequence[str | int]) -> str:
 
 
 def _repository(directory: Path) -> Path:
-    """The nearest enclosing directory holding ``.git`` (the checkout under review), else ``directory``."""
+    """The gpufleet repository holding ``directory`` (``clusters.repo``), else the nearest enclosing
+    git checkout, else ``directory`` itself."""
+    found = repo.discover(directory)
+    if found is not None:
+        return found
     for candidate in (directory, *directory.parents):
         if (candidate / ".git").exists():
             return candidate
