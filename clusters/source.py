@@ -68,21 +68,18 @@ def format_path(field_path: Sequence[str | int]) -> str:
 
 
 def _repository(directory: Path) -> Path:
-    """The gpufleet repository holding ``directory`` (``clusters.repo``), else the nearest enclosing
-    git checkout, else ``directory`` itself."""
-    found = repo.discover(directory)
-    if found is not None:
-        return found
+    """The gpufleet repository (``clusters.repo.is_repo``) or else git checkout enclosing ``directory``
+    as written, before symlinks are resolved (a symlinked ``clusters/`` must not move the root); else
+    ``directory`` itself."""
     for candidate in (directory, *directory.parents):
-        if (candidate / ".git").exists():
-            return candidate
-    return directory
+        if repo.is_repo(candidate) or (candidate / ".git").exists():
+            return candidate.resolve()
+    return directory.resolve()
 
 
 def _outside_repository(path: Path) -> Problem | None:
     """A reviewed file that is (or sits behind) a symlink leaving the repository is not reviewed content."""
-    listed = path.parent.resolve()
-    root = _repository(listed)
+    root = _repository(path.absolute().parent)
     target = path.resolve()
     if target.is_relative_to(root):
         return None

@@ -99,6 +99,17 @@ def test_fails_when_a_cluster_file_is_a_symlink_out_of_the_repository(tmp_path: 
     assert marker not in str(err.value)
 
 
+def test_fails_when_the_clusters_directory_is_a_symlink_out_of_the_repository(tmp_path: Path) -> None:
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    (outside / "prod-gke.yaml").write_text((CLUSTERS_DIR / "prod-gke.yaml").read_text())
+    repo = tmp_path / "repo"
+    (repo / ".git").mkdir(parents=True)
+    os.symlink(outside, repo / "clusters")
+    with pytest.raises(ConfigError, match=r"is a symlink to .*elsewhere/prod-gke.yaml, outside the repository .*repo;"):
+        clusters.load_all(repo / "clusters")
+
+
 def test_a_symlink_inside_the_repository_is_read(tmp_path: Path) -> None:
     repo = tmp_path / "repo"
     (repo / ".git").mkdir(parents=True)
