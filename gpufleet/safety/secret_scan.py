@@ -19,7 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from clusters.secrets import detect, is_service_account_key, mask
+from clusters.secrets import detect, is_reference, is_sensitive_field, is_service_account_key, mask
+
+__all__ = ["Finding", "check_string", "is_reference", "is_sensitive_field", "scan_file", "scan_paths", "scan_text", "walk"]
 
 
 @dataclass(frozen=True)
