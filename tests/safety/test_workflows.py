@@ -109,6 +109,7 @@ PINS = {
     "actions/download-artifact": ("d3f86a106a0bac45b974a628896c90dbdf5c8093", "v4.3.0"),
     "google-github-actions/auth": ("c200f3691d83b41bf9bbd8638997a462592937ed", "v2.1.13"),
     "actions/github-script": ("f28e40c7f34bde8b3046d885e986cb6290c5673b", "v7.1.0"),
+    "google-github-actions/setup-gcloud": ("e427ad8a34f8676edf47cf7d7925499adf3eb74f", "v2.2.1"),
 }
 USES = re.compile(r"^\s*-?\s*uses:\s*(?P<action>[^@\s]+)@(?P<ref>\S+)(?:\s+#\s*(?P<tag>\S+))?\s*$")
 
