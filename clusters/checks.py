@@ -13,9 +13,9 @@ from collections.abc import Iterator
 
 from clusters import rules
 from clusters.derive import (
-    SYSTEM_POOL_NAME, derive_control_plane, derive_gpu_pool, dns_record_address, grant_address, kueue_queue_key, machine_accelerator, tenant_account_id,
+    SYSTEM_POOL_NAME, derive_control_plane, derive_gpu_pool, pool_gpudirect, dns_record_address, grant_address, kueue_queue_key, machine_accelerator, tenant_account_id,
 )
-from clusters.families import machine_family
+from clusters.families import GPUDIRECT_RANGE_MAX_PREFIX, GpuDirect, machine_family
 from clusters.machines import MACHINE_GPUS, N1_ACCELERATOR, N1_GPU_CHOICES, is_n1
 from clusters.schema import ClusterConfig, Environment, GpuPool, SchedulerKind
 from clusters.source import FieldPath, did_you_mean
@@ -55,6 +55,7 @@ def _scheduler_sections(config: ClusterConfig) -> Iterator[Finding]:
         yield (("gcp", "master_cidr"), "GKE private clusters need master_cidr, a /28 such as '172.16.0.0/28'; add it")
     if config.scheduler == SchedulerKind.GKE:
         yield from _gke_access(config)
+        yield from _gpudirect(config)
 
 
 def _gke_access(config: ClusterConfig) -> Iterator[Finding]:
@@ -77,6 +78,32 @@ def _gke_access(config: ClusterConfig) -> Iterator[Finding]:
     if grouped and (config.gke is None or config.gke.rbac_security_group is None):
         yield (("gke", "rbac_security_group"), f"tenants {', '.join(grouped)} bind Google groups, which GKE RBAC only matches with"
                " Google Groups for RBAC; set gke.rbac_security_group: gke-security-groups@<your domain> and nest the tenant groups in it")
+
+
+def _gpudirect(config: ClusterConfig) -> Iterator[Finding]:
+    """GPUDirect VPC subnets are carved from gcp.gpudirect_cidr; an RDMA VPC's network profile is zonal."""
+    pools = [(i, p) for i, p in enumerate(config.gpu_pools) if pool_gpudirect(p) != GpuDirect.NONE]
+    if not pools:
+        return
+    gcp = config.gcp
+    net = ipaddress.IPv4Network(gcp.gpudirect_cidr)
+    if net.prefixlen > GPUDIRECT_RANGE_MAX_PREFIX:
+        yield (("gcp", "gpudirect_cidr"), f"{gcp.gpudirect_cidr!r} is too small for 16 /20 GPUDirect subnets; use a /16 such as '192.168.0.0/16'")
+    for field in ("subnet_cidr", "pods_cidr", "services_cidr", "master_cidr"):
+        other = getattr(gcp, field)
+        if other and net.overlaps(ipaddress.IPv4Network(other)):
+            yield (("gcp", "gpudirect_cidr"), f"{gcp.gpudirect_cidr!r} overlaps {field} {other!r}; pick a range that overlaps none of them, e.g. '192.168.0.0/16'")
+    rdma_zones = {}
+    for i, p in pools:
+        if pool_gpudirect(p) != GpuDirect.RDMA:
+            continue
+        zones = p.zones or gcp.zones
+        if len(zones) != 1:
+            yield (("gpu_pools", i, "zones"), f"{p.machine_type} uses an RDMA VPC whose RoCE network profile is zonal; set zones: [{zones[0]}]")
+        rdma_zones.setdefault(zones[0], i)
+    if len(rdma_zones) > 1:
+        (first, _), (zone, i) = sorted(rdma_zones.items(), key=lambda kv: kv[1])[:2]
+        yield (("gpu_pools", i, "zones"), f"RDMA pools share one RoCE VPC in zone {first}; put this pool in {first} too")
 
 
 def _gcp(config: ClusterConfig) -> Iterator[Finding]:

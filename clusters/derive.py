@@ -5,12 +5,13 @@ Tests call these directly; constructs only read the specs. Nothing here knows cd
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import re
 from dataclasses import dataclass
 from enum import StrEnum
 
-from clusters.families import GpuDirect, machine_family
+from clusters.families import GPUDIRECT_SUBNET_PREFIX, GpuDirect, machine_family
 from clusters.machines import MACHINE_GPUS, N1_ACCELERATOR, N1_GPU_MEMORY_GIB, N1_MODEL, NVML_GPUS, NvmlGpu, is_n1
 from clusters.schema import ClusterConfig, Environment, GkeConfig, GpuPool, SchedulerKind, TaintEffect
 
@@ -256,6 +257,57 @@ def derive_control_plane(config: ClusterConfig) -> ControlPlaneSpec:
     )
 
 
+@dataclass(frozen=True)
+class NodeNetworkSpec:
+    """One extra VPC (gVNIC) or RDMA subnet a GPUDirect pool's nodes get a NIC on, and its GKE Network object."""
+
+    key: str            # address part: gpunet_1 .. gpunet_8, rdma_0 .. rdma_7
+    network: str        # VPC name
+    subnetwork: str     # subnet name
+    cidr: str
+    k8s_name: str       # GKE Network / GKENetworkParamSet name, as the toolkit names them (gvnic-1.., rdma-0..)
+    device_mode: str    # NetDevice (gVNIC) or RDMA
+
+
+@dataclass(frozen=True)
+class GpuDirectSpec:
+    """The cluster's GPUDirect networks and which pool uses which (pool name -> network keys, in NIC order)."""
+
+    networks: tuple[NodeNetworkSpec, ...]
+    rdma_zone: str | None
+    pool_networks: tuple[tuple[str, tuple[str, ...]], ...]
+
+    def for_pool(self, pool: str) -> tuple[NodeNetworkSpec, ...]:
+        keys = dict(self.pool_networks).get(pool, ())
+        by_key = {n.key: n for n in self.networks}
+        return tuple(by_key[k] for k in keys)
+
+
+def derive_gpudirect(config: ClusterConfig) -> GpuDirectSpec:
+    """gVNIC VPCs shared by every GPUDirect pool (as many as the most demanding pool needs), plus one
+    RDMA VPC with 8 subnets for A3 Ultra / A4. Subnets are /20s of ``gcp.gpudirect_cidr`` in order
+    (toolkit multivpc: subnetwork_cidr_suffix 20): gVNIC network i takes block i-1, RDMA subnet j block 8+j."""
+    if config.scheduler != SchedulerKind.GKE:
+        return GpuDirectSpec((), None, ())
+    pools = [(p, machine_family(p.machine_type)) for p in config.gpu_pools if pool_gpudirect(p) != GpuDirect.NONE]
+    if not pools:
+        return GpuDirectSpec((), None, ())
+    blocks = list(ipaddress.IPv4Network(config.gcp.gpudirect_cidr).subnets(new_prefix=GPUDIRECT_SUBNET_PREFIX))
+    gvnic_count = max(f.gvnic_networks for _, f in pools)
+    networks = [NodeNetworkSpec(key=f"gpunet_{i}", network=f"{config.name}-gpunet-{i}", subnetwork=f"{config.name}-gpunet-{i}-subnet",
+                                cidr=str(blocks[i - 1]), k8s_name=f"gvnic-{i}", device_mode="NetDevice") for i in range(1, gvnic_count + 1)]
+    rdma = [(p, f) for p, f in pools if f.rdma_subnets]
+    rdma_zone = None
+    if rdma:
+        rdma_zone = (rdma[0][0].zones or config.gcp.zones)[0]
+        networks += [NodeNetworkSpec(key=f"rdma_{j}", network=f"{config.name}-rdma", subnetwork=f"{config.name}-rdma-sub-{j}",
+                                     cidr=str(blocks[8 + j]), k8s_name=f"rdma-{j}", device_mode="RDMA")
+                     for j in range(max(f.rdma_subnets for _, f in rdma))]
+    pool_networks = tuple((p.name, tuple(f"gpunet_{i}" for i in range(1, f.gvnic_networks + 1)) + tuple(f"rdma_{j}" for j in range(f.rdma_subnets)))
+                          for p, f in pools)
+    return GpuDirectSpec(tuple(networks), rdma_zone, pool_networks)
+
+
 def tfc_workspace(config: ClusterConfig, stack: str) -> str:
     """Workspace per stack: the file's explicit name for the infra stack, else derived from the stack name."""
     state = config.state
@@ -292,6 +344,12 @@ class TenantSpec:
     @property
     def total_gpus(self) -> int:
         return sum(q for _, q in self.gpu_quota)
+
+
+def tenant_gpu_pools(tenant: TenantSpec, pools: tuple[GpuPoolSpec, ...]) -> tuple[GpuPoolSpec, ...]:
+    """Pools the tenant can ever be admitted on: those it has quota on, and overcommitted pools it may borrow on."""
+    quotas = dict(tenant.gpu_quota)
+    return tuple(p for p in pools if quotas.get(p.name, 0) > 0 or p.overcommit)
 
 
 def tenant_account_id(cluster: str, tenant: str) -> str:

@@ -57,8 +57,14 @@ FAMILIES: tuple[Family, ...] = (
     Family(("a4-", "a3-ultragpu-"), ("hyperdisk-balanced",), None, GpuDirect.NONE, 0, 0),
     Family(("a2-", "g2-", "n1-"), _PD, None, GpuDirect.NONE, 0, 0),
 )
-# Jumbo frames on every GPUDirect VPC: toolkit examples/gke-a3-highgpu and gke-a3-megagpu (mtu: 8244).
+# Jumbo frames on every GPUDirect gVNIC VPC: toolkit examples/gke-a3-highgpu and gke-a3-megagpu
+# (mtu: 8244); the RDMA VPC keeps the toolkit gpu-rdma-vpc default (8896).
 GPUDIRECT_MTU = 8244
+RDMA_MTU = 8896
+# Each GPUDirect subnet is a /20 of gcp.gpudirect_cidr (toolkit multivpc subnetwork_cidr_suffix: 20):
+# 8 gVNIC networks at most, then 8 RDMA subnets, so the range must hold 16 of them (a /16).
+GPUDIRECT_SUBNET_PREFIX = 20
+GPUDIRECT_RANGE_MAX_PREFIX = 16
 
 
 def machine_family(machine_type: str) -> Family:

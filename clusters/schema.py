@@ -201,6 +201,8 @@ class GcpConfig(Model):
     services_cidr: Cidr
     master_cidr: Cidr | None = None
     master_authorized_networks: tuple[AuthorizedNetwork, ...] = ()
+    # Carved into the /20 subnets of the GPUDirect VPCs (GKE pools on A3/A4 machines); must not overlap the other ranges.
+    gpudirect_cidr: Cidr = "192.168.0.0/16"
     static_ips: tuple[StaticIp, ...] = ()
 
 

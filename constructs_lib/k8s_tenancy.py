@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from constructs import Construct
 
-from clusters.derive import CONTROLLER_KSA, TENANT_LABEL, WORKLOAD_KSA, GpuPoolSpec, TenantSpec
+from clusters.derive import CONTROLLER_KSA, TENANT_LABEL, WORKLOAD_KSA, GpuPoolSpec, TenantSpec, tenant_gpu_pools
+from clusters.families import GpuDirect
 from constructs_lib.naming import pin
 from constructs_lib.providers import kubernetes
 
@@ -13,6 +14,22 @@ RBAC_GROUP = "rbac.authorization.k8s.io"
 # Pods that forget requests still get a sane share of a GPU node, not best-effort eviction bait.
 DEFAULT_REQUESTS = {"cpu": "1", "memory": "4Gi"}
 WI_ANNOTATION = "iam.gke.io/gcp-service-account"
+PSA = "pod-security.kubernetes.io/"
+
+
+def pod_security(tenant: TenantSpec, pools: tuple[GpuPoolSpec, ...]) -> dict[str, str]:
+    """``baseline`` everywhere, except where the tenant can run on a GPUDirect pool.
+
+    The TCPX/TCPXO receive-datapath sidecar mounts ``/sys``, ``/proc/sys`` and the driver
+    directory as hostPath and adds ``NET_ADMIN`` (toolkit
+    gpu-direct-workload/scripts/enable-tcpx{,o}-in-workload.py); baseline forbids both, so such a
+    namespace is enforced at ``privileged`` and still warned and audited at ``baseline``. Other
+    namespaces keep enforcing baseline.
+    """
+    gpudirect = any(p.gpudirect != GpuDirect.NONE for p in tenant_gpu_pools(tenant, pools))
+    if gpudirect:
+        return {f"{PSA}enforce": "privileged", f"{PSA}warn": "baseline", f"{PSA}audit": "baseline"}
+    return {f"{PSA}enforce": "baseline"}
 
 
 def rbac_subject(member: str) -> tuple[str, str]:
@@ -39,8 +56,7 @@ class K8sTenant(Construct):
         key = tenant_key(tenant.name)
         self.namespace = pin(kubernetes.namespace_v1.NamespaceV1(self, "ns", metadata={
             "name": tenant.namespace,
-            "labels": {TENANT_LABEL: tenant.name, "app.kubernetes.io/managed-by": "gpufleet",
-                       "pod-security.kubernetes.io/enforce": "baseline"},
+            "labels": {TENANT_LABEL: tenant.name, "app.kubernetes.io/managed-by": "gpufleet", **pod_security(tenant, pools)},
         }), f"ns_{key}")
         ns = self.namespace.metadata.name
         rb = kubernetes.role_binding_v1
@@ -67,6 +83,15 @@ class K8sTenant(Construct):
             self, "quota", metadata={"name": "gpu-quota", "namespace": ns},
             spec={"hard": {f"requests.{GPU_RESOURCE}": str(tenant.total_gpus)}},
         ), f"quota_{key}")
+        np = kubernetes.network_policy_v1
+        # Default deny for ingress from outside the namespace (Dataplane V2 enforces it); pods of
+        # one tenant still reach each other, which multi-node training needs.
+        self.network_policy = pin(np.NetworkPolicyV1(
+            self, "netpol", metadata={"name": "gpufleet-deny-other-namespaces", "namespace": ns},
+            spec=np.NetworkPolicyV1Spec(pod_selector=np.NetworkPolicyV1SpecPodSelector(), policy_types=["Ingress"],
+                                        ingress=[np.NetworkPolicyV1SpecIngress(from_=[np.NetworkPolicyV1SpecIngressFrom(
+                                            pod_selector=np.NetworkPolicyV1SpecIngressFromPodSelector())])]),
+        ), f"netpol_{key}")
         lr = kubernetes.limit_range_v1
         self.limits = pin(lr.LimitRangeV1(
             self, "limits", metadata={"name": "defaults", "namespace": ns},

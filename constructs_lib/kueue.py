@@ -24,7 +24,9 @@ from __future__ import annotations
 
 from constructs import Construct
 
-from clusters.derive import QUEUED_LABEL, TENANT_LABEL, GpuPoolSpec, TenantSpec, kueue_local_queue_name, kueue_queue_key
+from clusters.derive import (
+    QUEUED_LABEL, TENANT_LABEL, GpuPoolSpec, TenantSpec, kueue_local_queue_name, kueue_queue_key, tenant_gpu_pools,
+)
 from constructs_lib.naming import pin
 from constructs_lib.providers import kubernetes
 
@@ -60,12 +62,6 @@ def resource_flavor(spec: GpuPoolSpec) -> dict:
 def cluster_queue_name(tenant: str, pool: str) -> str:
     """``<tenant>.<pool>``: the dot cannot occur in either name, so no two pairs share a queue."""
     return f"{tenant}.{pool}"
-
-
-def tenant_pools(tenant: TenantSpec, pools: tuple[GpuPoolSpec, ...]) -> tuple[GpuPoolSpec, ...]:
-    """Pools the tenant can ever be admitted on: those it has quota on, and overcommitted pools it may borrow on."""
-    quotas = dict(tenant.gpu_quota)
-    return tuple(p for p in pools if quotas.get(p.name, 0) > 0 or p.overcommit)
 
 
 def cluster_queue(tenant: TenantSpec, pool: GpuPoolSpec, cohort: str) -> dict:
@@ -137,7 +133,7 @@ class KueueQueues(Construct):
         self.cluster_queues: dict[tuple[str, str], object] = {}
         self.local_queues: dict[tuple[str, str], object] = {}
         for t in tenants:
-            for p in tenant_pools(t, pools):
+            for p in tenant_gpu_pools(t, pools):
                 key = kueue_queue_key(t.name, p.name)
                 cq = pin(manifest(self, f"cluster_queue_{key}", manifest=cluster_queue(t, p, cluster), depends_on=prerequisites),
                          f"kueue_cluster_queue_{key}")

@@ -6,13 +6,14 @@ from cdktf import TerraformOutput, TerraformStack
 from constructs import Construct
 
 from clusters.derive import (
-    NomadRole, derive_control_plane, derive_gpu_pools, derive_nomad_secrets, derive_nomad_servers, derive_system_pool, derive_tenants,
+    NomadRole, derive_control_plane, derive_gpu_pools, derive_gpudirect, derive_nomad_secrets, derive_nomad_servers, derive_system_pool, derive_tenants,
     nomad_secrets_for,
 )
 from clusters.schema import ClusterConfig, Environment, NomadConfig, SchedulerKind
 from constructs_lib.dns_records import DnsRecords
 from constructs_lib.gke_cluster import GkeCluster
 from constructs_lib.gpu_node_pool import GpuNodePool
+from constructs_lib.gpudirect_networks import GpuDirectNetworks
 from constructs_lib.iam import NodeIdentity
 from constructs_lib.naming import pin
 from constructs_lib.network import GpuNetwork
@@ -46,6 +47,7 @@ class ClusterStack(TerraformStack):
         self.tenant_identities: dict[str, TenantIdentity] = {}
         self.node_pools: dict[str, GpuNodePool] = {}
         self.system_pool: SystemNodePool | None = None
+        self.gpudirect = derive_gpudirect(config)
         if config.scheduler == SchedulerKind.GKE:
             self.control_plane = derive_control_plane(config)
             self.gke = GkeCluster(self, "gke", config=config, control_plane=self.control_plane, network=self.network,
@@ -53,10 +55,14 @@ class ClusterStack(TerraformStack):
             cost_labels = {"gpufleet-cluster": config.name, "environment": config.environment.value}
             self.system_pool = SystemNodePool(self, "system_pool", spec=derive_system_pool(config), cluster_id=self.gke.cluster.id,
                                               region=config.gcp.region, node_service_account=node_sa, resource_labels=cost_labels)
+            gpudirect = GpuDirectNetworks(self, "gpudirect", spec=self.gpudirect, cluster=config.name, project=config.gcp.project,
+                                          region=config.gcp.region, source_range=config.gcp.gpudirect_cidr) if self.gpudirect.networks else None
             for spec in self.pool_specs:
+                nics = tuple((gpudirect.networks[n.key].name, gpudirect.subnets[n.key].name)
+                             for n in self.gpudirect.for_pool(spec.name)) if gpudirect else ()
                 self.node_pools[spec.name] = GpuNodePool(self, f"pool_{spec.name}", spec=spec, cluster_id=self.gke.cluster.id,
                                                          region=config.gcp.region, node_service_account=node_sa,
-                                                         resource_labels=cost_labels)
+                                                         resource_labels=cost_labels, node_networks=nics)
             self.tenant_identities = {
                 t.name: TenantIdentity(self, f"tenant_{t.name}", tenant=t, project=config.gcp.project, cluster=config.name)
                 for t in derive_tenants(config) if t.gcp_account_id is not None

@@ -20,6 +20,8 @@ from clusters.derive import derive_tenants
 from clusters.schema import ClusterConfig
 from constructs_lib.k8s_controller_role import ControllerRole
 from constructs_lib.k8s_priority_classes import PriorityClasses
+from constructs_lib.gke_node_networks import GkeNodeNetworks
+from constructs_lib.k8s_queue_policy import TenantQueuePolicy
 from constructs_lib.k8s_tenancy import K8sTenant
 from constructs_lib.kueue import KueueQueues
 from constructs_lib.nomad_agent_config import HTTP_PORT
@@ -69,6 +71,8 @@ class GkeSchedulerStack(TerraformStack):
         }
         self.kueue = KueueQueues(self, "kueue", cluster=config.name, pools=pools, tenants=tenants,
                                  namespaces={n: k.namespace for n, k in self.tenants.items()})
+        self.queue_policy = TenantQueuePolicy(self, "queue_policy")
+        self.node_networks = GkeNodeNetworks(self, "node_networks", networks=infra.gpudirect.networks)
 
 
 class NomadSchedulerStack(TerraformStack):

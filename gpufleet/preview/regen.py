@@ -76,7 +76,7 @@ PROVIDERS: dict[str, Provider] = {
         repo="hashicorp/terraform-provider-kubernetes", tag="v2.38.0", registry="kubernetes", dirs=("kubernetes",),
         registration=("kubernetes/provider.go", "manifest/provider/plan.go"),
         resources=(
-            "kubernetes_cluster_role_v1", "kubernetes_limit_range_v1", "kubernetes_manifest", "kubernetes_namespace_v1",
+            "kubernetes_cluster_role_v1", "kubernetes_limit_range_v1", "kubernetes_manifest", "kubernetes_namespace_v1", "kubernetes_network_policy_v1",
             "kubernetes_priority_class_v1", "kubernetes_resource_quota_v1", "kubernetes_role_binding_v1", "kubernetes_service_account_v1",
         ),
     ),

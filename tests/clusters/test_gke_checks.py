@@ -51,6 +51,12 @@ CASES = [
      "gke.upgrade_exclusion.start_time", "is not an RFC 3339 time such as"),
     ("maintenance-window-not-hh-mm", "prod-gke", lambda d: d["gke"].update(maintenance_start_time="9am"),
      "gke.maintenance_start_time", "is not a UTC time of day as HH:MM"),
+    ("gpudirect-range-overlaps-pods", "train-a3mega", lambda d: d["gcp"].update(gpudirect_cidr="10.128.0.0/16"), "gcp.gpudirect_cidr",
+     "overlaps pods_cidr '10.128.0.0/14'"),
+    ("gpudirect-range-too-small", "train-a3mega", lambda d: d["gcp"].update(gpudirect_cidr="192.168.0.0/18"), "gcp.gpudirect_cidr",
+     "too small for 16 /20 GPUDirect subnets"),
+    ("rdma-pool-across-zones", "prod-gke", lambda d: pool(d, 1).update(machine_type="a4-highgpu-8g", spot=False) or pool(d, 1).pop("spot"),
+     "gpu_pools[1].zones", "RoCE network profile is zonal; set zones: [us-central1-a]"),
     ("tenant-queue-addresses-collide", "prod-gke", colliding_queues, "tenants[2].name", "would share one Kueue queue address"),
 ]
 

@@ -6,8 +6,8 @@ import dataclasses
 
 import pytest
 
-from clusters.derive import derive_gpu_pools, derive_tenants, kueue_local_queue_name
-from constructs_lib.kueue import cluster_queue, cluster_queue_name, dws_objects, local_queue, resource_flavor, tenant_pools
+from clusters.derive import derive_gpu_pools, derive_tenants, kueue_local_queue_name, tenant_gpu_pools
+from constructs_lib.kueue import cluster_queue, cluster_queue_name, dws_objects, local_queue, resource_flavor
 
 API = "kueue.x-k8s.io/v1beta2"
 
@@ -78,11 +78,11 @@ def test_tenant_queues_share_a_cohort_and_reclaim_lent_gpus(manifests):
 def test_overcommitted_pool_lets_tenants_borrow_even_without_quota(prod):
     pools = tuple(dataclasses.replace(p, overcommit=p.name == "l4-spot") for p in derive_gpu_pools(prod))
     tenant = dataclasses.replace(derive_tenants(prod)[0], gpu_quota=(("h100", 8),))
-    assert [p.name for p in tenant_pools(tenant, pools)] == ["h100", "l4-spot"]
+    assert [p.name for p in tenant_gpu_pools(tenant, pools)] == ["h100", "l4-spot"]
     l4 = cluster_queue(tenant, pools[1], "prod-gke")["spec"]["resourceGroups"][0]["flavors"][0]["resources"][0]
     assert l4 == {"name": "nvidia.com/gpu", "nominalQuota": 0}
     no_overcommit = tuple(dataclasses.replace(p, overcommit=False) for p in pools)
-    assert [p.name for p in tenant_pools(tenant, no_overcommit)] == ["h100"], "a queue that can admit nothing is not created"
+    assert [p.name for p in tenant_gpu_pools(tenant, no_overcommit)] == ["h100"], "a queue that can admit nothing is not created"
 
 
 def test_dws_pool_queue_waits_for_a_provisioning_request(prod):

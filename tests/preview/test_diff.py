@@ -142,7 +142,11 @@ def test_node_network_added_to_a_pool_replaces_it(stack_json):
     def edit(r):
         r["google_container_node_pool"]["pool_h100"]["network_config"] = {
             "additional_node_network_configs": [{"network": "gpu-net-1", "subnetwork": "gpu-sub-1"}]}
-    result = preview(*_edit(stack_json, "prod-gke", edit), TABLES)
+    base, head = _edit(stack_json, "prod-gke", edit)
+    # The example H100 pool already has its derived GPUDirect NICs: the base is that pool without them.
+    base = copy.deepcopy(base)
+    del base["prod-gke"]["resource"]["google_container_node_pool"]["pool_h100"]["network_config"]
+    result = preview(base, head, TABLES)
     assert _summary(result) == [("replaced", "prod-gke/google_container_node_pool.pool_h100", (
         "network_config.additional_node_network_configs.#", "network_config.additional_node_network_configs[0].network",
         "network_config.additional_node_network_configs[0].subnetwork"))]

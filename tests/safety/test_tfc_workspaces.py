@@ -128,4 +128,5 @@ def test_gke_scheduler_workspace_runs_locally_and_reads_only_its_own_infra(pairs
         "dev-gke": ("dev-gke-scheduler",),
         "prod-gke": ("prod-gke-scheduler",),
         "prod-nomad": ("prod-nomad-scheduler",),
+        "train-a3mega": ("train-a3mega-scheduler",),
     }

@@ -39,11 +39,13 @@ def test_each_cluster_has_infra_then_scheduler_and_tfc_clusters_need_their_works
         ("dev-gke", "infra", ()), ("dev-gke-scheduler", "scheduler", ("dev-gke",)),
         ("prod-gke", "infra", ()), ("prod-gke-scheduler", "scheduler", ("prod-gke",)),
         ("prod-nomad", "infra", ("tfc-workspaces",)), ("prod-nomad-scheduler", "scheduler", ("tfc-workspaces", "prod-nomad")),
+        ("train-a3mega", "infra", ()), ("train-a3mega-scheduler", "scheduler", ("train-a3mega",)),
     ]
     assert sorted(p.name for p in (fleet_out / "stacks").iterdir()) == sorted(s.name for s in info)
     manifest = json.loads((fleet_out / "manifest.json").read_text())["stacks"]
     assert {n: m["dependencies"] for n, m in manifest.items() if n.endswith("-scheduler")} == {
-        "dev-gke-scheduler": ["dev-gke"], "prod-gke-scheduler": ["prod-gke"], "prod-nomad-scheduler": ["prod-nomad"]}
+        "dev-gke-scheduler": ["dev-gke"], "prod-gke-scheduler": ["prod-gke"], "prod-nomad-scheduler": ["prod-nomad"],
+        "train-a3mega-scheduler": ["train-a3mega"]}
 
 
 def test_kubernetes_provider_reaches_the_dns_endpoint_read_from_the_infra_stack(stack_json):
