@@ -100,3 +100,11 @@ def test_workload_identity_binding_lets_only_the_tenants_training_account_in(sta
 ])
 def test_iam_members_map_to_rbac_subjects(member, expected):
     assert rbac_subject(member) == expected
+
+
+@pytest.mark.parametrize(("stack", "tenant"), [("prod-gke-scheduler", "research"), ("dev-gke-scheduler", "sandbox")])
+def test_each_tenant_namespace_denies_ingress_from_other_namespaces(stack_json, stack, tenant):
+    """Review C6: Dataplane V2 enforces NetworkPolicy; pods of one tenant still reach each other (multi-node NCCL)."""
+    policy = stack_json(stack)["resource"]["kubernetes_network_policy_v1"][f"netpol_{tenant}"]
+    assert policy["metadata"]["namespace"] == f"${{kubernetes_namespace_v1.ns_{tenant}.metadata[0].name}}"
+    assert policy["spec"] == {"pod_selector": {}, "policy_types": ["Ingress"], "ingress": [{"from": [{"pod_selector": {}}]}]}

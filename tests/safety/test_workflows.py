@@ -128,3 +128,15 @@ def test_no_expression_in_run_blocks_and_checkouts_keep_no_credentials(name: str
         assert "${{" not in step.get("run", ""), f"{name}: {step.get('name')}: pass values through env:, not ${{{{ }}}} in run:"
         if step.get("uses", "").startswith("actions/checkout@"):
             assert step.get("with", {}).get("persist-credentials") is False, f"{name}: checkout must set persist-credentials: false"
+    assert 'if [ "$rc" -eq 1 ]' in runs and 'gpufleet plan "${{ matrix.stack }}" --no-lock --summary-out' in runs
+
+
+@pytest.mark.parametrize(("name", "job"), [("plan.yml", "plan"), ("drift.yml", "drift")])
+def test_plans_can_authenticate_to_gke_scheduler_stacks(name: str, job: str) -> None:
+    """The GKE scheduler stacks' kubernetes provider execs gke-gcloud-auth-plugin (over the DNS endpoint, no IP allow-list)."""
+    steps = load(name)["jobs"][job]["steps"]
+    setup = [i for i, s in enumerate(steps) if str(s.get("uses", "")).startswith("google-github-actions/setup-gcloud")]
+    assert setup and steps[setup[0]]["with"]["install_components"] == "gke-gcloud-auth-plugin"
+    auth = next(i for i, s in enumerate(steps) if str(s.get("uses", "")).startswith("google-github-actions/auth"))
+    plans = [i for i, s in enumerate(steps) if "plan" in s.get("run", "")]
+    assert auth < setup[0] < min(plans)
