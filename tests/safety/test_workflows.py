@@ -128,7 +128,6 @@ def test_no_expression_in_run_blocks_and_checkouts_keep_no_credentials(name: str
         assert "${{" not in step.get("run", ""), f"{name}: {step.get('name')}: pass values through env:, not ${{{{ }}}} in run:"
         if step.get("uses", "").startswith("actions/checkout@"):
             assert step.get("with", {}).get("persist-credentials") is False, f"{name}: checkout must set persist-credentials: false"
-    assert 'if [ "$rc" -eq 1 ]' in runs and 'gpufleet plan "${{ matrix.stack }}" --no-lock --summary-out' in runs
 
 
 @pytest.mark.parametrize(("name", "job"), [("plan.yml", "plan"), ("drift.yml", "drift")])
