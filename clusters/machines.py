@@ -127,3 +127,32 @@ def machine_series(machine_type: str) -> str | None:
     """The series the zone table lists (A2, A3, A4, G2, N1) for a GPU machine type."""
     prefix = machine_type.split("-", 1)[0].upper()
     return prefix if prefix in ("A2", "A3", "A4", "G2", "N1") else None
+
+# GKE Standard node reservations ("Plan GKE node sizes", memory and CPU reservations):
+# memory 25% of the first 4 GiB, 20% of the next 4, 10% of the next 8, 6% of the next 112,
+# 2% above 128 GiB, plus a 100 MiB eviction threshold; CPU 6% of the first core, 1% of the
+# next, 0.5% of the next 2, 0.25% above 4.
+_MEMORY_STEPS = ((4.0, 0.25), (4.0, 0.20), (8.0, 0.10), (112.0, 0.06), (float("inf"), 0.02))
+_CPU_STEPS = ((1.0, 0.06), (1.0, 0.01), (2.0, 0.005), (float("inf"), 0.0025))
+EVICTION_THRESHOLD_MIB = 100
+
+
+def _reserved(total: float, steps: tuple[tuple[float, float], ...]) -> float:
+    reserved, left = 0.0, total
+    for size, share in steps:
+        part = min(left, size)
+        reserved += part * share
+        left -= part
+        if left <= 0:
+            break
+    return reserved
+
+
+def gke_allocatable(machine_type: str) -> tuple[int, int] | None:
+    """(millicores, MiB) a pod can request on a GKE node of this type before DaemonSets; None if unknown."""
+    shape = machine_shape(machine_type)
+    if shape is None:
+        return None
+    millicores = int((shape.vcpus - _reserved(shape.vcpus, _CPU_STEPS)) * 1000)
+    mib = int((shape.memory_gib - _reserved(shape.memory_gib, _MEMORY_STEPS)) * 1024) - EVICTION_THRESHOLD_MIB
+    return millicores, mib

@@ -360,6 +360,8 @@ class GkeConfig(Model):
     # Google Groups for RBAC: without it GKE never puts group membership in the request, so
     # RoleBindings to Group subjects (tenant groups) match nobody.
     rbac_security_group: Annotated[str, AfterValidator(_rbac_security_group)] | None = None
+    # Where GKE training pods reach Vault (gpufleet-exec's VAULT_ADDR); jobs on this cluster need it.
+    vault_addr: Annotated[str, Field(pattern=r"^https?://[^\s]+$")] | None = None
 
 
 class ClusterConfig(Model):

@@ -110,7 +110,7 @@ def _destroys(report: CheckReport, configs: tuple[ClusterConfig, ...], out: Path
 def run_checks(configs: tuple[ClusterConfig, ...] | None, *, out: Path, state_files: tuple[Path, ...] = (),
                checkov: bool = True) -> CheckReport:
     from gpufleet.safety import checkov_scan, secret_scan
-    from jobs.render import write_job
+    from jobs.outputs import write_rendered
     from stacks.synth import synthesize
 
     report = CheckReport()
@@ -124,7 +124,7 @@ def run_checks(configs: tuple[ClusterConfig, ...] | None, *, out: Path, state_fi
     with tempfile.TemporaryDirectory(prefix="gpufleet-check-jobs-") as rendered:
         # Scan the jobs as they render now; jobs/out may be stale or absent (it is not committed).
         for spec in specs:
-            write_job(spec, Path(rendered))
+            write_rendered(spec, Path(rendered))
         findings = secret_scan.scan_paths([out, Path(rendered), *state_files])
     report.add("secrets", not findings, f"{len(findings)} finding(s)" if findings else "no secret values found",
                [f"secret: {f}" for f in findings])

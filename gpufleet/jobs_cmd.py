@@ -59,19 +59,20 @@ def _resolve(job_id: str, namespace: str | None) -> tuple[str, FinetuneSpec | No
 
 def cmd_render(
     jobs: list[str] | None = typer.Argument(None, help="Job names (default: every jobs/*.yaml)."),
-    out_dir: Path | None = typer.Option(None, "--out-dir", help="Where to write <job>.json (default jobs/out)."),
+    out_dir: Path | None = typer.Option(None, "--out-dir", help="Where to write <job>.json / <job>.yaml (default jobs/out)."),
 ) -> None:
-    """Check job files and write their Nomad API JSON (for `nomad job run -json`)."""
+    """Check job files and write Nomad API JSON (`nomad job run -json`) or Kubernetes YAML (`kubectl apply -f`)."""
     from jobs.loader import find, load, load_all
-    from jobs.render import write_job
+    from jobs.outputs import write_rendered
 
     specs = [load(find(j)) for j in jobs] if jobs else list(load_all())
-    table = Table(title="rendered Nomad jobs")
-    for column in ("job", "cluster", "namespace", "pool", "GPUs", "role", "file"):
+    table = Table(title="rendered jobs")
+    for column in ("job", "cluster", "scheduler", "namespace", "pool", "GPUs", "role", "file"):
         table.add_column(column, overflow="fold")
     for spec in specs:
-        path = write_job(spec, out_dir)
-        table.add_row(spec.name, spec.cluster, spec.namespace, spec.pool.name, spec.gpu.describe(free=False), spec.vault_role, os.path.relpath(path))
+        path = write_rendered(spec, out_dir)
+        gpus = spec.gpu.describe(free=False) + (f" x {spec.nodes} nodes" if spec.nodes > 1 else "")
+        table.add_row(spec.name, spec.cluster, spec.scheduler.value, spec.namespace, spec.pool.name, gpus, spec.vault_role, os.path.relpath(path))
     console.print(table)
 
 

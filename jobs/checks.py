@@ -1,8 +1,9 @@
 """Cross-references of a job file, as pure functions returning (field path, message) pairs.
 
-A job may only name things that exist and fit: a Nomad cluster from ``clusters/``, one of
-its tenants (the Nomad namespace) and GPU pools, a GPU request one node of that pool can
-satisfy, and a Vault role whose policies can read every key the job asks for.
+A job may only name things that exist and fit: a cluster from ``clusters/`` (Nomad or GKE), one
+of its tenants (the Nomad or Kubernetes namespace) with quota on one of its GPU pools, a GPU
+request one node of that pool can satisfy, a pinned image, and a Vault role whose policies can
+read every key the job asks for.
 """
 
 from __future__ import annotations
@@ -11,12 +12,14 @@ import re
 from collections.abc import Iterator
 
 from clusters.derive import GpuPoolSpec, derive_gpu_pools
-from clusters.machines import machine_shape
+from clusters.machines import gke_allocatable, machine_shape
 from clusters.schema import ClusterConfig, SchedulerKind
+from clusters.secrets import detect
 from clusters.source import FieldPath, did_you_mean
 from jobs.durations import NS_PER_SECOND
-from clusters.secrets import detect
+from jobs.k8s_render import PLATFORM_ENV
 from jobs.schema import ENV_NAME, META_KEY, RESERVED_ENV_PREFIXES, SECRET_REF, WRAPPER_ENV_NAMES, WRAPPER_ENV_PREFIXES, JobFile, RestartMode, secret_like_name
+from jobs.spec import cpu_millicores
 from jobs.vault_refs import VaultView, readable_paths
 
 Finding = tuple[FieldPath, str]
@@ -32,14 +35,11 @@ def cross_check(job: JobFile, clusters: dict[str, ClusterConfig], vault: VaultVi
     findings += _vault(job, vault)
     config = clusters.get(job.cluster)
     if config is None:
-        nomad = sorted(n for n, c in clusters.items() if c.scheduler == SchedulerKind.NOMAD)
-        findings.append((("cluster",), f"cluster {job.cluster!r} does not exist{did_you_mean(job.cluster, nomad)}; allowed: {', '.join(nomad) or '(no Nomad cluster)'}; name a file in clusters/"))
-        return findings
-    if config.scheduler != SchedulerKind.NOMAD:
-        nomad = sorted(n for n, c in clusters.items() if c.scheduler == SchedulerKind.NOMAD)
-        findings.append((("cluster",), f"cluster {job.cluster!r} runs {config.scheduler.value}, not Nomad; allowed: {', '.join(nomad)}; pick a Nomad cluster"))
+        names = sorted(clusters)
+        findings.append((("cluster",), f"cluster {job.cluster!r} does not exist{did_you_mean(job.cluster, names)}; allowed: {', '.join(names) or '(no cluster)'}; name a file in clusters/"))
         return findings
     findings += _placement(job, config)
+    findings += _gke(job, config) if config.scheduler == SchedulerKind.GKE else _nomad_only(job, clusters)
     return findings
 
 
@@ -57,6 +57,9 @@ def _hygiene(job: JobFile) -> Iterator[Finding]:
             yield (at, f"the value of {name} looks like a credential (not shown); delete it from this file, rotate it, and add {name} to secrets.env as a Vault path")
         elif secret_like_name(name):
             yield (at, f"{name} looks like a secret name; move it to secrets.env as {name}: ml-api-keys/<name>#<key> so it comes from Vault, or rename it")
+    tag = job.image.split("@", 1)[0].rpartition("/")[2].partition(":")[2]
+    if "@sha256:" not in job.image and tag in ("", "latest"):
+        yield (("image",), f"{job.image!r} is not pinned: a rerun could train with another image; add a version tag or a digest, e.g. {job.image.split(':')[0]}:2026.12 or ...@sha256:<digest>")
     previous = ""
     for index, arg in enumerate(job.args):
         if detect(arg, previous):  # '--wandb-key', '<hex>': the flag before a value names it
@@ -119,11 +122,47 @@ def _placement(job: JobFile, config: ClusterConfig) -> Iterator[Finding]:
         yield (("gpu", "pool"), f"GPU pool {job.gpu.pool!r} does not exist in cluster {config.name}{did_you_mean(job.gpu.pool, pools)}; allowed: {', '.join(sorted(pools))}; pick one")
         return
     yield from _gpu_fit(job, pool)
-    yield from _resources_fit(job, pool)
-    if tenant is not None and tenant.gpu_quota:
+    if config.scheduler != SchedulerKind.GKE:  # GKE's stricter node-allocatable checks are in _gke
+        yield from _resources_fit(job, pool)
+    # Kueue gives a tenant 0 GPUs on every pool its quota does not name, so on GKE an empty quota is a quota.
+    if tenant is not None and (tenant.gpu_quota or config.scheduler == SchedulerKind.GKE):
         quota = tenant.gpu_quota.get(pool.name, 0)
-        if job.gpu.count > quota:
-            yield (("gpu", "count"), f"{job.gpu.count} GPUs exceed tenant {tenant.name}'s quota of {quota} on pool {pool.name} in clusters/{config.name}.yaml; ask for at most {quota} or raise the quota")
+        wanted = job.gpu.count * job.nodes
+        if wanted > quota:
+            what = f"{job.gpu.count} GPUs" if job.nodes == 1 else f"{job.nodes} nodes x {job.gpu.count} GPUs = {wanted}"
+            yield (("gpu", "count"), f"{what} exceed tenant {tenant.name}'s quota of {quota} on pool {pool.name} in clusters/{config.name}.yaml; the run could never be admitted; ask for at most {quota} or raise the quota")
+
+
+def _nomad_only(job: JobFile, clusters: dict[str, ClusterConfig]) -> Iterator[Finding]:
+    gke = ", ".join(sorted(n for n, c in clusters.items() if c.scheduler == SchedulerKind.GKE)) or "(none)"
+    if job.nodes > 1:
+        yield (("nodes",), f"{job.nodes} nodes: multi-node runs are built on GKE only (an Indexed Job with a rendezvous Service), not on Nomad yet; set nodes: 1 or pick a GKE cluster: {gke}")
+    if job.cpu_cores is not None:
+        yield (("cpu_cores",), f"cpu_cores is read on GKE only; Nomad reserves CPU in MHz: delete cpu_cores and set cpu_mhz, or pick a GKE cluster: {gke}")
+
+
+def _gke(job: JobFile, config: ClusterConfig) -> Iterator[Finding]:
+    """What a GKE node and the cluster file must offer for this Job to be admitted and scheduled."""
+    for name in sorted(set(job.env) & set(PLATFORM_ENV)):
+        yield (("env", name), f"{name} is set by the platform on GKE (rendezvous and rank for torchrun); remove it")
+    if config.gke is None or config.gke.vault_addr is None:
+        yield (("cluster",), f"cluster {config.name} has no gke.vault_addr, so its pods cannot reach Vault for their keys; add gke: {{vault_addr: https://vault.example.com:8200}} to clusters/{config.name}.yaml")
+    pool = next((p for p in derive_gpu_pools(config) if p.name == job.gpu.pool), None)
+    if pool is None:
+        return
+    if job.nodes > pool.max_total_nodes:
+        yield (("nodes",), f"{job.nodes} nodes exceed pool {pool.name}'s maximum of {pool.max_total_nodes} in clusters/{config.name}.yaml; Kueue admits all ranks or none, so the run would never start; allowed: 1..{pool.max_total_nodes}")
+    allocatable = gke_allocatable(pool.machine_type)
+    if allocatable is not None:
+        millicores, mib = allocatable
+        if cpu_millicores(job) > millicores:
+            field = "cpu_cores" if job.cpu_cores is not None else "cpu_mhz"
+            yield ((field,), f"{cpu_millicores(job) / 1000:g} cores do not fit one {pool.machine_type} node (about {millicores / 1000:g} allocatable after GKE's reservation); set cpu_cores to at most {millicores // 1000}")
+        if job.memory_mb > mib:
+            yield (("memory_mb",), f"{job.memory_mb} MiB does not fit one {pool.machine_type} node (about {mib} MiB allocatable after GKE's reservation); allowed: <= {mib}")
+    disk_mib = int(pool.boot_disk_gb * 1024 * 0.9)
+    if job.disk_mb > disk_mib:
+        yield (("disk_mb",), f"{job.disk_mb} MiB of ephemeral storage does not fit pool {pool.name}'s {pool.boot_disk_gb} GB boot disk (kubelet evicts below 10% free); allowed: <= {disk_mib}; lower it or raise boot_disk_gb")
 
 
 def _gpu_fit(job: JobFile, pool: GpuPoolSpec) -> Iterator[Finding]:

@@ -115,7 +115,11 @@ class JobFile(Model):
     command: Annotated[str, Field(min_length=1)]
     args: tuple[str, ...] = ()
     env: dict[str, str] = {}
+    # Nodes of one run (multi-node fine-tunes; GKE only for now): each gets gpu.count GPUs.
+    nodes: Annotated[int, Field(ge=1, le=64)] = 1
     cpu_mhz: Annotated[int, Field(ge=100, le=512_000)] = 4000
+    # GKE requests CPU in cores; unset, it is cpu_mhz / 1000 (one core per GHz of the Nomad share).
+    cpu_cores: Annotated[float, Field(ge=0.1, le=512)] | None = None
     memory_mb: Annotated[int, Field(ge=128, le=4_194_304)] = 16384
     disk_mb: Annotated[int, Field(ge=100, le=16_777_216)] = 20480
     meta_required: tuple[str, ...] = ()

@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from clusters.derive import GpuPoolSpec, TenantSpec, derive_gpu_pools, derive_tenants, nomad_task_group_name
-from clusters.schema import ClusterConfig
+from clusters.derive import WORKLOAD_KSA, GpuPoolSpec, TenantSpec, derive_gpu_pools, derive_tenants, kueue_local_queue_name, nomad_task_group_name
+from clusters.schema import ClusterConfig, SchedulerKind
 from jobs.durations import NS_PER_SECOND
 from jobs.schema import JobFile, Reschedule, Restart
 
@@ -35,15 +35,25 @@ class GpuRequest:
 
 
 @dataclass(frozen=True)
+class GkeTarget:
+    """Where a GKE run goes: the tenant's LocalQueue for the pool and its workload service account."""
+
+    local_queue: str
+    service_account: str
+
+
+@dataclass(frozen=True)
 class FinetuneSpec:
     name: str
     source: Path
     cluster: str
+    scheduler: SchedulerKind
     namespace: str
     # The tenant's quotas, for the dispatch-time check (Nomad CE enforces none itself).
     tenant: TenantSpec
-    region: str
-    datacenter: str
+    # Nomad only (None on GKE).
+    region: str | None
+    datacenter: str | None
     vault_addr: str
     pool: GpuPoolSpec
     gpu: GpuRequest
@@ -63,6 +73,9 @@ class FinetuneSpec:
     restart: Restart
     reschedule: Reschedule
     priority: int
+    nodes: int = 1
+    cpu_millicores: int = 4000
+    gke: GkeTarget | None = None
 
     @property
     def task_group(self) -> str:
@@ -74,19 +87,32 @@ class FinetuneSpec:
         return ",".join(f"{name}={ref}" for name, ref in self.secrets)
 
 
+def cpu_millicores(job: JobFile) -> int:
+    """GKE's CPU request: cpu_cores if set, else one core per 1000 MHz of the Nomad share."""
+    return int(round(job.cpu_cores * 1000)) if job.cpu_cores is not None else job.cpu_mhz
+
+
 def derive_spec(job: JobFile, config: ClusterConfig, *, source: Path) -> FinetuneSpec:
-    if config.nomad is None:
-        raise ValueError(f"cluster {config.name} has no nomad section; run cross-checks first")
     pool = next(p for p in derive_gpu_pools(config) if p.name == job.gpu.pool)
+    if config.scheduler == SchedulerKind.GKE:
+        if config.gke is None or config.gke.vault_addr is None:
+            raise ValueError(f"cluster {config.name} has no gke.vault_addr; run cross-checks first")
+        region, datacenter, vault_addr = None, None, config.gke.vault_addr
+        gke = GkeTarget(local_queue=kueue_local_queue_name(pool.name), service_account=WORKLOAD_KSA)
+    else:
+        if config.nomad is None:
+            raise ValueError(f"cluster {config.name} has no nomad section; run cross-checks first")
+        region, datacenter, vault_addr, gke = config.nomad.region, config.nomad.datacenter, config.nomad.vault_addr, None
     return FinetuneSpec(
         name=job.name,
         source=source,
         cluster=config.name,
+        scheduler=config.scheduler,
         namespace=job.tenant,
         tenant=next(t for t in derive_tenants(config) if t.name == job.tenant),
-        region=config.nomad.region,
-        datacenter=config.nomad.datacenter,
-        vault_addr=config.nomad.vault_addr,
+        region=region,
+        datacenter=datacenter,
+        vault_addr=vault_addr,
         pool=pool,
         gpu=GpuRequest(job.gpu.count, job.gpu.min_memory_gib, job.gpu.prefer_memory_gib, job.gpu.model),
         image=job.image,
@@ -105,4 +131,7 @@ def derive_spec(job: JobFile, config: ClusterConfig, *, source: Path) -> Finetun
         restart=job.restart,
         reschedule=job.reschedule,
         priority=job.priority,
+        nodes=job.nodes,
+        cpu_millicores=cpu_millicores(job),
+        gke=gke,
     )

@@ -40,7 +40,7 @@ import requests
 from requests.adapters import HTTPAdapter
 from urllib3.util.retry import Retry
 
-from vault_policies.layout import APPROLE_MOUNT, ENV_ROLE, ENV_ROLE_ID, ENV_SECRETS, ENV_WRAPPED_SECRET_ID, KV_MOUNT
+from vault_policies.layout import APPROLE_MOUNT, ENV_ROLE, ENV_ROLE_ID, ENV_SECRETS, ENV_WRAPPED_SECRET_ID, ENV_WRAPPED_SECRET_ID_FILE, KV_MOUNT
 
 REQUEST_TIMEOUT_SECONDS = 10
 RETRY_STATUSES = (412, 500, 502, 503, 504)
@@ -108,6 +108,18 @@ def parse_secrets(spec: str) -> tuple[SecretRef, ...]:
     return tuple(refs)
 
 
+def _read_token_file(path: str) -> str:
+    """The wrapping token a Kubernetes pod gets as a file of its run's Secret (one per rank)."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            token = handle.read().strip()
+    except OSError as exc:
+        raise MalformedEnvironment(f"{ENV_WRAPPED_SECRET_ID_FILE} {path!r} cannot be read ({exc.strerror}); the run's Secret is missing or this rank has no key in it: re-dispatch") from None
+    if not token:
+        raise MalformedEnvironment(f"{ENV_WRAPPED_SECRET_ID_FILE} {path!r} is empty; re-dispatch the run")
+    return token
+
+
 @dataclass(frozen=True)
 class TaskConfig:
     addr: str
@@ -120,13 +132,14 @@ class TaskConfig:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> TaskConfig:
-        missing = [name for name in ("VAULT_ADDR", ENV_ROLE_ID, ENV_WRAPPED_SECRET_ID) if not env.get(name)]
+        wrapped_from = ENV_WRAPPED_SECRET_ID if env.get(ENV_WRAPPED_SECRET_ID) or not env.get(ENV_WRAPPED_SECRET_ID_FILE) else ENV_WRAPPED_SECRET_ID_FILE
+        missing = [name for name in ("VAULT_ADDR", ENV_ROLE_ID, wrapped_from) if not env.get(name)]
         if missing:
             raise MalformedEnvironment(f"missing environment variable(s) {', '.join(missing)}; the dispatcher sets them (gpufleet jobs dispatch / run-local)")
         return cls(
             addr=env["VAULT_ADDR"],
             role_id=env[ENV_ROLE_ID],
-            wrapping_token=env[ENV_WRAPPED_SECRET_ID],
+            wrapping_token=env[ENV_WRAPPED_SECRET_ID] if wrapped_from == ENV_WRAPPED_SECRET_ID else _read_token_file(env[ENV_WRAPPED_SECRET_ID_FILE]),
             secrets=parse_secrets(env.get(ENV_SECRETS, "")),
             cacert=env.get("VAULT_CACERT") or None,
             namespace=env.get("VAULT_NAMESPACE") or None,

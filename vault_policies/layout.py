@@ -43,6 +43,9 @@ OPERATOR_POLICIES = (ADMIN_POLICY, ORCHESTRATOR_POLICY)
 ENV_ROLE = "GPUFLEET_VAULT_ROLE"
 ENV_ROLE_ID = "GPUFLEET_VAULT_ROLE_ID"
 ENV_WRAPPED_SECRET_ID = "GPUFLEET_VAULT_WRAPPED_SECRET_ID"
+# On Kubernetes the wrapping token is a file from the run's Secret (one per rank), never an
+# environment variable of the pod spec; gpufleet-exec reads it when ENV_WRAPPED_SECRET_ID is unset.
+ENV_WRAPPED_SECRET_ID_FILE = "GPUFLEET_VAULT_WRAPPED_SECRET_ID_FILE"
 ENV_SECRETS = "GPUFLEET_SECRETS"
 # The job's max_run_hours in seconds, and how long gpufleet-exec waits after SIGTERM before
 # SIGKILL (the job's kill_timeout): Nomad clients before 2.0.3 ignore MaxRunDuration.

@@ -1,7 +1,7 @@
 """A tiny CPU stand-in for a fine-tune, for demos and tests: standard library only.
 
 It does what a real trainer does at the edges: reads its dispatch parameters from
-NOMAD_META_*, proves it received each required key from Vault WITHOUT printing it (the
+NOMAD_META_* (GPUFLEET_META_* on GKE), proves it received each required key from Vault WITHOUT printing it (the
 variable name and a short sha256 fingerprint only), trains (SGD on a generated linear
 regression task seeded by dataset_uri + run_id), and writes a checkpoint into the alloc dir.
 Exit codes: 0 trained, 3 a required key is missing, 4 the loss did not go down.
@@ -61,8 +61,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--require-env", action="append", default=[], help="a key that must have arrived from Vault")
     args = parser.parse_args(argv)
 
-    dataset = os.environ.get("NOMAD_META_dataset_uri", "unset")
-    run_id = os.environ.get("NOMAD_META_run_id", "unset")
+    # Dispatch meta: NOMAD_META_<key> on Nomad, GPUFLEET_META_<key> on GKE.
+    dataset = os.environ.get("NOMAD_META_dataset_uri") or os.environ.get("GPUFLEET_META_dataset_uri", "unset")
+    run_id = os.environ.get("NOMAD_META_run_id") or os.environ.get("GPUFLEET_META_run_id", "unset")
     print(f"job {os.environ.get('NOMAD_JOB_ID', '?')} run_id={run_id} dataset={dataset}", flush=True)
     for name in args.require_env:
         value = os.environ.get(name)
@@ -77,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     for step, loss in history:
         print(f"step {step:4d} loss {loss:.5f}", flush=True)
 
-    alloc_dir = Path(os.environ.get("NOMAD_ALLOC_DIR", "."))
+    alloc_dir = Path(os.environ.get("NOMAD_ALLOC_DIR") or os.environ.get("GPUFLEET_SCRATCH", "."))
     checkpoint = alloc_dir / "data" / f"checkpoint-{run_id}.json"
     checkpoint.parent.mkdir(parents=True, exist_ok=True)
     checkpoint.write_text(json.dumps({"run_id": run_id, "dataset_uri": dataset, "weights": weights, "bias": bias, "loss": history[-1][1]}, sort_keys=True) + "\n")

@@ -43,8 +43,12 @@ def _delete(path: tuple[Any, ...]) -> Callable[[Any], None]:
 BAD = [
     ("unknown-field", _set(("gpus",), 1), "gpus", r"unknown field \(did you mean 'gpu'\?\); allowed: .*remove or rename it"),
     ("missing-required", _delete(("max_run_hours",)), "max_run_hours", r"required field is missing; add it"),
-    ("cluster-typo", _set(("cluster",), "prod-nomd"), "cluster", r"'prod-nomd' does not exist \(did you mean 'prod-nomad'\?\); allowed: prod-nomad"),
-    ("cluster-not-nomad", _set(("cluster",), "prod-gke"), "cluster", r"runs gke, not Nomad; allowed: prod-nomad; pick a Nomad cluster"),
+    ("cluster-typo", _set(("cluster",), "prod-nomd"), "cluster", r"'prod-nomd' does not exist \(did you mean 'prod-nomad'\?\); allowed: dev-gke, prod-gke, prod-nomad"),
+    ("gke-cluster-other-tenants", _set(("cluster",), "prod-gke"), "tenant", r"tenant 'finetune' does not exist in cluster prod-gke; allowed: applied, research"),
+    ("multi-node-on-nomad", _set(("nodes",), 2), "nodes", r"2 nodes: multi-node runs are built on GKE only .* not on Nomad yet; set nodes: 1 or pick a GKE cluster: dev-gke, prod-gke"),
+    ("cpu-cores-on-nomad", _set(("cpu_cores",), 8), "cpu_cores", r"cpu_cores is read on GKE only; Nomad reserves CPU in MHz"),
+    ("image-unpinned", _set(("image",), "ghcr.io/acme/gpufleet-train"), "image", r"is not pinned: a rerun could train with another image; add a version tag or a digest"),
+    ("image-latest", _set(("image",), "ghcr.io/acme/gpufleet-train:latest"), "image", r"is not pinned"),
     ("tenant-typo", _set(("tenant",), "fintune"), "tenant", r"tenant 'fintune' does not exist in cluster prod-nomad \(did you mean 'finetune'\?\); allowed: eval, finetune"),
     ("pool-missing", _set(("gpu", "pool"), "h100"), "gpu.pool", r"GPU pool 'h100' does not exist in cluster prod-nomad \(did you mean 'a100'\?\); allowed: a100, l4; pick one"),
     ("count-over-node", _set(("gpu", "count"), 4), "gpu.count", r"4 GPUs do not fit one node of pool a100 \(a2-highgpu-2g has 2\); allowed: 1..2"),
@@ -132,7 +136,7 @@ def test_fails_when_role_is_not_bound_to_the_jobs_cluster(job_file: Callable[...
 
 def test_shipped_examples_load(cluster_configs: Any, vault_view: Any) -> None:
     specs = {s.name: s for s in load_all(cluster_configs=cluster_configs, vault=vault_view)}
-    assert set(specs) == {"eval-judge", "finetune-llama"}
+    assert set(specs) == {"eval-judge", "finetune-llama", "finetune-llama-gke"}
     llama = specs["finetune-llama"]
     assert (llama.cluster, llama.namespace, llama.pool.name, llama.gpu.count, llama.gpu.min_memory_gib, llama.vault_role) == ("prod-nomad", "finetune", "a100", 1, 40, "finetune")
     assert llama.secrets == (("HF_TOKEN", "ml-api-keys/huggingface#token"),)

@@ -178,3 +178,22 @@ def test_renewal_keeps_token_alive_then_fails_before_max_ttl(vault: VaultHandle)
         assert _lookup_fails(vault, token)
     finally:
         vault.root.auth.approle.delete_role("short-run")
+
+
+def test_wrapping_token_from_a_file_as_kubernetes_mounts_it(vault: VaultHandle, tmp_path) -> None:
+    """GKE pods get the token as a file of the run's Secret, never as a pod-spec variable."""
+    env = vault.task_env("finetune", FINETUNE_SECRETS)
+    token_file = tmp_path / "wrapped-secret-id-0"
+    token_file.write_text(env.pop("GPUFLEET_VAULT_WRAPPED_SECRET_ID") + "\n")
+    env["GPUFLEET_VAULT_WRAPPED_SECRET_ID_FILE"] = str(token_file)
+    with start_task(TaskConfig.from_env(env)) as task:
+        assert task.secrets["HF_TOKEN"] == "fake-hf-test-0000"
+
+
+def test_fails_when_the_wrapping_token_file_is_missing(tmp_path) -> None:
+    env = {"VAULT_ADDR": "http://127.0.0.1:1", "GPUFLEET_VAULT_ROLE_ID": "r", "GPUFLEET_VAULT_WRAPPED_SECRET_ID_FILE": str(tmp_path / "wrapped-secret-id-3")}
+    with pytest.raises(VaultClientError, match=r"GPUFLEET_VAULT_WRAPPED_SECRET_ID_FILE '.*wrapped-secret-id-3' cannot be read .*re-dispatch"):
+        TaskConfig.from_env(env)
+    del env["GPUFLEET_VAULT_WRAPPED_SECRET_ID_FILE"]
+    with pytest.raises(VaultClientError, match=r"missing environment variable\(s\) GPUFLEET_VAULT_WRAPPED_SECRET_ID"):
+        TaskConfig.from_env(env)
