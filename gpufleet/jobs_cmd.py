@@ -29,13 +29,19 @@ console = Console(soft_wrap=True)
 err = Console(stderr=True, soft_wrap=True)
 
 MetaOption = typer.Option(None, "--meta", help="Dispatch parameter key=value; repeat for each key the job declares.")
-NamespaceOption = typer.Option(None, "--namespace", help="Nomad namespace; default: the job file's tenant, else NOMAD_NAMESPACE.")
+NamespaceOption = typer.Option(None, "--namespace", help="Nomad or Kubernetes namespace; default: the job file's tenant, else NOMAD_NAMESPACE.")
 
 
 def _spec(job: str) -> FinetuneSpec:
     from jobs.loader import find, load
 
     return load(find(job))
+
+
+def _is_gke(spec: FinetuneSpec) -> bool:
+    from clusters.schema import SchedulerKind
+
+    return spec.scheduler == SchedulerKind.GKE
 
 
 def _client() -> NomadClient:
@@ -79,6 +85,10 @@ def cmd_render(
 def cmd_plan(job: str = typer.Argument(..., help="Job name (jobs/<job>.yaml).")) -> None:
     """Ask Nomad whether one dispatched run would be placed now; exit 1 if not."""
     spec = _spec(job)
+    if _is_gke(spec):
+        from gpufleet import jobs_gke_cmd
+
+        raise jobs_gke_cmd.refuse_nomad_only("plan", spec)
     result = _client().plan(spec)
     if result.placeable:
         console.print(f"[green]placeable[/]: a client in pool {spec.pool.name} can take {spec.gpu.describe()} (job diff: {result.diff_type})")
@@ -93,6 +103,10 @@ def cmd_submit(
 ) -> None:
     """Plan, then register the parameterized job (runs nothing until a dispatch)."""
     spec = _spec(job)
+    if _is_gke(spec):
+        from gpufleet import jobs_gke_cmd
+
+        return jobs_gke_cmd.submit(spec)
     client = _client()
     result = client.plan(spec)
     if not result.placeable and not allow_unplaceable:
@@ -124,7 +138,7 @@ def cmd_dispatch(
     idempotency_token: str | None = typer.Option(None, "--idempotency-token", help="Reuse a token to make a retried dispatch a no-op (default: a new one)."),
     expected_queue_minutes: int | None = typer.Option(None, "--expected-queue-minutes", min=0, help="How long the run may wait for a GPU; sizes the wrap TTL (default: 20 for a pool that scales from zero, else 5)."),
 ) -> None:
-    """Mint a wrapped secret_id for the job's role and dispatch one run."""
+    """Mint a wrapped secret_id (one per rank on GKE) for the job's role and dispatch one run."""
     from jobs.meta import parse_pairs, validate_meta
     from jobs.vault_mint import default_queue_seconds, mint_wrapped_secret_id
 
@@ -133,6 +147,12 @@ def cmd_dispatch(
     spec = _spec(job)
     checked = validate_meta(spec, parse_pairs(meta or []))
     token = idempotency_token or str(uuid.uuid4())
+    if _is_gke(spec):
+        from gpufleet import jobs_gke_cmd
+
+        # Kueue enforces the tenant's per-pool quota on GKE: an over-quota run waits in its queue.
+        minutes = expected_queue_minutes if expected_queue_minutes is not None else default_queue_seconds(spec.pool) // 60
+        return jobs_gke_cmd.dispatch(spec, checked, token, minutes * 60)
     client = _preflight(spec)
     # Nomad CE has no quotas: refuse here, before a secret_id is minted for a run that must not start.
     decision = check_tenant_quota(spec.tenant, pool=spec.pool.name, requested_gpus=spec.gpu.count,
@@ -166,8 +186,12 @@ def cmd_status(
     """pending / running / complete / failed / lost, with the failing task's last event."""
     from rich.live import Live
 
+    from gpufleet import jobs_gke_cmd
     from jobs.status import TERMINAL
 
+    gke = jobs_gke_cmd.resolve(job_id, namespace)
+    if gke is not None:
+        return jobs_gke_cmd.status(gke[0], gke[1], watch=watch, interval=interval)
     chosen, spec = _resolve(job_id, namespace)
     client = _client()
     status = client.status(job_id, chosen, spec)
@@ -190,6 +214,11 @@ def cmd_stop(
     purge: bool = typer.Option(False, "--purge", help="Also purge it now instead of leaving it to garbage collection."),
 ) -> None:
     """Stop a run (or the parameterized job); --purge removes it from Nomad at once."""
+    from gpufleet import jobs_gke_cmd
+
+    gke = jobs_gke_cmd.resolve(job_id, namespace)
+    if gke is not None:
+        return jobs_gke_cmd.stop(gke[0], gke[1])
     chosen, _ = _resolve(job_id, namespace)
     eval_id = _client().stop(job_id, chosen, purge=purge)
     console.print(f"{'stopped and purged' if purge else 'stopped'} {job_id} in namespace {chosen} (evaluation {eval_id or '-'})")
@@ -213,7 +242,7 @@ def cmd_run_local(
 
 
 def register(app: typer.Typer) -> None:
-    jobs = typer.Typer(help="Nomad fine-tune jobs from jobs/*.yaml: render, plan, submit, dispatch, status, stop, run-local.", no_args_is_help=True)
+    jobs = typer.Typer(help="Fine-tune jobs from jobs/*.yaml on Nomad or GKE: render, plan, submit, dispatch, status, stop, run-local.", no_args_is_help=True)
     jobs.command("render")(cmd_render)
     jobs.command("plan")(cmd_plan)
     jobs.command("submit")(cmd_submit)

@@ -77,3 +77,34 @@ def client_for() -> Iterator[Callable[..., NomadClient]]:
     yield make
     for client in made:
         client.close()
+
+
+@pytest.fixture
+def k8s(cluster_configs: tuple[ClusterConfig, ...], tmp_path: Path) -> Iterator[Any]:
+    """The Kubernetes API double with prod-gke's tenant namespaces and one LocalQueue per pool."""
+    from clusters.derive import derive_gpu_pools, kueue_local_queue_name
+    from tests.jobs.k8s_double import K8sDouble
+
+    gke = next(c for c in cluster_configs if c.name == "prod-gke")
+    queues = {kueue_local_queue_name(p.name) for p in derive_gpu_pools(gke)}
+    double = K8sDouble(namespaces={t.name: set(queues) for t in gke.tenants}).start()
+    double.kubeconfig_path = double.kubeconfig(tmp_path / "kubeconfig")
+    yield double
+    double.stop()
+
+
+@pytest.fixture
+def k8s_client_for() -> Iterator[Callable[..., Any]]:
+    from jobs.k8s_client import K8sClient, K8sSettings
+
+    made: list[Any] = []
+
+    def make(double: Any, **overrides: Any) -> Any:
+        settings = {"kubeconfig": str(double.kubeconfig_path), "timeout_seconds": 5.0, "retries": 2, "backoff_seconds": 0.01, **overrides}
+        client = K8sClient(K8sSettings(**settings))
+        made.append(client)
+        return client
+
+    yield make
+    for client in made:
+        client.close()

@@ -1,0 +1,120 @@
+"""The GKE half of ``gpufleet jobs``: submit (server-side dry run), dispatch, status [--watch], stop.
+
+``gpufleet.jobs_cmd`` hands a command here when the job file names a GKE cluster, or when a
+run id is ``<job>-<10 hex>`` of a GKE job file (what dispatch prints). The Kubernetes API is
+reached through KUBECONFIG / GPUFLEET_KUBE_CONTEXT (or the in-cluster service account), Vault
+through VAULT_ADDR / VAULT_TOKEN, as for Nomad.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from typing import TYPE_CHECKING
+
+from rich.console import Console
+from rich.table import Table
+
+from clusters.errors import UserError
+
+if TYPE_CHECKING:
+    from jobs.k8s_client import K8sClient
+    from jobs.k8s_status import K8sRunStatus
+    from jobs.spec import FinetuneSpec
+
+console = Console(soft_wrap=True)
+err = Console(stderr=True, soft_wrap=True)
+RUN_ID = re.compile(r"^(?:(?P<namespace>[a-z0-9][a-z0-9-]*)/)?(?P<run>(?P<job>[a-z][a-z0-9-]*)-[0-9a-f]{10})$")
+
+
+def client() -> K8sClient:
+    from jobs.k8s_client import K8sClient, K8sSettings
+
+    return K8sClient(K8sSettings.from_env())
+
+
+def resolve(run_id: str, namespace: str | None) -> tuple[str, str, FinetuneSpec] | None:
+    """(namespace, run, spec) when ``run_id`` names a run of a GKE job file, else None."""
+    from clusters.schema import SchedulerKind
+    from jobs.loader import JOBS_DIR, load
+
+    match = RUN_ID.match(run_id)
+    if match is None or not (JOBS_DIR / f"{match['job']}.yaml").exists():
+        return None
+    spec = load(JOBS_DIR / f"{match['job']}.yaml")
+    if spec.scheduler != SchedulerKind.GKE:
+        return None
+    return namespace or match["namespace"] or spec.namespace, match["run"], spec
+
+
+def submit(spec: FinetuneSpec) -> None:
+    """Nothing is registered on GKE (each dispatch creates its own Job); check instead that the
+    cluster would take one: the LocalQueue exists and the API server (with Kueue's webhooks)
+    accepts the Job in a server-side dry run."""
+    result = client().dry_run(spec)
+    console.print(f"GKE accepts {spec.name} in namespace {spec.namespace} (dry run of Job {result}, LocalQueue {spec.gke.local_queue if spec.gke else '-'}); "
+                  f"nothing to register: next: gpufleet jobs dispatch {spec.name} " + " ".join(f"--meta {k}=..." for k in spec.meta_required))
+
+
+def dispatch(spec: FinetuneSpec, meta: dict[str, str], dispatch_id: str, queue_seconds: int) -> None:
+    from jobs.vault_mint import mint_wrapped_secret_id
+
+    expiries: list[int] = []
+
+    def mint(ranks: int) -> tuple[str, list[str]]:
+        wrapped = [mint_wrapped_secret_id(spec, os.environ, expected_queue_seconds=queue_seconds) for _ in range(ranks)]
+        expiries.append(wrapped[0].wrap_ttl_seconds)
+        return wrapped[0].role_id, [w.wrapping_token for w in wrapped]
+
+    result = client().dispatch(spec, meta, dispatch_id=dispatch_id, mint=mint)
+    verb = "dispatched" if result.created else "already dispatched (same --idempotency-token)"
+    console.print(f"{verb} {result.run} (namespace {result.namespace}, {spec.nodes} rank(s), LocalQueue {spec.gke.local_queue if spec.gke else '-'}, idempotency token {dispatch_id})")
+    console.print(f"follow it: gpufleet jobs status {result.run} --watch")
+    if expiries:
+        console.print(f"the wrapped secret_ids expire in {expiries[0]}s: a run Kueue has not admitted by then must be stopped and re-dispatched")
+
+
+def _table(status: K8sRunStatus) -> Table:
+    colour = {"running": "cyan", "succeeded": "green", "failed": "red", "stopped": "magenta"}.get(status.state.value, "yellow")
+    table = Table(title=status.run)
+    for column in ("state", "reason", "cluster queue", "flavor"):
+        table.add_column(column)
+    table.add_row(f"[{colour}]{status.state.value}[/]", status.reason, status.queue or "-", status.flavor or "-")
+    return table
+
+
+def status(namespace: str, run: str, *, watch: bool, interval: float) -> None:
+    from rich.live import Live
+
+    from jobs.k8s_status import TERMINAL
+
+    api = client()
+    current = api.status(namespace, run)
+    if not watch:
+        console.print(_table(current))
+        return
+    try:
+        with Live(_table(current), console=console, refresh_per_second=4) as live:
+            while current.state not in TERMINAL:
+                # The watch wakes on every Job change; Workload-only changes show at the next round.
+                for _ in api.watch_job(namespace, run, timeout_seconds=max(1, int(interval))):
+                    current = api.status(namespace, run)
+                    live.update(_table(current))
+                    if current.state in TERMINAL:
+                        break
+                else:
+                    current = api.status(namespace, run)
+                    live.update(_table(current))
+                    time.sleep(0)
+    except KeyboardInterrupt:
+        err.print("stopped watching; the run goes on")
+
+
+def stop(namespace: str, run: str) -> None:
+    client().stop(namespace, run)
+    console.print(f"stopping {run} in namespace {namespace}: its Job is deleted in the foreground (pods get their grace period); its Secret and Service go with it")
+
+
+def refuse_nomad_only(command: str, spec: FinetuneSpec) -> UserError:
+    return UserError(f"{command} is Nomad's; {spec.name} runs on GKE cluster {spec.cluster}: use gpufleet jobs submit (a dry run) or dispatch")

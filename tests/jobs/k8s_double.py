@@ -1,0 +1,463 @@
+"""A local Kubernetes API double (plus the part of Kueue gpufleet reads) for the GKE job client tests.
+
+No Kubernetes API server can run on these machines (no binary is installed or downloadable),
+so the official ``kubernetes`` client is tested against this: an ``http.server`` on 127.0.0.1
+in a thread of the test process, speaking the documented JSON of the calls gpufleet makes
+(create/get/delete/watch batch/v1 Jobs, create/get Secrets and Services, list Kueue v1beta2
+Workloads). Like the API server it answers 201 on create, 409 AlreadyExists on a second
+create of a name, 404 NotFound, 401 without the bearer token, ``metav1.Status`` bodies on
+errors, and 422 Invalid for an object that fails the vendored upstream schemas
+(``jobs/schemas``: Kubernetes OpenAPI, strict like the server's strict field validation) or
+a few of the Job validation rules of kubernetes ``pkg/apis/batch/validation``.
+
+Kueue's part: a created Job carrying ``kueue.x-k8s.io/queue-name`` gets a Workload owned by it
+(label ``kueue.x-k8s.io/job-uid``), and the test drives it through Kueue's condition types
+(QuotaReserved, Admitted, Evicted, Preempted, Finished; ``apis/kueue/v1beta2/workload_types.go``)
+while every Workload it stores is validated against Kueue's CRD schema. Owner references are
+honoured on delete (Background: dependents go at once; Foreground: the owner stays with a
+deletionTimestamp until ``collect()``). Faults: a status for the next N matching requests,
+optionally after the request took effect (a lost response).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import threading
+import uuid
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+from jobs.k8s_schemas import errors as schema_errors
+
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
+KINDS = {("batch/v1", "jobs"): "Job", ("v1", "secrets"): "Secret", ("v1", "services"): "Service",
+         ("kueue.x-k8s.io/v1beta2", "workloads"): "Workload", ("kueue.x-k8s.io/v1beta1", "localqueues"): "LocalQueue"}
+
+
+def now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def status_body(code: int, reason: str, message: str, details: dict[str, Any] | None = None) -> dict[str, Any]:
+    body = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "message": message, "reason": reason, "code": code}
+    if details:
+        body["details"] = details
+    return body
+
+
+@dataclass
+class Fault:
+    method: str
+    path_contains: str
+    status: int
+    times: int = 1
+    after_commit: bool = False
+
+
+@dataclass
+class Recorded:
+    method: str
+    path: str
+    query: dict[str, list[str]]
+    status: int
+    body: Any
+
+
+@dataclass
+class _Store:
+    objects: dict[tuple[str, str, str], dict[str, Any]] = field(default_factory=dict)  # (resource, ns, name)
+    version: int = 0
+    events: list[tuple[int, str, str, dict[str, Any]]] = field(default_factory=list)  # (rv, resource, type, object)
+
+
+def job_validation(job: dict[str, Any]) -> list[str]:
+    """A few rules of kubernetes pkg/apis/batch/validation/validation.go the schema cannot express."""
+    spec, found = job.get("spec", {}), []
+    pod = spec.get("template", {}).get("spec", {})
+    if pod.get("restartPolicy") not in ("Never", "OnFailure"):
+        found.append("spec.template.spec.restartPolicy: Unsupported value: only \"Never\" or \"OnFailure\"")
+    if spec.get("podFailurePolicy") and pod.get("restartPolicy") != "Never":
+        found.append("spec.template.spec.restartPolicy: Invalid value: only \"Never\" is supported when podFailurePolicy is specified")
+    if spec.get("podFailurePolicy") and spec.get("podReplacementPolicy") not in (None, "Failed"):
+        found.append("spec.podReplacementPolicy: Not supported: must be Failed when podFailurePolicy is used")
+    if spec.get("completionMode") == "Indexed" and spec.get("completions") is None:
+        found.append("spec.completions: Required value: when completion mode is Indexed")
+    if len(job.get("metadata", {}).get("name", "")) > 63:
+        found.append("metadata.name: Invalid value: must be no more than 63 characters")
+    return found
+
+
+class K8sDouble:
+    def __init__(self, *, namespaces: dict[str, set[str]], token: str = "k8s-double-token") -> None:
+        """``namespaces``: namespace -> names of its Kueue LocalQueues."""
+        self.namespaces = namespaces
+        self.token = token
+        self.store = _Store()
+        self.requests: list[Recorded] = []
+        self.faults: list[Fault] = []
+        self._lock = threading.Condition()
+        self._server: ThreadingHTTPServer | None = None
+
+    # ---- lifecycle -------------------------------------------------------------------------
+    def start(self) -> K8sDouble:
+        double = self
+
+        class Handler(BaseHTTPRequestHandler):
+            # HTTP/1.1 so a watch can stream chunked lines, as the API server does.
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                double._handle(self, "GET")
+
+            def do_POST(self) -> None:
+                double._handle(self, "POST")
+
+            def do_DELETE(self) -> None:
+                double._handle(self, "DELETE")
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None:
+            with self._lock:
+                self._lock.notify_all()
+            self._server.shutdown()
+            self._server.server_close()
+
+    @property
+    def address(self) -> str:
+        assert self._server is not None
+        return f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def kubeconfig(self, path: Any) -> Any:
+        path.write_text(json.dumps({
+            "apiVersion": "v1", "kind": "Config", "current-context": "double",
+            "clusters": [{"name": "double", "cluster": {"server": self.address}}],
+            "users": [{"name": "u", "user": {"token": self.token}}],
+            "contexts": [{"name": "double", "context": {"cluster": "double", "user": "u"}}],
+        }))
+        return path
+
+    def fail_next(self, method: str, path_contains: str, status: int, *, times: int = 1, after_commit: bool = False) -> None:
+        self.faults.append(Fault(method, path_contains, status, times, after_commit))
+
+    # ---- HTTP ------------------------------------------------------------------------------
+    def _send(self, handler: BaseHTTPRequestHandler, code: int, body: Any) -> None:
+        data = json.dumps(body).encode()
+        handler.send_response(code)
+        handler.send_header("Content-Type", "application/json")
+        handler.send_header("Content-Length", str(len(data)))
+        handler.send_header("Connection", "close")
+        handler.end_headers()
+        handler.wfile.write(data)
+
+    def _fault(self, method: str, path: str) -> Fault | None:
+        for fault in self.faults:
+            if fault.method == method and fault.path_contains in path and fault.times > 0:
+                fault.times -= 1
+                return fault
+        return None
+
+    def _handle(self, handler: BaseHTTPRequestHandler, method: str) -> None:
+        url = urlsplit(handler.path)
+        query = parse_qs(url.query)
+        length = int(handler.headers.get("Content-Length") or 0)
+        raw = handler.rfile.read(length) if length else b""
+        body = json.loads(raw) if raw else None
+        handler.close_connection = True
+        if handler.headers.get("Authorization") != f"Bearer {self.token}":
+            code, answer = 401, status_body(401, "Unauthorized", "Unauthorized")
+        elif query.get("watch", [""])[0].lower() in ("true", "1"):
+            self.requests.append(Recorded(method, url.path, query, 200, body))
+            return self._watch(handler, url.path, query)
+        else:
+            fault = self._fault(method, url.path)
+            if fault is not None and not fault.after_commit:
+                code, answer = fault.status, status_body(fault.status, "InternalError", f"injected fault {fault.status}")
+            else:
+                code, answer = self._route(method, url.path, query, body)
+                if fault is not None:
+                    code, answer = fault.status, status_body(fault.status, "InternalError", f"injected fault {fault.status} after commit")
+        if isinstance(body, dict) and body.get("kind") == "Secret":
+            body = {**body, "data": {key: "<redacted>" for key in body.get("data") or {}}}
+        self.requests.append(Recorded(method, url.path, query, code, body))
+        self._send(handler, code, answer)
+
+    def _parse(self, path: str) -> tuple[str, str, str | None, str | None] | None:
+        """'/apis/batch/v1/namespaces/ns/jobs/x' -> ('batch/v1', 'jobs', 'ns', 'x')."""
+        parts = path.strip("/").split("/")
+        if parts[:1] == ["api"] and len(parts) >= 5 and parts[2] == "namespaces":
+            group_version, rest = parts[1], parts[3:]
+        elif parts[:1] == ["apis"] and len(parts) >= 6 and parts[3] == "namespaces":
+            group_version, rest = f"{parts[1]}/{parts[2]}", parts[4:]
+        else:
+            return None
+        return group_version, rest[1], rest[0], rest[2] if len(rest) > 2 else None
+
+    def _route(self, method: str, path: str, query: dict[str, list[str]], body: Any) -> tuple[int, Any]:
+        parsed = self._parse(path)
+        if parsed is None or (parsed[0], parsed[1]) not in KINDS:
+            return 404, status_body(404, "NotFound", f"the server could not find the requested resource ({path})")
+        group_version, resource, namespace, name = parsed
+        if namespace not in self.namespaces:
+            return 404, status_body(404, "NotFound", f'namespaces "{namespace}" not found')
+        if resource == "localqueues":
+            if method == "GET" and name in self.namespaces[namespace]:
+                return 200, {"apiVersion": group_version, "kind": "LocalQueue", "metadata": {"name": name, "namespace": namespace},
+                             "spec": {"clusterQueue": namespace}}
+            return 404, status_body(404, "NotFound", f'localqueues.kueue.x-k8s.io "{name}" not found')
+        with self._lock:
+            if method == "POST" and name is None:
+                return self._create(group_version, resource, namespace, body, dry_run=query.get("dryRun") == ["All"])
+            if method == "GET" and name is None:
+                return 200, self._list(group_version, resource, namespace, query)
+            key = (resource, namespace, name or "")
+            obj = self.store.objects.get(key)
+            if obj is None:
+                return 404, status_body(404, "NotFound", f'{resource} "{name}" not found', {"name": name, "kind": resource})
+            if method == "GET":
+                return 200, obj
+            if method == "DELETE":
+                return self._delete(key, (body or {}).get("propagationPolicy") or query.get("propagationPolicy", ["Background"])[0])
+        return 405, status_body(405, "MethodNotAllowed", "method not allowed")
+
+    # ---- objects ---------------------------------------------------------------------------
+    def _bump(self, resource: str, kind: str, obj: dict[str, Any]) -> None:
+        self.store.version += 1
+        obj["metadata"]["resourceVersion"] = str(self.store.version)
+        self.store.events.append((self.store.version, resource, kind, json.loads(json.dumps(obj))))
+        self._lock.notify_all()
+
+    def _create(self, group_version: str, resource: str, namespace: str, obj: Any, *, dry_run: bool = False) -> tuple[int, Any]:
+        kind = KINDS[(group_version, resource)]
+        if not isinstance(obj, dict) or obj.get("kind") != kind or obj.get("apiVersion") != group_version:
+            return 400, status_body(400, "BadRequest", f"the body is not a {group_version} {kind}")
+        problems = schema_errors(obj) + (job_validation(obj) if kind == "Job" else [])
+        if kind == "Secret":
+            for key, value in (obj.get("data") or {}).items():
+                try:
+                    base64.b64decode(value, validate=True)
+                except ValueError:
+                    problems.append(f"data[{key}]: Invalid value: illegal base64 data")
+        meta = obj.setdefault("metadata", {})
+        if meta.get("namespace", namespace) != namespace:
+            problems.append("metadata.namespace: Invalid value: the namespace of the object does not match the namespace on the request")
+        if problems:
+            causes = [{"message": p} for p in problems]
+            return 422, status_body(422, "Invalid", f'{kind} "{meta.get("name")}" is invalid: {"; ".join(problems)}', {"name": meta.get("name"), "kind": resource, "causes": causes})
+        key = (resource, namespace, meta["name"])
+        if key in self.store.objects:
+            return 409, status_body(409, "AlreadyExists", f'{resource} "{meta["name"]}" already exists', {"name": meta["name"], "kind": resource})
+        if dry_run:
+            return 201, obj
+        meta.update({"namespace": namespace, "uid": str(uuid.uuid4()), "creationTimestamp": now(), "generation": 1})
+        if kind == "Job":
+            obj["status"] = {}
+        self.store.objects[key] = obj
+        self._bump(resource, "ADDED", obj)
+        if kind == "Job" and QUEUE_LABEL in (meta.get("labels") or {}):
+            self._create_workload(obj)
+        return 201, obj
+
+    def _create_workload(self, job: dict[str, Any]) -> None:
+        """What Kueue's job reconciler builds from a queue-labelled Job (jobframework constructWorkload)."""
+        meta, spec = job["metadata"], job["spec"]
+        queue = meta["labels"][QUEUE_LABEL]
+        workload = {
+            "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "Workload",
+            "metadata": {"name": f"job-{meta['name']}-{meta['uid'][:5]}", "namespace": meta["namespace"],
+                         "labels": {JOB_UID_LABEL: meta["uid"]}, "resourceVersion": "0", "uid": str(uuid.uuid4()),
+                         "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": meta["name"], "uid": meta["uid"],
+                                              "controller": True, "blockOwnerDeletion": True}]},
+            "spec": {"queueName": queue, "active": True,
+                     "podSets": [{"name": "main", "count": spec.get("parallelism", 1), "template": spec["template"]}]},
+            "status": {"conditions": []},
+        }
+        if queue not in self.namespaces[meta["namespace"]]:
+            workload["status"]["conditions"].append(self._condition("QuotaReserved", "False", "Inadmissible", f"LocalQueue {queue} doesn't exist"))
+        self._store_workload(workload)
+
+    def _store_workload(self, workload: dict[str, Any]) -> None:
+        problems = schema_errors(workload)
+        assert not problems, f"the double built a Workload Kueue's CRD refuses: {problems}"
+        key = ("workloads", workload["metadata"]["namespace"], workload["metadata"]["name"])
+        self.store.objects[key] = workload
+        self._bump("workloads", "MODIFIED", workload)
+
+    def _list(self, group_version: str, resource: str, namespace: str, query: dict[str, list[str]]) -> dict[str, Any]:
+        items = [o for (r, ns, _), o in sorted(self.store.objects.items()) if r == resource and ns == namespace and self._matches(o, query)]
+        return {"apiVersion": group_version, "kind": f"{KINDS[(group_version, resource)]}List",
+                "metadata": {"resourceVersion": str(self.store.version)}, "items": items}
+
+    @staticmethod
+    def _matches(obj: dict[str, Any], query: dict[str, list[str]]) -> bool:
+        for selector in query.get("labelSelector", []):
+            for term in filter(None, selector.split(",")):
+                key, _, value = term.partition("=")
+                if (obj["metadata"].get("labels") or {}).get(key) != value:
+                    return False
+        for selector in query.get("fieldSelector", []):
+            key, _, value = selector.partition("=")
+            if key == "metadata.name" and obj["metadata"]["name"] != value:
+                return False
+        return True
+
+    def _delete(self, key: tuple[str, str, str], propagation: str) -> tuple[int, Any]:
+        obj = self.store.objects[key]
+        if propagation == "Foreground":
+            obj["metadata"]["deletionTimestamp"] = now()
+            obj["metadata"]["finalizers"] = ["foregroundDeletion"]
+            self._bump(key[0], "MODIFIED", obj)
+            return 200, obj
+        self._remove(key)
+        return 200, status_body(200, "", "") | {"status": "Success", "details": {"name": key[2], "kind": key[0], "uid": obj["metadata"]["uid"]}}
+
+    def _remove(self, key: tuple[str, str, str]) -> None:
+        obj = self.store.objects.pop(key)
+        self._bump(key[0], "DELETED", obj)
+        uid = obj["metadata"]["uid"]
+        for dep_key, dep in list(self.store.objects.items()):
+            if any(ref.get("uid") == uid for ref in dep["metadata"].get("ownerReferences") or []):
+                self._remove(dep_key)
+
+    def collect(self) -> None:
+        """The garbage collector finishing foreground deletions (all pods gone)."""
+        with self._lock:
+            for key, obj in list(self.store.objects.items()):
+                if obj["metadata"].get("deletionTimestamp") and key in self.store.objects:
+                    self._remove(key)
+
+    # ---- watch -----------------------------------------------------------------------------
+    def _watch(self, handler: BaseHTTPRequestHandler, path: str, query: dict[str, list[str]]) -> None:
+        parsed = self._parse(path)
+        assert parsed is not None
+        _, resource, namespace, _ = parsed
+        timeout = float(query.get("timeoutSeconds", ["5"])[0])
+        handler.send_response(200)
+        handler.send_header("Content-Type", "application/json")
+        handler.send_header("Transfer-Encoding", "chunked")
+        handler.send_header("Connection", "close")
+        handler.end_headers()
+
+        def send(kind: str, obj: dict[str, Any]) -> None:
+            line = json.dumps({"type": kind, "object": obj}).encode() + b"\n"
+            handler.wfile.write(f"{len(line):x}\r\n".encode() + line + b"\r\n")
+            handler.wfile.flush()
+
+        deadline = datetime.now(UTC).timestamp() + timeout
+        with self._lock:
+            since = self.store.version
+            initial = [o for (r, ns, _), o in sorted(self.store.objects.items()) if r == resource and ns == namespace and self._matches(o, query)]
+        try:
+            for obj in initial:
+                send("ADDED", obj)
+            while True:
+                with self._lock:
+                    left = deadline - datetime.now(UTC).timestamp()
+                    if left <= 0 or self._server is None:
+                        break
+                    self._lock.wait(timeout=min(left, 0.5))
+                    fresh = [(rv, kind, o) for rv, r, kind, o in self.store.events if rv > since and r == resource
+                             and o["metadata"].get("namespace") == namespace and self._matches(o, query)]
+                    since = self.store.version
+                for _, kind, obj in fresh:
+                    send(kind, obj)
+            handler.wfile.write(b"0\r\n\r\n")
+            handler.wfile.flush()
+        except (BrokenPipeError, ConnectionResetError):
+            return
+
+    # ---- Kueue and the Job controller, driven by the test ------------------------------------
+    @staticmethod
+    def _condition(kind: str, status: str, reason: str, message: str) -> dict[str, Any]:
+        return {"type": kind, "status": status, "reason": reason, "message": message, "lastTransitionTime": now(), "observedGeneration": 1}
+
+    def job(self, namespace: str, name: str) -> dict[str, Any]:
+        return self.store.objects[("jobs", namespace, name)]
+
+    def workload(self, namespace: str, name: str) -> dict[str, Any]:
+        uid = self.job(namespace, name)["metadata"]["uid"]
+        return next(o for (r, ns, _), o in self.store.objects.items() if r == "workloads" and ns == namespace and o["metadata"]["labels"][JOB_UID_LABEL] == uid)
+
+    @staticmethod
+    def _set_conditions(status: dict[str, Any], *conditions: dict[str, Any]) -> None:
+        """Replace conditions of the same type, as the controllers' SetStatusCondition does."""
+        kept = [c for c in status.get("conditions", []) if c["type"] not in {n["type"] for n in conditions}]
+        status["conditions"] = kept + list(conditions)
+
+    def _update(self, namespace: str, name: str, job_change: Any, workload_change: Any) -> None:
+        with self._lock:
+            job, workload = self.job(namespace, name), self.workload(namespace, name)
+            job_change(job)
+            workload_change(workload)
+            self._bump("jobs", "MODIFIED", job)
+            self._store_workload(workload)
+
+    def wait_for_quota(self, namespace: str, name: str, message: str) -> None:
+        self._update(namespace, name, lambda j: None, lambda w: self._set_conditions(w["status"], self._condition("QuotaReserved", "False", "Pending", message)))
+
+    def admit(self, namespace: str, name: str, *, cluster_queue: str, flavor: str) -> None:
+        def workload(w: dict[str, Any]) -> None:
+            count = w["spec"]["podSets"][0]["count"]
+            w["status"]["admission"] = {"clusterQueue": cluster_queue, "podSetAssignments": [
+                {"name": "main", "count": count, "flavors": {"nvidia.com/gpu": flavor, "cpu": flavor, "memory": flavor}}]}
+            self._set_conditions(w["status"], self._condition("QuotaReserved", "True", "QuotaReserved", f"Quota reserved in ClusterQueue {cluster_queue}"),
+                                 self._condition("Admitted", "True", "Admitted", "The workload is admitted"))
+
+        def job(j: dict[str, Any]) -> None:
+            j["spec"]["suspend"] = False
+            j["status"].update({"startTime": now(), "active": j["spec"].get("parallelism", 1), "ready": 0})
+            self._set_conditions(j["status"], self._condition("Suspended", "False", "JobResumed", "Job resumed"))
+
+        self._update(namespace, name, job, workload)
+
+    def pods_ready(self, namespace: str, name: str, ready: int) -> None:
+        self._update(namespace, name, lambda j: j["status"].update({"ready": ready}), lambda w: None)
+
+    def succeed(self, namespace: str, name: str) -> None:
+        def job(j: dict[str, Any]) -> None:
+            n = j["spec"].get("completions", 1)
+            j["status"].update({"active": 0, "ready": 0, "succeeded": n, "completionTime": now()})
+            self._set_conditions(j["status"], self._condition("SuccessCriteriaMet", "True", "CompletionsReached", "Reached expected number of succeeded pods"),
+                                 self._condition("Complete", "True", "CompletionsReached", "Reached expected number of succeeded pods"))
+
+        self._update(namespace, name, job, lambda w: self._set_conditions(w["status"], self._condition("Finished", "True", "Succeeded", "Job finished successfully")))
+
+    def fail(self, namespace: str, name: str, *, reason: str, message: str) -> None:
+        def job(j: dict[str, Any]) -> None:
+            j["status"].update({"active": 0, "ready": 0, "failed": 1})
+            self._set_conditions(j["status"], self._condition("FailureTarget", "True", reason, message), self._condition("Failed", "True", reason, message))
+
+        self._update(namespace, name, job, lambda w: self._set_conditions(w["status"], self._condition("Finished", "True", "Failed", message)))
+
+    def evict(self, namespace: str, name: str, *, reason: str = "Preempted", preempted_reason: str = "InClusterQueue", message: str = "Preempted to accommodate a workload due to prioritization in the ClusterQueue") -> None:
+        def workload(w: dict[str, Any]) -> None:
+            w["status"].pop("admission", None)
+            conditions = [self._condition("Evicted", "True", reason, message),
+                          self._condition("QuotaReserved", "False", "Pending", message),
+                          self._condition("Admitted", "False", "NoReservation", "The workload has no reservation")]
+            if reason == "Preempted":
+                conditions.append(self._condition("Preempted", "True", preempted_reason, message))
+            self._set_conditions(w["status"], *conditions)
+
+        def job(j: dict[str, Any]) -> None:
+            j["spec"]["suspend"] = True
+            j["status"].update({"active": 0, "ready": 0})
+            j["status"].pop("startTime", None)
+            self._set_conditions(j["status"], self._condition("Suspended", "True", "JobSuspended", "Job suspended"))
+
+        self._update(namespace, name, job, workload)
+
+    def created(self, resource: str) -> list[Recorded]:
+        return [r for r in self.requests if r.method == "POST" and r.path.endswith(f"/{resource}") and r.status == 201]
