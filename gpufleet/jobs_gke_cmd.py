@@ -97,16 +97,18 @@ def status(namespace: str, run: str, *, watch: bool, interval: float) -> None:
     try:
         with Live(_table(current), console=console, refresh_per_second=4) as live:
             while current.state not in TERMINAL:
-                # The watch wakes on every Job change; Workload-only changes show at the next round.
+                # The watch wakes on every Job change; Workload-only changes (quota, eviction
+                # reasons) show when the watch times out after `interval` and we read again.
+                started = time.monotonic()
                 for _ in api.watch_job(namespace, run, timeout_seconds=max(1, int(interval))):
                     current = api.status(namespace, run)
                     live.update(_table(current))
                     if current.state in TERMINAL:
                         break
                 else:
+                    time.sleep(max(0.0, interval - (time.monotonic() - started)))
                     current = api.status(namespace, run)
                     live.update(_table(current))
-                    time.sleep(0)
     except KeyboardInterrupt:
         err.print("stopped watching; the run goes on")
 

@@ -40,6 +40,10 @@ class K8sError(UserError):
     """A Kubernetes answer the user must act on; one line, exit 2, never a request body."""
 
 
+class K8sRunGone(K8sError):
+    """The run's Job is not there (never dispatched, stopped, or removed after its TTL)."""
+
+
 @dataclass(frozen=True)
 class K8sSettings:
     kubeconfig: str | None = None
@@ -150,7 +154,7 @@ class K8sClient:
     def status(self, namespace: str, name: str) -> K8sRunStatus:
         job = self.get_job(namespace, name)
         if job is None:
-            raise K8sError(f"status: no Job {name} in namespace {namespace}: it was never dispatched, or it was stopped, or Kubernetes removed it a day after it finished (ttlSecondsAfterFinished)")
+            raise K8sRunGone(f"status: no Job {name} in namespace {namespace}: it was never dispatched, or it was stopped, or Kubernetes removed it a day after it finished (ttlSecondsAfterFinished)")
         return summarize(job, self.workloads(namespace, job["metadata"]["uid"]))
 
     def watch_job(self, namespace: str, name: str, *, timeout_seconds: int) -> Iterator[dict[str, Any]]:
@@ -173,6 +177,7 @@ class K8sClient:
     def _create(self, kind: str, call: Callable[..., Any], namespace: str, body: dict[str, Any], *, echo: bool = True) -> dict[str, Any] | None:
         """The created object, or None when the name exists already (409)."""
         import kubernetes
+        import urllib3
 
         try:
             response = call(namespace, body, _preload_content=False, _request_timeout=self.settings.timeout_seconds)
@@ -180,12 +185,9 @@ class K8sClient:
             if exc.status == 409:
                 return None
             raise self._error(f"create {kind} {namespace}/{body['metadata']['name']}", exc, echo) from None
-        except Exception as exc:
-            import urllib3
-
-            if isinstance(exc, urllib3.exceptions.HTTPError):
-                raise K8sError(f"create {kind}: cannot reach the Kubernetes API after {self.settings.retries + 1} attempts ({type(exc).__name__}); retry the same command (with the same --dispatch-id): it creates nothing twice") from None
-            raise
+        except urllib3.exceptions.HTTPError as exc:
+            raise K8sError(f"create {kind}: cannot reach the Kubernetes API after {self.settings.retries + 1} attempts ({type(exc).__name__}); "
+                           "retry the same command with the same --idempotency-token: it creates nothing twice") from None
         return json.loads(response.data)
 
     def delete_job(self, namespace: str, name: str, *, propagation: str = "Foreground") -> None:
@@ -238,7 +240,7 @@ class K8sClient:
         docs = manifests(spec, dispatch_id="dry-run")
         require_valid(docs)
         found = self._call(f"read LocalQueue {namespace}/{queue}", self._custom.get_namespaced_custom_object,
-                           KUEUE_GROUP, "v1beta1", namespace, "localqueues", queue, missing_ok=True)
+                           KUEUE_GROUP, KUEUE_VERSION, namespace, "localqueues", queue, missing_ok=True)
         if found is None:
             raise K8sError(f"submit: LocalQueue {queue} does not exist in namespace {namespace}, so Kueue would never admit {spec.name}; "
                            f"apply the {spec.cluster}-scheduler stack (one LocalQueue per tenant and GPU pool)")
@@ -250,7 +252,7 @@ class K8sClient:
         """Delete the Job in the foreground: it stays visible as stopped until its pods are gone,
         and its Secret and Service go with it (owner references)."""
         if self.get_job(namespace, name) is None:
-            raise K8sError(f"stop: no Job {name} in namespace {namespace}; it may be finished and removed already")
+            raise K8sRunGone(f"stop: no Job {name} in namespace {namespace}; it may be finished and removed already")
         self.delete_job(namespace, name)
 
 

@@ -9,6 +9,7 @@ succeeded / failed / stopped and one line of why.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -17,6 +18,8 @@ from jobs.k8s_render import DISPATCH_ANNOTATION
 
 # Exit code gpufleet-exec uses for a Vault error (an already-unwrapped wrapping token included).
 EXIT_VAULT_ERROR = 78
+# The Job controller's PodFailurePolicy message: "Container train for pod ns/x failed with exit code 3 matching FailJob rule at index 0".
+_EXIT_CODE = re.compile(r"failed with exit code (\d+)")
 
 
 class State(StrEnum):
@@ -37,6 +40,10 @@ class K8sRunStatus:
     reason: str
     queue: str | None = None
     flavor: str | None = None
+    # Kueue admitted it and the Job controller made its pods (what costs money).
+    placed: bool = False
+    # 0 when every rank succeeded; the failing container's code when the Job says which.
+    exit_code: int | None = None
 
 
 def _conditions(obj: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
@@ -79,15 +86,18 @@ def summarize(job: dict[str, Any], workloads: list[dict[str, Any]]) -> K8sRunSta
     jc = _conditions(job)
     evicted_before = bool(wl.get("Evicted")) or bool(wl.get("Preempted"))
 
-    def out(state: State, reason: str) -> K8sRunStatus:
-        return K8sRunStatus(run, state, reason, queue, flavor)
+    placed = bool(status.get("startTime") or status.get("active") or status.get("succeeded") or status.get("failed"))
+
+    def out(state: State, reason: str, exit_code: int | None = None) -> K8sRunStatus:
+        return K8sRunStatus(run, state, reason, queue, flavor, placed, exit_code)
 
     if meta.get("deletionTimestamp"):
         return out(State.STOPPED, "stopped by request; Kubernetes is terminating its pods")
     if complete := _true(jc, "Complete"):
-        return out(State.SUCCEEDED, f"all {spec.get('completions', 1)} rank(s) succeeded ({complete.get('reason') or 'Complete'})")
+        return out(State.SUCCEEDED, f"all {spec.get('completions', 1)} rank(s) succeeded ({complete.get('reason') or 'Complete'})", 0)
     if failed := (_true(jc, "Failed") or _true(jc, "FailureTarget")):
-        return out(State.FAILED, _failure(job, failed, evicted_before))
+        code = _EXIT_CODE.search(failed.get("message") or "")
+        return out(State.FAILED, _failure(job, failed, evicted_before), int(code[1]) if code else None)
     if workload is None:
         return out(State.PENDING, "waiting for Kueue to create its Workload (is Kueue running, and the job's LocalQueue there?)")
     if finished := _true(wl, "Finished"):

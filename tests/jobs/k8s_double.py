@@ -36,7 +36,7 @@ from jobs.k8s_schemas import errors as schema_errors
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
 KINDS = {("batch/v1", "jobs"): "Job", ("v1", "secrets"): "Secret", ("v1", "services"): "Service",
-         ("kueue.x-k8s.io/v1beta2", "workloads"): "Workload", ("kueue.x-k8s.io/v1beta1", "localqueues"): "LocalQueue"}
+         ("kueue.x-k8s.io/v1beta2", "workloads"): "Workload", ("kueue.x-k8s.io/v1beta2", "localqueues"): "LocalQueue"}
 
 
 def now() -> str:

@@ -55,7 +55,7 @@ def test_dispatch_delivers_one_wrapped_secret_id_per_rank_and_nothing_else(gke_e
     out = capsys.readouterr().out
     (job_key,) = [k for k in gke_env.store.objects if k[0] == "jobs"]
     run = job_key[2]
-    assert f"dispatched {run} (namespace research, 2 rank(s), LocalQueue h100" in out and f"gpufleet jobs status {run} --watch" in out
+    assert f"dispatched {run} (namespace research, 2 rank(s), LocalQueue gpu-h100" in out and f"gpufleet jobs status {run} --watch" in out
     job = gke_env.job("research", run)
     secret = gke_env.store.objects[("secrets", "research", f"{run}-vault")]
     tokens = [base64.b64decode(secret["data"][f"wrapped-secret-id-{rank}"]).decode() for rank in (0, 1)]

@@ -42,14 +42,14 @@ def test_dispatch_creates_suspended_job_secret_and_service(k8s: Any, k8s_client_
     assert result.created and result.namespace == "research" and result.run.startswith("finetune-llama-gke-")
     assert mint.calls == [2]
     job = k8s.job("research", result.run)
-    assert job["spec"]["suspend"] is True and job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "h100"
+    assert job["spec"]["suspend"] is True and job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "gpu-h100"
     secret = k8s.store.objects[("secrets", "research", f"{result.run}-vault")]
     owner = secret["metadata"]["ownerReferences"][0]
     assert (owner["kind"], owner["uid"]) == ("Job", job["metadata"]["uid"])
     assert sorted(secret["data"]) == ["role-id", "wrapped-secret-id-0", "wrapped-secret-id-1"] and secret["immutable"] is True
     service = k8s.store.objects[("services", "research", result.run)]
     assert service["metadata"]["ownerReferences"][0]["uid"] == job["metadata"]["uid"]
-    assert k8s.workload("research", result.run)["spec"]["queueName"] == "h100"
+    assert k8s.workload("research", result.run)["spec"]["queueName"] == "gpu-h100"
     assert all(r.body["data"] == {"role-id": "<redacted>", "wrapped-secret-id-0": "<redacted>", "wrapped-secret-id-1": "<redacted>"}
                for r in k8s.requests if r.path.endswith("/secrets") and r.method == "POST")
 
@@ -210,6 +210,6 @@ def test_submit_is_a_dry_run_that_stores_nothing_and_needs_the_local_queue(k8s: 
     assert client.dry_run(spec).startswith("finetune-llama-gke-")
     assert [r.query.get("dryRun") for r in k8s.requests if r.method == "POST"] == [["All"]]
     assert not k8s.store.objects
-    k8s.namespaces["research"].discard("h100")
-    with pytest.raises(K8sError, match=r"^submit: LocalQueue h100 does not exist in namespace research, so Kueue would never admit finetune-llama-gke; apply the prod-gke-scheduler stack"):
+    k8s.namespaces["research"].discard("gpu-h100")
+    with pytest.raises(K8sError, match=r"^submit: LocalQueue gpu-h100 does not exist in namespace research, so Kueue would never admit finetune-llama-gke; apply the prod-gke-scheduler stack"):
         client.dry_run(spec)

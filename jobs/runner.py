@@ -1,0 +1,186 @@
+"""The scheduler-neutral runner: what the control plane (issue 15) uses, for Nomad and GKE alike.
+
+``submit(job, meta, idempotency_key=...) -> run id``, ``status(run id) -> RunReport`` (phase one
+of pending / running / succeeded / failed / stopped, with the reason, whether it is placed, and
+the exit code when known), ``stop(run id)``. A repeated submit with the same key returns the
+same run on both schedulers (Nomad's dispatch idempotency token; the Kubernetes Job named from
+the key). Each submit mints its wrapped single-use secret_id(s) with the caller's Vault
+environment and hands them straight to the scheduler: never returned, stored or logged.
+
+Run ids: Nomad ``<namespace>/<dispatched job id>``; GKE ``gke:<namespace>/<run>``.
+``Runners`` routes by the job's cluster on submit and by the run id afterwards.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import TYPE_CHECKING, Protocol
+
+from clusters.schema import SchedulerKind
+from jobs.spec import FinetuneSpec
+from jobs.vault_mint import default_queue_seconds, mint_wrapped_secret_id
+
+if TYPE_CHECKING:
+    from jobs.client import NomadClient
+    from jobs.k8s_client import K8sClient
+
+GKE_PREFIX = "gke:"
+
+
+class Phase(StrEnum):
+    PENDING = "pending"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    STOPPED = "stopped"
+
+
+TERMINAL = frozenset({Phase.SUCCEEDED, Phase.FAILED, Phase.STOPPED})
+
+
+@dataclass(frozen=True)
+class RunReport:
+    phase: Phase
+    detail: str
+    placed: bool
+    exit_code: int | None
+
+
+class RunNotFound(Exception):
+    """The scheduler no longer knows the run (garbage-collected, purged, or removed after its TTL)."""
+
+
+class SchedulerUnavailable(Exception):
+    """The scheduler could not be asked now (5xx, timeout, refused): retry later."""
+
+
+class Runner(Protocol):
+    scheduler: str
+
+    def submit(self, job: FinetuneSpec, meta: Mapping[str, str], *, idempotency_key: str | None = None) -> str: ...
+
+    def status(self, run_id: str) -> RunReport: ...
+
+    def stop(self, run_id: str) -> None: ...
+
+
+class NomadRunner:
+    scheduler = "nomad"
+
+    def __init__(self, client: NomadClient, vault_env: Mapping[str, str]) -> None:
+        self._client = client
+        self._vault_env = dict(vault_env)
+
+    def submit(self, job: FinetuneSpec, meta: Mapping[str, str], *, idempotency_key: str | None = None) -> str:
+        from jobs.client import NomadError
+
+        try:
+            self._client.register(job)
+            wrapped = mint_wrapped_secret_id(job, self._vault_env, expected_queue_seconds=default_queue_seconds(job.pool))
+            result = self._client.dispatch(job, meta, role_id=wrapped.role_id, wrapping_token=wrapped.wrapping_token,
+                                           idempotency_token=idempotency_key or str(uuid.uuid4()))
+        except NomadError as exc:
+            raise SchedulerUnavailable(str(exc)) from None
+        return f"{result.namespace}/{result.dispatched_job_id}"
+
+    def status(self, run_id: str) -> RunReport:
+        from jobs.client import NomadError
+        from jobs.status import RunState
+
+        namespace, _, job_id = run_id.partition("/")
+        try:
+            status = self._client.status(job_id, namespace)
+        except NomadError as exc:
+            if "(404" in str(exc):
+                raise RunNotFound(run_id) from None
+            raise SchedulerUnavailable(str(exc)) from None
+        phase = {RunState.PENDING: Phase.PENDING, RunState.RUNNING: Phase.RUNNING, RunState.FAILED: Phase.FAILED, RunState.LOST: Phase.FAILED}.get(status.state)
+        if phase is None:  # complete: a clean exit, or a stop
+            phase = Phase.STOPPED if status.detail.startswith("stopped by request") else Phase.SUCCEEDED
+        # RunStatus carries exit_code once the Nomad status reads Terminated events (issue 15's change).
+        return RunReport(phase, status.detail, status.alloc_id is not None, getattr(status, "exit_code", None))
+
+    def stop(self, run_id: str) -> None:
+        from jobs.client import NomadError
+
+        namespace, _, job_id = run_id.partition("/")
+        try:
+            self._client.stop(job_id, namespace, purge=False)
+        except NomadError as exc:
+            if "(404" in str(exc):
+                return  # already gone: nothing is billing
+            raise SchedulerUnavailable(str(exc)) from None
+
+
+class GkeRunner:
+    scheduler = "gke"
+
+    def __init__(self, client: K8sClient, vault_env: Mapping[str, str]) -> None:
+        self._client = client
+        self._vault_env = dict(vault_env)
+
+    @staticmethod
+    def _split(run_id: str) -> tuple[str, str]:
+        namespace, _, run = run_id.removeprefix(GKE_PREFIX).partition("/")
+        return namespace, run
+
+    def submit(self, job: FinetuneSpec, meta: Mapping[str, str], *, idempotency_key: str | None = None) -> str:
+        from jobs.k8s_client import K8sError
+
+        def mint(ranks: int) -> tuple[str, list[str]]:
+            wrapped = [mint_wrapped_secret_id(job, self._vault_env, expected_queue_seconds=default_queue_seconds(job.pool)) for _ in range(ranks)]
+            return wrapped[0].role_id, [w.wrapping_token for w in wrapped]
+
+        try:
+            result = self._client.dispatch(job, dict(meta), dispatch_id=idempotency_key or str(uuid.uuid4()), mint=mint)
+        except K8sError as exc:
+            raise SchedulerUnavailable(str(exc)) from None
+        return f"{GKE_PREFIX}{result.namespace}/{result.run}"
+
+    def status(self, run_id: str) -> RunReport:
+        from jobs.k8s_client import K8sError, K8sRunGone
+
+        try:
+            status = self._client.status(*self._split(run_id))
+        except K8sRunGone:
+            raise RunNotFound(run_id) from None
+        except K8sError as exc:
+            raise SchedulerUnavailable(str(exc)) from None
+        return RunReport(Phase(status.state.value), status.reason, status.placed, status.exit_code)
+
+    def stop(self, run_id: str) -> None:
+        from jobs.k8s_client import K8sError, K8sRunGone
+
+        try:
+            self._client.stop(*self._split(run_id))
+        except K8sRunGone:
+            return  # already gone: nothing is billing
+        except K8sError as exc:
+            raise SchedulerUnavailable(str(exc)) from None
+
+
+class Runners:
+    """One Runner over both schedulers: submit by the job's cluster, status/stop by the run id."""
+
+    scheduler = "any"
+
+    def __init__(self, *, nomad: Runner | None = None, gke: Runner | None = None) -> None:
+        self._nomad, self._gke = nomad, gke
+
+    def _pick(self, gke: bool) -> Runner:
+        runner = self._gke if gke else self._nomad
+        if runner is None:
+            raise SchedulerUnavailable(f"no {'GKE' if gke else 'Nomad'} runner is configured")
+        return runner
+
+    def submit(self, job: FinetuneSpec, meta: Mapping[str, str], *, idempotency_key: str | None = None) -> str:
+        return self._pick(job.scheduler == SchedulerKind.GKE).submit(job, meta, idempotency_key=idempotency_key)
+
+    def status(self, run_id: str) -> RunReport:
+        return self._pick(run_id.startswith(GKE_PREFIX)).status(run_id)
+
+    def stop(self, run_id: str) -> None:
+        self._pick(run_id.startswith(GKE_PREFIX)).stop(run_id)
