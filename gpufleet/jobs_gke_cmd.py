@@ -36,13 +36,15 @@ def client() -> K8sClient:
 
 def resolve(run_id: str, namespace: str | None) -> tuple[str, str, FinetuneSpec] | None:
     """(namespace, run, spec) when ``run_id`` names a run of a GKE job file, else None."""
+    from clusters import repo
     from clusters.schema import SchedulerKind
-    from jobs.loader import JOBS_DIR, load
+    from jobs.loader import load
 
     match = RUN_ID.match(run_id)
-    if match is None or not (JOBS_DIR / f"{match['job']}.yaml").exists():
+    path = repo.jobs_dir() / f"{match['job']}.yaml" if match else None
+    if path is None or not path.exists():
         return None
-    spec = load(JOBS_DIR / f"{match['job']}.yaml")
+    spec = load(path)
     if spec.scheduler != SchedulerKind.GKE:
         return None
     return namespace or match["namespace"] or spec.namespace, match["run"], spec
