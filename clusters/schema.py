@@ -361,7 +361,7 @@ class GkeConfig(Model):
     # RoleBindings to Group subjects (tenant groups) match nobody.
     rbac_security_group: Annotated[str, AfterValidator(_rbac_security_group)] | None = None
     # Where GKE training pods reach Vault (gpufleet-exec's VAULT_ADDR); jobs on this cluster need it.
-    vault_addr: Annotated[str, Field(pattern=r"^https?://[^\s]+$")] | None = None
+    vault_addr: Annotated[str, _charset(URL, "a Vault address (http(s)://host[:port][/path], no credentials or query)", "https://vault.example.com:8200")] | None = None
 
 
 class ClusterConfig(Model):

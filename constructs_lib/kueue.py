@@ -33,9 +33,11 @@ from constructs_lib.providers import kubernetes
 API_VERSION = "kueue.x-k8s.io/v1beta2"
 ACCELERATOR_LABEL = "cloud.google.com/gke-accelerator"
 GPU_RESOURCE = "nvidia.com/gpu"
-# Kueue only admits workloads whose every requested resource the queue covers; GPUs are the
-# governed resource, so CPU and memory get a ceiling no GPU pool of this fleet reaches.
-UNGOVERNED = {"cpu": "100000", "memory": "1000000Gi"}
+# Kueue only admits workloads whose every requested resource the queue covers
+# (flavorassigner: "resource ... unavailable in ClusterQueue"); GPUs are the governed resource, so
+# CPU, memory and ephemeral storage (GKE jobs request it: jobs/k8s_render.py) get a ceiling no
+# GPU pool of this fleet reaches.
+UNGOVERNED = {"cpu": "100000", "memory": "1000000Gi", "ephemeral-storage": "1000000Gi"}
 TAINT_EFFECTS = {"NO_SCHEDULE": "NoSchedule", "PREFER_NO_SCHEDULE": "PreferNoSchedule", "NO_EXECUTE": "NoExecute"}
 DWS_CHECK = "dws-prov"
 DWS_CONFIG = "dws-config"
