@@ -25,7 +25,7 @@ from typing import Any
 from clusters.derive import POOL_LABEL
 from jobs.durations import NS_PER_SECOND
 from jobs.spec import TASK, FinetuneSpec
-from vault_policies.layout import ENV_KILL_GRACE_SECONDS, ENV_MAX_RUN_SECONDS, ENV_ROLE_ID, ENV_SECRETS, ENV_WRAPPED_SECRET_ID_FILE
+from vault_policies.layout import ENV_KILL_GRACE_SECONDS, ENV_MAX_RUN_SECONDS, ENV_ROLE, ENV_ROLE_ID, ENV_SECRETS, ENV_WRAPPED_SECRET_ID_FILE
 
 # kubernetes-sigs/kueue pkg/controller/constants/constants.go (v0.19.2): QueueLabel.
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
@@ -98,6 +98,7 @@ def _env(spec: FinetuneSpec, run: str, meta: dict[str, str]) -> list[dict[str, A
         wrapped_file = f"{VAULT_DIR}/{wrapped_key(0)}"
     env += [
         {"name": "VAULT_ADDR", "value": spec.vault_addr},
+        {"name": ENV_ROLE, "value": spec.vault_role},
         {"name": ENV_ROLE_ID, "valueFrom": {"secretKeyRef": {"name": vault_secret_name(run), "key": ROLE_ID_KEY}}},
         {"name": ENV_WRAPPED_SECRET_ID_FILE, "value": wrapped_file},
         {"name": ENV_SECRETS, "value": spec.secrets_env},

@@ -72,7 +72,7 @@ def test_dispatch_delivers_one_wrapped_secret_id_per_rank_and_nothing_else(gke_e
             assert task.secrets == {"HF_TOKEN": "fake-hf-test-0000"}
     again = kubelet_env(job, secret, 0, tmp_path / "retried-pod")
     again["VAULT_ADDR"] = vault.addr
-    with pytest.raises(WrappingTokenError, match="already used or has expired"):
+    with pytest.raises(WrappingTokenError, match="POSSIBLE INTERCEPTION: the wrapping token .* is unknown to Vault: someone else already unwrapped it"):
         start_task(TaskConfig.from_env(again))
 
     assert main(["jobs", "dispatch", "finetune-llama-gke", *META, "--idempotency-token", "gke-cli-1"]) == 0
