@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from clusters.derive import TENANT_LABEL, derive_gpu_pools, derive_tenants
-from constructs_lib.kueue import cluster_queue, local_queue, resource_flavor, tenant_pools
+from constructs_lib.kueue import cluster_queue, local_queue, resource_flavor
 from jobs.k8s_render import QUEUE_LABEL, job_manifest
 from jobs.loader import find, load
 
@@ -21,7 +21,7 @@ def case(cluster_configs: Any, vault_view: Any) -> tuple[dict[str, Any], dict[st
     config = next(c for c in cluster_configs if c.name == spec.cluster)
     tenant = next(t for t in derive_tenants(config) if t.name == spec.namespace)
     pools = derive_gpu_pools(config)
-    queues = {(q["metadata"]["namespace"], q["metadata"]["name"]): q for t in derive_tenants(config) for q in (local_queue(t, p) for p in tenant_pools(t, pools))}
+    queues = {(q["metadata"]["namespace"], q["metadata"]["name"]): q for t in derive_tenants(config) for q in (local_queue(t, p) for p in pools if dict(t.gpu_quota).get(p.name, 0) > 0 or p.overcommit)}
     job = job_manifest(spec, dispatch_id="contract")
     lq = queues.get((job["metadata"]["namespace"], job["metadata"]["labels"][QUEUE_LABEL]))
     assert lq is not None, f"no LocalQueue {job['metadata']['labels'][QUEUE_LABEL]} in {job['metadata']['namespace']}: {sorted(queues)}"
