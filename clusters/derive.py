@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 from enum import StrEnum
 
-from clusters.families import GPUDIRECT_SUBNET_PREFIX, GpuDirect, machine_family
+from clusters.families import GPUDIRECT_RUNTIME, GPUDIRECT_SUBNET_PREFIX, GpuDirect, machine_family
 from clusters.machines import MACHINE_GPUS, N1_ACCELERATOR, N1_GPU_MEMORY_GIB, N1_MODEL, NVML_GPUS, NvmlGpu, is_n1
 from clusters.schema import ClusterConfig, Environment, GkeConfig, GpuPool, SchedulerKind, TaintEffect
 
@@ -306,6 +306,37 @@ def derive_gpudirect(config: ClusterConfig) -> GpuDirectSpec:
     pool_networks = tuple((p.name, tuple(f"gpunet_{i}" for i in range(1, f.gvnic_networks + 1)) + tuple(f"rdma_{j}" for j in range(f.rdma_subnets)))
                           for p, f in pools)
     return GpuDirectSpec(tuple(networks), rdma_zone, pool_networks)
+
+
+@dataclass(frozen=True)
+class GpuDirectDaemonSetSpec:
+    """One vendored GPUDirect runtime DaemonSet (NCCL plugin installer or NRI device injector) and
+    the pools it runs on: only nodes of ``pools`` (by POOL_LABEL), tolerating only their taints."""
+
+    name: str                       # vendored manifest stem, e.g. nccl-tcpxo-installer
+    pools: tuple[str, ...]
+    accelerators: tuple[str, ...]   # the pools' cloud.google.com/gke-accelerator values
+    taints: tuple[TaintSpec, ...]   # every taint those pools carry (GPU taint, the file's taints)
+    queued_provisioning: bool       # a DWS pool is among them: GKE taints its nodes cloud.google.com/gke-queued
+
+
+def derive_gpudirect_daemonsets(pools: tuple[GpuPoolSpec, ...]) -> tuple[GpuDirectDaemonSetSpec, ...]:
+    """The runtime DaemonSets the cluster's GPUDirect pools need (families.GPUDIRECT_RUNTIME), in a
+    stable order; none for a cluster without such pools. A DaemonSet shared by transports (the NRI
+    injector for TCPX and TCPXO) covers the union of their pools."""
+    wanted: dict[str, list[GpuPoolSpec]] = {}
+    for pool in pools:
+        for name in GPUDIRECT_RUNTIME.get(pool.gpudirect, ()):
+            wanted.setdefault(name, []).append(pool)
+    specs = []
+    for name in sorted(wanted):
+        members = wanted[name]
+        taints = {t for p in members for t in p.taints}
+        specs.append(GpuDirectDaemonSetSpec(name=name, pools=tuple(sorted(p.name for p in members)),
+                                            accelerators=tuple(sorted({p.accelerator for p in members})),
+                                            taints=tuple(sorted(taints, key=lambda t: (t.key, t.value, t.effect))),
+                                            queued_provisioning=any(p.queued_provisioning for p in members)))
+    return tuple(specs)
 
 
 def tfc_workspace(config: ClusterConfig, stack: str) -> str:

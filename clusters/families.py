@@ -8,6 +8,7 @@ instead of being left for someone to remember.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -73,3 +74,48 @@ def machine_family(machine_type: str) -> Family:
         if machine_type.startswith(family.prefixes):
             return family
     return Family((machine_type,), _PD, None, GpuDirect.NONE, 0, 0)
+
+
+# The runtime DaemonSets a transport needs on its nodes (vendored manifest stems in
+# constructs_lib/gpudirect_manifests, from GoogleCloudPlatform/container-engine-accelerators):
+# toolkit modules/compute/gke-node-pool/gpu_direct.tf gpu_direct_manifests installs the NCCL
+# TCPX/TCPXO plugin installer plus the NRI device injector (which the RxDM sidecar's
+# devices.gke.io annotations need); examples/gke-a3-ultragpu and gke-a4 apply only the RDMA (gIB)
+# NCCL installer. gpudirect-tcpx/nccl-config.yaml, also in that list, is the NCCL test's scripts,
+# not runtime, and is left out.
+GPUDIRECT_RUNTIME: dict[GpuDirect, tuple[str, ...]] = {
+    GpuDirect.TCPX: ("nccl-tcpx-installer", "nri-device-injector"),
+    GpuDirect.TCPXO: ("nccl-tcpxo-installer", "nri-device-injector"),
+    GpuDirect.RDMA: ("nccl-rdma-installer",),
+}
+
+# Minimum GKE version per minor for a transport's plugin release: toolkit gpu_direct.tf
+# major_minor_version_acceptable_map. Minors below the first key are refused, minors above the
+# last accepted. (The toolkit reads it through a misspelt local, `gpu_direct_setting`, so its own
+# check never fires; gpufleet applies the table as written.) RDMA has no table in the toolkit.
+GPUDIRECT_MIN_GKE: dict[GpuDirect, dict[str, str]] = {
+    GpuDirect.TCPX: {"1.27": "1.27.16-gke.2874000", "1.28": "1.28.15-gke.3163000", "1.29": "1.29.15-gke.2467000"},
+    GpuDirect.TCPXO: {"1.28": "1.28.15-gke.3163000", "1.29": "1.29.15-gke.2467000", "1.30": "1.30.14-gke.1922000",
+                      "1.31": "1.31.14-gke.1243000", "1.32": "1.32.11-gke.1174000"},
+}
+GKE_VERSION = re.compile(r"^(\d+)\.(\d+)\.(\d+)-gke\.(\d+)$")
+
+
+def _version_key(version: str) -> tuple[int, ...]:
+    match = GKE_VERSION.match(version)
+    if match is None:
+        raise ValueError(f"not a GKE version (1.X.Y-gke.Z): {version!r}")
+    return tuple(int(p) for p in match.groups())
+
+
+def gpudirect_min_gke_version(transport: GpuDirect, version: str) -> str | None:
+    """The lowest GKE version the transport accepts at ``version``'s minor, or None when ``version`` is fine."""
+    table = GPUDIRECT_MIN_GKE.get(transport)
+    if not table:
+        return None
+    key = _version_key(version)
+    floors = sorted(table.values(), key=_version_key)
+    minor = f"{key[0]}.{key[1]}"
+    if minor in table:
+        return None if key >= _version_key(table[minor]) else table[minor]
+    return floors[0] if key < _version_key(floors[0]) else None

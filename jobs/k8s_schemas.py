@@ -17,6 +17,7 @@ SCHEMA_FILES = {
     ("batch/v1", "Job"): "k8s-job-batch-v1.json",
     ("v1", "Service"): "k8s-service-v1.json",
     ("v1", "Secret"): "k8s-secret-v1.json",
+    ("apps/v1", "DaemonSet"): "k8s-daemonset-apps-v1.json",
     ("kueue.x-k8s.io/v1beta2", "Workload"): "kueue-workloads-v1beta2.json",
     ("kueue.x-k8s.io/v1beta1", "LocalQueue"): "kueue-localqueues-v1beta1.json",
     ("kueue.x-k8s.io/v1beta2", "LocalQueue"): "kueue-localqueues-v1beta2.json",

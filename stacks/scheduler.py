@@ -16,11 +16,12 @@ from __future__ import annotations
 from cdktf import Fn, TerraformStack, TerraformVariable
 from constructs import Construct
 
-from clusters.derive import derive_tenants
+from clusters.derive import derive_gpudirect_daemonsets, derive_tenants
 from clusters.schema import ClusterConfig
 from constructs_lib.k8s_controller_role import ControllerRole
 from constructs_lib.k8s_priority_classes import PriorityClasses
 from constructs_lib.gke_node_networks import GkeNodeNetworks
+from constructs_lib.gpudirect_runtime import GpuDirectRuntime
 from constructs_lib.k8s_queue_policy import TenantQueuePolicy
 from constructs_lib.k8s_tenancy import K8sTenant
 from constructs_lib.kueue import KueueQueues
@@ -73,6 +74,7 @@ class GkeSchedulerStack(TerraformStack):
                                  namespaces={n: k.namespace for n, k in self.tenants.items()})
         self.queue_policy = TenantQueuePolicy(self, "queue_policy")
         self.node_networks = GkeNodeNetworks(self, "node_networks", networks=infra.gpudirect.networks)
+        self.gpudirect_runtime = GpuDirectRuntime(self, "gpudirect_runtime", daemonsets=derive_gpudirect_daemonsets(pools))
 
 
 class NomadSchedulerStack(TerraformStack):

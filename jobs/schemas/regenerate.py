@@ -1,6 +1,6 @@
 """Regenerate the vendored schema extracts in this folder (run by hand; tests only read the output).
 
-Kubernetes: ``job-batch-v1.json``, ``service-v1.json``, ``secret-v1.json`` are the
+Kubernetes: ``job-batch-v1.json``, ``service-v1.json``, ``secret-v1.json``, ``daemonset-apps-v1.json`` are the
 ``v<K8S>-local-strict`` schemas of the PyPI package kubernetes-validate, which converts
 kubernetes/kubernetes ``api/openapi-spec`` of that release tag to JSON Schema 2020-12 and adds
 ``additionalProperties: false`` (what the API server's strict field validation, kubectl's default,
@@ -33,7 +33,8 @@ from typing import Any
 import yaml
 
 HERE = Path(__file__).resolve().parent
-K8S_KINDS = {"job-batch-v1": "Job", "service-v1": "Service", "secret-v1": "Secret"}
+# daemonset-apps-v1: the GPUDirect runtime DaemonSets of the scheduler stack (constructs_lib/gpudirect_runtime.py).
+K8S_KINDS = {"job-batch-v1": "Job", "service-v1": "Service", "secret-v1": "Secret", "daemonset-apps-v1": "DaemonSet"}
 # (CRD plural, version served): the versions gpufleet writes (v1beta1 queues, constructs_lib/kueue.py)
 # and reads (v1beta2 Workloads, the storage version since v0.16).
 KUEUE_CRDS = (("workloads", "v1beta2"), ("localqueues", "v1beta1"), ("localqueues", "v1beta2"))
