@@ -167,7 +167,7 @@ def _vault_and_nomad(workdir: Path) -> tuple[Any, Any, Any]:
     import hvac
 
     from jobs.client import NomadClient, NomadSettings
-    from experiments.runner import NomadRunner
+    from jobs.runner import NomadRunner
     from tests.jobs.nomad_double import FakeNode, NomadDouble
     from vault_policies import sync
     from vault_policies.devserver import new_root_token, start_dev_server

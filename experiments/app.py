@@ -24,7 +24,7 @@ from experiments.background.context import Context, Timing
 from experiments.background.worker import Worker
 from experiments.errors import ApiError
 from experiments.metrics import Metrics
-from experiments.runner import Runner
+from jobs.runner import Runner
 from experiments.services.catalog import Catalog
 
 

@@ -39,6 +39,8 @@ class Experiment(Base):
     exit_code: Mapped[int | None] = mapped_column(Integer, default=None)
     scheduler: Mapped[str] = mapped_column(String(16))
     run_id: Mapped[str | None] = mapped_column(String(255), default=None)
+    # The scheduler's names for the run's pieces (Nomad job/allocation/node; GKE Job/Workload/ClusterQueue/flavor).
+    scheduler_refs: Mapped[dict[str, str] | None] = mapped_column(JSON, default=None)
     submitted_by: Mapped[str] = mapped_column(String(255))
     idempotency_key: Mapped[str | None] = mapped_column(String(255), default=None)
     request_hash: Mapped[str] = mapped_column(String(64))

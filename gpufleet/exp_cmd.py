@@ -62,6 +62,7 @@ def _detail(exp: dict[str, Any]) -> Table:
             ("tenant / job", f"{exp['tenant']} / {exp['job']}"), ("pool", f"{exp['cluster']}/{exp['pool']} ({exp['gpus']} GPU)"),
             ("run", f"{exp['scheduler']} {exp.get('run_id') or '-'}"), ("deadline", f"{exp['deadline_hours']}h" + (f" (at {exp['deadline_at']})" if exp.get("deadline_at") else "")),
             ("GPU-hours", f"{exp['gpu_hours']:.4f}"), ("estimated cost", f"{exp['estimated_cost_usd']:.4f} USD ({exp['price_kind']} {exp['price_per_gpu_hour']}/GPU-hour)")]
+    rows += [(f"  {kind}", name) for kind, name in (exp.get("scheduler_ids") or {}).items() if kind != "run"]
     rows += [(f"  {state}", at) for state, at in exp["timestamps"].items() if at]
     for name, value in rows:
         table.add_row(name, value, style=None)

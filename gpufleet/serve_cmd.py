@@ -1,7 +1,7 @@
 """``gpufleet serve`` (the experiments control plane) and ``gpufleet api token create|list|revoke``.
 
-The service reads NOMAD_* and VAULT_ADDR/VAULT_TOKEN (the orchestrator's token: it lives
-only in this process) from its environment. ``--db`` picks the database: empty for SQLite in
+The service reads NOMAD_*, KUBECONFIG/GPUFLEET_KUBE_CONTEXT (GKE) and VAULT_ADDR/VAULT_TOKEN
+(the orchestrator's token: it lives only in this process) from its environment. ``--db`` picks the database: empty for SQLite in
 .gpufleet/experiments.db, or a postgresql:// URL.
 """
 
@@ -43,7 +43,9 @@ def cmd_serve(
     db: str | None = DbOption,
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on."),
     port: int = typer.Option(8080, "--port", min=1, max=65535),
-    scheduler: str = typer.Option("nomad", "--scheduler", help="nomad (NOMAD_ADDR...) or local (runs on this machine like jobs run-local; development only)."),
+    scheduler: str = typer.Option("clusters", "--scheduler", help="clusters: each job to its cluster's scheduler (Nomad via NOMAD_ADDR..., GKE via kubeconfig); local: runs on this machine like jobs run-local (development only)."),
+    nomad_cluster: str | None = typer.Option(None, "--nomad-cluster", envvar="GPUFLEET_NOMAD_CLUSTER", help="The Nomad cluster NOMAD_ADDR points at (default: the only Nomad cluster in clusters/)."),
+    gke_cluster: str | None = typer.Option(None, "--gke-cluster", envvar="GPUFLEET_GKE_CLUSTER", help="The GKE cluster the kubeconfig context (GPUFLEET_KUBE_CONTEXT, or in-cluster) points at; without it GKE jobs are refused."),
     no_worker: bool = typer.Option(False, "--no-worker", help="Serve the API only; run the dispatcher/reconciler elsewhere (--worker-only)."),
     worker_only: bool = typer.Option(False, "--worker-only", help="Run only the dispatcher, reconciler and reaper, no HTTP."),
     poll_seconds: float = typer.Option(2.0, "--poll-seconds", min=0.1, help="Seconds between background passes."),
@@ -59,7 +61,7 @@ def cmd_serve(
 
     if no_worker and worker_only:
         raise UserError("--no-worker and --worker-only exclude each other; pick one")
-    runner = _runner(scheduler, vault_env())
+    runner = _runner(scheduler, vault_env(), nomad_cluster=nomad_cluster, gke_cluster=gke_cluster)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = ServiceSettings(db_url=database_url(db), worker=not no_worker, timing=Timing(poll_seconds=poll_seconds), oidc=_oidc(oidc_config))
     app = create_app(settings, runner=runner)
@@ -80,17 +82,19 @@ def cmd_serve(
     uvicorn.run(app, host=host, port=port, log_level="info", access_log=False)
 
 
-def _runner(scheduler: str, environ: dict[str, str]):  # type: ignore[no-untyped-def]
+def _runner(scheduler: str, environ: dict[str, str], *, nomad_cluster: str | None = None, gke_cluster: str | None = None):  # type: ignore[no-untyped-def]
     if scheduler == "local":
         from experiments.runner_local import LocalRunner
 
         return LocalRunner(environ)
-    if scheduler == "nomad":
-        from experiments.runner import NomadRunner
-        from jobs.client import NomadClient, NomadSettings
+    if scheduler == "clusters":
+        from clusters import load_all
+        from experiments.scheduler import build_runners, describe
 
-        return NomadRunner(NomadClient(NomadSettings.from_env()), environ)
-    raise UserError(f"--scheduler {scheduler!r} is not supported; allowed: nomad, local")
+        runners = build_runners(load_all(), environ, nomad_cluster=nomad_cluster, gke_cluster=gke_cluster)
+        console.print(f"dispatching to: {describe(runners.clusters)}")
+        return runners
+    raise UserError(f"--scheduler {scheduler!r} is not supported; allowed: clusters (each job to its cluster's scheduler), local")
 
 
 def cmd_token_create(

@@ -44,6 +44,8 @@ class K8sRunStatus:
     placed: bool = False
     # 0 when every rank succeeded; the failing container's code when the Job says which.
     exit_code: int | None = None
+    # The name of the Kueue Workload that admits it (None until Kueue made one).
+    workload: str | None = None
 
 
 def _conditions(obj: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
@@ -67,6 +69,8 @@ def _failure(job: dict[str, Any], condition: dict[str, Any], evicted_before: boo
         seconds = job["spec"].get("activeDeadlineSeconds")
         return f"ran past max_run_hours (activeDeadlineSeconds {seconds}): {condition.get('message') or 'deadline exceeded'}"
     text = f"{_why(condition)}"
+    if "exit code 137" in (condition.get("message") or ""):
+        text += " (exit 137 is SIGKILL: usually the container hit its memory limit, OOMKilled; raise memory_mb or lower the batch size)"
     if f"exit code {EXIT_VAULT_ERROR}" in (condition.get("message") or ""):
         text += f" (exit {EXIT_VAULT_ERROR} is gpufleet-exec's Vault error; see the pod log"
         text += "; this run was evicted by Kueue and resumed, so its pods presented an already-used secret_id: re-dispatch it)" if evicted_before else ")"
@@ -89,7 +93,7 @@ def summarize(job: dict[str, Any], workloads: list[dict[str, Any]]) -> K8sRunSta
     placed = bool(status.get("startTime") or status.get("active") or status.get("succeeded") or status.get("failed"))
 
     def out(state: State, reason: str, exit_code: int | None = None) -> K8sRunStatus:
-        return K8sRunStatus(run, state, reason, queue, flavor, placed, exit_code)
+        return K8sRunStatus(run, state, reason, queue, flavor, placed, exit_code, (workload or {}).get("metadata", {}).get("name"))
 
     if meta.get("deletionTimestamp"):
         return out(State.STOPPED, "stopped by request; Kubernetes is terminating its pods")

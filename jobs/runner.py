@@ -13,6 +13,8 @@ Run ids: Nomad ``<namespace>/<dispatched job id>``; GKE ``gke:<namespace>/<run>`
 
 from __future__ import annotations
 
+import json
+import threading
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -47,6 +49,9 @@ class RunReport:
     detail: str
     placed: bool
     exit_code: int | None
+    # What the scheduler calls the run's pieces, for people to look them up there:
+    # Nomad (job, allocation, node); GKE (job, workload, cluster_queue, flavor).
+    refs: tuple[tuple[str, str], ...] = ()
 
 
 class RunNotFound(Exception):
@@ -67,18 +72,37 @@ class Runner(Protocol):
     def stop(self, run_id: str) -> None: ...
 
 
+def _refs(**names: str | None) -> tuple[tuple[str, str], ...]:
+    return tuple((kind, name) for kind, name in names.items() if name)
+
+
 class NomadRunner:
     scheduler = "nomad"
 
     def __init__(self, client: NomadClient, vault_env: Mapping[str, str]) -> None:
         self._client = client
         self._vault_env = dict(vault_env)
+        self._registered: set[tuple[str, str, str]] = set()
+        self._lock = threading.Lock()
+
+    def _ensure_registered(self, job: FinetuneSpec) -> None:
+        """Register the parameterized parent once per rendered version (Nomad keeps it), not once
+        per dispatch: a service dispatching hundreds of runs of one job re-registers nothing."""
+        from jobs.render import render
+
+        key = (job.namespace, job.name, json.dumps(render(job), sort_keys=True))
+        with self._lock:
+            if key in self._registered:
+                return
+        self._client.register(job)
+        with self._lock:
+            self._registered.add(key)
 
     def submit(self, job: FinetuneSpec, meta: Mapping[str, str], *, idempotency_key: str | None = None) -> str:
         from jobs.client import NomadError
 
         try:
-            self._client.register(job)
+            self._ensure_registered(job)
             wrapped = mint_wrapped_secret_id(job, self._vault_env, expected_queue_seconds=default_queue_seconds(job.pool))
             result = self._client.dispatch(job, meta, role_id=wrapped.role_id, wrapping_token=wrapped.wrapping_token,
                                            idempotency_token=idempotency_key or str(uuid.uuid4()))
@@ -97,11 +121,14 @@ class NomadRunner:
             if "(404" in str(exc):
                 raise RunNotFound(run_id) from None
             raise SchedulerUnavailable(str(exc)) from None
+        refs = _refs(job=f"{namespace}/{job_id}", allocation=status.alloc_id, node=status.node)
+        placed = status.alloc_id is not None
+        if status.detail.startswith("preempted"):  # Nomad evicted it for a higher-priority job: the run is over
+            return RunReport(Phase.FAILED, status.detail, placed, status.exit_code, refs)
         phase = {RunState.PENDING: Phase.PENDING, RunState.RUNNING: Phase.RUNNING, RunState.FAILED: Phase.FAILED, RunState.LOST: Phase.FAILED}.get(status.state)
         if phase is None:  # complete: a clean exit, or a stop
             phase = Phase.STOPPED if status.detail.startswith("stopped by request") else Phase.SUCCEEDED
-        # RunStatus carries exit_code once the Nomad status reads Terminated events (issue 15's change).
-        return RunReport(phase, status.detail, status.alloc_id is not None, getattr(status, "exit_code", None))
+        return RunReport(phase, status.detail, placed, status.exit_code, refs)
 
     def stop(self, run_id: str) -> None:
         from jobs.client import NomadError
@@ -149,7 +176,10 @@ class GkeRunner:
             raise RunNotFound(run_id) from None
         except K8sError as exc:
             raise SchedulerUnavailable(str(exc)) from None
-        return RunReport(Phase(status.state.value), status.reason, status.placed, status.exit_code)
+        namespace = self._split(run_id)[0]
+        refs = _refs(job=f"{namespace}/{status.run}", workload=status.workload and f"{namespace}/{status.workload}",
+                     cluster_queue=status.queue, flavor=status.flavor)
+        return RunReport(Phase(status.state.value), status.reason, status.placed, status.exit_code, refs)
 
     def stop(self, run_id: str) -> None:
         from jobs.k8s_client import K8sError, K8sRunGone

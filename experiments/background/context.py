@@ -10,7 +10,7 @@ from datetime import datetime
 from sqlalchemy.orm import Session, sessionmaker
 
 from experiments.metrics import Metrics
-from experiments.runner import Runner
+from jobs.runner import Runner
 from experiments.services.catalog import Catalog
 
 log = logging.getLogger("gpufleet.experiments")

@@ -22,7 +22,7 @@ from clusters.errors import UserError
 from experiments.background.context import Context, log
 from experiments.errors import ApiError
 from experiments.models import Experiment, Outbox
-from experiments.runner import SchedulerUnavailable
+from jobs.runner import SchedulerUnavailable
 from experiments.services.lifecycle import record, transition
 from experiments.states import TERMINAL, State
 
@@ -87,7 +87,7 @@ def dispatch_one(ctx: Context, experiment_id: str) -> bool:
         if outbox is not None:
             session.delete(outbox)
         if exp.state == State.DISPATCHING.value:
-            transition(session, exp, State.QUEUED, actor=ACTOR, now=now, reason=f"dispatched to {ctx.runner.scheduler} as {run_id}")
+            transition(session, exp, State.QUEUED, actor=ACTOR, now=now, reason=f"dispatched to {exp.scheduler} as {run_id}")
         orphan = State(exp.state) in TERMINAL
         latency = (now - exp.created_at).total_seconds()
     if orphan:

@@ -15,7 +15,7 @@ from sqlalchemy import and_, or_, select
 from experiments.background.context import Context, log
 from experiments.errors import ApiError
 from experiments.models import Experiment
-from experiments.runner import SchedulerUnavailable
+from jobs.runner import SchedulerUnavailable
 from experiments.services.lifecycle import transition
 from experiments.states import State
 from jobs.vault_mint import SCALE_FROM_ZERO_QUEUE_SECONDS, default_queue_seconds

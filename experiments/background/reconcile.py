@@ -4,7 +4,8 @@ and carry out requested cancels (stop on the scheduler first, then ``cancelled``
 Scheduler phase -> experiment state: pending and not placed -> queued (the reason says why,
 e.g. the placement failure); pending and placed -> provisioning; running -> running;
 succeeded / failed -> the same, with the exit code and the scheduler's reason (OOM,
-preemption, the task's last event); stopped by someone else -> failed. Once an experiment
+preemption, the task's last event); stopped by someone else -> failed; placed once and back
+in the queue (Kueue eviction) -> stopped and failed, since its spent secret_id cannot resume. Once an experiment
 is terminal it is never asked about again, so Nomad's garbage collection loses nothing.
 """
 
@@ -14,7 +15,7 @@ from sqlalchemy import select
 
 from experiments.background.context import Context, log
 from experiments.models import Experiment
-from experiments.runner import Phase, RunNotFound, RunReport, SchedulerUnavailable
+from jobs.runner import Phase, RunNotFound, RunReport, SchedulerUnavailable
 from experiments.services.lifecycle import transition
 from experiments.states import ON_SCHEDULER, TERMINAL, State, can_move
 
@@ -68,16 +69,27 @@ def reconcile_one(ctx: Context, experiment_id: str) -> None:
     except RunNotFound:
         _move(ctx, experiment_id, State.FAILED, f"the scheduler no longer knows run {exp.run_id} (garbage-collected before gpufleet saw it end)", exit_code=None)
         return
+    refs = dict(report.refs)
+    if report.phase == Phase.PENDING and not report.placed and exp.state in (State.PROVISIONING.value, State.RUNNING.value):
+        # Placed once, now back in the queue (Kueue eviction/preemption, a lost node): its single-use
+        # secret_id is spent, so a resumed run could not log in to Vault. Stop it rather than let it
+        # wait for GPUs again only to fail there; the tenant's quota is freed at once.
+        ctx.runner.stop(exp.run_id)
+        _move(ctx, experiment_id, State.FAILED, f"lost its GPUs after it was placed ({report.detail}); stopped on the scheduler: "
+              "its single-use secret_id is spent, so it cannot resume; submit it again", exit_code=None, refs=refs)
+        return
     target, reason = _target(report, cancelling=False)
-    _move(ctx, experiment_id, target, reason, exit_code=report.exit_code if target in TERMINAL else None)
+    _move(ctx, experiment_id, target, reason, exit_code=report.exit_code if target in TERMINAL else None, refs=refs)
 
 
-def _move(ctx: Context, experiment_id: str, target: State, reason: str, *, exit_code: int | None) -> None:
+def _move(ctx: Context, experiment_id: str, target: State, reason: str, *, exit_code: int | None, refs: dict[str, str] | None = None) -> None:
     now = ctx.clock()
     with ctx.sessions() as session, session.begin():
         exp = session.get(Experiment, experiment_id)
         assert exp is not None
         exp.reconciled_at = now
+        if refs and {**(exp.scheduler_refs or {}), **refs} != exp.scheduler_refs:
+            exp.scheduler_refs = {**(exp.scheduler_refs or {}), **refs}  # kept once the scheduler forgets the run
         current = State(exp.state)
         if current == target or not can_move(current, target):
             if current not in TERMINAL and reason and exp.reason != reason:

@@ -10,7 +10,10 @@ non-terminal experiments (pending ones included, so a burst cannot queue past th
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from clusters.errors import UserError
+from clusters.schema import SchedulerKind
 from experiments.errors import ApiError, split_message
 from jobs.meta import validate_meta
 from jobs.quota import QuotaDecision
@@ -51,3 +54,33 @@ def quota_or_409(decision: QuotaDecision) -> None:
     if not decision.allowed:
         error, fix = split_message(decision.reason)
         raise ApiError(409, f"over the GPU quota: {error}", field="job", fix=fix)
+
+
+def gpus_of(spec: FinetuneSpec) -> int:
+    """The GPUs a run holds: per node x nodes (a GKE Indexed Job is admitted all ranks or none),
+    the number both schedulers' quotas count."""
+    return spec.gpu.count * spec.nodes
+
+
+def gpus_text(spec: FinetuneSpec) -> str:
+    return f"{spec.gpu.count} GPU" if spec.nodes == 1 else f"{spec.nodes} nodes x {spec.gpu.count} GPU"
+
+
+def scheduler_for(spec: FinetuneSpec, runner_scheduler: str, clusters: Mapping[str, str] | None = None) -> str:
+    """The scheduler that runs ``spec``: its cluster's (Nomad or GKE) when the service routes by
+    cluster ("any", bound to the clusters in ``clusters``); a service built for one scheduler
+    refuses the other's job files."""
+    wanted = spec.scheduler.value
+    if runner_scheduler == "any" and clusters is not None:
+        if clusters.get(spec.cluster) == wanted:
+            return wanted
+        bound = ", ".join(f"{name} ({kind})" for name, kind in sorted(clusters.items())) or "none"
+        option = "--gke-cluster" if spec.scheduler == SchedulerKind.GKE else "--nomad-cluster"
+        raise ApiError(422, f"job {spec.name} runs on {wanted} cluster {spec.cluster}, which this service does not dispatch to (bound: {bound})",
+                       field="job", fix=f"submit it to the service started with {option} {spec.cluster}, or submit a job of a bound cluster")
+    if runner_scheduler in ("any", wanted):
+        return wanted
+    if runner_scheduler == "local" and spec.scheduler == SchedulerKind.NOMAD:
+        return "local"
+    raise ApiError(422, f"job {spec.name} runs on {wanted} cluster {spec.cluster}, but this service dispatches to {runner_scheduler} only",
+                   field="job", fix="submit a job of a Nomad cluster here, or run gpufleet serve without --scheduler local so it routes each job to its cluster's scheduler")

@@ -12,7 +12,7 @@ import hashlib
 import json
 import uuid
 import zlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -60,12 +60,13 @@ def gpus_in_use(session: Session, tenant: str, cluster: str, pool: str) -> int:
 
 
 def submit(session: Session, catalog: Catalog, caller: Caller, *, job: str, meta: dict[str, str], deadline_hours: float | None,
-           idempotency_key: str | None, scheduler: str, now: datetime) -> tuple[Experiment, bool]:
+           idempotency_key: str | None, scheduler: str, now: datetime, clusters: Mapping[str, str] | None = None) -> tuple[Experiment, bool]:
     """Returns (experiment, created). Commits."""
     spec = catalog.job(job)
     if not caller.may_see(spec.namespace):
         raise ApiError(403, f"job {spec.name} belongs to tenant {spec.namespace}, not {caller.tenant}", field="job",
                        fix=f"submit a job of tenant {caller.tenant}, or use a token of tenant {spec.namespace}")
+    scheduler = admission.scheduler_for(spec, scheduler, clusters)
     checked = admission.checked_meta(spec, dict(meta))
     hours = admission.checked_deadline(spec, deadline_hours)
     digest = request_hash(job, checked, deadline_hours)
@@ -80,11 +81,12 @@ def submit(session: Session, catalog: Catalog, caller: Caller, *, job: str, meta
             found = _existing(session, spec.namespace, idempotency_key, digest)
             if found is not None:
                 return found, False
-            decision = check_tenant_quota(tenant_spec, pool=spec.pool.name, requested_gpus=spec.gpu.count,
-                                                    in_use_gpus=gpus_in_use(session, spec.namespace, spec.cluster, spec.pool.name))
+            gpus = admission.gpus_of(spec)
+            decision = check_tenant_quota(tenant_spec, pool=spec.pool.name, requested_gpus=gpus,
+                                          in_use_gpus=gpus_in_use(session, spec.namespace, spec.cluster, spec.pool.name))
             admission.quota_or_409(decision)
             exp = Experiment(
-                id=str(uuid.uuid4()), tenant=spec.namespace, job=spec.name, cluster=spec.cluster, pool=spec.pool.name, gpus=spec.gpu.count,
+                id=str(uuid.uuid4()), tenant=spec.namespace, job=spec.name, cluster=spec.cluster, pool=spec.pool.name, gpus=gpus,
                 meta=checked, state=State.PENDING.value, scheduler=scheduler, submitted_by=caller.subject, idempotency_key=idempotency_key,
                 request_hash=digest, deadline_hours=hours, price_per_gpu_hour=prices.price(spec.pool.accelerator, kind), price_kind=kind,
                 created_at=now, updated_at=now,
@@ -92,7 +94,7 @@ def submit(session: Session, catalog: Catalog, caller: Caller, *, job: str, meta
             session.add(exp)
             session.flush()
             session.add(Outbox(experiment_id=exp.id, created_at=now, attempts=0, next_attempt_at=now))
-            record(session, experiment_id=exp.id, actor=caller.subject, kind="request", message=f"submitted job {spec.name} ({spec.gpu.count} GPU on {spec.cluster}/{spec.pool.name}, deadline {hours:g}h)",
+            record(session, experiment_id=exp.id, actor=caller.subject, kind="request", message=f"submitted job {spec.name} ({admission.gpus_text(spec)} on {spec.cluster}/{spec.pool.name} via {scheduler}, deadline {hours:g}h)",
                    now=now, to_state=State.PENDING.value)
         return exp, True
     except IntegrityError:
@@ -159,7 +161,8 @@ def view(exp: Experiment, *, now: datetime) -> dict[str, Any]:
     return {
         "id": exp.id, "status": exp.state, "reason": exp.reason, "exit_code": exp.exit_code,
         "tenant": exp.tenant, "job": exp.job, "cluster": exp.cluster, "pool": exp.pool, "gpus": exp.gpus, "meta": exp.meta,
-        "scheduler": exp.scheduler, "run_id": exp.run_id, "submitted_by": exp.submitted_by,
+        "scheduler": exp.scheduler, "run_id": exp.run_id, "scheduler_ids": {"run": exp.run_id, **(exp.scheduler_refs or {})} if exp.run_id else {},
+        "submitted_by": exp.submitted_by,
         "deadline_hours": exp.deadline_hours, "deadline_at": stamp(exp.deadline_at), "cancel_requested": exp.cancel_requested_at is not None,
         "timestamps": {"pending": stamp(exp.created_at), "dispatching": stamp(exp.dispatching_at), "queued": stamp(exp.queued_at),
                        "provisioning": stamp(exp.provisioning_at), "running": stamp(exp.running_at), "finished": stamp(exp.finished_at)},

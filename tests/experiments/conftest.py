@@ -23,9 +23,11 @@ from experiments.app import ServiceSettings, create_app
 from experiments.auth import OidcSettings, create_token
 from experiments.background.context import Context, Timing
 from experiments.background.worker import run_once
-from experiments.runner import NomadRunner, Runner
+from experiments.scheduler import ClusterRunners
 from experiments.services.catalog import Catalog
 from jobs.client import NomadClient, NomadSettings
+from jobs.k8s_client import K8sClient, K8sSettings
+from jobs.runner import GkeRunner, NomadRunner, Runner
 from tests.jobs.conftest import a100_nodes
 from tests.jobs.nomad_double import NomadDouble
 from tests.openbao_fixture import VaultHandle
@@ -105,6 +107,34 @@ def nomad_runner(nomad: NomadDouble, vault: VaultHandle) -> Iterator[NomadRunner
     client.close()
 
 
+@pytest.fixture
+def k8s(catalog: Catalog, tmp_path: Path) -> Iterator[Any]:
+    """The Kubernetes API + Kueue double (issue 13's) with prod-gke's tenant namespaces and one
+    LocalQueue per GPU pool, and a kubeconfig pointing at it."""
+    from clusters.derive import derive_gpu_pools, kueue_local_queue_name
+    from tests.jobs.k8s_double import K8sDouble
+
+    gke = next(c for c in catalog.configs if c.name == "prod-gke")
+    queues = {kueue_local_queue_name(p.name) for p in derive_gpu_pools(gke)}
+    double = K8sDouble(namespaces={t.name: set(queues) for t in gke.tenants}).start()
+    double.kubeconfig_path = double.kubeconfig(tmp_path / "kubeconfig")
+    yield double
+    double.stop()
+
+
+@pytest.fixture
+def gke_runner(k8s: Any, vault: VaultHandle) -> Iterator[GkeRunner]:
+    client = K8sClient(K8sSettings(kubeconfig=str(k8s.kubeconfig_path), timeout_seconds=5.0, retries=2, backoff_seconds=0.01))
+    yield GkeRunner(client, {"VAULT_ADDR": vault.addr, "VAULT_TOKEN": vault.orchestrator.token})
+    client.close()
+
+
+@pytest.fixture
+def fleet_runner(nomad_runner: NomadRunner, gke_runner: GkeRunner) -> ClusterRunners:
+    """What ``gpufleet serve`` builds: Nomad jobs to prod-nomad, GKE jobs to prod-gke."""
+    return ClusterRunners(nomad=("prod-nomad", nomad_runner), gke=("prod-gke", gke_runner))
+
+
 @dataclass
 class Service:
     client: TestClient
@@ -167,10 +197,11 @@ class UnusedRunner:
 
 
 @pytest.fixture
-def live(sqlite_url, catalog, nomad_runner) -> Iterator[dict]:
-    """The service under uvicorn on 127.0.0.1 (a real socket: for the browser and the CLI)."""
+def live(sqlite_url, catalog, fleet_runner) -> Iterator[dict]:
+    """The service under uvicorn on 127.0.0.1 (a real socket: for the browser and the CLI),
+    routing Nomad jobs to the Nomad double and GKE jobs to the Kubernetes double."""
     clock = FakeClock()
-    app = create_app(ServiceSettings(db_url=sqlite_url, worker=False), runner=nomad_runner, catalog=catalog, clock=clock)
+    app = create_app(ServiceSettings(db_url=sqlite_url, worker=False), runner=fleet_runner, catalog=catalog, clock=clock)
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
@@ -181,7 +212,7 @@ def live(sqlite_url, catalog, nomad_runner) -> Iterator[dict]:
     port = server.servers[0].sockets[0].getsockname()[1]
     tokens = {}
     with app.state.ctx.sessions() as session, session.begin():
-        for who, tenant, admin in (("finetune", "finetune", False), ("eval", "eval", False), ("admin", None, True)):
+        for who, tenant, admin in (("finetune", "finetune", False), ("eval", "eval", False), ("research", "research", False), ("admin", None, True)):
             tokens[who] = create_token(session, tenant=tenant, admin=admin, name=who, now=clock())[1]
     yield {"base": f"http://127.0.0.1:{port}", "tokens": tokens, "ctx": app.state.ctx, "clock": clock}
     server.should_exit = True

@@ -49,6 +49,10 @@ def test_dashboard_lists_filters_and_shows_the_timeline_in_chromium(browser, liv
         nomad.finish(job_id, client_status="running")
     live["clock"].advance(hours=1)
     run_once(live["ctx"])
+    research_auth = {"Authorization": f"Bearer {tokens['research']}"}
+    gke = httpx.post(f"{base}/api/v1/experiments", json={"job": "finetune-llama-gke", "meta": {"dataset_uri": "gs://acme-data/chat/v3/", "run_id": "g1"}}, headers=research_auth)
+    assert gke.status_code == 202 and gke.json()["scheduler"] == "gke"
+    run_once(live["ctx"])  # dispatched to the Kubernetes double, queued in Kueue
 
     page = browser.new_page()
     _sign_in(page, base, tokens["finetune"])
@@ -72,7 +76,11 @@ def test_dashboard_lists_filters_and_shows_the_timeline_in_chromium(browser, liv
 
     admin_page = browser.new_page()
     _sign_in(admin_page, base, tokens["admin"])
-    assert admin_page.locator("#experiments tbody tr").count() == 4
+    assert admin_page.locator("#experiments tbody tr").count() == 5
+    # GKE pools count like Nomad pools: research's 2 x 8 H100 run (queued in Kueue) holds 16 of its 24.
+    admin_capacity = admin_page.locator("#capacity tbody tr").all_inner_texts()
+    assert any(row.startswith("prod-gke\th100") and "\tresearch\t24\t16" in row for row in admin_capacity), admin_capacity
+    assert any(row.startswith("prod-nomad\ta100") and "\tfinetune\t8\t2" in row for row in admin_capacity), admin_capacity
     admin_page.goto(f"{base}/?tenant=eval")
     # No L4 node in the double: eval-judge queued for an hour, past its wrapped secret_id, and was failed.
     assert admin_page.locator("#experiments td.state").all_inner_texts() == ["failed"]

@@ -10,7 +10,7 @@ import pytest
 
 from experiments.background.context import Timing
 from experiments.background.dispatch import process_outbox
-from experiments.runner import NomadRunner
+from jobs.runner import NomadRunner
 from tests.jobs.nomad_double import Fault
 
 PARENT = "finetune-llama"

@@ -1,0 +1,74 @@
+"""Which scheduler runs an experiment: each job goes to its own cluster's scheduler.
+
+``gpufleet serve`` binds at most one Nomad cluster (NOMAD_ADDR...) and one GKE cluster (a
+kubeconfig context, or the in-cluster service account) by name. ``ClusterRunners`` routes a
+submit by the job file's cluster and refuses a job of any cluster it is not bound to: a
+kubeconfig context points at one cluster, and a research job of ``dev-gke`` must never be
+created (and billed) on ``prod-gke`` because that is where the context happened to point.
+Status and stop route by the run id (``gke:<ns>/<run>`` or ``<ns>/<job>``), unambiguous
+because each scheduler has one cluster here. Admission refuses unbound clusters up front
+(422 with the fix), so nothing waits in the outbox for a runner that does not exist.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from clusters.errors import UserError
+from clusters.schema import ClusterConfig, SchedulerKind
+from jobs.runner import GkeRunner, NomadRunner, Runner, Runners, SchedulerUnavailable
+from jobs.spec import FinetuneSpec
+
+
+class ClusterRunners(Runners):
+    """``jobs.runner.Runners`` bound to named clusters: ``clusters`` maps cluster -> scheduler."""
+
+    def __init__(self, *, nomad: tuple[str, Runner] | None = None, gke: tuple[str, Runner] | None = None) -> None:
+        super().__init__(nomad=nomad[1] if nomad else None, gke=gke[1] if gke else None)
+        self.clusters: dict[str, str] = {}
+        if nomad:
+            self.clusters[nomad[0]] = SchedulerKind.NOMAD.value
+        if gke:
+            self.clusters[gke[0]] = SchedulerKind.GKE.value
+
+    def submit(self, job: FinetuneSpec, meta: Mapping[str, str], *, idempotency_key: str | None = None) -> str:
+        if self.clusters.get(job.cluster) != job.scheduler.value:
+            # Admission refuses these first; this guards a cluster file edited after acceptance.
+            raise SchedulerUnavailable(f"this service is not bound to cluster {job.cluster} ({job.scheduler.value}); bound: {describe(self.clusters)}")
+        return super().submit(job, meta, idempotency_key=idempotency_key)
+
+
+def describe(clusters: Mapping[str, str]) -> str:
+    return ", ".join(f"{name} ({kind})" for name, kind in sorted(clusters.items())) or "none"
+
+
+def _pick(configs: Sequence[ClusterConfig], kind: SchedulerKind, name: str | None, option: str) -> str | None:
+    names = sorted(c.name for c in configs if c.scheduler == kind)
+    if name is None:
+        return names[0] if kind == SchedulerKind.NOMAD and len(names) == 1 else None
+    if name not in names:
+        raise UserError(f"{option} {name!r} is not a {kind.value} cluster in clusters/; allowed: {', '.join(names) or 'none'}")
+    return name
+
+
+def build_runners(configs: Sequence[ClusterConfig], vault_env: Mapping[str, str], *, nomad_cluster: str | None, gke_cluster: str | None,
+                  environ: Mapping[str, str] = os.environ) -> ClusterRunners:
+    """Nomad: ``nomad_cluster``, or the only Nomad cluster of clusters/. GKE: only when named
+    (``--gke-cluster``), with the kubeconfig context GPUFLEET_KUBE_CONTEXT (default the current
+    one) or the in-cluster service account; its credentials are loaded now, so a service that
+    cannot reach its cluster fails at start, not at the first dispatch."""
+    from jobs.client import NomadClient, NomadSettings
+
+    nomad_name = _pick(configs, SchedulerKind.NOMAD, nomad_cluster, "--nomad-cluster")
+    gke_name = _pick(configs, SchedulerKind.GKE, gke_cluster, "--gke-cluster")
+    nomad: tuple[str, Any] | None = None
+    gke: tuple[str, Any] | None = None
+    if nomad_name:
+        nomad = (nomad_name, NomadRunner(NomadClient(NomadSettings.from_env(environ)), vault_env))
+    if gke_name:
+        from jobs.k8s_client import K8sClient, K8sSettings
+
+        gke = (gke_name, GkeRunner(K8sClient(K8sSettings.from_env(environ)), vault_env))
+    return ClusterRunners(nomad=nomad, gke=gke)
