@@ -2,8 +2,8 @@
 
 Without them a GPUDirect pool has its extra NICs but no NCCL net plugin on the host and no NRI
 injector for the RxDM sidecar's device annotations, so multi-node NCCL falls back to TCP on eth0.
-The manifests are Google's (vendored verbatim in ``gpudirect_manifests/``, provenance and
-regeneration there); gpufleet changes only where they run:
+The manifests are Google's (vendored verbatim in ``clusters/gpudirect_manifests/``, provenance and
+regeneration there, shared with the job renderer's RxDM sidecar); gpufleet changes only where they run:
 
 - node affinity: upstream selects every node with a matching ``cloud.google.com/gke-accelerator``;
   gpufleet ANDs ``gpufleet.dev/gpu-pool In [the pools that need it]`` to that term, so an H100 pool
@@ -19,32 +19,21 @@ gains anything from them.
 
 from __future__ import annotations
 
-import copy
-from functools import cache
-from pathlib import Path
 from typing import Any
 
 from constructs import Construct
 
 from clusters.derive import POOL_LABEL, QUEUED_LABEL, GpuDirectDaemonSetSpec
+from clusters.gpudirect_upstream import first
 from constructs_lib.kueue import TAINT_EFFECTS
 from constructs_lib.naming import pin, tf_id
 from constructs_lib.providers import kubernetes
 
-MANIFESTS_DIR = Path(__file__).resolve().parent / "gpudirect_manifests"
 NAMESPACE = "kube-system"
 ACCELERATOR_LABEL = "cloud.google.com/gke-accelerator"
 # Upstream image reference -> the reference gpufleet deploys. ubuntu:22.04 is the tag cluster-toolkit's
 # GKE examples use (examples/gke-a3-ultragpu, gke-a4); a digest could not be resolved offline.
 UNVERSIONED_IMAGES = {"ubuntu": "ubuntu:22.04"}
-
-
-@cache
-def upstream(name: str) -> dict[str, Any]:
-    """The vendored manifest, parsed (a single YAML document)."""
-    from ruamel.yaml import YAML
-
-    return YAML(typ="safe", pure=True).load((MANIFESTS_DIR / f"{name}.yaml").read_text())
 
 
 def _containers(pod_spec: dict[str, Any]) -> list[dict[str, Any]]:
@@ -53,8 +42,8 @@ def _containers(pod_spec: dict[str, Any]) -> list[dict[str, Any]]:
 
 def daemonset(spec: GpuDirectDaemonSetSpec) -> dict[str, Any]:
     """The upstream DaemonSet, narrowed to ``spec.pools``; raises if upstream's shape moved under us."""
-    manifest = copy.deepcopy(upstream(spec.name))
-    if manifest.get("kind") != "DaemonSet" or manifest["metadata"].get("namespace") != NAMESPACE:
+    manifest = first(spec.name, "DaemonSet")
+    if manifest["metadata"].get("namespace") != NAMESPACE:
         raise ValueError(f"{spec.name}: upstream is no longer a kube-system DaemonSet; re-read it before regenerating")
     missing = set(spec.accelerators) - accelerators_selected(manifest)
     if missing:

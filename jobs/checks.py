@@ -12,11 +12,13 @@ import re
 from collections.abc import Iterator
 
 from clusters.derive import GpuPoolSpec, derive_gpu_pools
+from clusters.families import GpuDirect
 from clusters.machines import gke_allocatable, machine_shape
 from clusters.schema import ClusterConfig, SchedulerKind
 from clusters.secrets import detect
 from clusters.source import FieldPath, did_you_mean
 from jobs.durations import NS_PER_SECOND
+from jobs.gpudirect import reserved_env
 from jobs.k8s_render import PLATFORM_ENV
 from jobs.schema import ENV_NAME, META_KEY, RESERVED_ENV_PREFIXES, SECRET_REF, WRAPPER_ENV_NAMES, WRAPPER_ENV_PREFIXES, JobFile, RestartMode, secret_like_name
 from jobs.spec import cpu_millicores
@@ -150,6 +152,12 @@ def _gke(job: JobFile, config: ClusterConfig) -> Iterator[Finding]:
     pool = next((p for p in derive_gpu_pools(config) if p.name == job.gpu.pool), None)
     if pool is None:
         return
+    if job.nodes > 1 and pool.gpudirect != GpuDirect.NONE:
+        for name in sorted(set(job.env) & set(reserved_env(pool.gpudirect))):
+            yield (("env", name), f"{name} is set by the platform for multi-node runs on GPUDirect pool {pool.name} (NCCL over the pool's extra NICs); remove it")
+        if job.gpu.count != pool.gpus_per_node:
+            yield (("gpu", "count"), f"{job.gpu.count} GPUs per node: a multi-node run on GPUDirect pool {pool.name} takes whole nodes "
+                   f"(one receive-datapath sidecar per node serves all its GPUs); set gpu.count: {pool.gpus_per_node}")
     if job.nodes > pool.max_total_nodes:
         yield (("nodes",), f"{job.nodes} nodes exceed pool {pool.name}'s maximum of {pool.max_total_nodes} in clusters/{config.name}.yaml; Kueue admits all ranks or none, so the run would never start; allowed: 1..{pool.max_total_nodes}")
     allocatable = gke_allocatable(pool.machine_type)

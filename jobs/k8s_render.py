@@ -24,6 +24,7 @@ from typing import Any
 
 from clusters.derive import POOL_LABEL
 from jobs.durations import NS_PER_SECOND
+from jobs.gpudirect import PodNetworking, pod_networking
 from jobs.spec import TASK, FinetuneSpec
 from vault_policies.layout import ENV_KILL_GRACE_SECONDS, ENV_MAX_RUN_SECONDS, ENV_ROLE, ENV_ROLE_ID, ENV_SECRETS, ENV_WRAPPED_SECRET_ID_FILE
 
@@ -148,6 +149,13 @@ def _container(spec: FinetuneSpec, run: str, meta: dict[str, str]) -> dict[str, 
     }
 
 
+def networking(spec: FinetuneSpec) -> PodNetworking | None:
+    """GPUDirect wiring for a multi-node run on a GPUDirect pool (jobs.gpudirect); a single node needs no extra NIC."""
+    if spec.gke is None or spec.nodes < 2 or not spec.gke.networks:
+        return None
+    return pod_networking(spec.pool.gpudirect, spec.gke.networks)
+
+
 def _pod_spec(spec: FinetuneSpec, run: str, meta: dict[str, str]) -> dict[str, Any]:
     assert spec.gke is not None
     pod: dict[str, Any] = {
@@ -178,6 +186,14 @@ def _pod_spec(spec: FinetuneSpec, run: str, meta: dict[str, str]) -> dict[str, A
     }
     if spec.nodes > 1:
         pod["subdomain"] = run
+    wiring = networking(spec)
+    if wiring is not None:
+        container = pod["containers"][0]
+        container["env"] += wiring.env
+        container["volumeMounts"] += wiring.mounts
+        pod["volumes"] += wiring.volumes
+        if wiring.sidecars:
+            pod["initContainers"] = wiring.sidecars
     return pod
 
 
@@ -217,7 +233,7 @@ def job_manifest(spec: FinetuneSpec, *, dispatch_id: str | None = None, meta: di
             "activeDeadlineSeconds": spec.max_run_ns // NS_PER_SECOND,
             "ttlSecondsAfterFinished": TTL_AFTER_FINISHED_SECONDS,
             "template": {
-                "metadata": {"labels": _labels(spec, run)},
+                "metadata": {"labels": _labels(spec, run), **({"annotations": wiring.annotations} if (wiring := networking(spec)) else {})},
                 "spec": _pod_spec(spec, run, meta or {}),
             },
         },

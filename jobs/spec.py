@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from clusters.derive import WORKLOAD_KSA, GpuPoolSpec, TenantSpec, derive_gpu_pools, derive_tenants, kueue_local_queue_name, nomad_task_group_name
+from clusters.derive import WORKLOAD_KSA, GpuPoolSpec, TenantSpec, derive_gpu_pools, derive_gpudirect, derive_tenants, kueue_local_queue_name, nomad_task_group_name
 from clusters.schema import ClusterConfig, SchedulerKind
 from jobs.durations import NS_PER_SECOND
 from jobs.schema import JobFile, Reschedule, Restart
@@ -40,6 +40,9 @@ class GkeTarget:
 
     local_queue: str
     service_account: str
+    # The pool's GPUDirect node networks as (GKE Network object name, device mode), in NIC order:
+    # clusters.derive.derive_gpudirect, the same derivation the scheduler stack's Network objects use.
+    networks: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -98,7 +101,8 @@ def derive_spec(job: JobFile, config: ClusterConfig, *, source: Path) -> Finetun
         if config.gke is None or config.gke.vault_addr is None:
             raise ValueError(f"cluster {config.name} has no gke.vault_addr; run cross-checks first")
         region, datacenter, vault_addr = None, None, config.gke.vault_addr
-        gke = GkeTarget(local_queue=kueue_local_queue_name(pool.name), service_account=WORKLOAD_KSA)
+        gke = GkeTarget(local_queue=kueue_local_queue_name(pool.name), service_account=WORKLOAD_KSA,
+                        networks=tuple((n.k8s_name, n.device_mode) for n in derive_gpudirect(config).for_pool(pool.name)))
     else:
         if config.nomad is None:
             raise ValueError(f"cluster {config.name} has no nomad section; run cross-checks first")

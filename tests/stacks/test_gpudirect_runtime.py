@@ -9,9 +9,10 @@ import pytest
 
 from clusters.derive import POOL_LABEL, derive_gpu_pools, derive_gpudirect_daemonsets
 from clusters.families import GpuDirect, gpudirect_min_gke_version
+from clusters.gpudirect_manifests import regenerate
+from clusters.gpudirect_upstream import MANIFESTS_DIR, first
 from constructs_lib import gpudirect_runtime
-from constructs_lib.gpudirect_manifests import regenerate
-from constructs_lib.gpudirect_runtime import MANIFESTS_DIR, accelerators_selected, daemonset
+from constructs_lib.gpudirect_runtime import accelerators_selected, daemonset
 from jobs.k8s_schemas import errors
 
 DIGEST = re.compile(r"@sha256:[0-9a-f]{64}$")
@@ -127,7 +128,7 @@ def test_an_accelerator_upstream_does_not_select_is_refused(configs):
 
 
 def test_the_one_unversioned_upstream_image_is_given_a_tag():
-    upstream = gpudirect_runtime.upstream("nccl-tcpxo-installer")
+    upstream = first("nccl-tcpxo-installer", "DaemonSet")
     assert upstream["spec"]["template"]["spec"]["initContainers"][0]["image"] == "ubuntu"
     assert set(gpudirect_runtime.UNVERSIONED_IMAGES) == {"ubuntu"}
 

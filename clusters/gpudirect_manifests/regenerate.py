@@ -1,4 +1,4 @@
-"""Regenerate the vendored GPUDirect runtime DaemonSets in this folder (run by hand; synthesis only reads the output).
+"""Regenerate the vendored GPUDirect manifests in this folder (run by hand; synthesis and rendering only read the output).
 
 Each ``<name>.yaml`` is the upstream file of GoogleCloudPlatform/container-engine-accelerators at
 ``COMMIT``, byte for byte, under a provenance header. Image tags stay as upstream pins them (the
@@ -7,13 +7,16 @@ gpufleet makes (node affinity and tolerations narrowed to the cluster's GPUDirec
 unversioned image given a tag) are applied at synthesis in ``constructs_lib/gpudirect_runtime.py``,
 so a regeneration diff shows only upstream's changes.
 
-Which file a transport needs is cluster-toolkit's choice (``clusters/families.py``
+Which DaemonSet a transport needs is cluster-toolkit's choice (``clusters/families.py``
 GPUDIRECT_RUNTIME): modules/compute/gke-node-pool/gpu_direct.tf installs the TCPX/TCPXO installer
 plus the NRI device injector; examples/gke-a3-ultragpu and gke-a4 install the RDMA (gIB) installer.
-When bumping COMMIT, also check the matching RxDM sidecar versions in jobs/gpudirect.py.
+The ``nccl-test-*`` files are upstream's two-node NCCL tests: jobs/gpudirect.py takes the RxDM
+sidecar (whose version upstream couples to the installer's), the device annotation, the volumes
+and the NCCL library environment from their first Pod. All files come from one commit, so the
+sidecar and the installer are always a released pair.
 
     git clone https://github.com/GoogleCloudPlatform/container-engine-accelerators /tmp/cea
-    python constructs_lib/gpudirect_manifests/regenerate.py --repo /tmp/cea
+    python clusters/gpudirect_manifests/regenerate.py --repo /tmp/cea
 """
 
 from __future__ import annotations
@@ -31,12 +34,15 @@ FILES = {
     "nccl-tcpxo-installer": "gpudirect-tcpxo/nccl-tcpxo-installer.yaml",
     "nri-device-injector": "nri_device_injector/nri-device-injector.yaml",
     "nccl-rdma-installer": "gpudirect-rdma/nccl-rdma-installer.yaml",
+    "nccl-test-tcpx": "gpudirect-tcpx/nccl-test-latest.yaml",
+    "nccl-test-tcpxo": "gpudirect-tcpxo/nccl-test-latest.yaml",
+    "nccl-test-rdma": "gpudirect-rdma/nccl-test.yaml",
 }
 
 
 def header(path: str, today: str) -> str:
     return (f"# Vendored from {REPO} {path} at commit {COMMIT}\n"
-            f"# (upstream text unchanged below this header); extracted {today} by constructs_lib/gpudirect_manifests/regenerate.py\n")
+            f"# (upstream text unchanged below this header); extracted {today} by clusters/gpudirect_manifests/regenerate.py\n")
 
 
 def main() -> None:

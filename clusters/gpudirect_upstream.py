@@ -1,0 +1,38 @@
+"""Google's GPUDirect manifests, vendored verbatim in ``clusters/gpudirect_manifests`` (provenance and
+regeneration in its regenerate.py): the runtime DaemonSets the scheduler stack installs
+(constructs_lib/gpudirect_runtime.py) and the NCCL test pods whose RxDM sidecar, annotations,
+volumes and NCCL environment a job on such a pool copies (jobs/gpudirect.py). One source for both,
+so the sidecar version always matches the plugin installer version it was released with."""
+
+from __future__ import annotations
+
+import copy
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+MANIFESTS_DIR = Path(__file__).resolve().parent / "gpudirect_manifests"
+
+
+@cache
+def _documents(name: str) -> tuple[dict[str, Any], ...]:
+    from ruamel.yaml import YAML
+
+    yaml = YAML(typ="safe", pure=True)
+    # gpudirect-rdma/nccl-test.yaml repeats `resources:` in its test container; gpufleet reads
+    # only that pod's volumes, mounts and environment, never the repeated key.
+    yaml.allow_duplicate_keys = True
+    return tuple(d for d in yaml.load_all((MANIFESTS_DIR / f"{name}.yaml").read_text()) if d)
+
+
+def documents(name: str) -> list[dict[str, Any]]:
+    """The vendored file's YAML documents (a fresh copy the caller may change)."""
+    return copy.deepcopy(list(_documents(name)))
+
+
+def first(name: str, kind: str) -> dict[str, Any]:
+    """The first document of ``kind``; raises if upstream no longer has one."""
+    found = [d for d in documents(name) if d.get("kind") == kind]
+    if not found:
+        raise ValueError(f"vendored {name}.yaml has no {kind}; upstream moved: re-read it before regenerating")
+    return found[0]

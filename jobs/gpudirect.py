@@ -1,0 +1,125 @@
+"""What a multi-node run's pods need on a GPUDirect pool so NCCL uses the pool's extra NICs (review B6).
+
+Without this, the pods see only eth0 and NCCL falls back to TCP on it (~4 GB/s instead of
+~340 GB/s on A3 Mega). Everything is taken from Google's two-node NCCL tests, vendored with the
+runtime DaemonSets from one container-engine-accelerators commit (``clusters/gpudirect_upstream``),
+so the sidecar is always the release paired with the installed NCCL plugin:
+
+- ``networking.gke.io/interfaces``: eth0 on the default network, then one interface per pool
+  network of the transport's data kind, named as the scheduler stack's Network objects
+  (``clusters.derive.derive_gpudirect``: one derivation for both), at the NIC's position in the
+  node pool's ``additional_node_network_configs``;
+- TCPX / TCPXO: upstream's RxDM daemon (``tcpx-daemon`` / ``tcpxo-daemon``) as a native sidecar
+  (an init container with ``restartPolicy: Always``, so the Job completes when training exits),
+  running as root with upstream's added capabilities and no seccomp filter (the pod runs as uid
+  1000 under RuntimeDefault; only the sidecar differs), plus upstream's
+  ``devices.gke.io/container.<daemon>`` annotation (the NRI device injector gives it the GPUs);
+- the training container gets upstream's host-library / device mounts and environment, plus the
+  NIC names NCCL must use (gpudirect-tcpx/nccl-config.yaml for TCPX, gpudirect-tcpxo/README.md's
+  Jan 9, 2026 release for TCPXO). The release's tuning variables come from the plugin's
+  ``${NCCL_LIB_DIR}/nccl-env-profile.sh`` (TCPXO) / ``/usr/local/gib/scripts/set_nccl_env.sh``
+  (RDMA), which the job's entrypoint sources, as upstream documents.
+
+Deviations from upstream, all for the same run-once Job: TCPX's socket directory is mounted at
+``/run/tcpx`` (upstream mounts it over ``/tmp``, which here is the run's own emptyDir) with
+``NCCL_GPUDIRECTTCPX_UNIX_CLIENT_PREFIX`` pointing there; upstream's ``imagePullPolicy: Always``
+is kept for the sidecar (its tag is pinned).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from clusters.families import GpuDirect
+from clusters.gpudirect_upstream import first
+
+INTERFACES_ANNOTATION = "networking.gke.io/interfaces"
+DEFAULT_INTERFACE_ANNOTATION = "networking.gke.io/default-interface"
+DEVICES_ANNOTATION_PREFIX = "devices.gke.io/container."
+NVIDIA_LIB = "/usr/local/nvidia/lib64"
+TCPX_SOCKET_DIR = "/run/tcpx"
+
+# transport -> (vendored NCCL test, its RxDM daemon container or None, the Network device mode pods attach)
+UPSTREAM = {
+    GpuDirect.TCPX: ("nccl-test-tcpx", "tcpx-daemon", "NetDevice"),
+    GpuDirect.TCPXO: ("nccl-test-tcpxo", "tcpxo-daemon", "NetDevice"),
+    GpuDirect.RDMA: ("nccl-test-rdma", None, "RDMA"),
+}
+
+
+@dataclass(frozen=True)
+class PodNetworking:
+    """Additions to a run's pod template; ``env`` names are refused in job files (jobs.checks)."""
+
+    annotations: dict[str, str]
+    sidecars: list[dict[str, Any]]
+    volumes: list[dict[str, Any]]
+    mounts: list[dict[str, Any]]
+    env: list[dict[str, str]] = field(default_factory=list)
+
+
+def interfaces(transport: GpuDirect, networks: tuple[tuple[str, str], ...]) -> list[dict[str, str]]:
+    """eth0 on the default network, then eth<i> for each pool network of the transport's data kind,
+    ``i`` being its 1-based position among the node's extra NICs (A3 Ultra / A4: eth1 is the gVNIC
+    network pods do not attach, the RDMA networks are eth2..eth9, as upstream's RDMA test)."""
+    mode = UPSTREAM[transport][2]
+    return [{"interfaceName": "eth0", "network": "default"}] + [
+        {"interfaceName": f"eth{i}", "network": name} for i, (name, kind) in enumerate(networks, start=1) if kind == mode
+    ]
+
+
+def _nccl_nics(transport: GpuDirect, nics: list[str]) -> list[dict[str, str]]:
+    joined = ",".join(nics)
+    if transport is GpuDirect.TCPX:
+        return [{"name": "NCCL_SOCKET_IFNAME", "value": "eth0"}, {"name": "NCCL_GPUDIRECTTCPX_CTRL_DEV", "value": "eth0"},
+                {"name": "NCCL_GPUDIRECTTCPX_SOCKET_IFNAME", "value": joined},
+                {"name": "NCCL_GPUDIRECTTCPX_UNIX_CLIENT_PREFIX", "value": TCPX_SOCKET_DIR}]
+    if transport is GpuDirect.TCPXO:
+        return [{"name": "NCCL_SOCKET_IFNAME", "value": "eth0"}, {"name": "NCCL_FASTRAK_CTRL_DEV", "value": "eth0"},
+                {"name": "NCCL_FASTRAK_IFNAME", "value": joined}, {"name": "NCCL_LIB_DIR", "value": NVIDIA_LIB}]
+    return []
+
+
+def pod_networking(transport: GpuDirect, networks: tuple[tuple[str, str], ...]) -> PodNetworking | None:
+    """What a pod of a multi-node run on a pool with ``transport`` adds; None without GPUDirect.
+    ``networks`` are the pool's (Network object name, device mode) in NIC order."""
+    if transport not in UPSTREAM:
+        return None
+    name, daemon, _mode = UPSTREAM[transport]
+    pod = first(name, "Pod")
+    spec = pod["spec"]
+    by_name = {v["name"]: v for v in spec["volumes"]}
+    workload = next(c for c in spec["containers"] if c["name"] != daemon)
+    # Host libraries and devices only: upstream's configMap (test scripts) and /dev/shm emptyDir stay out.
+    mounts = [dict(m) for m in workload.get("volumeMounts", []) if "hostPath" in by_name[m["name"]]]
+    for mount in mounts:
+        if transport is GpuDirect.TCPX and mount["name"] == "tcpx-socket":
+            mount["mountPath"] = TCPX_SOCKET_DIR
+    used = [m["name"] for m in mounts]
+    sidecars, annotations = [], {}
+    if daemon is not None:
+        sidecar = next(c for c in spec["containers"] if c["name"] == daemon)
+        capabilities = (sidecar.get("securityContext") or {}).get("capabilities", {})
+        # Root with upstream's capabilities and no seccomp filter, as upstream runs it (the pod's
+        # own context is uid 1000 + RuntimeDefault for the training container).
+        sidecar["securityContext"] = {"capabilities": capabilities, "runAsUser": 0, "runAsNonRoot": False,
+                                      "seccompProfile": {"type": "Unconfined"}}
+        sidecar["restartPolicy"] = "Always"
+        sidecars.append(sidecar)
+        used += [m["name"] for m in sidecar.get("volumeMounts", []) if m["name"] not in used]
+        key = DEVICES_ANNOTATION_PREFIX + daemon
+        annotations[key] = pod["metadata"]["annotations"][key]
+    nics = interfaces(transport, networks)
+    annotations[DEFAULT_INTERFACE_ANNOTATION] = "eth0"
+    annotations[INTERFACES_ANNOTATION] = json.dumps(nics, separators=(",", ":"))
+    env = [{"name": e["name"], "value": e["value"]} for e in workload.get("env", [])]
+    env += _nccl_nics(transport, [n["interfaceName"] for n in nics[1:]])
+    return PodNetworking(annotations=annotations, sidecars=sidecars, volumes=[by_name[v] for v in used], mounts=mounts, env=env)
+
+
+def reserved_env(transport: GpuDirect) -> tuple[str, ...]:
+    """Environment names the platform sets for a multi-node run on this transport (job files may not)."""
+    wiring = pod_networking(transport, (("x", UPSTREAM[transport][2]),)) if transport in UPSTREAM else None
+    return tuple(sorted({e["name"] for e in wiring.env})) if wiring else ()
