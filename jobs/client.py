@@ -18,7 +18,7 @@ import re
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from clusters.errors import UserError
@@ -248,6 +248,23 @@ class NomadClient:
             active = [s for s in stubs if not s.get("ParameterizedJob") and s.get("Status") != "dead"]
             pairs = [(api.job.request(quote(s["ID"], safe=""), method="get").json(), s.get("JobSummary") or {}) for s in active]
         return gpus_held(pairs, pool=pool)
+
+    def list_jobs(self, namespace: str, prefix: str) -> list[dict[str, Any]]:
+        """``GET /v1/jobs?prefix=&namespace=``: the JobListStubs (api/jobs.go: ID, ParentID, Stop,
+        Status, JobSummary, ModifyIndex...) of every job whose ID starts with ``prefix``; for the
+        dispatched runs of a parameterized job the prefix is ``<parent>/dispatch-``."""
+        with self._errors("list jobs", prefix, namespace, "check the namespace"):
+            stubs = self._api(namespace).jobs.request(method="get", params={"namespace": namespace, "prefix": prefix}).json()
+        return list(stubs or [])
+
+    def list_allocations(self, namespace: str) -> list[dict[str, Any]]:
+        """``GET /v1/allocations?namespace=&task_states=true``: every AllocationListStub of the
+        namespace (api/allocations.go: JobID, ClientStatus, DesiredStatus, NodeName, TaskStates
+        with their events, PreemptedByAllocation, CreateIndex, ModifyIndex...): the same stubs
+        ``/v1/job/<id>/allocations`` returns, for all runs in one call."""
+        with self._errors("list allocations", "(all)", namespace, "check the namespace"):
+            stubs = self._api(namespace).allocations.request(method="get", params={"namespace": namespace, "task_states": "true"}).json()
+        return list(stubs or [])
 
     def status(self, job_id: str, namespace: str, spec: FinetuneSpec | None = None) -> RunStatus:
         path = quote(job_id, safe="")

@@ -151,6 +151,15 @@ class K8sClient:
                             KUEUE_GROUP, KUEUE_VERSION, namespace, "workloads", label_selector=f"{JOB_UID_LABEL}={job_uid}")
         return list((answer or {}).get("items") or [])
 
+    def list_runs(self, namespace: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """Every gpufleet run's Job in ``namespace`` (label selector ``gpufleet.dev/run``: the key
+        exists) and every Kueue Workload there: two list calls for all runs of a namespace,
+        what ``status`` learns with two calls per run."""
+        jobs = self._call(f"list Jobs in {namespace}", self._batch.list_namespaced_job, namespace, label_selector=RUN_LABEL)
+        workloads = self._call(f"list Kueue Workloads in {namespace}", self._custom.list_namespaced_custom_object,
+                               KUEUE_GROUP, KUEUE_VERSION, namespace, "workloads")
+        return list((jobs or {}).get("items") or []), list((workloads or {}).get("items") or [])
+
     def status(self, namespace: str, name: str) -> K8sRunStatus:
         job = self.get_job(namespace, name)
         if job is None:

@@ -13,13 +13,15 @@ Run ids: Nomad ``<namespace>/<dispatched job id>``; GKE ``gke:<namespace>/<run>`
 
 from __future__ import annotations
 
+import hashlib
 import json
 import threading
 import uuid
-from collections.abc import Mapping
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from clusters.schema import SchedulerKind
 from jobs.spec import FinetuneSpec
@@ -52,6 +54,20 @@ class RunReport:
     # What the scheduler calls the run's pieces, for people to look them up there:
     # Nomad (job, allocation, node); GKE (job, workload, cluster_queue, flavor).
     refs: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class Polled:
+    """One run in a batch poll: a fingerprint of what the scheduler's lists say about it and,
+    unless that equals the fingerprint the caller already knows, what the run is now."""
+
+    fingerprint: str
+    report: RunReport | None  # None: unchanged since the known fingerprint
+    gone: bool = False  # the scheduler no longer knows the run
+
+
+def _fingerprint(*parts: Any) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
 
 class RunNotFound(Exception):
@@ -112,7 +128,6 @@ class NomadRunner:
 
     def status(self, run_id: str) -> RunReport:
         from jobs.client import NomadError
-        from jobs.status import RunState
 
         namespace, _, job_id = run_id.partition("/")
         try:
@@ -121,6 +136,12 @@ class NomadRunner:
             if "(404" in str(exc):
                 raise RunNotFound(run_id) from None
             raise SchedulerUnavailable(str(exc)) from None
+        return self._report(namespace, job_id, status)
+
+    @staticmethod
+    def _report(namespace: str, job_id: str, status: Any) -> RunReport:
+        from jobs.status import RunState
+
         refs = _refs(job=f"{namespace}/{job_id}", allocation=status.alloc_id, node=status.node)
         placed = status.alloc_id is not None
         if status.detail.startswith("preempted"):  # Nomad evicted it for a higher-priority job: the run is over
@@ -129,6 +150,54 @@ class NomadRunner:
         if phase is None:  # complete: a clean exit, or a stop
             phase = Phase.STOPPED if status.detail.startswith("stopped by request") else Phase.SUCCEEDED
         return RunReport(phase, status.detail, placed, status.exit_code, refs)
+
+    def poll(self, run_ids: Sequence[str], known: Mapping[str, str]) -> dict[str, Polled]:
+        """Many runs at once: per namespace one ``GET /v1/allocations`` and per parent job one
+        ``GET /v1/jobs?prefix=<parent>/dispatch-``; a run whose job stub and allocations are as
+        ``known`` is not asked about again. A changed run with allocations is summarized from
+        the listed stubs (the same AllocationListStubs ``status`` reads); only a changed run
+        with none (queued: its evaluations say why) costs its own GETs."""
+        from jobs.client import NomadError
+        from jobs.status import summarize
+
+        wanted: dict[str, list[str]] = defaultdict(list)
+        for run_id in run_ids:
+            namespace, _, job_id = run_id.partition("/")
+            wanted[namespace].append(job_id)
+        out: dict[str, Polled] = {}
+        try:
+            for namespace, job_ids in wanted.items():
+                stubs: dict[str, dict[str, Any]] = {}
+                for parent in sorted({job_id.split("/dispatch-", 1)[0] for job_id in job_ids}):
+                    stubs.update((stub["ID"], stub) for stub in self._client.list_jobs(namespace, f"{parent}/dispatch-"))
+                allocations: dict[str, list[dict[str, Any]]] = defaultdict(list)
+                for alloc in self._client.list_allocations(namespace):
+                    allocations[alloc.get("JobID", "")].append(alloc)
+                for job_id in job_ids:
+                    run_id, stub, mine = f"{namespace}/{job_id}", stubs.get(job_id), allocations.get(job_id, [])
+                    if stub is None:
+                        out[run_id] = self._confirm_gone(run_id)
+                        continue
+                    fingerprint = _fingerprint(
+                        [stub.get(k) for k in ("Status", "Stop", "ModifyIndex", "JobModifyIndex")], stub.get("JobSummary"),
+                        sorted([a.get("ID"), a.get("ClientStatus"), a.get("DesiredStatus"), a.get("ModifyIndex"), a.get("PreemptedByAllocation"),
+                                sum(len(t.get("Events") or []) for t in (a.get("TaskStates") or {}).values())] for a in mine))
+                    if known.get(run_id) == fingerprint:
+                        out[run_id] = Polled(fingerprint, None)
+                    elif mine:
+                        out[run_id] = Polled(fingerprint, self._report(namespace, job_id, summarize(job_id, stub, [], mine)))
+                    else:
+                        out[run_id] = Polled(fingerprint, self.status(run_id))
+        except NomadError as exc:
+            raise SchedulerUnavailable(str(exc)) from None
+        return out
+
+    def _confirm_gone(self, run_id: str) -> Polled:
+        """Not in the list: ask once by id (a 404 means garbage-collected or purged)."""
+        try:
+            return Polled("", self.status(run_id))
+        except RunNotFound:
+            return Polled("", None, gone=True)
 
     def stop(self, run_id: str) -> None:
         from jobs.client import NomadError
@@ -181,6 +250,43 @@ class GkeRunner:
                      cluster_queue=status.queue, flavor=status.flavor)
         return RunReport(Phase(status.state.value), status.reason, status.placed, status.exit_code, refs)
 
+    def poll(self, run_ids: Sequence[str], known: Mapping[str, str]) -> dict[str, Polled]:
+        """Many runs at once: per namespace one list of gpufleet's Jobs and one of Kueue
+        Workloads; every run is summarized from them (no per-run GET), and a run whose Job and
+        Workload resourceVersions are as ``known`` is reported unchanged."""
+        from jobs.k8s_client import JOB_UID_LABEL, K8sError
+        from jobs.k8s_status import summarize
+
+        wanted: dict[str, list[str]] = defaultdict(list)
+        for run_id in run_ids:
+            namespace, run = self._split(run_id)
+            wanted[namespace].append(run)
+        out: dict[str, Polled] = {}
+        try:
+            for namespace, runs in wanted.items():
+                jobs, workloads = self._client.list_runs(namespace)
+                by_name = {job["metadata"]["name"]: job for job in jobs}
+                by_uid: dict[str, list[dict[str, Any]]] = defaultdict(list)
+                for workload in workloads:
+                    by_uid[(workload["metadata"].get("labels") or {}).get(JOB_UID_LABEL, "")].append(workload)
+                for run in runs:
+                    run_id, job = f"{GKE_PREFIX}{namespace}/{run}", by_name.get(run)
+                    if job is None:
+                        out[run_id] = Polled("", None, gone=True)
+                        continue
+                    mine = by_uid.get(job["metadata"]["uid"], [])
+                    fingerprint = _fingerprint(job["metadata"].get("resourceVersion"), sorted(w["metadata"].get("resourceVersion") or "" for w in mine))
+                    if known.get(run_id) == fingerprint:
+                        out[run_id] = Polled(fingerprint, None)
+                        continue
+                    status = summarize(job, mine)
+                    refs = _refs(job=f"{namespace}/{run}", workload=status.workload and f"{namespace}/{status.workload}",
+                                 cluster_queue=status.queue, flavor=status.flavor)
+                    out[run_id] = Polled(fingerprint, RunReport(Phase(status.state.value), status.reason, status.placed, status.exit_code, refs))
+        except K8sError as exc:
+            raise SchedulerUnavailable(str(exc)) from None
+        return out
+
     def stop(self, run_id: str) -> None:
         from jobs.k8s_client import K8sError, K8sRunGone
 
@@ -214,3 +320,26 @@ class Runners:
 
     def stop(self, run_id: str) -> None:
         self._pick(run_id.startswith(GKE_PREFIX)).stop(run_id)
+
+    def poll(self, run_ids: Sequence[str], known: Mapping[str, str]) -> dict[str, Polled]:
+        """Each scheduler's runs through its own batch poll (list calls, not a GET per run)."""
+        out: dict[str, Polled] = {}
+        for gke in (False, True):
+            mine = [r for r in run_ids if r.startswith(GKE_PREFIX) == gke]
+            if mine:
+                out.update(poll(self._pick(gke), mine, known))
+        return out
+
+
+def poll(runner: Runner, run_ids: Sequence[str], known: Mapping[str, str]) -> dict[str, Polled]:
+    """``runner.poll`` where the runner has one; else one ``status`` per run (never 'unchanged')."""
+    batch = getattr(runner, "poll", None)
+    if batch is not None:
+        return dict(batch(run_ids, known))
+    out: dict[str, Polled] = {}
+    for run_id in run_ids:
+        try:
+            out[run_id] = Polled("", runner.status(run_id))
+        except RunNotFound:
+            out[run_id] = Polled("", None, gone=True)
+    return out

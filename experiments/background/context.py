@@ -1,19 +1,46 @@
-"""What every background step needs, passed in (no globals): sessions, runner, catalog, clock, metrics."""
+"""What every background step needs, passed in (no globals): sessions, runner, catalog, clock,
+metrics, and the reconciler's memory of what each run looked like last time."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from dataclasses import dataclass
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
 
 from sqlalchemy.orm import Session, sessionmaker
 
 from experiments.metrics import Metrics
-from jobs.runner import Runner
 from experiments.services.catalog import Catalog
+from jobs.runner import Runner
 
 log = logging.getLogger("gpufleet.experiments")
+
+
+class Fingerprints:
+    """Per run: the fingerprint of its last full read, and when (monotonic). In memory: after a
+    restart every run is read in full once."""
+
+    def __init__(self) -> None:
+        self._seen: dict[str, tuple[str, float]] = {}
+        self._lock = threading.Lock()
+
+    def known(self, run_ids: Sequence[str], *, max_age: float) -> dict[str, str]:
+        now = time.monotonic()
+        with self._lock:
+            return {r: fp for r in run_ids if (entry := self._seen.get(r)) and (fp := entry[0]) and now - entry[1] < max_age}
+
+    def remember(self, fingerprints: dict[str, str]) -> None:
+        now = time.monotonic()
+        with self._lock:
+            self._seen.update((r, (fp, now)) for r, fp in fingerprints.items() if fp)
+
+    def forget(self, run_ids: Sequence[str]) -> None:
+        with self._lock:
+            for run_id in run_ids:
+                self._seen.pop(run_id, None)
 
 
 @dataclass(frozen=True)
@@ -23,7 +50,10 @@ class Timing:
     dispatch_lease_seconds: int = 120
     # An accepted experiment not handed to the scheduler within this fails with the last error.
     dispatch_stuck_seconds: int = 900
-    reconcile_batch: int = 200
+    # Runs per reconcile pass (the schedulers are asked in list calls, so a pass can be large).
+    reconcile_batch: int = 2000
+    # A run unchanged in the lists is still read in full this often (a queued run's reason can change alone).
+    refresh_seconds: float = 300.0
 
 
 @dataclass(frozen=True)
@@ -34,3 +64,4 @@ class Context:
     clock: Callable[[], datetime]
     metrics: Metrics
     timing: Timing
+    fingerprints: Fingerprints = field(default_factory=Fingerprints)

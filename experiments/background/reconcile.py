@@ -5,40 +5,126 @@ Scheduler phase -> experiment state: pending and not placed -> queued (the reaso
 e.g. the placement failure); pending and placed -> provisioning; running -> running;
 succeeded / failed -> the same, with the exit code and the scheduler's reason (OOM,
 preemption, the task's last event); stopped by someone else -> failed; placed once and back
-in the queue (Kueue eviction) -> stopped and failed, since its spent secret_id cannot resume. Once an experiment
-is terminal it is never asked about again, so Nomad's garbage collection loses nothing.
+in the queue (Kueue eviction) -> stopped and failed, since its spent secret_id cannot resume.
+Once an experiment is terminal it is never asked about again, so Nomad's garbage collection
+loses nothing.
+
+One pass asks each scheduler in batches (``jobs.runner.poll``: Nomad's job and allocation
+lists, Kubernetes' Job and Workload lists), not 3 GETs per run: a run whose list entries are
+as last seen (its fingerprint) costs nothing more, and is still re-read in full every
+``Timing.refresh_seconds`` so a changed reason (why a queued run waits) shows up. State
+changes are committed in batches of ``COMMIT_BATCH``.
 """
 
 from __future__ import annotations
 
-from sqlalchemy import select
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
 
 from experiments.background.context import Context, log
 from experiments.models import Experiment
-from jobs.runner import Phase, RunNotFound, RunReport, SchedulerUnavailable
 from experiments.services.lifecycle import transition
 from experiments.states import ON_SCHEDULER, TERMINAL, State, can_move
+from jobs.runner import Phase, RunNotFound, RunReport, SchedulerUnavailable, poll
 
 ACTOR = "reconciler"
+COMMIT_BATCH = 500
+
+
+@dataclass(frozen=True)
+class Move:
+    experiment_id: str
+    target: State
+    reason: str
+    exit_code: int | None = None
+    refs: dict[str, str] | None = None
 
 
 def process_scheduled(ctx: Context) -> int:
-    """One pass over the experiments on the scheduler, least recently reconciled first."""
+    """One pass over the experiments on the scheduler, least recently reconciled first; returns
+    how many were reconciled (asked about, changed or not)."""
     with ctx.sessions() as session:
-        ids = session.scalars(
-            select(Experiment.id)
-            .where(Experiment.state.in_([s.value for s in ON_SCHEDULER]))
+        rows = session.execute(
+            select(Experiment.id, Experiment.run_id, Experiment.state, Experiment.cancel_requested_at)
+            .where(Experiment.state.in_([s.value for s in ON_SCHEDULER]), Experiment.run_id.is_not(None))
             .order_by(Experiment.reconciled_at.is_not(None), Experiment.reconciled_at)
             .limit(ctx.timing.reconcile_batch)
         ).all()
     done = 0
-    for experiment_id in ids:
+    for row in [r for r in rows if r.cancel_requested_at is not None]:
         try:
-            reconcile_one(ctx, experiment_id)
+            reconcile_one(ctx, row.id)
             done += 1
         except SchedulerUnavailable as exc:
-            log.warning("reconcile of %s deferred: %s", experiment_id, exc)
-    return done
+            log.warning("cancel of %s deferred: %s", row.id, exc)
+    tracked = [r for r in rows if r.cancel_requested_at is None]
+    if not tracked:
+        return done
+    run_ids = [r.run_id for r in tracked]
+    try:
+        results = poll(ctx.runner, run_ids, ctx.fingerprints.known(run_ids, max_age=ctx.timing.refresh_seconds))
+    except SchedulerUnavailable as exc:
+        log.warning("reconcile pass deferred (%d runs): %s", len(tracked), exc)
+        return done
+    moves: list[Move] = []
+    fresh: dict[str, str] = {}
+    for row in tracked:
+        result = results.get(row.run_id)
+        if result is None or (result.report is None and not result.gone):
+            continue  # unchanged since its last full read
+        if result.gone:
+            moves.append(Move(row.id, State.FAILED, f"the scheduler no longer knows run {row.run_id} (garbage-collected before gpufleet saw it end)"))
+            continue
+        try:
+            moves.append(_decide(ctx, row.id, row.run_id, row.state, result.report))
+        except SchedulerUnavailable as exc:
+            log.warning("reconcile of %s deferred: %s", row.id, exc)
+            continue
+        fresh[row.run_id] = result.fingerprint
+    ended = _apply_all(ctx, moves, [r.id for r in tracked])
+    ctx.fingerprints.remember(fresh)
+    ctx.fingerprints.forget([r.run_id for r in tracked if r.id in ended])
+    return done + len(tracked)
+
+
+def _decide(ctx: Context, experiment_id: str, run_id: str, state: str, report: RunReport) -> Move:
+    refs = dict(report.refs)
+    if report.phase == Phase.PENDING and not report.placed and state in (State.PROVISIONING.value, State.RUNNING.value):
+        # Placed once, now back in the queue (Kueue eviction/preemption, a lost node): its single-use
+        # secret_id is spent, so a resumed run could not log in to Vault. Stop it rather than let it
+        # wait for GPUs again only to fail there; the tenant's quota is freed at once.
+        ctx.runner.stop(run_id)
+        return Move(experiment_id, State.FAILED, f"lost its GPUs after it was placed ({report.detail}); stopped on the scheduler: "
+                    "its single-use secret_id is spent, so it cannot resume; submit it again", None, refs)
+    target, reason = _target(report, cancelling=False)
+    return Move(experiment_id, target, reason, report.exit_code if target in TERMINAL else None, refs)
+
+
+def _apply_all(ctx: Context, moves: list[Move], reconciled: list[str]) -> set[str]:
+    """Commit the moves COMMIT_BATCH at a time and stamp every reconciled experiment; returns the
+    ids that ended."""
+    now = ctx.clock()
+    ended: set[str] = set()
+    for start in range(0, len(reconciled), COMMIT_BATCH):
+        with ctx.sessions() as session, session.begin():
+            session.execute(update(Experiment).where(Experiment.id.in_(reconciled[start:start + COMMIT_BATCH])).values(reconciled_at=now))
+    for start in range(0, len(moves), COMMIT_BATCH):
+        chunk = moves[start:start + COMMIT_BATCH]
+        changed = []
+        with ctx.sessions() as session, session.begin():
+            loaded = {e.id: e for e in session.scalars(select(Experiment).where(Experiment.id.in_([m.experiment_id for m in chunk])))}
+            for move in chunk:
+                exp = loaded.get(move.experiment_id)
+                if exp is not None and (moved := _apply(session, exp, move, now)) is not None:
+                    changed.append((move.experiment_id, *moved))
+        for experiment_id, current, target in changed:
+            log.info("experiment %s: %s -> %s", experiment_id, current.value, target.value)
+            if target in TERMINAL:
+                ended.add(experiment_id)
+    return ended
 
 
 def _target(report: RunReport, *, cancelling: bool) -> tuple[State, str]:
@@ -56,6 +142,7 @@ def _target(report: RunReport, *, cancelling: bool) -> tuple[State, str]:
 
 
 def reconcile_one(ctx: Context, experiment_id: str) -> None:
+    """One experiment with its own GET(s) and commit: cancels, and the bench's per-run baseline."""
     with ctx.sessions() as session:
         exp = session.get(Experiment, experiment_id)
     if exp is None or State(exp.state) in TERMINAL or exp.run_id is None:
@@ -69,17 +156,8 @@ def reconcile_one(ctx: Context, experiment_id: str) -> None:
     except RunNotFound:
         _move(ctx, experiment_id, State.FAILED, f"the scheduler no longer knows run {exp.run_id} (garbage-collected before gpufleet saw it end)", exit_code=None)
         return
-    refs = dict(report.refs)
-    if report.phase == Phase.PENDING and not report.placed and exp.state in (State.PROVISIONING.value, State.RUNNING.value):
-        # Placed once, now back in the queue (Kueue eviction/preemption, a lost node): its single-use
-        # secret_id is spent, so a resumed run could not log in to Vault. Stop it rather than let it
-        # wait for GPUs again only to fail there; the tenant's quota is freed at once.
-        ctx.runner.stop(exp.run_id)
-        _move(ctx, experiment_id, State.FAILED, f"lost its GPUs after it was placed ({report.detail}); stopped on the scheduler: "
-              "its single-use secret_id is spent, so it cannot resume; submit it again", exit_code=None, refs=refs)
-        return
-    target, reason = _target(report, cancelling=False)
-    _move(ctx, experiment_id, target, reason, exit_code=report.exit_code if target in TERMINAL else None, refs=refs)
+    move = _decide(ctx, experiment_id, exp.run_id, exp.state, report)
+    _move(ctx, experiment_id, move.target, move.reason, exit_code=move.exit_code, refs=move.refs)
 
 
 def _move(ctx: Context, experiment_id: str, target: State, reason: str, *, exit_code: int | None, refs: dict[str, str] | None = None) -> None:
@@ -87,17 +165,24 @@ def _move(ctx: Context, experiment_id: str, target: State, reason: str, *, exit_
     with ctx.sessions() as session, session.begin():
         exp = session.get(Experiment, experiment_id)
         assert exp is not None
-        exp.reconciled_at = now
-        if refs and {**(exp.scheduler_refs or {}), **refs} != exp.scheduler_refs:
-            exp.scheduler_refs = {**(exp.scheduler_refs or {}), **refs}  # kept once the scheduler forgets the run
-        current = State(exp.state)
-        if current == target or not can_move(current, target):
-            if current not in TERMINAL and reason and exp.reason != reason:
-                exp.reason = reason  # e.g. why a queued run is not placed yet
-            return
-        if target in (State.SUCCEEDED, State.FAILED) and exp.running_at is None and current == State.PROVISIONING:
-            exp.running_at = now
-        if target in TERMINAL:
-            exp.exit_code = exit_code if exit_code is not None else (0 if target == State.SUCCEEDED else None)
-        transition(session, exp, target, actor=ACTOR, now=now, reason=reason)
-    log.info("experiment %s: %s -> %s", experiment_id, current.value, target.value)
+        moved = _apply(session, exp, Move(experiment_id, target, reason, exit_code, refs), now)
+    if moved is not None:
+        log.info("experiment %s: %s -> %s", experiment_id, moved[0].value, moved[1].value)
+
+
+def _apply(session: Session, exp: Experiment, move: Move, now) -> tuple[State, State] | None:  # type: ignore[no-untyped-def]
+    """One move inside the caller's transaction; (from, to) if the state changed."""
+    exp.reconciled_at = now
+    if move.refs and {**(exp.scheduler_refs or {}), **move.refs} != exp.scheduler_refs:
+        exp.scheduler_refs = {**(exp.scheduler_refs or {}), **move.refs}  # kept once the scheduler forgets the run
+    current, target = State(exp.state), move.target
+    if current == target or not can_move(current, target):
+        if current not in TERMINAL and move.reason and exp.reason != move.reason:
+            exp.reason = move.reason  # e.g. why a queued run is not placed yet
+        return None
+    if target in (State.SUCCEEDED, State.FAILED) and exp.running_at is None and current == State.PROVISIONING:
+        exp.running_at = now
+    if target in TERMINAL:
+        exp.exit_code = move.exit_code if move.exit_code is not None else (0 if target == State.SUCCEEDED else None)
+    transition(session, exp, target, actor=ACTOR, now=now, reason=move.reason)
+    return current, target

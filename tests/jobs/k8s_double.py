@@ -304,8 +304,9 @@ class K8sDouble:
     def _matches(obj: dict[str, Any], query: dict[str, list[str]]) -> bool:
         for selector in query.get("labelSelector", []):
             for term in filter(None, selector.split(",")):
-                key, _, value = term.partition("=")
-                if (obj["metadata"].get("labels") or {}).get(key) != value:
+                key, equals, value = term.partition("=")
+                labels = obj["metadata"].get("labels") or {}
+                if (key not in labels) if not equals else (labels.get(key) != value):  # "key" alone: the label exists
                     return False
         for selector in query.get("fieldSelector", []):
             key, _, value = selector.partition("=")

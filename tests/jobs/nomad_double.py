@@ -4,7 +4,7 @@ It is a double, not Nomad: no Nomad binary is available on these machines (none 
 and none can be downloaded), so the client is tested against this instead: a small ``http.server`` on
 127.0.0.1 in a thread of the test process, speaking the JSON of Nomad's documented HTTP API
 for the endpoints gpufleet uses (register, plan, dispatch, job, evaluations, allocations,
-deregister, job list). With ``tls=`` (an ``ssl.SSLContext``) it serves HTTPS and, when the
+deregister, job list with ``prefix``, allocation list). With ``tls=`` (an ``ssl.SSLContext``) it serves HTTPS and, when the
 context requires a client certificate, behaves like agents with ``verify_https_client``, so the
 client's CA, certificate and server-name handling run against a real TLS handshake. It records every request exactly as sent (method, path, query string,
 headers, body) and can inject faults (an HTTP status, or a slow answer that outlives the
@@ -218,7 +218,15 @@ class NomadDouble:
         if (method, route) == ("POST", "dispatch"):
             return self._dispatch(namespace, job_id, req)
         if (method, route) == ("GET", "register"):
-            return 200, [self._stub(job) for (ns, _), job in sorted(self.state.jobs.items()) if ns == namespace]
+            # GET /v1/jobs?namespace=&prefix=: JobListStubs of the namespace whose ID starts with prefix.
+            prefix = (req.query.get("prefix") or [""])[0]
+            return 200, [self._stub(job) for (ns, job_id), job in sorted(self.state.jobs.items()) if ns == namespace and job_id.startswith(prefix)]
+        if (method, route) == ("GET", "allocation-list"):
+            # GET /v1/allocations?namespace=&task_states=: AllocationListStubs of the namespace; TaskStates
+            # are included unless task_states=false (api-docs/allocations).
+            with_states = (req.query.get("task_states") or ["true"])[0] != "false"
+            return 200, [alloc if with_states else {k: v for k, v in alloc.items() if k != "TaskStates"}
+                         for (ns, job_id) in sorted(self.state.jobs) if ns == namespace for alloc in self.state.allocations.get(job_id, [])]
         job = self.state.jobs.get(key)
         if job is None:
             return 404, "job not found"
@@ -341,6 +349,8 @@ def _route(path: str) -> tuple[str, str]:
     """(route, job id) the way Nomad's HTTP server splits /v1/job/<id>/<suffix>."""
     if path == "/v1/jobs":
         return "register", ""
+    if path == "/v1/allocations":
+        return "allocation-list", ""
     rest = path.removeprefix("/v1/job/")
     for suffix in ("plan", "dispatch", "evaluations", "allocations"):
         if rest.endswith(f"/{suffix}"):

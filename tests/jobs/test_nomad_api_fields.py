@@ -70,3 +70,42 @@ def test_request_bodies_on_the_wire_use_only_api_fields(nomad, client_for) -> No
     for body, request in ((plan.body, "JobPlanRequest"), (register.body, "JobRegisterRequest"), (dispatch.body, "JobDispatchRequest")):
         assert set(body) <= set(VENDORED[OLD][request]), (request, set(body) - set(VENDORED[OLD][request]))
     assert field_errors(plan.body["Job"], "Job", "plan.Job") == [] and field_errors(register.body["Job"], "Job", "register.Job") == []
+
+
+# What the control plane's batch reconcile (jobs.runner.NomadRunner.poll) reads from the list answers.
+READ_FROM_LISTS = {"JobListStub": {"ID", "Status", "Stop", "ModifyIndex", "JobModifyIndex", "JobSummary"},
+                   "AllocationListStub": {"ID", "JobID", "ClientStatus", "DesiredStatus", "ModifyIndex", "PreemptedByAllocation", "TaskStates",
+                                          "NodeName", "NodeID", "CreateIndex", "ClientDescription"},
+                   "TaskState": {"Events", "Failed"}, "TaskEvent": {"Type", "Time", "ExitCode", "Details", "DisplayMessage", "DriverError", "Message"}}
+LIST_CHILDREN = {"JobListStub": {"JobSummary": "JobSummary"}, "AllocationListStub": {"TaskStates": "TaskState"}, "TaskState": {"Events": "TaskEvent"}}
+
+
+def _answer_errors(value: dict[str, Any], struct: str, where: str) -> list[str]:
+    errors = [f"{where}.{key}: not a field of api.{struct} in {OLD}" for key in value if key not in VENDORED[OLD][struct]]
+    for key, child in LIST_CHILDREN.get(struct, {}).items():
+        item = value.get(key)
+        elements = list(item.values()) if isinstance(item, dict) and struct == "AllocationListStub" else item if isinstance(item, list) else [item] if item else []
+        errors += [e for i, element in enumerate(elements) for e in _answer_errors(element, child, f"{where}.{key}[{i}]")]
+    return errors
+
+
+def test_the_fields_the_batch_reconcile_reads_exist_in_both_versions() -> None:
+    for struct, fields in READ_FROM_LISTS.items():
+        for tag in (OLD, NEW):
+            assert fields <= set(VENDORED[tag][struct]), (tag, struct, fields - set(VENDORED[tag][struct]))
+
+
+def test_the_double_lists_jobs_by_prefix_and_allocations_with_api_fields(nomad, client_for) -> None:
+    client: NomadClient = client_for(nomad)
+    spec = next(s for s in load_all() if s.name == "finetune-llama")
+    client.register(spec)
+    child = client.dispatch(spec, {"dataset_uri": "hf://d/x@v1", "run_id": "r"}, role_id="r", wrapping_token="w", idempotency_token="i").dispatched_job_id
+    nomad.finish(child, client_status="complete", events=[{"Type": "Terminated", "Time": 1, "ExitCode": 0, "Details": {"exit_code": "0"}}])
+    stubs = client.list_jobs(spec.namespace, f"{spec.name}/dispatch-")
+    assert [s["ID"] for s in stubs] == [child]  # the parameterized parent does not match the prefix
+    allocations = client.list_allocations(spec.namespace)
+    assert [a["JobID"] for a in allocations] == [child] and allocations[0]["TaskStates"]["train"]["Events"][0]["ExitCode"] == 0
+    errors = [e for s in stubs for e in _answer_errors(s, "JobListStub", "jobs[]")] + [e for a in allocations for e in _answer_errors(a, "AllocationListStub", "allocations[]")]
+    assert errors == []
+    listed = nomad.calls("GET", "register")[-1].query
+    assert listed["prefix"] == [f"{spec.name}/dispatch-"] and listed["namespace"] == [spec.namespace]

@@ -15,10 +15,10 @@ import sys
 from pathlib import Path
 
 TAGS = ("v1.10.5", "v2.0.5")
-FILES = ("api/jobs.go", "api/tasks.go", "api/resources.go", "api/constraint.go")
+FILES = ("api/jobs.go", "api/tasks.go", "api/resources.go", "api/constraint.go", "api/allocations.go")
 STRUCTS = ("Job", "ParameterizedJobConfig", "TaskGroup", "Task", "Resources", "RequestedDevice", "Constraint", "Affinity",
            "RestartPolicy", "ReschedulePolicy", "EphemeralDisk", "JobRegisterRequest", "JobPlanRequest", "JobDispatchRequest",
-           "JobListStub", "JobSummary", "TaskGroupSummary")
+           "JobListStub", "JobSummary", "TaskGroupSummary", "AllocationListStub", "TaskState", "TaskEvent")
 OUT = Path(__file__).with_name("nomad_api_fields.json")
 _STRUCT = re.compile(r"^type (\w+) struct \{\n(.*?)^\}", re.M | re.S)
 _FIELD = re.compile(r"^\t(\w+)(?:\s+([^`\n]+?))?\s*(?:`([^`]*)`)?\s*(?://.*)?$")
