@@ -52,6 +52,10 @@ class Catalog:
             self._cache[path] = (mtime, spec)
         return spec
 
+    def region(self, cluster: str) -> str | None:
+        config = self._by_name.get(cluster)
+        return config.gcp.region if config else None
+
     def tenant(self, cluster: str, name: str) -> TenantSpec | None:
         config = self._by_name.get(cluster)
         return next((t for t in derive_tenants(config) if t.name == name), None) if config else None

@@ -1,4 +1,5 @@
-"""Cost: GPU-hours from the experiment's state timestamps x its GPUs, priced from prices.yaml.
+"""Cost: GPU-hours from the experiment's state timestamps x its GPUs, priced from prices.yaml
+(per region where it has the region's price, else its reviewed default row).
 
 A run holds its GPUs from the moment it is placed (provisioning: the node is up and the
 allocation pulls its image) until it ends; before that nothing bills for it. The price kind
@@ -24,19 +25,24 @@ class PriceTable:
     source: str
     date: str
     currency: str
-    per_gpu_hour: tuple[tuple[str, tuple[tuple[str, float], ...]], ...]
+    # accelerator -> ("default" or a region) -> kind -> USD per GPU-hour
+    per_gpu_hour: tuple[tuple[str, tuple[tuple[str, tuple[tuple[str, float], ...]], ...]], ...]
 
-    def price(self, accelerator: str, kind: str) -> float:
+    def price(self, accelerator: str, kind: str, region: str | None = None) -> float:
+        """The region's price of that kind where prices.yaml has one, else the reviewed default."""
         table = dict(self.per_gpu_hour)
         if accelerator not in table:
             raise KeyError(f"no price for accelerator {accelerator!r} in {PRICES.name}; add it with its source")
-        return dict(table[accelerator])[kind]
+        rows = {name: dict(kinds) for name, kinds in table[accelerator]}
+        return rows.get(region or "", {}).get(kind, rows["default"][kind])
 
 
 @lru_cache(maxsize=1)
 def load_prices(path: Path = PRICES) -> PriceTable:
     data = YAML(typ="safe").load(path.read_text())
-    rows = tuple(sorted((name, tuple(sorted((k, float(v)) for k, v in kinds.items()))) for name, kinds in data["prices"].items()))
+    rows = tuple(sorted(
+        (name, tuple(sorted((where, tuple(sorted((k, float(v)) for k, v in kinds.items()))) for where, kinds in by_region.items())))
+        for name, by_region in data["prices"].items()))
     return PriceTable(str(data["source"]), str(data["date"]), str(data["currency"]), rows)
 
 

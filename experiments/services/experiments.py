@@ -88,7 +88,7 @@ def submit(session: Session, catalog: Catalog, caller: Caller, *, job: str, meta
             exp = Experiment(
                 id=str(uuid.uuid4()), tenant=spec.namespace, job=spec.name, cluster=spec.cluster, pool=spec.pool.name, gpus=gpus,
                 meta=checked, state=State.PENDING.value, scheduler=scheduler, submitted_by=caller.subject, idempotency_key=idempotency_key,
-                request_hash=digest, deadline_hours=hours, price_per_gpu_hour=prices.price(spec.pool.accelerator, kind), price_kind=kind,
+                request_hash=digest, deadline_hours=hours, price_per_gpu_hour=prices.price(spec.pool.accelerator, kind, catalog.region(spec.cluster)), price_kind=kind,
                 created_at=now, updated_at=now,
             )
             session.add(exp)
