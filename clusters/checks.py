@@ -17,7 +17,7 @@ from clusters.derive import (
 )
 from clusters.families import GPUDIRECT_RANGE_MAX_PREFIX, GpuDirect, machine_family
 from clusters.machines import MACHINE_GPUS, N1_ACCELERATOR, N1_GPU_CHOICES, is_n1
-from clusters.schema import ClusterConfig, Environment, GpuPool, SchedulerKind
+from clusters.schema import ClusterConfig, DnsRecord, Environment, GpuPool, SchedulerKind
 from clusters.source import FieldPath, did_you_mean
 
 Finding = tuple[FieldPath, str]
@@ -39,6 +39,7 @@ def cross_check(config: ClusterConfig, file_stem: str | None = None) -> list[Fin
     findings += _nomad(config)
     if not any(path[0] == "gpu_pools" for path, _ in findings):
         findings += _tenants(config)
+    findings += _static_ips(config)
     findings += _dns(config)
     findings += rules.check(config)
     return findings
@@ -158,6 +159,16 @@ def _pool(pool: GpuPool, config: ClusterConfig) -> Iterator[Finding]:
     for i, zone in enumerate(pool.zones or ()):
         if zone not in config.gcp.zones:
             yield (("zones", i), f"zone {zone!r} is not one of the cluster's zones {list(config.gcp.zones)}; add it to gcp.zones or pick one of those")
+    if pool.placement_policy_name is not None and pool.placement != "COMPACT":
+        yield (("placement_policy_name",), "placement_policy_name names a compact placement policy; set placement: COMPACT or remove placement_policy_name")
+    if pool.reservation and pool.placement == "COMPACT" and pool.placement_policy_name is None:
+        # Review B10, decided: refuse. Reserved A3/A4 capacity comes with its own placement (blocks,
+        # or the compact policy the reservation was created with); the toolkit's reserved A3
+        # blueprints set no placement policy, and a fresh policy GKE creates for the pool need not
+        # match the reserved hosts, so scale-ups could fail with capacity sitting unused. Naming the
+        # reservation's own policy (toolkit placement_policy.name) stays possible.
+        yield (("placement",), "a specific reservation brings its own placement and a new COMPACT policy need not match the reserved"
+               " hosts; remove placement, or set placement_policy_name to the compact policy the reservation was created with")
     if pool.placement == "COMPACT" and len(zones) != 1:
         yield (("placement",), f"COMPACT placement needs exactly one zone, the pool has {len(zones)} ({', '.join(zones)}); set zones: [{zones[0]}]")
     if config.environment != Environment.DEV and pool.protected is False and pool.reservation:
@@ -326,6 +337,26 @@ def _tenants(config: ClusterConfig) -> Iterator[Finding]:
                    f"tenant quotas on pool {pool_name} add up to {total} GPUs, above its capacity {spec.capacity_gpus}; lower quotas or set overcommit: true on the pool")
 
 
+def _nomad_api_record(config: ClusterConfig, record: DnsRecord, path: FieldPath) -> Iterator[Finding]:
+    if config.scheduler != SchedulerKind.NOMAD or config.nomad is None or config.nomad.existing_servers:
+        yield ((*path, "nomad_api"), "nomad_api points at the internal load balancer of the Nomad servers this file creates;"
+               " remove it, or use hostname for servers managed elsewhere")
+    if record.proxied:
+        yield ((*path, "proxied"), "Cloudflare cannot proxy the Nomad API's internal address; set proxied: false")
+
+
+def _static_ips(config: ClusterConfig) -> Iterator[Finding]:
+    """Review C11: every reserved address has something that attaches it."""
+    for i, ip in enumerate(config.gcp.static_ips):
+        path = ("gcp", "static_ips", i)
+        if config.scheduler == SchedulerKind.NOMAD:
+            yield ((*path, "name"), f"static IP {ip.name!r} would be reserved and billed with nothing to attach it to: a Nomad cluster's"
+                   " API sits behind an internal load balancer; remove it, and give a DNS record nomad_api: true instead")
+        elif ip.use is None:
+            yield ((*path, "use"), f"static IP {ip.name!r} needs use: ingress (global address, GKE Ingress), load_balancer"
+                   " (regional, an L4 LoadBalancer Service) or regional_gateway (regional Gateway); add the one that attaches it")
+
+
 def _dns(config: ClusterConfig) -> Iterator[Finding]:
     if config.dns is None:
         return
@@ -334,8 +365,11 @@ def _dns(config: ClusterConfig) -> Iterator[Finding]:
     addresses: dict[str, str] = {}
     for r, record in enumerate(config.dns.records):
         path = ("dns", "records", r)
-        if (record.static_ip is None) == (record.hostname is None):
-            yield ((*path, "name"), f"record {record.name!r} needs exactly one of static_ip (A record) or hostname (CNAME); keep one of them")
+        if sum((record.static_ip is not None, record.hostname is not None, record.nomad_api)) != 1:
+            yield ((*path, "name"), f"record {record.name!r} needs exactly one of static_ip (A record), hostname (CNAME)"
+                   " or nomad_api: true (A record to the Nomad API's internal address); keep one of them")
+        if record.nomad_api:
+            yield from _nomad_api_record(config, record, path)
         if record.static_ip is not None and record.static_ip not in ips:
             allowed = ", ".join(sorted(ips)) or "none declared under gcp.static_ips"
             yield ((*path, "static_ip"), f"unknown static IP {record.static_ip!r}{did_you_mean(record.static_ip, ips)}; allowed: {allowed};"

@@ -37,7 +37,8 @@ def claims(config: ClusterConfig) -> Iterator[Claim]:
             yield Claim(project, "tenant service account id", tenant_account_id(config.name, tenant.name), ("tenants", t, "name"))
     regional = f"{project}, region {config.gcp.region}"
     for i, ip in enumerate(config.gcp.static_ips):
-        yield Claim(regional, "static IP name", f"{config.name}-{ip.name}", ("gcp", "static_ips", i, "name"))
+        scope, kind = (project, "global static IP name") if ip.use is not None and ip.use.is_global else (regional, "static IP name")
+        yield Claim(scope, kind, f"{config.name}-{ip.name}", ("gcp", "static_ips", i, "name"))
     if config.scheduler == SchedulerKind.NOMAD:
         for p, pool in enumerate(config.gpu_pools):
             yield Claim(regional, "instance group name", nomad_pool_name(config.name, pool.name), ("gpu_pools", p, "name"))

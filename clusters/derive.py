@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from clusters.families import GPUDIRECT_RUNTIME, GPUDIRECT_SUBNET_PREFIX, GpuDirect, machine_family
+from clusters.reservation import ReservationSpec, derive_reservation
 from clusters.machines import MACHINE_GPUS, N1_ACCELERATOR, N1_GPU_MEMORY_GIB, N1_MODEL, NVML_GPUS, NvmlGpu, is_n1
 from clusters.schema import ClusterConfig, Environment, GkeConfig, GpuPool, SchedulerKind, TaintEffect
 
@@ -94,6 +95,9 @@ class GpuPoolSpec:
     gpudirect: GpuDirect = GpuDirect.NONE
     upgrade: UpgradeSpec = UpgradeSpec(1, 0, True, True)
     location_policy: str = "BALANCED"
+    # The reservation's full name and zone (GKE side): what reservation_affinity matches and the precondition checks.
+    reservation_spec: ReservationSpec | None = None
+    placement_policy_name: str | None = None
 
     @property
     def autoscaling(self) -> bool:
@@ -185,6 +189,8 @@ def derive_gpu_pool(pool: GpuPool, config: ClusterConfig) -> GpuPoolSpec:
         # ANY fills unused reservations first and takes spot/DWS capacity wherever it is
         # (toolkit gke-node-pool/main.tf:120 always uses ANY); BALANCED spreads on-demand pools.
         location_policy="ANY" if pool.spot or pool.queued_provisioning or pool.reservation else "BALANCED",
+        placement_policy_name=pool.placement_policy_name,
+        reservation_spec=derive_reservation(pool.reservation, config.gcp.project, (pool.zones or config.gcp.zones)[0]) if pool.reservation else None,
     )
 
 

@@ -29,7 +29,8 @@ MEMBER = re.compile(r"^(group|serviceAccount|user):[A-Za-z0-9._%+-]+@[A-Za-z0-9-
 # (lowercase, digits, '_' and '-'; cloud.google.com/compute/docs/labeling-resources) because pool
 # labels land on GKE nodes and on Nomad instances, Kubernetes taint values (= label values).
 GCE_NAME = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
-RESERVATION = re.compile(r"^(projects/[a-z][a-z0-9-]{4,28}[a-z0-9]/reservations/)?[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
+RESERVATION = re.compile(r"^(projects/[a-z][a-z0-9-]{4,28}[a-z0-9]/reservations/)?[a-z]([-a-z0-9]{0,61}[a-z0-9])?"
+                         r"(/reservationBlocks/[a-z]([-a-z0-9]{0,61}[a-z0-9])?)?$")
 POOL_LABEL_VALUE = re.compile(r"^([a-z0-9]([a-z0-9_-]{0,61}[a-z0-9])?)?$")
 K8S_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])?$")
 IMAGE = re.compile(r"^projects/[a-z][a-z0-9-]{4,28}[a-z0-9]/global/images/(family/)?[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
@@ -187,8 +188,24 @@ class AuthorizedNetwork(Model):
     cidr: Cidr
 
 
+class StaticIpUse(StrEnum):
+    """What attaches the address, which decides its kind (review C11). GKE Ingress builds a global
+    external Application Load Balancer, whose ``kubernetes.io/ingress.global-static-ip-name`` takes a
+    global address; an L4 ``LoadBalancer`` Service and a regional Gateway take a regional one."""
+
+    INGRESS = "ingress"
+    LOAD_BALANCER = "load_balancer"
+    REGIONAL_GATEWAY = "regional_gateway"
+
+    @property
+    def is_global(self) -> bool:
+        return self is StaticIpUse.INGRESS
+
+
 class StaticIp(Model):
     name: DnsName
+    # Required on GKE (checks): an address of the wrong kind is reserved, billed and never attachable.
+    use: StaticIpUse | None = None
     description: Annotated[str, _charset(DESCRIPTION, "a plain description (up to 256 letters, digits, spaces and .,:;()'/&_+-)", "Nomad UI behind the corp proxy")] = ""
 
 
@@ -233,9 +250,12 @@ class GpuPool(Model):
     min_nodes: Annotated[int, Field(ge=0, le=1000)] | None = None
     max_nodes: Annotated[int, Field(ge=1, le=1000)] | None = None
     spot: bool = False
-    reservation: Annotated[str, _charset(RESERVATION, "a GCE reservation name (optionally projects/<project>/reservations/<name>)", "h100-reservation-2026")] | None = None
+    reservation: Annotated[str, _charset(RESERVATION, "a GCE reservation name (optionally projects/<project>/reservations/<name>, optionally ending /reservationBlocks/<block>)", "h100-reservation-2026")] | None = None
     queued_provisioning: bool = False
     placement: Literal["COMPACT"] | None = None
+    # An existing compact resource policy (same project and region as the pool) that GKE places the
+    # pool's nodes with instead of creating one; the only COMPACT form allowed on a reserved pool.
+    placement_policy_name: Annotated[str, _charset(GCE_NAME, "a GCE resource policy name", "a3-compact-policy")] | None = None
     zones: tuple[Zone, ...] | None = None
     boot_disk_gb: Annotated[int, Field(ge=50, le=65536)] = 200
     # None: the machine family's default (clusters.families): pd-ssd, or hyperdisk-balanced where PD is not offered.
@@ -281,6 +301,8 @@ class DnsRecord(Model):
                                            " and '-' (a first label may be '*'), or '@' for the zone apex, e.g. 'tensorboard.prod'")]
     static_ip: DnsName | None = None
     hostname: str | None = None
+    # An A record to the Nomad servers' internal load balancer (VPN users reach the API by name).
+    nomad_api: bool = False
     proxied: bool = False
     ttl: Annotated[int, Field(ge=1, le=86400)] = 1
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from cdktf import Precondition
 from constructs import Construct
 
 from clusters.derive import GpuPoolSpec
-from constructs_lib.naming import pin
+from clusters.reservation import error_message, precondition
+from constructs_lib.naming import pin, tf_id
 from constructs_lib.providers import google
 
 
@@ -14,7 +16,8 @@ class GpuNodePool(Construct):
 
     A static ``node_count`` is per zone on GKE: the pool holds ``node_count`` x zones nodes,
     which is what ``spec.capacity_gpus`` counts. Upgrade settings, local SSDs, driver version and
-    location policy come derived in the spec (``clusters.derive``). ``prevent_destroy`` follows ``spec.protected``: losing a reserved pool can mean losing the
+    location policy come derived in the spec (``clusters.derive``). A reserved pool names its
+    reservation in full and checks it before apply (``clusters.reservation``, as the toolkit does). ``prevent_destroy`` follows ``spec.protected``: losing a reserved pool can mean losing the
     reservation's capacity for weeks. The underlying resource is ``self.pool`` for overrides.
     """
 
@@ -22,6 +25,20 @@ class GpuNodePool(Construct):
                  node_service_account: str, resource_labels: dict[str, str],
                  node_networks: tuple[tuple[str, str], ...] = ()) -> None:
         super().__init__(scope, id_)
+        reservation = spec.reservation_spec
+        lifecycle: dict[str, object] = {"prevent_destroy": spec.protected, "ignore_changes": ["initial_node_count"]}
+        self.reservation = None
+        if reservation is not None:
+            # Read by name only (never the block suffix) in the pool's zone; the precondition
+            # refuses the plan when it is missing there, not specific-only, or of another shape.
+            self.reservation = pin(google.data_google_compute_reservation.DataGoogleComputeReservation(
+                self, "reservation", name=reservation.name, zone=reservation.zone, project=reservation.project,
+            ), f"reservation_{spec.name}")
+            ref = f"data.google_compute_reservation.{tf_id('reservation_' + spec.name)}"
+            lifecycle["precondition"] = [Precondition(
+                condition="${" + precondition(ref, spec.machine_type, spec.accelerator, spec.gpus_per_node) + "}",
+                error_message=error_message(reservation, spec.machine_type, spec.accelerator, spec.gpus_per_node),
+            )]
         node_config: dict[str, object] = {
             "machine_type": spec.machine_type,
             "disk_size_gb": spec.boot_disk_gb,
@@ -44,8 +61,8 @@ class GpuNodePool(Construct):
             "metadata": {"disable-legacy-endpoints": "true"},
             "reservation_affinity": (
                 {"consume_reservation_type": "SPECIFIC_RESERVATION", "key": "compute.googleapis.com/reservation-name",
-                 "values": [spec.reservation]}
-                if spec.reservation else {"consume_reservation_type": "NO_RESERVATION"}
+                 "values": [reservation.affinity_value]}
+                if reservation else {"consume_reservation_type": "NO_RESERVATION"}
             ),
         }
         if spec.local_ssd_count:
@@ -61,7 +78,7 @@ class GpuNodePool(Construct):
         )
         extras: dict[str, object] = {}
         if spec.compact_placement:
-            extras["placement_policy"] = {"type": "COMPACT"}
+            extras["placement_policy"] = {"type": "COMPACT", **({"policy_name": spec.placement_policy_name} if spec.placement_policy_name else {})}
         if spec.queued_provisioning:
             extras["queued_provisioning"] = {"enabled": True}
         if node_networks:
@@ -78,7 +95,7 @@ class GpuNodePool(Construct):
             management={"auto_repair": spec.upgrade.auto_repair, "auto_upgrade": spec.upgrade.auto_upgrade},
             upgrade_settings={"max_surge": spec.upgrade.max_surge, "max_unavailable": spec.upgrade.max_unavailable},
             node_config=node_config,
-            lifecycle={"prevent_destroy": spec.protected, "ignore_changes": ["initial_node_count"]},
+            lifecycle=lifecycle,
             **sizing,
             **extras,
         ), f"pool_{spec.name}")

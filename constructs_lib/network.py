@@ -15,13 +15,21 @@ PODS_RANGE = "pods"
 SERVICES_RANGE = "services"
 
 
-def _health_check_scope(config: ClusterConfig) -> dict[str, object]:
-    """Nomad: Google's health checkers probe only the servers' API port (the load balancer's
-    health check). GKE keeps the open rule its load balancers' node ports rely on."""
+def _health_check_rule(config: ClusterConfig) -> dict[str, object] | None:
+    """Who Google's health checkers may probe (review C10).
+
+    Nomad: only the servers' API port, the internal load balancer's health check. GKE: nothing
+    from gpufleet. GKE's own controllers open exactly what each load balancer needs, scoped to the
+    cluster's node tags and the Service's health-check and node ports: the Ingress controller
+    (kubernetes/ingress-gce ``pkg/firewalls``, rules ``k8s-fw-l7-*``) and the L4 service
+    controller (``k8s-*`` rules; on by default, ``disable_l4_lb_firewall_reconciliation`` in
+    provider 6.50 turns it off; GKE docs "user-managed-firewall-rules"). An extra open TCP rule
+    from the checkers' ranges would only widen what every node exposes.
+    """
     if config.scheduler == SchedulerKind.NOMAD:
         return {"allow": [google.compute_firewall.ComputeFirewallAllow(protocol="tcp", ports=["4646"])],
                 "target_tags": [f"{config.name}-nomad-server"]}
-    return {"allow": [google.compute_firewall.ComputeFirewallAllow(protocol="tcp")]}
+    return None
 
 
 class GpuNetwork(Construct):
@@ -59,9 +67,11 @@ class GpuNetwork(Construct):
                                                     google.compute_firewall.ComputeFirewallAllow(protocol="icmp")]),
             "allow_iap_ssh": self._firewall("allow-iap-ssh", priority=1000, source_ranges=[IAP_RANGE],
                                             allow=[google.compute_firewall.ComputeFirewallAllow(protocol="tcp", ports=["22"])]),
-            "allow_health_checks": self._firewall("allow-health-checks", priority=1000,
-                                                  source_ranges=list(HEALTH_CHECK_RANGES), **_health_check_scope(config)),
         }
+        health = _health_check_rule(config)
+        if health is not None:
+            self.firewalls["allow_health_checks"] = self._firewall("allow-health-checks", priority=1000,
+                                                                   source_ranges=list(HEALTH_CHECK_RANGES), **health)
 
     def _firewall(self, suffix: str, **kwargs: object) -> object:
         fid = "fw_" + suffix.replace("-", "_")

@@ -73,7 +73,8 @@ class ClusterStack(TerraformStack):
         if config.scheduler == SchedulerKind.NOMAD and config.nomad is not None:
             self._nomad(config, config.nomad, node_sa)
         self.dns = DnsRecords(self, "dns", cluster=config.name, dns=config.dns,
-                              static_ips={n: a.address for n, a in self.static_ips.addresses.items()}) if config.dns else None
+                              static_ips={n: a.address for n, a in self.static_ips.addresses.items()},
+                              nomad_api_ip=self.nomad_servers.forwarding_rule.ip_address if self.nomad_servers else None) if config.dns else None
         self._outputs()
 
     def _nomad(self, config: ClusterConfig, nomad: NomadConfig, node_sa: str) -> None:

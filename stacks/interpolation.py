@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from clusters.errors import UserError
+from clusters.reservation import PRECONDITION_SHAPE
 
 _ESCAPES = ("$${", "%%{")
 _OPENERS = ("${", "%{")
@@ -31,6 +32,9 @@ REFERENCE = re.compile(rf"(?:var\.{_NAME}|local\.{_NAME}|data\.{_NAME}\.{_NAME}|
 # another Fn.* adds it here. Arguments must themselves be allowed expressions, so no literal (and
 # so no user text) can ride inside a call.
 FUNCTIONS = frozenset({"base64decode"})
+# Whole expressions gpufleet generates beyond references and calls: each a fixed template whose only
+# variable parts are names (the reserved pool's precondition, clusters.reservation).
+TEMPLATES = (PRECONDITION_SHAPE,)
 _CALL = re.compile(rf"({_NAME})\((.*)\)", re.DOTALL)
 
 
@@ -117,7 +121,7 @@ def _split_args(body: str) -> list[str] | None:
 def allowed(expression: str) -> bool:
     """A reference, or an allowed function applied to allowed expressions."""
     expression = expression.strip()
-    if REFERENCE.fullmatch(expression):
+    if REFERENCE.fullmatch(expression) or any(t.fullmatch(expression) for t in TEMPLATES):
         return True
     call = _CALL.fullmatch(expression)
     if not call or call.group(1) not in FUNCTIONS:

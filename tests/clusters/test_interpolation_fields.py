@@ -37,6 +37,9 @@ Path_ = tuple[str | int, ...]
 EXTRAS: dict[str, dict[str, Any]] = {
     "prod-nomad": {
         "state": {"backend": "tfc", "organization": "gpufleet", "workspace": "prod-nomad", "project": "gpufleet"},
+        # existing_servers: no internal load balancer here, so the UI record names the servers' host.
+        "dns": {"zone_id": "0123456789abcdef0123456789abcdef", "zone_name": "example.com",
+                "records": [{"name": "nomad.prod", "hostname": "nomad.corp.example.com"}]},
         "nomad": {"datacenter": "europe-west4", "vault_addr": "https://vault.example.com:8200", "region": "global",
                   "existing_servers": ["10.0.0.2:4647"], "servers": {"count": 3, "machine_type": "e2-standard-4", "zones": ["europe-west4-a", "europe-west4-b", "europe-west4-c"],
                                                      "fewer_zones_reason": "staging cluster: one zone is enough"},
@@ -44,7 +47,7 @@ EXTRAS: dict[str, dict[str, Any]] = {
     },
     "prod-gke": {
         "gpu_pools": [{"name": "h100", "machine_type": "a3-highgpu-8g", "accelerator": "nvidia-h100-80gb", "min_nodes": 0, "max_nodes": 4,
-                       "reservation": "h100-reservation-2026", "placement": "COMPACT", "zones": ["us-central1-a"],
+                       "reservation": "h100-reservation-2026", "placement": "COMPACT", "placement_policy_name": "h100-compact", "zones": ["us-central1-a"],
                        "labels": {"workload": "pretrain"}, "taints": [{"key": "dedicated", "value": "pretrain"}]},
                       {"name": "l4-spot", "machine_type": "g2-standard-24", "min_nodes": 0, "max_nodes": 8, "spot": True}],
         "gke": {"release_channel": "REGULAR", "rbac_security_group": "gke-security-groups@example.com", "maintenance_start_time": "09:00",

@@ -128,6 +128,6 @@ def test_fails_with_one_line_when_vault_addr_holds_an_interpolation(tmp_path: Pa
     with pytest.raises(ConfigError) as err:
         clusters.load(path)
     (problem,) = err.value.problems
-    assert str(problem).startswith(f"{path}:20: nomad.vault_addr: ") and "\n" not in str(problem)
+    assert str(problem).startswith(f"{path}:17: nomad.vault_addr: ") and "\n" not in str(problem)
     assert json.dumps(problem.message)  # plain text, no pydantic/regex internals
     assert "String should match pattern" not in problem.message

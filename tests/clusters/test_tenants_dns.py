@@ -52,7 +52,18 @@ CASES = [
      "unknown static IP 'ingres' (did you mean 'ingress'?); allowed: ingress"),
     ("dns-no-static-ips", "prod-gke", lambda d: d["gcp"].pop("static_ips"), "dns.records[0].static_ip", "none declared under gcp.static_ips"),
     ("dns-both-targets", "prod-gke", lambda d: record(d).update(hostname="x.example.org"), "dns.records[0].name",
-     "needs exactly one of static_ip (A record) or hostname (CNAME)"),
+     "needs exactly one of static_ip (A record), hostname (CNAME) or nomad_api: true"),
+    ("static-ip-without-use", "prod-gke", lambda d: d["gcp"]["static_ips"][0].pop("use"), "gcp.static_ips[0].use",
+     "needs use: ingress (global address, GKE Ingress), load_balancer (regional, an L4 LoadBalancer Service) or regional_gateway"),
+    ("static-ip-unknown-use", "prod-gke", lambda d: d["gcp"]["static_ips"][0].update(use="gateway"), "gcp.static_ips[0].use", "ingress"),
+    ("static-ip-on-nomad", "prod-nomad", lambda d: d["gcp"].update(static_ips=[{"name": "nomad-ui"}]), "gcp.static_ips[0].name",
+     "nothing to attach it to"),
+    ("nomad-api-record-on-gke", "prod-gke", lambda d: record(d, 1).pop("hostname") and record(d, 1).update(nomad_api=True, ttl=1),
+     "dns.records[1].nomad_api", "use hostname for servers managed elsewhere"),
+    ("nomad-api-record-proxied", "prod-nomad", lambda d: record(d).update(proxied=True), "dns.records[0].proxied",
+     "cannot proxy the Nomad API's internal address"),
+    ("nomad-api-record-and-static-ip", "prod-nomad", lambda d: record(d).update(hostname="nomad.example.org"), "dns.records[0].name",
+     "needs exactly one of"),
     ("dns-no-target", "prod-gke", lambda d: record(d, 1).pop("hostname"), "dns.records[1].name", "needs exactly one of"),
     ("dns-proxied-with-ttl", "prod-gke", lambda d: record(d, 1).update(proxied=True), "dns.records[1].ttl",
      "proxied records have an automatic TTL; set ttl: 1"),
@@ -118,7 +129,11 @@ def test_overcommit_allows_quotas_above_capacity(write_cluster):
 
 def test_existing_servers_accept_hosts_ports_and_auto_join(write_cluster):
     servers = ["10.0.0.2", "nomad-1.internal:4647", "provider=gce tag_value=nomad-server"]
-    config = clusters.load(write_cluster("prod-nomad", lambda d: d["nomad"].update(existing_servers=servers)))
+    def mutate(d: dict) -> None:
+        d["nomad"]["existing_servers"] = servers
+        d["dns"]["records"] = [{"name": "nomad.prod", "hostname": "nomad.corp.example.com"}]  # no internal LB of ours to point at
+
+    config = clusters.load(write_cluster("prod-nomad", mutate))
     assert config.nomad.existing_servers == tuple(servers)
 
 

@@ -14,7 +14,7 @@ def records(stack_json):
 
 def test_a_record_points_at_the_named_static_ip(records):
     a = records["dns_tensorboard_prod"]
-    assert (a["type"], a["name"], a["content"]) == ("A", "tensorboard.prod.example.com", "${google_compute_address.ip_ingress.address}")
+    assert (a["type"], a["name"], a["content"]) == ("A", "tensorboard.prod.example.com", "${google_compute_global_address.ip_ingress.address}")
     assert a["zone_id"] == "0123456789abcdef0123456789abcdef"
     assert (a["proxied"], a["ttl"]) == (False, 1)
     assert a["comment"] == "gpufleet: clusters/prod-gke.yaml" and len("gpufleet: clusters/.yaml") + 40 <= 100
@@ -27,7 +27,8 @@ def test_cname_points_at_the_hostname_with_its_ttl(records):
 
 def test_nomad_cluster_record_and_no_dns_without_a_dns_section(stack_json):
     nomad = stack_json("prod-nomad")["resource"]["cloudflare_dns_record"]["dns_nomad_prod"]
-    assert nomad["content"] == "${google_compute_address.ip_nomad_ui.address}"
+    assert (nomad["type"], nomad["content"]) == ("A", "${google_compute_forwarding_rule.nomad_api.ip_address}"), "review C11: the API's internal address"
+    assert "google_compute_address" not in stack_json("prod-nomad")["resource"], "no external address reserved for nothing"
     dev = stack_json("dev-gke")
     assert "cloudflare_dns_record" not in dev["resource"] and "cloudflare" not in dev["provider"]
 

@@ -123,10 +123,10 @@ def _summary(result) -> list[tuple[str, str, tuple[str, ...]]]:
 
 
 def test_static_ip_description_reworded_replaces_the_address(stack_json):
-    base, head = _edit(stack_json, "prod-gke", lambda r: r["google_compute_address"]["ip_ingress"].update(description="reworded"))
+    base, head = _edit(stack_json, "prod-gke", lambda r: r["google_compute_global_address"]["ip_ingress"].update(description="reworded"))
     result = preview(base, head, TABLES)
-    assert _summary(result) == [("replaced", "prod-gke/google_compute_address.ip_ingress", ("description",))]
-    assert result.exit_code == ExitCode.BLOCKED and "google/services/compute/resource_compute_address.go" in result.findings[0].changes[0].rule
+    assert _summary(result) == [("replaced", "prod-gke/google_compute_global_address.ip_ingress", ("description",))]
+    assert result.exit_code == ExitCode.BLOCKED and "google/services/compute/resource_compute_global_address.go" in result.findings[0].changes[0].rule
 
 
 def test_driver_version_on_a_reserved_pool_replaces_it(stack_json):
@@ -157,7 +157,7 @@ def test_reservation_changed_replaces_the_pool(stack_json):
         r["google_container_node_pool"]["pool_h100"]["node_config"]["reservation_affinity"]["values"] = ["h100-reservation-2027"]
     result = preview(*_edit(stack_json, "prod-gke", edit), TABLES)
     assert _summary(result) == [("replaced", "prod-gke/google_container_node_pool.pool_h100", ("node_config.reservation_affinity.values",))]
-    assert result.findings[0].changes[0].old == ["h100-reservation-2026"]
+    assert result.findings[0].changes[0].old == ["projects/ml-train-prod/reservations/h100-reservation-2026"]
 
 
 def test_max_nodes_raised_and_initial_count_ignored_are_in_place(stack_json):

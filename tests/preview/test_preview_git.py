@@ -110,7 +110,7 @@ def test_rename_kept_by_allow_destroy_exits_3(repo, cache_dir, tmp_path):
 def test_static_ip_description_changed_replaces_the_ip(repo, cache_dir, tmp_path):
     edit(repo / "clusters/prod-gke.yaml", "description: training dashboards and TensorBoard ingress", "description: dashboards")
     rc, report = run(repo, cache_dir, tmp_path)
-    assert rc == 4 and findings(report) == [("replaced", "prod-gke/google_compute_address.ip_ingress", None)]
+    assert rc == 4 and findings(report) == [("replaced", "prod-gke/google_compute_global_address.ip_ingress", None)]
     (ip,) = report["stacks"][[s["stack"] for s in report["stacks"]].index("prod-gke")]["findings"]
     assert ip["changes"] == [{"path": "description", "old": "training dashboards and TensorBoard ingress", "new": "dashboards",
                               "forces_replacement": True, "source": ip["changes"][0]["source"]}]
@@ -169,7 +169,7 @@ def test_cluster_file_deleted_destroys_every_protected_resource_of_its_stacks(re
                 expected.append(("destroyed", f"{stack}/{rtype}.{name}", None, protected))
     assert [(*f, p["protected"]) for f, p in zip(findings(report), [f for s in report["stacks"] for f in s["findings"]])] == expected
     assert {
-        "prod-nomad/google_compute_address.ip_nomad_ui", "prod-nomad/google_compute_region_instance_group_manager.nomad_pool_a100",
+        "prod-nomad/google_compute_region_instance_group_manager.nomad_pool_a100",
         "prod-nomad-scheduler/nomad_node_pool.nomad_node_pool_a100", "tfc-workspaces/tfe_workspace.workspace_prod_nomad",
     } <= set(report["blocking"])
 
@@ -212,8 +212,7 @@ def test_code_change_renaming_a_construct_id_is_previewed_with_the_working_tree_
     rc, report = run(repo, cache_dir, tmp_path)
     assert rc == 4
     assert findings(report, protected_only=True) == [
-        ("renamed", "prod-gke/google_compute_address.ip_ingress", "google_compute_address.static_ip_ingress"),
-        ("renamed", "prod-nomad/google_compute_address.ip_nomad_ui", "google_compute_address.static_ip_nomad_ui"),
+        ("renamed", "prod-gke/google_compute_global_address.ip_ingress", "google_compute_global_address.static_ip_ingress"),
     ]
     assert all("moved" in f["advice"] for s in report["stacks"] for f in s["findings"] if f["protected"])
 
@@ -255,5 +254,5 @@ def test_check_runs_the_full_preview_when_cheap_and_catches_an_immutable_edit(re
     row = next(r for r in report.rows if r[0] == "destroys")
     assert row[:2] == ("destroys", False) and "(gpufleet preview)" in row[2]
     assert [d for d in report.details if d.startswith("preview:")] == [
-        "preview: BLOCKED: prod-gke: google_compute_address.ip_ingress is replaced (immutable: description: "
+        "preview: BLOCKED: prod-gke: google_compute_global_address.ip_ingress is replaced (immutable: description: "
         "training dashboards and TensorBoard ingress -> dashboards) [protected type]"]

@@ -18,7 +18,7 @@ INFO = {"ref": "origin/main", "commit": "0" * 40, "tree": "1" * 40, "cache": "hi
 def _report(stack_json, allow: tuple[str, ...] = ()) -> dict:
     base = stack_json("prod-gke")
     head = copy.deepcopy(base)
-    head["resource"]["google_compute_address"]["ip_ingress"]["description"] = "reworded"
+    head["resource"]["google_compute_global_address"]["ip_ingress"]["description"] = "reworded"
     return report.to_json(preview({"prod-gke": base}, {"prod-gke": head}, load_tables(), allow_destroy=allow), INFO)
 
 
@@ -31,13 +31,13 @@ def test_preview_section_goes_first_and_names_the_protected_resource(stack_json,
     assert lines[0] == ci_comment.MARKER and lines[1] == "## gpufleet plan"
     assert lines[3] == "### gpufleet preview (offline, against `origin/main`)"
     assert lines[5] == ("⛔ **this PR destroys or replaces 1 protected resource(s):** "
-                        "`prod-gke/google_compute_address.ip_ingress` (replaced)")
+                        "`prod-gke/google_compute_global_address.ip_ingress` (replaced)")
     assert body.index("### gpufleet preview") < body.index("**1 stack(s):**")
     assert "`description` training dashboards and TensorBoard ingress → reworded" in body
 
 
 def test_allowed_destroy_is_shown_as_allowed_not_blocking(stack_json):
-    text = report.markdown(_report(stack_json, allow=("prod-gke/google_compute_address.ip_ingress",)))
+    text = report.markdown(_report(stack_json, allow=("prod-gke/google_compute_global_address.ip_ingress",)))
     assert "⚠️ **this PR destroys or replaces 1 protected resource(s):**" in text and "✔️ allowed" in text
 
 

@@ -29,6 +29,8 @@ TYPES = (
     "compute_subnetwork", "container_cluster", "container_node_pool", "project_iam_member", "secret_manager_secret",
     "secret_manager_secret_iam_member", "secret_manager_secret_version", "service_account", "service_account_iam_member",
 )
+# Data sources, stored as "data.google_<name>" (the reserved pools' reservation check, clusters.reservation).
+DATA_TYPES = ("compute_reservation",)
 META = {"scope", "id", "connection", "count", "depends_on", "for_each", "lifecycle", "provider", "provisioners", "return"}
 
 
@@ -64,13 +66,17 @@ def main() -> None:
     out: dict[str, object] = {"_meta": {
         "provider": "hashicorp/google", "provider_version": "6.50.0",
         "source": f"{DISTRIBUTION}=={metadata.version(DISTRIBUTION)} (prebuilt cdktf bindings generated from the provider schema)",
-        "cross_checked": "hashicorp/terraform-provider-google tag v6.50.0 (956f5109), google/services/container/*.go",
+        "cross_checked": "hashicorp/terraform-provider-google tag v6.50.0 (956f5109), google/services/container/*.go,"
+                         " google/services/compute/resource_compute_reservation.go (data source)",
         "regenerate": ".venv/bin/python tests/schemas/regen_google.py",
         "format": "resource type -> {attribute: null (argument) | {nested block attributes}}",
     }}
     for module in TYPES:
         mod = importlib.import_module(f"{PACKAGE}.{module}")
         out[f"google_{module}"] = walk(getattr(mod, class_name(module)), top=True)
+    for module in DATA_TYPES:
+        mod = importlib.import_module(f"{PACKAGE}.data_google_{module}")
+        out[f"data.google_{module}"] = walk(getattr(mod, class_name(f"data_google_{module}")), top=True)
     Path(__file__).with_name("google-6.50.0.json").write_text(json.dumps(out, indent=1, sort_keys=True) + "\n")
 
 

@@ -33,15 +33,18 @@ def unknown(value: object, tree: dict, path: str) -> list[str]:
 
 
 def problems(stack: dict) -> list[str]:
+    """Resources under their type, data sources under ``data.<type>`` (regen_google.py DATA_TYPES)."""
     found = []
-    for rtype, resources in stack.get("resource", {}).items():
-        if not rtype.startswith("google_"):
+    blocks = [(rtype, rtype, items) for rtype, items in stack.get("resource", {}).items()]
+    blocks += [(f"data.{rtype}", f"data.{rtype}", items) for rtype, items in stack.get("data", {}).items()]
+    for key, label, resources in blocks:
+        if not key.removeprefix("data.").startswith("google_"):
             continue
-        if rtype not in SCHEMA:
-            found.append(f"{rtype}: not in the vendored schema; add it to tests/schemas/regen_google.py TYPES and regenerate")
+        if key not in SCHEMA:
+            found.append(f"{key}: not in the vendored schema; add it to tests/schemas/regen_google.py TYPES or DATA_TYPES and regenerate")
             continue
         for name, body in resources.items():
-            found += unknown({k: v for k, v in body.items() if k not in META}, SCHEMA[rtype], f"{rtype}.{name}")
+            found += unknown({k: v for k, v in body.items() if k not in META}, SCHEMA[key], f"{label}.{name}")
     return found
 
 
@@ -78,3 +81,10 @@ def test_the_walk_catches_misspelt_and_not_yet_released_attributes(stack_json, p
         node = node.setdefault(key, {})
     node[path[-1]] = value
     assert expected in problems(stack)
+
+
+def test_the_walk_covers_data_sources(stack_json):
+    stack = json.loads(json.dumps(stack_json("prod-gke")))
+    assert problems(stack) == [] and stack["data"]["google_compute_reservation"]
+    stack["data"]["google_compute_reservation"]["reservation_h100"]["reservation_block"] = "b1"
+    assert problems(stack) == ["data.google_compute_reservation.reservation_h100.reservation_block"]

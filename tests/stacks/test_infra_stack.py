@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 
 def res(stack: dict, rtype: str, name: str) -> dict:
     return stack["resource"][rtype][name]
@@ -36,19 +38,19 @@ def test_gke_clusters_turn_on_google_groups_for_rbac_from_the_file(stack_json, e
     assert dev["master_authorized_networks_config"]["cidr_blocks"] == [{"cidr_block": "198.51.100.0/24", "display_name": "corp-vpn"}]
 
 
-def test_reserved_h100_pool_is_compact_protected_and_tainted(stack_json):
+def test_reserved_h100_pool_is_protected_and_tainted_without_its_own_compact_policy(stack_json):
     pool = res(stack_json("prod-gke"), "google_container_node_pool", "pool_h100")
     node = pool["node_config"]
     assert node["machine_type"] == "a3-highgpu-8g"
     assert node["guest_accelerator"] == [{"type": "nvidia-h100-80gb", "count": 8,
                                           "gpu_driver_installation_config": {"gpu_driver_version": "DEFAULT"}}]
     assert node["reservation_affinity"] == {"consume_reservation_type": "SPECIFIC_RESERVATION",
-                                            "key": "compute.googleapis.com/reservation-name", "values": ["h100-reservation-2026"]}
+                                            "key": "compute.googleapis.com/reservation-name", "values": ["projects/ml-train-prod/reservations/h100-reservation-2026"]}
     assert node["taint"][0] == {"key": "nvidia.com/gpu", "value": "present", "effect": "NO_SCHEDULE"}
     assert node["shielded_instance_config"] == {"enable_secure_boot": True, "enable_integrity_monitoring": True}
     assert node["workload_metadata_config"] == {"mode": "GKE_METADATA"}
     assert node["spot"] is False
-    assert pool["placement_policy"] == {"type": "COMPACT"}
+    assert "placement_policy" not in pool, "review B10: the reservation brings its own placement"
     assert pool["node_locations"] == ["us-central1-a"]
     assert pool["autoscaling"]["total_max_node_count"] == 4
     assert pool["management"] == {"auto_repair": True, "auto_upgrade": True}
@@ -127,8 +129,27 @@ def test_static_gke_pool_sets_node_count_per_zone(example_configs):
 
 
 def test_static_ips_are_protected_outside_dev(stack_json):
-    ip = res(stack_json("prod-gke"), "google_compute_address", "ip_ingress")
+    ip = res(stack_json("prod-gke"), "google_compute_global_address", "ip_ingress")
     assert (ip["name"], ip["lifecycle"]["prevent_destroy"]) == ("prod-gke-ingress", True)
+
+
+def test_an_ingress_address_is_global_and_a_load_balancer_address_regional(stack_json, example_configs):
+    """Review C11: GKE Ingress (global external Application LB) cannot take a regional address."""
+    from cdktf import Testing
+
+    from clusters.schema import StaticIpUse
+    from stacks.infra import ClusterStack
+
+    assert "google_compute_address" not in stack_json("prod-gke")["resource"]
+    ip = res(stack_json("prod-gke"), "google_compute_global_address", "ip_ingress")
+    assert (ip["address_type"], ip["ip_version"]) == ("EXTERNAL", "IPV4") and "region" not in ip
+    prod = {c.name: c for c in example_configs}["prod-gke"]
+    l4 = prod.gcp.static_ips[0].model_copy(update={"use": StaticIpUse.LOAD_BALANCER})
+    stack = json.loads(Testing.synth(ClusterStack(Testing.app(), prod.model_copy(update={"gcp": prod.gcp.model_copy(update={"static_ips": (l4,)})}))))
+    regional = res(stack, "google_compute_address", "ip_ingress")
+    assert (regional["region"], regional["address_type"], regional["network_tier"]) == ("us-central1", "EXTERNAL", "PREMIUM")
+    assert "google_compute_global_address" not in stack["resource"]
+    assert stack["resource"]["cloudflare_dns_record"]["dns_tensorboard_prod"]["content"] == "${google_compute_address.ip_ingress.address}"
 
 
 def test_backends_follow_the_state_section(stack_json):
@@ -148,3 +169,15 @@ def test_outputs_give_the_scheduler_layer_what_it_needs(stack_json):
 def test_provider_credentials_are_not_in_the_json(stack_json):
     provider = stack_json("prod-gke")["provider"]["google"][0]
     assert set(provider) == {"project", "region", "default_labels"}
+
+
+@pytest.mark.parametrize("stack", ["prod-gke", "dev-gke", "train-a3mega"])
+def test_gke_clusters_open_nothing_to_the_health_checkers(stack_json, stack):
+    """Review C10: GKE's Ingress and service controllers create the per-load-balancer rules they need;
+    an extra rule from the checkers' ranges opened every TCP port of every node."""
+    from constructs_lib.network import HEALTH_CHECK_RANGES
+
+    firewalls = stack_json(stack)["resource"]["google_compute_firewall"]
+    assert not [name for name, fw in firewalls.items() if set(fw.get("source_ranges", ())) & set(HEALTH_CHECK_RANGES)]
+    nomad = stack_json("prod-nomad")["resource"]["google_compute_firewall"]["fw_allow_health_checks"]
+    assert (nomad["allow"], nomad["target_tags"]) == ([{"protocol": "tcp", "ports": ["4646"]}], ["prod-nomad-nomad-server"])

@@ -21,7 +21,7 @@ import pytest
 import clusters
 from clusters.errors import UserError
 from clusters.schema import StaticIp
-from stacks.interpolation import allowed, check_outdir, find, sequences
+from stacks.interpolation import TEMPLATES, allowed, check_outdir, find, sequences
 from stacks.synth import synthesize
 
 PAYLOAD = '${base64encode(file("/proc/self/environ"))}'
@@ -35,8 +35,11 @@ def test_every_interpolation_of_the_example_fleet_is_allowed(fleet_out: Path) ->
         found += [s for s in _all_strings(json.loads(file.read_text())) for s in sequences(s)]
     assert len(found) > 50, "the example fleet should hold many cross-resource references"
     assert all(marker == "${" and allowed(expr) for marker, expr in found), [f for f in found if not allowed(f[1])]
-    # base64decode only appears when a GKE scheduler stack pins the IP endpoint's CA (gke.dns_endpoint: false).
-    assert {expr.split("(")[0] for _, expr in found if "(" in expr} <= {"base64decode"}
+    # base64decode only appears when a GKE scheduler stack pins the IP endpoint's CA (gke.dns_endpoint: false);
+    # the reserved pools' precondition is a whole template of its own (clusters.reservation).
+    templates = [expr for _, expr in found if any(t.fullmatch(expr) for t in TEMPLATES)]
+    assert templates, "the example fleet has reserved pools"
+    assert {expr.split("(")[0] for _, expr in found if "(" in expr and expr not in templates} <= {"base64decode"}
     check_outdir(fleet_out)
 
 
