@@ -230,7 +230,7 @@ def generated_fleet(directory: Path, clusters: range = range(50), pools: int = 6
                     "subnet_cidr": "10.10.0.0/20", "pods_cidr": "10.64.0.0/14", "services_cidr": "10.20.0.0/20",
                     "master_cidr": "172.16.0.0/28",
                     "master_authorized_networks": [{"name": "corp-vpn", "cidr": "198.51.100.0/24"}],
-                    "static_ips": [{"name": "ingress", "description": "bench ingress"}]},
+                    "static_ips": [{"name": "ingress", "use": "ingress", "description": "bench ingress"}]},
             "gke": {"release_channel": "REGULAR", "rbac_security_group": "gke-security-groups@example.com"},
             "gpu_pools": gpu_pools,
             "tenants": [{"name": "research", "groups": ["group:ml-research@example.com"],
