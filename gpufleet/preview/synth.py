@@ -100,12 +100,15 @@ def _code_files(root: Path) -> Iterator[Path]:
     for package in SYNTH_PACKAGES:
         for path in sorted((root / package).rglob("*")):
             if path.is_file() and "__pycache__" not in path.parts and path.suffix in (".py", ".hcl", ".yaml", ".json") \
-                    and not (package == "clusters" and path.suffix == ".yaml") and not (package == "stacks" and "imported" in path.parts):
+                    and not (package == "clusters" and path.suffix == ".yaml") and not (package == "stacks" and "imported" in path.parts) \
+                    and not (package == "jobs" and path.relative_to(root / package).parts[0] == "out"):
                 yield path
 
 
 def code_hash(root: Path) -> str:
-    """Hash of what synthesis runs (code and packaged data, not cluster files or recorded imports)."""
+    """Hash of what synthesis runs (code and packaged data, not cluster files, recorded imports or
+    rendered jobs: ``jobs/out`` is git-ignored output, so a render must not make the working tree's
+    code look different from a base that has none)."""
     digest = hashlib.sha256()
     for path in _code_files(root):
         digest.update(str(path.relative_to(root)).encode() + b"\0" + hashlib.sha256(path.read_bytes()).digest())

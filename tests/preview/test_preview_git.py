@@ -256,3 +256,18 @@ def test_check_runs_the_full_preview_when_cheap_and_catches_an_immutable_edit(re
     assert [d for d in report.details if d.startswith("preview:")] == [
         "preview: BLOCKED: prod-gke: google_compute_global_address.ip_ingress is replaced (immutable: description: "
         "training dashboards and TensorBoard ingress -> dashboards) [protected type]"]
+
+
+def test_rendered_jobs_do_not_change_the_code_hash(tmp_path):
+    """jobs/out is git-ignored render output: with it counted, any render made check's preview think the
+    base's code differs and silently fall back to the simple destroys form."""
+    from gpufleet.preview.synth import code_hash
+
+    (tmp_path / "jobs").mkdir()
+    (tmp_path / "jobs" / "render.py").write_text("x = 1\n")
+    before = code_hash(tmp_path)
+    (tmp_path / "jobs" / "out").mkdir()
+    (tmp_path / "jobs" / "out" / "finetune-llama.json").write_text("{}\n")
+    assert code_hash(tmp_path) == before
+    (tmp_path / "jobs" / "render.py").write_text("x = 2\n")
+    assert code_hash(tmp_path) != before
