@@ -54,8 +54,12 @@ class PolicyFile:
     rules: tuple[PolicyRule, ...]
 
     def rendered(self) -> str:
-        """The text the sync writes: the managed marker first, so prune can recognise it."""
-        return f"{MANAGED_MARKER} (vault_policies/policies/{self.file.name})\n{self.text}"
+        """The text the sync writes: the managed marker first, so prune can recognise it, and a
+        final newline always. The operator policy pins this text in ``allowed_parameters``, where
+        Vault reads a value that starts or ends with ``*`` as a glob: a file whose last character
+        is ``*`` would otherwise let the sync token append any grant to it."""
+        body = self.text if self.text.endswith("\n") else self.text + "\n"
+        return f"{MANAGED_MARKER} (vault_policies/policies/{self.file.name})\n{body}"
 
 
 def line_of_text(text: str, needle: str) -> int | None:
@@ -115,6 +119,9 @@ def parse_policy(file: Path) -> tuple[PolicyFile | None, list[Problem]]:
     except ValueError as exc:
         line, message = hcl_error(str(exc), text)
         return None, [*problems, Problem(where, line, "", f"invalid HCL: {message}; fix the syntax (blocks look like: path \"secret/data/...\" {{ capabilities = [\"read\"] }})")]
+    shape = structure_problems(text)
+    if shape:
+        return None, [*problems, *(Problem(where, line, field, message) for line, field, message in shape)]
     unknown = sorted(set(parsed) - {"path"})
     for key in unknown:
         problems.append(Problem(where, line_of_text(text, key), key, f"unknown top-level block {key!r}; allowed: path; remove it"))
@@ -142,6 +149,68 @@ def parse_policy(file: Path) -> tuple[PolicyFile | None, list[Problem]]:
     policy = PolicyFile(name, file, text, tuple(rules))
     problems.extend(_kind_problems(policy))
     return policy, problems
+
+
+def structure_problems(text: str) -> list[tuple[int, str, str]]:
+    """(line, field, message) for what pyhcl parses differently from Vault: pyhcl keeps the last
+    of two blocks or keys with the same name, Vault (hashicorp/hcl v1, ``vault/policy.go``
+    parsePaths) merges every ``path`` block. So a repeated ``path "x"`` or key would grant what
+    the checks never saw. Only the plain form ``path "<path>" { key = value ... }`` is accepted."""
+    import hcl.lexer
+
+    lexer = hcl.lexer.Lexer()
+    lexer.input(text)
+    tokens = []
+    while (token := lexer.token()) is not None:
+        tokens.append(token)
+    problems: list[tuple[int, str, str]] = []
+    scopes: list[set[str]] = [set()]
+    names: list[str] = [""]
+    brackets = 0
+    last = ""
+    i = 0
+    while i < len(tokens):
+        token = tokens[i]
+        after = [t.type for t in tokens[i + 1 : i + 3]]
+        if token.type == "LEFTBRACKET":
+            brackets += 1
+        elif token.type == "RIGHTBRACKET":
+            brackets -= 1
+        elif brackets:
+            pass
+        elif token.type == "RIGHTBRACE":
+            if len(scopes) > 1:
+                scopes.pop()
+                names.pop()
+        elif len(scopes) == 1:
+            if token.type == "IDENTIFIER" and token.value == "path" and after == ["STRING", "LEFTBRACE"]:
+                key = f'path "{tokens[i + 1].value}"'
+                if key in scopes[0]:
+                    problems.append((token.lineno, key, "appears twice; Vault merges both blocks (gpufleet's checks would see only the last); write each path once"))
+                scopes[0].add(key)
+                scopes.append(set())
+                names.append(key)
+                i += 3
+                continue
+            if token.type == "IDENTIFIER" and token.value != "path":
+                break  # an unknown top-level block: parse_policy names it
+            problems.append((token.lineno, str(token.value), "top-level blocks must read path \"<path>\" { capabilities = [...] }; rewrite it in that form"))
+            break
+        elif token.type == "LEFTBRACE":  # the value of `key = {`
+            scopes.append(set())
+            names.append(last)
+        elif token.type in ("IDENTIFIER", "STRING") and after[:1] in (["EQUAL"], ["LEFTBRACE"]):
+            key = last = f"{names[-1]}.{token.value}"
+            if key in scopes[-1]:
+                problems.append((token.lineno, key, "appears twice; Vault would not read it as gpufleet's checks do; write each key once"))
+            scopes[-1].add(key)
+            if after[:1] == ["LEFTBRACE"]:
+                scopes.append(set())
+                names.append(key)
+                i += 2
+                continue
+        i += 1
+    return problems
 
 
 def _kind_problems(policy: PolicyFile) -> list[Problem]:

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from clusters.errors import UserError
 from vault_policies.layout import APPROLE_MOUNT, BUILTIN_POLICIES, JOB_POLICY_PREFIX, KV_MOUNT, MANAGED_MARKER, OPERATOR_POLICIES
 from vault_policies.operator import cidr_string, role_params
+from vault_policies.policies import structure_problems
 from vault_policies.validate import VaultDefinitions
 
 if TYPE_CHECKING:
@@ -119,6 +120,10 @@ def _default_drift(text: str | None) -> Change:
     if text is None:
         return Change("policy", "default", "drift", "this token may not read the default policy; diff with a gpufleet-admin token")
     builtin = _policy_paths(BUILTIN_DEFAULT.read_text(encoding="utf-8")) or {}
+    repeated = structure_problems(text)
+    if repeated:
+        line, field, _ = repeated[0]
+        return Change("policy", "default", "drift", f"line {line}: {field} is repeated or not a plain path block; pyhcl would read only part of what Vault grants; an operator must restore vault_policies/builtin_default.hcl: bao policy write default vault_policies/builtin_default.hcl")
     live = _policy_paths(text)
     if live is None:
         return Change("policy", "default", "drift", "the live default policy does not parse; restore the built-in text (" + OPERATOR_HINT.split(":")[0] + ")")

@@ -219,3 +219,45 @@ def test_task_token_reads_only_the_current_key_version(vault: VaultHandle) -> No
             task.client.secrets.kv.v2.read_secret_version(path, version=old, mount_point=KV_MOUNT, raise_on_deleted_version=True)
         with pytest.raises(hvac.exceptions.Forbidden):
             task.client.secrets.kv.v2.read_secret_metadata(path, mount_point=KV_MOUNT)
+
+
+def test_a_policy_ending_in_a_glob_cannot_be_extended_by_the_sync_token(prod_vault: VaultHandle, tmp_path) -> None:
+    """Red team: Vault reads an ``allowed_parameters`` value ending in ``*`` as a prefix glob. A
+    reviewed job policy whose last character is ``*`` (a trailing comment, no final newline)
+    let the sync token write "reviewed text + path "*" {...}". The rendered text always ends
+    with a newline, so Vault compares the whole string."""
+    from vault_policies.operator import render_admin
+    from vault_policies.policies import PolicyFile
+
+    text = 'path "secret/data/ml-api-keys/glob/*" {\n  capabilities = ["read"]\n}\n# rotated keys: see ml-api-keys/*'
+    policy = PolicyFile("ml-keys-globtest", tmp_path / "ml-keys-globtest.hcl", text, ())
+    vault = prod_vault
+    vault.root.sys.create_or_update_acl_policy("globtest-admin", render_admin({}, (), {policy.name: policy.rendered()}))
+    token = vault.root.auth.token.create(policies=["globtest-admin"], ttl="10m", no_default_policy=True)["auth"]["client_token"]
+    sync_token = vault.client(token)
+    try:
+        assert not policy.rendered().endswith("*")
+        sync_token.sys.create_or_update_acl_policy(policy.name, policy.rendered())
+        with pytest.raises(hvac.exceptions.Forbidden):
+            sync_token.sys.create_or_update_acl_policy(policy.name, policy.rendered() + EVERYTHING)
+        with pytest.raises(hvac.exceptions.Forbidden):
+            sync_token.sys.create_or_update_acl_policy(policy.name, policy.rendered().rstrip("\n") + "\n" + EVERYTHING)
+        assert vault.root.sys.read_acl_policy(policy.name)["data"]["policy"] == policy.rendered()
+    finally:
+        vault.root.sys.delete_acl_policy("globtest-admin")
+        vault.root.sys.delete_acl_policy(policy.name)
+
+
+def test_diff_sees_a_default_policy_backdoor_hidden_behind_a_repeated_block(prod_vault: VaultHandle) -> None:
+    """Red team: pyhcl keeps the last of two ``path "x"`` blocks, Vault merges both; a grant
+    placed in a first copy of a built-in block made `vault diff` print "unchanged"."""
+    vault = prod_vault
+    builtin = vault.root.sys.read_acl_policy("default")["data"]["policy"]
+    hidden = 'path "auth/token/lookup-self" {\n  capabilities = ["read", "update", "sudo"]\n}\n'
+    assert 'path "auth/token/lookup-self"' in builtin
+    vault.root.sys.create_or_update_acl_policy("default", hidden + builtin)
+    try:
+        row = next(c for c in sync.diff(vault.admin, vault.definitions) if (c.kind, c.name) == ("policy", "default"))
+    finally:
+        vault.root.sys.create_or_update_acl_policy("default", builtin)
+    assert row.action == "drift" and "repeated" in row.detail, row

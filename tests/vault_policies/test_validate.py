@@ -241,3 +241,25 @@ def test_every_problem_reported_in_one_pass(repo: Path) -> None:
     _edit_roles(repo, "policies: [ml-keys-eval]", "policies: [nope]")
     _policy(repo, "ml-keys-finetune", 'path "sys/mounts" {\n  capabilities = ["sudo"]\n}\n')
     assert len(check(repo)) >= 3
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ('path "secret/data/ml-api-keys/x/*" {\n  capabilities = ["create", "update", "sudo"]\n}\n', 'path "secret/data/ml-api-keys/x/*"'),
+        ('path "secret/data/ml-api-keys/y/*" {\n  capabilities = ["read"]\n  capabilities = ["read"]\n}\n', "capabilities"),
+    ],
+)
+def test_a_repeated_block_or_key_is_refused(tmp_path, body, field):
+    """Red team: pyhcl keeps only the last of two blocks/keys, Vault merges both blocks, so a
+    first copy granting write passed `gpufleet check` and reached the task tokens."""
+    from vault_policies.policies import parse_policy
+
+    good = 'path "secret/data/ml-api-keys/x/*" {\n  capabilities = ["read"]\n  denied_parameters = {\n    "version" = []\n  }\n}\n'
+    file = tmp_path / "ml-keys-dup.hcl"
+    file.write_text(body + good if "x/*" in body else body)
+    policy, problems = parse_policy(file)
+    assert policy is None
+    assert any(field in p.field and "twice" in p.message for p in problems), problems
+    file.write_text(good)
+    assert parse_policy(file)[1] == []
