@@ -155,7 +155,7 @@ def cmd_dispatch(
         return jobs_gke_cmd.dispatch(spec, checked, token, minutes * 60)
     client = _preflight(spec)
     # Nomad CE has no quotas: refuse here, before a secret_id is minted for a run that must not start.
-    decision = check_tenant_quota(spec.tenant, pool=spec.pool.name, requested_gpus=spec.gpu.count,
+    decision = check_tenant_quota(spec.tenant, pool=spec.pool.name, requested_gpus=spec.total_gpus,
                                   in_use_gpus=client.tenant_gpus_in_use(spec.namespace, spec.pool.name))
     if not decision.allowed:
         raise UserError(f"not dispatching {spec.name}: {decision.reason}")

@@ -81,6 +81,12 @@ class FinetuneSpec:
     gke: GkeTarget | None = None
 
     @property
+    def total_gpus(self) -> int:
+        """GPUs one run holds: every node (rank) of a multi-node run gets ``gpu.count``. Quota,
+        GPU-hours and cost count this, never ``gpu.count`` alone."""
+        return self.gpu.count * self.nodes
+
+    @property
     def task_group(self) -> str:
         return nomad_task_group_name(self.pool.name, self.gpu.count)
 
