@@ -115,6 +115,17 @@ def replace_dir(new: Path, target: Path, *, option: str = "--out") -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
+def refuse_symlinks(directory: Path, *relative: str, option: str = "--out") -> None:
+    """Refuse when a path gpufleet is about to replace inside its own ``directory`` is a symlink:
+    a marked directory may hold links (a checkout can commit one), and replacing through a link
+    would delete wherever it points."""
+    for rel in relative:
+        for depth in range(1, len(Path(rel).parts) + 1):
+            path = Path(directory).joinpath(*Path(rel).parts[:depth])
+            if path.is_symlink():
+                raise UserError(f"{option} {directory}: refused: {path} is a symlink (to {os.readlink(path)}); gpufleet replaces only directories it made, never through a link; remove the link")
+
+
 def require_gpufleet_dir(path: Path, *, option: str) -> Path:
     """A directory gpufleet wrote (``synth``), before a command writes inside it (plan files, .terraform)."""
     resolved = _resolve(path)

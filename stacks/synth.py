@@ -53,6 +53,8 @@ def synthesize(configs: tuple[ClusterConfig, ...], outdir: Path = DEFAULT_OUTDIR
     if only:
         configs, only = _select(configs, only)
     outdir = outputs.claim_dir(outdir)
+    if only:
+        outputs.refuse_symlinks(outdir, "manifest.json", *(f"stacks/{stack}" for stack in only))
     tmp = outputs.staging_dir(outdir)
     try:
         app = App(outdir=str(tmp))
@@ -84,6 +86,7 @@ def _merge(new: Path, target: Path, stacks: tuple[str, ...]) -> None:
     lists the stack is left byte-for-byte as cdktf wrote it.
     """
     outputs.ensure_dir(target)
+    outputs.refuse_symlinks(target, "manifest.json", *(f"stacks/{stack}" for stack in stacks))
     (target / "stacks").mkdir(exist_ok=True)
     for stack in stacks:
         _swap(new / "stacks" / stack, target / "stacks" / stack)

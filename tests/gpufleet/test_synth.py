@@ -76,3 +76,26 @@ def test_recorded_imports_become_import_blocks_in_the_next_synthesis(example_con
     stack = json.loads((out / "stacks" / "prod-gke" / "cdk.tf.json").read_text())
     assert stack["import"] == [{"to": "google_container_node_pool.pool_h100", "id": pool_id}]
     assert stack["resource"]["google_container_node_pool"]["pool_h100"]["lifecycle"]["prevent_destroy"] is True
+
+
+@pytest.mark.parametrize("link", ["stacks", "stacks/dev-gke"])
+def test_partial_synthesis_never_replaces_through_a_symlink(example_configs, tmp_path, link):
+    """Red team: a marked cdktf.out whose stacks/ (or stacks/<stack>) is a symlink made
+    `gpufleet synth dev-gke` delete the link target's files."""
+    from gpufleet import outputs
+
+    victim = tmp_path / "victim"
+    (victim / "dev-gke").mkdir(parents=True)
+    (victim / "dev-gke" / "notes.txt").write_text("mine")
+    out = tmp_path / "cdktf.out"
+    out.mkdir()
+    outputs.mark(out)
+    if link == "stacks":
+        (out / "stacks").symlink_to(victim)
+    else:
+        (out / "stacks").mkdir()
+        (out / "stacks" / "dev-gke").symlink_to(victim / "dev-gke")
+    with pytest.raises(UserError, match="is a symlink"):
+        synthesize(example_configs, out, only=("dev-gke",))
+    assert (victim / "dev-gke" / "notes.txt").read_text() == "mine"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cdktf.out", "victim"], "temp dirs left behind"
