@@ -176,10 +176,11 @@ def register(app: typer.Typer) -> None:
     dev = typer.Typer(help="A local OpenBao dev server with the repo's policies, roles and fake demo keys.", no_args_is_help=True)
 
     @vault.command("render")
-    def vault_render(repo: Path = RepoOption) -> None:
+    def vault_render(repo: Path | None = RepoOption) -> None:
         """Regenerate the operator policies (gpufleet-admin, orchestrator) from roles.yaml and clusters/."""
         from vault_policies.validate import render
 
+        repo = _repo(repo)
         written = render(repo)
         for path in written:
             typer.echo(f"wrote {path}; review it, then an operator applies it: gpufleet vault apply with a root token", err=True)

@@ -63,3 +63,11 @@ def test_dev_up_env_down(tmp_path: Path) -> None:
     assert not is_healthy(state["addr"])
     after = _gpufleet("dev", "env", repo=tmp_path)
     assert after.returncode == 2 and "gpufleet dev up" in after.stderr
+
+
+def test_vault_render_runs_inside_the_repository_without_repo() -> None:
+    """Red team: `gpufleet vault render` (the documented way to regenerate the operator
+    policies) crashed with a TypeError unless --repo was passed."""
+    done = subprocess.run([str(BIN / "gpufleet"), "vault", "render"], cwd=REPO_ROOT / "clusters", capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "operator policies are up to date" in done.stderr and "Traceback" not in done.stderr
