@@ -19,6 +19,22 @@ console = Console(soft_wrap=True)
 DbOption = typer.Option(None, "--db", envvar="GPUFLEET_DB", help="postgresql://user@host/db or sqlite:///file.db (default .gpufleet/experiments.db).")
 
 
+def _trusted_jwks_url(url: str) -> bool:
+    """https anywhere, plain http only to this machine's loopback (a local test issuer). The host
+    is parsed, not prefix-matched: ``http://127.0.0.1@attacker.example/`` is attacker.example."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname
+        parts.port  # noqa: B018  (raises on a malformed port)
+    except ValueError:
+        return False
+    if not host or parts.username is not None or parts.password is not None:
+        return False
+    return parts.scheme == "https" or (parts.scheme == "http" and host in ("127.0.0.1", "::1", "localhost"))
+
+
 def _oidc(path: Path | None):  # type: ignore[no-untyped-def]
     if path is None:
         return None
@@ -32,7 +48,7 @@ def _oidc(path: Path | None):  # type: ignore[no-untyped-def]
     missing = [k for k in ("issuer", "audience", "jwks_url", "claim", "tenants") if k not in data]
     if missing:
         raise UserError(f"{path}: missing {', '.join(missing)}; required: issuer, audience, jwks_url, claim, tenants (claim value -> tenant), optional admin_values")
-    if not str(data["jwks_url"]).startswith("https://") and not str(data["jwks_url"]).startswith("http://127.0.0.1"):
+    if not _trusted_jwks_url(str(data["jwks_url"])):
         raise UserError(f"{path}: jwks_url {data['jwks_url']!r} must be https:// (keys fetched over plain http could be swapped); use the issuer's https JWKS URL")
     return OidcSettings(issuer=str(data["issuer"]), audience=str(data["audience"]), jwks_url=str(data["jwks_url"]), claim=str(data["claim"]),
                         tenants=tuple(sorted((str(k), str(v)) for k, v in dict(data["tenants"]).items())),

@@ -123,3 +123,24 @@ def test_oidc_tokens_map_a_claim_to_a_tenant_and_everything_else_is_refused(make
     assert unmapped.status_code == 403 and "maps to no tenant" in unmapped.json()["error"]
     admin = svc.client.get("/api/v1/experiments", headers=bearer(_token(issuer["key"], repository_owner="acme-platform")))
     assert admin.status_code == 200 and admin.json()["total"] == 1
+
+
+@pytest.mark.parametrize(
+    ("url", "trusted"),
+    [("https://token.actions.githubusercontent.com/.well-known/jwks", True), ("http://127.0.0.1:8123/jwks", True),
+     ("http://127.0.0.1@jwks.attacker.example/keys", False), ("http://127.0.0.1.attacker.example/keys", False),
+     ("http://jwks.example.com/keys", False), ("https://user:pw@jwks.example.com/keys", False), ("ftp://127.0.0.1/keys", False)],
+)
+def test_oidc_config_accepts_plain_http_jwks_only_on_loopback(tmp_path, url, trusted):
+    """Red team: a prefix match on "http://127.0.0.1" accepted http://127.0.0.1@attacker.example/,
+    whose host is attacker.example (keys over plain http could be swapped)."""
+    from clusters.errors import UserError
+    from gpufleet.serve_cmd import _oidc
+
+    config = tmp_path / "oidc.yaml"
+    config.write_text(f"issuer: https://issuer.example\naudience: gpufleet\njwks_url: '{url}'\nclaim: repository_owner\ntenants: {{acme: finetune}}\n")
+    if trusted:
+        assert _oidc(config).jwks_url == url
+    else:
+        with pytest.raises(UserError, match="must be https"):
+            _oidc(config)
