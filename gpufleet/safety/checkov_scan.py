@@ -45,6 +45,7 @@ class StackResult:
     passed: int
     failures: tuple[Failure, ...]
     error: str | None = None
+    exempted: tuple[Failure, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,9 @@ class CheckovSummary:
         line = f"{len(self.stacks)} stack(s): {passed} passed, {failed} failed"
         if errors:
             line += f", checkov errored on {', '.join(errors)}"
+        exempted = sum(len(s.exempted) for s in self.stacks)
+        if exempted:
+            line += f", {exempted} exempted per resource (gpufleet/safety/checkov_exempt.py)"
         return line + (f"; {len(self.skipped_ids)} check(s) skipped by .checkov-skips.yaml" if self.skipped_ids else "")
 
     @property
@@ -103,8 +107,12 @@ def _stack_result(directory: Path, checks: list[dict[str, Any]], passed: int, un
     stack = directory.name
     if unparsed:
         return StackResult(stack, 0, (), error="checkov could not parse cdk.tf.json; a stack it cannot read is not a pass")
-    source = (directory / "cdk.tf.json").read_text(encoding="utf-8").splitlines()
-    failures = sorted(
+    from gpufleet.safety.checkov_exempt import exemptions
+
+    text = (directory / "cdk.tf.json").read_text(encoding="utf-8")
+    source = text.splitlines()
+    exempt = {(check, address) for check, address, _ in exemptions(json.loads(text))}
+    found = sorted(
         (
             Failure(stack, f["check_id"], f.get("check_name", ""), _address(source, f.get("resource", ""), line), line)
             for f in checks
@@ -112,7 +120,8 @@ def _stack_result(directory: Path, checks: list[dict[str, Any]], passed: int, un
         ),
         key=lambda f: (f.check_id, f.resource),
     )
-    return StackResult(stack, passed, tuple(failures))
+    failures = tuple(f for f in found if (f.check_id, f.resource) not in exempt)
+    return StackResult(stack, passed, failures, exempted=tuple(f for f in found if (f.check_id, f.resource) in exempt))
 
 
 def scan_group(directories: tuple[Path, ...], skip_ids: tuple[str, ...], binary: str) -> list[StackResult]:

@@ -70,3 +70,34 @@ def test_fails_when_checkov_is_missing(monkeypatch: pytest.MonkeyPatch, tmp_path
 def test_small_fleets_use_one_process_and_large_ones_spread_over_cores() -> None:
     assert checkov_scan.default_workers(6) == 1
     assert checkov_scan.default_workers(40) == min(checkov_scan.os.cpu_count() or 1, 5)
+
+
+def test_required_findings_are_exempted_per_resource_not_per_check(example_configs, tmp_path: Path) -> None:
+    """A held-out cluster shape (A3 Ultra pool + a DWS pool) failed `gpufleet check`: checkov wants
+    auto-repair/upgrade on every pool (DWS forbids it) and a VPC firewall on every network (a RoCE
+    VPC cannot have one). Exempted for exactly those resources, derived from the JSON; the same
+    findings on any other resource still fail."""
+    from cdktf import Testing
+
+    from gpufleet.safety.checkov_exempt import exemptions
+    from stacks.fleet import build_fleet
+
+    prod = next(c for c in example_configs if c.name == "prod-gke")
+    ultra = prod.gpu_pools[0].model_copy(update={"machine_type": "a3-ultragpu-8g"})
+    dws = prod.gpu_pools[1].model_copy(update={"spot": False, "queued_provisioning": True})
+    config = prod.model_copy(update={"gpu_pools": (ultra, dws)})
+    infra = json.loads(Testing.synth(build_fleet(Testing.app(), (config,)).stacks["prod-gke"]))
+    (tmp_path / "prod-gke").mkdir()
+    (tmp_path / "prod-gke" / "cdk.tf.json").write_text(json.dumps(infra, indent=2))
+    summary = checkov_scan.run([tmp_path / "prod-gke"], workers=1)
+    assert summary.ok, summary.failure_lines
+    exempted = sorted((f.check_id, f.resource) for s in summary.stacks for f in s.exempted)
+    assert exempted == [("CKV2_GCP_18", "google_compute_network.rdma"), ("CKV_GCP_10", f"google_container_node_pool.pool_{dws.name.replace('-', '_')}"),
+                        ("CKV_GCP_9", f"google_container_node_pool.pool_{dws.name.replace('-', '_')}")], exempted
+    # The same settings on resources that do not require them are not exempted.
+    plain = json.loads(json.dumps(infra))
+    for pool in plain["resource"]["google_container_node_pool"].values():
+        pool.pop("queued_provisioning", None)
+    for network in plain["resource"]["google_compute_network"].values():
+        network.pop("network_profile", None)
+    assert list(exemptions(plain)) == []

@@ -1,0 +1,41 @@
+"""checkov findings that the synthesized resource itself proves are required, exempted per
+resource (never per check id, which would hide the same finding on every other resource).
+
+checkov ignores inline skip comments for ``terraform_json``, and ``.checkov-skips.yaml`` skips
+a check everywhere. These exemptions are derived from the stack JSON, so they follow the
+cluster file: a DWS pool gets its own, a normal pool never does. Each has its upstream reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+DWS = (
+    "a DWS (queued_provisioning) node pool must have auto-repair and auto-upgrade off; GKE refuses "
+    "the pool otherwise (GKE 'Deploy GPUs with flex-start / queued provisioning'; cluster-toolkit "
+    "modules/compute/gke-node-pool enable_queued_provisioning)"
+)
+ROCE = (
+    "a RoCE VPC network (network_profile *-vpc-roce) supports no VPC firewall rules, only regional "
+    "network firewall policies of type RDMA_ROCE_POLICY; it carries only GPU-to-GPU RDMA "
+    "(cloud.google.com/firewall/docs/firewall-for-roce)"
+)
+
+
+def _first(value: Any) -> dict[str, Any]:
+    if isinstance(value, list):
+        value = value[0] if value else {}
+    return value if isinstance(value, dict) else {}
+
+
+def exemptions(stack: dict[str, Any]) -> Iterator[tuple[str, str, str]]:
+    """(check id, resource address, reason) for every finding the resource's own settings require."""
+    resources = stack.get("resource", {})
+    for name, pool in resources.get("google_container_node_pool", {}).items():
+        if _first(pool.get("queued_provisioning")).get("enabled") is True:
+            for check in ("CKV_GCP_9", "CKV_GCP_10"):
+                yield check, f"google_container_node_pool.{name}", DWS
+    for name, network in resources.get("google_compute_network", {}).items():
+        if str(network.get("network_profile", "")).endswith("-vpc-roce"):
+            yield "CKV2_GCP_18", f"google_compute_network.{name}", ROCE
