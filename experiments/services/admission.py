@@ -59,7 +59,7 @@ def quota_or_409(decision: QuotaDecision) -> None:
 def gpus_of(spec: FinetuneSpec) -> int:
     """The GPUs a run holds: per node x nodes (a GKE Indexed Job is admitted all ranks or none),
     the number both schedulers' quotas count."""
-    return spec.gpu.count * spec.nodes
+    return spec.total_gpus
 
 
 def gpus_text(spec: FinetuneSpec) -> str:
