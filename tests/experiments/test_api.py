@@ -128,16 +128,3 @@ def test_quota_admits_exactly_what_fits_under_a_concurrent_burst(make_service, d
     assert len(admitted) + len(refused) == len(answers)
     assert "quota" in refused[0].json()["error"] and "stop one" in refused[0].json()["fix"]
 
-
-def test_quota_and_cost_count_every_node_of_a_multi_node_run(make_service, sqlite_url):
-    """Red team: finetune-llama-gke is 2 nodes x 8 GPUs against research's h100 quota of 24;
-    counting gpu.count alone admitted three runs (48 GPUs) and halved GPU-hours and cost."""
-    svc = make_service(sqlite_url, UnusedRunner())
-    headers = svc.token("research")
-    spec = svc.ctx.catalog.job("finetune-llama-gke")
-    quota = dict(svc.ctx.catalog.tenant(spec.cluster, spec.namespace).gpu_quota)[spec.pool.name]
-    assert spec.nodes == 2 and spec.total_gpus == 16 and quota == 24
-    meta = {k: "hf://datasets/acme/chat@v3" if k == "dataset_uri" else "r1" for k in spec.meta_required}
-    answers = [svc.client.post("/api/v1/experiments", json={"job": spec.name, "meta": meta}, headers=headers) for _ in range(3)]
-    assert [a.status_code for a in answers] == [202, 409, 409], [a.text for a in answers]
-    assert answers[0].json()["gpus"] == 16
