@@ -15,7 +15,7 @@ from clusters import rules
 from clusters.derive import (
     SYSTEM_POOL_NAME, derive_control_plane, derive_gpu_pool, pool_gpudirect, dns_record_address, grant_address, kueue_queue_key, machine_accelerator, tenant_account_id,
 )
-from clusters.families import GPUDIRECT_RANGE_MAX_PREFIX, GpuDirect, machine_family
+from clusters.families import GPUDIRECT_RANGE_MAX_PREFIX, GpuDirect, gpudirect_min_gke_version, machine_family
 from clusters.machines import MACHINE_GPUS, N1_ACCELERATOR, N1_GPU_CHOICES, is_n1
 from clusters.schema import ClusterConfig, DnsRecord, Environment, GpuPool, SchedulerKind
 from clusters.source import FieldPath, did_you_mean
@@ -56,7 +56,23 @@ def _scheduler_sections(config: ClusterConfig) -> Iterator[Finding]:
         yield (("gcp", "master_cidr"), "GKE private clusters need master_cidr, a /28 such as '172.16.0.0/28'; add it")
     if config.scheduler == SchedulerKind.GKE:
         yield from _gke_access(config)
+        yield from _gke_gpudirect_version(config)
         yield from _gpudirect(config)
+
+
+def _gke_gpudirect_version(config: ClusterConfig) -> Iterator[Finding]:
+    """A pinned control-plane version must be one the pools' GPUDirect plugin supports (toolkit gpu_direct.tf)."""
+    version = config.gke.min_master_version if config.gke else None
+    if version is None:
+        return
+    for pool in config.gpu_pools:
+        transport = pool_gpudirect(pool)
+        floor = gpudirect_min_gke_version(transport, version)
+        if floor is not None:
+            yield (("gke", "min_master_version"), f"{version} is below {floor}, the lowest GKE version of its minor (or the lowest listed) whose "
+                   f"GPUDirect-{transport.value.upper()} plugin supports pool {pool.name} ({pool.machine_type}; toolkit gke-node-pool/gpu_direct.tf); "
+                   f"set min_master_version: {floor} or later, or remove it to follow the release channel")
+            return
 
 
 def _gke_access(config: ClusterConfig) -> Iterator[Finding]:

@@ -99,6 +99,9 @@ def _rbac_security_group(value: str) -> str:
     return value
 
 
+GKE_VERSION = re.compile(r"^\d+\.\d+\.\d+-gke\.\d+$")
+
+
 def _charset(pattern: re.Pattern[str], what: str, example: str) -> AfterValidator:
     def check(value: str) -> str:
         if not pattern.match(value):
@@ -379,6 +382,9 @@ class GkeConfig(Model):
     maintenance_start_time: Annotated[str, Field(pattern=HH_MM, description="a UTC time of day as HH:MM, such as '09:00'")] = "09:00"
     upgrade_exclusion: UpgradeExclusion | None = None
     release_channel: Literal["RAPID", "REGULAR", "STABLE"] = "REGULAR"
+    # The control plane's lowest version (google_container_cluster.min_master_version); GKE upgrades
+    # within the release channel from there. Unset: the channel's default version.
+    min_master_version: Annotated[str, _charset(GKE_VERSION, "a GKE version (1.X.Y-gke.Z)", "1.33.5-gke.1080000")] | None = None
     # Google Groups for RBAC: without it GKE never puts group membership in the request, so
     # RoleBindings to Group subjects (tenant groups) match nobody.
     rbac_security_group: Annotated[str, AfterValidator(_rbac_security_group)] | None = None

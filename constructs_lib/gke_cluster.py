@@ -43,6 +43,8 @@ class GkeCluster(Construct):
             name, start, end = control_plane.exclusion
             maintenance["maintenance_exclusion"] = [google.container_cluster.ContainerClusterMaintenancePolicyMaintenanceExclusion(
                 exclusion_name=name, start_time=start, end_time=end, exclusion_options={"scope": "NO_MINOR_OR_NODE_UPGRADES"})]
+        if config.gke and config.gke.min_master_version:
+            extras["min_master_version"] = config.gke.min_master_version
         if control_plane.multi_networking:
             # GPUDirect's extra node NICs need multi-networking (which needs Dataplane V2, set below).
             extras["enable_multi_networking"] = True

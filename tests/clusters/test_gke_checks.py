@@ -64,6 +64,12 @@ CASES = [
     ("rdma-pool-across-zones", "prod-gke", lambda d: pool(d, 1).update(machine_type="a4-highgpu-8g", spot=False) or pool(d, 1).pop("spot"),
      "gpu_pools[1].zones", "RoCE network profile is zonal; set zones: [us-central1-a]"),
     ("tenant-queue-addresses-collide", "prod-gke", colliding_queues, "tenants[2].name", "would share one Kueue queue address"),
+    ("tcpxo-below-its-minor-minimum", "train-a3mega", lambda d: d["gke"].update(min_master_version="1.32.11-gke.1173999"),
+     "gke.min_master_version", "set min_master_version: 1.32.11-gke.1174000 or later"),
+    ("tcpx-below-the-first-supported-minor", "prod-gke", lambda d: d["gke"].update(min_master_version="1.26.15-gke.1000000"),
+     "gke.min_master_version", "set min_master_version: 1.27.16-gke.2874000 or later"),
+    ("min-master-version-not-a-gke-version", "prod-gke", lambda d: d["gke"].update(min_master_version="1.33"),
+     "gke.min_master_version", "'1.33' is not a GKE version (1.X.Y-gke.Z); write e.g. '1.33.5-gke.1080000'"),
 ]
 
 
@@ -88,3 +94,16 @@ def test_a3_ultra_without_a_disk_type_gets_hyperdisk(write_cluster):
 
     config = clusters.load(write_cluster("prod-gke", ultra))
     assert derive_gpu_pools(config)[0].boot_disk_type == "hyperdisk-balanced"
+
+
+def test_a_supported_pinned_version_is_accepted_and_set_on_the_cluster(write_cluster):
+    """Minors above the toolkit's table are accepted; the pin reaches google_container_cluster.min_master_version."""
+    import json
+
+    from cdktf import Testing
+
+    from stacks.fleet import build_fleet
+
+    config = clusters.load(write_cluster("train-a3mega", lambda d: d["gke"].update(min_master_version="1.33.5-gke.1080000")))
+    infra = json.loads(Testing.synth(build_fleet(Testing.app(), (config,)).stacks["train-a3mega"]))["resource"]
+    assert infra["google_container_cluster"]["gke"]["min_master_version"] == "1.33.5-gke.1080000"

@@ -51,6 +51,7 @@ EXTRAS: dict[str, dict[str, Any]] = {
                        "labels": {"workload": "pretrain"}, "taints": [{"key": "dedicated", "value": "pretrain"}]},
                       {"name": "l4-spot", "machine_type": "g2-standard-24", "min_nodes": 0, "max_nodes": 8, "spot": True}],
         "gke": {"release_channel": "REGULAR", "rbac_security_group": "gke-security-groups@example.com", "maintenance_start_time": "09:00",
+                "min_master_version": "1.33.5-gke.1080000",
                 "system_pool": {"machine_type": "e2-standard-8", "min_nodes": 1, "max_nodes": 3},
                 "upgrade_exclusion": {"name": "no-node-upgrades", "start_time": "2026-12-01T00:00:00Z", "end_time": "2027-06-01T00:00:00Z"}},
     },
