@@ -36,7 +36,10 @@ from typing import Any
 from clusters.derive import TENANT_LABEL
 
 API_VERSION = "config.kueue.x-k8s.io/v1beta2"
-PODS_READY_TIMEOUT = "10m"
+# Long enough for an autoscaled GPU pool to add a node from zero (VM, driver install, GPUDirect
+# plugin) and pull a multi-GB image; shorter would evict every cold start, and an evicted run is
+# deactivated, not retried.
+PODS_READY_TIMEOUT = "30m"
 KUEUE_VERSION = "0.19.2"
 
 

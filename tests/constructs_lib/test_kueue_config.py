@@ -24,6 +24,8 @@ QUOTA_STRATEGIES = {"BlockUndeclared", "IgnoreUndeclared"}
 
 
 def unknown_keys(node: dict[str, Any], struct: str = "Configuration", path: str = "") -> list[str]:
+    if struct not in TABLE["structs"]:
+        return [f"{path.rstrip('.')} (type {struct} not in the vendored table; regenerate it with that struct)"]
     fields = TABLE["structs"][struct]
     found = []
     for key, value in node.items():

@@ -3,7 +3,7 @@
 Kueue's controller config (``config.kueue.x-k8s.io/v1beta2`` Configuration) has no CRD or OpenAPI
 schema; its truth is the Go types in ``apis/config/v1beta2/configuration_types.go``. This script
 reads that file at a tag with ``git show`` and records, per struct, each field's json tag and Go type
-(``,inline`` members are merged into their parent). deploy/kueue/controller_manager_config.yaml is
+(``,inline`` members are merged into their parent; LEFT_OUT structs are omitted). deploy/kueue/controller_manager_config.yaml is
 checked against it (tests/constructs_lib/test_kueue_config.py): an unknown or misspelt key fails.
 
 Usage: git clone https://github.com/kubernetes-sigs/kueue && python tests/schemas/regen_kueue_config.py <kueue checkout> [tag]
@@ -19,6 +19,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 PATH = "apis/config/v1beta2/configuration_types.go"
+# MultiKueue's cluster-profile access types (kubeconfig exec plugins, credentials providers): gpufleet
+# configures no MultiKueue, and their field names read as secrets to the repository's scanner.
+LEFT_OUT = ("ClusterProfile",)
 STRUCT = re.compile(r"^type (\w+) struct \{\n(.*?)^\}", re.M | re.S)
 FIELD = re.compile(r"^\s*(?:(\w+)\s+)?([\w.*\[\]]+)\s+`json:\"([^\"]*)\"")
 
@@ -43,7 +46,7 @@ def extract(source: str) -> dict[str, dict[str, str]]:
         for member in members:
             if member in structs:
                 structs[name].update(structs[member])
-    return structs
+    return {name: fields for name, fields in structs.items() if not name.startswith(LEFT_OUT)}
 
 
 def main() -> None:
