@@ -103,7 +103,7 @@ def _runner(scheduler: str, environ: dict[str, str], *, nomad_cluster: str | Non
         from experiments.runner_local import LocalRunner
 
         return LocalRunner(environ)
-    if scheduler == "clusters":
+    if scheduler in ("clusters", "nomad"):  # "nomad": the option's value before GKE (same routing; GKE only with --gke-cluster)
         from clusters import load_all
         from experiments.scheduler import build_runners, describe
 

@@ -272,7 +272,7 @@ class GkeRunner:
                 for run in runs:
                     run_id, job = f"{GKE_PREFIX}{namespace}/{run}", by_name.get(run)
                     if job is None:
-                        out[run_id] = Polled("", None, gone=True)
+                        out[run_id] = self._confirm_gone(run_id)
                         continue
                     mine = by_uid.get(job["metadata"]["uid"], [])
                     fingerprint = _fingerprint(job["metadata"].get("resourceVersion"), sorted(w["metadata"].get("resourceVersion") or "" for w in mine))
@@ -286,6 +286,13 @@ class GkeRunner:
         except K8sError as exc:
             raise SchedulerUnavailable(str(exc)) from None
         return out
+
+    def _confirm_gone(self, run_id: str) -> Polled:
+        """Not in the list: ask once by name (the Job's own GET says whether it is really gone)."""
+        try:
+            return Polled("", self.status(run_id))
+        except RunNotFound:
+            return Polled("", None, gone=True)
 
     def stop(self, run_id: str) -> None:
         from jobs.k8s_client import K8sError, K8sRunGone
@@ -322,12 +329,21 @@ class Runners:
         self._pick(run_id.startswith(GKE_PREFIX)).stop(run_id)
 
     def poll(self, run_ids: Sequence[str], known: Mapping[str, str]) -> dict[str, Polled]:
-        """Each scheduler's runs through its own batch poll (list calls, not a GET per run)."""
+        """Each scheduler's runs through its own batch poll (list calls, not a GET per run). One
+        scheduler being down leaves its runs out of the answer (asked again next pass) without
+        holding up the other's; only when every scheduler asked failed is that an error."""
         out: dict[str, Polled] = {}
+        failures: list[SchedulerUnavailable] = []
         for gke in (False, True):
             mine = [r for r in run_ids if r.startswith(GKE_PREFIX) == gke]
-            if mine:
+            if not mine:
+                continue
+            try:
                 out.update(poll(self._pick(gke), mine, known))
+            except SchedulerUnavailable as exc:
+                failures.append(exc)
+        if failures and not out:
+            raise failures[0]
         return out
 
 

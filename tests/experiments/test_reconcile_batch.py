@@ -91,3 +91,36 @@ def test_a_gke_pass_lists_jobs_and_workloads_per_namespace_and_gets_nothing(make
     assert len(job_lists) == 3 and len(workload_lists) >= 3 and job_lists[-1].query["labelSelector"] == ["gpufleet.dev/run"]
     assert len([r for r in k8s.requests if r.method == "GET" and r.path.endswith(f"/jobs/{run}")]) == before  # no per-run GET
     assert svc.client.get(f"/api/v1/experiments/{exp['id']}", headers=headers).json()["status"] == "running"
+
+
+def test_one_scheduler_down_does_not_hold_up_the_other(make_service, sqlite_url, nomad, k8s, fleet_runner):
+    from tests.jobs.nomad_double import Fault
+
+    svc = make_service(sqlite_url, fleet_runner)
+    finetune, research = svc.token("finetune"), svc.token("research")
+    nomad_exp = svc.submit(finetune, meta={**META, "run_id": "n"}).json()
+    gke_exp = svc.client.post("/api/v1/experiments", json={"job": "finetune-llama-gke", "meta": {"dataset_uri": "gs://acme-data/chat/v3/", "run_id": "g"}},
+                              headers=research).json()
+    svc.step()
+    run = svc.client.get(f"/api/v1/experiments/{gke_exp['id']}", headers=research).json()["run_id"].rsplit("/", 1)[1]
+    k8s.admit("research", run, cluster_queue="research", flavor="h100")
+    nomad.inject("GET", "register", *[Fault(status=503)] * 3)  # the job list fails past the client's retries
+    svc.step()
+    assert svc.client.get(f"/api/v1/experiments/{gke_exp['id']}", headers=research).json()["status"] == "running"
+    assert svc.client.get(f"/api/v1/experiments/{nomad_exp['id']}", headers=finetune).json()["status"] == "provisioning"  # unchanged, asked again next pass
+
+
+def test_a_gke_job_missing_from_the_list_is_confirmed_by_its_own_get(make_service, sqlite_url, k8s, fleet_runner):
+    svc = make_service(sqlite_url, fleet_runner)
+    headers = svc.token("research")
+    exp = svc.client.post("/api/v1/experiments", json={"job": "finetune-llama-gke", "meta": {"dataset_uri": "gs://acme-data/chat/v3/", "run_id": "c"}},
+                          headers=headers).json()
+    svc.step()
+    run = svc.client.get(f"/api/v1/experiments/{exp['id']}", headers=headers).json()["run_id"].rsplit("/", 1)[1]
+    k8s.admit("research", run, cluster_queue="research", flavor="h100")
+    gets_before = len([r for r in k8s.requests if r.method == "GET" and r.path.endswith(f"/jobs/{run}")])
+    del k8s.store.objects[("jobs", "research", run)]
+    svc.step()
+    shown = svc.client.get(f"/api/v1/experiments/{exp['id']}", headers=headers).json()
+    assert shown["status"] == "failed" and "no longer knows run" in shown["reason"]
+    assert len([r for r in k8s.requests if r.method == "GET" and r.path.endswith(f"/jobs/{run}")]) == gets_before + 1
