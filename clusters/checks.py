@@ -280,6 +280,10 @@ def _nomad(config: ClusterConfig) -> Iterator[Finding]:
             yield (("gpu_pools", i, "queued_provisioning"), "queued provisioning (DWS) is a GKE feature; remove it from Nomad pools or use scheduler: gke")
         if pool.placement is not None:
             yield (("gpu_pools", i, "placement"), f"placement {pool.placement} is a GKE node-pool feature; remove it from Nomad pools or use scheduler: gke")
+        if pool.reservation and "/reservationBlocks/" in pool.reservation:
+            yield (("gpu_pools", i, "reservation"), "reservation blocks are targeted through GKE node pools only; name the whole reservation on Nomad pools")
+        if pool.host_maintenance_interval is not None:
+            yield (("gpu_pools", i, "host_maintenance_interval"), "host_maintenance_interval is a GKE node-pool setting; remove it from Nomad pools")
     for t, tenant in enumerate(config.tenants):
         if tenant.service_account is not None:
             yield (("tenants", t, "service_account"), "tenant GCP service accounts are bound through GKE workload identity;"

@@ -98,6 +98,7 @@ class GpuPoolSpec:
     # The reservation's full name and zone (GKE side): what reservation_affinity matches and the precondition checks.
     reservation_spec: ReservationSpec | None = None
     placement_policy_name: str | None = None
+    host_maintenance_interval: str | None = None
 
     @property
     def autoscaling(self) -> bool:
@@ -190,6 +191,7 @@ def derive_gpu_pool(pool: GpuPool, config: ClusterConfig) -> GpuPoolSpec:
         # (toolkit gke-node-pool/main.tf:120 always uses ANY); BALANCED spreads on-demand pools.
         location_policy="ANY" if pool.spot or pool.queued_provisioning or pool.reservation else "BALANCED",
         placement_policy_name=pool.placement_policy_name,
+        host_maintenance_interval=pool.host_maintenance_interval,
         reservation_spec=derive_reservation(pool.reservation, config.gcp.project, (pool.zones or config.gcp.zones)[0]) if pool.reservation else None,
     )
 
@@ -199,6 +201,12 @@ def derive_gpu_pools(config: ClusterConfig) -> tuple[GpuPoolSpec, ...]:
 
 
 SYSTEM_POOL_NAME = "gpufleet-system"
+# Review D9: the provider's node-pool default is 30 min (resource_container_node_pool.go); GPU nodes
+# with large images and local SSDs take longer, TGKE sets 45 min.
+NODE_POOL_TIMEOUTS = {"create": "45m", "update": "45m", "delete": "45m"}
+# Review D5: toolkit gke-node-pool/variables.tf linux_node_config default (larger TCP buffers for
+# data loading and checkpoint traffic).
+NODE_SYSCTLS = (("net.ipv4.tcp_rmem", "4096 87380 16777216"), ("net.ipv4.tcp_wmem", "4096 16384 16777216"))
 
 
 @dataclass(frozen=True)
@@ -243,6 +251,10 @@ class ControlPlaneSpec:
     maintenance_start_time: str
     exclusion: tuple[str, str, str] | None
     multi_networking: bool
+    # Zonal clusters live in their first zone and list only the other zones as node locations.
+    location: str = ""
+    node_locations: tuple[str, ...] = ()
+    intranode_visibility: bool = False
 
     @property
     def reachable_from_ci(self) -> bool:
@@ -253,6 +265,9 @@ class ControlPlaneSpec:
 def derive_control_plane(config: ClusterConfig) -> ControlPlaneSpec:
     gke = gke_settings(config)
     exclusion = gke.upgrade_exclusion
+    # Review D8: one zonal cluster per billing account gets GKE's free-tier credit; a dev cluster in
+    # one zone loses nothing by a zonal control plane. Production keeps the regional one.
+    zonal = gke.zonal if gke.zonal is not None else (config.environment == Environment.DEV and len(config.gcp.zones) == 1)
     return ControlPlaneSpec(
         dns_endpoint=gke.dns_endpoint,
         private_endpoint=gke.private_endpoint,
@@ -260,6 +275,9 @@ def derive_control_plane(config: ClusterConfig) -> ControlPlaneSpec:
         maintenance_start_time=gke.maintenance_start_time,
         exclusion=(exclusion.name, exclusion.start_time, exclusion.end_time) if exclusion else None,
         multi_networking=any(pool_gpudirect(p) != GpuDirect.NONE for p in config.gpu_pools),
+        location=config.gcp.zones[0] if zonal else config.gcp.region,
+        node_locations=tuple(config.gcp.zones[1:]) if zonal else tuple(config.gcp.zones),
+        intranode_visibility=gke.intranode_visibility,
     )
 
 

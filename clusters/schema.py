@@ -224,6 +224,9 @@ class GcpConfig(Model):
     # Carved into the /20 subnets of the GPUDirect VPCs (GKE pools on A3/A4 machines); must not overlap the other ranges.
     gpudirect_cidr: Cidr = "192.168.0.0/16"
     static_ips: tuple[StaticIp, ...] = ()
+    # Share of the node subnet's flows logged (review D7): flow logs are billed per GB, and a training
+    # VPC carries checkpoint and data traffic; 0.1 keeps enough to investigate, raise it while you do.
+    flow_log_sampling: Annotated[float, Field(gt=0, le=1)] = 0.1
 
 
 class TaintEffect(StrEnum):
@@ -267,6 +270,8 @@ class GpuPool(Model):
     gpu_driver_version: Literal["DEFAULT", "LATEST"] = "DEFAULT"
     # None: on for machine types built for GPUDirect (a3-highgpu/megagpu/ultragpu-8g, a4-highgpu-8g); false opts out.
     gpudirect: bool | None = None
+    # GCE host maintenance cadence for the pool's VMs (ForceNew; unset = GCE's default, as in the toolkit).
+    host_maintenance_interval: Literal["PERIODIC", "AS_NEEDED"] | None = None
     labels: dict[LabelKey, Annotated[str, _charset(POOL_LABEL_VALUE, "a label value GKE and GCE both accept (up to 63 lowercase letters, digits, '_', '-')", "pretrain")]] = {}
     taints: tuple[Taint, ...] = ()
     overcommit: bool = False
@@ -385,6 +390,11 @@ class GkeConfig(Model):
     # The control plane's lowest version (google_container_cluster.min_master_version); GKE upgrades
     # within the release channel from there. Unset: the channel's default version.
     min_master_version: Annotated[str, _charset(GKE_VERSION, "a GKE version (1.X.Y-gke.Z)", "1.33.5-gke.1080000")] | None = None
+    # Logs same-node pod traffic as VPC flows (review D7: volume and cost; TGKE safer default off).
+    intranode_visibility: bool = False
+    # None: zonal (one control-plane zone, GKE free-tier credit) for dev clusters in one zone,
+    # regional (control plane replicated across the region's zones) everywhere else. ForceNew.
+    zonal: bool | None = None
     # Google Groups for RBAC: without it GKE never puts group membership in the request, so
     # RoleBindings to Group subjects (tenant groups) match nobody.
     rbac_security_group: Annotated[str, AfterValidator(_rbac_security_group)] | None = None

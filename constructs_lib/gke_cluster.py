@@ -45,6 +45,9 @@ class GkeCluster(Construct):
                 exclusion_name=name, start_time=start, end_time=end, exclusion_options={"scope": "NO_MINOR_OR_NODE_UPGRADES"})]
         if config.gke and config.gke.min_master_version:
             extras["min_master_version"] = config.gke.min_master_version
+        if control_plane.node_locations:
+            # Zonal: only the zones beyond the cluster's own (provider: omit the cluster's zone).
+            extras["node_locations"] = list(control_plane.node_locations)
         if control_plane.multi_networking:
             # GPUDirect's extra node NICs need multi-networking (which needs Dataplane V2, set below).
             extras["enable_multi_networking"] = True
@@ -52,8 +55,7 @@ class GkeCluster(Construct):
             self, "cluster",
             name=config.name,
             project=gcp.project,
-            location=gcp.region,
-            node_locations=list(gcp.zones),
+            location=control_plane.location,
             network=network.vpc.id,
             subnetwork=network.subnet.id,
             remove_default_node_pool=True,
@@ -73,7 +75,12 @@ class GkeCluster(Construct):
             ip_allocation_policy={"cluster_secondary_range_name": PODS_RANGE, "services_secondary_range_name": SERVICES_RANGE},
             workload_identity_config={"workload_pool": self.workload_pool},
             enable_shielded_nodes=True,
-            enable_intranode_visibility=True,
+            enable_intranode_visibility=control_plane.intranode_visibility,
+            # Review D4: training pods mount buckets (datasets, checkpoints) through the GCS FUSE CSI
+            # driver, as the toolkit's A3 Mega/Ultra and A4 blueprints enable (enable_gcsfuse_csi).
+            addons_config={"gcs_fuse_csi_driver_config": {"enabled": True}},
+            # Review D3: remove idle (GPU) nodes sooner; node auto-provisioning stays off (TGKE's block).
+            cluster_autoscaling={"enabled": False, "autoscaling_profile": "OPTIMIZE_UTILIZATION"},
             datapath_provider="ADVANCED_DATAPATH",
             network_policy={"enabled": False},
             master_auth={"client_certificate_config": {"issue_client_certificate": False}},

@@ -5,7 +5,7 @@ from __future__ import annotations
 from cdktf import Precondition
 from constructs import Construct
 
-from clusters.derive import GpuPoolSpec
+from clusters.derive import NODE_POOL_TIMEOUTS, NODE_SYSCTLS, GpuPoolSpec
 from clusters.reservation import error_message, precondition
 from constructs_lib.naming import pin, tf_id
 from constructs_lib.providers import google
@@ -21,7 +21,7 @@ class GpuNodePool(Construct):
     reservation's capacity for weeks. The underlying resource is ``self.pool`` for overrides.
     """
 
-    def __init__(self, scope: Construct, id_: str, *, spec: GpuPoolSpec, cluster_id: str, region: str,
+    def __init__(self, scope: Construct, id_: str, *, spec: GpuPoolSpec, cluster_id: str, location: str,
                  node_service_account: str, resource_labels: dict[str, str],
                  node_networks: tuple[tuple[str, str], ...] = ()) -> None:
         super().__init__(scope, id_)
@@ -59,12 +59,19 @@ class GpuNodePool(Construct):
             "workload_metadata_config": {"mode": "GKE_METADATA"},
             "gvnic": {"enabled": True},
             "metadata": {"disable-legacy-endpoints": "true"},
+            # Review D4: image streaming starts multi-GB training images before they are fully
+            # pulled (toolkit enable_gcfs, TGKE enable_gcfs); images outside Artifact Registry pull normally.
+            "gcfs_config": {"enabled": True},
+            # Review D5: the toolkit's default TCP buffers (gke-node-pool/variables.tf linux_node_config).
+            "linux_node_config": {"sysctls": dict(NODE_SYSCTLS)},
             "reservation_affinity": (
                 {"consume_reservation_type": "SPECIFIC_RESERVATION", "key": "compute.googleapis.com/reservation-name",
                  "values": [reservation.affinity_value]}
                 if reservation else {"consume_reservation_type": "NO_RESERVATION"}
             ),
         }
+        if spec.host_maintenance_interval:
+            node_config["host_maintenance_policy"] = {"maintenance_interval": spec.host_maintenance_interval}
         if spec.local_ssd_count:
             # The NVMe SSDs bundled with A3/A4 machines back emptyDir and the image store
             # (toolkit gke-node-pool/disk_definitions.tf); ForceNew, so set at creation.
@@ -90,12 +97,13 @@ class GpuNodePool(Construct):
             self, "pool",
             name=spec.name,
             cluster=cluster_id,
-            location=region,
+            location=location,
             node_locations=list(spec.zones),
             management={"auto_repair": spec.upgrade.auto_repair, "auto_upgrade": spec.upgrade.auto_upgrade},
             upgrade_settings={"max_surge": spec.upgrade.max_surge, "max_unavailable": spec.upgrade.max_unavailable},
             node_config=node_config,
             lifecycle=lifecycle,
+            timeouts=NODE_POOL_TIMEOUTS,
             **sizing,
             **extras,
         ), f"pool_{spec.name}")

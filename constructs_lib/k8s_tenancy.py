@@ -69,8 +69,11 @@ class K8sTenant(Construct):
                          for kind, name in (rbac_subject(m) for m in tenant.groups)],
             ), f"rb_{key}_edit")
         sa = kubernetes.service_account_v1
+        # Review C6: no pod gets this Job-writing token by naming the account. gpufleet's control
+        # plane reaches the API with its own kubeconfig; run in-cluster, its pod opts in with
+        # automountServiceAccountToken: true (the pod-level setting wins over this one).
         self.controller = pin(sa.ServiceAccountV1(self, "controller", metadata={"name": CONTROLLER_KSA, "namespace": ns},
-                                                  automount_service_account_token=True), f"ksa_{key}_controller")
+                                                  automount_service_account_token=False), f"ksa_{key}_controller")
         self.controller_binding = pin(rb.RoleBindingV1(
             self, "controller_binding", metadata={"name": CONTROLLER_KSA, "namespace": ns},
             role_ref={"api_group": RBAC_GROUP, "kind": "ClusterRole", "name": controller_role},

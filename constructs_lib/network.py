@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from constructs import Construct
 
+from clusters.derive import derive_gpudirect
+from clusters.families import GPUDIRECT_MTU
 from clusters.schema import ClusterConfig, SchedulerKind
 from constructs_lib.naming import pin
 from constructs_lib.providers import google
@@ -39,8 +41,11 @@ class GpuNetwork(Construct):
         super().__init__(scope, id_)
         gcp, name = config.gcp, config.name
         self._name = name
+        # Review D5 / B6: the toolkit's A3 blueprints raise the primary VPC to the GPUDirect MTU too,
+        # so node-to-node traffic on the primary NIC matches the data NICs.
+        mtu = {"mtu": GPUDIRECT_MTU} if derive_gpudirect(config).networks else {}
         self.vpc = pin(google.compute_network.ComputeNetwork(self, "vpc", name=f"{name}-vpc", auto_create_subnetworks=False,
-                                             routing_mode="REGIONAL"), "vpc")
+                                             routing_mode="REGIONAL", **mtu), "vpc")
         self.subnet = pin(google.compute_subnetwork.ComputeSubnetwork(
             self, "subnet", name=f"{name}-nodes", region=gcp.region, network=self.vpc.id,
             ip_cidr_range=gcp.subnet_cidr, private_ip_google_access=True,
@@ -48,7 +53,7 @@ class GpuNetwork(Construct):
                 google.compute_subnetwork.ComputeSubnetworkSecondaryIpRange(range_name=PODS_RANGE, ip_cidr_range=gcp.pods_cidr),
                 google.compute_subnetwork.ComputeSubnetworkSecondaryIpRange(range_name=SERVICES_RANGE, ip_cidr_range=gcp.services_cidr),
             ],
-            log_config={"aggregation_interval": "INTERVAL_5_SEC", "flow_sampling": 0.5, "metadata": "INCLUDE_ALL_METADATA"},
+            log_config={"aggregation_interval": "INTERVAL_5_SEC", "flow_sampling": gcp.flow_log_sampling, "metadata": "INCLUDE_ALL_METADATA"},
         ), "subnet")
         self.router = pin(google.compute_router.ComputeRouter(self, "router", name=f"{name}-router", region=gcp.region,
                                                network=self.vpc.id), "router")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from constructs import Construct
 
-from clusters.derive import SYSTEM_POOL_NAME, SystemPoolSpec
+from clusters.derive import NODE_POOL_TIMEOUTS, SYSTEM_POOL_NAME, SystemPoolSpec
 from constructs_lib.naming import pin
 from constructs_lib.providers import google
 
@@ -17,14 +17,14 @@ class SystemNodePool(Construct):
     ``GKE_METADATA``, no legacy metadata endpoints. ``self.pool`` is the escape hatch.
     """
 
-    def __init__(self, scope: Construct, id_: str, *, spec: SystemPoolSpec, cluster_id: str, region: str,
+    def __init__(self, scope: Construct, id_: str, *, spec: SystemPoolSpec, cluster_id: str, location: str,
                  node_service_account: str, resource_labels: dict[str, str]) -> None:
         super().__init__(scope, id_)
         self.pool = pin(google.container_node_pool.ContainerNodePool(
             self, "pool",
             name=SYSTEM_POOL_NAME,
             cluster=cluster_id,
-            location=region,
+            location=location,
             node_locations=list(spec.zones),
             initial_node_count=-(-spec.min_nodes // len(spec.zones)),
             autoscaling={"total_min_node_count": spec.min_nodes, "total_max_node_count": spec.max_nodes,
@@ -46,4 +46,5 @@ class SystemNodePool(Construct):
                 "metadata": {"disable-legacy-endpoints": "true"},
             },
             lifecycle={"prevent_destroy": spec.protected, "ignore_changes": ["initial_node_count"]},
+            timeouts=NODE_POOL_TIMEOUTS,
         ), "system_pool")

@@ -54,14 +54,14 @@ class ClusterStack(TerraformStack):
                                   node_service_account=node_sa)
             cost_labels = {"gpufleet-cluster": config.name, "environment": config.environment.value}
             self.system_pool = SystemNodePool(self, "system_pool", spec=derive_system_pool(config), cluster_id=self.gke.cluster.id,
-                                              region=config.gcp.region, node_service_account=node_sa, resource_labels=cost_labels)
+                                              location=self.control_plane.location, node_service_account=node_sa, resource_labels=cost_labels)
             gpudirect = GpuDirectNetworks(self, "gpudirect", spec=self.gpudirect, cluster=config.name, project=config.gcp.project,
                                           region=config.gcp.region, source_range=config.gcp.gpudirect_cidr) if self.gpudirect.networks else None
             for spec in self.pool_specs:
                 nics = tuple((gpudirect.networks[n.key].name, gpudirect.subnets[n.key].name)
                              for n in self.gpudirect.for_pool(spec.name)) if gpudirect else ()
                 self.node_pools[spec.name] = GpuNodePool(self, f"pool_{spec.name}", spec=spec, cluster_id=self.gke.cluster.id,
-                                                         region=config.gcp.region, node_service_account=node_sa,
+                                                         location=self.control_plane.location, node_service_account=node_sa,
                                                          resource_labels=cost_labels, node_networks=nics)
             self.tenant_identities = {
                 t.name: TenantIdentity(self, f"tenant_{t.name}", tenant=t, project=config.gcp.project, cluster=config.name)
