@@ -383,6 +383,10 @@ def total_gpus(specs: tuple[GpuPoolSpec, ...]) -> tuple[int, int]:
 WORKLOAD_KSA = "training"
 CONTROLLER_KSA = "gpufleet-controller"
 TENANT_LABEL = "gpufleet.dev/tenant"
+# The tenant namespace's LimitRange default request for a container that states none (Kueue and
+# the scheduler count it): e.g. the GPUDirect RxDM sidecar, which upstream ships without requests.
+DEFAULT_CONTAINER_CPU_MILLICORES = 1000
+DEFAULT_CONTAINER_MEMORY_MIB = 4096
 
 
 @dataclass(frozen=True)

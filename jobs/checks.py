@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 
-from clusters.derive import GpuPoolSpec, derive_gpu_pools
+from clusters.derive import DEFAULT_CONTAINER_CPU_MILLICORES, DEFAULT_CONTAINER_MEMORY_MIB, GpuPoolSpec, derive_gpu_pools
 from clusters.families import GpuDirect
 from clusters.machines import gke_allocatable, machine_shape
 from clusters.schema import ClusterConfig, SchedulerKind
@@ -163,11 +163,16 @@ def _gke(job: JobFile, config: ClusterConfig) -> Iterator[Finding]:
     allocatable = gke_allocatable(pool.machine_type)
     if allocatable is not None:
         millicores, mib = allocatable
+        # A multi-node TCPX/TCPXO run's RxDM sidecar gets the namespace's default request (jobs/gpudirect.py).
+        beside = ""
+        if job.nodes > 1 and pool.gpudirect in (GpuDirect.TCPX, GpuDirect.TCPXO):
+            millicores, mib = millicores - DEFAULT_CONTAINER_CPU_MILLICORES, mib - DEFAULT_CONTAINER_MEMORY_MIB
+            beside = " and beside the GPUDirect sidecar's default request"
         if cpu_millicores(job) > millicores:
             field = "cpu_cores" if job.cpu_cores is not None else "cpu_mhz"
-            yield ((field,), f"{cpu_millicores(job) / 1000:g} cores do not fit one {pool.machine_type} node (about {millicores / 1000:g} allocatable after GKE's reservation); set cpu_cores to at most {millicores // 1000}")
+            yield ((field,), f"{cpu_millicores(job) / 1000:g} cores do not fit one {pool.machine_type} node (about {millicores / 1000:g} allocatable after GKE's reservation{beside}); set cpu_cores to at most {millicores // 1000}")
         if job.memory_mb > mib:
-            yield (("memory_mb",), f"{job.memory_mb} MiB does not fit one {pool.machine_type} node (about {mib} MiB allocatable after GKE's reservation); allowed: <= {mib}")
+            yield (("memory_mb",), f"{job.memory_mb} MiB does not fit one {pool.machine_type} node (about {mib} MiB allocatable after GKE's reservation{beside}); allowed: <= {mib}")
     disk_mib = int(pool.boot_disk_gb * 1024 * 0.9)
     if job.disk_mb > disk_mib:
         yield (("disk_mb",), f"{job.disk_mb} MiB of ephemeral storage does not fit pool {pool.name}'s {pool.boot_disk_gb} GB boot disk (kubelet evicts below 10% free); allowed: <= {disk_mib}; lower it or raise boot_disk_gb")

@@ -174,3 +174,22 @@ def test_job_files_cannot_fight_the_gpudirect_wiring(tmp_path, configs, a3_vault
         load(_write(tmp_path, "bad", mutate), cluster_configs=configs, vault=a3_vault)
     lines = [str(p) for p in err.value.problems]
     assert any(f": {field}:" in line and fix in line for line in lines), lines
+
+
+def test_the_sidecars_default_request_counts_in_the_node_fit(tmp_path, configs, a3_vault):
+    """The RxDM sidecar states no requests, so the tenant LimitRange's default applies to it on the node."""
+    from clusters.derive import DEFAULT_CONTAINER_CPU_MILLICORES, DEFAULT_CONTAINER_MEMORY_MIB
+    from clusters.machines import gke_allocatable
+    from constructs_lib.k8s_tenancy import DEFAULT_REQUESTS
+
+    assert DEFAULT_REQUESTS == {"cpu": f"{DEFAULT_CONTAINER_CPU_MILLICORES // 1000}", "memory": f"{DEFAULT_CONTAINER_MEMORY_MIB // 1024}Gi"}
+    millicores, _ = gke_allocatable("a3-megagpu-8g")
+
+    def whole_node_cpu(data):
+        _on_a3mega(data)
+        data["cpu_cores"] = millicores // 1000  # fits the node alone, not beside the sidecar
+
+    with pytest.raises(ConfigError) as err:
+        load(_write(tmp_path, "greedy", whole_node_cpu), cluster_configs=configs, vault=a3_vault)
+    lines = [str(p) for p in err.value.problems]
+    assert any(": cpu_cores:" in line and f"at most {(millicores - DEFAULT_CONTAINER_CPU_MILLICORES) // 1000}" in line for line in lines), lines

@@ -49,7 +49,7 @@ BAD = [
     ("no-quota-on-pool", _set((("tenant",), "applied"), (("gpu", "pool"), "l4-spot"), (("gpu", "count"), 2), (("gpu", "min_memory_gib"), 24),
                               (("gpu", "model"), "L4"), (("nodes",), 5), (("cpu_cores",), 8), (("memory_mb",), 65536), (("disk_mb",), 51200)),
      "gpu.count", r"^5 nodes x 2 GPUs = 10 exceed tenant applied's quota of 8 on pool l4-spot"),
-    ("cpu-over-node", _set((("cpu_cores",), 208)), "cpu_cores", r"^208 cores do not fit one a3-highgpu-8g node \(about 207\.\d+ allocatable after GKE's reservation\); set cpu_cores to at most 207"),
+    ("cpu-over-node", _set((("cpu_cores",), 208)), "cpu_cores", r"^208 cores do not fit one a3-highgpu-8g node \(about 206\.\d+ allocatable after GKE's reservation and beside the GPUDirect sidecar's default request\); set cpu_cores to at most 206"),
     ("memory-over-node", _set((("memory_mb",), 1872 * 1024)), "memory_mb", r"^1916928 MiB does not fit one a3-highgpu-8g node \(about \d+ MiB allocatable"),
     ("disk-over-boot-disk", _set((("disk_mb",), 500 * 1024)), "disk_mb", r"of ephemeral storage does not fit pool h100's 500 GB boot disk"),
     ("env-shadows-rendezvous", _set((("env", "MASTER_ADDR"), "10.0.0.1")), "env.MASTER_ADDR", r"MASTER_ADDR is set by the platform on GKE"),
