@@ -46,6 +46,9 @@ class K8sRunStatus:
     exit_code: int | None = None
     # The name of the Kueue Workload that admits it (None until Kueue made one).
     workload: str | None = None
+    # Pods ready (the Job's status.ready) out of the ranks it runs (spec.parallelism).
+    ready: int = 0
+    ranks: int = 1
 
 
 def _conditions(obj: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
@@ -93,7 +96,8 @@ def summarize(job: dict[str, Any], workloads: list[dict[str, Any]]) -> K8sRunSta
     placed = bool(status.get("startTime") or status.get("active") or status.get("succeeded") or status.get("failed"))
 
     def out(state: State, reason: str, exit_code: int | None = None) -> K8sRunStatus:
-        return K8sRunStatus(run, state, reason, queue, flavor, placed, exit_code, (workload or {}).get("metadata", {}).get("name"))
+        return K8sRunStatus(run, state, reason, queue, flavor, placed, exit_code, (workload or {}).get("metadata", {}).get("name"),
+                            int(status.get("ready") or 0), int(spec.get("parallelism") or 1))
 
     if meta.get("deletionTimestamp"):
         return out(State.STOPPED, "stopped by request; Kubernetes is terminating its pods")

@@ -245,10 +245,18 @@ class GkeRunner:
             raise RunNotFound(run_id) from None
         except K8sError as exc:
             raise SchedulerUnavailable(str(exc)) from None
-        namespace = self._split(run_id)[0]
+        return self._report(self._split(run_id)[0], status)
+
+    @staticmethod
+    def _report(namespace: str, status: Any) -> RunReport:
+        """Admitted by Kueue but not every rank ready yet (nodes scaling up, images pulling) is
+        pending and placed, which the control plane calls provisioning; all ranks ready is running."""
         refs = _refs(job=f"{namespace}/{status.run}", workload=status.workload and f"{namespace}/{status.workload}",
                      cluster_queue=status.queue, flavor=status.flavor)
-        return RunReport(Phase(status.state.value), status.reason, status.placed, status.exit_code, refs)
+        phase = Phase(status.state.value)
+        if phase == Phase.RUNNING and status.ready < status.ranks:
+            phase = Phase.PENDING
+        return RunReport(phase, status.reason, status.placed, status.exit_code, refs)
 
     def poll(self, run_ids: Sequence[str], known: Mapping[str, str]) -> dict[str, Polled]:
         """Many runs at once: per namespace one list of gpufleet's Jobs and one of Kueue
@@ -279,10 +287,7 @@ class GkeRunner:
                     if known.get(run_id) == fingerprint:
                         out[run_id] = Polled(fingerprint, None)
                         continue
-                    status = summarize(job, mine)
-                    refs = _refs(job=f"{namespace}/{run}", workload=status.workload and f"{namespace}/{status.workload}",
-                                 cluster_queue=status.queue, flavor=status.flavor)
-                    out[run_id] = Polled(fingerprint, RunReport(Phase(status.state.value), status.reason, status.placed, status.exit_code, refs))
+                    out[run_id] = Polled(fingerprint, self._report(namespace, summarize(job, mine)))
         except K8sError as exc:
             raise SchedulerUnavailable(str(exc)) from None
         return out

@@ -1,6 +1,7 @@
 """GKE through the control plane: the service routes a GKE job file to the Kubernetes API (the
 double of tests/jobs/k8s_double.py: Jobs, Secrets, Kueue Workloads, foreground deletion,
-faults) and follows it through Kueue and the Job controller, with real wrapped secret_ids from
+faults) and follows it through Kueue and the Job controller (queued until Kueue admits,
+provisioning until every rank is ready, running), with real wrapped secret_ids from
 the session's OpenBao.
 
 Exactly once is counted where Kubernetes would see it: Job objects created (201) in the double.
@@ -63,6 +64,10 @@ def test_a_gke_experiment_goes_queued_running_succeeded_with_kueue_ids_and_cost(
     k8s.admit(NS, run, cluster_queue=NS, flavor="h100")
     svc.clock.advance(minutes=30)
     svc.step()
+    shown = _state(svc, exp["id"], headers)  # admitted: GPUs held, ranks starting
+    assert shown["status"] == "provisioning" and "0/2 rank(s) ready" in shown["reason"]
+    k8s.pods_ready(NS, run, 2)
+    svc.step()
     shown = _state(svc, exp["id"], headers)
     assert shown["status"] == "running" and "admitted to ClusterQueue research" in shown["reason"]
     assert shown["scheduler_ids"]["cluster_queue"] == NS and shown["scheduler_ids"]["flavor"] == "h100"
@@ -73,7 +78,7 @@ def test_a_gke_experiment_goes_queued_running_succeeded_with_kueue_ids_and_cost(
     assert done["status"] == "succeeded" and done["exit_code"] == 0
     assert done["gpu_hours"] == pytest.approx(2.0 * GPUS) and done["estimated_cost_usd"] == pytest.approx(2.0 * GPUS * done["price_per_gpu_hour"], abs=1e-3)
     states = [e["to"] for e in svc.client.get(f"/api/v1/experiments/{exp['id']}/events", headers=headers).json()["events"] if e["kind"] == "state"]
-    assert states == ["dispatching", "queued", "running", "succeeded"]
+    assert states == ["dispatching", "queued", "provisioning", "running", "succeeded"]
     # Kubernetes removes the finished Job after its TTL; the database is the record, ids included.
     k8s.store.objects.pop(("jobs", NS, run))
     svc.step()

@@ -83,6 +83,7 @@ def test_a_gke_pass_lists_jobs_and_workloads_per_namespace_and_gets_nothing(make
     svc.step()
     run = svc.client.get(f"/api/v1/experiments/{exp['id']}", headers=headers).json()["run_id"].rsplit("/", 1)[1]
     k8s.admit("research", run, cluster_queue="research", flavor="h100")
+    k8s.pods_ready("research", run, 2)
     before = len([r for r in k8s.requests if r.method == "GET" and r.path.endswith(f"/jobs/{run}")])
     for _ in range(2):
         svc.step()
@@ -104,6 +105,7 @@ def test_one_scheduler_down_does_not_hold_up_the_other(make_service, sqlite_url,
     svc.step()
     run = svc.client.get(f"/api/v1/experiments/{gke_exp['id']}", headers=research).json()["run_id"].rsplit("/", 1)[1]
     k8s.admit("research", run, cluster_queue="research", flavor="h100")
+    k8s.pods_ready("research", run, 2)
     nomad.inject("GET", "register", *[Fault(status=503)] * 3)  # the job list fails past the client's retries
     svc.step()
     assert svc.client.get(f"/api/v1/experiments/{gke_exp['id']}", headers=research).json()["status"] == "running"

@@ -52,6 +52,9 @@ def test_gke_run_through_the_neutral_interface(runners: Runners, k8s: Any) -> No
     assert (report.phase, report.placed, report.exit_code) == (Phase.PENDING, False, None)
     k8s.admit("research", run, cluster_queue="research", flavor="h100")
     report = runners.status(run_id)
+    assert (report.phase, report.placed) == (Phase.PENDING, True)  # admitted, ranks not ready yet: provisioning
+    k8s.pods_ready("research", run, 2)
+    report = runners.status(run_id)
     assert (report.phase, report.placed) == (Phase.RUNNING, True) and "ClusterQueue research" in report.detail
     k8s.fail("research", run, reason="PodFailurePolicy", message="Container train for pod research/x-1-abc failed with exit code 3 matching FailJob rule at index 0")
     report = runners.status(run_id)
