@@ -36,8 +36,11 @@ GPU_RESOURCE = "nvidia.com/gpu"
 # Kueue only admits workloads whose every requested resource the queue covers
 # (flavorassigner: "resource ... unavailable in ClusterQueue"); GPUs are the governed resource, so
 # CPU, memory and ephemeral storage (GKE jobs request it: jobs/k8s_render.py) get a ceiling no
-# GPU pool of this fleet reaches.
-UNGOVERNED = {"cpu": "100000", "memory": "1000000Gi", "ephemeral-storage": "1000000Gi"}
+# GPU pool of this fleet reaches. Written in Kubernetes' canonical quantity form ("100k", not
+# "100000"): Kueue's defaulting webhook re-encodes the object, so a non-canonical value comes back
+# changed and kubernetes_manifest fails the apply ("inconsistent result";
+# hashicorp/terraform-provider-kubernetes#1572).
+UNGOVERNED = {"cpu": "100k", "memory": "1000000Gi", "ephemeral-storage": "1000000Gi"}
 TAINT_EFFECTS = {"NO_SCHEDULE": "NoSchedule", "PREFER_NO_SCHEDULE": "PreferNoSchedule", "NO_EXECUTE": "NoExecute"}
 DWS_CHECK = "dws-prov"
 DWS_CONFIG = "dws-config"
