@@ -45,8 +45,14 @@ class GpuDirectNetworks(Construct):
                            compute.compute_firewall.ComputeFirewallAllow(protocol="icmp")],
                     log_config={"metadata": "EXCLUDE_ALL_METADATA"}), f"fw_{n.key}_internal")
             self.networks[n.key] = vpc
+            # RoCE subnets carry only MRDMA NICs: the network profile's features gate Private Google
+            # Access (networkProfiles features.allowPrivateGoogleAccess) and GCP refuses an unsupported
+            # feature; cluster-toolkit's gpu-rdma-vpc sets neither it nor flow logs. gVNIC subnets keep both.
+            roce = n.device_mode == "RDMA"
             self.subnets[n.key] = pin(compute.compute_subnetwork.ComputeSubnetwork(
                 self, f"{n.key}_subnet", name=n.subnetwork, region=region, network=vpc.id, ip_cidr_range=n.cidr,
-                private_ip_google_access=True,
-                log_config={"aggregation_interval": "INTERVAL_10_MIN", "flow_sampling": 0.1, "metadata": "EXCLUDE_ALL_METADATA"},
+                **({} if roce else {
+                    "private_ip_google_access": True,
+                    "log_config": {"aggregation_interval": "INTERVAL_10_MIN", "flow_sampling": 0.1, "metadata": "EXCLUDE_ALL_METADATA"},
+                }),
             ), f"{n.key}_subnet")

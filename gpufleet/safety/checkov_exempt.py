@@ -22,6 +22,12 @@ ROCE = (
     "(cloud.google.com/firewall/docs/firewall-for-roce)"
 )
 
+ROCE_SUBNET = (
+    "a RoCE subnet carries only MRDMA NICs: Private Google Access is gated by the RDMA network "
+    "profile (networkProfiles features.allowPrivateGoogleAccess) and cluster-toolkit's gpu-rdma-vpc "
+    "sets neither it nor flow logs; GCP refuses a feature the profile does not support"
+)
+
 
 def _first(value: Any) -> dict[str, Any]:
     if isinstance(value, list):
@@ -36,6 +42,10 @@ def exemptions(stack: dict[str, Any]) -> Iterator[tuple[str, str, str]]:
         if _first(pool.get("queued_provisioning")).get("enabled") is True:
             for check in ("CKV_GCP_9", "CKV_GCP_10"):
                 yield check, f"google_container_node_pool.{name}", DWS
-    for name, network in resources.get("google_compute_network", {}).items():
-        if str(network.get("network_profile", "")).endswith("-vpc-roce"):
-            yield "CKV2_GCP_18", f"google_compute_network.{name}", ROCE
+    roce = {name for name, network in resources.get("google_compute_network", {}).items() if str(network.get("network_profile", "")).endswith("-vpc-roce")}
+    for name in sorted(roce):
+        yield "CKV2_GCP_18", f"google_compute_network.{name}", ROCE
+    for name, subnet in resources.get("google_compute_subnetwork", {}).items():
+        if subnet.get("network") in {f"${{google_compute_network.{n}.id}}" for n in roce}:
+            for check in ("CKV_GCP_26", "CKV_GCP_74"):
+                yield check, f"google_compute_subnetwork.{name}", ROCE_SUBNET

@@ -92,12 +92,18 @@ def test_required_findings_are_exempted_per_resource_not_per_check(example_confi
     summary = checkov_scan.run([tmp_path / "prod-gke"], workers=1)
     assert summary.ok, summary.failure_lines
     exempted = sorted((f.check_id, f.resource) for s in summary.stacks for f in s.exempted)
-    assert exempted == [("CKV2_GCP_18", "google_compute_network.rdma"), ("CKV_GCP_10", f"google_container_node_pool.pool_{dws.name.replace('-', '_')}"),
-                        ("CKV_GCP_9", f"google_container_node_pool.pool_{dws.name.replace('-', '_')}")], exempted
+    subnets = infra["resource"]["google_compute_subnetwork"]
+    rdma = sorted(name for name, subnet in subnets.items() if subnet["network"] == "${google_compute_network.rdma.id}")
+    assert len(rdma) == 8 and all("log_config" not in subnets[n] and "private_ip_google_access" not in subnets[n] for n in rdma)
+    assert all(subnet.get("private_ip_google_access") is True for name, subnet in subnets.items() if name not in rdma)
+    pool = f"google_container_node_pool.pool_{dws.name.replace('-', '_')}"
+    assert exempted == sorted([("CKV2_GCP_18", "google_compute_network.rdma"), ("CKV_GCP_10", pool), ("CKV_GCP_9", pool),
+                               *((check, f"google_compute_subnetwork.{n}") for n in rdma for check in ("CKV_GCP_26", "CKV_GCP_74"))]), exempted
     # The same settings on resources that do not require them are not exempted.
     plain = json.loads(json.dumps(infra))
     for pool in plain["resource"]["google_container_node_pool"].values():
         pool.pop("queued_provisioning", None)
     for network in plain["resource"]["google_compute_network"].values():
         network.pop("network_profile", None)
+    assert "rdma" in plain["resource"]["google_compute_network"]
     assert list(exemptions(plain)) == []
