@@ -52,9 +52,15 @@ def derive_reservation(reservation: str, default_project: str, zone: str) -> Res
     return ReservationSpec(project=project, name=name, block=block or None, zone=zone)
 
 
-def precondition(ref: str, machine_type: str, accelerator: str, gpus: int) -> str:
+def precondition(ref: str, machine_type: str, accelerator: str, gpus: int, nodes: int) -> str:
     """The Terraform condition (without ``${}``) over the reservation at ``ref`` (a data source address
     such as ``data.google_compute_reservation.reservation_h100``, or a stand-in object in tests).
+
+    ``nodes`` is the pool's largest size: a SPECIFIC_RESERVATION pool cannot grow outside its
+    reservation, so a smaller reservation leaves Kueue admitting runs (quota is sized from the
+    pool) that never get a node. ``specific_reservation.count`` is the reserved VM count
+    (resource_compute_reservation.go v6.50.0). A reservation shared with other pools may still be
+    short; that is beyond what one pool can see.
 
     The reservation's accelerator type may be a full or partial URL (the provider's description of
     ``accelerator_type``), so only its last path segment is compared.
@@ -64,21 +70,22 @@ def precondition(ref: str, machine_type: str, accelerator: str, gpus: int) -> st
                     f" element(split(\"/\", acc.accelerator_type), length(split(\"/\", acc.accelerator_type)) - 1) => acc.accelerator_count }}")
     return (f"{props} != null && {ref}.specific_reservation_required == true"
             f" && try({ref}.specific_reservation[0].instance_properties[0].machine_type, \"\") == \"{machine_type}\""
-            f" && jsonencode({accelerators}) == jsonencode({{ \"{accelerator}\" = {gpus} }})")
+            f" && jsonencode({accelerators}) == jsonencode({{ \"{accelerator}\" = {gpus} }})"
+            f" && try({ref}.specific_reservation[0].count, 0) >= {nodes}")
 
 
-def error_message(spec: ReservationSpec, machine_type: str, accelerator: str, gpus: int) -> str:
+def error_message(spec: ReservationSpec, machine_type: str, accelerator: str, gpus: int, nodes: int) -> str:
     return (f"Reservation {spec.name} in project {spec.project}, zone {spec.zone} must exist there, have"
-            f" specific_reservation_required = true and reserve {machine_type} with {gpus} x {accelerator}"
-            " (the node pool's shape); fix the reservation or the pool's reservation/zones/machine_type in the cluster file.")
+            f" specific_reservation_required = true and reserve at least {nodes} x {machine_type} with {gpus} x {accelerator}"
+            " (the node pool's shape and largest size); fix the reservation or the pool's reservation/zones/machine_type/max_nodes in the cluster file.")
 
 
 def _shape() -> re.Pattern[str]:
     """The exact form ``precondition`` emits, with its literals limited to GCE name characters: the
     synthesis backstop (``stacks.interpolation``) allows this template and nothing looser."""
-    text = re.escape(precondition("REF0", "MACHINE0", "ACCEL0", "GPUS0"))  # type: ignore[arg-type]
+    text = re.escape(precondition("REF0", "MACHINE0", "ACCEL0", "GPUS0", "NODES0"))  # type: ignore[arg-type]
     for token, pattern in (("REF0", r"data\.google_compute_reservation\.[a-z0-9_]+"), ("MACHINE0", "[a-z0-9-]+"),
-                           ("ACCEL0", "[a-z0-9-]+"), ("GPUS0", "[0-9]+")):
+                           ("ACCEL0", "[a-z0-9-]+"), ("GPUS0", "[0-9]+"), ("NODES0", "[0-9]+")):
         text = text.replace(token, pattern)
     return re.compile(text)
 

@@ -36,8 +36,8 @@ class GpuNodePool(Construct):
             ), f"reservation_{spec.name}")
             ref = f"data.google_compute_reservation.{tf_id('reservation_' + spec.name)}"
             lifecycle["precondition"] = [Precondition(
-                condition="${" + precondition(ref, spec.machine_type, spec.accelerator, spec.gpus_per_node) + "}",
-                error_message=error_message(reservation, spec.machine_type, spec.accelerator, spec.gpus_per_node),
+                condition="${" + precondition(ref, spec.machine_type, spec.accelerator, spec.gpus_per_node, spec.max_total_nodes) + "}",
+                error_message=error_message(reservation, spec.machine_type, spec.accelerator, spec.gpus_per_node, spec.max_total_nodes),
             )]
         node_config: dict[str, object] = {
             "machine_type": spec.machine_type,

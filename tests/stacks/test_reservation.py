@@ -112,6 +112,8 @@ CASES = {
     "fewer_gpus": (_variant(guest_accelerators=[{"accelerator_type": "nvidia-h100-80gb", "accelerator_count": 4}]), False),
     "other_accelerator": (_variant(guest_accelerators=[{"accelerator_type": "nvidia-h100-mega-80gb", "accelerator_count": 8}]), False),
     "no_accelerators": (_variant(guest_accelerators=[]), False),
+    "fewer_vms_than_the_pool_can_grow_to": (_variant(specific_reservation=[{**GOOD["specific_reservation"][0], "count": 3}]), False),
+    "more_vms_than_the_pool": (_variant(specific_reservation=[{**GOOD["specific_reservation"][0], "count": 6}]), True),
 }
 
 
@@ -147,13 +149,13 @@ def test_the_attributes_the_precondition_reads_exist_in_the_pinned_provider_sche
     m = google.data_google_compute_reservation
     reads = {
         m.DataGoogleComputeReservation: ("specific_reservation", "specific_reservation_required"),
-        m.DataGoogleComputeReservationSpecificReservationOutputReference: ("instance_properties",),
+        m.DataGoogleComputeReservationSpecificReservationOutputReference: ("instance_properties", "count"),
         m.DataGoogleComputeReservationSpecificReservationInstancePropertiesOutputReference: ("machine_type", "guest_accelerators"),
         m.DataGoogleComputeReservationSpecificReservationInstancePropertiesGuestAcceleratorsOutputReference: ("accelerator_type", "accelerator_count"),
     }
     from clusters.reservation import precondition
 
-    condition = precondition(DATA, "a3-highgpu-8g", "nvidia-h100-80gb", 8)
+    condition = precondition(DATA, "a3-highgpu-8g", "nvidia-h100-80gb", 8, 4)
     for cls, names in reads.items():
         for name in names:
             assert isinstance(getattr(cls, name, None), property), f"{cls.__name__}.{name}"
