@@ -12,6 +12,12 @@ from pathlib import Path
 from typing import Any
 
 MANIFESTS_DIR = Path(__file__).resolve().parent / "gpudirect_manifests"
+# transport value -> (vendored NCCL test, its RxDM daemon container or None, the Network device mode pods attach)
+NCCL_TESTS = {
+    "tcpx": ("nccl-test-tcpx", "tcpx-daemon", "NetDevice"),
+    "tcpxo": ("nccl-test-tcpxo", "tcpxo-daemon", "NetDevice"),
+    "rdma": ("nccl-test-rdma", None, "RDMA"),
+}
 
 
 @cache
@@ -36,3 +42,20 @@ def first(name: str, kind: str) -> dict[str, Any]:
     if not found:
         raise ValueError(f"vendored {name}.yaml has no {kind}; upstream moved: re-read it before regenerating")
     return found[0]
+
+
+def rxdm_sidecars() -> tuple[dict[str, Any], ...]:
+    """The RxDM daemon containers of the vendored NCCL tests, as upstream writes them (image,
+    command, args, capabilities): the only containers a tenant pod may run with more than the
+    baseline Pod Security Standard allows (constructs_lib/k8s_queue_policy.py)."""
+    found = []
+    for test, daemon, _mode in NCCL_TESTS.values():
+        if daemon is not None:
+            found.append(next(c for c in first(test, "Pod")["spec"]["containers"] if c["name"] == daemon))
+    return tuple(found)
+
+
+def host_paths() -> tuple[str, ...]:
+    """Every hostPath a vendored NCCL test pod mounts (a superset of what a job copies)."""
+    return tuple(sorted({v["hostPath"]["path"] for test, _d, _m in NCCL_TESTS.values()
+                         for v in first(test, "Pod")["spec"].get("volumes", []) if "hostPath" in v}))

@@ -24,7 +24,8 @@ def pod_security(tenant: TenantSpec, pools: tuple[GpuPoolSpec, ...]) -> dict[str
     directory as hostPath and adds ``NET_ADMIN`` (toolkit
     gpu-direct-workload/scripts/enable-tcpx{,o}-in-workload.py); baseline forbids both, so such a
     namespace is enforced at ``privileged`` and still warned and audited at ``baseline``. Other
-    namespaces keep enforcing baseline.
+    namespaces keep enforcing baseline. What ``privileged`` would allow beyond that sidecar is
+    refused by the scheduler stack's admission policy (``k8s_queue_policy.privilege_rule``).
     """
     gpudirect = any(p.gpudirect != GpuDirect.NONE for p in tenant_gpu_pools(tenant, pools))
     if gpudirect:

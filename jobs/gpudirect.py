@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from clusters.families import GpuDirect
-from clusters.gpudirect_upstream import first
+from clusters.gpudirect_upstream import NCCL_TESTS, first
 
 INTERFACES_ANNOTATION = "networking.gke.io/interfaces"
 DEFAULT_INTERFACE_ANNOTATION = "networking.gke.io/default-interface"
@@ -42,11 +42,7 @@ NVIDIA_LIB = "/usr/local/nvidia/lib64"
 TCPX_SOCKET_DIR = "/run/tcpx"
 
 # transport -> (vendored NCCL test, its RxDM daemon container or None, the Network device mode pods attach)
-UPSTREAM = {
-    GpuDirect.TCPX: ("nccl-test-tcpx", "tcpx-daemon", "NetDevice"),
-    GpuDirect.TCPXO: ("nccl-test-tcpxo", "tcpxo-daemon", "NetDevice"),
-    GpuDirect.RDMA: ("nccl-test-rdma", None, "RDMA"),
-}
+UPSTREAM = {GpuDirect(transport): test for transport, test in NCCL_TESTS.items()}
 
 
 @dataclass(frozen=True)

@@ -193,3 +193,20 @@ def test_the_sidecars_default_request_counts_in_the_node_fit(tmp_path, configs, 
         load(_write(tmp_path, "greedy", whole_node_cpu), cluster_configs=configs, vault=a3_vault)
     lines = [str(p) for p in err.value.problems]
     assert any(": cpu_cores:" in line and f"at most {(millicores - DEFAULT_CONTAINER_CPU_MILLICORES) // 1000}" in line for line in lines), lines
+
+
+def test_rendered_gpudirect_pods_pass_the_tenant_privilege_policy(mega_docs, cluster_configs, vault_view):
+    """The scheduler stack's third admission policy (constructs_lib/k8s_queue_policy.PRIVILEGE_RULE)
+    admits exactly what the renderer produces on TCPXO and TCPX pools, once the Job controller has
+    set its ownerReference on the pod."""
+    from tests.constructs_lib.test_queue_policy import JOB_OWNER, evaluate
+
+    from constructs_lib.k8s_queue_policy import privilege_rule
+
+    tcpx = manifests(load(find(GKE_EXAMPLE), cluster_configs=cluster_configs, vault=vault_view))
+    for docs in (mega_docs, tcpx):
+        template = _pod_template(docs)
+        assert template["spec"]["initContainers"][0]["name"] in ("tcpx-daemon", "tcpxo-daemon")
+        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {**template["metadata"], "ownerReferences": [JOB_OWNER]}, "spec": template["spec"]}
+        assert evaluate(privilege_rule(), pod) is True
+        assert evaluate(privilege_rule(), {**pod, "metadata": {**pod["metadata"], "ownerReferences": []}}) is False
