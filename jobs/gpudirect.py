@@ -29,6 +29,7 @@ is kept for the sidecar (its tag is pinned).
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -69,13 +70,30 @@ def interfaces(transport: GpuDirect, networks: tuple[tuple[str, str], ...]) -> l
 def _nccl_nics(transport: GpuDirect, nics: list[str]) -> list[dict[str, str]]:
     joined = ",".join(nics)
     if transport is GpuDirect.TCPX:
-        return [{"name": "NCCL_SOCKET_IFNAME", "value": "eth0"}, {"name": "NCCL_GPUDIRECTTCPX_CTRL_DEV", "value": "eth0"},
-                {"name": "NCCL_GPUDIRECTTCPX_SOCKET_IFNAME", "value": joined},
-                {"name": "NCCL_GPUDIRECTTCPX_UNIX_CLIENT_PREFIX", "value": TCPX_SOCKET_DIR}]
+        wired = [{"name": "NCCL_SOCKET_IFNAME", "value": "eth0"}, {"name": "NCCL_GPUDIRECTTCPX_CTRL_DEV", "value": "eth0"},
+                 {"name": "NCCL_GPUDIRECTTCPX_SOCKET_IFNAME", "value": joined},
+                 {"name": "NCCL_GPUDIRECTTCPX_UNIX_CLIENT_PREFIX", "value": TCPX_SOCKET_DIR}]
+        return wired + [e for e in tcpx_tuning() if e["name"] not in {w["name"] for w in wired}]
     if transport is GpuDirect.TCPXO:
         return [{"name": "NCCL_SOCKET_IFNAME", "value": "eth0"}, {"name": "NCCL_FASTRAK_CTRL_DEV", "value": "eth0"},
                 {"name": "NCCL_FASTRAK_IFNAME", "value": joined}, {"name": "NCCL_LIB_DIR", "value": NVIDIA_LIB}]
     return []
+
+
+TUNING_LINE = re.compile(r"^\s*-x (NCCL_[A-Z0-9_]+)=(\S+?)\s*\\?$")
+
+
+def tcpx_tuning() -> list[dict[str, str]]:
+    """The NCCL settings upstream's TCPX test passes (``-x NAME=value`` in the vendored
+    gpudirect-tcpx/nccl-config.yaml ``run-nccl.sh``): algorithm, chunk and buffer sizes, socket
+    threads, the per-NIC TX/RX CPU bindings (named eth1..eth4, the NIC names ``interfaces`` gives a
+    TCPX pod) and the flow-steering wait. TCPX ships no env profile script, unlike TCPXO and RDMA;
+    without these NCCL runs over the NICs far below their bandwidth."""
+    script = first("nccl-config-tcpx", "ConfigMap")["data"]["run-nccl.sh"]
+    found = [m.groups() for line in script.splitlines() if (m := TUNING_LINE.match(line))]
+    if not found:
+        raise ValueError("vendored nccl-config-tcpx.yaml run-nccl.sh passes no NCCL settings; upstream moved: re-read it")
+    return [{"name": name, "value": value.strip('"')} for name, value in found]
 
 
 def pod_networking(transport: GpuDirect, networks: tuple[tuple[str, str], ...]) -> PodNetworking | None:

@@ -12,7 +12,9 @@ GPUDIRECT_RUNTIME): modules/compute/gke-node-pool/gpu_direct.tf installs the TCP
 plus the NRI device injector; examples/gke-a3-ultragpu and gke-a4 install the RDMA (gIB) installer.
 The ``nccl-test-*`` files are upstream's two-node NCCL tests: jobs/gpudirect.py takes the RxDM
 sidecar (whose version upstream couples to the installer's), the device annotation, the volumes
-and the NCCL library environment from their first Pod. All files come from one commit, so the
+and the NCCL library environment from their first Pod; ``nccl-config-tcpx`` is the TCPX test's
+ConfigMap, whose ``run-nccl.sh`` passes the NCCL tuning TCPX needs (TCPX has no env profile
+script in its plugin, unlike TCPXO and RDMA). All files come from one commit, so the
 sidecar and the installer are always a released pair.
 
     git clone https://github.com/GoogleCloudPlatform/container-engine-accelerators /tmp/cea
@@ -37,6 +39,7 @@ FILES = {
     "nccl-test-tcpx": "gpudirect-tcpx/nccl-test-latest.yaml",
     "nccl-test-tcpxo": "gpudirect-tcpxo/nccl-test-latest.yaml",
     "nccl-test-rdma": "gpudirect-rdma/nccl-test.yaml",
+    "nccl-config-tcpx": "gpudirect-tcpx/nccl-config.yaml",
 }
 
 

@@ -210,3 +210,23 @@ def test_rendered_gpudirect_pods_pass_the_tenant_privilege_policy(mega_docs, clu
         pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {**template["metadata"], "ownerReferences": [JOB_OWNER]}, "spec": template["spec"]}
         assert evaluate(privilege_rule(), pod) is True
         assert evaluate(privilege_rule(), {**pod, "metadata": {**pod["metadata"], "ownerReferences": []}}) is False
+
+
+def test_tcpx_runs_get_upstream_nccl_tuning_bound_to_their_own_nics(cluster_configs, vault_view):
+    """GKE review follow-up: TCPX pods got only NIC names. Upstream's TCPX test passes chunk and buffer
+    sizes, PXN/cross-NIC off and per-NIC TX/RX CPU bindings; TCPX ships no env profile to source."""
+    from jobs.gpudirect import tcpx_tuning
+
+    template = _pod_template(manifests(load(find(GKE_EXAMPLE), cluster_configs=cluster_configs, vault=vault_view)))
+    train = template["spec"]["containers"][0]
+    env = {e["name"]: e.get("value") for e in train["env"]}
+    tuning = {e["name"]: e["value"] for e in tcpx_tuning()}
+    assert {"NCCL_P2P_PXN_LEVEL", "NCCL_CROSS_NIC", "NCCL_BUFFSIZE", "NCCL_GPUDIRECTTCPX_TX_BINDINGS",
+            "NCCL_GPUDIRECTTCPX_PROGRAM_FLOW_STEERING_WAIT_MICROS"} <= set(tuning)
+    for name, value in tuning.items():
+        if name not in ("NCCL_GPUDIRECTTCPX_SOCKET_IFNAME",):
+            assert env[name] == value, name
+    nics = [n["interfaceName"] for n in json.loads(template["metadata"]["annotations"][INTERFACES_ANNOTATION])[1:]]
+    bound = {part.split(":")[0] for part in env["NCCL_GPUDIRECTTCPX_TX_BINDINGS"].split(";")}
+    assert bound == set(nics) == set(env["NCCL_GPUDIRECTTCPX_SOCKET_IFNAME"].split(","))
+    assert len({e["name"] for e in train["env"]}) == len(train["env"])
