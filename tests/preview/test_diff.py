@@ -185,3 +185,15 @@ def test_rename_pairs_use_whole_name_tokens():
     assert [f.kind for f in preview(base, head, HAND, protected_types=frozenset({"t_pool"})).findings] == [Kind.DESTROYED]
     head = {"s": stack(t_pool__pool_h200={**body, "label": "pool-h200"})}
     assert [f.kind for f in preview(base, head, HAND, protected_types=frozenset({"t_pool"})).findings] == [Kind.RENAMED]
+
+
+def test_changing_a_static_ips_use_is_a_blocked_destroy_not_a_silent_swap(stack_json):
+    """Review C11: `use: ingress` -> `load_balancer` turns the global address into a regional one; the
+    pinned global IP would be released, so the preview blocks it like any protected destroy."""
+    def edit(r):
+        ip = r.pop("google_compute_global_address")["ip_ingress"]
+        ip = {k: v for k, v in ip.items() if k != "ip_version"}
+        r["google_compute_address"] = {"ip_ingress": {**ip, "region": "us-central1", "network_tier": "PREMIUM"}}
+    result = preview(*_edit(stack_json, "prod-gke", edit), TABLES)
+    assert result.exit_code == ExitCode.BLOCKED
+    assert "prod-gke/google_compute_global_address.ip_ingress" in {f.qualified for f in result.blocking}
