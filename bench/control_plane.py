@@ -65,7 +65,7 @@ class NoRunner:
     def submit(self, *args: Any, **kwargs: Any) -> str:
         raise AssertionError("the submit benchmark runs without a worker")
 
-    status = stop = submit
+    status = stop = find = submit
 
 
 def serve_for_bench(db_url: str, port: int) -> None:

@@ -75,6 +75,10 @@ class LocalRunner:
             return RunReport(Phase.SUCCEEDED, "exited 0", True, 0)
         return RunReport(Phase.FAILED, f"task train: Terminated: Exit Code: {code}", True, code)
 
+    def find(self, job: FinetuneSpec, idempotency_key: str) -> str | None:
+        with self._lock:
+            return self._by_key.get(idempotency_key)
+
     def stop(self, run_id: str) -> None:
         with self._lock:
             run = self._runs.get(run_id)

@@ -39,6 +39,11 @@ class ClusterRunners(Runners):
             raise SchedulerUnavailable(f"this service is not bound to cluster {job.cluster} ({job.scheduler.value}); bound: {describe(self.clusters)}")
         return super().submit(job, meta, idempotency_key=idempotency_key)
 
+    def find(self, job: FinetuneSpec, idempotency_key: str) -> str | None:
+        if self.clusters.get(job.cluster) != job.scheduler.value:
+            raise SchedulerUnavailable(f"this service is not bound to cluster {job.cluster} ({job.scheduler.value}); bound: {describe(self.clusters)}")
+        return super().find(job, idempotency_key)
+
 
 def describe(clusters: Mapping[str, str]) -> str:
     return ", ".join(f"{name} ({kind})" for name, kind in sorted(clusters.items())) or "none"

@@ -257,6 +257,17 @@ class NomadClient:
             stubs = self._api(namespace).jobs.request(method="get", params={"namespace": namespace, "prefix": prefix}).json()
         return list(stubs or [])
 
+    def find_dispatch(self, namespace: str, parent: str, idempotency_token: str) -> str | None:
+        """The dispatched child of ``parent`` made with ``idempotency_token``, or None: the child
+        Job carries ``DispatchIdempotencyToken`` (api/jobs.go Job, Nomad 1.10.5), the list stubs
+        do not, so each child of the parent is read once."""
+        for stub in self.list_jobs(namespace, f"{parent}/dispatch-"):
+            with self._errors("find dispatch", stub["ID"], namespace, "check the namespace"):
+                job = self._api(namespace).job.request(quote(stub["ID"], safe=""), method="get").json()
+            if job.get("ParentID") == parent and job.get("DispatchIdempotencyToken") == idempotency_token:
+                return str(stub["ID"])
+        return None
+
     def list_allocations(self, namespace: str) -> list[dict[str, Any]]:
         """``GET /v1/allocations?namespace=&task_states=true``: every AllocationListStub of the
         namespace (api/allocations.go: JobID, ClientStatus, DesiredStatus, NodeName, TaskStates

@@ -87,6 +87,8 @@ class Runner(Protocol):
 
     def stop(self, run_id: str) -> None: ...
 
+    def find(self, job: FinetuneSpec, idempotency_key: str) -> str | None: ...
+
 
 def _refs(**names: str | None) -> tuple[tuple[str, str], ...]:
     return tuple((kind, name) for kind, name in names.items() if name)
@@ -210,6 +212,18 @@ class NomadRunner:
                 return  # already gone: nothing is billing
             raise SchedulerUnavailable(str(exc)) from None
 
+    def find(self, job: FinetuneSpec, idempotency_key: str) -> str | None:
+        """The run a submit with ``idempotency_key`` made, if any reached Nomad (its answer may have been lost)."""
+        from jobs.client import NomadError
+
+        try:
+            child = self._client.find_dispatch(job.namespace, job.name, idempotency_key)
+        except NomadError as exc:
+            if "(404" in str(exc):
+                return None  # the parent itself is gone: no child of it runs
+            raise SchedulerUnavailable(str(exc)) from None
+        return f"{job.namespace}/{child}" if child else None
+
 
 class GkeRunner:
     scheduler = "gke"
@@ -309,6 +323,20 @@ class GkeRunner:
         except K8sError as exc:
             raise SchedulerUnavailable(str(exc)) from None
 
+    def find(self, job: FinetuneSpec, idempotency_key: str) -> str | None:
+        """The Job a submit with ``idempotency_key`` made (its name derives from the key), only if
+        its dispatch-id annotation says so: a same-named Job of someone else is never ours."""
+        from jobs.k8s_client import K8sError
+        from jobs.k8s_render import run_name
+        from jobs.k8s_status import dispatch_id
+
+        name = run_name(job.name, idempotency_key)
+        try:
+            found = self._client.get_job(job.namespace, name)
+        except K8sError as exc:
+            raise SchedulerUnavailable(str(exc)) from None
+        return f"{GKE_PREFIX}{job.namespace}/{name}" if found is not None and dispatch_id(found) == idempotency_key else None
+
 
 class Runners:
     """One Runner over both schedulers: submit by the job's cluster, status/stop by the run id."""
@@ -332,6 +360,9 @@ class Runners:
 
     def stop(self, run_id: str) -> None:
         self._pick(run_id.startswith(GKE_PREFIX)).stop(run_id)
+
+    def find(self, job: FinetuneSpec, idempotency_key: str) -> str | None:
+        return self._pick(job.scheduler == SchedulerKind.GKE).find(job, idempotency_key)
 
     def poll(self, run_ids: Sequence[str], known: Mapping[str, str]) -> dict[str, Polled]:
         """Each scheduler's runs through its own batch poll (list calls, not a GET per run). One

@@ -10,6 +10,12 @@ A crash between 2 and 3 leaves the row; once its lease lapses the next pass subm
 with the same key and the scheduler answers with the run it already has. A scheduler error
 (503, timeout, Vault unreachable) releases the row with a backoff; past
 ``dispatch_stuck_seconds`` the experiment fails with the last error instead of waiting forever.
+
+Nothing is left billing when a dispatch ends without a run id (stuck, cancelled while
+retrying, its job file gone, or ended while a submit was in flight): once any submit may have
+reached the scheduler, the outbox row stays as a *stop debt*. Each pass asks the scheduler for
+the run that key made (``runner.find``) and stops it; only then is the row deleted. A debt the
+scheduler cannot settle yet is retried with backoff and shown in the experiment's reason.
 """
 
 from __future__ import annotations
@@ -64,10 +70,17 @@ def dispatch_one(ctx: Context, experiment_id: str) -> bool:
     exp = _claim(ctx, experiment_id)
     if exp is None:
         return False
+    if State(exp.state) in TERMINAL:
+        settle_stop_debt(ctx, experiment_id)
+        return False
+    if exp.cancel_requested_at is not None:
+        # Cancelled while a dispatch was being retried: never submit again.
+        _end(ctx, experiment_id, State.CANCELLED, "cancelled before its dispatch completed")
+        return False
     try:
         spec = ctx.catalog.job(exp.job)
     except ApiError as exc:
-        _give_up(ctx, experiment_id, f"job file no longer passes the checks: {exc.error}")
+        _end(ctx, experiment_id, State.FAILED, f"job file no longer passes the checks: {exc.error}")
         return False
     try:
         run_id = ctx.runner.submit(spec, exp.meta, idempotency_key=exp.id)
@@ -83,17 +96,18 @@ def dispatch_one(ctx: Context, experiment_id: str) -> bool:
         exp = session.get(Experiment, experiment_id)
         assert exp is not None
         exp.run_id = run_id
+        orphan = State(exp.state) in TERMINAL
         outbox = session.get(Outbox, experiment_id)
-        if outbox is not None:
+        if outbox is not None and not orphan:
             session.delete(outbox)
         if exp.state == State.DISPATCHING.value:
             transition(session, exp, State.QUEUED, actor=ACTOR, now=now, reason=f"dispatched to {exp.scheduler} as {run_id}")
-        orphan = State(exp.state) in TERMINAL
         latency = (now - exp.created_at).total_seconds()
     if orphan:
-        # Ended (failed as stuck, or cancelled) while this submit was in flight: nothing may run for it.
-        ctx.runner.stop(run_id)
-        log.warning("experiment %s ended while its dispatch was in flight; stopped run %s", experiment_id, run_id)
+        # Ended (failed as stuck, or cancelled) while this submit was in flight: nothing may run
+        # for it. The row stays until the stop succeeds (a debt a failed stop leaves for later passes).
+        settle_stop_debt(ctx, experiment_id)
+        log.warning("experiment %s ended while its dispatch was in flight; its run %s is being stopped", experiment_id, run_id)
         return False
     ctx.metrics.dispatch_latency.observe(latency)
     log.info("dispatched experiment %s as %s", experiment_id, run_id)
@@ -109,7 +123,8 @@ def _retry_later(ctx: Context, experiment_id: str, error: str) -> None:
         assert outbox is not None and exp is not None
         waited = (now - exp.created_at).total_seconds()
         if waited >= ctx.timing.dispatch_stuck_seconds:
-            session.delete(outbox)
+            # Any of the attempts may have reached the scheduler (an answer lost): keep the row as a stop debt.
+            _keep_as_debt(outbox, now, error)
             transition(session, exp, State.FAILED, actor=ACTOR, now=now,
                        reason=f"not dispatched within {ctx.timing.dispatch_stuck_seconds}s after {outbox.attempts} attempts; last error: {error}")
             log.warning("experiment %s failed: dispatch stuck for %.0fs", experiment_id, waited)
@@ -124,12 +139,72 @@ def _retry_later(ctx: Context, experiment_id: str, error: str) -> None:
     log.warning("dispatch of experiment %s failed (attempt will be retried): %s", experiment_id, error)
 
 
-def _give_up(ctx: Context, experiment_id: str, reason: str) -> None:
+def _keep_as_debt(outbox: Outbox, now, error: str) -> None:  # type: ignore[no-untyped-def]
+    outbox.lease_until = None
+    outbox.next_attempt_at = now
+    outbox.last_error = f"stop debt: {error}"
+
+
+def _end(ctx: Context, experiment_id: str, state: State, reason: str) -> None:
+    """End an experiment that has no run id. The claim counted this pass as an attempt, so
+    ``attempts > 1`` means an earlier submit ran and may have reached the scheduler: the row
+    stays as a stop debt and is settled at once; otherwise it is deleted."""
     now = ctx.clock()
     with ctx.sessions() as session, session.begin():
         exp = session.get(Experiment, experiment_id)
         outbox = session.get(Outbox, experiment_id)
         assert exp is not None
+        debt = outbox is not None and outbox.attempts > 1
+        if outbox is not None:
+            if debt:
+                _keep_as_debt(outbox, now, reason)
+            else:
+                session.delete(outbox)
+        transition(session, exp, state, actor=ACTOR, now=now, reason=reason)
+    if debt:
+        settle_stop_debt(ctx, experiment_id)
+
+
+def settle_stop_debt(ctx: Context, experiment_id: str) -> bool:
+    """Stop whatever an ended experiment's submits left on the scheduler, then drop its outbox
+    row. Returns True when settled; a scheduler error keeps the row for a later pass."""
+    now = ctx.clock()
+    with ctx.sessions() as session:
+        exp = session.get(Experiment, experiment_id)
+        assert exp is not None
+        run_id, job, tenant = exp.run_id, exp.job, exp.tenant
+    try:
+        if run_id is None:
+            run_id = ctx.runner.find(ctx.catalog.job(job), experiment_id)
+        if run_id is not None:
+            ctx.runner.stop(run_id)
+    except Exception as exc:  # noqa: BLE001 - a debt is never dropped: any failure keeps it for a later pass
+        if isinstance(exc, (SchedulerUnavailable, ApiError)):
+            error = exc.error if isinstance(exc, ApiError) else str(exc)
+        else:
+            log.exception("settling the stop debt of experiment %s raised", experiment_id)
+            error = f"unexpected {type(exc).__name__} (details in the service log)"
+        ctx.metrics.dispatch_errors.inc()
+        with ctx.sessions() as session, session.begin():
+            outbox = session.get(Outbox, experiment_id)
+            if outbox is not None:
+                backoff = min(MAX_BACKOFF_SECONDS, 2 ** min(outbox.attempts, 6))
+                outbox.lease_until = None
+                outbox.next_attempt_at = now + timedelta(seconds=backoff)
+                outbox.last_error = f"stop debt: {error}"
+                record(session, experiment_id=experiment_id, actor=ACTOR, kind="dispatch-error",
+                       message=f"a run its dispatch may have left on the scheduler is not confirmed stopped; retrying in {backoff}s: {error}", now=now)
+        log.warning("stop debt of experiment %s (tenant %s) not settled yet: %s", experiment_id, tenant, error)
+        return False
+    with ctx.sessions() as session, session.begin():
+        outbox = session.get(Outbox, experiment_id)
         if outbox is not None:
             session.delete(outbox)
-        transition(session, exp, State.FAILED, actor=ACTOR, now=now, reason=reason)
+        exp = session.get(Experiment, experiment_id)
+        assert exp is not None
+        if run_id is not None and exp.run_id is None:
+            exp.run_id = run_id
+        record(session, experiment_id=experiment_id, actor=ACTOR, kind="stop",
+               message=f"stopped {run_id}, left on the scheduler by a dispatch that did not complete" if run_id else "no run reached the scheduler",
+               now=now)
+    return True

@@ -293,7 +293,7 @@ class NomadDouble:
             return 200, {"DispatchedJobID": child_id, "EvalID": evaluation, "EvalCreateIndex": self.state.index, "JobCreateIndex": self.state.index, "Index": self.state.index}
         n = self._next()
         child_id = f"{parent_id}/dispatch-{1_800_000_000 + n}-{n:08x}"
-        child = {**parent, "ID": child_id, "Name": child_id, "ParentID": parent_id, "Dispatched": True, "ParameterizedJob": None, "Meta": {**(parent.get("Meta") or {}), **meta}, "Status": "pending"}
+        child = {**parent, "ID": child_id, "Name": child_id, "ParentID": parent_id, "Dispatched": True, "ParameterizedJob": None, "Meta": {**(parent.get("Meta") or {}), **meta}, "Status": "pending", "DispatchIdempotencyToken": token}
         self.state.jobs[(namespace, child_id)] = child
         if token:
             self.state.tokens[token] = child_id
