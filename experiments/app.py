@@ -62,7 +62,7 @@ def create_app(settings: ServiceSettings, *, runner: Runner, catalog: Catalog | 
     engine = db.make_engine(settings.db_url)
     db.upgrade(engine)
     sessions = db.session_factory(engine)
-    metrics = Metrics(sessions, clock)
+    metrics = Metrics(sessions, clock, runner)
     ctx = Context(sessions=sessions, runner=runner, catalog=catalog or Catalog(), clock=clock, metrics=metrics, timing=settings.timing)
     worker = Worker(ctx) if settings.worker else None
     jwks = None

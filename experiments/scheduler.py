@@ -5,8 +5,12 @@ kubeconfig context, or the in-cluster service account) by name. ``ClusterRunners
 submit by the job file's cluster and refuses a job of any cluster it is not bound to: a
 kubeconfig context points at one cluster, and a research job of ``dev-gke`` must never be
 created (and billed) on ``prod-gke`` because that is where the context happened to point.
-Status and stop route by the run id (``gke:<ns>/<run>`` or ``<ns>/<job>``), unambiguous
-because each scheduler has one cluster here. Admission refuses unbound clusters up front
+Status and stop route by the run id (``gke:<ns>/<run>`` or ``<ns>/<job>``), which does not
+name the cluster: so the reconciler, the reaper and cancels act only on experiments whose
+``cluster`` is bound here (``not_bound``/``bound_clause``). A service restarted against another
+cluster (or a second service sharing the database) leaves the other cluster's runs alone:
+never polled there, stopped, failed as "gone" or freed from quota; their reason says so and
+``gpufleet_experiments_not_bound`` counts them. Admission refuses unbound clusters up front
 (422 with the fix), so nothing waits in the outbox for a runner that does not exist.
 """
 
@@ -15,6 +19,8 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+from sqlalchemy import ColumnElement, and_, false, or_
 
 from clusters.errors import UserError
 from clusters.schema import ClusterConfig, SchedulerKind
@@ -43,6 +49,30 @@ class ClusterRunners(Runners):
         if self.clusters.get(job.cluster) != job.scheduler.value:
             raise SchedulerUnavailable(f"this service is not bound to cluster {job.cluster} ({job.scheduler.value}); bound: {describe(self.clusters)}")
         return super().find(job, idempotency_key)
+
+
+def bound_to(runner: Any) -> Mapping[str, str] | None:
+    """The clusters (name -> scheduler) ``runner`` is bound to; None for a runner of one scheduler
+    without cluster names (the local dev runner, a bare NomadRunner): it follows every run."""
+    return getattr(runner, "clusters", None)
+
+
+def not_bound(runner: Any, cluster: str, scheduler: str) -> str | None:
+    """Why this service must not act on a run of ``cluster`` (None: it may)."""
+    clusters = bound_to(runner)
+    if clusters is None or clusters.get(cluster) == scheduler:
+        return None
+    option = "--gke-cluster" if scheduler == SchedulerKind.GKE.value else "--nomad-cluster"
+    return (f"cluster {cluster} ({scheduler}) is not bound to this service (bound: {describe(clusters)}): its run is not "
+            f"polled, stopped or failed from here; the service started with {option} {cluster} follows it")
+
+
+def bound_clause(runner: Any, cluster: Any, scheduler: Any) -> ColumnElement[bool] | None:
+    """SQL: the experiment's (cluster, scheduler) is bound to ``runner``; None: every one is."""
+    clusters = bound_to(runner)
+    if clusters is None:
+        return None
+    return or_(false(), *(and_(cluster == name, scheduler == kind) for name, kind in clusters.items()))
 
 
 def describe(clusters: Mapping[str, str]) -> str:

@@ -112,14 +112,15 @@ class K8sClient:
         self._client.close()
 
     # ---- one request, one error shape ------------------------------------------------------
-    def _call(self, action: str, call: Callable[..., Any], *args: Any, missing_ok: bool = False, echo: bool = True, **kwargs: Any) -> dict[str, Any] | None:
+    def _call(self, action: str, call: Callable[..., Any], *args: Any, missing_ok: bool = False, conflict_ok: bool = False, echo: bool = True,
+              **kwargs: Any) -> dict[str, Any] | None:
         import kubernetes
         import urllib3
 
         try:
             response = call(*args, _preload_content=False, _request_timeout=self.settings.timeout_seconds, **kwargs)
         except kubernetes.client.ApiException as exc:
-            if exc.status == 404 and missing_ok:
+            if (exc.status == 404 and missing_ok) or (exc.status == 409 and conflict_ok):
                 return None
             raise self._error(action, exc, echo) from None
         except urllib3.exceptions.HTTPError as exc:
@@ -210,8 +211,9 @@ class K8sClient:
 
         Idempotent on ``dispatch_id``: the Job's name derives from it, so a retry finds the Job
         (409 or a plain read) instead of making a second one, and mints secret_ids only if the
-        run's Secret is still missing. If the Secret cannot be created, a Job this call created
-        is deleted again: its pods could never start and would hold the tenant's quota.
+        run's Secret owned by THIS Job (ownerReferences uid) is missing. If the Secret cannot be
+        created, a Job this call created is deleted again: its pods could never start and would
+        hold the tenant's quota.
         """
         docs = manifests(spec, dispatch_id=dispatch_id, meta=meta)
         require_valid(docs)
@@ -227,19 +229,50 @@ class K8sClient:
             raise K8sError(f"dispatch: Job {namespace}/{run} exists and vanished again; retry the same command")
         if dispatch_id_of(job) != dispatch_id:
             raise K8sError(f"dispatch: Job {namespace}/{run} exists but belongs to dispatch {dispatch_id_of(job)!r}, not {dispatch_id!r}; pass another --dispatch-id")
+        def secret() -> dict[str, Any]:
+            role_id, tokens = mint(spec.nodes)
+            doc = vault_secret(spec, job, role_id, tokens)
+            require_valid([doc])
+            return doc
+
         try:
-            if self._call("read Secret", self._core.read_namespaced_secret, vault_secret_name(run), namespace, missing_ok=True, echo=False) is None:
-                role_id, tokens = mint(spec.nodes)
-                secret = vault_secret(spec, job, role_id, tokens)
-                require_valid([secret])
-                self._create("Secret", self._core.create_namespaced_secret, namespace, secret, echo=False)
+            self._ensure_owned("Secret", self._core, "secret", namespace, vault_secret_name(run), job, secret, echo=False)
             for doc in docs[:-1]:
-                self._create(doc["kind"], self._core.create_namespaced_service, namespace, _owned(doc, job))
+                self._ensure_owned(doc["kind"], self._core, "service", namespace, doc["metadata"]["name"], job, lambda doc=doc: _owned(doc, job))
         except UserError:
             if created:
                 self.delete_job(namespace, run, propagation="Background")
             raise
         return DispatchResult(run, namespace, created)
+
+    def _ensure_owned(self, kind: str, api: Any, resource: str, namespace: str, name: str, job: dict[str, Any],
+                      body: Callable[[], dict[str, Any]], *, echo: bool = True) -> None:
+        """The run's ``kind`` object ``name``, owned by ``job`` (its uid in ownerReferences).
+
+        One left by an earlier Job of the same name is not adopted: that Job was deleted with
+        Background propagation, so Kubernetes' garbage collector removes its dependents later,
+        and would remove an adopted Secret under the new Job's pods (they would wait for it
+        until the deadline, holding GPUs). It is deleted now (precondition: its uid, so nothing
+        made meanwhile is touched) and made again from ``body`` (a Secret: freshly minted
+        secret_ids). An object gpufleet did not make for this run is an error, never deleted."""
+        import kubernetes
+
+        read, create, delete = (getattr(api, f"{verb}_namespaced_{resource}") for verb in ("read", "create", "delete"))
+        for _ in range(3):
+            found = self._call(f"read {kind} {namespace}/{name}", read, name, namespace, missing_ok=True, echo=False)
+            if found is not None:
+                if _owned_by(found, job):
+                    return
+                if not _left_by_earlier_job(found, job):
+                    raise K8sError(f"dispatch: {kind} {namespace}/{name} exists and was not made for Job {job['metadata']['name']} "
+                                   f"(uid {job['metadata']['uid']}); delete it if it is not in use, or pass another --dispatch-id")
+                preconditions = kubernetes.client.V1Preconditions(uid=found["metadata"]["uid"])
+                self._call(f"delete {kind} {namespace}/{name} left by an earlier Job", delete, name, namespace, missing_ok=True, conflict_ok=True,
+                           echo=False, body=kubernetes.client.V1DeleteOptions(preconditions=preconditions))
+            if self._create(kind, create, namespace, body(), echo=echo) is not None:
+                return
+            # 409: made meanwhile (a concurrent dispatch of the same run): read it again
+        raise K8sError(f"dispatch: {kind} {namespace}/{name} keeps being replaced while this dispatch makes it; retry later")
 
     def dry_run(self, spec: FinetuneSpec) -> str:
         """What ``submit`` means on GKE: the tenant's LocalQueue for the pool exists, and the API
@@ -267,6 +300,17 @@ class K8sClient:
 
 def _owner(job: dict[str, Any]) -> dict[str, Any]:
     return {"apiVersion": "batch/v1", "kind": "Job", "name": job["metadata"]["name"], "uid": job["metadata"]["uid"], "blockOwnerDeletion": False}
+
+
+def _owned_by(obj: dict[str, Any], job: dict[str, Any]) -> bool:
+    return any(ref.get("uid") == job["metadata"]["uid"] for ref in obj["metadata"].get("ownerReferences") or [])
+
+
+def _left_by_earlier_job(obj: dict[str, Any], job: dict[str, Any]) -> bool:
+    """gpufleet made ``obj`` for this run name, owned only by an earlier Job of that name."""
+    run, refs = job["metadata"]["name"], obj["metadata"].get("ownerReferences") or []
+    return ((obj["metadata"].get("labels") or {}).get(RUN_LABEL) == run and bool(refs)
+            and all(ref.get("kind") == "Job" and ref.get("name") == run for ref in refs))
 
 
 def _owned(doc: dict[str, Any], job: dict[str, Any]) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import threading
 import uuid
 from collections import defaultdict
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
     from jobs.k8s_client import K8sClient
 
 GKE_PREFIX = "gke:"
+log = logging.getLogger("gpufleet.jobs.runner")
 
 
 class Phase(StrEnum):
@@ -167,16 +169,22 @@ class NomadRunner:
             namespace, _, job_id = run_id.partition("/")
             wanted[namespace].append(job_id)
         out: dict[str, Polled] = {}
-        try:
-            for namespace, job_ids in wanted.items():
+        failures: list[str] = []
+        for namespace, job_ids in wanted.items():
+            try:
                 stubs: dict[str, dict[str, Any]] = {}
                 for parent in sorted({job_id.split("/dispatch-", 1)[0] for job_id in job_ids}):
                     stubs.update((stub["ID"], stub) for stub in self._client.list_jobs(namespace, f"{parent}/dispatch-"))
                 allocations: dict[str, list[dict[str, Any]]] = defaultdict(list)
                 for alloc in self._client.list_allocations(namespace):
                     allocations[alloc.get("JobID", "")].append(alloc)
-                for job_id in job_ids:
-                    run_id, stub, mine = f"{namespace}/{job_id}", stubs.get(job_id), allocations.get(job_id, [])
+            except NomadError as exc:  # this namespace only (e.g. an ACL token without list there): its runs get no answer
+                failures.append(str(exc))
+                log.warning("poll of Nomad namespace %s failed; its %d runs get no answer this pass: %s", namespace, len(job_ids), exc)
+                continue
+            for job_id in job_ids:
+                run_id, stub, mine = f"{namespace}/{job_id}", stubs.get(job_id), allocations.get(job_id, [])
+                try:
                     if stub is None:
                         out[run_id] = self._confirm_gone(run_id)
                         continue
@@ -190,8 +198,10 @@ class NomadRunner:
                         out[run_id] = Polled(fingerprint, self._report(namespace, job_id, summarize(job_id, stub, [], mine)))
                     else:
                         out[run_id] = Polled(fingerprint, self.status(run_id))
-        except NomadError as exc:
-            raise SchedulerUnavailable(str(exc)) from None
+                except SchedulerUnavailable as exc:  # this run's own GET failed: no answer for it alone
+                    log.warning("poll of Nomad run %s failed: %s", run_id, exc)
+        if failures and not out:
+            raise SchedulerUnavailable(failures[0])
         return out
 
     def _confirm_gone(self, run_id: str) -> Polled:
@@ -284,26 +294,34 @@ class GkeRunner:
             namespace, run = self._split(run_id)
             wanted[namespace].append(run)
         out: dict[str, Polled] = {}
-        try:
-            for namespace, runs in wanted.items():
+        failures: list[str] = []
+        for namespace, runs in wanted.items():
+            try:
                 jobs, workloads = self._client.list_runs(namespace)
-                by_name = {job["metadata"]["name"]: job for job in jobs}
-                by_uid: dict[str, list[dict[str, Any]]] = defaultdict(list)
-                for workload in workloads:
-                    by_uid[(workload["metadata"].get("labels") or {}).get(JOB_UID_LABEL, "")].append(workload)
-                for run in runs:
-                    run_id, job = f"{GKE_PREFIX}{namespace}/{run}", by_name.get(run)
-                    if job is None:
+            except K8sError as exc:  # this namespace only (e.g. no list RBAC there): its runs get no answer
+                failures.append(str(exc))
+                log.warning("poll of Kubernetes namespace %s failed; its %d runs get no answer this pass: %s", namespace, len(runs), exc)
+                continue
+            by_name = {job["metadata"]["name"]: job for job in jobs}
+            by_uid: dict[str, list[dict[str, Any]]] = defaultdict(list)
+            for workload in workloads:
+                by_uid[(workload["metadata"].get("labels") or {}).get(JOB_UID_LABEL, "")].append(workload)
+            for run in runs:
+                run_id, job = f"{GKE_PREFIX}{namespace}/{run}", by_name.get(run)
+                if job is None:
+                    try:
                         out[run_id] = self._confirm_gone(run_id)
-                        continue
-                    mine = by_uid.get(job["metadata"]["uid"], [])
-                    fingerprint = _fingerprint(job["metadata"].get("resourceVersion"), sorted(w["metadata"].get("resourceVersion") or "" for w in mine))
-                    if known.get(run_id) == fingerprint:
-                        out[run_id] = Polled(fingerprint, None)
-                        continue
-                    out[run_id] = Polled(fingerprint, self._report(namespace, summarize(job, mine)))
-        except K8sError as exc:
-            raise SchedulerUnavailable(str(exc)) from None
+                    except SchedulerUnavailable as exc:  # its own GET failed: no answer for it alone
+                        log.warning("poll of Kubernetes run %s failed: %s", run_id, exc)
+                    continue
+                mine = by_uid.get(job["metadata"]["uid"], [])
+                fingerprint = _fingerprint(job["metadata"].get("resourceVersion"), sorted(w["metadata"].get("resourceVersion") or "" for w in mine))
+                if known.get(run_id) == fingerprint:
+                    out[run_id] = Polled(fingerprint, None)
+                    continue
+                out[run_id] = Polled(fingerprint, self._report(namespace, summarize(job, mine)))
+        if failures and not out:
+            raise SchedulerUnavailable(failures[0])
         return out
 
     def _confirm_gone(self, run_id: str) -> Polled:

@@ -4,6 +4,15 @@ A run past its deadline (from the job's max_run_hours unless the submission aske
 counted from the moment it holds GPUs) is stopped on the scheduler and marked ``expired``.
 A run still queued when its wrapped secret_id has expired can never log in to Vault, so it
 is stopped and failed with that reason rather than left to wait for a GPU it cannot use.
+
+The same bound applies to a run still ``provisioning`` (placed, but the task not running on
+every rank: nodes scaling up, images pulling, a Secret that cannot be mounted). Pulling images
+is legitimate, but the task unwraps its secret_id only once it starts, and the wrap TTL counts
+from the mint at dispatch (``queued_at``), not from placement: a rank not started within the
+bound fails at start with an expired token, so holding its GPUs longer only bills. The bound
+is the one dispatch sized the wrap TTL with (``wrap_ttl_for_queue(default_queue_seconds(pool))``:
+25 min for a scale-from-zero pool). Either bound acts only on what the scheduler said after
+it passed (``reconciled_at``): a run the reconciler got no answer for may be running by now.
 """
 
 from __future__ import annotations
@@ -15,6 +24,7 @@ from sqlalchemy import and_, or_, select
 from experiments.background.context import Context, log
 from experiments.errors import ApiError
 from experiments.models import Experiment
+from experiments.scheduler import bound_clause
 from jobs.runner import SchedulerUnavailable
 from experiments.services.lifecycle import transition
 from experiments.states import State
@@ -33,18 +43,24 @@ def _queue_bound_seconds(ctx: Context, job: str) -> int:
 
 def process_overdue(ctx: Context) -> int:
     now = ctx.clock()
+    query = select(Experiment).where(or_(
+        and_(Experiment.state.in_([State.PROVISIONING.value, State.RUNNING.value]), Experiment.deadline_at < now),
+        Experiment.state.in_([State.QUEUED.value, State.PROVISIONING.value]),
+    ))
+    if (bound := bound_clause(ctx.runner, Experiment.cluster, Experiment.scheduler)) is not None:
+        query = query.where(bound)  # another cluster's runs: this runner cannot stop them (the reconciler notes why)
     with ctx.sessions() as session:
-        overdue = session.scalars(select(Experiment).where(or_(
-            and_(Experiment.state.in_([State.PROVISIONING.value, State.RUNNING.value]), Experiment.deadline_at < now),
-            Experiment.state == State.QUEUED.value,
-        ))).all()
+        overdue = session.scalars(query).all()
     stopped = 0
     for exp in overdue:
-        if exp.state == State.QUEUED.value:
-            bound = _queue_bound_seconds(ctx, exp.job)
-            if exp.queued_at is None or now - exp.queued_at < timedelta(seconds=bound):
-                continue
-            target, reason = State.FAILED, f"queued for more than {bound // 60} min, the lifetime of its wrapped secret_id: it could not log in to Vault if placed now; stopped, submit again when the pool has capacity"
+        if exp.state in (State.QUEUED.value, State.PROVISIONING.value) and not (exp.deadline_at is not None and exp.deadline_at < now):
+            ttl = timedelta(seconds=_queue_bound_seconds(ctx, exp.job))
+            minted = exp.queued_at or exp.dispatching_at or exp.created_at
+            if now - minted < ttl or exp.reconciled_at is None or exp.reconciled_at - minted < ttl:
+                continue  # within the bound, or not seen by the scheduler since it passed
+            where = "queued" if exp.state == State.QUEUED.value else "placed but not started on every rank"
+            target, reason = State.FAILED, (f"{where} {int(ttl.total_seconds()) // 60} min after dispatch, the lifetime of its wrapped secret_id: it could not "
+                                            "log in to Vault if it started now; stopped, submit again when the pool has capacity")
         else:
             target, reason = State.EXPIRED, f"deadline of {exp.deadline_hours:g}h passed at {exp.deadline_at:%Y-%m-%d %H:%M:%S}Z; stopped on the scheduler"
         try:

@@ -21,11 +21,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from sqlalchemy import select, update
+from sqlalchemy import ColumnElement, not_, or_, select, update
 from sqlalchemy.orm import Session
 
 from experiments.background.context import Context, log
 from experiments.models import Experiment
+from experiments.scheduler import bound_clause, not_bound
 from experiments.services.lifecycle import transition
 from experiments.states import ON_SCHEDULER, TERMINAL, State, can_move
 from jobs.runner import Phase, RunNotFound, RunReport, SchedulerUnavailable, poll
@@ -44,21 +45,27 @@ class Move:
 
 
 def process_scheduled(ctx: Context) -> int:
-    """One pass over the experiments on the scheduler, least recently reconciled first; returns
-    how many were reconciled (asked about, changed or not)."""
+    """One pass over the experiments on the scheduler of a cluster bound to this service, least
+    recently reconciled first; returns how many got an answer (changed or not). A run the
+    scheduler gave no answer for (its namespace could not be listed, the scheduler is down) is
+    left as it was, not stamped as reconciled (so the lag metric shows it) and counted in
+    ``gpufleet_reconcile_errors``."""
+    query = (select(Experiment.id, Experiment.run_id, Experiment.state, Experiment.cancel_requested_at)
+             .where(Experiment.state.in_([s.value for s in ON_SCHEDULER]), Experiment.run_id.is_not(None)))
+    bound = bound_clause(ctx.runner, Experiment.cluster, Experiment.scheduler)
+    if bound is not None:
+        query = query.where(bound)
+        _note_not_bound(ctx, bound)
     with ctx.sessions() as session:
-        rows = session.execute(
-            select(Experiment.id, Experiment.run_id, Experiment.state, Experiment.cancel_requested_at)
-            .where(Experiment.state.in_([s.value for s in ON_SCHEDULER]), Experiment.run_id.is_not(None))
-            .order_by(Experiment.reconciled_at.is_not(None), Experiment.reconciled_at)
-            .limit(ctx.timing.reconcile_batch)
-        ).all()
+        rows = session.execute(query.order_by(Experiment.reconciled_at.is_not(None), Experiment.reconciled_at)
+                               .limit(ctx.timing.reconcile_batch)).all()
     done = 0
     for row in [r for r in rows if r.cancel_requested_at is not None]:
         try:
             reconcile_one(ctx, row.id)
             done += 1
         except SchedulerUnavailable as exc:
+            ctx.metrics.reconcile_errors.inc()
             log.warning("cancel of %s deferred: %s", row.id, exc)
     tracked = [r for r in rows if r.cancel_requested_at is None]
     if not tracked:
@@ -67,27 +74,49 @@ def process_scheduled(ctx: Context) -> int:
     try:
         results = poll(ctx.runner, run_ids, ctx.fingerprints.known(run_ids, max_age=ctx.timing.refresh_seconds))
     except SchedulerUnavailable as exc:
+        ctx.metrics.reconcile_errors.inc(len(tracked))
         log.warning("reconcile pass deferred (%d runs): %s", len(tracked), exc)
         return done
     moves: list[Move] = []
     fresh: dict[str, str] = {}
+    answered: list[str] = []
     for row in tracked:
         result = results.get(row.run_id)
-        if result is None or (result.report is None and not result.gone):
+        if result is None:
+            continue  # no answer for it this pass (its scheduler or namespace could not be read)
+        if result.report is None and not result.gone:
+            answered.append(row.id)
             continue  # unchanged since its last full read
         if result.gone:
             moves.append(Move(row.id, State.FAILED, f"the scheduler no longer knows run {row.run_id} (garbage-collected before gpufleet saw it end)"))
+            answered.append(row.id)
             continue
         try:
             moves.append(_decide(ctx, row.id, row.run_id, row.state, result.report))
         except SchedulerUnavailable as exc:
             log.warning("reconcile of %s deferred: %s", row.id, exc)
             continue
+        answered.append(row.id)
         fresh[row.run_id] = result.fingerprint
-    ended = _apply_all(ctx, moves, [r.id for r in tracked])
+    if missed := len(tracked) - len(answered):
+        ctx.metrics.reconcile_errors.inc(missed)
+        log.warning("reconcile: no answer for %d of %d runs this pass (see the scheduler errors above)", missed, len(tracked))
+    ended = _apply_all(ctx, moves, answered)
     ctx.fingerprints.remember(fresh)
     ctx.fingerprints.forget([r.run_id for r in tracked if r.id in ended])
-    return done + len(tracked)
+    return done + len(answered)
+
+
+def _note_not_bound(ctx: Context, bound: ColumnElement[bool]) -> None:
+    """Runs of clusters this service is not bound to keep their state; their reason says why
+    nothing here follows them (one UPDATE per such cluster, only where the reason differs)."""
+    on_scheduler = Experiment.state.in_([s.value for s in ON_SCHEDULER])
+    with ctx.sessions() as session, session.begin():
+        pairs = session.execute(select(Experiment.cluster, Experiment.scheduler).where(on_scheduler, not_(bound)).distinct()).all()
+        for cluster, scheduler in pairs:
+            reason = not_bound(ctx.runner, cluster, scheduler)
+            session.execute(update(Experiment).where(on_scheduler, Experiment.cluster == cluster, Experiment.scheduler == scheduler,
+                                                     or_(Experiment.reason.is_(None), Experiment.reason != reason)).values(reason=reason))
 
 
 def _decide(ctx: Context, experiment_id: str, run_id: str, state: str, report: RunReport) -> Move:
@@ -104,8 +133,8 @@ def _decide(ctx: Context, experiment_id: str, run_id: str, state: str, report: R
 
 
 def _apply_all(ctx: Context, moves: list[Move], reconciled: list[str]) -> set[str]:
-    """Commit the moves COMMIT_BATCH at a time and stamp every reconciled experiment; returns the
-    ids that ended."""
+    """Commit the moves COMMIT_BATCH at a time and stamp every experiment the scheduler answered
+    for (only those: a run without an answer keeps its old stamp); returns the ids that ended."""
     now = ctx.clock()
     ended: set[str] = set()
     for start in range(0, len(reconciled), COMMIT_BATCH):
@@ -147,6 +176,8 @@ def reconcile_one(ctx: Context, experiment_id: str) -> None:
         exp = session.get(Experiment, experiment_id)
     if exp is None or State(exp.state) in TERMINAL or exp.run_id is None:
         return
+    if (why := not_bound(ctx.runner, exp.cluster, exp.scheduler)) is not None:
+        raise SchedulerUnavailable(why)  # never stop, fail or free a run of another cluster from here
     if exp.cancel_requested_at is not None:
         ctx.runner.stop(exp.run_id)
         _move(ctx, experiment_id, State.CANCELLED, "cancelled: stopped on the scheduler", exit_code=None)

@@ -229,6 +229,12 @@ class K8sDouble:
             if method == "GET":
                 return 200, obj
             if method == "DELETE":
+                # DeleteOptions.preconditions.uid: the storage layer refuses with 409 Conflict (apiserver
+                # storage checkPreconditions: "Precondition failed: UID in precondition: %v, UID in object meta: %v").
+                want = ((body or {}).get("preconditions") or {}).get("uid")
+                if want and want != obj["metadata"]["uid"]:
+                    return 409, status_body(409, "Conflict", f'Operation cannot be fulfilled on {resource} "{name}": Precondition failed: '
+                                            f'UID in precondition: {want}, UID in object meta: {obj["metadata"]["uid"]}', {"name": name, "kind": resource})
                 return self._delete(key, (body or {}).get("propagationPolicy") or query.get("propagationPolicy", ["Background"])[0])
         return 405, status_body(405, "MethodNotAllowed", "method not allowed")
 

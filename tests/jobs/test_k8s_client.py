@@ -88,6 +88,63 @@ def test_fails_when_the_secret_cannot_be_created_and_removes_the_job(k8s: Any, k
     assert not [k for k in k8s.store.objects if k[0] in ("jobs", "workloads")]
 
 
+def _lagging_garbage_collector(k8s: Any, monkeypatch: Any) -> Callable[[], None]:
+    """Real Kubernetes removes a Background-deleted Job's dependents later (the garbage collector);
+    the double cascades at once. Emulate the lag: dependents stay until the returned gc() runs."""
+    def remove_no_cascade(key: tuple[str, str, str]) -> None:
+        obj = k8s.store.objects.pop(key)
+        k8s._bump(key[0], "DELETED", obj)
+
+    def gc() -> None:
+        with k8s._lock:
+            uids = {o["metadata"]["uid"] for o in k8s.store.objects.values()}
+            for key, obj in list(k8s.store.objects.items()):
+                refs = obj["metadata"].get("ownerReferences") or []
+                if refs and not any(r["uid"] in uids for r in refs):
+                    remove_no_cascade(key)
+
+    monkeypatch.setattr(k8s, "_remove", remove_no_cascade)
+    return gc
+
+
+def test_a_retry_replaces_the_secret_and_service_left_by_the_deleted_first_job(k8s: Any, k8s_client_for: Callable[..., Any], spec: FinetuneSpec, monkeypatch: Any) -> None:
+    gc = _lagging_garbage_collector(k8s, monkeypatch)
+    client, mint = k8s_client_for(k8s), Minter()
+    k8s.fail_next("POST", "/services", 503, times=3)  # first attempt: Job + Secret made, the Service fails -> Job deleted
+    with pytest.raises(K8sError, match="create Service"):
+        client.dispatch(spec, META, dispatch_id="gc-lag", mint=mint)
+    run = k8s.created("jobs")[0].body["metadata"]["name"]
+    first_uid = k8s.store.objects[("secrets", "research", f"{run}-vault")]["metadata"]["ownerReferences"][0]["uid"]
+    assert not [k for k in k8s.store.objects if k[0] == "jobs"]
+    # A Service of the first Job lingering as well (e.g. its answer was lost after the commit).
+    with k8s._lock:
+        k8s.store.objects[("services", "research", run)] = {
+            "apiVersion": "v1", "kind": "Service", "spec": {"clusterIP": "None"},
+            "metadata": {"name": run, "namespace": "research", "uid": "old-service-uid", "resourceVersion": "1",
+                         "labels": {"gpufleet.dev/run": run}, "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": run, "uid": first_uid}]}}
+    result = client.dispatch(spec, META, dispatch_id="gc-lag", mint=mint)  # the retry, before the GC got to them
+    job_uid = k8s.job("research", run)["metadata"]["uid"]
+    assert result.created and job_uid != first_uid
+    for key in (("secrets", "research", f"{run}-vault"), ("services", "research", run)):
+        assert k8s.store.objects[key]["metadata"]["ownerReferences"][0]["uid"] == job_uid, key
+    assert mint.calls == [2, 2]  # the old Secret's secret_ids are not reused: minted again
+    deletes = [r for r in k8s.requests if r.method == "DELETE" and ("/secrets/" in r.path or "/services/" in r.path)]
+    assert [r.body["preconditions"]["uid"] is not None for r in deletes] == [True, True]
+    gc()  # the garbage collector catches up: nothing of the new Job's goes
+    assert ("secrets", "research", f"{run}-vault") in k8s.store.objects and ("services", "research", run) in k8s.store.objects
+
+
+def test_a_secret_not_made_for_the_run_is_an_error_and_left_alone(k8s: Any, k8s_client_for: Callable[..., Any], spec: FinetuneSpec) -> None:
+    client = k8s_client_for(k8s)
+    first = client.dispatch(spec, META, dispatch_id="foreign", mint=Minter())
+    key = ("secrets", "research", f"{first.run}-vault")
+    with k8s._lock:
+        k8s.store.objects[key]["metadata"]["ownerReferences"] = [{"apiVersion": "apps/v1", "kind": "Deployment", "name": "someone", "uid": "u-1"}]
+    with pytest.raises(K8sError, match=rf"Secret research/{first.run}-vault exists and was not made for Job {first.run}"):
+        client.dispatch(spec, META, dispatch_id="foreign", mint=Minter())
+    assert key in k8s.store.objects and not [r for r in k8s.requests if r.method == "DELETE" and "/secrets/" in r.path]
+
+
 def test_fails_when_the_dispatch_id_hash_names_another_dispatch(k8s: Any, k8s_client_for: Callable[..., Any], spec: FinetuneSpec) -> None:
     client = k8s_client_for(k8s)
     result = client.dispatch(spec, META, dispatch_id="mine", mint=Minter())
