@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from sqlalchemy import and_, or_, select
+from sqlalchemy import and_, func, or_, select
 
 from experiments.background.context import Context, log
 from experiments.errors import ApiError
@@ -28,7 +28,7 @@ from experiments.scheduler import bound_clause
 from jobs.runner import SchedulerUnavailable
 from experiments.services.lifecycle import transition
 from experiments.states import State
-from jobs.vault_mint import SCALE_FROM_ZERO_QUEUE_SECONDS, default_queue_seconds
+from jobs.vault_mint import SCALE_FROM_ZERO_QUEUE_SECONDS, WARM_POOL_QUEUE_SECONDS, default_queue_seconds
 from vault_policies.orchestrator import wrap_ttl_for_queue
 
 ACTOR = "reaper"
@@ -45,16 +45,21 @@ def process_overdue(ctx: Context) -> int:
     now = ctx.clock()
     query = select(Experiment).where(or_(
         and_(Experiment.state.in_([State.PROVISIONING.value, State.RUNNING.value]), Experiment.deadline_at < now),
-        Experiment.state.in_([State.QUEUED.value, State.PROVISIONING.value]),
+        # Not started: only those dispatched longer ago than the shortest wrap TTL dispatch uses.
+        and_(Experiment.state.in_([State.QUEUED.value, State.PROVISIONING.value]),
+             func.coalesce(Experiment.queued_at, Experiment.created_at) < now - timedelta(seconds=wrap_ttl_for_queue(WARM_POOL_QUEUE_SECONDS))),
     ))
     if (bound := bound_clause(ctx.runner, Experiment.cluster, Experiment.scheduler)) is not None:
         query = query.where(bound)  # another cluster's runs: this runner cannot stop them (the reconciler notes why)
     with ctx.sessions() as session:
         overdue = session.scalars(query).all()
     stopped = 0
+    ttls: dict[str, int] = {}  # per job, once per pass
     for exp in overdue:
         if exp.state in (State.QUEUED.value, State.PROVISIONING.value) and not (exp.deadline_at is not None and exp.deadline_at < now):
-            ttl = timedelta(seconds=_queue_bound_seconds(ctx, exp.job))
+            if exp.job not in ttls:
+                ttls[exp.job] = _queue_bound_seconds(ctx, exp.job)
+            ttl = timedelta(seconds=ttls[exp.job])
             minted = exp.queued_at or exp.dispatching_at or exp.created_at
             if now - minted < ttl or exp.reconciled_at is None or exp.reconciled_at - minted < ttl:
                 continue  # within the bound, or not seen by the scheduler since it passed
