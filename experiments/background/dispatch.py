@@ -38,14 +38,20 @@ MAX_BACKOFF_SECONDS = 60
 
 def process_outbox(ctx: Context, *, batch: int = 50) -> int:
     """One pass; returns how many experiments were handed to the scheduler."""
+    from experiments.scheduler import bound_clause
+
     now = ctx.clock()
+    query = (select(Outbox.experiment_id)
+             .where(Outbox.next_attempt_at <= now, or_(Outbox.lease_until.is_(None), Outbox.lease_until < now))
+             .order_by(Outbox.created_at)
+             .limit(batch))
+    bound = bound_clause(ctx.runner, Experiment.cluster, Experiment.scheduler)
+    if bound is not None:
+        # Services bound to different clusters may share one database: each takes only its own
+        # clusters' rows, so none fails another's dispatch as stuck.
+        query = query.join(Experiment, Experiment.id == Outbox.experiment_id).where(bound)
     with ctx.sessions() as session:
-        ids = session.scalars(
-            select(Outbox.experiment_id)
-            .where(Outbox.next_attempt_at <= now, or_(Outbox.lease_until.is_(None), Outbox.lease_until < now))
-            .order_by(Outbox.created_at)
-            .limit(batch)
-        ).all()
+        ids = session.scalars(query).all()
     return sum(1 for experiment_id in ids if dispatch_one(ctx, experiment_id))
 
 

@@ -135,3 +135,22 @@ def test_an_orphan_whose_stop_fails_is_stopped_by_a_later_pass(make_service, sql
     assert _state(svc, exp["id"], headers)["status"] == "failed"
     assert all(k8s.job(NS, j)["metadata"].get("deletionTimestamp") for j in _jobs(k8s)), _jobs(k8s)
     assert _outbox(svc) == 0
+
+
+def test_a_service_bound_to_another_cluster_leaves_the_dispatch_alone(make_service, sqlite_url, k8s, fleet_runner, nomad_runner):
+    """Two services on one database, one per cluster: the Nomad-only one never claims (nor fails
+    as stuck) a GKE experiment's dispatch; the GKE-bound one dispatches it."""
+    from experiments.scheduler import ClusterRunners
+
+    svc = make_service(sqlite_url, fleet_runner)
+    headers = svc.token(NS)
+    exp = _submit(svc, headers).json()
+    nomad_only = ClusterRunners(nomad=("prod-nomad", nomad_runner))
+    other = Context(svc.ctx.sessions, nomad_only, svc.ctx.catalog, svc.ctx.clock, svc.ctx.metrics, svc.ctx.timing)
+    for _ in range(20):
+        svc.clock.advance(seconds=61)
+        assert process_outbox(other) == 0
+    with svc.ctx.sessions() as session:
+        assert session.get(Outbox, exp["id"]).attempts == 0
+    assert _state(svc, exp["id"], headers)["status"] == "pending"
+    assert process_outbox(svc.ctx) == 1
