@@ -18,9 +18,8 @@ from clusters.source import FieldPath, did_you_mean
 
 Finding = tuple[FieldPath, str]
 
-# A3 Ultra (H200) and A4 (B200) boot only from Hyperdisk (Compute Engine docs, "Accelerator-optimized
-# machine family": supported disk types); a pd-* boot disk fails when the first node is created.
-HYPERDISK_ONLY = ("a3-ultragpu-", "a4-highgpu-")
+# Boot disk types per machine family (A3 Ultra / A4: Hyperdisk only) are checked from
+# clusters/families.py in clusters/checks.py, one rule for every family.
 # A3 and A4 machines need gVNIC; gpufleet's Nomad instance template does not set nic_type, so a
 # Nomad client on them would not boot its network (GKE node pools enable gVNIC).
 NEEDS_GVNIC = ("a3-", "a4-")
@@ -138,10 +137,6 @@ def _guard_rails(config: ClusterConfig) -> Iterator[Finding]:
         yield (("nomad", "vault_addr"), f"{config.nomad.vault_addr!r} sends Vault tokens in clear text; plain http:// is allowed only"
                " in dev; write the https:// address of your Vault")
     for p, pool in enumerate(config.gpu_pools):
-        if pool.machine_type.startswith(HYPERDISK_ONLY) and "boot_disk_type" in pool.model_fields_set \
-                and pool.boot_disk_type.value.startswith("pd-"):
-            yield (("gpu_pools", p, "boot_disk_type"), f"{pool.machine_type} boots only from Hyperdisk, not {pool.boot_disk_type.value};"
-                   " allowed: hyperdisk-balanced; set boot_disk_type: hyperdisk-balanced")
         if config.scheduler == SchedulerKind.NOMAD and pool.machine_type.startswith(NEEDS_GVNIC):
             yield (("gpu_pools", p, "machine_type"), f"{pool.machine_type} needs gVNIC, which gpufleet's Nomad instance template does"
                    " not set; allowed on Nomad: a2-*, g2-* or n1-* with a T4; use scheduler: gke for A3/A4 machines")
