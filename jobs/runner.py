@@ -92,6 +92,15 @@ class Runner(Protocol):
     def find(self, job: FinetuneSpec, idempotency_key: str) -> str | None: ...
 
 
+def _confirm_gone(runner: Runner, run_id: str) -> Polled:
+    """A run missing from its scheduler's list: ask once by id (Nomad: a 404 means garbage-collected
+    or purged; Kubernetes: the Job's own GET says whether it is really gone)."""
+    try:
+        return Polled("", runner.status(run_id))
+    except RunNotFound:
+        return Polled("", None, gone=True)
+
+
 def _refs(**names: str | None) -> tuple[tuple[str, str], ...]:
     return tuple((kind, name) for kind, name in names.items() if name)
 
@@ -186,7 +195,7 @@ class NomadRunner:
                 run_id, stub, mine = f"{namespace}/{job_id}", stubs.get(job_id), allocations.get(job_id, [])
                 try:
                     if stub is None:
-                        out[run_id] = self._confirm_gone(run_id)
+                        out[run_id] = _confirm_gone(self, run_id)
                         continue
                     fingerprint = _fingerprint(
                         [stub.get(k) for k in ("Status", "Stop", "ModifyIndex", "JobModifyIndex")], stub.get("JobSummary"),
@@ -203,13 +212,6 @@ class NomadRunner:
         if failures and not out:
             raise SchedulerUnavailable(failures[0])
         return out
-
-    def _confirm_gone(self, run_id: str) -> Polled:
-        """Not in the list: ask once by id (a 404 means garbage-collected or purged)."""
-        try:
-            return Polled("", self.status(run_id))
-        except RunNotFound:
-            return Polled("", None, gone=True)
 
     def stop(self, run_id: str) -> None:
         from jobs.client import NomadError
@@ -310,7 +312,7 @@ class GkeRunner:
                 run_id, job = f"{GKE_PREFIX}{namespace}/{run}", by_name.get(run)
                 if job is None:
                     try:
-                        out[run_id] = self._confirm_gone(run_id)
+                        out[run_id] = _confirm_gone(self, run_id)
                     except SchedulerUnavailable as exc:  # its own GET failed: no answer for it alone
                         log.warning("poll of Kubernetes run %s failed: %s", run_id, exc)
                     continue
@@ -323,13 +325,6 @@ class GkeRunner:
         if failures and not out:
             raise SchedulerUnavailable(failures[0])
         return out
-
-    def _confirm_gone(self, run_id: str) -> Polled:
-        """Not in the list: ask once by name (the Job's own GET says whether it is really gone)."""
-        try:
-            return Polled("", self.status(run_id))
-        except RunNotFound:
-            return Polled("", None, gone=True)
 
     def stop(self, run_id: str) -> None:
         from jobs.k8s_client import K8sError, K8sRunGone

@@ -20,7 +20,7 @@ scheduler cannot settle yet is retried with backoff and shown in the experiment'
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from sqlalchemy import or_, select, update
 
@@ -135,20 +135,25 @@ def _retry_later(ctx: Context, experiment_id: str, error: str) -> None:
                        reason=f"not dispatched within {ctx.timing.dispatch_stuck_seconds}s after {outbox.attempts} attempts; last error: {error}")
             log.warning("experiment %s failed: dispatch stuck for %.0fs", experiment_id, waited)
             return
-        backoff = min(MAX_BACKOFF_SECONDS, 2 ** min(outbox.attempts, 6))
-        outbox.lease_until = None
-        outbox.next_attempt_at = now + timedelta(seconds=backoff)
-        outbox.last_error = error
+        backoff = _release(outbox, now, error)
         exp.reason = f"dispatch attempt {outbox.attempts} failed, retrying in {backoff}s: {error}"
         exp.updated_at = now
         record(session, experiment_id=exp.id, actor=ACTOR, kind="dispatch-error", message=exp.reason, now=now)
     log.warning("dispatch of experiment %s failed (attempt will be retried): %s", experiment_id, error)
 
 
-def _keep_as_debt(outbox: Outbox, now, error: str) -> None:  # type: ignore[no-untyped-def]
+def _release(outbox: Outbox, now: datetime, error: str, *, backoff: int | None = None) -> int:
+    """Give the row back for a later pass, after ``backoff`` seconds (default: exponential in its
+    attempts, capped); returns the wait."""
+    wait = min(MAX_BACKOFF_SECONDS, 2 ** min(outbox.attempts, 6)) if backoff is None else backoff
     outbox.lease_until = None
-    outbox.next_attempt_at = now
-    outbox.last_error = f"stop debt: {error}"
+    outbox.next_attempt_at = now + timedelta(seconds=wait)
+    outbox.last_error = error
+    return wait
+
+
+def _keep_as_debt(outbox: Outbox, now: datetime, error: str) -> None:
+    _release(outbox, now, f"stop debt: {error}", backoff=0)
 
 
 def _end(ctx: Context, experiment_id: str, state: State, reason: str) -> None:
@@ -194,10 +199,7 @@ def settle_stop_debt(ctx: Context, experiment_id: str) -> bool:
         with ctx.sessions() as session, session.begin():
             outbox = session.get(Outbox, experiment_id)
             if outbox is not None:
-                backoff = min(MAX_BACKOFF_SECONDS, 2 ** min(outbox.attempts, 6))
-                outbox.lease_until = None
-                outbox.next_attempt_at = now + timedelta(seconds=backoff)
-                outbox.last_error = f"stop debt: {error}"
+                backoff = _release(outbox, now, f"stop debt: {error}")
                 record(session, experiment_id=experiment_id, actor=ACTOR, kind="dispatch-error",
                        message=f"a run its dispatch may have left on the scheduler is not confirmed stopped; retrying in {backoff}s: {error}", now=now)
         log.warning("stop debt of experiment %s (tenant %s) not settled yet: %s", experiment_id, tenant, error)

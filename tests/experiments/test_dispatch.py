@@ -83,12 +83,12 @@ class Crash(BaseException):
 
 
 class CrashAfterSubmit:
-    """The real runner, then death before the dispatcher can record the run id."""
-
-    scheduler = "nomad"
+    """The real runner (Nomad, or the cluster-bound one), then death before the dispatcher can record the run id."""
 
     def __init__(self, runner: NomadRunner) -> None:
-        self.runner = runner
+        self.runner, self.scheduler = runner, runner.scheduler
+        if hasattr(runner, "clusters"):
+            self.clusters = runner.clusters
 
     def submit(self, job, meta, *, idempotency_key):
         self.runner.submit(job, meta, idempotency_key=idempotency_key)
@@ -99,6 +99,9 @@ class CrashAfterSubmit:
 
     def stop(self, run_id):
         return self.runner.stop(run_id)
+
+    def find(self, job, key):
+        return self.runner.find(job, key)
 
 
 def test_exactly_once_when_the_process_dies_after_nomad_accepted_the_dispatch(make_service, db_url, nomad, nomad_runner):

@@ -18,6 +18,7 @@ from experiments.background.context import Timing
 from experiments.background.dispatch import process_outbox
 from experiments.scheduler import ClusterRunners, build_runners
 from jobs.k8s_render import ROLE_ID_KEY
+from tests.experiments.test_dispatch import Crash, CrashAfterSubmit
 from tests.experiments.test_secrets_and_migrations import _database_text
 
 NS = "research"
@@ -131,25 +132,6 @@ def test_exactly_once_on_gke_when_the_process_dies_between_accept_and_dispatch(m
     second.step()
     assert len(k8s.created("jobs")) == 1 and len(k8s.created("secrets")) == 1
     assert _state(second, exp["id"], headers)["status"] == "queued"
-
-
-class Crash(BaseException):
-    """The process dying: not an Exception, so nothing in the dispatcher handles it."""
-
-
-class CrashAfterSubmit:
-    def __init__(self, runner):
-        self.runner, self.scheduler, self.clusters = runner, runner.scheduler, runner.clusters
-
-    def submit(self, job, meta, *, idempotency_key):
-        self.runner.submit(job, meta, idempotency_key=idempotency_key)
-        raise Crash()
-
-    def status(self, run_id):
-        return self.runner.status(run_id)
-
-    def stop(self, run_id):
-        return self.runner.stop(run_id)
 
 
 def test_exactly_once_on_gke_when_the_process_dies_after_kubernetes_accepted(make_service, sqlite_url, k8s, fleet_runner):
