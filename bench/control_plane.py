@@ -169,7 +169,7 @@ class _Unrecorded(list):
 def _vault_and_nomad(workdir: Path) -> tuple[Any, Any, Any]:
     import hvac
 
-    from jobs.client import NomadClient, NomadSettings
+    from jobs.nomad.client import NomadClient, NomadSettings
     from jobs.runner import NomadRunner
     from tests.jobs.nomad_double import FakeNode, NomadDouble
     from vault_policies import sync

@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from jobs.loader import find, load  # noqa: E402
 from jobs.meta import validate_meta  # noqa: E402
-from jobs.render import META_ROLE_ID, META_WRAPPED_SECRET_ID, render  # noqa: E402
+from jobs.nomad.render import META_ROLE_ID, META_WRAPPED_SECRET_ID, render  # noqa: E402
 from jobs.spec import FinetuneSpec  # noqa: E402
 
 REQUESTS = 1000

@@ -1,7 +1,7 @@
 """Google's GPUDirect manifests, vendored verbatim in ``clusters/gpudirect_manifests`` (provenance and
 regeneration in its regenerate.py): the runtime DaemonSets the scheduler stack installs
 (constructs_lib/gpudirect_runtime.py) and the NCCL test pods whose RxDM sidecar, annotations,
-volumes and NCCL environment a job on such a pool copies (jobs/gpudirect.py). One source for both,
+volumes and NCCL environment a job on such a pool copies (jobs/k8s/gpudirect.py). One source for both,
 so the sidecar version always matches the plugin installer version it was released with."""
 
 from __future__ import annotations

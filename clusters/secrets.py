@@ -1,7 +1,7 @@
 """The one secret detector: reviewed-file loaders, job checks, dispatch meta and the scanner all ask it.
 
 It lives in ``clusters`` (the bottom layer, pure functions, standard library only) so the loaders,
-``jobs`` and ``gpufleet.safety.secret_scan`` can all import it without reversing dependencies.
+``jobs`` and ``safety.secret_scan`` can all import it without reversing dependencies.
 
 Every key of the fleet comes from Vault at run time, so a secret value in a reviewed file, a
 dispatch parameter, synthesized JSON or Terraform state is always a leak. Evidence, strongest first:

@@ -35,7 +35,7 @@ ACCELERATOR_LABEL = "cloud.google.com/gke-accelerator"
 GPU_RESOURCE = "nvidia.com/gpu"
 # Kueue only admits workloads whose every requested resource the queue covers
 # (flavorassigner: "resource ... unavailable in ClusterQueue"); GPUs are the governed resource, so
-# CPU, memory and ephemeral storage (GKE jobs request it: jobs/k8s_render.py) get a ceiling no
+# CPU, memory and ephemeral storage (GKE jobs request it: jobs/k8s/render.py) get a ceiling no
 # GPU pool of this fleet reaches. Written in Kubernetes' canonical quantity form ("100k", not
 # "100000"): Kueue's defaulting webhook re-encodes the object, so a non-canonical value comes back
 # changed and kubernetes_manifest fails the apply ("inconsistent result";

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from jobs.local import REPO_ROOT, local_argv, task_environment
-from jobs.render import META_ROLE_ID, META_WRAPPED_SECRET_ID
+from jobs.nomad.render import META_ROLE_ID, META_WRAPPED_SECRET_ID
 from jobs.spec import FinetuneSpec
 from jobs.vault_mint import mint_wrapped_secret_id
 from jobs.runner import Phase, RunNotFound, RunReport

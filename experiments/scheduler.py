@@ -94,7 +94,7 @@ def build_runners(configs: Sequence[ClusterConfig], vault_env: Mapping[str, str]
     (``--gke-cluster``), with the kubeconfig context GPUFLEET_KUBE_CONTEXT (default the current
     one) or the in-cluster service account; its credentials are loaded now, so a service that
     cannot reach its cluster fails at start, not at the first dispatch."""
-    from jobs.client import NomadClient, NomadSettings
+    from jobs.nomad.client import NomadClient, NomadSettings
 
     nomad_name = _pick(configs, SchedulerKind.NOMAD, nomad_cluster, "--nomad-cluster")
     gke_name = _pick(configs, SchedulerKind.GKE, gke_cluster, "--gke-cluster")
@@ -103,7 +103,7 @@ def build_runners(configs: Sequence[ClusterConfig], vault_env: Mapping[str, str]
     if nomad_name:
         nomad = (nomad_name, NomadRunner(NomadClient(NomadSettings.from_env(environ)), vault_env))
     if gke_name:
-        from jobs.k8s_client import K8sClient, K8sSettings
+        from jobs.k8s.client import K8sClient, K8sSettings
 
         gke = (gke_name, GkeRunner(K8sClient(K8sSettings.from_env(environ)), vault_env))
     return ClusterRunners(nomad=nomad, gke=gke)

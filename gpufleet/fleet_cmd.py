@@ -11,7 +11,7 @@ from rich.table import Table
 
 import clusters
 from clusters.derive import derive_gpu_pools, total_gpus
-from gpufleet.checks import run_checks
+from review.checks import run_checks
 
 console = Console()
 
@@ -73,7 +73,7 @@ def cmd_synth(
     clusters_dir: Path | None = ClustersDir,
 ) -> None:
     """Synthesize stacks into cdktf.out atomically; a bad cluster file leaves it untouched."""
-    from gpufleet import outputs
+    from clusters import outputs
     from stacks.synth import synthesize
 
     out = _out(out)
@@ -90,7 +90,7 @@ def cmd_check(
 ) -> None:
     """Load and cross-check every file, synthesize, scan for secrets and run checkov; one summary."""
     from clusters.errors import UserError
-    from gpufleet import outputs
+    from clusters import outputs
 
     out = _out(out)
     outputs.claim_dir(out)

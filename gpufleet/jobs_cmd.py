@@ -21,9 +21,9 @@ from rich.table import Table
 from clusters.errors import UserError
 
 if TYPE_CHECKING:
-    from jobs.client import NomadClient
+    from jobs.nomad.client import NomadClient
     from jobs.spec import FinetuneSpec
-    from jobs.status import RunStatus
+    from jobs.nomad.status import RunStatus
 
 console = Console(soft_wrap=True)
 err = Console(stderr=True, soft_wrap=True)
@@ -45,7 +45,7 @@ def _is_gke(spec: FinetuneSpec) -> bool:
 
 
 def _client() -> NomadClient:
-    from jobs.client import NomadClient, NomadSettings
+    from jobs.nomad.client import NomadClient, NomadSettings
 
     return NomadClient(NomadSettings.from_env())
 
@@ -119,7 +119,7 @@ def cmd_submit(
 
 def _preflight(spec: FinetuneSpec) -> NomadClient:
     """Everything checkable before a single-use secret_id is minted: NOMAD_ADDR set, Nomad reachable, the job registered."""
-    from jobs.client import NomadError
+    from jobs.nomad.client import NomadError
 
     if not os.environ.get("NOMAD_ADDR"):
         raise UserError("NOMAD_ADDR is not set; nothing was minted; set NOMAD_ADDR (and NOMAD_TOKEN) to your Nomad servers, e.g. https://nomad.example.com:4646")
@@ -187,7 +187,7 @@ def cmd_status(
     from rich.live import Live
 
     from gpufleet import jobs_gke_cmd
-    from jobs.status import TERMINAL
+    from jobs.nomad.status import TERMINAL
 
     gke = jobs_gke_cmd.resolve(job_id, namespace)
     if gke is not None:

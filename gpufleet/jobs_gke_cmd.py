@@ -19,8 +19,8 @@ from rich.table import Table
 from clusters.errors import UserError
 
 if TYPE_CHECKING:
-    from jobs.k8s_client import K8sClient
-    from jobs.k8s_status import K8sRunStatus
+    from jobs.k8s.client import K8sClient
+    from jobs.k8s.status import K8sRunStatus
     from jobs.spec import FinetuneSpec
 
 console = Console(soft_wrap=True)
@@ -29,7 +29,7 @@ RUN_ID = re.compile(r"^(?:(?P<namespace>[a-z0-9][a-z0-9-]*)/)?(?P<run>(?P<job>[a
 
 
 def client() -> K8sClient:
-    from jobs.k8s_client import K8sClient, K8sSettings
+    from jobs.k8s.client import K8sClient, K8sSettings
 
     return K8sClient(K8sSettings.from_env())
 
@@ -89,7 +89,7 @@ def _table(status: K8sRunStatus) -> Table:
 def status(namespace: str, run: str, *, watch: bool, interval: float) -> None:
     from rich.live import Live
 
-    from jobs.k8s_status import TERMINAL
+    from jobs.k8s.status import TERMINAL
 
     api = client()
     current = api.status(namespace, run)

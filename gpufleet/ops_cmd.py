@@ -17,7 +17,7 @@ from rich.console import Console
 from clusters.errors import ConfigError, UserError
 
 if TYPE_CHECKING:
-    from gpufleet.safety.plan_gate import GateResult
+    from safety.plan_gate import GateResult
 
 console = Console()
 
@@ -46,7 +46,7 @@ _SUMMARY = typer.Option(None, "--summary-out", help="Write the per-stack summary
 
 
 def _classify(plan_path: Path, stack: str, allow: list[str], extra_types: list[str], extra_addresses: frozenset[str] = frozenset()) -> GateResult:
-    from gpufleet.safety import imports, plan_gate
+    from safety import imports, plan_gate
 
     protected_addresses = (frozenset(imports.load_imports(stack)) if stack else frozenset()) | extra_addresses
     return plan_gate.classify(
@@ -59,7 +59,7 @@ def _classify(plan_path: Path, stack: str, allow: list[str], extra_types: list[s
 
 
 def _finish(result: GateResult, stack: str, title: str, summary_out: Path | None, note: str | None = None) -> NoReturn:
-    from gpufleet.safety import plan_gate, report
+    from safety import plan_gate, report
 
     if summary_out is not None:
         plan_gate.write_summary(summary_out, plan_gate.summary(stack, result, note=note))
@@ -70,7 +70,7 @@ def _finish(result: GateResult, stack: str, title: str, summary_out: Path | None
 
 
 def _write_error(summary_out: Path | None, stack: str, message: str) -> None:
-    from gpufleet.safety import plan_gate
+    from safety import plan_gate
 
     if summary_out is not None:
         plan_gate.write_summary(summary_out, plan_gate.error_summary(stack, message))
@@ -91,7 +91,7 @@ def cmd_plan(
     """
     import shutil
 
-    from gpufleet.safety import plan_gate, terraform
+    from safety import plan_gate, terraform
 
     try:
         directory = terraform.stack_dir(out_dir, stack)
@@ -141,7 +141,7 @@ def cmd_scan(
     """Find secret values in synthesized JSON, rendered jobs and state. Exit 1 when any is found; values are never printed."""
     from rich.table import Table
 
-    from gpufleet.safety import secret_scan
+    from safety import secret_scan
 
     for file in state:
         if not file.is_file():
@@ -193,15 +193,15 @@ def cmd_ci_comment(
     preview: Path | None = typer.Option(None, "--preview", help="`gpufleet preview --json-out` report: its section goes on top."),
 ) -> None:
     """Build the one PR comment (marker line, an icon per stack, folded details) from plan summaries."""
-    from gpufleet.safety import ci_comment
+    from review import ci_comment
 
     body = ci_comment.build_comment(ci_comment.load_summaries(directory, _expected_stacks(expected)), title=title,
                                     preview=ci_comment.load_preview(preview) if preview is not None else None)
     if out is None:
         sys.stdout.write(body)
     else:
-        from gpufleet import outputs
-        from gpufleet.safety.ci_comment import MARKER
+        from clusters import outputs
+        from review.ci_comment import MARKER
 
         outputs.write_file(out, body, option="--out", owned=outputs.starts_with(MARKER))
 
@@ -221,7 +221,7 @@ def cmd_import_generate(
 
     from rich.table import Table
 
-    from gpufleet.safety import imports
+    from safety import imports
 
     target = out or Path(tempfile.gettempdir()) / f"gpufleet-import-{stack}.json"
     imports.refuse_inside_repo(target)
@@ -249,7 +249,7 @@ def cmd_import_apply(
     """Re-derive and verify the manifest, then record the imports; the next synthesis emits import blocks."""
     import tempfile
 
-    from gpufleet.safety import imports
+    from safety import imports
 
     if not manifest.is_file():
         raise UserError(f"{manifest}: manifest not found; run `gpufleet import generate {stack} --ids FILE` first")

@@ -30,9 +30,9 @@ def cmd_preview(
 ) -> None:
     """Synthesize the base ref and the working tree offline; report protected resources destroyed, replaced or renamed."""
     import clusters.repo
-    from gpufleet.preview import report
-    from gpufleet.preview.diff import AllowError
-    from gpufleet.preview.service import run_preview
+    from preview import report
+    from preview.diff import AllowError
+    from preview.service import run_preview
 
     try:
         result, info = run_preview(clusters.repo.root(), base, allow_destroy=allow_destroy, cache_dir=None if no_cache else cache_dir, use_cache=not no_cache)

@@ -1,10 +1,11 @@
-"""Nomad layer: typed fine-tune job files -> checked FinetuneSpecs -> Nomad API job JSON.
+"""Jobs layer: typed fine-tune job files -> checked FinetuneSpecs -> a scheduler's job.
 
-``jobs/<job>.yaml`` names a Nomad cluster, tenant (namespace), GPU pool and Vault role that
-must exist in ``clusters/`` and ``vault_policies/``; ``jobs.render`` turns the spec into a
-parameterized batch job whose task runs behind ``gpufleet-exec``, ``jobs.client`` plans,
-registers and dispatches it through python-nomad, and ``jobs.local`` runs it here.
-Nothing in this package imports cdktf; python-nomad and hvac are imported where used.
+The scheduler-neutral part sits here: ``spec``/``schema``/``loader`` (the job file), ``checks``
+(cross-checks against ``clusters/`` and ``vault_policies/``), ``meta``, ``quota``, ``placement``,
+``vault_refs``/``vault_mint`` (AppRole wraps), ``local`` (runs a job here) and ``runner`` (the seam
+the control plane uses). Each scheduler has its own subpackage with the same module names:
+``jobs.nomad.{render,client,status}`` and ``jobs.k8s.{render,client,status,schemas}``.
+Nothing in this package imports cdktf; python-nomad, kubernetes and hvac are imported where used.
 """
 
 from jobs.loader import JOBS_DIR, find, job_files, load, load_all

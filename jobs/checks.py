@@ -18,8 +18,8 @@ from clusters.schema import ClusterConfig, SchedulerKind
 from clusters.secrets import detect
 from clusters.source import FieldPath, did_you_mean
 from jobs.durations import NS_PER_SECOND
-from jobs.gpudirect import reserved_env
-from jobs.k8s_render import PLATFORM_ENV
+from jobs.k8s.gpudirect import reserved_env
+from jobs.k8s.render import PLATFORM_ENV
 from jobs.schema import ENV_NAME, META_KEY, RESERVED_ENV_PREFIXES, SECRET_REF, WRAPPER_ENV_NAMES, WRAPPER_ENV_PREFIXES, JobFile, RestartMode, secret_like_name
 from jobs.spec import cpu_millicores
 from jobs.vault_refs import VaultView, readable_paths
@@ -163,7 +163,7 @@ def _gke(job: JobFile, config: ClusterConfig) -> Iterator[Finding]:
     allocatable = gke_allocatable(pool.machine_type)
     if allocatable is not None:
         millicores, mib = allocatable
-        # A multi-node TCPX/TCPXO run's RxDM sidecar gets the namespace's default request (jobs/gpudirect.py).
+        # A multi-node TCPX/TCPXO run's RxDM sidecar gets the namespace's default request (jobs/k8s/gpudirect.py).
         beside = ""
         if job.nodes > 1 and pool.gpudirect in (GpuDirect.TCPX, GpuDirect.TCPXO):
             millicores, mib = millicores - DEFAULT_CONTAINER_CPU_MILLICORES, mib - DEFAULT_CONTAINER_MEMORY_MIB

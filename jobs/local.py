@@ -29,7 +29,7 @@ from pathlib import Path
 
 from clusters.errors import UserError
 from jobs.meta import validate_meta
-from jobs.render import JOB_META_ROLE, META_ROLE_ID, META_WRAPPED_SECRET_ID, exec_argv, render, task_env
+from jobs.nomad.render import JOB_META_ROLE, META_ROLE_ID, META_WRAPPED_SECRET_ID, exec_argv, render, task_env
 from jobs.spec import TASK, FinetuneSpec
 from jobs.vault_mint import mint_wrapped_secret_id
 

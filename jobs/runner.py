@@ -29,8 +29,8 @@ from jobs.spec import FinetuneSpec
 from jobs.vault_mint import default_queue_seconds, mint_wrapped_secret_id
 
 if TYPE_CHECKING:
-    from jobs.client import NomadClient
-    from jobs.k8s_client import K8sClient
+    from jobs.nomad.client import NomadClient
+    from jobs.k8s.client import K8sClient
 
 GKE_PREFIX = "gke:"
 log = logging.getLogger("gpufleet.jobs.runner")
@@ -117,7 +117,7 @@ class NomadRunner:
     def _ensure_registered(self, job: FinetuneSpec) -> None:
         """Register the parameterized parent once per rendered version (Nomad keeps it), not once
         per dispatch: a service dispatching hundreds of runs of one job re-registers nothing."""
-        from jobs.render import render
+        from jobs.nomad.render import render
 
         key = (job.namespace, job.name, json.dumps(render(job), sort_keys=True))
         with self._lock:
@@ -128,7 +128,7 @@ class NomadRunner:
             self._registered.add(key)
 
     def submit(self, job: FinetuneSpec, meta: Mapping[str, str], *, idempotency_key: str | None = None) -> str:
-        from jobs.client import NomadError
+        from jobs.nomad.client import NomadError
 
         try:
             self._ensure_registered(job)
@@ -140,7 +140,7 @@ class NomadRunner:
         return f"{result.namespace}/{result.dispatched_job_id}"
 
     def status(self, run_id: str) -> RunReport:
-        from jobs.client import NomadError
+        from jobs.nomad.client import NomadError
 
         namespace, _, job_id = run_id.partition("/")
         try:
@@ -153,7 +153,7 @@ class NomadRunner:
 
     @staticmethod
     def _report(namespace: str, job_id: str, status: Any) -> RunReport:
-        from jobs.status import RunState
+        from jobs.nomad.status import RunState
 
         refs = _refs(job=f"{namespace}/{job_id}", allocation=status.alloc_id, node=status.node)
         placed = status.alloc_id is not None
@@ -170,8 +170,8 @@ class NomadRunner:
         ``known`` is not asked about again. A changed run with allocations is summarized from
         the listed stubs (the same AllocationListStubs ``status`` reads); only a changed run
         with none (queued: its evaluations say why) costs its own GETs."""
-        from jobs.client import NomadError
-        from jobs.status import summarize
+        from jobs.nomad.client import NomadError
+        from jobs.nomad.status import summarize
 
         wanted: dict[str, list[str]] = defaultdict(list)
         for run_id in run_ids:
@@ -214,7 +214,7 @@ class NomadRunner:
         return out
 
     def stop(self, run_id: str) -> None:
-        from jobs.client import NomadError
+        from jobs.nomad.client import NomadError
 
         namespace, _, job_id = run_id.partition("/")
         try:
@@ -226,7 +226,7 @@ class NomadRunner:
 
     def find(self, job: FinetuneSpec, idempotency_key: str) -> str | None:
         """The run a submit with ``idempotency_key`` made, if any reached Nomad (its answer may have been lost)."""
-        from jobs.client import NomadError
+        from jobs.nomad.client import NomadError
 
         try:
             child = self._client.find_dispatch(job.namespace, job.name, idempotency_key)
@@ -250,7 +250,7 @@ class GkeRunner:
         return namespace, run
 
     def submit(self, job: FinetuneSpec, meta: Mapping[str, str], *, idempotency_key: str | None = None) -> str:
-        from jobs.k8s_client import K8sError
+        from jobs.k8s.client import K8sError
 
         def mint(ranks: int) -> tuple[str, list[str]]:
             wrapped = [mint_wrapped_secret_id(job, self._vault_env, expected_queue_seconds=default_queue_seconds(job.pool)) for _ in range(ranks)]
@@ -263,7 +263,7 @@ class GkeRunner:
         return f"{GKE_PREFIX}{result.namespace}/{result.run}"
 
     def status(self, run_id: str) -> RunReport:
-        from jobs.k8s_client import K8sError, K8sRunGone
+        from jobs.k8s.client import K8sError, K8sRunGone
 
         try:
             status = self._client.status(*self._split(run_id))
@@ -288,8 +288,8 @@ class GkeRunner:
         """Many runs at once: per namespace one list of gpufleet's Jobs and one of Kueue
         Workloads; every run is summarized from them (no per-run GET), and a run whose Job and
         Workload resourceVersions are as ``known`` is reported unchanged."""
-        from jobs.k8s_client import JOB_UID_LABEL, K8sError
-        from jobs.k8s_status import summarize
+        from jobs.k8s.client import JOB_UID_LABEL, K8sError
+        from jobs.k8s.status import summarize
 
         wanted: dict[str, list[str]] = defaultdict(list)
         for run_id in run_ids:
@@ -327,7 +327,7 @@ class GkeRunner:
         return out
 
     def stop(self, run_id: str) -> None:
-        from jobs.k8s_client import K8sError, K8sRunGone
+        from jobs.k8s.client import K8sError, K8sRunGone
 
         try:
             self._client.stop(*self._split(run_id))
@@ -339,9 +339,9 @@ class GkeRunner:
     def find(self, job: FinetuneSpec, idempotency_key: str) -> str | None:
         """The Job a submit with ``idempotency_key`` made (its name derives from the key), only if
         its dispatch-id annotation says so: a same-named Job of someone else is never ours."""
-        from jobs.k8s_client import K8sError
-        from jobs.k8s_render import run_name
-        from jobs.k8s_status import dispatch_id
+        from jobs.k8s.client import K8sError
+        from jobs.k8s.render import run_name
+        from jobs.k8s.status import dispatch_id
 
         name = run_name(job.name, idempotency_key)
         try:

@@ -1,7 +1,7 @@
 """Recorded imports (``stacks/imported/<stack>.json``, written by ``gpufleet import apply``).
 
 Synthesis reads them to emit Terraform ``import`` blocks for exactly those addresses; the
-review workflow that writes them lives in ``gpufleet.safety.imports``.
+review workflow that writes them lives in ``safety.imports``.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 A failed synthesis (bad cluster file, construct error, a Terraform template sequence gpufleet
 did not generate) leaves the previous ``cdktf.out`` untouched, so a reviewer never plans against
 a half-written or injected tree. The output directory is replaced only if gpufleet made it
-(``gpufleet.outputs``): ``--out .`` or ``--out clusters`` is refused.
+(``clusters.outputs``): ``--out .`` or ``--out clusters`` is refused.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 
 from clusters.errors import UserError
 from clusters.schema import ClusterConfig
-from gpufleet import outputs
+from clusters import outputs
 from stacks.interpolation import check_outdir
 from stacks.layout import plan_stacks
 

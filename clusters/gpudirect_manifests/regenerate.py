@@ -10,7 +10,7 @@ so a regeneration diff shows only upstream's changes.
 Which DaemonSet a transport needs is cluster-toolkit's choice (``clusters/families.py``
 GPUDIRECT_RUNTIME): modules/compute/gke-node-pool/gpu_direct.tf installs the TCPX/TCPXO installer
 plus the NRI device injector; examples/gke-a3-ultragpu and gke-a4 install the RDMA (gIB) installer.
-The ``nccl-test-*`` files are upstream's two-node NCCL tests: jobs/gpudirect.py takes the RxDM
+The ``nccl-test-*`` files are upstream's two-node NCCL tests: jobs/k8s/gpudirect.py takes the RxDM
 sidecar (whose version upstream couples to the installer's), the device annotation, the volumes
 and the NCCL library environment from their first Pod; ``nccl-config-tcpx`` is the TCPX test's
 ConfigMap, whose ``run-nccl.sh`` passes the NCCL tuning TCPX needs (TCPX has no env profile

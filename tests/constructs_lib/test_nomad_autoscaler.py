@@ -15,7 +15,7 @@ import pytest
 from clusters.derive import derive_gpu_pools
 from constructs_lib.nomad_autoscaler import demand_query, render_agent_config, render_policy
 from jobs.loader import load_all
-from jobs.render import render
+from jobs.nomad.render import render
 
 KEYS = json.loads((Path(__file__).parent / "vendor" / "nomad_autoscaler_keys.json").read_text())
 

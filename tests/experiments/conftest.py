@@ -25,8 +25,8 @@ from experiments.background.context import Context, Timing
 from experiments.background.worker import run_once
 from experiments.scheduler import ClusterRunners
 from experiments.services.catalog import Catalog
-from jobs.client import NomadClient, NomadSettings
-from jobs.k8s_client import K8sClient, K8sSettings
+from jobs.nomad.client import NomadClient, NomadSettings
+from jobs.k8s.client import K8sClient, K8sSettings
 from jobs.runner import GkeRunner, NomadRunner, Runner
 from tests.jobs.conftest import a100_nodes
 from tests.jobs.nomad_double import NomadDouble

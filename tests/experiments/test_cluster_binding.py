@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 
 from experiments.scheduler import ClusterRunners
-from jobs.k8s_client import K8sClient, K8sSettings
+from jobs.k8s.client import K8sClient, K8sSettings
 from jobs.runner import GkeRunner
 from tests.experiments.test_dispatch import PARENT
 from tests.experiments.test_gke import NS, _jobs, _run, _state, _submit

@@ -17,7 +17,7 @@ import pytest
 from experiments.background.context import Timing
 from experiments.background.dispatch import process_outbox
 from experiments.scheduler import ClusterRunners, build_runners
-from jobs.k8s_render import ROLE_ID_KEY
+from jobs.k8s.render import ROLE_ID_KEY
 from tests.experiments.test_dispatch import Crash, CrashAfterSubmit
 from tests.experiments.test_secrets_and_migrations import _database_text
 

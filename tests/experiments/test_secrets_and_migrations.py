@@ -7,7 +7,7 @@ import logging
 from sqlalchemy import inspect, text
 
 from experiments import db
-from jobs.render import META_WRAPPED_SECRET_ID
+from jobs.nomad.render import META_WRAPPED_SECRET_ID
 
 
 def _database_text(svc) -> str:

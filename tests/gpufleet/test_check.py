@@ -8,7 +8,7 @@ import string
 
 from rich.console import Console
 
-from gpufleet.checks import run_checks
+from review.checks import run_checks
 
 
 def test_example_fleet_passes_every_gate(example_configs, tmp_path):

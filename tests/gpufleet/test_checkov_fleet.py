@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 
 from clusters.errors import ConfigError
-from gpufleet.checkov_skips import load_skips
-from gpufleet.safety import checkov_scan
+from safety.checkov_skips import load_skips
+from safety import checkov_scan
 
 
 @pytest.fixture(scope="module")

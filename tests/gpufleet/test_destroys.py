@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 import clusters
-from gpufleet import destroys
-from gpufleet.checks import CheckReport, _destroys
+from safety import destroys
+from review.checks import CheckReport, _destroys
 from tests.gpufleet.test_outputs import copy_repo
 
 GIT = ["git", "-c", "user.email=t@example.com", "-c", "user.name=t", "-c", "init.defaultBranch=main"]

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from gpufleet.cli import main
-from gpufleet.outputs import MARKER
+from clusters.outputs import MARKER
 from tests.conftest import REPO_ROOT
 
 GPUFLEET = Path(sys.executable).with_name("gpufleet")
@@ -92,7 +92,7 @@ def test_refuses_a_foreign_non_empty_directory_and_a_file(repo_copy: Path, tmp_p
 
 
 def test_a_tree_of_empty_directories_is_not_foreign_but_a_file_deep_inside_is(repo_copy: Path, capsys) -> None:
-    from gpufleet.outputs import claim_dir
+    from clusters.outputs import claim_dir
 
     (repo_copy / "old-out" / "stacks" / "a").mkdir(parents=True)
     assert claim_dir(Path("old-out")) == repo_copy / "old-out"

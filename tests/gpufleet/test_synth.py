@@ -82,7 +82,7 @@ def test_recorded_imports_become_import_blocks_in_the_next_synthesis(example_con
 def test_partial_synthesis_never_replaces_through_a_symlink(example_configs, tmp_path, link):
     """Red team: a marked cdktf.out whose stacks/ (or stacks/<stack>) is a symlink made
     `gpufleet synth dev-gke` delete the link target's files."""
-    from gpufleet import outputs
+    from clusters import outputs
 
     victim = tmp_path / "victim"
     (victim / "dev-gke").mkdir(parents=True)

@@ -13,7 +13,7 @@ from ruamel.yaml import YAML
 
 import clusters
 from clusters.schema import ClusterConfig
-from jobs.client import NomadClient, NomadSettings
+from jobs.nomad.client import NomadClient, NomadSettings
 from jobs.loader import JOBS_DIR
 from jobs.vault_refs import VaultView, load_vault_view
 from tests.jobs.nomad_double import FakeNode, NomadDouble
@@ -95,7 +95,7 @@ def k8s(cluster_configs: tuple[ClusterConfig, ...], tmp_path: Path) -> Iterator[
 
 @pytest.fixture
 def k8s_client_for() -> Iterator[Callable[..., Any]]:
-    from jobs.k8s_client import K8sClient, K8sSettings
+    from jobs.k8s.client import K8sClient, K8sSettings
 
     made: list[Any] = []
 

@@ -7,7 +7,7 @@ in a thread of the test process, speaking the documented JSON of the calls gpufl
 Workloads). Like the API server it answers 201 on create, 409 AlreadyExists on a second
 create of a name, 404 NotFound, 401 without the bearer token, ``metav1.Status`` bodies on
 errors, and 422 Invalid for an object that fails the vendored upstream schemas
-(``jobs/schemas``: Kubernetes OpenAPI, strict like the server's strict field validation) or
+(``jobs/k8s/openapi``: Kubernetes OpenAPI, strict like the server's strict field validation) or
 a few of the Job validation rules of kubernetes ``pkg/apis/batch/validation``.
 
 Kueue's part: a created Job carrying ``kueue.x-k8s.io/queue-name`` gets a Workload owned by it
@@ -31,7 +31,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from jobs.k8s_schemas import errors as schema_errors
+from jobs.k8s.schemas import errors as schema_errors
 
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from gpufleet.cli import main
-from jobs.client import NomadClient
+from jobs.nomad.client import NomadClient
 from jobs.local import task_environment
 from jobs.loader import find, load
 from tests.conftest import REPO_ROOT

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 
 from clusters.errors import UserError
-from jobs.client import NomadClient, NomadError, NomadSettings
+from jobs.nomad.client import NomadClient, NomadError, NomadSettings
 from jobs.loader import find, load
-from jobs.render import placement_probe, render
+from jobs.nomad.render import placement_probe, render
 from jobs.spec import FinetuneSpec
-from jobs.status import RunState
+from jobs.nomad.status import RunState
 from tests.jobs.conftest import a100_nodes
 from tests.jobs.nomad_double import Fault, NomadDouble
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from clusters.errors import UserError
-from jobs.client import NomadClient, NomadError, NomadSettings
+from jobs.nomad.client import NomadClient, NomadError, NomadSettings
 from jobs.loader import find, load
 from jobs.spec import FinetuneSpec
 from tests.jobs.conftest import a100_nodes

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from gpufleet.cli import main
-from jobs.k8s_render import VAULT_DIR
+from jobs.k8s.render import VAULT_DIR
 from tests.openbao_fixture import VaultHandle
 from vault_policies.client import TaskConfig, WrappingTokenError, start_task
 

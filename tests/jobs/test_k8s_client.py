@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from clusters.errors import UserError
-from jobs.k8s_client import K8sError, vault_secret
-from jobs.k8s_status import State
+from jobs.k8s.client import K8sError, vault_secret
+from jobs.k8s.status import State
 from jobs.loader import find, load
 from jobs.spec import FinetuneSpec
 
@@ -228,7 +228,7 @@ def test_watch_follows_the_job_to_the_end(k8s: Any, k8s_client_for: Callable[...
 
 
 def test_the_double_refuses_an_invalid_job_with_422(k8s: Any, k8s_client_for: Callable[..., Any], spec: FinetuneSpec) -> None:
-    from jobs.k8s_render import job_manifest
+    from jobs.k8s.render import job_manifest
 
     client = k8s_client_for(k8s)
     bad = job_manifest(spec, dispatch_id="bad")
@@ -249,7 +249,7 @@ def test_fails_with_one_line_on_bad_credentials_and_unreachable_api(k8s: Any, k8
 
 
 def test_fails_when_kubeconfig_is_missing(tmp_path: Any) -> None:
-    from jobs.k8s_client import K8sSettings
+    from jobs.k8s.client import K8sSettings
 
     with pytest.raises(UserError, match=r"KUBECONFIG '.*nope' is not a file; run `gcloud container clusters get-credentials"):
         K8sSettings.from_env({"KUBECONFIG": str(tmp_path / "nope")})

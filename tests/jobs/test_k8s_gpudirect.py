@@ -18,9 +18,9 @@ from clusters.families import GpuDirect
 from clusters.gpudirect_upstream import first
 from constructs_lib.gpudirect_runtime import daemonset
 from clusters.errors import ConfigError
-from jobs.gpudirect import INTERFACES_ANNOTATION, interfaces, pod_networking
-from jobs.k8s_render import manifests
-from jobs.k8s_schemas import errors
+from jobs.k8s.gpudirect import INTERFACES_ANNOTATION, interfaces, pod_networking
+from jobs.k8s.render import manifests
+from jobs.k8s.schemas import errors
 from jobs.loader import find, load
 from jobs.vault_refs import VaultView
 
@@ -215,7 +215,7 @@ def test_rendered_gpudirect_pods_pass_the_tenant_privilege_policy(mega_docs, clu
 def test_tcpx_runs_get_upstream_nccl_tuning_bound_to_their_own_nics(cluster_configs, vault_view):
     """GKE review follow-up: TCPX pods got only NIC names. Upstream's TCPX test passes chunk and buffer
     sizes, PXN/cross-NIC off and per-NIC TX/RX CPU bindings; TCPX ships no env profile to source."""
-    from jobs.gpudirect import tcpx_tuning
+    from jobs.k8s.gpudirect import tcpx_tuning
 
     template = _pod_template(manifests(load(find(GKE_EXAMPLE), cluster_configs=cluster_configs, vault=vault_view)))
     train = template["spec"]["containers"][0]

@@ -11,7 +11,7 @@ import pytest
 
 from clusters.derive import TENANT_LABEL, derive_gpu_pools, derive_tenants
 from constructs_lib.kueue import cluster_queue, local_queue, resource_flavor
-from jobs.k8s_render import QUEUE_LABEL, job_manifest
+from jobs.k8s.render import QUEUE_LABEL, job_manifest
 from jobs.loader import find, load
 
 

@@ -3,7 +3,7 @@ safety property, so dropping any of them (suspend, backoffLimit 0, toleration, p
 deadline, security context, no key in the file) fails a test.
 
 Golden: tests/jobs/golden/finetune-llama-gke.yaml. After an intended change, regenerate with
-``.venv/bin/python -c "import jobs.loader as l, jobs.k8s_render as r; from pathlib import Path;
+``.venv/bin/python -c "import jobs.loader as l, jobs.k8s.render as r; from pathlib import Path;
 s = l.load(l.find('finetune-llama-gke')); Path('tests/jobs/golden/finetune-llama-gke.yaml').write_text(r.to_yaml(r.manifests(s)))"``
 and review the diff.
 """
@@ -18,11 +18,11 @@ from typing import Any
 import pytest
 
 from clusters.derive import POOL_LABEL, WORKLOAD_KSA, kueue_local_queue_name
-from jobs import k8s_render
-from jobs.k8s_render import QUEUE_LABEL, manifests, to_yaml, write_manifests
-from jobs.k8s_schemas import SchemaError, errors, require_valid
+from jobs.k8s import render as k8s_render
+from jobs.k8s.render import QUEUE_LABEL, manifests, to_yaml, write_manifests
+from jobs.k8s.schemas import SchemaError, errors, require_valid
 from jobs.loader import find, load
-from jobs.render import render
+from jobs.nomad.render import render
 from jobs.spec import FinetuneSpec
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -261,7 +261,7 @@ def pod_security_restricted_violations(pod: dict[str, Any]) -> list[str]:
 def test_pods_pass_the_restricted_pod_security_profile(gke_spec: FinetuneSpec, single_spec: FinetuneSpec) -> None:
     assert pod_security_restricted_violations(_pod(single_spec)) == []
     # A multi-node run on a GPUDirect pool (h100 is a3-highgpu-8g, TCPX) adds Google's RxDM sidecar
-    # and host mounts (jobs/gpudirect.py; its namespace enforces privileged): exactly these, and the
+    # and host mounts (jobs/k8s/gpudirect.py; its namespace enforces privileged): exactly these, and the
     # training container itself stays restricted.
     assert pod_security_restricted_violations(_pod(gke_spec)) == [
         "volume tcpx-socket: ['hostPath']", "volume libraries: ['hostPath']", "volume sys: ['hostPath']", "volume proc: ['hostPath']",

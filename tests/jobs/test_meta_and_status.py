@@ -10,7 +10,7 @@ from jobs.loader import find, load
 from jobs.meta import parse_pairs, validate_meta
 from jobs.placement import explain
 from jobs.spec import FinetuneSpec, GpuRequest
-from jobs.status import RunState, summarize
+from jobs.nomad.status import RunState, summarize
 
 
 @pytest.fixture(scope="module")

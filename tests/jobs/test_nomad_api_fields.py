@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from jobs.client import NomadClient
+from jobs.nomad.client import NomadClient
 from jobs.loader import load_all
-from jobs.render import render
+from jobs.nomad.render import render
 
 VENDORED = json.loads((Path(__file__).parent / "vendor" / "nomad_api_fields.json").read_text())
 OLD, NEW = "v1.10.5", "v2.0.5"  # the version the fleet installs, and the newest read

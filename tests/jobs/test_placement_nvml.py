@@ -14,9 +14,9 @@ import pytest
 
 from clusters.errors import ConfigError
 from clusters.machines import NVML_GPUS
-from jobs.client import NomadClient
+from jobs.nomad.client import NomadClient
 from jobs.loader import find, load
-from jobs.render import render
+from jobs.nomad.render import render
 from jobs.spec import FinetuneSpec, GpuRequest
 from tests.jobs.nomad_double import FakeNode, NomadDouble, _device_ok
 

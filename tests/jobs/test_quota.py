@@ -10,10 +10,10 @@ import pytest
 
 from clusters.derive import TenantSpec
 from gpufleet.cli import main
-from jobs.client import NomadClient
+from jobs.nomad.client import NomadClient
 from jobs.loader import find, load
 from jobs.quota import check_tenant_quota, gpus_held, requested_gpus
-from jobs.render import placement_probe, render
+from jobs.nomad.render import placement_probe, render
 from tests.jobs.nomad_double import NomadDouble
 
 TENANT = TenantSpec(name="eval", namespace="eval", groups=(), gpu_quota=(("a100", 4), ("l4", 2)), gcp_account_id=None, gcp_roles=())

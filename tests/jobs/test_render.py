@@ -1,7 +1,7 @@
 """Rendered Nomad JSON: byte-stable goldens, only fields Nomad's API knows, no key material.
 
 Goldens live in tests/jobs/golden/. After an intended change, regenerate them with
-``.venv/bin/python -c "import jobs.loader as l, jobs.render as r; from pathlib import Path;
+``.venv/bin/python -c "import jobs.loader as l, jobs.nomad.render as r; from pathlib import Path;
 [Path(f'tests/jobs/golden/{s.name}.json').write_text(r.to_json(r.render(s))) for s in l.load_all()]"``
 and review the diff.
 """
@@ -16,7 +16,7 @@ import pytest
 
 from jobs.loader import load_all
 from jobs.local import task_environment
-from jobs.render import ENV_ROLE_ID, ENV_SECRETS, ENV_WRAPPED_SECRET_ID, placement_probe, render, to_json, write_job
+from jobs.nomad.render import ENV_ROLE_ID, ENV_SECRETS, ENV_WRAPPED_SECRET_ID, placement_probe, render, to_json, write_job
 from jobs.spec import FinetuneSpec
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -192,7 +192,7 @@ def test_fails_when_write_is_interrupted_and_keeps_the_old_file(specs: dict[str,
     def broken(_: Any) -> str:
         raise OSError("disk full")
 
-    monkeypatch.setattr("jobs.render.to_json", broken)
+    monkeypatch.setattr("jobs.nomad.render.to_json", broken)
     with pytest.raises(OSError, match="disk full"):
         write_job(spec, tmp_path)
     assert target.read_bytes() == old

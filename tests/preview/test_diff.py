@@ -11,8 +11,8 @@ import copy
 
 import pytest
 
-from gpufleet.preview.diff import AllowError, ExitCode, Kind, attribute_changes, preview
-from gpufleet.preview.forcenew import Rule, Tables, Table, load_tables
+from preview.diff import AllowError, ExitCode, Kind, attribute_changes, preview
+from preview.forcenew import Rule, Tables, Table, load_tables
 
 TABLES = load_tables()
 

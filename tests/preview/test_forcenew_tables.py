@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from gpufleet.preview import regen
-from gpufleet.preview.forcenew import TABLE_DIR, load_tables
-from gpufleet.safety.plan_gate import DEFAULT_PROTECTED_TYPES
+from preview import regen
+from preview.forcenew import TABLE_DIR, load_tables
+from safety.plan_gate import DEFAULT_PROTECTED_TYPES
 from tests.conftest import REPO_ROOT
 
 REFERENCE = REPO_ROOT.parent.parent / "shared" / "data" / "forcenew-google-6.50.0.json"
@@ -29,7 +29,7 @@ def test_fails_when_a_pinned_provider_version_changes_and_the_table_was_not_rege
         for provider in json.loads(path.read_text())["terraform"].get("required_providers", {}).values():
             pinned[provider["source"]] = provider["version"]
     tables = {t["_meta"]["registry"]: t["_meta"]["version"] for t in _tables().values()}
-    assert pinned == tables, "regenerate with `python -m gpufleet.preview.regen --mirror NAME=GIT_DIR` (see its docstring)"
+    assert pinned == tables, "regenerate with `python -m preview.regen --mirror NAME=GIT_DIR` (see its docstring)"
     for name, table in _tables().items():
         assert table["_meta"]["tag"] == regen.PROVIDERS[name].tag and len(table["_meta"]["commit"]) == 40
 
@@ -174,4 +174,4 @@ def test_regen_reads_go_schemas_from_a_tagged_provider_repository(tmp_path, monk
 @pytest.mark.parametrize("name", sorted(regen.PROVIDERS))
 def test_each_table_names_its_provider_source(name):
     meta = json.loads((TABLE_DIR / f"{name}.json").read_text())["_meta"]
-    assert meta["provider"] == regen.PROVIDERS[name].repo and meta["generated_by"] == "python -m gpufleet.preview.regen"
+    assert meta["provider"] == regen.PROVIDERS[name].repo and meta["generated_by"] == "python -m preview.regen"

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from gpufleet.cli import main
-from gpufleet.safety.plan_gate import DEFAULT_PROTECTED_TYPES
+from safety.plan_gate import DEFAULT_PROTECTED_TYPES
 from tests.conftest import REPO_ROOT
 
 GIT_ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.com", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@example.com"}
@@ -239,7 +239,7 @@ def test_check_runs_the_full_preview_when_cheap_and_catches_an_immutable_edit(re
     """The simple check-time notice sees only removed files and pools; a reworded static IP
     description (the IP is released) needs the ForceNew tables: check reuses its own synthesis
     as the head and the base's in-process synthesis (same code), then fails the destroys step."""
-    from gpufleet.checks import run_checks
+    from review.checks import run_checks
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(cache_dir / "xdg"))
     monkeypatch.setenv("GPUFLEET_BASE_REF", "main")
@@ -261,7 +261,7 @@ def test_check_runs_the_full_preview_when_cheap_and_catches_an_immutable_edit(re
 def test_rendered_jobs_do_not_change_the_code_hash(tmp_path):
     """jobs/out is git-ignored render output: with it counted, any render made check's preview think the
     base's code differs and silently fall back to the simple destroys form."""
-    from gpufleet.preview.synth import code_hash
+    from preview.synth import code_hash
 
     (tmp_path / "jobs").mkdir()
     (tmp_path / "jobs" / "render.py").write_text("x = 1\n")

@@ -7,10 +7,10 @@ import json
 from pathlib import Path
 
 from gpufleet.cli import main
-from gpufleet.preview import report
-from gpufleet.preview.diff import preview
-from gpufleet.preview.forcenew import load_tables
-from gpufleet.safety import ci_comment
+from preview import report
+from preview.diff import preview
+from preview.forcenew import load_tables
+from review import ci_comment
 
 INFO = {"ref": "origin/main", "commit": "0" * 40, "tree": "1" * 40, "cache": "hit"}
 

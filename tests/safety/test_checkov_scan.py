@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from clusters.errors import UserError
-from gpufleet.safety import checkov_scan
+from safety import checkov_scan
 
 OPEN_SSH = {
     "resource": {
@@ -79,7 +79,7 @@ def test_required_findings_are_exempted_per_resource_not_per_check(example_confi
     findings on any other resource still fail."""
     from cdktf import Testing
 
-    from gpufleet.safety.checkov_exempt import exemptions
+    from safety.checkov_exempt import exemptions
     from stacks.fleet import build_fleet
 
     prod = next(c for c in example_configs if c.name == "prod-gke")

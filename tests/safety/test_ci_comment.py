@@ -9,7 +9,8 @@ import pytest
 
 from clusters.errors import UserError
 from gpufleet.cli import main
-from gpufleet.safety import ci_comment, plan_gate
+from review import ci_comment
+from safety import plan_gate
 
 TD = frozenset({"terraform_data"})
 

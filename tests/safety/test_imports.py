@@ -11,7 +11,7 @@ import pytest
 
 from clusters.errors import UserError
 from gpufleet.cli import main
-from gpufleet.safety import imports, plan_gate, terraform
+from safety import imports, plan_gate, terraform
 from stacks import imported
 from tests.conftest import REPO_ROOT
 

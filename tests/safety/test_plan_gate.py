@@ -9,7 +9,7 @@ import pytest
 
 from clusters.errors import UserError
 from gpufleet.cli import main
-from gpufleet.safety.plan_gate import DEFAULT_PROTECTED_TYPES, Action, ExitCode, Status, classify, load_plan, protected_types
+from safety.plan_gate import DEFAULT_PROTECTED_TYPES, Action, ExitCode, Status, classify, load_plan, protected_types
 
 TD = frozenset({"terraform_data"})
 
@@ -135,7 +135,7 @@ def test_fails_when_stack_is_unknown(stack_out: Path, tmp_path: Path, capsys: py
 
 
 def test_fails_when_terraform_is_missing(stack_out: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from gpufleet.safety import terraform
+    from safety import terraform
 
     monkeypatch.setenv("PATH", "")
     with pytest.raises(UserError, match="terraform not found on PATH"):

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from gpufleet.cli import main
-from gpufleet.safety import terraform
-from gpufleet.safety.plan_gate import ExitCode
+from safety import terraform
+from safety.plan_gate import ExitCode
 from tests.safety.conftest import tf
 
 LOCKED = {"lifecycle": {"prevent_destroy": True}}
@@ -111,7 +111,7 @@ def test_fails_when_another_error_accompanies_prevent_destroy() -> None:
 
 
 def test_pr_comment_shows_a_prevented_destroy_as_blocked_with_the_note(runs: dict) -> None:
-    from gpufleet.safety.ci_comment import build_comment
+    from review.ci_comment import build_comment
 
     body = build_comment([runs["plain"]["summary"], runs["allowed"]["summary"] | {"stack": "demo-allowed"}])
     assert "| ⛔ | `demo` | destroy blocked: `terraform_data.pool` |" in body

@@ -31,7 +31,7 @@ import clusters
 import jobs.loader
 from clusters import CLUSTERS_DIR
 from clusters.errors import ConfigError, UserError
-from gpufleet.safety.secret_scan import scan_paths
+from safety.secret_scan import scan_paths
 from jobs.meta import validate_meta
 from jobs.vault_refs import load_vault_view
 from tests.safety.conftest import tf
@@ -248,7 +248,7 @@ def test_state_attribute_terraform_marks_sensitive_is_a_finding_even_when_it_loo
 
 
 def test_example_fleet_rendered_jobs_and_repo_json_have_zero_findings(fleet_out: Path, tmp_path: Path) -> None:
-    from jobs.render import write_job
+    from jobs.nomad.render import write_job
 
     for spec in _SPECS():
         write_job(spec, tmp_path / "jobs")

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from gpufleet.cli import main
-from gpufleet.safety.secret_scan import scan_paths
+from safety.secret_scan import scan_paths
 from tests.safety.conftest import tf
 
 ALNUM = string.ascii_letters + string.digits

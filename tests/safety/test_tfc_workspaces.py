@@ -75,7 +75,7 @@ def test_workspace_names_match_the_cluster_stacks_cloud_backend(fleet_out: Path,
 
 
 def test_workspace_deletion_is_refused_by_the_plan_gate() -> None:
-    from gpufleet.safety.plan_gate import DEFAULT_PROTECTED_TYPES
+    from safety.plan_gate import DEFAULT_PROTECTED_TYPES
 
     assert "tfe_workspace" in DEFAULT_PROTECTED_TYPES
 

@@ -13,7 +13,7 @@ from clusters.gpudirect_manifests import regenerate
 from clusters.gpudirect_upstream import MANIFESTS_DIR, first
 from constructs_lib import gpudirect_runtime
 from constructs_lib.gpudirect_runtime import accelerators_selected, daemonset
-from jobs.k8s_schemas import errors
+from jobs.k8s.schemas import errors
 
 DIGEST = re.compile(r"@sha256:[0-9a-f]{64}$")
 VERSION_TAG = re.compile(r":v?\d+(\.\d+)+$")

@@ -1,0 +1,298 @@
+"""FinetuneSpec -> Kubernetes manifests for a GKE cluster: what ``kubectl apply -f`` and dispatch create.
+
+A run is a ``batch/v1`` Job in the tenant's namespace, created suspended with the
+``kueue.x-k8s.io/queue-name`` label of the tenant's LocalQueue for the pool: Kueue admits it
+against the tenant's per-pool quota and unsuspends it (all ranks or none). ``nodes > 1`` makes
+it an Indexed Job (completions = parallelism = nodes) with a headless Service, so rank ``i``
+is reachable as ``<run>-<i>.<run>`` and torchrun gets MASTER_ADDR / NODE_RANK / WORLD_SIZE.
+
+No key is in any manifest. The pods read their AppRole role_id and their rank's *wrapped*
+single-use secret_id from the Secret ``<run>-vault``, which only dispatch creates (see
+``jobs.k8s_dispatch``); ``gpufleet-exec`` unwraps it at run time. Because the secret_id is
+single-use, nothing may run a pod twice: ``backoffLimit: 0``, a pod failure policy that fails
+the Job on any non-zero exit or disruption, and ``podReplacementPolicy: Failed``.
+
+Field names are checked against Kubernetes' OpenAPI (``jobs/k8s/openapi``, via ``jobs.k8s.schemas``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+from pathlib import Path
+from typing import Any
+
+from clusters.derive import POOL_LABEL
+from jobs.durations import NS_PER_SECOND
+from jobs.k8s.gpudirect import PodNetworking, pod_networking
+from jobs.spec import TASK, FinetuneSpec
+from vault_policies.layout import ENV_KILL_GRACE_SECONDS, ENV_MAX_RUN_SECONDS, ENV_ROLE, ENV_ROLE_ID, ENV_SECRETS, ENV_WRAPPED_SECRET_ID_FILE
+
+# kubernetes-sigs/kueue pkg/controller/constants/constants.go (v0.19.2): QueueLabel.
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+# Set by the Job controller on every pod of an Indexed Job (batch/v1 JobSpec.completionMode).
+COMPLETION_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
+JOB_LABEL = "gpufleet.dev/job"
+RUN_LABEL = "gpufleet.dev/run"
+DISPATCH_ANNOTATION = "gpufleet.dev/dispatch-id"
+ROLE_ANNOTATION = "gpufleet.dev/vault-role"
+GPU_RESOURCE = "nvidia.com/gpu"
+TAINT_EFFECTS = {"NO_SCHEDULE": "NoSchedule", "PREFER_NO_SCHEDULE": "PreferNoSchedule", "NO_EXECUTE": "NoExecute"}
+
+# The Secret's mount; gpufleet-exec reads the rank's wrapping token from ENV_WRAPPED_SECRET_ID_FILE.
+VAULT_DIR = "/var/run/gpufleet/vault"
+ROLE_ID_KEY = "role-id"
+SCRATCH_DIR = "/scratch"
+RENDEZVOUS_PORT = 29500
+# torchrun's rendezvous environment; the platform sets it, job files may not.
+PLATFORM_ENV = ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "NNODES", "NPROC_PER_NODE", "WORLD_SIZE")
+META_ENV_PREFIX = "GPUFLEET_META_"
+RUN_USER = 1000
+# A finished Job (and, through owner references, its Secret and Service) stays a day for
+# `gpufleet jobs status` and logs, then Kubernetes deletes it.
+TTL_AFTER_FINISHED_SECONDS = 24 * 3600
+# constructs_lib/k8s_priority_classes.py: priority >= this gets the class that may preempt.
+HIGH_PRIORITY = 70
+PRIORITY_CLASS_HIGH = "training-high"
+PRIORITY_CLASS_LOW = "training-low"
+
+
+def run_name(job: str, dispatch_id: str | None) -> str:
+    """The Job's name: the job's own name for the rendered file, ``<job>-<10 hex>`` per dispatch.
+
+    A hash of the dispatch id, so a retried dispatch with the same id names the same Job and
+    the API server refuses the duplicate (409). At most 48 + 11 characters: an Indexed pod's
+    hostname ``<run>-<index>`` stays within a 63-character DNS label.
+    """
+    if dispatch_id is None:
+        return job
+    return f"{job}-{hashlib.sha256(dispatch_id.encode()).hexdigest()[:10]}"
+
+
+def vault_secret_name(run: str) -> str:
+    return f"{run}-vault"
+
+
+def wrapped_key(rank: int) -> str:
+    return f"wrapped-secret-id-{rank}"
+
+
+def priority_class(priority: int) -> str:
+    return PRIORITY_CLASS_HIGH if priority >= HIGH_PRIORITY else PRIORITY_CLASS_LOW
+
+
+def _env(spec: FinetuneSpec, run: str, meta: dict[str, str]) -> list[dict[str, Any]]:
+    """Ordered: Kubernetes expands ``$(NODE_RANK)`` only from variables defined before it."""
+    env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in spec.env]
+    if spec.nodes > 1:
+        index = {"fieldRef": {"fieldPath": f"metadata.annotations['{COMPLETION_INDEX_ANNOTATION}']"}}
+        env += [
+            {"name": "NODE_RANK", "valueFrom": index},
+            {"name": "NNODES", "value": str(spec.nodes)},
+            {"name": "NPROC_PER_NODE", "value": str(spec.gpu.count)},
+            {"name": "WORLD_SIZE", "value": str(spec.nodes * spec.gpu.count)},
+            {"name": "MASTER_ADDR", "value": f"{run}-0.{run}.{spec.namespace}.svc"},
+            {"name": "MASTER_PORT", "value": str(RENDEZVOUS_PORT)},
+        ]
+        wrapped_file = f"{VAULT_DIR}/{wrapped_key(0).removesuffix('0')}$(NODE_RANK)"
+    else:
+        wrapped_file = f"{VAULT_DIR}/{wrapped_key(0)}"
+    env += [
+        {"name": "VAULT_ADDR", "value": spec.vault_addr},
+        {"name": ENV_ROLE, "value": spec.vault_role},
+        {"name": ENV_ROLE_ID, "valueFrom": {"secretKeyRef": {"name": vault_secret_name(run), "key": ROLE_ID_KEY}}},
+        {"name": ENV_WRAPPED_SECRET_ID_FILE, "value": wrapped_file},
+        {"name": ENV_SECRETS, "value": spec.secrets_env},
+        {"name": ENV_MAX_RUN_SECONDS, "value": str(spec.max_run_ns // NS_PER_SECOND)},
+        {"name": ENV_KILL_GRACE_SECONDS, "value": str(_grace_seconds(spec))},
+        {"name": "TMPDIR", "value": "/tmp"},
+        {"name": "GPUFLEET_SCRATCH", "value": SCRATCH_DIR},
+    ]
+    env += [{"name": f"{META_ENV_PREFIX}{key}", "value": value} for key, value in sorted(meta.items())]
+    return env
+
+
+def _grace_seconds(spec: FinetuneSpec) -> int:
+    return max(1, spec.kill_timeout_ns // NS_PER_SECOND)
+
+
+def _container(spec: FinetuneSpec, run: str, meta: dict[str, str]) -> dict[str, Any]:
+    gpus = str(spec.gpu.count)
+    memory, disk = f"{spec.memory_mb}Mi", f"{spec.disk_mb}Mi"
+    return {
+        "name": TASK,
+        "image": spec.image,
+        "imagePullPolicy": "IfNotPresent",
+        "command": ["gpufleet-exec", "--", spec.command],
+        "args": list(spec.args),
+        "env": _env(spec, run, meta),
+        # No CPU limit (throttling slows data loading); memory and disk limits equal the
+        # requests so a run cannot take what the scheduler gave another pod.
+        "resources": {
+            "requests": {"cpu": f"{spec.cpu_millicores}m", "memory": memory, "ephemeral-storage": disk, GPU_RESOURCE: gpus},
+            "limits": {"memory": memory, "ephemeral-storage": disk, GPU_RESOURCE: gpus},
+        },
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "privileged": False,
+            "runAsNonRoot": True,
+            "capabilities": {"drop": ["ALL"]},
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "volumeMounts": [
+            {"name": "vault", "mountPath": VAULT_DIR, "readOnly": True},
+            {"name": "scratch", "mountPath": SCRATCH_DIR},
+            {"name": "tmp", "mountPath": "/tmp"},
+            {"name": "dshm", "mountPath": "/dev/shm"},
+        ],
+        **({"ports": [{"name": "rendezvous", "containerPort": RENDEZVOUS_PORT, "protocol": "TCP"}]} if spec.nodes > 1 else {}),
+    }
+
+
+def networking(spec: FinetuneSpec) -> PodNetworking | None:
+    """GPUDirect wiring for a multi-node run on a GPUDirect pool (jobs.k8s.gpudirect); a single node needs no extra NIC."""
+    if spec.gke is None or spec.nodes < 2 or not spec.gke.networks:
+        return None
+    return pod_networking(spec.pool.gpudirect, spec.gke.networks)
+
+
+def _pod_spec(spec: FinetuneSpec, run: str, meta: dict[str, str]) -> dict[str, Any]:
+    assert spec.gke is not None
+    pod: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "serviceAccountName": spec.gke.service_account,
+        "automountServiceAccountToken": False,
+        "priorityClassName": priority_class(spec.priority),
+        "terminationGracePeriodSeconds": _grace_seconds(spec),
+        "nodeSelector": {POOL_LABEL: spec.pool.name},
+        "tolerations": [{"key": t.key, "operator": "Equal", "value": t.value, "effect": TAINT_EFFECTS[t.effect]} for t in spec.pool.taints],
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": RUN_USER,
+            "runAsGroup": RUN_USER,
+            "fsGroup": RUN_USER,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "containers": [_container(spec, run, meta)],
+        # emptyDir lives on the node's ephemeral storage: the local SSDs on pools that have
+        # them (GKE ephemeral-storage-local-ssd), else the boot disk; the container's
+        # ephemeral-storage limit caps both. /dev/shm in memory for data-loader workers.
+        "volumes": [
+            {"name": "vault", "secret": {"secretName": vault_secret_name(run), "defaultMode": 0o440, "optional": False}},
+            {"name": "scratch", "emptyDir": {}},
+            {"name": "tmp", "emptyDir": {}},
+            {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{max(64, spec.memory_mb // 4)}Mi"}},
+        ],
+    }
+    if spec.nodes > 1:
+        pod["subdomain"] = run
+    wiring = networking(spec)
+    if wiring is not None:
+        container = pod["containers"][0]
+        container["env"] += wiring.env
+        container["volumeMounts"] += wiring.mounts
+        pod["volumes"] += wiring.volumes
+        if wiring.sidecars:
+            pod["initContainers"] = wiring.sidecars
+    return pod
+
+
+def _labels(spec: FinetuneSpec, run: str) -> dict[str, str]:
+    return {JOB_LABEL: spec.name, RUN_LABEL: run}
+
+
+def job_manifest(spec: FinetuneSpec, *, dispatch_id: str | None = None, meta: dict[str, str] | None = None) -> dict[str, Any]:
+    """The suspended, Kueue-labelled Job; a pure function of the spec, dispatch id and meta."""
+    if spec.gke is None:
+        raise ValueError(f"job {spec.name} targets a Nomad cluster; render it with jobs.nomad.render")
+    run = run_name(spec.name, dispatch_id)
+    annotations = {ROLE_ANNOTATION: spec.vault_role}
+    if dispatch_id is not None:
+        annotations[DISPATCH_ANNOTATION] = dispatch_id
+    indexed = spec.nodes > 1
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": run,
+            "namespace": spec.namespace,
+            "labels": {**_labels(spec, run), QUEUE_LABEL: spec.gke.local_queue, "gpufleet.dev/cluster": spec.cluster},
+            "annotations": annotations,
+        },
+        "spec": {
+            "suspend": True,
+            "completionMode": "Indexed" if indexed else "NonIndexed",
+            "completions": spec.nodes,
+            "parallelism": spec.nodes,
+            "backoffLimit": 0,
+            "podReplacementPolicy": "Failed",
+            "podFailurePolicy": {"rules": [
+                {"action": "FailJob", "onExitCodes": {"containerName": TASK, "operator": "NotIn", "values": [0]}},
+                {"action": "FailJob", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+            ]},
+            "activeDeadlineSeconds": spec.max_run_ns // NS_PER_SECOND,
+            "ttlSecondsAfterFinished": TTL_AFTER_FINISHED_SECONDS,
+            "template": {
+                "metadata": {"labels": _labels(spec, run), **({"annotations": wiring.annotations} if (wiring := networking(spec)) else {})},
+                "spec": _pod_spec(spec, run, meta or {}),
+            },
+        },
+    }
+
+
+def rendezvous_service(spec: FinetuneSpec, *, dispatch_id: str | None = None) -> dict[str, Any]:
+    """Headless Service giving each rank the DNS name ``<run>-<index>.<run>`` before it is ready."""
+    run = run_name(spec.name, dispatch_id)
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": run, "namespace": spec.namespace, "labels": _labels(spec, run)},
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "selector": {RUN_LABEL: run},
+            "ports": [{"name": "rendezvous", "port": RENDEZVOUS_PORT, "targetPort": RENDEZVOUS_PORT, "protocol": "TCP"}],
+        },
+    }
+
+
+def manifests(spec: FinetuneSpec, *, dispatch_id: str | None = None, meta: dict[str, str] | None = None) -> list[dict[str, Any]]:
+    """Service first (so rank DNS exists when pods start), then the Job."""
+    out = [rendezvous_service(spec, dispatch_id=dispatch_id)] if spec.nodes > 1 else []
+    return out + [job_manifest(spec, dispatch_id=dispatch_id, meta=meta)]
+
+
+def _sorted(node: Any) -> Any:
+    if isinstance(node, dict):
+        return {k: _sorted(node[k]) for k in sorted(node)}
+    if isinstance(node, list):
+        return [_sorted(item) for item in node]
+    return node
+
+
+def to_yaml(docs: list[dict[str, Any]]) -> str:
+    """Byte-stable multi-document YAML (sorted keys), as ``kubectl apply -f`` reads it."""
+    from ruamel.yaml import YAML
+
+    yaml = YAML(typ="safe", pure=True)
+    yaml.default_flow_style = False
+    yaml.explicit_start = True
+    yaml.width = 4096
+    buffer = io.StringIO()
+    yaml.dump_all([_sorted(doc) for doc in docs], buffer)
+    return buffer.getvalue()
+
+
+def write_manifests(spec: FinetuneSpec, out_dir: Path | None = None) -> Path:
+    """Validate against the vendored schemas, then write ``<out_dir>/<job>.yaml`` atomically
+    (default: the repository's ``jobs/out``; only into a directory gpufleet made, as write_job)."""
+    from clusters import repo
+    from clusters import outputs
+    from jobs.k8s.schemas import require_valid
+
+    docs = manifests(spec)
+    require_valid(docs)
+    header = (f"# gpufleet: rendered from jobs/{spec.source.name}; the pods wait for the Secret {vault_secret_name(spec.name)}\n"
+              f"# (role id + wrapped secret_id) that only `gpufleet jobs dispatch` creates. Nothing secret is in this file.\n")
+    directory = outputs.ensure_dir(out_dir or repo.jobs_out_dir(), option="--out-dir")
+    return outputs.write_file(directory / f"{spec.name}.yaml", header + to_yaml(docs), option="--out-dir")

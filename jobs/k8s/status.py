@@ -1,0 +1,133 @@
+"""A GKE run's state from its Job and its Kueue Workload, in the scheduler-neutral words.
+
+Kueue decides *whether* a Job may run (the Workload's QuotaReserved / Admitted / Evicted /
+Finished conditions, ``apis/kueue/v1beta2/workload_types.go``); the Job controller reports
+*how* it ran (Complete / Failed with reason DeadlineExceeded, PodFailurePolicy,
+BackoffLimitExceeded; ``batch/v1`` JobStatus). Users want one of pending / running /
+succeeded / failed / stopped and one line of why.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from jobs.k8s.render import DISPATCH_ANNOTATION
+
+# Exit code gpufleet-exec uses for a Vault error (an already-unwrapped wrapping token included).
+EXIT_VAULT_ERROR = 78
+# The Job controller's PodFailurePolicy message: "Container train for pod ns/x failed with exit code 3 matching FailJob rule at index 0".
+_EXIT_CODE = re.compile(r"failed with exit code (\d+)")
+
+
+class State(StrEnum):
+    PENDING = "pending"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    STOPPED = "stopped"
+
+
+TERMINAL = frozenset({State.SUCCEEDED, State.FAILED, State.STOPPED})
+
+
+@dataclass(frozen=True)
+class K8sRunStatus:
+    run: str
+    state: State
+    reason: str
+    queue: str | None = None
+    flavor: str | None = None
+    # Kueue admitted it and the Job controller made its pods (what costs money).
+    placed: bool = False
+    # 0 when every rank succeeded; the failing container's code when the Job says which.
+    exit_code: int | None = None
+    # The name of the Kueue Workload that admits it (None until Kueue made one).
+    workload: str | None = None
+    # Pods ready (the Job's status.ready) out of the ranks it runs (spec.parallelism).
+    ready: int = 0
+    ranks: int = 1
+
+
+def _conditions(obj: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
+    """Conditions by type; only the True/False ones that are set (Unknown says nothing)."""
+    items = ((obj or {}).get("status") or {}).get("conditions") or []
+    return {c["type"]: c for c in items if c.get("status") in ("True", "False")}
+
+
+def _true(conditions: dict[str, dict[str, Any]], kind: str) -> dict[str, Any] | None:
+    condition = conditions.get(kind)
+    return condition if condition and condition["status"] == "True" else None
+
+
+def _why(condition: dict[str, Any]) -> str:
+    return f"{condition.get('reason') or 'no reason'}: {condition.get('message') or 'no message'}"
+
+
+def _failure(job: dict[str, Any], condition: dict[str, Any], evicted_before: bool) -> str:
+    reason = condition.get("reason")
+    if reason == "DeadlineExceeded":
+        seconds = job["spec"].get("activeDeadlineSeconds")
+        return f"ran past max_run_hours (activeDeadlineSeconds {seconds}): {condition.get('message') or 'deadline exceeded'}"
+    text = f"{_why(condition)}"
+    if "exit code 137" in (condition.get("message") or ""):
+        text += " (exit 137 is SIGKILL: usually the container hit its memory limit, OOMKilled; raise memory_mb or lower the batch size)"
+    if f"exit code {EXIT_VAULT_ERROR}" in (condition.get("message") or ""):
+        text += f" (exit {EXIT_VAULT_ERROR} is gpufleet-exec's Vault error; see the pod log"
+        text += "; this run was evicted by Kueue and resumed, so its pods presented an already-used secret_id: re-dispatch it)" if evicted_before else ")"
+    return text
+
+
+def summarize(job: dict[str, Any], workloads: list[dict[str, Any]]) -> K8sRunStatus:
+    """Pure: the Job and its Workloads (as the API returns them) in, one status out."""
+    meta, spec, status = job["metadata"], job.get("spec") or {}, job.get("status") or {}
+    run = meta["name"]
+    workload = max(workloads, key=lambda w: int(w["metadata"].get("resourceVersion") or 0), default=None)
+    wl = _conditions(workload)
+    admission = ((workload or {}).get("status") or {}).get("admission") or {}
+    queue = admission.get("clusterQueue")
+    flavors = sorted({f for a in admission.get("podSetAssignments") or [] for f in (a.get("flavors") or {}).values()})
+    flavor = ",".join(flavors) or None
+    jc = _conditions(job)
+    evicted_before = bool(wl.get("Evicted")) or bool(wl.get("Preempted"))
+
+    placed = bool(status.get("startTime") or status.get("active") or status.get("succeeded") or status.get("failed"))
+
+    def out(state: State, reason: str, exit_code: int | None = None) -> K8sRunStatus:
+        return K8sRunStatus(run, state, reason, queue, flavor, placed, exit_code, (workload or {}).get("metadata", {}).get("name"),
+                            int(status.get("ready") or 0), int(spec.get("parallelism") or 1))
+
+    if meta.get("deletionTimestamp"):
+        return out(State.STOPPED, "stopped by request; Kubernetes is terminating its pods")
+    if complete := _true(jc, "Complete"):
+        return out(State.SUCCEEDED, f"all {spec.get('completions', 1)} rank(s) succeeded ({complete.get('reason') or 'Complete'})", 0)
+    if failed := (_true(jc, "Failed") or _true(jc, "FailureTarget")):
+        code = _EXIT_CODE.search(failed.get("message") or "")
+        return out(State.FAILED, _failure(job, failed, evicted_before), int(code[1]) if code else None)
+    if workload is None:
+        return out(State.PENDING, "waiting for Kueue to create its Workload (is Kueue running, and the job's LocalQueue there?)")
+    if finished := _true(wl, "Finished"):
+        state = State.SUCCEEDED if finished.get("reason") == "Succeeded" else State.FAILED
+        return out(state, f"Kueue: {_why(finished)}")
+    if workload.get("spec", {}).get("active") is False:
+        return out(State.STOPPED, "its Kueue Workload was deactivated; the Job will not be admitted again")
+    if _true(wl, "Admitted") and not spec.get("suspend"):
+        ranks = spec.get("parallelism", 1)
+        return out(State.RUNNING, f"admitted to ClusterQueue {queue} on flavor {flavor}; {status.get('ready', 0)}/{ranks} rank(s) ready, {status.get('active', 0)} active")
+    if evicted := _true(wl, "Evicted"):
+        preempted = _true(wl, "Preempted")
+        detail = _why(preempted) if preempted else _why(evicted)
+        return out(State.PENDING, f"evicted by Kueue ({evicted.get('reason')}; {detail}) and queued again; a run whose pods had started "
+                                  "cannot resume with its spent secret_id: stop it and re-dispatch")
+    if _true(wl, "QuotaReserved"):
+        return out(State.PENDING, "quota reserved; waiting for admission checks")
+    reserved = wl.get("QuotaReserved")
+    if reserved is not None:
+        return out(State.PENDING, f"waiting for quota: {_why(reserved)}")
+    return out(State.PENDING, f"queued in LocalQueue {workload.get('spec', {}).get('queueName')}; Kueue has not evaluated it yet")
+
+
+def dispatch_id(job: dict[str, Any]) -> str | None:
+    return (job["metadata"].get("annotations") or {}).get(DISPATCH_ANNOTATION)

@@ -1,0 +1,300 @@
+"""The Nomad HTTP client gpufleet uses: python-nomad, wrapped where its defaults bite.
+
+python-nomad as shipped: 5 s timeout and no retries; TLS verification off and NOMAD_CACERT,
+NOMAD_CLIENT_CERT/KEY and NOMAD_TLS_SERVER_NAME never read; no ``namespace`` on evaluation endpoints; ``user_agent`` without a token raises
+TypeError; and ``dispatch_job(idempotency_token=...)`` puts the token in the body, where
+Nomad ignores it. So this module: builds its own session (urllib3 Retry on connection
+errors, read timeouts and 5xx, for every method: a retried dispatch resends the same URL,
+hence the same ``?idempotency_token=``), verifies TLS against NOMAD_CACERT and presents the
+CLI certificate (the fleet's agents require mTLS on the API), checks the server's name
+against NOMAD_TLS_SERVER_NAME (e.g. ``server.global.nomad``) when set, sends the
+namespace explicitly, calls ``/dispatch`` itself, and maps 400/403/404 to one-line errors.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
+
+from clusters.errors import UserError
+from jobs.placement import explain
+from jobs.nomad.render import META_ROLE_ID, META_WRAPPED_SECRET_ID, placement_probe, render
+from jobs.spec import FinetuneSpec
+from jobs.nomad.status import RunStatus, summarize
+
+if TYPE_CHECKING:
+    import nomad
+    import requests
+
+RETRY_STATUSES = (500, 502, 503, 504)
+USER_AGENT = "gpufleet-jobs/0.1"
+_ADDR = re.compile(r"^https?://[^\s/]+(:\d+)?/?$")
+
+
+class NomadError(UserError):
+    """A Nomad answer the user must act on; one line, exit 2, never the request body."""
+
+
+@dataclass(frozen=True)
+class NomadSettings:
+    address: str
+    token: str | None = None
+    namespace: str | None = None
+    region: str | None = None
+    cacert: str | None = None
+    client_cert: str | None = None
+    client_key: str | None = None
+    tls_server_name: str | None = None
+    skip_verify: bool = False
+    timeout_seconds: float = 10.0
+    retries: int = 3
+    backoff_seconds: float = 0.5
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] = os.environ) -> NomadSettings:
+        """NOMAD_ADDR, NOMAD_TOKEN, NOMAD_NAMESPACE, NOMAD_REGION, NOMAD_CACERT, NOMAD_CLIENT_CERT,
+        NOMAD_CLIENT_KEY, NOMAD_TLS_SERVER_NAME, NOMAD_SKIP_VERIFY (the Nomad CLI's names)."""
+        address = env.get("NOMAD_ADDR", "http://127.0.0.1:4646")
+        if not _ADDR.match(address):
+            raise UserError(f"NOMAD_ADDR {address!r} is not an http(s) address; set it like https://nomad.example.com:4646")
+        cacert = env.get("NOMAD_CACERT") or None
+        if cacert and not os.path.isfile(cacert):
+            raise UserError(f"NOMAD_CACERT {cacert!r} is not a file; point it at the PEM CA bundle that signed the Nomad servers' certificates")
+        cert, key = env.get("NOMAD_CLIENT_CERT") or None, env.get("NOMAD_CLIENT_KEY") or None
+        if bool(cert) != bool(key):
+            given, missing = ("NOMAD_CLIENT_CERT", "NOMAD_CLIENT_KEY") if cert else ("NOMAD_CLIENT_KEY", "NOMAD_CLIENT_CERT")
+            raise UserError(f"{given} is set but {missing} is not; set both to the CLI certificate and key from the Nomad bootstrap, or neither")
+        for name, path in (("NOMAD_CLIENT_CERT", cert), ("NOMAD_CLIENT_KEY", key)):
+            if path and not os.path.isfile(path):
+                raise UserError(f"{name} {path!r} is not a file; point it at the PEM file the Nomad bootstrap wrote")
+        return cls(
+            address=address.rstrip("/"),
+            token=env.get("NOMAD_TOKEN") or None,
+            namespace=env.get("NOMAD_NAMESPACE") or None,
+            region=env.get("NOMAD_REGION") or None,
+            cacert=cacert,
+            client_cert=cert,
+            client_key=key,
+            tls_server_name=env.get("NOMAD_TLS_SERVER_NAME") or None,
+            skip_verify=env.get("NOMAD_SKIP_VERIFY", "").lower() in ("1", "true"),
+        )
+
+
+@dataclass(frozen=True)
+class PlanResult:
+    placeable: bool
+    reason: str | None
+    diff_type: str
+    warnings: str
+
+
+@dataclass(frozen=True)
+class DispatchResult:
+    dispatched_job_id: str
+    eval_id: str
+    namespace: str
+
+
+def _server_name_adapter() -> type:
+    from requests.adapters import HTTPAdapter
+
+    class ServerNameAdapter(HTTPAdapter):
+        """Sends SNI and checks the certificate for this name instead of the URL's host: the API is
+        reached by load-balancer IP, Nomad's server certificates name ``server.<region>.nomad``."""
+
+        def __init__(self, server_name: str, **kwargs: object) -> None:
+            self.server_name = server_name
+            super().__init__(**kwargs)
+
+        def init_poolmanager(self, *args: object, **kwargs: object) -> None:
+            kwargs["server_hostname"] = self.server_name
+            kwargs["assert_hostname"] = self.server_name
+            super().init_poolmanager(*args, **kwargs)
+
+    return ServerNameAdapter
+
+
+def _session(settings: NomadSettings) -> requests.Session:
+    import requests
+    from requests.adapters import HTTPAdapter
+    from urllib3.util.retry import Retry
+
+    retry = Retry(
+        total=settings.retries,
+        connect=settings.retries,
+        read=settings.retries,
+        status=settings.retries,
+        other=0,
+        allowed_methods=None,
+        status_forcelist=RETRY_STATUSES,
+        backoff_factor=settings.backoff_seconds,
+        raise_on_status=False,
+        respect_retry_after_header=True,
+    )
+    session = requests.Session()
+    if settings.tls_server_name:
+        adapter = _server_name_adapter()(settings.tls_server_name, max_retries=retry)
+    else:
+        adapter = HTTPAdapter(max_retries=retry)
+    session.mount("http://", adapter)
+    session.mount("https://", adapter)
+    session.headers["User-Agent"] = USER_AGENT
+    return session
+
+
+def _first_line(text: str, limit: int = 300) -> str:
+    line = (text or "").strip().splitlines()[0] if (text or "").strip() else "(empty answer)"
+    return line[:limit]
+
+
+def _tls_advice(detail: str, settings: NomadSettings) -> str:
+    """One line for a failed TLS handshake: which of the four mTLS settings to fix."""
+    if "CERTIFICATE_VERIFY_FAILED" in detail or "doesn't match" in detail or "hostname mismatch" in detail.lower():
+        if "match" in detail.lower():
+            return (f"Nomad at {settings.address} presented a certificate for another name; set NOMAD_TLS_SERVER_NAME=server.<region>.nomad"
+                    " (Nomad's server certificates name that, not the load balancer's address)")
+        return (f"the certificate of Nomad at {settings.address} is not signed by "
+                f"{'NOMAD_CACERT ' + repr(settings.cacert) if settings.cacert else 'a CA this machine trusts'}; set NOMAD_CACERT to the cluster's CA (nomad-agent-ca.pem from the bootstrap)")
+    if not settings.client_cert:
+        return (f"Nomad at {settings.address} refused the TLS handshake: its API requires a client certificate (mTLS);"
+                " set NOMAD_CLIENT_CERT and NOMAD_CLIENT_KEY to the CLI certificate from the Nomad bootstrap")
+    return f"TLS handshake with Nomad at {settings.address} failed ({detail.splitlines()[0][:160]}); check NOMAD_CLIENT_CERT/NOMAD_CLIENT_KEY were issued by the cluster's CA"
+
+
+class NomadClient:
+    def __init__(self, settings: NomadSettings) -> None:
+        self.settings = settings
+        self._session = _session(settings)
+
+    def _api(self, namespace: str | None) -> nomad.Nomad:
+        import nomad
+
+        s = self.settings
+        verify: bool | str = s.cacert or (not s.skip_verify)
+        return nomad.Nomad(
+            address=s.address,
+            token=s.token,
+            namespace=namespace or s.namespace or "default",
+            region=s.region,
+            timeout=s.timeout_seconds,
+            verify=verify,
+            cert=(s.client_cert, s.client_key) if s.client_cert and s.client_key else (),
+            session=self._session,
+        )
+
+    @contextmanager
+    def _errors(self, action: str, job_id: str, namespace: str, on_404: str) -> Iterator[None]:
+        import nomad.api.exceptions as exc
+        import requests
+
+        try:
+            yield
+        except exc.URLNotFoundNomadException as error:
+            raise NomadError(f"{action}: Nomad has no job {job_id!r} in namespace {namespace} (404: {_first_line(error.nomad_resp.text)}); {on_404}") from None
+        except exc.URLNotAuthorizedNomadException:
+            raise NomadError(f"{action}: Nomad refused the token (403) for namespace {namespace}; set NOMAD_TOKEN to a token whose ACL policy allows this in namespace {namespace}") from None
+        except exc.BadRequestNomadException as error:
+            raise NomadError(f"{action}: Nomad rejected the request (400: {_first_line(error.nomad_resp.text)}); fix the job file or the --meta values") from None
+        except exc.BaseNomadException as error:
+            response = error.nomad_resp
+            tries = self.settings.retries + 1
+            if isinstance(response, requests.exceptions.SSLError):
+                raise NomadError(f"{action}: {_tls_advice(str(response), self.settings)}") from None
+            if isinstance(response, requests.Response):
+                raise NomadError(f"{action}: Nomad at {self.settings.address} answered {response.status_code} after {tries} attempts ({_first_line(response.text)}); retry later or check the servers") from None
+            raise NomadError(f"{action}: cannot reach Nomad at {self.settings.address} after {tries} attempts ({type(response).__name__}); check NOMAD_ADDR and that the servers are up") from None
+
+    def plan(self, spec: FinetuneSpec) -> PlanResult:
+        """Dry-run placement of one dispatched instance; FailedTGAllocs becomes a sentence."""
+        body = placement_probe(render(spec))
+        with self._errors("plan", spec.name, spec.namespace, "check the job name"):
+            answer = self._api(spec.namespace).job.plan_job(spec.name, body, diff=True)
+        reason = explain(answer.get("FailedTGAllocs"), pool=spec.pool.name, gpu=spec.gpu)
+        diff = (answer.get("Diff") or {}).get("Type", "None")
+        return PlanResult(reason is None, reason, diff, answer.get("Warnings") or "")
+
+    def register(self, spec: FinetuneSpec) -> int:
+        """Register (or update) the parameterized job; returns its JobModifyIndex."""
+        with self._errors("submit", spec.name, spec.namespace, "check the job name"):
+            answer = self._api(spec.namespace).jobs.register_job(render(spec))
+        return int(answer.get("JobModifyIndex", 0))
+
+    def dispatch(self, spec: FinetuneSpec, meta: Mapping[str, str], *, role_id: str, wrapping_token: str, idempotency_token: str) -> DispatchResult:
+        """One child run. The token goes in the query string (Nomad reads it only there);
+        the wrapping token goes in Meta, and no error message ever echoes the body."""
+        body = {"Meta": {**meta, META_ROLE_ID: role_id, META_WRAPPED_SECRET_ID: wrapping_token}}
+        on_404 = f"register it first: gpufleet jobs submit {spec.name}"
+        with self._errors("dispatch", spec.name, spec.namespace, on_404):
+            response = self._api(spec.namespace).job.request(
+                quote(spec.name, safe=""), "dispatch", method="post", json=body, params={"idempotency_token": idempotency_token}
+            )
+        answer = response.json()
+        return DispatchResult(answer["DispatchedJobID"], answer.get("EvalID", ""), spec.namespace)
+
+    def tenant_gpus_in_use(self, namespace: str, pool: str) -> int:
+        """GPUs the tenant's jobs in ``namespace`` hold or wait for on ``pool``, from Nomad's own
+        allocation counts (JobSummary: queued, starting, running, unknown), so runs started
+        outside this process count too."""
+        from jobs.quota import gpus_held
+
+        with self._errors("quota", "(job list)", namespace, "check the namespace"):
+            api = self._api(namespace)
+            stubs = api.jobs.request(method="get", params={"namespace": namespace}).json() or []
+            active = [s for s in stubs if not s.get("ParameterizedJob") and s.get("Status") != "dead"]
+            pairs = [(api.job.request(quote(s["ID"], safe=""), method="get").json(), s.get("JobSummary") or {}) for s in active]
+        return gpus_held(pairs, pool=pool)
+
+    def list_jobs(self, namespace: str, prefix: str) -> list[dict[str, Any]]:
+        """``GET /v1/jobs?prefix=&namespace=``: the JobListStubs (api/jobs.go: ID, ParentID, Stop,
+        Status, JobSummary, ModifyIndex...) of every job whose ID starts with ``prefix``; for the
+        dispatched runs of a parameterized job the prefix is ``<parent>/dispatch-``."""
+        with self._errors("list jobs", prefix, namespace, "check the namespace"):
+            stubs = self._api(namespace).jobs.request(method="get", params={"namespace": namespace, "prefix": prefix}).json()
+        return list(stubs or [])
+
+    def find_dispatch(self, namespace: str, parent: str, idempotency_token: str) -> str | None:
+        """The dispatched child of ``parent`` made with ``idempotency_token``, or None: the child
+        Job carries ``DispatchIdempotencyToken`` (api/jobs.go Job, Nomad 1.10.5), the list stubs
+        do not, so each child of the parent is read once."""
+        for stub in self.list_jobs(namespace, f"{parent}/dispatch-"):
+            with self._errors("find dispatch", stub["ID"], namespace, "check the namespace"):
+                job = self._api(namespace).job.request(quote(stub["ID"], safe=""), method="get").json()
+            if job.get("ParentID") == parent and job.get("DispatchIdempotencyToken") == idempotency_token:
+                return str(stub["ID"])
+        return None
+
+    def list_allocations(self, namespace: str) -> list[dict[str, Any]]:
+        """``GET /v1/allocations?namespace=&task_states=true``: every AllocationListStub of the
+        namespace (api/allocations.go: JobID, ClientStatus, DesiredStatus, NodeName, TaskStates
+        with their events, PreemptedByAllocation, CreateIndex, ModifyIndex...): the same stubs
+        ``/v1/job/<id>/allocations`` returns, for all runs in one call."""
+        with self._errors("list allocations", "(all)", namespace, "check the namespace"):
+            stubs = self._api(namespace).allocations.request(method="get", params={"namespace": namespace, "task_states": "true"}).json()
+        return list(stubs or [])
+
+    def status(self, job_id: str, namespace: str, spec: FinetuneSpec | None = None) -> RunStatus:
+        path = quote(job_id, safe="")
+        on_404 = "check the id printed by `gpufleet jobs dispatch` and the namespace (--namespace or NOMAD_NAMESPACE)"
+        with self._errors("status", job_id, namespace, on_404):
+            api = self._api(namespace).job
+            job = api.request(path, method="get").json()
+            evaluations = api.request(path, "evaluations", method="get").json()
+            allocations = api.request(path, "allocations", method="get").json()
+        pool, gpu = (spec.pool.name, spec.gpu) if spec else (None, None)
+        return summarize(job_id, job, evaluations or [], allocations or [], pool=pool, gpu=gpu)
+
+    def stop(self, job_id: str, namespace: str, *, purge: bool) -> str:
+        """Stop (and optionally purge) a job; returns the evaluation id Nomad created."""
+        with self._errors("stop", job_id, namespace, "it may already be purged; check the id and namespace"):
+            params = {"purge": "true"} if purge else {}
+            answer = self._api(namespace).job.request(quote(job_id, safe=""), method="delete", params=params).json()
+        return str(answer.get("EvalID", ""))
+
+    def close(self) -> None:
+        self._session.close()
+

@@ -1,0 +1,168 @@
+"""FinetuneSpec -> Nomad API job JSON (``{"Job": {...}}``), as ``POST /v1/jobs`` and
+``nomad job run -json`` take it.
+
+The job is a parameterized batch job: registering it runs nothing; each dispatch creates a
+child job with its own meta (dataset, run id, the role_id and the *wrapped* secret_id).
+No key is in the JSON: the task command is wrapped in ``gpufleet-exec``, which unwraps the
+secret_id at run time, logs in with AppRole and exports only the keys in GPUFLEET_SECRETS.
+Durations are integer nanoseconds, as Nomad's API wants them.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from jobs.durations import NS_PER_SECOND
+from jobs.spec import TASK, FinetuneSpec
+from vault_policies.layout import (
+    ENV_KILL_GRACE_SECONDS,
+    ENV_MAX_RUN_SECONDS,
+    ENV_ROLE,
+    ENV_ROLE_ID,
+    ENV_SECRETS,
+    ENV_WRAPPED_SECRET_ID,
+    META_ROLE_ID,
+    META_WRAPPED_SECRET_ID,
+)
+
+# Dispatch meta the platform fills in; declared as required so a dispatch without them is refused by Nomad.
+PLATFORM_META = (META_ROLE_ID, META_WRAPPED_SECRET_ID)
+# Static job meta: which role the dispatcher must mint for (a name, not a credential).
+JOB_META_ROLE = "gpufleet_vault_role"
+EXEC = "gpufleet-exec"
+GPU_DEVICE = "nvidia/gpu"
+
+
+def _constraint(ltarget: str, operand: str, rtarget: str) -> dict[str, str]:
+    return {"LTarget": ltarget, "Operand": operand, "RTarget": rtarget}
+
+
+def mib(gib: int) -> str:
+    """A memory bound in the unit the NVIDIA device plugin reports (``device.attr.memory`` is NVML
+    MiB, nomad-device-nvidia fingerprint.go), so the comparison is the one the checks made."""
+    return f"{gib * 1024} MiB"
+
+
+def _device(spec: FinetuneSpec) -> dict[str, Any]:
+    """The GPU request: always the pool's model as NVML names it (so a device of another model on
+    a mislabelled node never matches), then the job's own memory and model bounds."""
+    gpu = spec.gpu
+    constraints = [_constraint("${device.model}", "regexp", spec.pool.nvml.model_pattern)]
+    if gpu.min_memory_gib is not None:
+        constraints.append(_constraint("${device.attr.memory}", ">=", mib(gpu.min_memory_gib)))
+    if gpu.model is not None:
+        constraints.append(_constraint("${device.model}", "regexp", gpu.model))
+    affinities = []
+    if gpu.prefer_memory_gib is not None:
+        affinities.append({**_constraint("${device.attr.memory}", ">=", mib(gpu.prefer_memory_gib)), "Weight": 50})
+    device: dict[str, Any] = {"Name": GPU_DEVICE, "Count": gpu.count, "Constraints": constraints}
+    if affinities:
+        device["Affinities"] = affinities
+    return device
+
+
+def task_env(spec: FinetuneSpec) -> dict[str, str]:
+    """The task's environment: user env, Vault address, the dispatch meta interpolated in, and
+    the run limit gpufleet-exec enforces (Nomad clients before 2.0.3 ignore MaxRunDuration)."""
+    return {
+        **dict(spec.env),
+        "VAULT_ADDR": spec.vault_addr,
+        ENV_ROLE: spec.vault_role,
+        ENV_ROLE_ID: f"${{NOMAD_META_{META_ROLE_ID}}}",
+        ENV_WRAPPED_SECRET_ID: f"${{NOMAD_META_{META_WRAPPED_SECRET_ID}}}",
+        ENV_SECRETS: spec.secrets_env,
+        ENV_MAX_RUN_SECONDS: str(spec.max_run_ns // NS_PER_SECOND),
+        ENV_KILL_GRACE_SECONDS: str(max(1, spec.kill_timeout_ns // NS_PER_SECOND)),
+    }
+
+
+def exec_argv(spec: FinetuneSpec) -> list[str]:
+    """The task command, behind gpufleet-exec so keys arrive only at run time."""
+    return [EXEC, "--", spec.command, *spec.args]
+
+
+def _task(spec: FinetuneSpec) -> dict[str, Any]:
+    argv = exec_argv(spec)
+    return {
+        "Name": TASK,
+        "Driver": "docker",
+        "Config": {"image": spec.image, "command": argv[0], "args": argv[1:]},
+        "Env": task_env(spec),
+        "Resources": {"CPU": spec.cpu_mhz, "MemoryMB": spec.memory_mb, "Devices": [_device(spec)]},
+        "KillTimeout": spec.kill_timeout_ns,
+        "KillSignal": "SIGTERM",
+    }
+
+
+def _group(spec: FinetuneSpec) -> dict[str, Any]:
+    restart, reschedule = spec.restart, spec.reschedule
+    return {
+        "Name": spec.task_group,
+        "Count": 1,
+        "Constraints": [_constraint("${node.class}", "=", spec.pool.name)],
+        "RestartPolicy": {"Attempts": restart.attempts, "Delay": restart.delay, "Interval": restart.interval, "Mode": restart.mode.value},
+        "ReschedulePolicy": {
+            "Attempts": reschedule.attempts,
+            "Interval": reschedule.interval,
+            "Delay": reschedule.delay,
+            "DelayFunction": reschedule.delay_function.value,
+            "MaxDelay": reschedule.max_delay,
+            "Unlimited": reschedule.unlimited,
+        },
+        "EphemeralDisk": {"SizeMB": spec.disk_mb, "Sticky": False, "Migrate": False},
+        # Honoured from Nomad 2.0.3; the fleet's 1.10 clients ignore it, so gpufleet-exec
+        # also enforces max_run_hours from GPUFLEET_MAX_RUN_SECONDS.
+        "MaxRunDuration": spec.max_run_ns,
+        "Tasks": [_task(spec)],
+    }
+
+
+def render(spec: FinetuneSpec) -> dict[str, Any]:
+    """The parameterized batch job; a pure function of the spec."""
+    return {
+        "Job": {
+            "ID": spec.name,
+            "Name": spec.name,
+            "Type": "batch",
+            "Namespace": spec.namespace,
+            "Region": spec.region,
+            "Datacenters": [spec.datacenter],
+            "NodePool": spec.pool.name,
+            "Priority": spec.priority,
+            "Meta": {JOB_META_ROLE: spec.vault_role, "gpufleet_cluster": spec.cluster, "gpufleet_gpu_pool": spec.pool.name},
+            "ParameterizedJob": {
+                "Payload": "forbidden",
+                "MetaRequired": sorted({*spec.meta_required, *PLATFORM_META}),
+                "MetaOptional": list(spec.meta_optional),
+            },
+            "TaskGroups": [_group(spec)],
+        }
+    }
+
+
+def placement_probe(job: dict[str, Any]) -> dict[str, Any]:
+    """The job as one dispatched instance would be placed: a plan of the parameterized parent
+    places nothing (it is a template), so the plan checks the same job without
+    ParameterizedJob to learn whether a GPU client can take it."""
+    inner = {k: v for k, v in job["Job"].items() if k != "ParameterizedJob"}
+    return {"Job": inner}
+
+
+def to_json(job: dict[str, Any]) -> str:
+    """Byte-stable text: sorted keys, fixed indentation, trailing newline."""
+    return json.dumps(job, indent=2, sort_keys=True) + "\n"
+
+
+def write_job(spec: FinetuneSpec, out_dir: Path | None = None) -> Path:
+    """Write ``<out_dir>/<job>.json`` atomically (default: the repository's ``jobs/out``).
+
+    The directory must be one gpufleet made (or new, or empty): ``clusters.outputs`` refuses
+    ``--out-dir jobs`` or a directory of someone else's files.
+    """
+    from clusters import repo
+    from clusters import outputs
+
+    directory = outputs.ensure_dir(out_dir or repo.jobs_out_dir(), option="--out-dir")
+    return outputs.write_file(directory / f"{spec.name}.json", to_json(render(spec)), option="--out-dir")

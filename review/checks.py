@@ -1,0 +1,134 @@
+"""``gpufleet check``: every gate a pull request must pass, in one run and one summary.
+
+Input errors (cluster, job, Vault files) are ConfigErrors: every problem of every file is
+collected and reported together, exit 2, and nothing is synthesized. Only valid input is
+synthesized; the secret scan and checkov then run on what was written.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from rich.console import Console
+from rich.table import Table
+
+import clusters
+from clusters import repo
+from clusters.errors import ConfigError, Problem
+from clusters.schema import ClusterConfig
+
+if TYPE_CHECKING:
+    from jobs.spec import FinetuneSpec
+
+
+@dataclass
+class CheckReport:
+    rows: list[tuple[str, bool, str]] = field(default_factory=list)
+    details: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return all(passed for _, passed, _ in self.rows)
+
+    def add(self, step: str, passed: bool, summary: str, details: list[str] | None = None) -> None:
+        self.rows.append((step, passed, summary))
+        self.details.extend(details or ())
+
+    def print(self, console: Console) -> None:
+        for line in self.details:
+            console.print(line, markup=False, highlight=False)
+        table = Table(title="gpufleet check")
+        table.add_column("step")
+        table.add_column("result")
+        table.add_column("summary", overflow="fold")
+        for step, passed, summary in self.rows:
+            table.add_row(step, "[green]ok[/green]" if passed else "[red]FAILED[/red]", summary)
+        console.print(table)
+
+
+def validate_inputs(configs: tuple[ClusterConfig, ...] | None = None) -> tuple[tuple[ClusterConfig, ...], tuple[FinetuneSpec, ...]]:
+    """Clusters, Vault definitions and job files, cross-checked; raises one ConfigError with all problems."""
+    import jobs.loader
+    from vault_policies import validate as vault_validate
+
+    problems: list[Problem] = []
+    try:
+        configs = configs if configs is not None else clusters.load_all()
+    except ConfigError as exc:
+        problems.extend(exc.problems)
+    problems.extend(vault_validate.check(repo.root()))
+    specs: tuple[FinetuneSpec, ...] = ()
+    if configs is not None and not problems:
+        try:
+            specs = jobs.loader.load_all(cluster_configs=configs)
+        except ConfigError as exc:
+            problems.extend(exc.problems)
+    if problems:
+        raise ConfigError(problems)
+    return configs, specs
+
+
+def _destroys(report: CheckReport, configs: tuple[ClusterConfig, ...], out: Path | None = None) -> None:
+    """What the working tree destroys against the git base.
+
+    With the synthesized ``out``, the full offline preview (``gpufleet preview``: replaced
+    immutable attributes too) runs when it is cheap (base cached, or base code = this code);
+    otherwise the simple form (removed cluster files, renamed protected pools, safety.destroys).
+    """
+    from clusters.errors import UserError
+    from safety import destroys
+
+    if out is not None:
+        from preview import report as preview_report
+        from preview.service import cheap_preview
+
+        try:
+            found_preview = cheap_preview(repo.root(), out)
+        except (UserError, ConfigError):
+            found_preview = None  # a base that does not synthesize with this code: the simple form below still runs
+        if found_preview is not None:
+            result, info = found_preview
+            blocking = result.blocking
+            lines = [line for line in preview_report.text_lines(result, info)[1:-1] if not line.startswith("to go ahead")]
+            report.add("destroys", not blocking, f"{len(blocking)} protected resource(s) destroyed, replaced or renamed vs "
+                       f"{info['commit'][:12]} (gpufleet preview)" if blocking else f"none vs {info['commit'][:12]} (gpufleet preview)",
+                       [f"preview: {line.strip()}" for line in lines if line.startswith(("BLOCKED", "allowed", "note", "protected"))])
+            return
+    base, found = destroys.announce(repo.root(), configs)
+    if base is None:
+        report.add("destroys", True, "skipped: not a git checkout")
+        return
+    blocking = [d for d in found if d.blocking]
+    summary = f"{len(blocking)} protected resource(s) destroyed vs {base}" if blocking else f"none vs {base}"
+    report.add("destroys", not blocking, summary + (f", {len(found) - len(blocking)} note(s)" if len(found) > len(blocking) else ""),
+               [f"{'destroy' if d.blocking else 'note'}: {d.line}" for d in found])
+
+
+def run_checks(configs: tuple[ClusterConfig, ...] | None, *, out: Path, state_files: tuple[Path, ...] = (),
+               checkov: bool = True) -> CheckReport:
+    from safety import checkov_scan, secret_scan
+    from jobs.outputs import write_rendered
+    from stacks.synth import synthesize
+
+    report = CheckReport()
+    from_repo = configs is None
+    configs, specs = validate_inputs(configs)
+    report.add("inputs", True, f"{len(configs)} cluster file(s), {len(specs)} job file(s), Vault policies and roles")
+    stacks = synthesize(configs, out)
+    report.add("synth", True, f"{len(stacks)} stack(s) into {out}")
+    if from_repo:
+        _destroys(report, configs, out)
+    with tempfile.TemporaryDirectory(prefix="gpufleet-check-jobs-") as rendered:
+        # Scan the jobs as they render now; jobs/out may be stale or absent (it is not committed).
+        for spec in specs:
+            write_rendered(spec, Path(rendered))
+        findings = secret_scan.scan_paths([out, Path(rendered), *state_files])
+    report.add("secrets", not findings, f"{len(findings)} finding(s)" if findings else "no secret values found",
+               [f"secret: {f}" for f in findings])
+    if checkov:
+        result = checkov_scan.run([out / "stacks" / s for s in stacks])
+        report.add("checkov", result.ok, result.summary_line, result.failure_lines)
+    return report
