@@ -22,7 +22,7 @@ field names as kubernetes-sigs/kueue apis/config/v1beta2/configuration_types.go 
   secret_ids are single-use: `gpufleet jobs status` shows it stopped, dispatch again);
 - ``resources``: ``BlockUndeclared`` (Kueue's default, written out) and no ``excludeResourcePrefixes``:
   every resource a rendered Job requests (cpu, memory, ephemeral-storage, nvidia.com/gpu) is covered
-  by its ClusterQueue (tests/jobs/test_k8s_kueue_contract.py), and an excluded prefix would be a
+  by its ClusterQueue (tests/jobs/k8s/test_kueue_contract.py), and an excluded prefix would be a
   resource no quota counts;
 - ``integrations.frameworks: [batch/job]``: gpufleet submits only batch/v1 Jobs; the chart's pod,
   deployment, statefulset and others would make Kueue gate workloads gpufleet never creates.

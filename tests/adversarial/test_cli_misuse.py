@@ -12,7 +12,7 @@ import pytest
 
 from gpufleet.cli import main
 from tests.adversarial.conftest import RESULTS, tree_hash
-from tests.gpufleet.test_outputs import copy_repo
+from tests.clusters.test_outputs import copy_repo
 
 MISUSE = [
     (["clusters", "--clusters-dir", "nope"], "nope: directory not found"),

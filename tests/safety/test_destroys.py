@@ -10,7 +10,7 @@ import pytest
 import clusters
 from safety import destroys
 from review.checks import CheckReport, _destroys
-from tests.gpufleet.test_outputs import copy_repo
+from tests.clusters.test_outputs import copy_repo
 
 GIT = ["git", "-c", "user.email=t@example.com", "-c", "user.name=t", "-c", "init.defaultBranch=main"]
 

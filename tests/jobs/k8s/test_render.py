@@ -25,7 +25,7 @@ from jobs.loader import find, load
 from jobs.nomad.render import render
 from jobs.spec import FinetuneSpec
 
-GOLDEN = Path(__file__).parent / "golden"
+GOLDEN = Path(__file__).parent.parent / "golden"
 EXAMPLE = "finetune-llama-gke"
 
 

@@ -19,7 +19,7 @@ from jobs.local import task_environment
 from jobs.nomad.render import ENV_ROLE_ID, ENV_SECRETS, ENV_WRAPPED_SECRET_ID, placement_probe, render, to_json, write_job
 from jobs.spec import FinetuneSpec
 
-GOLDEN = Path(__file__).parent / "golden"
+GOLDEN = Path(__file__).parent.parent / "golden"
 
 # Field names per object, from Nomad's documented job JSON (api/jobs.go, api/tasks.go,
 # api/resources.go, api/constraint.go; developer.hashicorp.com/nomad/api-docs/json-jobs).
