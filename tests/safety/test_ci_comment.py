@@ -1,4 +1,4 @@
-"""The PR comment for a mixed set of stack results: marker first, one icon per stack, details folded."""
+"""(Here, beside the plan-gate fixtures it reads, rather than under tests/review.) The PR comment for a mixed set of stack results: marker first, one icon per stack, details folded."""
 
 from __future__ import annotations
 
