@@ -1,4 +1,6 @@
-"""(Here, beside the plan-gate fixtures it reads, rather than under tests/review.) The PR comment for a mixed set of stack results: marker first, one icon per stack, details folded."""
+"""The PR comment for a mixed set of stack results: marker first, one icon per stack, details folded.
+
+(review.ci_comment's tests live here, beside the terraform-plan fixtures they share with the plan gate.)"""
 
 from __future__ import annotations
 
