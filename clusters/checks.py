@@ -12,9 +12,10 @@ from collections import Counter
 from collections.abc import Iterator
 
 from clusters import rules
-from clusters.derive import (
-    SYSTEM_POOL_NAME, derive_control_plane, derive_gpu_pool, pool_gpudirect, dns_record_address, grant_address, kueue_queue_key, machine_accelerator, tenant_account_id,
-)
+from clusters.derive.addresses import dns_record_address, grant_address
+from clusters.derive.gke import SYSTEM_POOL_NAME, derive_control_plane
+from clusters.derive.pools import derive_gpu_pool, pool_gpudirect, kueue_queue_key, machine_accelerator
+from clusters.derive.tenants import tenant_account_id
 from clusters.families import GPUDIRECT_RANGE_MAX_PREFIX, GpuDirect, gpudirect_min_gke_version, machine_family
 from clusters.machines import MACHINE_GPUS, N1_ACCELERATOR, N1_GPU_CHOICES, is_n1
 from clusters.schema import ClusterConfig, DnsRecord, Environment, GpuPool, SchedulerKind

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from clusters.derive import tenant_account_id
+from clusters.derive.tenants import tenant_account_id
 from clusters.rules import nomad_pool_name
 from clusters.schema import ClusterConfig, SchedulerKind
 from clusters.source import FieldPath

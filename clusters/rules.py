@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from clusters import gcp_zones, names
-from clusters.derive import CLUSTER_LABEL, POOL_LABEL, tenant_account_id
+from clusters.derive.pools import CLUSTER_LABEL, POOL_LABEL
+from clusters.derive.tenants import tenant_account_id
 from clusters.machines import machine_series
 from clusters.schema import ClusterConfig, Environment, GcsState, LocalState, SchedulerKind
 from clusters.source import FieldPath, did_you_mean

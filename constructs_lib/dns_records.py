@@ -6,7 +6,7 @@ from collections.abc import Mapping
 
 from constructs import Construct
 
-from clusters.derive import dns_record_address
+from clusters.derive.addresses import dns_record_address
 from clusters.schema import DnsConfig, DnsRecord
 from constructs_lib.naming import pin
 from constructs_lib.providers import cloudflare

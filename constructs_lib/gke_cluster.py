@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from constructs import Construct
 
-from clusters.derive import ControlPlaneSpec
+from clusters.derive.gke import ControlPlaneSpec
 from clusters.schema import ClusterConfig, Environment
 from constructs_lib.naming import pin
 from constructs_lib.network import PODS_RANGE, SERVICES_RANGE, GpuNetwork

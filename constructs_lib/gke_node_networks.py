@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from constructs import Construct
 
-from clusters.derive import NodeNetworkSpec
+from clusters.derive.gpudirect import NodeNetworkSpec
 from constructs_lib.naming import pin, tf_id
 from constructs_lib.providers import kubernetes
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 from cdktf import Precondition
 from constructs import Construct
 
-from clusters.derive import NODE_POOL_TIMEOUTS, NODE_SYSCTLS, GpuPoolSpec
+from clusters.derive.gke import NODE_POOL_TIMEOUTS, NODE_SYSCTLS
+from clusters.derive.pools import GpuPoolSpec
 from clusters.reservation import error_message, precondition
 from constructs_lib.naming import pin, tf_id
 from constructs_lib.providers import google

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from constructs import Construct
 
-from clusters.derive import GpuDirectSpec
+from clusters.derive.gpudirect import GpuDirectSpec
 from clusters.families import GPUDIRECT_MTU, RDMA_MTU
 from constructs_lib.naming import pin
 from constructs_lib.providers import google

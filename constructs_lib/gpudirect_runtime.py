@@ -23,7 +23,8 @@ from typing import Any
 
 from constructs import Construct
 
-from clusters.derive import POOL_LABEL, QUEUED_LABEL, GpuDirectDaemonSetSpec
+from clusters.derive.gpudirect import GpuDirectDaemonSetSpec
+from clusters.derive.pools import POOL_LABEL, QUEUED_LABEL
 from clusters.gpudirect_upstream import first
 from constructs_lib.kueue import TAINT_EFFECTS
 from constructs_lib.naming import pin, tf_id

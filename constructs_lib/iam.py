@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from constructs import Construct
 
-from clusters.derive import grant_address, iam_role_key
+from clusters.derive.addresses import grant_address, iam_role_key
 from clusters.schema import ClusterConfig
 from constructs_lib.naming import pin
 from constructs_lib.providers import google

@@ -40,7 +40,7 @@ import json
 
 from constructs import Construct
 
-from clusters.derive import TENANT_LABEL
+from clusters.derive.tenants import TENANT_LABEL
 from constructs_lib.naming import pin
 from constructs_lib.providers import kubernetes
 

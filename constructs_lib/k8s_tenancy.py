@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from constructs import Construct
 
-from clusters.derive import CONTROLLER_KSA, TENANT_LABEL, WORKLOAD_KSA, GpuPoolSpec, TenantSpec, tenant_gpu_pools
+from clusters.derive.pools import GpuPoolSpec
+from clusters.derive.tenants import CONTROLLER_KSA, TENANT_LABEL, WORKLOAD_KSA, TenantSpec, tenant_gpu_pools
 from clusters.families import GpuDirect
 from constructs_lib.naming import pin
 from constructs_lib.providers import kubernetes

@@ -24,9 +24,8 @@ from __future__ import annotations
 
 from constructs import Construct
 
-from clusters.derive import (
-    QUEUED_LABEL, TENANT_LABEL, GpuPoolSpec, TenantSpec, kueue_local_queue_name, kueue_queue_key, tenant_gpu_pools,
-)
+from clusters.derive.pools import QUEUED_LABEL, GpuPoolSpec, kueue_local_queue_name, kueue_queue_key
+from clusters.derive.tenants import TENANT_LABEL, TenantSpec, tenant_gpu_pools
 from constructs_lib.naming import pin
 from constructs_lib.providers import kubernetes
 

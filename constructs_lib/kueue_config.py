@@ -33,7 +33,7 @@ from __future__ import annotations
 import io
 from typing import Any
 
-from clusters.derive import TENANT_LABEL
+from clusters.derive.tenants import TENANT_LABEL
 
 API_VERSION = "config.kueue.x-k8s.io/v1beta2"
 # Long enough for an autoscaled GPU pool to add a node from zero (VM, driver install, GPUDirect

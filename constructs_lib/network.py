@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from constructs import Construct
 
-from clusters.derive import derive_gpudirect
+from clusters.derive.gpudirect import derive_gpudirect
 from clusters.families import GPUDIRECT_MTU
 from clusters.schema import ClusterConfig, SchedulerKind
 from constructs_lib.naming import pin

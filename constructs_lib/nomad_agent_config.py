@@ -21,7 +21,8 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from clusters.derive import NOMAD_GOSSIP_FILE, NOMAD_TLS_DIR, GpuPoolSpec, NomadSecretSpec
+from clusters.derive.nomad import NOMAD_GOSSIP_FILE, NOMAD_TLS_DIR, NomadSecretSpec
+from clusters.derive.pools import GpuPoolSpec
 
 NOMAD_VERSION = "1.10.5"
 NVIDIA_PLUGIN = "nomad-device-nvidia"

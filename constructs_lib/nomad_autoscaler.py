@@ -9,7 +9,7 @@ Why this shape:
   Nomad's job-summary metrics (queued + starting + running allocations), which exist with zero
   nodes in the pool, so a pool at ``min_nodes: 0`` grows when a run is queued. Those metrics
   carry the task group name, not the node pool, so gpufleet names task groups
-  ``gpu-<pool>-x<gpus>`` (``clusters.derive.nomad_task_group_name``); the query sums per GPU count and the
+  ``gpu-<pool>-x<gpus>`` (``clusters.derive.nomad.nomad_task_group_name``); the query sums per GPU count and the
   ``pass-through`` strategy asks for ceil(GPUs / GPUs per node) nodes, within the pool's min/max.
 - Scale-in removes only empty nodes (``node_selector_strategy = "empty_ignore_system"``), after
   draining them: a node running a batch allocation is never chosen.
@@ -25,7 +25,8 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 
-from clusters.derive import GpuPoolSpec, nomad_task_group_name
+from clusters.derive.nomad import nomad_task_group_name
+from clusters.derive.pools import GpuPoolSpec
 
 # v0.4.9: the release the policy keys were checked against (vendored extract).
 AUTOSCALER_VERSION = "0.4.9"

@@ -10,7 +10,7 @@ API load balancer; agents wait for the secrets), run this script with the API ad
 
 from __future__ import annotations
 
-from clusters.derive import NomadSecretSpec
+from clusters.derive.nomad import NomadSecretSpec
 from constructs_lib.nomad_agent_config import HTTP_PORT
 
 # What `nomad tls ca create` / `nomad tls cert create` write (command/tls_*.go, v1.10.5).

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from constructs import Construct
 
-from clusters.derive import GpuPoolSpec, NomadSecretSpec
+from clusters.derive.nomad import NomadSecretSpec
+from clusters.derive.pools import GpuPoolSpec
 from constructs_lib.naming import pin
 from constructs_lib.nomad_agent_config import AgentJoin, render_client_config, render_startup_script
 from constructs_lib.nomad_instance_template import Machine, nomad_instance_template

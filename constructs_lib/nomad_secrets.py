@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from constructs import Construct
 
-from clusters.derive import NomadRole, NomadSecretSpec
+from clusters.derive.nomad import NomadRole, NomadSecretSpec
 from constructs_lib.naming import pin
 from constructs_lib.providers import google
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from constructs import Construct
 
-from clusters.derive import AUTOSCALER_TOKEN, GpuPoolSpec, NomadSecretSpec, NomadServersSpec
+from clusters.derive.nomad import AUTOSCALER_TOKEN, NomadSecretSpec, NomadServersSpec
+from clusters.derive.pools import GpuPoolSpec
 from constructs_lib.naming import pin
 from constructs_lib.nomad_agent_config import (
     CA_FILE, CERT_FILE, DATA_DIR, HTTP_PORT, KEY_FILE, AgentJoin, render_server_config, render_startup_script,

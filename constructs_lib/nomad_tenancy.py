@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from constructs import Construct
 
-from clusters.derive import GpuPoolSpec, TenantSpec
+from clusters.derive.pools import GpuPoolSpec
+from clusters.derive.tenants import TenantSpec
 from constructs_lib.naming import pin
 from constructs_lib.nomad_agent_config import pool_meta
 from constructs_lib.providers import nomad

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from constructs import Construct
 
-from clusters.derive import NODE_POOL_TIMEOUTS, SYSTEM_POOL_NAME, SystemPoolSpec
+from clusters.derive.gke import NODE_POOL_TIMEOUTS, SYSTEM_POOL_NAME, SystemPoolSpec
 from constructs_lib.naming import pin
 from constructs_lib.providers import google
 

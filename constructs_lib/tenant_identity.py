@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from constructs import Construct
 
-from clusters.derive import WORKLOAD_KSA, TenantSpec, iam_role_key
+from clusters.derive.addresses import iam_role_key
+from clusters.derive.tenants import WORKLOAD_KSA, TenantSpec
 from constructs_lib.naming import pin
 from constructs_lib.providers import google
 

@@ -2,7 +2,7 @@
 
 A workspace holds a cluster's state: deleting it orphans a GPU fleet, so workspaces are
 ``prevent_destroy``, refuse destroy plans and never auto-apply. Names come from
-``clusters.derive.tfc_workspace``, the same function the stacks' ``CloudBackend`` uses, so a
+``clusters.derive.addresses.tfc_workspace``, the same function the stacks' ``CloudBackend`` uses, so a
 stack and its workspace cannot drift apart. Provider credentials live in one variable set per
 organization: GCP through dynamic (workload identity) credentials, so no key exists at all; the
 remaining tokens are declared here (key, category, sensitive) but their values are set by an
@@ -35,7 +35,7 @@ from enum import StrEnum
 from cdktf import CloudBackend, NamedCloudWorkspace, TerraformResourceLifecycle, TerraformStack
 from constructs import Construct
 
-from clusters.derive import tfc_workspace
+from clusters.derive.addresses import tfc_workspace
 from clusters.schema import ClusterConfig, TfcState
 from constructs_lib.naming import pin, tf_id
 from constructs_lib.providers import tfe

@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 import clusters
-from clusters.derive import derive_gpu_pools, total_gpus
+from clusters.derive.pools import derive_gpu_pools, total_gpus
 from review.checks import run_checks
 
 console = Console()

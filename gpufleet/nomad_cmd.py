@@ -15,7 +15,7 @@ from clusters.errors import UserError
 def cmd_bootstrap_script(cluster: str = typer.Argument(..., help="Cluster name (clusters/<name>.yaml), scheduler nomad.")) -> None:
     """Print the TLS and gossip bootstrap script for a Nomad cluster (run it after the infra apply)."""
     import clusters
-    from clusters.derive import derive_nomad_secrets
+    from clusters.derive.nomad import derive_nomad_secrets
     from clusters.source import did_you_mean
     from constructs_lib.nomad_bootstrap import render_bootstrap_script
 

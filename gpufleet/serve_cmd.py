@@ -122,7 +122,7 @@ def cmd_token_create(
 ) -> None:
     """Create a bearer token; it is shown once and stored only as a hash."""
     from clusters import load_all
-    from clusters.derive import derive_tenants
+    from clusters.derive.tenants import derive_tenants
     from experiments import db as database
     from experiments.app import utcnow
     from experiments.auth import create_token

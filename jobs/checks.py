@@ -11,7 +11,8 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 
-from clusters.derive import DEFAULT_CONTAINER_CPU_MILLICORES, DEFAULT_CONTAINER_MEMORY_MIB, GpuPoolSpec, derive_gpu_pools
+from clusters.derive.pools import GpuPoolSpec, derive_gpu_pools
+from clusters.derive.tenants import DEFAULT_CONTAINER_CPU_MILLICORES, DEFAULT_CONTAINER_MEMORY_MIB
 from clusters.families import GpuDirect
 from clusters.machines import gke_allocatable, machine_shape
 from clusters.schema import ClusterConfig, SchedulerKind

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from clusters.derive import TenantSpec
+from clusters.derive.tenants import TenantSpec
 
 # Allocation states that hold (or will hold, once placed) a GPU: Queued covers blocked
 # evaluations, Unknown a disconnected client whose allocation may come back.

@@ -9,7 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from clusters.derive import WORKLOAD_KSA, GpuPoolSpec, TenantSpec, derive_gpu_pools, derive_gpudirect, derive_tenants, kueue_local_queue_name, nomad_task_group_name
+from clusters.derive.gpudirect import derive_gpudirect
+from clusters.derive.nomad import nomad_task_group_name
+from clusters.derive.pools import GpuPoolSpec, derive_gpu_pools, kueue_local_queue_name
+from clusters.derive.tenants import WORKLOAD_KSA, TenantSpec, derive_tenants
 from clusters.schema import ClusterConfig, SchedulerKind
 from jobs.durations import NS_PER_SECOND
 from jobs.schema import JobFile, Reschedule, Restart
@@ -41,7 +44,7 @@ class GkeTarget:
     local_queue: str
     service_account: str
     # The pool's GPUDirect node networks as (GKE Network object name, device mode), in NIC order:
-    # clusters.derive.derive_gpudirect, the same derivation the scheduler stack's Network objects use.
+    # clusters.derive.gpudirect.derive_gpudirect, the same derivation the scheduler stack's Network objects use.
     networks: tuple[tuple[str, str], ...] = ()
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from clusters.derive import GpuPoolSpec
+from clusters.derive.pools import GpuPoolSpec
 from clusters.errors import UserError
 from jobs.spec import FinetuneSpec
 

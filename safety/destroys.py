@@ -19,7 +19,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from clusters.derive import derive_gpu_pools
+from clusters.derive.pools import derive_gpu_pools
 from clusters.errors import ConfigError
 from clusters.schema import ClusterConfig
 from clusters.source import YamlDocument, validate_document

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from cdktf import CloudBackend, GcsBackend, LocalBackend, NamedCloudWorkspace, TerraformStack
 
-from clusters.derive import tfc_workspace
+from clusters.derive.addresses import tfc_workspace
 from clusters.schema import ClusterConfig, GcsState, LocalState, TfcState
 
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 from cdktf import TerraformOutput, TerraformStack
 from constructs import Construct
 
-from clusters.derive import (
-    NomadRole, derive_control_plane, derive_gpu_pools, derive_gpudirect, derive_nomad_secrets, derive_nomad_servers, derive_system_pool, derive_tenants,
-    nomad_secrets_for,
-)
+from clusters.derive.gke import derive_control_plane, derive_system_pool
+from clusters.derive.gpudirect import derive_gpudirect
+from clusters.derive.nomad import NomadRole, derive_nomad_secrets, derive_nomad_servers, nomad_secrets_for
+from clusters.derive.pools import derive_gpu_pools
+from clusters.derive.tenants import derive_tenants
 from clusters.schema import ClusterConfig, Environment, NomadConfig, SchedulerKind
 from constructs_lib.dns_records import DnsRecords
 from constructs_lib.gke_cluster import GkeCluster

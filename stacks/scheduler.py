@@ -16,7 +16,8 @@ from __future__ import annotations
 from cdktf import Fn, TerraformStack, TerraformVariable
 from constructs import Construct
 
-from clusters.derive import derive_gpudirect_daemonsets, derive_tenants
+from clusters.derive.gpudirect import derive_gpudirect_daemonsets
+from clusters.derive.tenants import derive_tenants
 from clusters.schema import ClusterConfig
 from constructs_lib.k8s_controller_role import ControllerRole
 from constructs_lib.k8s_priority_classes import PriorityClasses

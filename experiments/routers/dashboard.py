@@ -16,7 +16,8 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from sqlalchemy import select
 
-from clusters.derive import derive_gpu_pools, derive_tenants
+from clusters.derive.pools import derive_gpu_pools
+from clusters.derive.tenants import derive_tenants
 from experiments.auth import Caller
 from experiments.background.context import Context
 from experiments.errors import ApiError

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import clusters
 from clusters import repo
-from clusters.derive import TenantSpec, derive_tenants
+from clusters.derive.tenants import TenantSpec, derive_tenants
 from clusters.errors import ConfigError, UserError
 from clusters.schema import ClusterConfig
 from experiments.errors import ApiError, split_message

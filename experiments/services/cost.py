@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ruamel.yaml import YAML
 
-from clusters.derive import GpuPoolSpec
+from clusters.derive.pools import GpuPoolSpec
 
 PRICES = Path(__file__).resolve().parent.parent / "prices.yaml"
 

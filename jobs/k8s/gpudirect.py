@@ -7,7 +7,7 @@ so the sidecar is always the release paired with the installed NCCL plugin:
 
 - ``networking.gke.io/interfaces``: eth0 on the default network, then one interface per pool
   network of the transport's data kind, named as the scheduler stack's Network objects
-  (``clusters.derive.derive_gpudirect``: one derivation for both), at the NIC's position in the
+  (``clusters.derive.gpudirect.derive_gpudirect``: one derivation for both), at the NIC's position in the
   node pool's ``additional_node_network_configs``;
 - TCPX / TCPXO: upstream's RxDM daemon (``tcpx-daemon`` / ``tcpxo-daemon``) as a native sidecar
   (an init container with ``restartPolicy: Always``, so the Job completes when training exits),

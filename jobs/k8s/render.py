@@ -22,7 +22,7 @@ import io
 from pathlib import Path
 from typing import Any
 
-from clusters.derive import POOL_LABEL
+from clusters.derive.pools import POOL_LABEL
 from jobs.durations import NS_PER_SECOND
 from jobs.k8s.gpudirect import PodNetworking, pod_networking
 from jobs.spec import TASK, FinetuneSpec

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 import clusters
-from clusters.derive import derive_gpu_pools
+from clusters.derive.pools import derive_gpu_pools
 
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "synth.py"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import clusters
-from clusters.derive import derive_control_plane
+from clusters.derive.gke import derive_control_plane
 from tests.clusters.conftest import assert_rejected
 
 
@@ -90,7 +90,7 @@ def test_a3_ultra_without_a_disk_type_gets_hyperdisk(write_cluster):
         a3_ultra(d)
         pool(d).pop("boot_disk_type")
 
-    from clusters.derive import derive_gpu_pools
+    from clusters.derive.pools import derive_gpu_pools
 
     config = clusters.load(write_cluster("prod-gke", ultra))
     assert derive_gpu_pools(config)[0].boot_disk_type == "hyperdisk-balanced"

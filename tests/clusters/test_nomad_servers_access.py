@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import clusters
-from clusters.derive import derive_nomad_servers
+from clusters.derive.nomad import derive_nomad_servers
 from tests.clusters.conftest import assert_rejected
 
 CASES = [

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 import clusters
-from clusters.derive import CONTROLLER_KSA, WORKLOAD_KSA, derive_tenants, tenant_account_id
+from clusters.derive.tenants import CONTROLLER_KSA, WORKLOAD_KSA, derive_tenants, tenant_account_id
 from clusters.errors import ConfigError
 from tests.clusters.conftest import assert_rejected
 

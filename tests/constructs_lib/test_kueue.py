@@ -6,7 +6,8 @@ import dataclasses
 
 import pytest
 
-from clusters.derive import derive_gpu_pools, derive_tenants, kueue_local_queue_name, tenant_gpu_pools
+from clusters.derive.pools import derive_gpu_pools, kueue_local_queue_name
+from clusters.derive.tenants import derive_tenants, tenant_gpu_pools
 from constructs_lib.kueue import cluster_queue, cluster_queue_name, dws_objects, local_queue, resource_flavor
 
 API = "kueue.x-k8s.io/v1beta2"

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from ruamel.yaml import YAML
 
-from clusters.derive import TENANT_LABEL
+from clusters.derive.tenants import TENANT_LABEL
 from constructs_lib.kueue_config import manager_config, render
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -17,7 +17,8 @@ import jsonschema
 import pytest
 from jsonschema.exceptions import ValidationError
 
-from clusters.derive import derive_gpu_pools, derive_tenants
+from clusters.derive.pools import derive_gpu_pools
+from clusters.derive.tenants import derive_tenants
 from constructs_lib.kueue import cluster_queue, dws_objects, resource_flavor
 
 SCHEMAS = json.loads((Path(__file__).resolve().parents[1] / "schemas" / "kueue-v1beta2-v0.19.2.json").read_text())

@@ -12,7 +12,8 @@ import subprocess
 import hcl
 import pytest
 
-from clusters.derive import NOMAD_GOSSIP_FILE, NomadRole, derive_gpu_pools, derive_nomad_secrets, nomad_secrets_for
+from clusters.derive.nomad import NOMAD_GOSSIP_FILE, NomadRole, derive_nomad_secrets, nomad_secrets_for
+from clusters.derive.pools import derive_gpu_pools
 from constructs_lib.nomad_agent_config import (
     CONFIG_PATH, NVIDIA_PLUGIN, AgentJoin, render_client_config, render_server_config, render_startup_script,
 )

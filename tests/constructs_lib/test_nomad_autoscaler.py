@@ -12,7 +12,7 @@ from pathlib import Path
 import hcl
 import pytest
 
-from clusters.derive import derive_gpu_pools
+from clusters.derive.pools import derive_gpu_pools
 from constructs_lib.nomad_autoscaler import demand_query, render_agent_config, render_policy
 from jobs.loader import load_all
 from jobs.nomad.render import render

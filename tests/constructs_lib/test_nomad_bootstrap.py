@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from clusters.derive import derive_nomad_secrets
+from clusters.derive.nomad import derive_nomad_secrets
 from constructs_lib.nomad_bootstrap import render_bootstrap_script
 
 NOMAD_SHIM = r"""#!/bin/bash

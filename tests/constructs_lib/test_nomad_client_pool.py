@@ -7,7 +7,7 @@ import re
 import hcl
 import pytest
 
-from clusters.derive import derive_gpu_pools
+from clusters.derive.pools import derive_gpu_pools
 from constructs_lib.nomad_agent_config import AgentJoin, render_client_config
 from constructs_lib.nomad_servers import server_tag
 

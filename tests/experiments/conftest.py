@@ -111,7 +111,7 @@ def nomad_runner(nomad: NomadDouble, vault: VaultHandle) -> Iterator[NomadRunner
 def k8s(catalog: Catalog, tmp_path: Path) -> Iterator[Any]:
     """The Kubernetes API + Kueue double (issue 13's) with prod-gke's tenant namespaces and one
     LocalQueue per GPU pool, and a kubeconfig pointing at it."""
-    from clusters.derive import derive_gpu_pools, kueue_local_queue_name
+    from clusters.derive.pools import derive_gpu_pools, kueue_local_queue_name
     from tests.jobs.k8s_double import K8sDouble
 
     gke = next(c for c in catalog.configs if c.name == "prod-gke")

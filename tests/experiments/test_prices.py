@@ -11,7 +11,7 @@ from pathlib import Path
 from ruamel.yaml import YAML
 
 import clusters
-from clusters.derive import derive_gpu_pools
+from clusters.derive.pools import derive_gpu_pools
 from experiments.services.cost import PRICES, load_prices
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))

@@ -82,7 +82,7 @@ def client_for() -> Iterator[Callable[..., NomadClient]]:
 @pytest.fixture
 def k8s(cluster_configs: tuple[ClusterConfig, ...], tmp_path: Path) -> Iterator[Any]:
     """The Kubernetes API double with prod-gke's tenant namespaces and one LocalQueue per pool."""
-    from clusters.derive import derive_gpu_pools, kueue_local_queue_name
+    from clusters.derive.pools import derive_gpu_pools, kueue_local_queue_name
     from tests.jobs.k8s_double import K8sDouble
 
     gke = next(c for c in cluster_configs if c.name == "prod-gke")

@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import pytest
 
-from clusters.derive import TenantSpec
+from clusters.derive.tenants import TenantSpec
 from gpufleet.cli import main
 from jobs.nomad.client import NomadClient
 from jobs.loader import find, load

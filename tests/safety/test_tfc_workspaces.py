@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 import clusters
-from clusters.derive import tfc_workspace
+from clusters.derive.addresses import tfc_workspace
 from clusters.schema import ClusterConfig
 
 

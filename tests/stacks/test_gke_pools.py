@@ -7,7 +7,8 @@ from dataclasses import astuple
 
 import pytest
 
-from clusters.derive import derive_gpu_pools, derive_upgrade
+from clusters.derive.pools import derive_gpu_pools
+from clusters.derive.upgrades import derive_upgrade
 
 
 def res(stack: dict, rtype: str, name: str) -> dict:

@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from clusters.derive import NODE_POOL_TIMEOUTS, derive_control_plane
+from clusters.derive.gke import NODE_POOL_TIMEOUTS, derive_control_plane
 
 
 def res(stack: dict, rtype: str, name: str) -> dict:

@@ -7,7 +7,8 @@ import ipaddress
 import pytest
 
 import clusters
-from clusters.derive import derive_gpudirect, derive_gpu_pools
+from clusters.derive.gpudirect import derive_gpudirect
+from clusters.derive.pools import derive_gpu_pools
 from clusters.families import GpuDirect
 
 

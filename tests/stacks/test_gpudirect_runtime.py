@@ -7,7 +7,8 @@ import re
 
 import pytest
 
-from clusters.derive import POOL_LABEL, derive_gpu_pools, derive_gpudirect_daemonsets
+from clusters.derive.gpudirect import derive_gpudirect_daemonsets
+from clusters.derive.pools import POOL_LABEL, derive_gpu_pools
 from clusters.families import GpuDirect, gpudirect_min_gke_version
 from clusters.gpudirect_manifests import regenerate
 from clusters.gpudirect_upstream import MANIFESTS_DIR, first

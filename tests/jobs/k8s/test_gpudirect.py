@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 from ruamel.yaml import YAML
 
-from clusters.derive import derive_gpu_pools, derive_gpudirect, derive_gpudirect_daemonsets
+from clusters.derive.gpudirect import derive_gpudirect, derive_gpudirect_daemonsets
+from clusters.derive.pools import derive_gpu_pools
 from clusters.families import GpuDirect
 from clusters.gpudirect_upstream import first
 from constructs_lib.gpudirect_runtime import daemonset
@@ -178,7 +179,7 @@ def test_job_files_cannot_fight_the_gpudirect_wiring(tmp_path, configs, a3_vault
 
 def test_the_sidecars_default_request_counts_in_the_node_fit(tmp_path, configs, a3_vault):
     """The RxDM sidecar states no requests, so the tenant LimitRange's default applies to it on the node."""
-    from clusters.derive import DEFAULT_CONTAINER_CPU_MILLICORES, DEFAULT_CONTAINER_MEMORY_MIB
+    from clusters.derive.tenants import DEFAULT_CONTAINER_CPU_MILLICORES, DEFAULT_CONTAINER_MEMORY_MIB
     from clusters.machines import gke_allocatable
     from constructs_lib.k8s_tenancy import DEFAULT_REQUESTS
 

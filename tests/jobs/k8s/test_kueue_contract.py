@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from clusters.derive import TENANT_LABEL, derive_gpu_pools, derive_tenants
+from clusters.derive.pools import derive_gpu_pools
+from clusters.derive.tenants import TENANT_LABEL, derive_tenants
 from constructs_lib.kueue import cluster_queue, local_queue, resource_flavor
 from jobs.k8s.render import QUEUE_LABEL, job_manifest
 from jobs.loader import find, load

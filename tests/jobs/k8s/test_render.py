@@ -17,7 +17,8 @@ from typing import Any
 
 import pytest
 
-from clusters.derive import POOL_LABEL, WORKLOAD_KSA, kueue_local_queue_name
+from clusters.derive.pools import POOL_LABEL, kueue_local_queue_name
+from clusters.derive.tenants import WORKLOAD_KSA
 from jobs.k8s import render as k8s_render
 from jobs.k8s.render import QUEUE_LABEL, manifests, to_yaml, write_manifests
 from jobs.k8s.schemas import SchemaError, errors, require_valid

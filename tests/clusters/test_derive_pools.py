@@ -1,13 +1,11 @@
-"""Derivations are pure functions of the cluster file: tests call them without cdktf."""
+"""clusters.derive.pools: pure functions of the cluster file, called without cdktf."""
 
 from __future__ import annotations
 
 import pytest
 
 import clusters
-from clusters.derive import (
-    GPU_TAINT, derive_gpu_pools, dns_record_address, grant_address, iam_role_key, machine_accelerator, tfc_workspace, total_gpus,
-)
+from clusters.derive.pools import GPU_TAINT, derive_gpu_pools, machine_accelerator, total_gpus
 from clusters.machines import MACHINE_GPUS
 
 
@@ -90,26 +88,5 @@ def test_autoscaling_gke_pool_limits_are_totals_and_initial_nodes_are_spread(by_
     assert spec.initial_nodes_per_zone == 2, "ceil(3 / 2 zones): never more than min_nodes + one per zone"
 
 
-def test_dns_record_addresses_spell_out_apex_and_wildcard():
-    assert dns_record_address("@") == "dns_apex"
-    assert dns_record_address("*.prod") == dns_record_address("wildcard.prod") == "dns_wildcard_prod"
-    assert dns_record_address("tensorboard-prod") == dns_record_address("tensorboard.prod") == "dns_tensorboard_prod"
-
-
-def test_grant_address_keeps_the_members_domain():
-    assert grant_address("roles/container.developer", "group:ml-platform@example.com") == "grant_container_developer_group_ml_platform_example_com"
-    assert grant_address("roles/x.y", "group:ml@a.example.com") != grant_address("roles/x.y", "group:ml@b.example.com")
-    assert iam_role_key("projects/p/roles/custom.role") == "custom_role"
-
-
 def test_total_gpus_sums_min_and_capacity(by_name):
     assert total_gpus(derive_gpu_pools(by_name["prod-nomad"])) == (2, 22)
-
-
-def test_tfc_workspace_derives_from_the_stack_name(by_name):
-    config = by_name["prod-nomad"]
-    assert tfc_workspace(config, "prod-nomad") == "gpufleet-prod-nomad"
-    assert tfc_workspace(config, "prod-nomad-scheduler") == "gpufleet-prod-nomad-scheduler"
-    named = config.model_copy(update={"state": config.state.model_copy(update={"workspace": "nomad-eu"})})
-    assert tfc_workspace(named, "prod-nomad") == "nomad-eu"
-    assert tfc_workspace(named, "prod-nomad-scheduler") == "nomad-eu-scheduler"

@@ -1,0 +1,115 @@
+"""Nomad clusters: server groups, agent secrets and their paths, task group names.
+
+Pure derivations from a validated ClusterConfig; tests call them directly, constructs only read the
+specs. Nothing here knows cdktf.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from clusters.schema import ClusterConfig, Environment
+
+class NomadRole(StrEnum):
+    SERVER = "server"
+    CLIENT = "client"
+
+
+@dataclass(frozen=True)
+class NomadSecretSpec:
+    """One Secret Manager secret an agent reads at boot. Terraform creates the empty secret and
+    its IAM; the bootstrap adds the value as a version, so no key is ever in a file, the
+    synthesized JSON or Terraform state."""
+
+    name: str
+    secret_id: str
+    path: str
+    readers: tuple[NomadRole, ...]
+    purpose: str
+
+
+NOMAD_TLS_DIR = "/etc/nomad.d/tls"
+
+
+# Created after `nomad acl bootstrap` (README), so the TLS bootstrap script does not make it.
+AUTOSCALER_TOKEN = "autoscaler-token"
+
+
+NOMAD_GOSSIP_FILE = "/etc/nomad.d/gossip.hcl"
+
+
+# (name, file on the agent, who reads it, what it is). The CA key is never among them: it
+# stays with the operator who ran the bootstrap (offline or in a separate, operator-only secret).
+_NOMAD_SECRETS = (
+    ("ca-cert", f"{NOMAD_TLS_DIR}/ca.pem", (NomadRole.SERVER, NomadRole.CLIENT), "CA certificate every agent verifies peers against"),
+    ("server-cert", f"{NOMAD_TLS_DIR}/agent.pem", (NomadRole.SERVER,), "server certificate, SAN server.<region>.nomad"),
+    ("server-key", f"{NOMAD_TLS_DIR}/agent-key.pem", (NomadRole.SERVER,), "server private key"),
+    ("client-cert", f"{NOMAD_TLS_DIR}/agent.pem", (NomadRole.CLIENT,), "client certificate, SAN client.<region>.nomad"),
+    ("client-key", f"{NOMAD_TLS_DIR}/agent-key.pem", (NomadRole.CLIENT,), "client private key"),
+    ("gossip-key", NOMAD_GOSSIP_FILE, (NomadRole.SERVER,), "gossip (Serf) encryption key, 32 random bytes base64"),
+    ("autoscaler-token", "", (NomadRole.SERVER,), "ACL token (policy gpufleet-autoscaler) of the Nomad Autoscaler on the servers"),
+)
+
+
+def derive_nomad_secrets(config: ClusterConfig) -> tuple[NomadSecretSpec, ...]:
+    """The secrets of a Nomad cluster; with ``existing_servers`` only what its clients read."""
+    has_servers = config.nomad is not None and not config.nomad.existing_servers
+    autoscaled = has_servers and config.nomad is not None and config.nomad.autoscaler is not None
+    return tuple(
+        NomadSecretSpec(name, f"{config.name}-nomad-{name}", path, readers, purpose)
+        for name, path, readers, purpose in _NOMAD_SECRETS
+        if (has_servers or NomadRole.CLIENT in readers) and (name != AUTOSCALER_TOKEN or autoscaled)
+    )
+
+
+def nomad_secrets_for(secrets: tuple[NomadSecretSpec, ...], role: NomadRole) -> tuple[NomadSecretSpec, ...]:
+    return tuple(s for s in secrets if role in s.readers)
+
+
+@dataclass(frozen=True)
+class NomadServerGroupSpec:
+    """One zonal server group. Zonal groups of one or two servers, not one regional group: a
+    regional group's fixed max_unavailable is at least its zone count, so a rolling replace
+    could take a majority; here a group never has more than one server down."""
+
+    zone: str
+    size: int
+
+    @property
+    def suffix(self) -> str:
+        return self.zone.rsplit("-", 1)[-1]
+
+
+@dataclass(frozen=True)
+class NomadServersSpec:
+    count: int
+    machine_type: str
+    groups: tuple[NomadServerGroupSpec, ...]
+    data_disk_gb: int
+    protected: bool
+
+
+def derive_nomad_servers(config: ClusterConfig) -> NomadServersSpec | None:
+    """Servers spread round-robin over their zones (5 over 3 zones: 2, 2, 1), so losing any one
+    zone leaves a majority. None when the file names existing servers."""
+    nomad = config.nomad
+    if nomad is None or nomad.existing_servers:
+        return None
+    servers = nomad.servers
+    zones = tuple(dict.fromkeys(servers.zones or config.gcp.zones))
+    sizes = [servers.count // len(zones) + (1 if i < servers.count % len(zones) else 0) for i in range(len(zones))]
+    return NomadServersSpec(
+        count=servers.count,
+        machine_type=servers.machine_type,
+        groups=tuple(NomadServerGroupSpec(z, n) for z, n in zip(zones, sizes, strict=True) if n > 0),
+        data_disk_gb=servers.data_disk_gb,
+        protected=config.environment != Environment.DEV,
+    )
+
+
+def nomad_task_group_name(pool: str, gpus: int) -> str:
+    """``gpu-<pool>-x<gpus>``: Nomad's job-summary metrics carry the task group, not the node pool,
+    so a pool's autoscaling policy finds the GPUs its runs want by this name
+    (``constructs_lib.nomad_autoscaler.demand_query``); jobs name their group with it."""
+    return f"gpu-{pool}-x{gpus}"

@@ -1,0 +1,189 @@
+"""GPU node pools: machine and accelerator, taints, labels, protection, queue names, GPU totals.
+
+Pure derivations from a validated ClusterConfig; tests call them directly, constructs only read the
+specs. Nothing here knows cdktf.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from clusters.derive.upgrades import UpgradeSpec, derive_upgrade
+from clusters.families import GpuDirect, machine_family
+from clusters.machines import MACHINE_GPUS, N1_ACCELERATOR, N1_GPU_MEMORY_GIB, N1_MODEL, NVML_GPUS, NvmlGpu, is_n1
+from clusters.reservation import ReservationSpec, derive_reservation
+from clusters.schema import ClusterConfig, Environment, GpuPool, SchedulerKind, TaintEffect
+
+GPU_TAINT = ("nvidia.com/gpu", "present", TaintEffect.NO_SCHEDULE)
+
+
+POOL_LABEL = "gpufleet.dev/gpu-pool"
+
+
+CLUSTER_LABEL = "gpufleet.dev/cluster"
+
+
+# GKE taints queued-provisioning (DWS) nodes with this key; the toolkit also labels them with it
+# (gke-node-pool/main.tf kubernetes_labels) so node selectors can target them.
+QUEUED_LABEL = "cloud.google.com/gke-queued"
+
+
+def kueue_local_queue_name(pool_name: str) -> str:
+    """The LocalQueue a tenant namespace submits to for one GPU pool (the job renderer calls this too)."""
+    return f"gpu-{pool_name}"
+
+
+def kueue_queue_key(tenant: str, pool: str) -> str:
+    """The (tenant, pool) part of the Kueue queue addresses; checks refuse two pairs that collapse into one."""
+    return f"{tenant}__{pool}".replace("-", "_")
+
+
+@dataclass(frozen=True)
+class TaintSpec:
+    key: str
+    value: str
+    effect: str
+
+
+@dataclass(frozen=True)
+class GpuPoolSpec:
+    """Everything a GPU node pool (GKE) or GPU instance group (Nomad) needs, fully derived."""
+
+    name: str
+    machine_type: str
+    accelerator: str
+    gpus_per_node: int
+    gpu_memory_gib: int
+    gpu_model: str
+    # What the NVIDIA device plugin reports for this pool's GPUs: placement compares these.
+    nvml: NvmlGpu
+    node_count: int | None
+    min_nodes: int
+    max_nodes: int
+    spot: bool
+    reservation: str | None
+    queued_provisioning: bool
+    compact_placement: bool
+    zones: tuple[str, ...]
+    boot_disk_gb: int
+    boot_disk_type: str
+    labels: tuple[tuple[str, str], ...]
+    taints: tuple[TaintSpec, ...]
+    overcommit: bool
+    protected: bool
+    # GKE reads a static node_count per zone; a Nomad MIG's target size is the whole group.
+    node_count_per_zone: bool
+    gpu_driver_version: str = "DEFAULT"
+    local_ssd_count: int | None = None
+    gpudirect: GpuDirect = GpuDirect.NONE
+    upgrade: UpgradeSpec = UpgradeSpec(1, 0, True, True)
+    location_policy: str = "BALANCED"
+    # The reservation's full name and zone (GKE side): what reservation_affinity matches and the precondition checks.
+    reservation_spec: ReservationSpec | None = None
+    placement_policy_name: str | None = None
+    host_maintenance_interval: str | None = None
+
+    @property
+    def autoscaling(self) -> bool:
+        return self.node_count is None
+
+    def _total(self, nodes: int) -> int:
+        if self.node_count is not None and self.node_count_per_zone:
+            return nodes * len(self.zones)
+        return nodes
+
+    @property
+    def min_total_nodes(self) -> int:
+        return self._total(self.min_nodes)
+
+    @property
+    def max_total_nodes(self) -> int:
+        return self._total(self.max_nodes)
+
+    @property
+    def capacity_gpus(self) -> int:
+        """GPUs the pool can hold at its largest: the ceiling for tenant quotas."""
+        return self.max_total_nodes * self.gpus_per_node
+
+    @property
+    def initial_nodes_per_zone(self) -> int:
+        """GKE creates ``initial_node_count`` nodes in every zone; spread the autoscaling minimum instead of multiplying it."""
+        return math.ceil(self.min_nodes / len(self.zones))
+
+
+def machine_accelerator(machine_type: str, accelerator: str | None, gpus_per_node: int | None) -> tuple[str, int] | None:
+    """(accelerator, gpus) a machine type implies; N1 takes the user's T4 count. None if unknown."""
+    if is_n1(machine_type):
+        return (accelerator or N1_ACCELERATOR, gpus_per_node or 1)
+    known = MACHINE_GPUS.get(machine_type)
+    return (known.accelerator, known.gpus) if known else None
+
+
+def pool_gpudirect(pool: GpuPool) -> GpuDirect:
+    """The machine type's GPUDirect transport, unless the file opts the pool out."""
+    return machine_family(pool.machine_type).gpudirect if pool.gpudirect is not False else GpuDirect.NONE
+
+
+def default_protected(pool: GpuPool, environment: Environment) -> bool:
+    """Pools are protected from destroy by default everywhere but dev, where churn is the point."""
+    return pool.protected if pool.protected is not None else environment != Environment.DEV
+
+
+def derive_gpu_pool(pool: GpuPool, config: ClusterConfig) -> GpuPoolSpec:
+    derived = machine_accelerator(pool.machine_type, pool.accelerator, pool.gpus_per_node)
+    if derived is None:
+        raise ValueError(f"unknown machine type {pool.machine_type!r}; run cross-checks first")
+    accelerator, gpus = derived
+    known = MACHINE_GPUS.get(pool.machine_type)
+    labels = {CLUSTER_LABEL: config.name, POOL_LABEL: pool.name, **pool.labels}
+    if pool.queued_provisioning:
+        labels[QUEUED_LABEL] = "true"
+    family = machine_family(pool.machine_type)
+    taints = (TaintSpec(GPU_TAINT[0], GPU_TAINT[1], GPU_TAINT[2].value),) + tuple(
+        TaintSpec(t.key, t.value, t.effect.value) for t in pool.taints
+    )
+    static = pool.node_count is not None
+    return GpuPoolSpec(
+        name=pool.name,
+        machine_type=pool.machine_type,
+        accelerator=accelerator,
+        gpus_per_node=gpus,
+        gpu_memory_gib=known.gpu_memory_gib if known else N1_GPU_MEMORY_GIB,
+        gpu_model=known.model if known else N1_MODEL,
+        nvml=NVML_GPUS[accelerator],
+        node_count=pool.node_count,
+        min_nodes=pool.node_count if static else (pool.min_nodes or 0),
+        max_nodes=pool.node_count if static else (pool.max_nodes or 1),
+        spot=pool.spot,
+        reservation=pool.reservation,
+        queued_provisioning=pool.queued_provisioning,
+        compact_placement=pool.placement == "COMPACT",
+        zones=tuple(pool.zones or config.gcp.zones),
+        boot_disk_gb=pool.boot_disk_gb,
+        boot_disk_type=pool.boot_disk_type.value if pool.boot_disk_type else family.boot_disk_types[0],
+        labels=tuple(sorted(labels.items())),
+        taints=taints,
+        overcommit=pool.overcommit,
+        protected=default_protected(pool, config.environment),
+        node_count_per_zone=config.scheduler == SchedulerKind.GKE,
+        gpu_driver_version=pool.gpu_driver_version,
+        local_ssd_count=family.local_ssd_count,
+        gpudirect=pool_gpudirect(pool),
+        upgrade=derive_upgrade(pool.reservation is not None, pool.queued_provisioning),
+        # ANY fills unused reservations first and takes spot/DWS capacity wherever it is
+        # (toolkit gke-node-pool/main.tf:120 always uses ANY); BALANCED spreads on-demand pools.
+        location_policy="ANY" if pool.spot or pool.queued_provisioning or pool.reservation else "BALANCED",
+        placement_policy_name=pool.placement_policy_name,
+        host_maintenance_interval=pool.host_maintenance_interval,
+        reservation_spec=derive_reservation(pool.reservation, config.gcp.project, (pool.zones or config.gcp.zones)[0]) if pool.reservation else None,
+    )
+
+
+def derive_gpu_pools(config: ClusterConfig) -> tuple[GpuPoolSpec, ...]:
+    return tuple(derive_gpu_pool(p, config) for p in config.gpu_pools)
+
+
+def total_gpus(specs: tuple[GpuPoolSpec, ...]) -> tuple[int, int]:
+    """(min, max) GPUs across pools, for the cluster table."""
+    return (sum(s.min_total_nodes * s.gpus_per_node for s in specs), sum(s.capacity_gpus for s in specs))
