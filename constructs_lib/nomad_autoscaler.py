@@ -87,7 +87,9 @@ def render_policy(*, spec: GpuPoolSpec, cluster: str, project: str, region: str)
         "policy": {
             "cooldown": COOLDOWN,
             "evaluation_interval": EVALUATION_INTERVAL,
-            "on_check_error": "error",
+            # sdk/policy.go v0.4.9 ScalingPolicy.Validate accepts only "fail" or "ignore" (a policy that fails
+            # validation is skipped, so the pool never scales); "fail": no action on a failed query.
+            "on_check_error": "fail",
             'check "gpu_demand"': {
                 "source": "prometheus",
                 "query": demand_query(spec),

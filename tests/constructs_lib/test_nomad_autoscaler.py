@@ -118,3 +118,74 @@ def test_autoscaler_acl_policy_can_drain_nodes_and_hold_its_lock(stack_json):
     rules = hcl.loads(stack_json("prod-nomad-scheduler")["resource"]["nomad_acl_policy"]["nomad_acl_autoscaler"]["rules_hcl"])
     assert rules["node"] == {"policy": "write"}
     assert rules["namespace"]["default"]["variables"]["path"]["nomad-autoscaler/lock"]["capabilities"] == ["read", "write", "destroy"]
+
+
+# Go's time.ParseDuration grammar (src/time/format.go): a sequence of decimal numbers, each with a
+# unit; "0" alone is allowed.
+GO_DURATION = re.compile(r"^(0|([0-9]+(\.[0-9]*)?|\.[0-9]+)(ns|us|µs|μs|ms|s|m|h))+$")
+GO_BOOLS = {"1", "t", "T", "TRUE", "true", "True", "0", "f", "F", "FALSE", "false", "False"}  # strconv.ParseBool
+
+
+def policy_errors(doc: dict) -> list[str]:
+    """What hashicorp/nomad-autoscaler v0.4.9 refuses in a file policy, from the vendored extract:
+    decodePolicyDoc (policy/file/parse.go: durations via time.ParseDuration, empty type -> cluster),
+    ScalingPolicy.Validate (sdk/policy.go: type, on_check_error/on_error in fail|ignore, at least one
+    check, every check a strategy, no app-sizing strategy on cluster policies) and the gce-mig
+    target's parsing (sdk/helper/scaleutils: drain deadline a duration, purge/ignore flags booleans)."""
+    errors = []
+    for name, scaling in doc["scaling"].items():
+        kind = scaling.get("type") or "cluster"
+        if kind not in KEYS["policy_types"]:
+            errors.append(f"{name}: type {kind!r}")
+        if not isinstance(scaling.get("max"), int) or scaling.get("min", 0) > scaling["max"]:
+            errors.append(f"{name}: min/max")
+        body = scaling["policy"]
+        if body.get("on_check_error", "") not in ("", *KEYS["on_error_values"]):
+            errors.append(f"{name}: on_check_error {body['on_check_error']!r}")
+        checks = body.get("check", {})
+        if not checks:
+            errors.append(f"{name}: no checks")
+        for field in KEYS["duration_fields"]:
+            for where in [body, *checks.values()]:
+                if field in where and not GO_DURATION.match(where[field]):
+                    errors.append(f"{name}: {field} {where[field]!r}")
+        for check_name, check in checks.items():
+            strategies = check.get("strategy", {})
+            if len(strategies) != 1 or not next(iter(strategies)):
+                errors.append(f"{name}/{check_name}: strategy")
+            elif kind in ("cluster", "horizontal") and next(iter(strategies)).startswith("app-sizing"):
+                errors.append(f"{name}/{check_name}: app-sizing strategy")
+            if check.get("on_error", "") not in ("", *KEYS["on_error_values"]):
+                errors.append(f"{name}/{check_name}: on_error {check['on_error']!r}")
+        for target in body.get("target", {}).values():
+            errors += [f"{name}: target {k} {target[k]!r}" for k in KEYS["target_duration_keys"] if k in target and not GO_DURATION.match(target[k])]
+            errors += [f"{name}: target {k} {target[k]!r}" for k in KEYS["target_bool_keys"] if k in target and target[k] not in GO_BOOLS]
+    return errors
+
+
+@pytest.mark.parametrize("name", ["a100", "l4"])
+def test_policy_values_pass_the_autoscalers_own_validation(pools, name):
+    assert policy_errors(policy(pools, name)) == []
+
+
+@pytest.mark.parametrize(("path", "value"), [
+    (("policy", "on_check_error"), "error"),
+    (("policy", "cooldown"), "5 minutes"),
+    (("policy", "evaluation_interval"), "1"),
+    (("policy", "target", "gce-mig", "node_drain_deadline"), "15"),
+    (("policy", "target", "gce-mig", "node_purge"), "yes"),
+    (("type",), "gce"),
+])
+def test_the_validator_refuses_what_the_autoscaler_refuses(pools, path, value):
+    doc = policy(pools, "l4")
+    (scaling,) = doc["scaling"].values()
+    where = scaling
+    for key in path[:-1]:
+        where = where[key]
+    where[path[-1]] = value
+    assert policy_errors(doc), f"{path}={value!r} should be refused"
+
+
+def test_vendored_value_rules_name_their_source():
+    assert KEYS["_provenance"]["tag"] == "v0.4.9" and "policy/file/parse.go" in KEYS["_provenance"]["files"]
+    assert KEYS["on_error_values"] == ["fail", "ignore"]

@@ -41,7 +41,8 @@ def struct_keys(source: str, name: str) -> dict[str, str]:
 def main(git_dir: str) -> None:
     commit = subprocess.run(["git", "--git-dir", git_dir, "rev-list", "-n1", TAG], capture_output=True, text=True, check=True).stdout.strip()
     data: dict[str, object] = {"_provenance": {"repo": "hashicorp/nomad-autoscaler", "tag": TAG, "commit": commit,
-                                               "files": [*STRUCTS, "plugins/builtin/target/gce-mig/plugin/plugin.go", "sdk/target.go"],
+                                               "files": [*STRUCTS, "plugins/builtin/target/gce-mig/plugin/plugin.go", "sdk/target.go",
+                                                         "policy/file/parse.go", "sdk/helper/scaleutils/node_drain.go", "sdk/helper/scaleutils/cluster.go"],
                                                "extracted": "2026-12-03", "by": "tests/constructs_lib/vendor/extract_autoscaler.py"}}
     for path, names in STRUCTS.items():
         source = show(git_dir, path)
@@ -52,6 +53,19 @@ def main(git_dir: str) -> None:
     data["gce_mig_target_keys"] = sorted(set(re.findall(r'configKey\w+\s*=\s*"([a-z_]+)"', gce)) |
                                          {k for k in re.findall(r'TargetConfig\w*\s*=\s*"([a-z_]+)"', sdk)})
     data["node_selector_strategies"] = sorted(re.findall(r'TargetNodeSelectorStrategy\w+\s*=\s*"([a-z_]+)"', sdk))
+    # Values, not only keys: what ScalingPolicy.Validate (sdk/policy.go) and decodePolicyDoc
+    # (policy/file/parse.go) accept, and which target keys sdk/helper/scaleutils parses how.
+    policy = show(git_dir, "sdk/policy.go")
+    data["policy_types"] = sorted(re.findall(r'ScalingPolicyType\w+\s*=\s*"([a-z_]+)"', policy))
+    data["on_error_values"] = sorted(re.findall(r'ScalingPolicyOnError\w+\s*=\s*"([a-z_]+)"', policy))
+    parse = show(git_dir, "policy/file/parse.go")
+    hcl_fields = {go: key for go, key in re.findall(r'(\w+HCL)\s+string\s+`hcl:"([a-z_]+),optional"`', policy)}
+    data["duration_fields"] = sorted(hcl_fields[go] for go in re.findall(r"time\.ParseDuration\(\w+(?:\.Doc)?\.(\w+HCL)\)", parse))
+    scale = {f: show(git_dir, f"sdk/helper/scaleutils/{f}") for f in ("node_drain.go", "cluster.go")}
+    keys_by_const = dict(re.findall(r'(TargetConfigKey\w+)\s*=\s*"([a-z_]+)"', sdk))
+    data["target_duration_keys"] = sorted(keys_by_const[c] for c in re.findall(r"cfg\[sdk\.(TargetConfigKey\w+)\]; ok \{(?:\n[^\n]*){0,8}?\n\s*\w+, err := time\.ParseDuration", scale["node_drain.go"]))
+    data["target_bool_keys"] = sorted({keys_by_const[c] for src in scale.values()
+                                       for c in re.findall(r"cfg\[sdk\.(TargetConfigKey\w+)\]; ok \{(?:\n[^\n]*){0,8}?\n\s*\w+, err := strconv\.ParseBool", src)})
     OUT.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
 
 
