@@ -31,16 +31,17 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
+
+import proctree
+from fleetgen import generated_fleet
+from proctree import Sample
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
 GPUFLEET = str(Path(PYTHON).with_name("gpufleet"))
-SAMPLE_SECONDS = 0.02
 # Bytecode for every scenario (including -O's .opt-1.pyc) lives here, warmed by a first
 # uncounted round: users run with a warm bytecode cache, whatever this shell's
 # PYTHONDONTWRITEBYTECODE says, and .venv is shared, so it is not written into.
@@ -55,16 +56,6 @@ TARGETS = (
 RSS_TARGET_MB = 400
 ENV = {"JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION": "20", "JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION": "1",
        "CHECKPOINT_DISABLE": "1", "BC_SKIP_MAPPING": "TRUE"}
-POOL_MACHINES = (
-    ("h100", {"machine_type": "a3-highgpu-8g"}),
-    ("a100", {"machine_type": "a2-highgpu-4g"}),
-    ("a100-80", {"machine_type": "a2-ultragpu-8g"}),
-    ("l4", {"machine_type": "g2-standard-24", "spot": True}),
-    ("l4-small", {"machine_type": "g2-standard-8", "spot": True}),
-    ("t4", {"machine_type": "n1-standard-8", "accelerator": "nvidia-tesla-t4", "gpus_per_node": 1, "spot": True}),
-)
-
-
 # ---------------------------------------------------------------- children (fresh processes)
 
 def child_floor(packages: list[str], lazy_js: bool) -> dict:
@@ -142,105 +133,15 @@ def _child_main(argv: list[str]) -> None:
     print("BENCH " + json.dumps(report))
 
 
-# ---------------------------------------------------------------- measuring one process tree
-
-@dataclass
-class Sample:
-    wall: float
-    tree_kb: int
-    python_kb: int
-    node_kb: int
-    report: dict = field(default_factory=dict)
-    exit_code: int = 0
-
-
-def _children(pid: int) -> list[int]:
-    found = []
-    try:
-        for task in os.listdir(f"/proc/{pid}/task"):
-            with open(f"/proc/{pid}/task/{task}/children") as handle:
-                found += [int(c) for c in handle.read().split()]
-    except OSError:
-        pass
-    return found
-
-
-def _status(pid: int) -> tuple[str, int, int]:
-    """(command name, VmRSS kB, VmHWM kB) of a live process; zeros once it is gone."""
-    values = {"Name": "", "VmRSS": "0", "VmHWM": "0"}
-    try:
-        with open(f"/proc/{pid}/status") as handle:
-            for line in handle:
-                key, _, value = line.partition(":")
-                if key in values:
-                    values[key] = value.split()[0] if value.split() else ""
-    except OSError:
-        return "", 0, 0
-    return values["Name"], int(values["VmRSS"] or 0), int(values["VmHWM"] or 0)
-
+# ---------------------------------------------------------------- measuring (bench/proctree.py)
 
 def measure(cmd: list[str], ok_codes: tuple[int, ...] = (0,)) -> Sample:
-    begin = time.perf_counter()
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"} | ENV
     env["PYTHONPYCACHEPREFIX"] = str(PYCACHE)
-    proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    peaks = {"tree": 0, "python": 0, "node": 0}
-    stop = threading.Event()
-
-    def poll() -> None:
-        while not stop.is_set():
-            pids, total = [proc.pid], 0
-            for pid in pids:
-                pids += _children(pid)
-                name, rss, hwm = _status(pid)
-                total += rss
-                if pid == proc.pid:
-                    peaks["python"] = max(peaks["python"], hwm)
-                elif name.startswith("node"):
-                    peaks["node"] = max(peaks["node"], hwm)
-            peaks["tree"] = max(peaks["tree"], total)
-            stop.wait(SAMPLE_SECONDS)
-
-    poller = threading.Thread(target=poll, daemon=True)
-    poller.start()
-    out, err = proc.communicate()
-    wall = time.perf_counter() - begin
-    stop.set()
-    poller.join()
-    if proc.returncode not in ok_codes:
-        raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}:\n{err[-3000:]}{out[-2000:]}")
-    report = next((json.loads(line[6:]) for line in out.splitlines() if line.startswith("BENCH ")), {})
-    return Sample(wall, peaks["tree"], peaks["python"], peaks["node"], report, proc.returncode)
+    return proctree.measure(cmd, cwd=REPO_ROOT, env=env, ok_codes=ok_codes)
 
 
 # ---------------------------------------------------------------- scenarios
-
-def generated_fleet(directory: Path, clusters: range = range(50), pools: int = 6) -> Path:
-    """Cluster files shaped like prod-gke (GCS state, static IP, tenants, DNS); JSON is valid YAML."""
-    directory.mkdir(parents=True, exist_ok=True)
-    for i in clusters:
-        name = f"gen-{i:02d}"
-        gpu_pools = [{"name": pool, "min_nodes": 0, "max_nodes": 4, "boot_disk_gb": 200, **shape}
-                     for pool, shape in POOL_MACHINES[:pools]]
-        doc = {
-            "name": name, "environment": "prod", "scheduler": "gke",
-            "state": {"backend": "gcs", "bucket": "gpufleet-bench-tfstate"},
-            "gcp": {"project": f"ml-bench-{i:02d}", "region": "us-central1", "zones": ["us-central1-a", "us-central1-b"],
-                    "subnet_cidr": "10.10.0.0/20", "pods_cidr": "10.64.0.0/14", "services_cidr": "10.20.0.0/20",
-                    "master_cidr": "172.16.0.0/28",
-                    "master_authorized_networks": [{"name": "corp-vpn", "cidr": "198.51.100.0/24"}],
-                    "static_ips": [{"name": "ingress", "use": "ingress", "description": "bench ingress"}]},
-            "gke": {"release_channel": "REGULAR", "rbac_security_group": "gke-security-groups@example.com"},
-            "gpu_pools": gpu_pools,
-            "tenants": [{"name": "research", "groups": ["group:ml-research@example.com"],
-                         "gpu_quota": {pool["name"]: 4 for pool in gpu_pools}}],
-            "dns": {"zone_id": "0123456789abcdef0123456789abcdef", "zone_name": "example.com",
-                    "records": [{"name": f"tb.{name}", "static_ip": "ingress"}]},
-        }
-        (directory / f"{name}.yaml").write_text(json.dumps(doc, indent=1) + "\n")
-    return directory
-
 
 def scenarios(work: Path, packages: list[str]) -> dict[str, tuple[str, list[str]]]:
     """name -> (command as documented, argv); every output goes under ``work``."""
