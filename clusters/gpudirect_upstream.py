@@ -59,3 +59,44 @@ def host_paths() -> tuple[str, ...]:
     """Every hostPath a vendored NCCL test pod mounts (a superset of what a job copies)."""
     return tuple(sorted({v["hostPath"]["path"] for test, _d, _m in NCCL_TESTS.values()
                          for v in first(test, "Pod")["spec"].get("volumes", []) if "hostPath" in v}))
+
+
+# gpufleet's one deviation in a workload container's mounts: TCPX's socket directory at /run/tcpx
+# (upstream mounts it over /tmp, which here is the run's own emptyDir; jobs/k8s/gpudirect.py).
+TCPX_SOCKET_DIR = "/run/tcpx"
+# Host directories of the driver and NCCL plugin libraries that GKE also mounts into the next
+# tenant's GPU containers: a tenant container may mount them only read-only.
+LIBRARY_DIRS = ("/home/kubernetes/bin/nvidia", "/home/kubernetes/bin/gib")
+
+
+def _host_mounts(container: dict[str, Any], volumes: dict[str, dict[str, Any]]) -> set[tuple[str, str]]:
+    return {(volumes[m["name"]]["hostPath"]["path"], m["mountPath"]) for m in container.get("volumeMounts", [])
+            if "hostPath" in volumes[m["name"]]}
+
+
+def workload_host_mounts() -> tuple[tuple[str, str], ...]:
+    """(host path, mount path) pairs the vendored NCCL tests' workload containers mount, plus the
+    TCPX socket directory at TCPX_SOCKET_DIR: all any container other than RxDM may mount."""
+    pairs = set()
+    for test, daemon, _mode in NCCL_TESTS.values():
+        spec = first(test, "Pod")["spec"]
+        volumes = {v["name"]: v for v in spec.get("volumes", [])}
+        for container in spec["containers"]:
+            if container["name"] != daemon:
+                pairs |= _host_mounts(container, volumes)
+    pairs.add((TCPX_SOCKET_DIR, TCPX_SOCKET_DIR))
+    return tuple(sorted(pairs))
+
+
+def sidecar_host_mounts() -> dict[str, tuple[tuple[str, str], ...]]:
+    """RxDM daemon image -> the (host path, mount path) pairs upstream's daemon container mounts
+    (``/sys`` and ``/proc/sys`` among them: only this exact container may mount those)."""
+    found = {}
+    for test, daemon, _mode in NCCL_TESTS.values():
+        if daemon is None:
+            continue
+        spec = first(test, "Pod")["spec"]
+        volumes = {v["name"]: v for v in spec.get("volumes", [])}
+        container = next(c for c in spec["containers"] if c["name"] == daemon)
+        found[container["image"]] = tuple(sorted(_host_mounts(container, volumes)))
+    return found

@@ -18,17 +18,23 @@ own Jobs; that pod still counts against the namespace ResourceQuota (the sum of 
 per-pool quotas), it only escapes the per-pool split. Other job frameworks (JobSet, RayJob,
 ...) are refused for GPU workloads until they are added here.
 
-A third policy keeps the one exception GPUDirect needs from becoming a way onto the cluster: a
+A third policy keeps the one exception GPUDirect needs from becoming a way onto the node. A
 tenant namespace that can run on a GPUDirect pool is enforced at the ``privileged`` Pod Security
-level (the RxDM sidecar adds NET_ADMIN and mounts host paths), and its members hold ``edit``.
-So in tenant namespaces a pod may go beyond the ``baseline`` standard only as Google's RxDM
-sidecar does, and only in a Kueue-admitted GPU pod (``PRIVILEGE_RULE``): no privileged
-container, no host network/PID/IPC or host ports; hostPath volumes only at the paths Google's
-NCCL tests mount; capabilities beyond baseline and an unconfined seccomp profile only on a
-container that is exactly a vendored RxDM daemon (image, command and args as
-``clusters/gpudirect_upstream``), and then the pod must request GPUs and be controlled by a Job,
-so it lands only on a GPU node of the tenant's own admitted run, never on the system pool.
-Residual, stated: a training container of such a run may mount those host paths itself.
+level (the RxDM sidecar adds NET_ADMIN and mounts ``/sys`` and ``/proc/sys``) and its members hold
+``edit``; every other tenant namespace keeps Pod Security Admission's ``enforce: baseline`` and
+this policy is bound only to the privileged ones. There it replaces baseline, check by check as
+kubernetes' pod-security-admission implements it (``privilege_rules``, one validation each): no
+privileged container, host namespaces, host ports, unsafe sysctls, ``procMount`` other than
+Default, SELinux type/user/role or AppArmor ``Unconfined`` outside baseline, no Windows HostProcess;
+capabilities beyond baseline and no seccomp filter only on a container that is exactly a vendored
+RxDM daemon (image, command, args and env as ``clusters/gpudirect_upstream``). Every other
+container runs as non-root. hostPath volumes only at the paths Google's NCCL tests mount, each
+mounted only by the container kind and at the mount path upstream uses: ``/sys`` and ``/proc/sys``
+only in that exact sidecar (which mounts nothing else), every other container only the socket
+directory, the aperture devices and the driver/NCCL library directories, those read-only (GKE
+mounts them into the next tenant's GPU containers). A pod with a hostPath or the sidecar's
+privileges must request GPUs and be controlled by a Job, so it lands only on a GPU node of the
+tenant's own admitted run, never on the system pool.
 
 Pure builders return the manifests (the CEL is tested by evaluating it); ``TenantQueuePolicy``
 declares them as ``kubernetes_manifest``.
@@ -77,8 +83,8 @@ def _literal(value: object) -> str:
 
 
 def _field(obj: str, *path: str) -> str:
-    """CEL: every step of ``obj.path`` is present."""
-    return " && ".join(f"has({obj}.{'.'.join(path[:i + 1])})" for i in range(len(path)))
+    """CEL: every step of ``obj.path`` is present (parenthesized, so ``!`` negates all of it)."""
+    return "(" + " && ".join(f"has({obj}.{'.'.join(path[:i + 1])})" for i in range(len(path))) + ")"
 
 
 def _elevated(c: str) -> str:
@@ -88,6 +94,8 @@ def _elevated(c: str) -> str:
 
 
 def _is_rxdm(c: str) -> str:
+    """CEL: ``c`` is exactly one of upstream's RxDM daemons: image, command, args and environment as
+    vendored, no envFrom, no capability beyond upstream's."""
     from clusters.gpudirect_upstream import rxdm_sidecars
 
     options = []
@@ -96,6 +104,7 @@ def _is_rxdm(c: str) -> str:
         options.append(
             f"({c}.image == {_literal(daemon['image'])} && has({c}.command) && {c}.command == {_literal(daemon.get('command', []))}"
             f" && (has({c}.args) ? {c}.args : []) == {_literal(daemon.get('args', []))}"
+            f" && (has({c}.env) ? {c}.env : []) == {_literal(daemon.get('env', []))} && !has({c}.envFrom)"
             f" && (!{_field(c, 'securityContext', 'capabilities', 'add')} || {c}.securityContext.capabilities.add.all(x, x in {_literal([*caps, *BASELINE_CAPABILITIES])})))")
     return "(" + " || ".join(options) + ")"
 
@@ -106,39 +115,156 @@ def _plain(c: str) -> str:
             f" && (!has({c}.ports) || {c}.ports.all(p, !has(p.hostPort) || p.hostPort == 0))")
 
 
-def privilege_rule() -> str:
+# Pod Security Standards, baseline profile, as kubernetes/kubernetes implements it in
+# staging/src/k8s.io/pod-security-admission/policy/ (each check_*.go file named below).
+# check_seLinuxOptions.go: type only one of these (or unset); user and role unset.
+BASELINE_SELINUX_TYPES = ("", "container_t", "container_init_t", "container_kvm_t", "container_engine_t")
+# check_sysctls.go (sysctls_allowed_1_0; later releases allow a few more, this is the strictest set).
+BASELINE_SYSCTLS = ("kernel.shm_rmid_forced", "net.ipv4.ip_local_port_range", "net.ipv4.tcp_syncookies",
+                    "net.ipv4.ping_group_range", "net.ipv4.ip_unprivileged_port_start")
+APPARMOR_ANNOTATION = "container.apparmor.security.beta.kubernetes.io/"
+
+
+def _context_baseline(ctx: str, where: str) -> str:
+    """CEL: the securityContext at ``where`` (a pod's or a container's) keeps SELinux, AppArmor and
+    Windows HostProcess within baseline (check_seLinuxOptions.go, check_appArmorProfile.go,
+    check_windowsHostProcess.go); the container-only fields are checked in ``_container_baseline``."""
+    se = f"{where}.{ctx}.seLinuxOptions"
+    return " && ".join(f"({part})" for part in [
+        f"!({_field(where, ctx, 'seLinuxOptions')}) || ((!has({se}.type) || {se}.type in {_literal(BASELINE_SELINUX_TYPES)})"
+        f" && (!has({se}.user) || {se}.user == '') && (!has({se}.role) || {se}.role == ''))",
+        f"!({_field(where, ctx, 'appArmorProfile')}) || {where}.{ctx}.appArmorProfile.type in ['RuntimeDefault', 'Localhost']",
+        f"!({_field(where, ctx, 'windowsOptions', 'hostProcess')} && {where}.{ctx}.windowsOptions.hostProcess)",
+    ])
+
+
+def _container_baseline(c: str) -> str:
+    """CEL: a container within baseline apart from capabilities/seccomp (RxDM's exception):
+    not privileged, no host port (check_privileged.go, check_hostPorts.go), ``procMount`` Default
+    (check_procMount.go), and its security context as ``_context_baseline``."""
+    return (f"{_plain(c)} && (!{_field(c, 'securityContext', 'procMount')} || {c}.securityContext.procMount == 'Default')"
+            f" && (!has({c}.securityContext) || ({_context_baseline('securityContext', c)}))")
+
+
+def _non_root(c: str, spec: str) -> str:
+    """CEL: ``c`` runs as non-root: runAsNonRoot true and runAsUser not 0, the container's own
+    value winning over the pod's, as the kubelet resolves them."""
+    own = lambda f: f"{_field(c, 'securityContext', f)}"  # noqa: E731
+    pod = lambda f: f"{_field(spec, 'securityContext', f)}"  # noqa: E731
+    return (f"({own('runAsNonRoot')} ? {c}.securityContext.runAsNonRoot : ({pod('runAsNonRoot')} && {spec}.securityContext.runAsNonRoot))"
+            f" && ({own('runAsUser')} ? {c}.securityContext.runAsUser != 0 : !({pod('runAsUser')} && {spec}.securityContext.runAsUser == 0))")
+
+
+def _mounts(c: str, spec: str) -> str:
+    """CEL: every hostPath volume ``c`` mounts is one upstream's NCCL tests mount, at upstream's
+    mount path, for this kind of container (clusters.gpudirect_upstream): the exact RxDM daemon
+    mounts only its own upstream pairs (``/sys``, ``/proc/sys`` among them) and nothing but them;
+    any other container only the workload pairs (socket directory, driver/NCCL libraries, aperture
+    devices), the library directories read-only."""
+    from clusters.gpudirect_upstream import LIBRARY_DIRS, sidecar_host_mounts, workload_host_mounts
+
+    volumes = f"(has({spec}.volumes) ? {spec}.volumes : [])"
+    pair = "v.hostPath.path + ' -> ' + m.mountPath"
+    sidecar = " || ".join(f"({c}.image == {_literal(image)} && {pair} in {_literal([f'{h} -> {m}' for h, m in pairs])})"
+                          for image, pairs in sidecar_host_mounts().items())
+    workload = _literal([f"{h} -> {m}" for h, m in workload_host_mounts()])
+    library = " || ".join(f"v.hostPath.path == {_literal(d)} || v.hostPath.path.startsWith({_literal(d + '/')})" for d in LIBRARY_DIRS)
+    return (f"!has({c}.volumeMounts) || {c}.volumeMounts.all(m, {_is_rxdm(c)}"
+            f" ? (!has(m.subPath) && !has(m.subPathExpr) && {volumes}.exists(v, v.name == m.name && has(v.hostPath) && ({sidecar})))"
+            f" : {volumes}.all(v, v.name != m.name || !has(v.hostPath) || ({pair} in {workload}"
+            f" && (!({library}) || (has(m.readOnly) && m.readOnly)))))")
+
+
+PRIVILEGE_CHECKS = (
+    "host_namespaces", "pod_context", "host_path_volumes", "containers_baseline", "capabilities_only_rxdm", "non_root",
+    "host_mounts", "ephemeral", "only_in_admitted_gpu_pods",
+)
+
+
+def privilege_rules() -> dict[str, str]:
+    """One CEL expression per part of the box a tenant GPU pod stays in (each a validation with
+    its own message): the whole baseline profile, plus non-root and the hostPath mount table."""
     from clusters.gpudirect_upstream import host_paths
 
     spec = "object.spec"
     containers = f"({spec}.containers + (has({spec}.initContainers) ? {spec}.initContainers : []))"
     host_path = f"(has({spec}.volumes) && {spec}.volumes.exists(v, has(v.hostPath)))"
-    return " && ".join([
-        *(f"!(has({spec}.{flag}) && {spec}.{flag})" for flag in ("hostNetwork", "hostPID", "hostIPC")),
-        f"!({_field(spec, 'securityContext', 'seccompProfile')} && {spec}.securityContext.seccompProfile.type == 'Unconfined')",
-        f"(!has({spec}.volumes) || {spec}.volumes.all(v, !has(v.hostPath) || v.hostPath.path in {_literal(host_paths())}))",
-        f"{containers}.all(c, {_plain('c')} && (!{_elevated('c')} || {_is_rxdm('c')}))",
-        f"(!has({spec}.ephemeralContainers) || {spec}.ephemeralContainers.all(c, {_plain('c')} && !{_elevated('c')}))",
-        f"(!({host_path} || {containers}.exists(c, {_elevated('c')})) || ({requests_gpu(spec)} && {JOB_OWNED}))",
-    ])
+    annotations = "object.metadata.annotations"
+    rules = {
+        # check_hostNamespaces.go
+        "host_namespaces": " && ".join(f"!(has({spec}.{flag}) && {spec}.{flag})" for flag in ("hostNetwork", "hostPID", "hostIPC")),
+        # check_seccompProfile_baseline.go, check_sysctls.go, check_appArmorProfile.go (annotations), and the pod's context
+        "pod_context": " && ".join(f"({part})" for part in [
+            f"!({_field(spec, 'securityContext', 'seccompProfile')} && {spec}.securityContext.seccompProfile.type == 'Unconfined')",
+            f"(!{_field(spec, 'securityContext', 'sysctls')} || {spec}.securityContext.sysctls.all(x, x.name in {_literal(BASELINE_SYSCTLS)}))",
+            f"(!has({spec}.securityContext) || ({_context_baseline('securityContext', spec)}))",
+            f"(!has({annotations}) || {annotations}.all(k, !k.startsWith({_literal(APPARMOR_ANNOTATION)})"
+            f" || {annotations}[k] == 'runtime/default' || {annotations}[k].startsWith('localhost/')))",
+        ]),
+        # check_hostPathVolumes.go: baseline allows none; these are the NCCL tests' own.
+        "host_path_volumes": f"!has({spec}.volumes) || {spec}.volumes.all(v, !has(v.hostPath) || v.hostPath.path in {_literal(host_paths())})",
+        "containers_baseline": f"{containers}.all(c, {_container_baseline('c')})",
+        # check_capabilities_baseline.go, check_seccompProfile_baseline.go: only the exact RxDM daemon exceeds them.
+        "capabilities_only_rxdm": f"{containers}.all(c, !{_elevated('c')} || {_is_rxdm('c')})",
+        "non_root": f"{containers}.all(c, {_is_rxdm('c')} || ({_non_root('c', spec)}))",
+        "host_mounts": f"{containers}.all(c, {_mounts('c', spec)})",
+        "ephemeral": (f"!has({spec}.ephemeralContainers) || {spec}.ephemeralContainers.all(c, {_container_baseline('c')} && !{_elevated('c')}"
+                      f" && {_non_root('c', spec)} && (!has(c.volumeMounts) || c.volumeMounts.all(m, (has({spec}.volumes) ? {spec}.volumes : [])"
+                      f".all(v, v.name != m.name || !has(v.hostPath)))))"),
+        "only_in_admitted_gpu_pods": f"!({host_path} || {containers}.exists(c, {_elevated('c')})) || ({requests_gpu(spec)} && {JOB_OWNED})",
+    }
+    assert tuple(rules) == PRIVILEGE_CHECKS
+    return rules
 
 
-def policy(name: str, group: str, resource: str | list[str], operations: list[str], rule: str, message: str) -> dict:
+PRIVILEGE_MESSAGES = {
+    "host_namespaces": "tenant pods may not use the host's network, PID or IPC namespace",
+    "pod_context": "the pod's securityContext/annotations leave the baseline Pod Security Standard (seccomp Unconfined, an unsafe sysctl,"
+                   " SELinux type/user/role, AppArmor Unconfined or Windows HostProcess)",
+    "host_path_volumes": "hostPath volumes are allowed only at the paths Google's GPUDirect NCCL tests mount",
+    "containers_baseline": "a container leaves the baseline Pod Security Standard (privileged, a host port, procMount Unmasked,"
+                           " SELinux type/user/role, AppArmor Unconfined or Windows HostProcess)",
+    "capabilities_only_rxdm": "only Google's GPUDirect RxDM sidecar (its exact image, command, args and env) may add capabilities beyond"
+                              " baseline or run without a seccomp filter",
+    "non_root": "every container except Google's GPUDirect RxDM sidecar must run as non-root (runAsNonRoot: true, runAsUser not 0)",
+    "host_mounts": "a hostPath may be mounted only where upstream's NCCL tests mount it: /sys and /proc/sys only in the exact RxDM"
+                   " sidecar; other containers only the socket directory, the aperture devices and the driver libraries, read-only",
+    "ephemeral": "ephemeral (debug) containers stay within baseline, run as non-root and mount no hostPath",
+    "only_in_admitted_gpu_pods": "hostPath volumes and the RxDM sidecar's privileges only in a GPU pod controlled by a Kueue-admitted Job",
+}
+
+
+def privilege_rule() -> str:
+    """All of ``privilege_rules`` as one expression (what a pod must pass)."""
+    return " && ".join(f"({rule})" for rule in privilege_rules().values())
+
+
+def policy(name: str, group: str, resource: str | list[str], operations: list[str], rule: str | dict[str, str], message: str | dict[str, str]) -> dict:
+    validations = ([{"expression": rule[k], "message": message[k]} for k in rule] if isinstance(rule, dict)
+                   else [{"expression": rule, "message": message}])
     return {
         "apiVersion": API_VERSION, "kind": "ValidatingAdmissionPolicy", "metadata": {"name": name},
         "spec": {
             "failurePolicy": "Fail",
             "matchConstraints": {"resourceRules": [{"apiGroups": [group], "apiVersions": ["v1"], "operations": operations,
                                                     "resources": [resource] if isinstance(resource, str) else resource}]},
-            "validations": [{"expression": rule, "message": message}],
+            "validations": validations,
         },
     }
 
 
+# The privilege policy replaces Pod Security's baseline only where the namespace enforces
+# ``privileged`` (tenants that can run on a GPUDirect pool, k8s_tenancy.pod_security); every other
+# tenant namespace keeps Pod Security Admission's own ``enforce: baseline``.
+PRIVILEGED_NAMESPACES = {"key": "pod-security.kubernetes.io/enforce", "operator": "In", "values": ["privileged"]}
+
+
 def binding(policy_name: str) -> dict:
+    match = [{"key": TENANT_LABEL, "operator": "Exists"}] + ([PRIVILEGED_NAMESPACES] if policy_name == PRIVILEGE_POLICY else [])
     return {
         "apiVersion": API_VERSION, "kind": "ValidatingAdmissionPolicyBinding", "metadata": {"name": policy_name},
         "spec": {"policyName": policy_name, "validationActions": ["Deny"],
-                 "matchResources": {"namespaceSelector": {"matchExpressions": [{"key": TENANT_LABEL, "operator": "Exists"}]}}},
+                 "matchResources": {"namespaceSelector": {"matchExpressions": match}}},
     }
 
 
@@ -148,10 +274,8 @@ def policies() -> tuple[dict, dict, dict]:
                  " (gpu-<pool>), so Kueue admits it within the tenant's quota on that pool")
     pod = policy(POD_POLICY, "", "pods", ["CREATE"], POD_RULE,
                  "GPU pods in tenant namespaces come only from Kueue-admitted Jobs; submit a batch/v1 Job with a queue-name label")
-    privilege = policy(PRIVILEGE_POLICY, "", ["pods", "pods/ephemeralcontainers"], ["CREATE", "UPDATE"], privilege_rule(),
-                       "in tenant namespaces a pod may exceed the baseline Pod Security Standard only as Google's GPUDirect RxDM"
-                       " sidecar does (its exact image, command and args), in a Kueue-admitted GPU pod of a Job; no privileged"
-                       " containers, host network/PID/IPC, host ports, or hostPath outside the NCCL paths")
+    privilege = policy(PRIVILEGE_POLICY, "", ["pods", "pods/ephemeralcontainers"], ["CREATE", "UPDATE"], privilege_rules(),
+                       PRIVILEGE_MESSAGES)
     return job, pod, privilege
 
 

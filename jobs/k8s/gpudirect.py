@@ -34,13 +34,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from clusters.families import GpuDirect
-from clusters.gpudirect_upstream import NCCL_TESTS, first
+from clusters.gpudirect_upstream import LIBRARY_DIRS, NCCL_TESTS, TCPX_SOCKET_DIR, first
 
 INTERFACES_ANNOTATION = "networking.gke.io/interfaces"
 DEFAULT_INTERFACE_ANNOTATION = "networking.gke.io/default-interface"
 DEVICES_ANNOTATION_PREFIX = "devices.gke.io/container."
 NVIDIA_LIB = "/usr/local/nvidia/lib64"
-TCPX_SOCKET_DIR = "/run/tcpx"
 
 # transport -> (vendored NCCL test, its RxDM daemon container or None, the Network device mode pods attach)
 UPSTREAM = {GpuDirect(transport): test for transport, test in NCCL_TESTS.items()}
@@ -111,6 +110,11 @@ def pod_networking(transport: GpuDirect, networks: tuple[tuple[str, str], ...]) 
     for mount in mounts:
         if transport is GpuDirect.TCPX and mount["name"] == "tcpx-socket":
             mount["mountPath"] = TCPX_SOCKET_DIR
+        path = by_name[mount["name"]]["hostPath"]["path"]
+        if any(path == d or path.startswith(d + "/") for d in LIBRARY_DIRS):
+            # GKE mounts this host directory into the next tenant's GPU containers: read-only here
+            # (the tenant privilege policy refuses a writable mount, k8s_queue_policy._mounts).
+            mount["readOnly"] = True
     used = [m["name"] for m in mounts]
     sidecars, annotations = [], {}
     if daemon is not None:

@@ -11,7 +11,7 @@ import celpy
 import pytest
 
 from clusters.gpudirect_upstream import rxdm_sidecars
-from constructs_lib.k8s_queue_policy import JOB_RULE, POD_RULE, policies, privilege_rule
+from constructs_lib.k8s_queue_policy import JOB_RULE, POD_RULE, policies, privilege_rule, privilege_rules
 
 GPU = {"name": "train", "image": "i", "resources": {"limits": {"nvidia.com/gpu": "8"}}}
 CPU = {"name": "prep", "image": "i", "resources": {"requests": {"cpu": "1"}}}
@@ -29,8 +29,11 @@ def job(containers: list[dict], labels: dict | None = None, init: list[dict] | N
             "spec": {"template": {"spec": spec}}}
 
 
+NON_ROOT = {"runAsNonRoot": True, "runAsUser": 1000}
+
+
 def pod(containers: list[dict], owners: list[dict] | None = None, init: list[dict] | None = None) -> dict:
-    spec = {"containers": containers, **({"initContainers": init} if init else {})}
+    spec = {"containers": containers, "securityContext": dict(NON_ROOT), **({"initContainers": init} if init else {})}
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", **({"ownerReferences": owners} if owners is not None else {})},
             "spec": spec}
 
@@ -68,13 +71,16 @@ def test_policies_deny_in_every_tenant_namespace(stack_json, stack):
         assert m["apiVersion"] == "admissionregistration.k8s.io/v1"
         if m["kind"] == "ValidatingAdmissionPolicyBinding":
             assert m["spec"]["validationActions"] == ["Deny"]
-            assert m["spec"]["matchResources"]["namespaceSelector"] == {"matchExpressions": [{"key": "gpufleet.dev/tenant", "operator": "Exists"}]}
+            tenant = [{"key": "gpufleet.dev/tenant", "operator": "Exists"}]
+            privileged = [{"key": "pod-security.kubernetes.io/enforce", "operator": "In", "values": ["privileged"]}]
+            expected = tenant + (privileged if m["spec"]["policyName"] == "gpufleet-beyond-baseline-only-as-gpudirect" else [])
+            assert m["spec"]["matchResources"]["namespaceSelector"] == {"matchExpressions": expected}
             assert any(d.startswith("kubernetes_manifest.vap_") for d in v["depends_on"])
         else:
             assert m["spec"]["failurePolicy"] == "Fail"
-    rules = {tuple(m["manifest"]["spec"]["matchConstraints"]["resourceRules"][0]["resources"]): m["manifest"]["spec"]["validations"][0]["expression"]
+    rules = {tuple(m["manifest"]["spec"]["matchConstraints"]["resourceRules"][0]["resources"]): [v["expression"] for v in m["manifest"]["spec"]["validations"]]
              for m in manifests.values() if m["manifest"]["kind"] == "ValidatingAdmissionPolicy"}
-    assert rules == {("jobs",): JOB_RULE, ("pods",): POD_RULE, ("pods", "pods/ephemeralcontainers"): privilege_rule()}
+    assert rules == {("jobs",): [JOB_RULE], ("pods",): [POD_RULE], ("pods", "pods/ephemeralcontainers"): list(privilege_rules().values())}
 
 
 def test_builders_are_pure():
@@ -90,23 +96,89 @@ def _rxdm(index: int = 1, **changes) -> dict:
 
 
 HOST_LIB = {"name": "nvidia", "hostPath": {"path": "/home/kubernetes/bin/nvidia/lib64"}}
+SYS = {"name": "sys", "hostPath": {"path": "/sys"}}
+PROC_SYS = {"name": "proc-sys", "hostPath": {"path": "/proc/sys"}}
+LIB_MOUNT = {"name": "nvidia", "mountPath": "/usr/local/nvidia/lib64", "readOnly": True}
+TRAIN = {**GPU, "volumeMounts": [LIB_MOUNT]}
 
 
-def gpudirect_pod(containers=None, init=None, volumes=None, owners=None, **spec) -> dict:
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "ownerReferences": [JOB_OWNER] if owners is None else owners},
-            "spec": {"containers": containers or [GPU], "initContainers": [_rxdm()] if init is None else init,
-                     "volumes": [HOST_LIB] if volumes is None else volumes, **spec}}
+def gpudirect_pod(containers=None, init=None, volumes=None, owners=None, annotations=None, **spec) -> dict:
+    """A TCPXO run's pod as gpufleet renders it: the training container (uid 1000 from the pod's
+    context, the library directory read-only) and upstream's RxDM daemon as a native sidecar."""
+    metadata = {"name": "p", "ownerReferences": [JOB_OWNER] if owners is None else owners, **({"annotations": annotations} if annotations else {})}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata,
+            "spec": {"securityContext": dict(NON_ROOT), "containers": containers or [TRAIN],
+                     "initContainers": [_rxdm()] if init is None else init,
+                     "volumes": [HOST_LIB, SYS, PROC_SYS] if volumes is None else volumes, **spec}}
+
+
+def with_context(container: dict, **context) -> dict:
+    return {**container, "securityContext": {**container.get("securityContext", {}), **context}}
+
+
+# Each escape a tenant with `edit` tried (issue: root on a GPU node), as a pod of an admitted GPU Job.
+ESCAPES = {
+    "/proc/sys read-write in the training container (kernel.core_pattern)":
+        gpudirect_pod(containers=[{**TRAIN, "volumeMounts": [LIB_MOUNT, {"name": "proc-sys", "mountPath": "/hostprocsysfs"}]}]),
+    "/proc/sys read-only in the training container":
+        gpudirect_pod(containers=[{**TRAIN, "volumeMounts": [LIB_MOUNT, {"name": "proc-sys", "mountPath": "/hostprocsysfs", "readOnly": True}]}]),
+    "/sys in the training container": gpudirect_pod(containers=[{**TRAIN, "volumeMounts": [LIB_MOUNT, {"name": "sys", "mountPath": "/hostsysfs"}]}]),
+    "the host NVIDIA/NCCL library directory read-write":
+        gpudirect_pod(containers=[{**TRAIN, "volumeMounts": [{"name": "nvidia", "mountPath": "/usr/local/nvidia/lib64"}]}]),
+    "the library directory read-only at another path":
+        gpudirect_pod(containers=[{**TRAIN, "volumeMounts": [{**LIB_MOUNT, "mountPath": "/opt/lib"}]}]),
+    "uid 0 in the training container": gpudirect_pod(containers=[with_context(TRAIN, runAsUser=0)]),
+    "runAsNonRoot false in the training container": gpudirect_pod(containers=[with_context(TRAIN, runAsNonRoot=False)]),
+    "no runAsNonRoot anywhere": {**gpudirect_pod(), "spec": {**gpudirect_pod()["spec"], "securityContext": {}}},
+    "AppArmor unconfined (annotation)": gpudirect_pod(annotations={"container.apparmor.security.beta.kubernetes.io/train": "unconfined"}),
+    "AppArmor unconfined (container field)": gpudirect_pod(containers=[with_context(TRAIN, appArmorProfile={"type": "Unconfined"})]),
+    "AppArmor unconfined (pod field)": gpudirect_pod(securityContext={**NON_ROOT, "appArmorProfile": {"type": "Unconfined"}}),
+    "procMount Unmasked": gpudirect_pod(containers=[with_context(TRAIN, procMount="Unmasked")]),
+    "SELinux type spc_t": gpudirect_pod(containers=[with_context(TRAIN, seLinuxOptions={"type": "spc_t"})]),
+    "SELinux user on the pod": gpudirect_pod(securityContext={**NON_ROOT, "seLinuxOptions": {"user": "system_u"}}),
+    "an unsafe sysctl": gpudirect_pod(securityContext={**NON_ROOT, "sysctls": [{"name": "kernel.core_pattern", "value": "|/tmp/x"}]}),
+    "Windows HostProcess": gpudirect_pod(containers=[with_context(TRAIN, windowsOptions={"hostProcess": True})]),
+    "SYS_ADMIN on the training container": gpudirect_pod(containers=[with_context(TRAIN, capabilities={"add": ["SYS_ADMIN"]})]),
+    "hostPID": gpudirect_pod(hostPID=True),
+    "a host port": gpudirect_pod(containers=[{**TRAIN, "ports": [{"containerPort": 22, "hostPort": 22}]}]),
+    "a fake RxDM: right name, another image": gpudirect_pod(init=[_rxdm(image="busybox")]),
+    "a fake RxDM: right image, a shell command": gpudirect_pod(init=[_rxdm(command=["/bin/sh", "-c", "echo x > /hostprocsysfs/kernel/core_pattern"])]),
+    "the RxDM sidecar with LD_PRELOAD": gpudirect_pod(init=[_rxdm(env=[*_rxdm()["env"], {"name": "LD_PRELOAD", "value": "/tmp/x.so"}])]),
+    "the RxDM sidecar with a tenant volume over its scripts":
+        gpudirect_pod(init=[_rxdm(volumeMounts=[*_rxdm()["volumeMounts"], {"name": "scratch", "mountPath": "/fts"}])],
+                      volumes=[HOST_LIB, SYS, PROC_SYS, {"name": "scratch", "emptyDir": {}}]),
+    "the RxDM sidecar mounting / ": gpudirect_pod(init=[_rxdm(volumeMounts=[{"name": "root", "mountPath": "/hostsysfs"}])],
+                                                  volumes=[HOST_LIB, {"name": "root", "hostPath": {"path": "/"}}]),
+    "an ephemeral container mounting /proc/sys":
+        gpudirect_pod(ephemeralContainers=[{"name": "d", "image": "busybox", "volumeMounts": [{"name": "proc-sys", "mountPath": "/p"}]}]),
+    "an ephemeral container as root": gpudirect_pod(ephemeralContainers=[{"name": "d", "image": "busybox", "securityContext": {"runAsUser": 0}}]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(ESCAPES))
+def test_every_escape_from_a_gpu_pod_is_refused(case):
+    """Each attack from the issue, evaluated with a CEL implementation against the generated rule;
+    the policy on the previous main admitted the /proc/sys, /sys, library, root, AppArmor, procMount,
+    SELinux and sidecar-env/volume cases."""
+    assert evaluate(privilege_rule(), ESCAPES[case]) is False
+
+
+def test_the_legitimate_gpudirect_pod_is_admitted_and_each_rule_has_a_message():
+    assert evaluate(privilege_rule(), gpudirect_pod()) is True
+    (privilege,) = [p for p in policies() if p["metadata"]["name"] == "gpufleet-beyond-baseline-only-as-gpudirect"]
+    assert [v["expression"] for v in privilege["spec"]["validations"]] == list(privilege_rules().values())
+    assert all(v["message"] for v in privilege["spec"]["validations"])
 
 
 ROOT_SHELL = {"name": "x", "image": "busybox", "securityContext": {"privileged": True}}
 PRIVILEGE_CASES = {
-    "the rendered GPUDirect pod": (gpudirect_pod(), True),
+    "the GPUDirect pod": (gpudirect_pod(), True),
     "a plain baseline pod": (pod([CPU]), True),
     "a privileged container": (pod([CPU, ROOT_SHELL]), False),
     "hostNetwork": ({**pod([CPU]), "spec": {**pod([CPU])["spec"], "hostNetwork": True}}, False),
     "hostPID in a GPU pod": (gpudirect_pod(hostPID=True), False),
     "a host port": (pod([{**CPU, "ports": [{"containerPort": 22, "hostPort": 22}]}]), False),
-    "hostPath without a GPU (lands on the system pool)": (gpudirect_pod(containers=[CPU], init=[]), False),
+    "hostPath without a GPU (lands on the system pool)": (gpudirect_pod(containers=[{**CPU, "volumeMounts": [LIB_MOUNT]}], init=[]), False),
     "hostPath in a bare GPU pod": (gpudirect_pod(init=[], owners=[]), False),
     "hostPath outside the NCCL paths": (gpudirect_pod(volumes=[{"name": "root", "hostPath": {"path": "/"}}]), False),
     "the RxDM image with another command": (gpudirect_pod(init=[_rxdm(command=["/bin/sh", "-c", "id"])]), False),
