@@ -51,14 +51,29 @@ class ClusterRunners(Runners):
         return super().find(job, idempotency_key)
 
 
+LOCAL = "local"
+
+
 def bound_to(runner: Any) -> Mapping[str, str] | None:
-    """The clusters (name -> scheduler) ``runner`` is bound to; None for a runner of one scheduler
-    without cluster names (the local dev runner, a bare NomadRunner): it follows every run."""
+    """The clusters (name -> scheduler) ``runner`` is bound to; None for a bare runner of one
+    scheduler without cluster names (a NomadRunner in tests): it follows every run. The local
+    development runner is bound to no cluster at all: it follows only the runs it ran itself
+    (scheduler ``local``), never a Nomad or GKE run a production service shares the database with."""
     return getattr(runner, "clusters", None)
+
+
+def is_local(runner: Any) -> bool:
+    return getattr(runner, "scheduler", None) == LOCAL
 
 
 def not_bound(runner: Any, cluster: str, scheduler: str) -> str | None:
     """Why this service must not act on a run of ``cluster`` (None: it may)."""
+    if is_local(runner):
+        if scheduler == LOCAL:
+            return None
+        option = "--gke-cluster" if scheduler == SchedulerKind.GKE.value else "--nomad-cluster"
+        return (f"this service runs jobs on this machine (--scheduler local) and does not follow {scheduler} runs: the run on "
+                f"{cluster} is not polled, stopped or failed from here; the service started with {option} {cluster} follows it")
     clusters = bound_to(runner)
     if clusters is None or clusters.get(cluster) == scheduler:
         return None
@@ -69,6 +84,8 @@ def not_bound(runner: Any, cluster: str, scheduler: str) -> str | None:
 
 def bound_clause(runner: Any, cluster: Any, scheduler: Any) -> ColumnElement[bool] | None:
     """SQL: the experiment's (cluster, scheduler) is bound to ``runner``; None: every one is."""
+    if is_local(runner):
+        return scheduler == LOCAL
     clusters = bound_to(runner)
     if clusters is None:
         return None

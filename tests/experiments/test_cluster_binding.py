@@ -192,3 +192,39 @@ def test_the_wrap_ttl_bound_acts_only_on_what_the_scheduler_said_after_it_passed
     k8s.faults.clear()
     svc.step()
     assert _state(svc, exp["id"], headers)["status"] == "running"
+
+
+def test_a_local_development_service_on_the_production_database_leaves_production_runs_alone(make_service, db_url, nomad, nomad_runner, vault):
+    """Red team (security round three): ``gpufleet serve --scheduler local`` started on the
+    production database marked every Nomad/GKE run gone in one pass, freed its quota and claimed
+    production dispatches. On real SQLite and PostgreSQL, the local service neither polls, stops,
+    expires nor dispatches a run it did not run itself; production follows its runs after it."""
+    from experiments.runner_local import LocalRunner
+
+    prod = make_service(db_url, ClusterRunners(nomad=("prod-nomad", nomad_runner)))
+    headers = prod.token("finetune")
+    running = prod.submit(headers, deadline_hours=1).json()
+    prod.step()
+    job_id = nomad.dispatched(PARENT)[0]
+    nomad.finish(job_id, client_status="running")
+    prod.step()
+    assert _state(prod, running["id"], headers)["status"] == "running"
+    waiting = prod.submit(headers, meta={"dataset_uri": "hf://datasets/acme/chat@v3", "run_id": "r2"}).json()  # in the outbox, not yet dispatched
+    prod.close()
+
+    local = make_service(db_url, LocalRunner({"VAULT_ADDR": vault.addr, "VAULT_TOKEN": vault.orchestrator.token}), clock=prod.clock)
+    asked = len(nomad.requests)
+    local.clock.advance(hours=3)  # far past the running run's 1 h deadline
+    for _ in range(3):
+        local.step()
+    shown = _state(local, running["id"], headers)
+    assert shown["status"] == "running", shown  # not "failed: the scheduler no longer knows run ..." nor expired
+    assert "does not follow nomad runs" in shown["reason"]
+    assert _state(local, waiting["id"], headers)["status"] == "pending"  # its dispatch is not claimed here
+    assert len(nomad.requests) == asked and not nomad.state.jobs[("finetune", job_id)].get("Stop")
+    local.close()
+
+    back = make_service(db_url, ClusterRunners(nomad=("prod-nomad", nomad_runner)), clock=prod.clock)
+    back.step()
+    assert _state(back, running["id"], headers)["status"] == "expired" and nomad.state.jobs[("finetune", job_id)]["Stop"] is True
+    assert len(nomad.dispatched(PARENT)) == 2  # the waiting run went to Nomad, exactly once
