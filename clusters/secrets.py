@@ -25,6 +25,7 @@ import binascii
 import json
 import math
 import re
+import urllib.parse
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
@@ -47,7 +48,47 @@ SELF_IDENTIFYING: tuple[tuple[str, str, re.Pattern[str]], ...] = (
     ("google-oauth-token", "ya29.", re.compile(_EDGE + r"ya29\.[0-9A-Za-z_-]{20,}")),
     ("vault-token", "hvs.", re.compile(_EDGE + r"hv[sbr]\.[A-Za-z0-9_-]{20,}" + _END)),
     ("jwt", "eyJ", re.compile(_EDGE + r"eyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{10,}" + _END)),
+    # Taken from public pattern sets (upstream body kept; our own edge lookarounds in front, and no
+    # end anchor where upstream fixes a length, so a longer run is still refused). Sources, pinned:
+    #   G = gitleaks/gitleaks config/gitleaks.toml @ b58d3f102cf3a2c84cb7f923d05c25c9b1aed84b
+    #   T = trufflesecurity/trufflehog pkg/detectors/<name>/<name>.go @ 3ab759fef4bb5935d4fe9ac68b503d05346b8364
+    #   N = praetorian-inc/noseyparker crates/noseyparker/data/default/builtin/rules/<file>.yml @ 2e6e7f36ce36619852532bbe698d8cb7a26d2da7
+    ("nvidia-api-key", "nvapi-", re.compile(_EDGE + r"nvapi-[a-zA-Z0-9_-]{64}")),  # T nvapi/nvapi.go:28
+    ("terraform-cloud-token", ".atlasv1.", re.compile(r"(?<![A-Za-z0-9])[A-Za-z0-9]{14}\.atlasv1\.[A-Za-z0-9_=-]{60,70}")),  # G :2329 hashicorp-tf-api-token; T terraformcloudpersonaltoken.go:24
+    ("pypi-token", "pypi-AgEI", re.compile(r"pypi-AgEIcHlwaS5vcmc[\w-]{50,1000}")),  # G :2811 pypi-upload-token; T pypi/pypi.go:28
+    ("dockerhub-token", "dckr_", re.compile(_EDGE + r"(?:dckr_pat_[a-zA-Z0-9_-]{27}|dckr_oat_[a-zA-Z0-9_-]{32})")),  # T dockerhub/v2/dockerhub.go:36
+    ("databricks-token", "dapi", re.compile(_EDGE + r"dapi[a-f0-9]{32}(?:-\d)?(?![A-Za-z0-9_])")),  # G :384 databricks-api-token; T databrickstoken/databrickstoken.go:29
+    ("google-oauth-client-secret", "GOCSPX-", re.compile(_EDGE + r"GOCSPX-[a-zA-Z0-9_-]{28}")),  # N google.yml:23 np.google.2 (neither G nor T has it)
+    ("sendgrid-key", "SG.", re.compile(_EDGE + r"SG\.[\w-]{20,24}\.[\w-]{39,50}")),  # T sendgrid/sendgrid.go:29 (G :2857 is the same 66 characters)
+    ("slack-app-token", "xapp-", re.compile(_EDGE + r"(?i:xapp-\d-[A-Z0-9]+-\d+-[a-z0-9]+)")),  # G :2966 slack-app-token
+    ("groq-key", "gsk_", re.compile(_EDGE + r"gsk_[a-zA-Z0-9]{52}")),  # T groq/groq.go:25
+    ("replicate-token", "r8_", re.compile(_EDGE + r"r8_[0-9A-Za-z_-]{37}")),  # T replicate/replicate.go:25
+    ("age-secret-key", "AGE-SECRET-KEY-1", re.compile(r"AGE-SECRET-KEY-1[QPZRY9X8GF2TVDW0S3JN54KHCE6MUA7L]{58}")),  # G :108 age-secret-key (bech32 alphabet)
+    # More, chosen for an ML/GPU fleet's neighbours:
+    ("xai-key", "xai-", re.compile(_EDGE + r"xai-[0-9a-zA-Z_]{80}")),  # T xai/xai.go:28
+    ("langsmith-key", "lsv2_", re.compile(_EDGE + r"lsv2_(?:pt|sk)_[a-f0-9]{32}_[a-f0-9]{10}")),  # T langsmith/langsmith.go:26
+    ("perplexity-key", "pplx-", re.compile(_EDGE + r"pplx-[a-zA-Z0-9]{48}")),  # G :2720 perplexity-api-key
+    ("pinecone-key", "pcsk_", re.compile(_EDGE + r"pcsk_[A-Za-z0-9]{5,6}_[A-Za-z0-9]{63}")),  # T pinecone/pinecone.go:35
+    ("huggingface-org-token", "api_org_", re.compile(_EDGE + r"api_org_(?i:[a-z]{34})")),  # G :2373 huggingface-organization-api-token
+    ("aws-bedrock-key", "ABSK", re.compile(_EDGE + r"ABSK[A-Za-z0-9+/]{109,269}={0,2}")),  # G :225 aws-amazon-bedrock-api-key-long-lived
+    ("gitlab-token", "glrt-", re.compile(_EDGE + r"(?:(?:glrt-|gldt-|glsoat-|glft-)[0-9a-zA-Z_-]{20}|glptt-[0-9a-f]{40})")),  # G :2256 glrt, :2186 gldt, :2270 glsoat, :2200 glft, :2242 glptt
+    ("pulumi-token", "pul-", re.compile(_EDGE + r"pul-[a-f0-9]{40}")),  # G :2804 pulumi-api-token
+    ("digitalocean-token", "dop_v1_", re.compile(_EDGE + r"do[opr]_v1_[a-f0-9]{64}")),  # G :403 doo_v1, :410 dop_v1, :417 dor_v1
+    ("grafana-token", "glsa_", re.compile(_EDGE + r"(?i:glsa_[A-Za-z0-9]{32}_[A-Fa-f0-9]{8})")),  # G :2313 grafana-service-account-token
+    ("sentry-token", "sntryu_", re.compile(_EDGE + r"sntryu_[a-f0-9]{64}")),  # G :2885 sentry-user-token
+    ("heroku-key", "HRKU-AA", re.compile(_EDGE + r"HRKU-AA[0-9a-zA-Z_-]{58}")),  # G :2353 heroku-api-key-v2
+    ("1password-token", "ops_eyJ", re.compile(r"ops_eyJ[a-zA-Z0-9+/]{250,}={0,3}")),  # G :81 1password-service-account-token
 )
+# An AWS secret access key names nothing: 40 base64 characters (T aws/common.go:16 SecretPat, the same
+# run noseyparker's np.aws.2 takes after an ``aws_secret_access_key`` name, N aws.yml:30). It counts
+# when an AWS context is near (the field, or ``aws``/``amazon``/an access key id within 100 characters),
+# or when it is a whole value shaped like no hash: hex (git, sha1) never qualifies, base64 of a sha256
+# is 44 characters, and a whole value also needs both cases, a digit and no word-long letter run.
+AWS_SECRET_RUN = re.compile(r"(?<![A-Za-z0-9+/])[A-Za-z0-9+/]{40}(?![A-Za-z0-9+/=])")
+AWS_CONTEXT = re.compile(r"(?i:(?<![a-z])(?:aws|amazon))|(?:AKIA|ASIA|ABIA|ACCA)[A-Z2-7]{16}")
+AWS_NEAR = 100
+_LETTER_RUN = re.compile(r"[a-z]{9,}|[A-Z]{9,}")
+PERCENT = re.compile(r"%[0-9A-Fa-f]{2}")
 # Quantifiers are bounded so a megabyte of base64 in state cannot make a pattern quadratic.
 URL_PASSWORD = re.compile(r"\b[a-zA-Z][a-zA-Z0-9+.-]{1,20}://[^/\s:@]{0,256}:(?P<value>[^/\s@]{1,256})@")
 # A name then '=' or ':' then a value, as in '--wandb-key=...', 'WANDB_API_KEY=...', 'password: ...'.
@@ -179,6 +220,25 @@ def _decoded_text(run: str) -> str | None:
     return None
 
 
+def _aws_shaped(run: str) -> bool:
+    return (any(c.isupper() for c in run) and any(c.islower() for c in run) and any(c.isdigit() for c in run)
+            and not _HEX.match(run) and entropy_bits(run) >= 4.0)
+
+
+def _aws_secret(value: str, field: str) -> Hit | None:
+    whole = value.strip().strip("\"'")
+    for match in AWS_SECRET_RUN.finditer(value):
+        run = match.group(0)
+        if not _aws_shaped(run):
+            continue
+        near = value[max(0, match.start() - AWS_NEAR):match.end() + AWS_NEAR]
+        if AWS_CONTEXT.search(field) or AWS_CONTEXT.search(near.replace(run, " ")):
+            return Hit("aws-secret-access-key", mask("", run))
+        if run == whole and entropy_bits(run) >= 4.2 and not _LETTER_RUN.search(run) and not is_reference(run):
+            return Hit("aws-secret-access-key", mask("", run))
+    return None
+
+
 def detect(value: str, field: str = "", *, depth: int = 0) -> Hit | None:
     """A Hit if ``value`` holds a secret anywhere; ``field`` is the nearest name (JSON key, env name, previous arg)."""
     if not isinstance(value, str) or not value:
@@ -195,7 +255,7 @@ def detect(value: str, field: str = "", *, depth: int = 0) -> Hit | None:
     for match in URL_PASSWORD.finditer(value):
         if not PLACEHOLDER.match(match.group("value")):
             return Hit("url-password", mask("://user:", value))
-    hit = _valued(value, field)
+    hit = _valued(value, field) or _aws_secret(value, field)
     if hit:
         return hit
     for match in KEYISH.finditer(value):
@@ -207,6 +267,10 @@ def detect(value: str, field: str = "", *, depth: int = 0) -> Hit | None:
         if hit:
             return hit
     if depth < MAX_DEPTH:
+        if PERCENT.search(value):  # percent-encoded (a URL query, a form body): decoded and rescanned
+            inner = detect(urllib.parse.unquote(value), field, depth=depth + 1)
+            if inner:
+                return Hit(f"percent-encoded-{inner.kind}", mask("percent-encoding of " + inner.masked.split("…")[0], value))
         for run in BASE64_RUN.findall(value):
             text = _decoded_text(run)
             inner = detect(text, field, depth=depth + 1) if text else None

@@ -18,6 +18,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from clusters.secrets import detect
 from experiments import db
 from experiments.auth import OidcSettings
 from experiments.background.context import Context, Timing
@@ -41,8 +42,9 @@ class ServiceSettings:
 
 
 def _field_of(loc: tuple[Any, ...]) -> str:
+    """The field path of a validation error; a key that looks like a credential is not echoed."""
     parts = [str(p) for p in loc if p not in ("body", "query", "path", "header")]
-    return ".".join(parts) or "body"
+    return ".".join("<credential>" if detect(p) else p for p in parts) or "body"
 
 
 _FIXES = {

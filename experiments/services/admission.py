@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from clusters.errors import UserError
+from clusters.secrets import detect
 from clusters.schema import SchedulerKind
 from experiments.errors import ApiError, split_message
 from jobs.meta import validate_meta
@@ -20,6 +21,15 @@ from jobs.quota import QuotaDecision
 from jobs.spec import FinetuneSpec
 
 MAX_META_KEYS = 32
+
+
+def refuse_credential(field: str, value: str | None) -> None:
+    """A body field that names something (the job, the Idempotency-Key) is echoed by later errors and
+    stored: one that looks like a credential is refused first, without showing it."""
+    hit = detect(value) if value else None
+    if hit:
+        raise ApiError(422, f"{field} looks like a credential (not shown; detected: {hit.kind}, {hit.masked})", field=field,
+                       fix="rotate it; send a job name (or an idempotency key of your own choosing), never a key")
 
 
 def checked_meta(spec: FinetuneSpec, meta: dict[str, str]) -> dict[str, str]:

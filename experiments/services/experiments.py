@@ -62,6 +62,8 @@ def gpus_in_use(session: Session, tenant: str, cluster: str, pool: str) -> int:
 def submit(session: Session, catalog: Catalog, caller: Caller, *, job: str, meta: dict[str, str], deadline_hours: float | None,
            idempotency_key: str | None, scheduler: str, now: datetime, clusters: Mapping[str, str] | None = None) -> tuple[Experiment, bool]:
     """Returns (experiment, created). Commits."""
+    admission.refuse_credential("job", job)
+    admission.refuse_credential("Idempotency-Key", idempotency_key)
     spec = catalog.job(job)
     if not caller.may_see(spec.namespace):
         raise ApiError(403, f"job {spec.name} belongs to tenant {spec.namespace}, not {caller.tenant}", field="job",

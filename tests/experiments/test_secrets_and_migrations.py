@@ -83,3 +83,24 @@ def test_alembic_upgrades_from_empty_and_downgrades_one_step(db_url):
         assert db.current_revision(engine) == "0003"
     finally:
         engine.dispose()
+
+
+def test_a_credential_sent_as_the_job_name_or_idempotency_key_is_refused_unshown_and_unstored(make_service, sqlite_url, nomad_runner):
+    """Fields echoed by later errors or stored as they are (the job name, the Idempotency-Key)
+    get the same detector as meta: refused with 422 before any lookup, the value never echoed."""
+    import random
+
+    from tests.safety.test_secret_matrix import NEW_FORMATS
+
+    svc = make_service(sqlite_url, nomad_runner)
+    headers = svc.token("finetune")
+    planted = NEW_FORMATS(random.Random(7))
+    for kind in ("nvidia-ngc", "groq", "age-secret-key"):
+        value = planted[kind]
+        as_job = svc.submit(headers, job=value)
+        as_key = svc.client.post("/api/v1/experiments", headers={**headers, "Idempotency-Key": value},
+                                 json={"job": "finetune-llama", "meta": {"dataset_uri": "hf://datasets/acme/chat@v3", "run_id": "r1"}})
+        for answer, field in ((as_job, "job"), (as_key, "Idempotency-Key")):
+            assert answer.status_code == 422 and answer.json()["field"] == field, answer.text
+            assert value[-12:] not in answer.text
+    assert all(planted[k][-12:] not in _database_text(svc) for k in ("nvidia-ngc", "groq", "age-secret-key"))

@@ -80,6 +80,56 @@ def _formats() -> dict[str, str]:
         "pgp-private-key": _block("PGP " + "PRIVATE KEY BLOCK", rng),
     }
     values["base64-wrapped"] = base64.b64encode(("token " + "gh" + "p_" + _r(rng, 36)).encode()).decode()
+    values.update(NEW_FORMATS(rng))
+    return values
+
+
+UPPER_DIGITS = string.ascii_uppercase + string.digits
+BECH32 = "QPZRY9X8GF2TVDW0S3JN54KHCE6MUA7L"
+URL62 = ALNUM + "_-"
+
+
+def _aws_secret(rng: random.Random) -> str:
+    """40 base64 characters shaped like a real key (a '/', both cases, digits): drawn until one is."""
+    while True:
+        key = _r(rng, 19, ALNUM + "+/") + "/" + _r(rng, 20, ALNUM + "+/")
+        if any(c.isupper() for c in key) and any(c.islower() for c in key) and any(c.isdigit() for c in key):
+            return key
+
+
+def NEW_FORMATS(rng: random.Random) -> dict[str, str]:  # noqa: N802 - a table, built at run time
+    """Issue 22's twelve, then the further ones taken from gitleaks/trufflehog (clusters/secrets.py cites each).
+
+    Built from parts so no literal in the repository has a vendor's shape."""
+    values = {
+        "nvidia-ngc": "nv" + "api-" + _r(rng, 64, URL62),
+        "terraform-cloud": _r(rng, 14) + ".atlas" + "v1." + _r(rng, 67),
+        "pypi": "py" + "pi-AgEIcHlwaS5vcmc" + _r(rng, 120, URL62),
+        "dockerhub-pat": "dckr" + "_pat_" + _r(rng, 27, URL62),
+        "databricks": "da" + "pi" + _r(rng, 32, HEX),
+        "google-oauth-client-secret": "GOC" + "SPX-" + _r(rng, 28, URL62),
+        "sendgrid": "S" + "G." + _r(rng, 22, URL62) + "." + _r(rng, 43, URL62),
+        "slack-app": "xa" + "pp-1-A" + _r(rng, 10, UPPER_DIGITS) + "-" + _r(rng, 13, string.digits) + "-" + _r(rng, 64, HEX),
+        "groq": "gs" + "k_" + _r(rng, 52),
+        "replicate": "r" + "8_" + _r(rng, 37),
+        "age-secret-key": "AGE-SECRET" + "-KEY-1" + _r(rng, 58, BECH32),
+        "aws-secret-bare": _aws_secret(rng),
+        "aws-secret-near-context": "aws s3 sync s3://acme-ckpt . # " + _r(rng, 40),
+        "xai": "x" + "ai-" + _r(rng, 80, ALNUM + "_"),
+        "langsmith": "lsv" + "2_pt_" + _r(rng, 32, HEX) + "_" + _r(rng, 10, HEX),
+        "perplexity": "pp" + "lx-" + _r(rng, 48),
+        "pinecone": "pc" + "sk_" + _r(rng, 5) + "_" + _r(rng, 63),
+        "huggingface-org": "api" + "_org_" + _r(rng, 34, string.ascii_letters),
+        "aws-bedrock": "AB" + "SK" + _r(rng, 140, ALNUM + "+/"),
+        "gitlab-runner": "gl" + "rt-" + _r(rng, 20, URL62),
+        "pulumi": "pu" + "l-" + _r(rng, 40, HEX),
+        "digitalocean": "do" + "p_v1_" + _r(rng, 64, HEX),
+        "grafana-sa": "gl" + "sa_" + _r(rng, 32) + "_" + _r(rng, 8, HEX),
+        "sentry-user": "snt" + "ryu_" + _r(rng, 64, HEX),
+        "heroku": "HR" + "KU-AA" + _r(rng, 58, URL62),
+        "1password-sa": "op" + "s_eyJ" + _r(rng, 260, ALNUM + "+/"),
+    }
+    values["percent-encoded-hf"] = "".join(f"%{b:02X}" for b in ("h" + "f_" + _r(rng, 34)).encode())
     return values
 
 
