@@ -24,6 +24,7 @@ from experiments.auth import OidcSettings
 from experiments.background.context import Context, Timing
 from experiments.background.worker import Worker
 from experiments.errors import ApiError
+from experiments.limits import MAX_BODY_BYTES, BodyLimit
 from experiments.metrics import Metrics
 from jobs.runner import Runner
 from experiments.services.catalog import Catalog
@@ -39,6 +40,7 @@ class ServiceSettings:
     worker: bool = True
     timing: Timing = field(default_factory=Timing)
     oidc: OidcSettings | None = None
+    max_body_bytes: int = MAX_BODY_BYTES
 
 
 def _field_of(loc: tuple[Any, ...]) -> str:
@@ -90,6 +92,8 @@ def create_app(settings: ServiceSettings, *, runner: Runner, catalog: Catalog | 
     app.state.engine = engine
     app.state.oidc = settings.oidc
     app.state.jwks = jwks
+    # Outermost (added last): the limit holds before authentication and before any body parsing.
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
 
     @app.exception_handler(ApiError)
     async def _api_error(_request: Request, exc: ApiError) -> JSONResponse:
@@ -105,7 +109,8 @@ def create_app(settings: ServiceSettings, *, runner: Runner, catalog: Catalog | 
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        fix = "see GET /api/docs for the routes" if exc.status_code in (404, 405) else "retry later"
+        fix = ("see GET /api/docs for the routes" if exc.status_code in (404, 405)
+               else "send a smaller body: a submission is a job name, meta and a deadline" if exc.status_code == 413 else "retry later")
         return JSONResponse({"error": str(exc.detail).lower(), "field": None, "fix": fix}, status_code=exc.status_code)
 
     app.include_router(experiments.router)
