@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import uuid
 import zlib
 from collections.abc import Mapping, Sequence
@@ -109,12 +110,36 @@ def submit(session: Session, catalog: Catalog, caller: Caller, *, job: str, meta
         return found, False
 
 
+MIN_PREFIX = 6
+SHORT_ID = 8  # what `exp list` and the dashboard print
+_PREFIX = re.compile(r"^[0-9a-f-]+$")
+
+
 def get_visible(session: Session, caller: Caller, experiment_id: str) -> Experiment:
+    """The experiment with this id, or with this unique id prefix (at least MIN_PREFIX characters,
+    as git, docker and nomad take), among the caller's own (an admin's: all). Another tenant's
+    experiment is indistinguishable from a missing one, also as a candidate of a prefix."""
     exp = session.get(Experiment, experiment_id)
-    if exp is None or not caller.may_see(exp.tenant):
-        # Another tenant's experiment is indistinguishable from a missing one: ids do not leak.
-        raise ApiError(404, f"no experiment {experiment_id!r}", field="id", fix="list yours with GET /api/v1/experiments (gpufleet exp list)")
-    return exp
+    if exp is not None and caller.may_see(exp.tenant):
+        return exp
+    missing = ApiError(404, f"no experiment {experiment_id!r}", field="id", fix="list yours with GET /api/v1/experiments (gpufleet exp list)")
+    prefix = experiment_id.lower()
+    if exp is not None or not _PREFIX.match(prefix):
+        raise missing
+    if len(prefix) < MIN_PREFIX:
+        raise ApiError(404, f"no experiment {experiment_id!r} (an id prefix needs at least {MIN_PREFIX} characters)", field="id",
+                       fix=f"give at least {MIN_PREFIX} characters of the id, as `gpufleet exp list` prints it")
+    query = select(Experiment).where(Experiment.id.startswith(prefix, autoescape=True))
+    if not caller.admin:
+        query = query.where(Experiment.tenant == caller.tenant)
+    found = session.execute(query.order_by(Experiment.created_at).limit(11)).scalars().all()
+    if not found:
+        raise missing
+    if len(found) > 1:
+        names = ", ".join(f"{e.id[:SHORT_ID + 4]} ({e.job}, {e.state})" for e in found[:10]) + (", ..." if len(found) > 10 else "")
+        raise ApiError(409, f"id prefix {experiment_id!r} matches {len(found) if len(found) <= 10 else 'more than 10'} experiments: {names}",
+                       field="id", fix="give more characters of the id")
+    return found[0]
 
 
 def list_visible(session: Session, caller: Caller, *, state: str | None, tenant: str | None, job: str | None, limit: int, offset: int) -> tuple[Sequence[Experiment], int]:

@@ -128,3 +128,38 @@ def test_quota_admits_exactly_what_fits_under_a_concurrent_burst(make_service, d
     assert len(admitted) + len(refused) == len(answers)
     assert "quota" in refused[0].json()["error"] and "stop one" in refused[0].json()["fix"]
 
+
+
+def _with_id(svc, source_id: str, new_id: str) -> None:
+    """A copy of experiment ``source_id`` under ``new_id`` (to make prefixes collide on purpose)."""
+    from experiments.models import Experiment
+
+    with svc.ctx.sessions() as session, session.begin():
+        exp = session.get(Experiment, source_id)
+        session.execute(Experiment.__table__.insert().values(
+            **{c.name: getattr(exp, c.name) for c in Experiment.__table__.columns if c.name not in ("id", "idempotency_key")},
+            id=new_id, idempotency_key=None))
+
+
+def test_a_unique_id_prefix_works_everywhere_and_an_ambiguous_one_lists_the_candidates(make_service, sqlite_url, nomad_runner):
+    """Issue: `exp list` printed 8-character ids that show/cancel/events refused with 404."""
+    svc = make_service(sqlite_url, nomad_runner)
+    mine, other = svc.token("finetune"), svc.token("eval")
+    exp = svc.submit(mine).json()
+    short = exp["id"][:8]
+    assert svc.client.get(f"/api/v1/experiments/{short}", headers=mine).json()["id"] == exp["id"]
+    assert svc.client.get(f"/api/v1/experiments/{short[:6]}/events", headers=mine).json()["id"] == exp["id"]
+    too_short = svc.client.get(f"/api/v1/experiments/{short[:5]}", headers=mine)
+    assert too_short.status_code == 404 and "at least 6 characters" in too_short.json()["error"]
+    # Another tenant's prefix is a plain 404, never a hint that it exists.
+    assert svc.client.get(f"/api/v1/experiments/{short}", headers=other).status_code == 404
+    _with_id(svc, exp["id"], short + "-0000-4000-8000-000000000000")
+    both = svc.client.get(f"/api/v1/experiments/{short}", headers=mine)
+    assert both.status_code == 409 and both.json()["field"] == "id"
+    assert exp["id"][:12] in both.json()["error"] and short + "-000" in both.json()["error"]
+    assert svc.client.get(f"/api/v1/experiments/{exp['id'][:13]}", headers=mine).json()["id"] == exp["id"]
+    cancelled = svc.client.post(f"/api/v1/experiments/{exp['id'][:13]}/cancel", headers=mine)
+    assert cancelled.status_code == 202 and cancelled.json()["id"] == exp["id"]
+    # The other tenant does not see the collision either: its candidates are its own.
+    assert svc.client.get(f"/api/v1/experiments/{short}", headers=other).status_code == 404
+    assert svc.client.get("/api/v1/experiments/%25%25%25%25%25%25", headers=mine).status_code == 404
