@@ -119,3 +119,53 @@ def gpudirect_min_gke_version(transport: GpuDirect, version: str) -> str | None:
     if minor in table:
         return None if key >= _version_key(table[minor]) else table[minor]
     return floors[0] if key < _version_key(floors[0]) else None
+
+
+# Topology-aware scheduling (Kueue TAS). The node labels GKE puts on the families placed in
+# blocks / sub-blocks / hosts, outermost first, exactly as the Kueue Topology of the toolkit's
+# A3 Mega configuration lists them (cluster-toolkit examples/gke-a3-megagpu/
+# kueue-configuration.yaml.tftpl lines 16-24, Topology "gke-default"); google/xpk
+# src/xpk/core/kueue_manager.py sets topologyName "gke-default" only for H100 Mega, H200 (A3
+# Ultra) and B200 (A4) flavors, so those three are the families with the labels. A3 High,
+# A2, G2 and N1 nodes carry none: a Topology there would leave every pod unplaceable.
+# Kueue v0.19.2 apis/kueue/v1beta2/topology_types.go:117 (CEL): kubernetes.io/hostname only as
+# the lowest level.
+TOPOLOGY_BLOCK = "cloud.google.com/gce-topology-block"
+TOPOLOGY_SUBBLOCK = "cloud.google.com/gce-topology-subblock"
+TOPOLOGY_HOST = "cloud.google.com/gce-topology-host"
+HOSTNAME_LABEL = "kubernetes.io/hostname"
+TOPOLOGY_LEVELS: tuple[str, ...] = (TOPOLOGY_BLOCK, TOPOLOGY_SUBBLOCK, TOPOLOGY_HOST, HOSTNAME_LABEL)
+# What a job file writes (jobs.schema.JobFile.topology) -> the node label of that level.
+TOPOLOGY_LEVEL_NAMES: dict[str, str] = {"block": TOPOLOGY_BLOCK, "subblock": TOPOLOGY_SUBBLOCK, "host": TOPOLOGY_HOST}
+
+
+@dataclass(frozen=True)
+class TopologyFamily:
+    """A family placed in GCE blocks: its machine-type prefixes and how many of its nodes one domain of each level holds.
+
+    ``nodes_per_host`` is 1 for every row: each is a whole-host -8g shape (8 GPUs, all of a
+    physical host's), so two nodes never share a gce-topology-host. Nodes per sub-block and per
+    block are not in any upstream file this repository could read (the toolkit and xpk leave
+    them to the reservation): None, and ``check`` then bounds a required block or sub-block only
+    by the pool's own size.
+    """
+
+    prefixes: tuple[str, ...]
+    nodes_per_host: int = 1
+    nodes_per_subblock: int | None = None
+    nodes_per_block: int | None = None
+
+    def nodes_per(self, level: str) -> int | None:
+        return {"host": self.nodes_per_host, "subblock": self.nodes_per_subblock, "block": self.nodes_per_block}[level]
+
+
+TOPOLOGY_FAMILIES: tuple[TopologyFamily, ...] = (
+    TopologyFamily(("a3-megagpu-8g",)),
+    TopologyFamily(("a3-ultragpu-8g",)),
+    TopologyFamily(("a4-highgpu-8g",)),
+)
+
+
+def topology_family(machine_type: str) -> TopologyFamily | None:
+    """The row for a machine type whose nodes carry GKE's topology labels, or None."""
+    return next((f for f in TOPOLOGY_FAMILIES if machine_type.startswith(f.prefixes)), None)

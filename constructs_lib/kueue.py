@@ -16,6 +16,16 @@ API: ``kueue.x-k8s.io/v1beta2`` (v1beta1 is deprecated since Kueue v0.16 and v1b
 storage version; served from v0.15). Checked against Kueue v0.19.2's CRDs by
 ``tests/constructs_lib/test_kueue_crds.py``. Kueue itself must be installed before this applies.
 
+Topology-aware scheduling (on by default since Kueue v0.14: pkg/features/kube_features.go:683-686
+at v0.19.2): a cluster whose pools include a multi-node capable pool of a block-placed family
+gets one ``Topology`` (``kueue.x-k8s.io/v1beta2``, the storage version at v0.19.2:
+config/components/crd/bases/kueue.x-k8s.io_topologies.yaml lines 86-150) with GKE's levels, and
+those pools' flavors name it in ``topologyName``, as the toolkit's A3 Mega configuration does
+(examples/gke-a3-megagpu/kueue-configuration.yaml.tftpl). Adding ``topologyName`` to an existing
+flavor is an in-place update (the flavor CRD's CEL rules only freeze it once set); from then on the
+flavor's nodeLabels and tolerations are immutable too (resourceflavor_types.go:48-51 at v0.19.2),
+so a change to a pool's taints replaces that flavor.
+
 Pure builders return the manifests so tests check them without cdktf; ``KueueQueues`` declares
 them as ``kubernetes_manifest``.
 """
@@ -26,6 +36,7 @@ from constructs import Construct
 
 from clusters.derive.pools import QUEUED_LABEL, GpuPoolSpec, kueue_local_queue_name, kueue_queue_key
 from clusters.derive.tenants import TENANT_LABEL, TenantSpec, tenant_gpu_pools
+from clusters.families import TOPOLOGY_LEVELS
 from constructs_lib.naming import pin
 from constructs_lib.providers import kubernetes
 
@@ -47,20 +58,34 @@ PROVISIONING_CONTROLLER = "kueue.x-k8s.io/provisioning-request"
 QUEUED_PROVISIONING_CLASS = "queued-provisioning.gke.io"
 
 
-def resource_flavor(spec: GpuPoolSpec) -> dict:
-    """Pods admitted on this flavor land on the pool's nodes and tolerate its taints (and GKE's DWS taint)."""
+def topology_name(cluster: str) -> str:
+    """One Topology per GKE cluster, named after it (a DNS subdomain: the flavor's topologyName pattern)."""
+    return f"{cluster}-gce"
+
+
+def topology(cluster: str) -> dict:
+    """GKE's block > sub-block > host > node hierarchy (clusters.families.TOPOLOGY_LEVELS)."""
+    return {"apiVersion": API_VERSION, "kind": "Topology", "metadata": {"name": topology_name(cluster)},
+            "spec": {"levels": [{"nodeLabel": label} for label in TOPOLOGY_LEVELS]}}
+
+
+def resource_flavor(spec: GpuPoolSpec, cluster: str | None = None) -> dict:
+    """Pods admitted on this flavor land on the pool's nodes and tolerate its taints (and GKE's DWS taint).
+
+    A topology-aware pool's flavor names the cluster's Topology (``cluster`` is then required).
+    """
     tolerations = [{"key": t.key, "operator": "Equal", "value": t.value, "effect": TAINT_EFFECTS[t.effect]} for t in spec.taints]
     if spec.queued_provisioning:
         tolerations.append({"key": QUEUED_LABEL, "operator": "Exists", "effect": "NoSchedule"})
-    return {
-        "apiVersion": API_VERSION,
-        "kind": "ResourceFlavor",
-        "metadata": {"name": spec.name},
-        "spec": {
-            "nodeLabels": {ACCELERATOR_LABEL: spec.accelerator, **{k: v for k, v in spec.labels if k.startswith("gpufleet.dev/")}},
-            "tolerations": tolerations,
-        },
+    flavor: dict[str, object] = {
+        "nodeLabels": {ACCELERATOR_LABEL: spec.accelerator, **{k: v for k, v in spec.labels if k.startswith("gpufleet.dev/")}},
+        "tolerations": tolerations,
     }
+    if spec.topology_aware:
+        if cluster is None:
+            raise ValueError(f"pool {spec.name} is topology-aware: pass the cluster whose Topology its flavor names")
+        flavor["topologyName"] = topology_name(cluster)
+    return {"apiVersion": API_VERSION, "kind": "ResourceFlavor", "metadata": {"name": spec.name}, "spec": flavor}
 
 
 def cluster_queue_name(tenant: str, pool: str) -> str:
@@ -123,7 +148,11 @@ class KueueQueues(Construct):
                  namespaces: dict[str, object]) -> None:
         super().__init__(scope, id_)
         manifest = kubernetes.manifest.Manifest
-        self.flavors = {p.name: pin(manifest(self, f"flavor_{p.name}", manifest=resource_flavor(p)), f"kueue_flavor_{p.name}")
+        self.topology = None
+        if any(p.topology_aware for p in pools):
+            self.topology = pin(manifest(self, "topology", manifest=topology(cluster)), "kueue_topology")
+        self.flavors = {p.name: pin(manifest(self, f"flavor_{p.name}", manifest=resource_flavor(p, cluster),
+                                             depends_on=[self.topology] if p.topology_aware else None), f"kueue_flavor_{p.name}")
                         for p in pools}
         self.cohort = cluster
         prerequisites: list[object] = list(self.flavors.values())

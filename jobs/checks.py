@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 from clusters.derive.pools import GpuPoolSpec, derive_gpu_pools
 from clusters.derive.tenants import DEFAULT_CONTAINER_CPU_MILLICORES, DEFAULT_CONTAINER_MEMORY_MIB
-from clusters.families import GpuDirect
+from clusters.families import TOPOLOGY_FAMILIES, GpuDirect, topology_family
 from clusters.machines import gke_allocatable, machine_shape
 from clusters.schema import ClusterConfig, SchedulerKind
 from clusters.secrets import detect
@@ -140,6 +140,8 @@ def _nomad_only(job: JobFile, clusters: dict[str, ClusterConfig]) -> Iterator[Fi
     gke = ", ".join(sorted(n for n, c in clusters.items() if c.scheduler == SchedulerKind.GKE)) or "(none)"
     if job.nodes > 1:
         yield (("nodes",), f"{job.nodes} nodes: multi-node runs are built on GKE only (an Indexed Job with a rendezvous Service), not on Nomad yet; set nodes: 1 or pick a GKE cluster: {gke}")
+    elif job.topology is not None:
+        yield (("topology",), f"topology places the ranks of a multi-node GKE run; Nomad runs one node: remove topology or pick a GKE cluster: {gke}")
     if job.cpu_cores is not None:
         yield (("cpu_cores",), f"cpu_cores is read on GKE only; Nomad reserves CPU in MHz: delete cpu_cores and set cpu_mhz, or pick a GKE cluster: {gke}")
 
@@ -159,6 +161,7 @@ def _gke(job: JobFile, config: ClusterConfig) -> Iterator[Finding]:
         if job.gpu.count != pool.gpus_per_node:
             yield (("gpu", "count"), f"{job.gpu.count} GPUs per node: a multi-node run on GPUDirect pool {pool.name} takes whole nodes "
                    f"(one receive-datapath sidecar per node serves all its GPUs); set gpu.count: {pool.gpus_per_node}")
+    yield from _topology(job, pool, config)
     if job.nodes > pool.max_total_nodes:
         yield (("nodes",), f"{job.nodes} nodes exceed pool {pool.name}'s maximum of {pool.max_total_nodes} in clusters/{config.name}.yaml; Kueue admits all ranks or none, so the run would never start; allowed: 1..{pool.max_total_nodes}")
     allocatable = gke_allocatable(pool.machine_type)
@@ -177,6 +180,27 @@ def _gke(job: JobFile, config: ClusterConfig) -> Iterator[Finding]:
     disk_mib = int(pool.boot_disk_gb * 1024 * 0.9)
     if job.disk_mb > disk_mib:
         yield (("disk_mb",), f"{job.disk_mb} MiB of ephemeral storage does not fit pool {pool.name}'s {pool.boot_disk_gb} GB boot disk (kubelet evicts below 10% free); allowed: <= {disk_mib}; lower it or raise boot_disk_gb")
+
+
+def _topology(job: JobFile, pool: GpuPoolSpec, config: ClusterConfig) -> Iterator[Finding]:
+    """A required topology level the pool cannot give: Kueue would hold the run pending forever."""
+    if job.topology is None:
+        return
+    if job.nodes < 2:
+        yield (("topology",), f"topology: {job.topology} places the ranks of a multi-node run; this job has nodes: 1; remove topology or set nodes >= 2")
+        return
+    family = topology_family(pool.machine_type)
+    if family is None or not pool.topology_aware:
+        families = ", ".join(p for f in TOPOLOGY_FAMILIES for p in f.prefixes)
+        yield (("topology",), f"pool {pool.name} ({pool.machine_type}) has no GCE topology labels, so Kueue cannot place ranks by {job.topology}; "
+               f"remove topology or pick a pool of a block-placed machine type ({families})")
+        return
+    per_domain = family.nodes_per(job.topology)
+    if per_domain is not None and job.nodes > per_domain:
+        wider = "block" if job.topology != "block" else None
+        fix = f"set topology: {wider} or remove it (prefer one sub-block)" if wider else "remove topology (prefer one sub-block)"
+        yield (("topology",), f"{job.nodes} nodes cannot share one {job.topology}: a {pool.machine_type} {job.topology} holds {per_domain} node"
+               f"{'s' if per_domain != 1 else ''}, so Kueue would never admit the run; {fix}, or lower nodes to {per_domain}")
 
 
 def _gpu_fit(job: JobFile, pool: GpuPoolSpec) -> Iterator[Finding]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from enum import StrEnum
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
@@ -117,6 +117,9 @@ class JobFile(Model):
     env: dict[str, str] = {}
     # Nodes of one run (multi-node fine-tunes; GKE only for now): each gets gpu.count GPUs.
     nodes: Annotated[int, Field(ge=1, le=64)] = 1
+    # GKE, nodes > 1: the topology level all ranks must share (Kueue's podset-required-topology).
+    # Unset, ranks are preferred within one sub-block and spill over only when none has room.
+    topology: Literal["block", "subblock", "host"] | None = None
     cpu_mhz: Annotated[int, Field(ge=100, le=512_000)] = 4000
     # GKE requests CPU in cores; unset, it is cpu_mhz / 1000 (one core per GHz of the Nomad share).
     cpu_cores: Annotated[float, Field(ge=0.1, le=512)] | None = None

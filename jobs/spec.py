@@ -82,6 +82,8 @@ class FinetuneSpec:
     nodes: int = 1
     cpu_millicores: int = 4000
     gke: GkeTarget | None = None
+    # jobs.schema.JobFile.topology: the level every rank must share, or None (preferred sub-block).
+    topology: str | None = None
 
     @property
     def total_gpus(self) -> int:
@@ -147,4 +149,5 @@ def derive_spec(job: JobFile, config: ClusterConfig, *, source: Path) -> Finetun
         nodes=job.nodes,
         cpu_millicores=cpu_millicores(job),
         gke=gke,
+        topology=job.topology,
     )

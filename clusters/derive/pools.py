@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass
 
 from clusters.derive.upgrades import UpgradeSpec, derive_upgrade
-from clusters.families import GpuDirect, machine_family
+from clusters.families import GpuDirect, machine_family, topology_family
 from clusters.machines import MACHINE_GPUS, N1_ACCELERATOR, N1_GPU_MEMORY_GIB, N1_MODEL, NVML_GPUS, NvmlGpu, is_n1
 from clusters.reservation import ReservationSpec, derive_reservation
 from clusters.schema import ClusterConfig, Environment, GpuPool, SchedulerKind, TaintEffect
@@ -83,6 +83,9 @@ class GpuPoolSpec:
     reservation_spec: ReservationSpec | None = None
     placement_policy_name: str | None = None
     host_maintenance_interval: str | None = None
+    # Kueue topology-aware placement: the family's nodes carry GKE's block/sub-block/host labels
+    # (clusters.families.TOPOLOGY_FAMILIES) and the pool can hold a multi-node run.
+    topology_aware: bool = False
 
     @property
     def autoscaling(self) -> bool:
@@ -144,6 +147,9 @@ def derive_gpu_pool(pool: GpuPool, config: ClusterConfig) -> GpuPoolSpec:
         TaintSpec(t.key, t.value, t.effect.value) for t in pool.taints
     )
     static = pool.node_count is not None
+    max_nodes = pool.node_count if static else (pool.max_nodes or 1)
+    per_zone = config.scheduler == SchedulerKind.GKE
+    total_max = max_nodes * len(pool.zones or config.gcp.zones) if static and per_zone else max_nodes
     return GpuPoolSpec(
         name=pool.name,
         machine_type=pool.machine_type,
@@ -154,7 +160,7 @@ def derive_gpu_pool(pool: GpuPool, config: ClusterConfig) -> GpuPoolSpec:
         nvml=NVML_GPUS[accelerator],
         node_count=pool.node_count,
         min_nodes=pool.node_count if static else (pool.min_nodes or 0),
-        max_nodes=pool.node_count if static else (pool.max_nodes or 1),
+        max_nodes=max_nodes,
         spot=pool.spot,
         reservation=pool.reservation,
         queued_provisioning=pool.queued_provisioning,
@@ -166,7 +172,7 @@ def derive_gpu_pool(pool: GpuPool, config: ClusterConfig) -> GpuPoolSpec:
         taints=taints,
         overcommit=pool.overcommit,
         protected=default_protected(pool, config.environment),
-        node_count_per_zone=config.scheduler == SchedulerKind.GKE,
+        node_count_per_zone=per_zone,
         gpu_driver_version=pool.gpu_driver_version,
         local_ssd_count=family.local_ssd_count,
         gpudirect=pool_gpudirect(pool),
@@ -176,6 +182,7 @@ def derive_gpu_pool(pool: GpuPool, config: ClusterConfig) -> GpuPoolSpec:
         location_policy="ANY" if pool.spot or pool.queued_provisioning or pool.reservation else "BALANCED",
         placement_policy_name=pool.placement_policy_name,
         host_maintenance_interval=pool.host_maintenance_interval,
+        topology_aware=per_zone and total_max > 1 and topology_family(pool.machine_type) is not None,
         reservation_spec=derive_reservation(pool.reservation, config.gcp.project, (pool.zones or config.gcp.zones)[0]) if pool.reservation else None,
     )
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from clusters.derive.pools import POOL_LABEL
+from clusters.families import TOPOLOGY_LEVEL_NAMES
 from jobs.durations import NS_PER_SECOND
 from jobs.k8s.gpudirect import PodNetworking, pod_networking
 from jobs.spec import TASK, FinetuneSpec
@@ -30,6 +31,12 @@ from vault_policies.layout import ENV_KILL_GRACE_SECONDS, ENV_MAX_RUN_SECONDS, E
 
 # kubernetes-sigs/kueue pkg/controller/constants/constants.go (v0.19.2): QueueLabel.
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+# Kueue v0.19.2 apis/kueue/v1beta2/topology_types.go:28 and :39. Kueue's webhook refuses a pod
+# template with more than one of them (pkg/controller/jobframework/tas_validation.go:50-58), so
+# a run carries the required level when its job file names one and the preferred one otherwise.
+REQUIRED_TOPOLOGY_ANNOTATION = "kueue.x-k8s.io/podset-required-topology"
+PREFERRED_TOPOLOGY_ANNOTATION = "kueue.x-k8s.io/podset-preferred-topology"
+DEFAULT_PREFERRED_LEVEL = "subblock"
 # Set by the Job controller on every pod of an Indexed Job (batch/v1 JobSpec.completionMode).
 COMPLETION_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
 JOB_LABEL = "gpufleet.dev/job"
@@ -197,6 +204,23 @@ def _pod_spec(spec: FinetuneSpec, run: str, meta: dict[str, str]) -> dict[str, A
     return pod
 
 
+def topology_annotations(spec: FinetuneSpec) -> dict[str, str]:
+    """Where Kueue places the ranks of a multi-node run on a topology-aware pool: all in one domain of
+    the job's required level, or preferably in one sub-block (Kueue climbs to the block and then
+    spreads when no sub-block has room: topology_types.go:31-38). Nothing for single-node runs or
+    pools without the topology labels (their flavor names no Topology; Kueue would reject it)."""
+    if spec.nodes < 2 or not spec.pool.topology_aware:
+        return {}
+    if spec.topology is not None:
+        return {REQUIRED_TOPOLOGY_ANNOTATION: TOPOLOGY_LEVEL_NAMES[spec.topology]}
+    return {PREFERRED_TOPOLOGY_ANNOTATION: TOPOLOGY_LEVEL_NAMES[DEFAULT_PREFERRED_LEVEL]}
+
+
+def _template_annotations(spec: FinetuneSpec) -> dict[str, str]:
+    wiring = networking(spec)
+    return {**(wiring.annotations if wiring else {}), **topology_annotations(spec)}
+
+
 def _labels(spec: FinetuneSpec, run: str) -> dict[str, str]:
     return {JOB_LABEL: spec.name, RUN_LABEL: run}
 
@@ -233,7 +257,7 @@ def job_manifest(spec: FinetuneSpec, *, dispatch_id: str | None = None, meta: di
             "activeDeadlineSeconds": spec.max_run_ns // NS_PER_SECOND,
             "ttlSecondsAfterFinished": TTL_AFTER_FINISHED_SECONDS,
             "template": {
-                "metadata": {"labels": _labels(spec, run), **({"annotations": wiring.annotations} if (wiring := networking(spec)) else {})},
+                "metadata": {"labels": _labels(spec, run), **({"annotations": a} if (a := _template_annotations(spec)) else {})},
                 "spec": _pod_spec(spec, run, meta or {}),
             },
         },

@@ -14,7 +14,7 @@ from pathlib import Path
 from ruamel.yaml import YAML
 
 KINDS = {"ResourceFlavor": "resourceflavors", "ClusterQueue": "clusterqueues", "LocalQueue": "localqueues",
-         "AdmissionCheck": "admissionchecks", "ProvisioningRequestConfig": "provisioningrequestconfigs"}
+         "AdmissionCheck": "admissionchecks", "ProvisioningRequestConfig": "provisioningrequestconfigs", "Topology": "topologies"}
 VERSION = "v1beta2"
 
 
