@@ -38,7 +38,10 @@ demo: $(STAMP)
 	  PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/gpufleet serve --db $(DEMO_DB) --scheduler local --port 8787 --poll-seconds 0.5 > .gpufleet/demo-serve.log 2>&1 & \
 	  serve=$$!; trap 'kill $$serve 2>/dev/null; $(BIN)/gpufleet dev down' EXIT; \
 	  for i in $$(seq 50); do curl -fsS $(DEMO_API)/healthz >/dev/null 2>&1 && break; sleep 0.2; done; \
-	  $(BIN)/gpufleet exp submit finetune-llama --meta dataset_uri=hf://datasets/demo/tiny@v1 --meta run_id=demo-1 --watch
+	  $(BIN)/gpufleet exp submit finetune-llama --meta dataset_uri=hf://datasets/demo/tiny@v1 --meta run_id=demo-1 --watch; \
+	  id=$$($(BIN)/gpufleet exp list --limit 1 --json | $(BIN)/python -c 'import json, sys; print(json.load(sys.stdin)["items"][0]["id"][:8])'); \
+	  echo "--- what the run printed (last 5 lines): gpufleet exp logs $$id --tail 5"; \
+	  $(BIN)/gpufleet exp logs $$id --tail 5
 
 # The dashboard tests drive Debian's chromium (Playwright only connects to it; no browser download).
 browser:

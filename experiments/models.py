@@ -105,3 +105,15 @@ class ApiToken(Base):
     name: Mapped[str] = mapped_column(String(128), default="")
     created_at: Mapped[datetime] = mapped_column(DateTime)
     revoked_at: Mapped[datetime | None] = mapped_column(DateTime, default=None)
+
+
+class RunLog(Base):
+    """The last part of a run's stdout/stderr, kept when the run ends, so a run the scheduler has
+    garbage-collected still shows why it died. Masked by jobs.logs before it is written."""
+
+    __tablename__ = "run_logs"
+
+    experiment_id: Mapped[str] = mapped_column(String(36), ForeignKey("experiments.id", ondelete="CASCADE"), primary_key=True)
+    stream: Mapped[str] = mapped_column(String(8), primary_key=True)
+    text: Mapped[str] = mapped_column(Text)
+    captured_at: Mapped[datetime] = mapped_column(DateTime)

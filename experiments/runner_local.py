@@ -4,7 +4,10 @@ service's VAULT_TOKEN, unwrapped by gpufleet-exec in the child; same Nomad-shape
 but in the background, so ``make demo`` can drive it through the API.
 
 Runs live in this process: a restarted service forgets them (the reconciler then fails them
-with "the scheduler no longer knows run ..."). Production uses ``NomadRunner``.
+with "the scheduler no longer knows run ..."). Production uses ``NomadRunner``. Each run's
+directory is kept under ``.gpufleet/runs/`` with its output as Nomad names it
+(``alloc/logs/train.stdout.0``, ``train.stderr.0``), so ``gpufleet exp logs`` shows it after the
+run ended.
 """
 
 from __future__ import annotations
@@ -21,10 +24,24 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from jobs.local import REPO_ROOT, local_argv, task_environment
+from jobs.logs import DEFAULT_TAIL_BYTES, tail_text
 from jobs.nomad.render import META_ROLE_ID, META_WRAPPED_SECRET_ID
-from jobs.spec import FinetuneSpec
+from jobs.spec import TASK, FinetuneSpec
 from jobs.vault_mint import mint_wrapped_secret_id
 from jobs.runner import Phase, RunNotFound, RunReport
+
+
+RUNS_DIR = REPO_ROOT / ".gpufleet" / "runs"
+
+
+def _drop_secrets(root: Path) -> None:
+    """Once a run ended keep only its logs: the rest of its directory (secrets, task scratch) goes."""
+    for child in root.iterdir():
+        if child.name != "alloc":
+            shutil.rmtree(child, ignore_errors=True) if child.is_dir() else child.unlink(missing_ok=True)
+    for child in (root / "alloc").iterdir():
+        if child.name != "logs":
+            shutil.rmtree(child, ignore_errors=True) if child.is_dir() else child.unlink(missing_ok=True)
 
 
 @dataclass
@@ -49,12 +66,13 @@ class LocalRunner:
                 return self._by_key[idempotency_key]
         wrapped = mint_wrapped_secret_id(job, self._environ, expected_queue_seconds=0)
         run_id = f"local/{job.name}/dispatch-{secrets.token_hex(4)}"
-        root = Path(tempfile.mkdtemp(prefix=f"gpufleet-{job.name}-"))
+        RUNS_DIR.mkdir(parents=True, exist_ok=True)
+        root = Path(tempfile.mkdtemp(prefix=f"{job.name}-", dir=RUNS_DIR))
         platform = {META_ROLE_ID: wrapped.role_id, META_WRAPPED_SECRET_ID: wrapped.wrapping_token}
         env = task_environment(job, {**meta, **platform}, job_id=run_id.removeprefix("local/"), alloc_id=str(uuid.uuid4()), alloc_root=root, environ=self._environ)
-        log = (root / "alloc" / "logs" / "train.log").open("wb")
-        process = subprocess.Popen(local_argv(job), cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-        log.close()
+        logs = root / "alloc" / "logs"
+        with (logs / f"{TASK}.stdout.0").open("ab") as out, (logs / f"{TASK}.stderr.0").open("ab") as err:
+            process = subprocess.Popen(local_argv(job), cwd=REPO_ROOT, env=env, stdout=out, stderr=err)
         with self._lock:
             self._runs[run_id] = _Run(process, root)
             self._by_key[idempotency_key] = run_id
@@ -68,12 +86,27 @@ class LocalRunner:
         code = run.process.poll()
         if code is None:
             return RunReport(Phase.RUNNING, f"pid {run.process.pid} on this machine", True, None)
-        shutil.rmtree(run.root, ignore_errors=True)
+        _drop_secrets(run.root)
         if run.stopped:
             return RunReport(Phase.STOPPED, "stopped by request", True, code)
         if code == 0:
             return RunReport(Phase.SUCCEEDED, "exited 0", True, 0)
         return RunReport(Phase.FAILED, f"task train: Terminated: Exit Code: {code}", True, code)
+
+    def logs(self, run_id: str, *, stderr: bool = False, tail_bytes: int = DEFAULT_TAIL_BYTES) -> str:
+        with self._lock:
+            run = self._runs.get(run_id)
+        if run is None:
+            raise RunNotFound(run_id)
+        path = run.root / "alloc" / "logs" / f"{TASK}.{'stderr' if stderr else 'stdout'}.0"
+        try:
+            with path.open("rb") as handle:
+                handle.seek(0, os.SEEK_END)
+                size = handle.tell()
+                handle.seek(max(0, size - tail_bytes))
+                return tail_text(handle.read(), tail_bytes)
+        except FileNotFoundError:
+            return ""
 
     def find(self, job: FinetuneSpec, idempotency_key: str) -> str | None:
         with self._lock:

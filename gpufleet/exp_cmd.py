@@ -1,4 +1,4 @@
-"""``gpufleet exp submit|list|show|cancel|watch|events``: the control plane's API from a shell.
+"""``gpufleet exp submit|list|show|cancel|watch|events|logs``: the control plane's API from a shell.
 
 GPUFLEET_API (default http://127.0.0.1:8080) and GPUFLEET_API_TOKEN (a token from
 ``gpufleet api token create`` or a CI workload identity's OIDC token). ``--json`` prints
@@ -141,6 +141,22 @@ def cmd_events(experiment_id: str = typer.Argument(...), as_json: bool = JsonOpt
     console.print(table)
 
 
+def cmd_logs(experiment_id: str = typer.Argument(..., help="The experiment id, or a unique prefix of it (6+ characters)."),
+             stderr: bool = typer.Option(False, "--stderr", help="The run's stderr instead of its stdout."),
+             tail: int | None = typer.Option(None, "--tail", min=0, help="Only the last N lines."),
+             as_json: bool = JsonOption) -> None:
+    """What the run printed: live from its scheduler, else the tail kept when it ended (credentials masked)."""
+    answer = _call("GET", f"/api/v1/experiments/{experiment_id}/logs", params={"stderr": str(stderr).lower(), **({"tail": tail} if tail is not None else {})})
+    if as_json:
+        _print_json(answer)
+        return
+    for line in answer["lines"]:
+        print(line)
+    if answer["source"] != "scheduler":
+        where = "kept when the run ended" if answer["source"] == "stored" else "none kept"
+        console.print(f"[dim]({answer['stream']} {where}{'; ' + answer['note'] if answer.get('note') else ''})[/]", highlight=False)
+
+
 def cmd_watch(experiment_id: str = typer.Argument(...), interval: float = typer.Option(1.0, "--interval", min=0.2), as_json: bool = JsonOption) -> None:
     """Print each state change until the experiment ends; exit 1 unless it succeeded."""
     seen = None
@@ -159,7 +175,7 @@ def cmd_watch(experiment_id: str = typer.Argument(...), interval: float = typer.
 
 
 def register(app: typer.Typer) -> None:
-    exp = typer.Typer(help="Experiments on the control plane (GPUFLEET_API, GPUFLEET_API_TOKEN): submit, list, show, cancel, watch, events.", no_args_is_help=True)
-    for name, command in (("submit", cmd_submit), ("list", cmd_list), ("show", cmd_show), ("cancel", cmd_cancel), ("watch", cmd_watch), ("events", cmd_events)):
+    exp = typer.Typer(help="Experiments on the control plane (GPUFLEET_API, GPUFLEET_API_TOKEN): submit, list, show, cancel, watch, events, logs.", no_args_is_help=True)
+    for name, command in (("submit", cmd_submit), ("list", cmd_list), ("show", cmd_show), ("cancel", cmd_cancel), ("watch", cmd_watch), ("events", cmd_events), ("logs", cmd_logs)):
         exp.command(name)(command)
     app.add_typer(exp, name="exp")

@@ -25,6 +25,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Protocol
 
 from clusters.schema import SchedulerKind
+from jobs.logs import DEFAULT_TAIL_BYTES
 from jobs.spec import FinetuneSpec
 from jobs.vault_mint import default_queue_seconds, mint_wrapped_secret_id
 
@@ -376,6 +377,11 @@ class Runners:
 
     def find(self, job: FinetuneSpec, idempotency_key: str) -> str | None:
         return self._pick(job.scheduler == SchedulerKind.GKE).find(job, idempotency_key)
+
+    def logs(self, run_id: str, *, stderr: bool = False, tail_bytes: int = DEFAULT_TAIL_BYTES) -> str:
+        from jobs.logs import read_logs
+
+        return read_logs(self._pick(run_id.startswith(GKE_PREFIX)), run_id, stderr=stderr, tail_bytes=tail_bytes)
 
     def poll(self, run_ids: Sequence[str], known: Mapping[str, str]) -> dict[str, Polled]:
         """Each scheduler's runs through its own batch poll (list calls, not a GET per run). One

@@ -27,6 +27,7 @@ from sqlalchemy.orm import Session
 from experiments.background.context import Context, log
 from experiments.models import Experiment
 from experiments.scheduler import bound_clause, not_bound
+from experiments.services import logs as run_logs
 from experiments.services.lifecycle import transition
 from experiments.states import ON_SCHEDULER, TERMINAL, State, can_move
 from jobs.runner import Phase, RunNotFound, RunReport, SchedulerUnavailable, poll
@@ -102,6 +103,8 @@ def process_scheduled(ctx: Context) -> int:
         ctx.metrics.reconcile_errors.inc(missed)
         log.warning("reconcile: no answer for %d of %d runs this pass (see the scheduler errors above)", missed, len(tracked))
     ended = _apply_all(ctx, moves, answered)
+    if ended:
+        run_logs.keep(ctx.sessions, ctx.runner, sorted(ended), now=ctx.clock())
     ctx.fingerprints.remember(fresh)
     ctx.fingerprints.forget([r.run_id for r in tracked if r.id in ended])
     return done + len(answered)
@@ -181,6 +184,7 @@ def reconcile_one(ctx: Context, experiment_id: str) -> None:
     if exp.cancel_requested_at is not None:
         ctx.runner.stop(exp.run_id)
         _move(ctx, experiment_id, State.CANCELLED, "cancelled: stopped on the scheduler", exit_code=None)
+        run_logs.keep(ctx.sessions, ctx.runner, [experiment_id], now=ctx.clock())
         return
     try:
         report = ctx.runner.status(exp.run_id)

@@ -12,6 +12,7 @@ from experiments.auth import Caller
 from experiments.background.context import Context
 from experiments.routers.deps import caller, context
 from experiments.services import experiments as service
+from experiments.services import logs as run_logs
 from experiments.states import State
 
 router = APIRouter(prefix="/api/v1")
@@ -58,6 +59,15 @@ def events(experiment_id: str, who: Annotated[Caller, Depends(caller)], ctx: Ann
     with ctx.sessions() as session:
         exp = service.get_visible(session, who, experiment_id)
         return {"id": exp.id, "events": [service.event_view(e) for e in service.events_of(session, exp)]}
+
+
+@router.get("/experiments/{experiment_id}/logs")
+def logs(experiment_id: str, who: Annotated[Caller, Depends(caller)], ctx: Annotated[Context, Depends(context)],
+         stderr: bool = False, tail: Annotated[int | None, Query(ge=0, le=100_000)] = None) -> dict[str, Any]:
+    """The run's stdout (or stderr): live from its scheduler, else the tail kept when it ended."""
+    with ctx.sessions() as session:
+        exp = service.get_visible(session, who, experiment_id)
+        return run_logs.read(session, ctx.runner, exp, stderr=stderr, tail_lines=tail)
 
 
 @router.post("/experiments/{experiment_id}/cancel", status_code=202)
