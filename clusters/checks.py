@@ -89,7 +89,11 @@ def _gke_access(config: ClusterConfig) -> Iterator[Finding]:
             yield (("gke", "system_pool", "min_nodes"), f"min_nodes {gke.system_pool.min_nodes} is above max_nodes"
                    f" {gke.system_pool.max_nodes}; lower min_nodes or raise max_nodes")
         exclusion = gke.upgrade_exclusion
-        if exclusion is not None and exclusion.end_time <= exclusion.start_time:
+        if exclusion is not None and (exclusion.start_time is None) != (exclusion.end_time is None):
+            given, missing = ("start_time", "end_time") if exclusion.end_time is None else ("end_time", "start_time")
+            yield (("gke", "upgrade_exclusion", given), f"{given} without {missing}: a dated exclusion needs both;"
+                   " set both, or remove both and gpufleet renews the exclusion every calendar quarter")
+        elif exclusion is not None and exclusion.end_time is not None and exclusion.start_time is not None and exclusion.end_time <= exclusion.start_time:
             yield (("gke", "upgrade_exclusion", "end_time"), f"{exclusion.end_time} is not after start_time {exclusion.start_time};"
                    " set an end_time after the start (GKE allows NO_MINOR_OR_NODE_UPGRADES until the minor version's end of support)")
     grouped = [t.name for t in config.tenants if any(m.startswith("group:") for m in t.groups)]

@@ -227,6 +227,12 @@ class GcpConfig(Model):
     # Share of the node subnet's flows logged (review D7): flow logs are billed per GB, and a training
     # VPC carries checkpoint and data traffic; 0.1 keeps enough to investigate, raise it while you do.
     flow_log_sampling: Annotated[float, Field(gt=0, le=1)] = 0.1
+    # Aggregation interval and metadata of those flow logs (google_compute_subnetwork.log_config at
+    # provider 6.50.0; values: its "Possible values"). The cheapest by default: one record per
+    # connection per 15 minutes, no VM/GKE metadata. CUSTOM_METADATA is left out: it needs a
+    # metadata_fields list gpufleet does not model. Raise both while investigating.
+    flow_log_interval: Literal["INTERVAL_5_SEC", "INTERVAL_30_SEC", "INTERVAL_1_MIN", "INTERVAL_5_MIN", "INTERVAL_10_MIN", "INTERVAL_15_MIN"] = "INTERVAL_15_MIN"
+    flow_log_metadata: Literal["EXCLUDE_ALL_METADATA", "INCLUDE_ALL_METADATA"] = "EXCLUDE_ALL_METADATA"
 
 
 class TaintEffect(StrEnum):
@@ -371,11 +377,20 @@ RFC3339 = r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}Z$"
 
 
 class UpgradeExclusion(Model):
-    """A NO_MINOR_OR_NODE_UPGRADES window (the toolkit's A3 default): no node upgrade evicts a run inside it."""
+    """A maintenance exclusion: no minor (and, by default, no node) upgrade evicts a run inside it.
+
+    Without dates (the default form) gpufleet derives the window from the clock: from the first
+    day of the current calendar quarter to 45 days into the next one, so every apply in a new
+    quarter renews it and nothing in the file expires (clusters.derive.gke.derive_exclusion).
+    ``start_time``/``end_time`` pin a one-off window instead; ``gpufleet check`` warns 30 days
+    before it ends. Scopes: the GKE API's MaintenanceExclusionOptions.Scope values that keep
+    control-plane patches (NO_UPGRADES also stops security patches and is not offered).
+    """
 
     name: DnsName = "no-minor-or-node-upgrades"
-    start_time: Annotated[str, Field(pattern=RFC3339, description="an RFC 3339 time such as '2026-06-01T00:00:00Z'")]
-    end_time: Annotated[str, Field(pattern=RFC3339, description="an RFC 3339 time such as '2026-06-30T00:00:00Z'")]
+    scope: Literal["NO_MINOR_OR_NODE_UPGRADES", "NO_MINOR_UPGRADES"] = "NO_MINOR_OR_NODE_UPGRADES"
+    start_time: Annotated[Annotated[str, Field(pattern=RFC3339)] | None, Field(description="an RFC 3339 time such as '2026-06-01T00:00:00Z'")] = None
+    end_time: Annotated[Annotated[str, Field(pattern=RFC3339)] | None, Field(description="an RFC 3339 time such as '2026-06-30T00:00:00Z'")] = None
 
 
 class GkeConfig(Model):
@@ -383,7 +398,11 @@ class GkeConfig(Model):
     # The IAM-authorized DNS endpoint is how CI, Terraform Cloud and operators reach the API
     # server without an IP allow-list; false leaves only master_authorized_networks.
     dns_endpoint: bool = True
-    private_endpoint: bool = False
+    # Closes the control plane's public IP endpoint (enable_private_endpoint; nodes and in-VPC
+    # clients keep the private one). Unset: closed whenever the DNS endpoint is on, so a new
+    # cluster exposes no IP endpoint beside it; a cluster reached over master_authorized_networks
+    # today sets false until its users moved to the DNS endpoint (docs/maintenance.md).
+    private_endpoint: bool | None = None
     maintenance_start_time: Annotated[str, Field(pattern=HH_MM, description="a UTC time of day as HH:MM, such as '09:00'")] = "09:00"
     upgrade_exclusion: UpgradeExclusion | None = None
     release_channel: Literal["RAPID", "REGULAR", "STABLE"] = "REGULAR"

@@ -40,9 +40,9 @@ class GkeCluster(Construct):
         self.workload_pool = f"{gcp.project}.svc.id.goog"
         maintenance: dict[str, object] = {"daily_maintenance_window": {"start_time": control_plane.maintenance_start_time}}
         if control_plane.exclusion:
-            name, start, end = control_plane.exclusion
+            name, start, end, scope = control_plane.exclusion
             maintenance["maintenance_exclusion"] = [google.container_cluster.ContainerClusterMaintenancePolicyMaintenanceExclusion(
-                exclusion_name=name, start_time=start, end_time=end, exclusion_options={"scope": "NO_MINOR_OR_NODE_UPGRADES"})]
+                exclusion_name=name, start_time=start, end_time=end, exclusion_options={"scope": scope})]
         if config.gke and config.gke.min_master_version:
             extras["min_master_version"] = config.gke.min_master_version
         if control_plane.node_locations:

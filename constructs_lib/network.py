@@ -53,7 +53,7 @@ class GpuNetwork(Construct):
                 google.compute_subnetwork.ComputeSubnetworkSecondaryIpRange(range_name=PODS_RANGE, ip_cidr_range=gcp.pods_cidr),
                 google.compute_subnetwork.ComputeSubnetworkSecondaryIpRange(range_name=SERVICES_RANGE, ip_cidr_range=gcp.services_cidr),
             ],
-            log_config={"aggregation_interval": "INTERVAL_5_SEC", "flow_sampling": gcp.flow_log_sampling, "metadata": "INCLUDE_ALL_METADATA"},
+            log_config={"aggregation_interval": gcp.flow_log_interval, "flow_sampling": gcp.flow_log_sampling, "metadata": gcp.flow_log_metadata},
         ), "subnet")
         self.router = pin(google.compute_router.ComputeRouter(self, "router", name=f"{name}-router", region=gcp.region,
                                                network=self.vpc.id), "router")

@@ -107,6 +107,33 @@ def _destroys(report: CheckReport, configs: tuple[ClusterConfig, ...], out: Path
                [f"{'destroy' if d.blocking else 'note'}: {d.line}" for d in found])
 
 
+def expiry_warnings(configs: tuple[ClusterConfig, ...], directory: Path | None = None) -> list[str]:
+    """One line per dated maintenance exclusion that ends within 30 days (or has ended): file, line, field, fix."""
+    from clusters import clock
+    from clusters.derive.gke import EXPIRY_WARNING_DAYS, exclusion_expiry
+    from clusters.source import read_yaml
+
+    today = clock.today()
+    lines = []
+    for config in configs:
+        found = exclusion_expiry(config, today)
+        if found is None:
+            continue
+        end, left = found
+        path = (directory or repo.clusters_dir()) / f"{config.name}.yaml"
+        field = ("gke", "upgrade_exclusion", "end_time")
+        when = f"ended {-left} day(s) ago" if left < 0 else f"ends in {left} day(s)"
+        message = (f"the maintenance exclusion {when} ({end}; warned {EXPIRY_WARNING_DAYS} days ahead): node and minor upgrades resume"
+                   " after it; remove start_time and end_time so gpufleet renews it every quarter, or move end_time")
+        try:
+            problem = read_yaml(path).problem(field, message)
+            lines.append(f"warning: {Path(problem.file).relative_to(repo.root()) if Path(problem.file).is_relative_to(repo.root()) else problem.file}"
+                         f":{problem.line}: {problem.field}: {message}")
+        except (OSError, ConfigError):
+            lines.append(f"warning: clusters/{config.name}.yaml: gke.upgrade_exclusion.end_time: {message}")
+    return lines
+
+
 def run_checks(configs: tuple[ClusterConfig, ...] | None, *, out: Path, state_files: tuple[Path, ...] = (),
                checkov: bool = True) -> CheckReport:
     from safety import checkov_scan, secret_scan
@@ -117,6 +144,8 @@ def run_checks(configs: tuple[ClusterConfig, ...] | None, *, out: Path, state_fi
     from_repo = configs is None
     configs, specs = validate_inputs(configs)
     report.add("inputs", True, f"{len(configs)} cluster file(s), {len(specs)} job file(s), Vault policies and roles")
+    warnings = expiry_warnings(configs) if from_repo else []
+    report.add("expiry", True, f"{len(warnings)} warning(s)" if warnings else "no exclusion ends within 30 days", warnings)
     stacks = synthesize(configs, out)
     report.add("synth", True, f"{len(stacks)} stack(s) into {out}")
     if from_repo:

@@ -7,10 +7,12 @@ specs. Nothing here knows cdktf.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import date, datetime, timedelta
 
+from clusters import clock
 from clusters.derive.pools import CLUSTER_LABEL, pool_gpudirect
 from clusters.families import GpuDirect
-from clusters.schema import ClusterConfig, Environment, GkeConfig
+from clusters.schema import ClusterConfig, Environment, GkeConfig, UpgradeExclusion
 
 SYSTEM_POOL_NAME = "gpufleet-system"
 
@@ -58,14 +60,14 @@ class ControlPlaneSpec:
     ``dns_endpoint``: the IAM-authorized DNS endpoint (``control_plane_endpoints_config``), which
     CI runners and Terraform need no IP allow-list for; the scheduler stack's kubernetes provider
     uses it whenever it is on. ``exclusion``: (name, start, end) of a NO_MINOR_OR_NODE_UPGRADES
-    maintenance exclusion.
+    maintenance exclusion and its scope (derive_exclusion).
     """
 
     dns_endpoint: bool
     private_endpoint: bool
     authorized_networks: tuple[tuple[str, str], ...]
     maintenance_start_time: str
-    exclusion: tuple[str, str, str] | None
+    exclusion: tuple[str, str, str, str] | None
     multi_networking: bool
     # Zonal clusters live in their first zone and list only the other zones as node locations.
     location: str = ""
@@ -78,7 +80,47 @@ class ControlPlaneSpec:
         return self.dns_endpoint or (not self.private_endpoint and bool(self.authorized_networks))
 
 
-def derive_control_plane(config: ClusterConfig) -> ControlPlaneSpec:
+# A renewed exclusion overlaps the next quarter by this much: an apply any time in a quarter's
+# first 45 days renews it before the old window ends.
+RENEWAL_OVERLAP_DAYS = 45
+# ``gpufleet check`` warns this long before an exclusion ends.
+EXPIRY_WARNING_DAYS = 30
+
+
+def _quarter_start(day: date) -> date:
+    return date(day.year, 3 * ((day.month - 1) // 3) + 1, 1)
+
+
+def _next_quarter(day: date) -> date:
+    start = _quarter_start(day)
+    return date(start.year + (start.month == 10), (start.month + 2) % 12 + 1, 1)
+
+
+def derive_exclusion(exclusion: UpgradeExclusion, today: date) -> tuple[str, str, str, str]:
+    """(name, start, end, scope) of the exclusion in force today.
+
+    Dated: the file's window. Renewed (no dates): this calendar quarter's first day to
+    RENEWAL_OVERLAP_DAYS into the next, so the synthesized times only change at a quarter
+    boundary (plans stay empty within a quarter) and the next quarter's first apply renews it.
+    """
+    if exclusion.start_time is not None and exclusion.end_time is not None:
+        return exclusion.name, exclusion.start_time, exclusion.end_time, exclusion.scope
+    start = _quarter_start(today)
+    end = _next_quarter(today) + timedelta(days=RENEWAL_OVERLAP_DAYS)
+    return exclusion.name, f"{start.isoformat()}T00:00:00Z", f"{end.isoformat()}T00:00:00Z", exclusion.scope
+
+
+def exclusion_expiry(config: ClusterConfig, today: date) -> tuple[str, int] | None:
+    """(end_time, days left) of a dated exclusion ending within EXPIRY_WARNING_DAYS (or already over), else None."""
+    exclusion = config.gke.upgrade_exclusion if config.gke else None
+    if exclusion is None or exclusion.end_time is None:
+        return None
+    end = datetime.fromisoformat(exclusion.end_time.replace("Z", "+00:00")).date()
+    left = (end - today).days
+    return (exclusion.end_time, left) if left <= EXPIRY_WARNING_DAYS else None
+
+
+def derive_control_plane(config: ClusterConfig, today: date | None = None) -> ControlPlaneSpec:
     gke = gke_settings(config)
     exclusion = gke.upgrade_exclusion
     # Review D8: one zonal cluster per billing account gets GKE's free-tier credit; a dev cluster in
@@ -86,10 +128,10 @@ def derive_control_plane(config: ClusterConfig) -> ControlPlaneSpec:
     zonal = gke.zonal if gke.zonal is not None else (config.environment == Environment.DEV and len(config.gcp.zones) == 1)
     return ControlPlaneSpec(
         dns_endpoint=gke.dns_endpoint,
-        private_endpoint=gke.private_endpoint,
+        private_endpoint=gke.private_endpoint if gke.private_endpoint is not None else gke.dns_endpoint,
         authorized_networks=tuple((n.name, n.cidr) for n in config.gcp.master_authorized_networks),
         maintenance_start_time=gke.maintenance_start_time,
-        exclusion=(exclusion.name, exclusion.start_time, exclusion.end_time) if exclusion else None,
+        exclusion=derive_exclusion(exclusion, today or clock.today()) if exclusion else None,
         multi_networking=any(pool_gpudirect(p) != GpuDirect.NONE for p in config.gpu_pools),
         location=config.gcp.zones[0] if zonal else config.gcp.region,
         node_locations=tuple(config.gcp.zones[1:]) if zonal else tuple(config.gcp.zones),

@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 
 import stacks.fleet
+from clusters import clock
+from clusters.derive.gke import derive_exclusion
 from clusters.errors import UserError
 from stacks.synth import synthesize
 
@@ -24,8 +26,10 @@ def test_two_syntheses_are_byte_identical(fleet_out, example_configs, tmp_path):
 
 
 def test_output_has_no_timestamps_or_absolute_paths(fleet_out, example_configs):
-    """Only times a cluster file states (a GKE maintenance exclusion) may appear; synthesis adds none."""
-    stated = [t for c in example_configs if c.gke and c.gke.upgrade_exclusion for t in (c.gke.upgrade_exclusion.start_time, c.gke.upgrade_exclusion.end_time)]
+    """Only a GKE maintenance exclusion's times may appear (the file's, or the quarter's that
+    clusters.derive.gke.derive_exclusion renews from the clock); synthesis adds no other."""
+    stated = [t for c in example_configs if c.gke and c.gke.upgrade_exclusion
+              for t in derive_exclusion(c.gke.upgrade_exclusion, clock.today())[1:3]]
     for path in (fleet_out / "stacks").rglob("*.json"):
         text = path.read_text()
         assert str(fleet_out) not in text and "/tmp/" not in text, path

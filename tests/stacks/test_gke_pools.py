@@ -7,6 +7,8 @@ from dataclasses import astuple
 
 import pytest
 
+from clusters import clock
+from clusters.derive.gke import derive_exclusion
 from clusters.derive.pools import derive_gpu_pools
 from clusters.derive.upgrades import derive_upgrade
 
@@ -60,7 +62,7 @@ def test_cluster_has_a_maintenance_window_and_the_files_upgrade_exclusion(stack_
     assert policy["daily_maintenance_window"] == {"start_time": prod.gke.maintenance_start_time}
     (exclusion,) = policy["maintenance_exclusion"]
     assert exclusion["exclusion_options"] == {"scope": "NO_MINOR_OR_NODE_UPGRADES"}
-    assert (exclusion["start_time"], exclusion["end_time"]) == (prod.gke.upgrade_exclusion.start_time, prod.gke.upgrade_exclusion.end_time)
+    assert (exclusion["exclusion_name"], exclusion["start_time"], exclusion["end_time"]) == derive_exclusion(prod.gke.upgrade_exclusion, clock.today())[:3]
     dev = res(stack_json("dev-gke"), "google_container_cluster", "gke")["maintenance_policy"]
     assert "maintenance_exclusion" not in dev and dev["daily_maintenance_window"]["start_time"] == "09:00"
 
