@@ -100,3 +100,15 @@ def sidecar_host_mounts() -> dict[str, tuple[tuple[str, str], ...]]:
         container = next(c for c in spec["containers"] if c["name"] == daemon)
         found[container["image"]] = tuple(sorted(_host_mounts(container, volumes)))
     return found
+
+
+def device_annotations() -> dict[str, str]:
+    """Upstream's ``devices.gke.io/container.<daemon>`` annotations (key -> value) of the NCCL tests:
+    the host devices GKE's NRI injector gives each RxDM daemon, and the only ones a tenant pod may ask for."""
+    found = {}
+    for test, daemon, _mode in NCCL_TESTS.values():
+        if daemon is not None:
+            annotations = first(test, "Pod")["metadata"].get("annotations", {})
+            key = f"devices.gke.io/container.{daemon}"
+            found[key] = annotations[key]
+    return found

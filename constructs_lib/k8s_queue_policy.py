@@ -34,7 +34,13 @@ only in that exact sidecar (which mounts nothing else), every other container on
 directory, the aperture devices and the driver/NCCL library directories, those read-only (GKE
 mounts them into the next tenant's GPU containers). A pod with a hostPath or the sidecar's
 privileges must request GPUs and be controlled by a Job, so it lands only on a GPU node of the
-tenant's own admitted run, never on the system pool.
+tenant's own admitted run, never on the system pool. The sidecar is recognised by its upstream
+name, image, command, args and env, and may carry no lifecycle hook, probe or volume device (each
+would run the tenant's command as root beside ``/proc/sys``); GKE's device-injection annotation
+is allowed only as upstream writes it for that daemon. A fourth policy refuses ``CONNECT`` on
+``pods/exec`` and ``pods/attach`` into a container of an RxDM daemon's name (``edit`` grants
+exec; the object a CONNECT request is evaluated on is its PodExecOptions/PodAttachOptions). Not
+checked here: the API server's own CEL type checker and cost estimate (no API server runs here).
 
 Pure builders return the manifests (the CEL is tested by evaluating it); ``TenantQueuePolicy``
 declares them as ``kubernetes_manifest``.
@@ -102,7 +108,12 @@ def _is_rxdm(c: str) -> str:
     for daemon in rxdm_sidecars():
         caps = (daemon.get("securityContext") or {}).get("capabilities", {}).get("add", [])
         options.append(
-            f"({c}.image == {_literal(daemon['image'])} && has({c}.command) && {c}.command == {_literal(daemon.get('command', []))}"
+            f"({c}.name == {_literal(daemon['name'])} && {c}.image == {_literal(daemon['image'])}"
+            f" && has({c}.command) && {c}.command == {_literal(daemon.get('command', []))}"
+            # No hook, probe or device of the tenant's: each would run or reach the tenant's choice as root
+            # in the container that mounts /proc/sys (a postStart exec is a root shell there).
+            f" && !has({c}.lifecycle) && !has({c}.livenessProbe) && !has({c}.readinessProbe) && !has({c}.startupProbe)"
+            f" && !has({c}.volumeDevices)"
             f" && (has({c}.args) ? {c}.args : []) == {_literal(daemon.get('args', []))}"
             f" && (has({c}.env) ? {c}.env : []) == {_literal(daemon.get('env', []))} && !has({c}.envFrom)"
             f" && (!{_field(c, 'securityContext', 'capabilities', 'add')} || {c}.securityContext.capabilities.add.all(x, x in {_literal([*caps, *BASELINE_CAPABILITIES])})))")
@@ -123,6 +134,7 @@ BASELINE_SELINUX_TYPES = ("", "container_t", "container_init_t", "container_kvm_
 BASELINE_SYSCTLS = ("kernel.shm_rmid_forced", "net.ipv4.ip_local_port_range", "net.ipv4.tcp_syncookies",
                     "net.ipv4.ping_group_range", "net.ipv4.ip_unprivileged_port_start")
 APPARMOR_ANNOTATION = "container.apparmor.security.beta.kubernetes.io/"
+DEVICES_ANNOTATION = "devices.gke.io/container."
 
 
 def _context_baseline(ctx: str, where: str) -> str:
@@ -184,7 +196,7 @@ PRIVILEGE_CHECKS = (
 def privilege_rules() -> dict[str, str]:
     """One CEL expression per part of the box a tenant GPU pod stays in (each a validation with
     its own message): the whole baseline profile, plus non-root and the hostPath mount table."""
-    from clusters.gpudirect_upstream import host_paths
+    from clusters.gpudirect_upstream import device_annotations, host_paths
 
     spec = "object.spec"
     containers = f"({spec}.containers + (has({spec}.initContainers) ? {spec}.initContainers : []))"
@@ -200,6 +212,10 @@ def privilege_rules() -> dict[str, str]:
             f"(!has({spec}.securityContext) || ({_context_baseline('securityContext', spec)}))",
             f"(!has({annotations}) || {annotations}.all(k, !k.startsWith({_literal(APPARMOR_ANNOTATION)})"
             f" || {annotations}[k] == 'runtime/default' || {annotations}[k].startsWith('localhost/')))",
+            # GKE's NRI device injector adds the host devices this annotation lists: only upstream's
+            # own annotation for its RxDM daemon, value for value (clusters/gpudirect_upstream).
+            f"(!has({annotations}) || {annotations}.all(k, !k.startsWith({_literal(DEVICES_ANNOTATION)})"
+            f" || (k + ' = ' + {annotations}[k]) in {_literal([f'{k} = {v}' for k, v in device_annotations().items()])}))",
         ]),
         # check_hostPathVolumes.go: baseline allows none; these are the NCCL tests' own.
         "host_path_volumes": f"!has({spec}.volumes) || {spec}.volumes.all(v, !has(v.hostPath) || v.hostPath.path in {_literal(host_paths())})",
@@ -260,7 +276,7 @@ PRIVILEGED_NAMESPACES = {"key": "pod-security.kubernetes.io/enforce", "operator"
 
 
 def binding(policy_name: str) -> dict:
-    match = [{"key": TENANT_LABEL, "operator": "Exists"}] + ([PRIVILEGED_NAMESPACES] if policy_name == PRIVILEGE_POLICY else [])
+    match = [{"key": TENANT_LABEL, "operator": "Exists"}] + ([PRIVILEGED_NAMESPACES] if policy_name in (PRIVILEGE_POLICY, EXEC_POLICY) else [])
     return {
         "apiVersion": API_VERSION, "kind": "ValidatingAdmissionPolicyBinding", "metadata": {"name": policy_name},
         "spec": {"policyName": policy_name, "validationActions": ["Deny"],
@@ -268,7 +284,20 @@ def binding(policy_name: str) -> dict:
     }
 
 
-def policies() -> tuple[dict, dict, dict]:
+EXEC_POLICY = "gpufleet-no-shell-in-the-gpudirect-sidecar"
+
+
+def exec_rule() -> str:
+    """CEL on ``PodExecOptions``/``PodAttachOptions`` (CONNECT pods/exec, pods/attach): not into an
+    RxDM daemon. ``edit`` grants exec; a shell in the container that runs as root with NET_ADMIN and
+    mounts /proc/sys would undo the rest. Only a container that is exactly the daemon (its upstream
+    name among the rest, ``_is_rxdm``) carries that name, so refusing the name is enough."""
+    from clusters.gpudirect_upstream import rxdm_sidecars
+
+    return f"!has(object.container) || !(object.container in {_literal(sorted(d['name'] for d in rxdm_sidecars()))})"
+
+
+def policies() -> tuple[dict, ...]:
     job = policy(JOB_POLICY, "batch", "jobs", ["CREATE", "UPDATE"], JOB_RULE,
                  f"a Job that requests nvidia.com/gpu must set the label {QUEUE_LABEL} to one of the namespace's LocalQueues"
                  " (gpu-<pool>), so Kueue admits it within the tenant's quota on that pool")
@@ -276,7 +305,10 @@ def policies() -> tuple[dict, dict, dict]:
                  "GPU pods in tenant namespaces come only from Kueue-admitted Jobs; submit a batch/v1 Job with a queue-name label")
     privilege = policy(PRIVILEGE_POLICY, "", ["pods", "pods/ephemeralcontainers"], ["CREATE", "UPDATE"], privilege_rules(),
                        PRIVILEGE_MESSAGES)
-    return job, pod, privilege
+    shell = policy(EXEC_POLICY, "", ["pods/exec", "pods/attach"], ["CONNECT"], exec_rule(),
+                   "no exec or attach into Google's GPUDirect RxDM sidecar (it runs as root with the host's /proc/sys);"
+                   " exec into the training container instead (-c train)")
+    return job, pod, privilege, shell
 
 
 class TenantQueuePolicy(Construct):

@@ -11,7 +11,7 @@ import celpy
 import pytest
 
 from clusters.gpudirect_upstream import rxdm_sidecars
-from constructs_lib.k8s_queue_policy import JOB_RULE, POD_RULE, policies, privilege_rule, privilege_rules
+from constructs_lib.k8s_queue_policy import JOB_RULE, POD_RULE, exec_rule, policies, privilege_rule, privilege_rules
 
 GPU = {"name": "train", "image": "i", "resources": {"limits": {"nvidia.com/gpu": "8"}}}
 CPU = {"name": "prep", "image": "i", "resources": {"requests": {"cpu": "1"}}}
@@ -65,7 +65,7 @@ def test_gpu_pods_must_be_controlled_by_a_job(obj, admitted):
 def test_policies_deny_in_every_tenant_namespace(stack_json, stack):
     manifests = {k: v for k, v in stack_json(stack)["resource"]["kubernetes_manifest"].items() if k.startswith("vap_")}
     kinds = sorted(v["manifest"]["kind"] for v in manifests.values())
-    assert kinds == ["ValidatingAdmissionPolicy"] * 3 + ["ValidatingAdmissionPolicyBinding"] * 3
+    assert kinds == ["ValidatingAdmissionPolicy"] * 4 + ["ValidatingAdmissionPolicyBinding"] * 4
     for v in manifests.values():
         m = v["manifest"]
         assert m["apiVersion"] == "admissionregistration.k8s.io/v1"
@@ -73,14 +73,15 @@ def test_policies_deny_in_every_tenant_namespace(stack_json, stack):
             assert m["spec"]["validationActions"] == ["Deny"]
             tenant = [{"key": "gpufleet.dev/tenant", "operator": "Exists"}]
             privileged = [{"key": "pod-security.kubernetes.io/enforce", "operator": "In", "values": ["privileged"]}]
-            expected = tenant + (privileged if m["spec"]["policyName"] == "gpufleet-beyond-baseline-only-as-gpudirect" else [])
+            expected = tenant + (privileged if m["spec"]["policyName"] in ("gpufleet-beyond-baseline-only-as-gpudirect", "gpufleet-no-shell-in-the-gpudirect-sidecar") else [])
             assert m["spec"]["matchResources"]["namespaceSelector"] == {"matchExpressions": expected}
             assert any(d.startswith("kubernetes_manifest.vap_") for d in v["depends_on"])
         else:
             assert m["spec"]["failurePolicy"] == "Fail"
     rules = {tuple(m["manifest"]["spec"]["matchConstraints"]["resourceRules"][0]["resources"]): [v["expression"] for v in m["manifest"]["spec"]["validations"]]
              for m in manifests.values() if m["manifest"]["kind"] == "ValidatingAdmissionPolicy"}
-    assert rules == {("jobs",): [JOB_RULE], ("pods",): [POD_RULE], ("pods", "pods/ephemeralcontainers"): list(privilege_rules().values())}
+    assert rules == {("jobs",): [JOB_RULE], ("pods",): [POD_RULE], ("pods", "pods/ephemeralcontainers"): list(privilege_rules().values()),
+                     ("pods/exec", "pods/attach"): [exec_rule()]}
 
 
 def test_builders_are_pure():
@@ -151,6 +152,14 @@ ESCAPES = {
                                                   volumes=[HOST_LIB, {"name": "root", "hostPath": {"path": "/"}}]),
     "an ephemeral container mounting /proc/sys":
         gpudirect_pod(ephemeralContainers=[{"name": "d", "image": "busybox", "volumeMounts": [{"name": "proc-sys", "mountPath": "/p"}]}]),
+    "a postStart hook on the RxDM sidecar (a root shell beside /proc/sys)":
+        gpudirect_pod(init=[_rxdm(lifecycle={"postStart": {"exec": {"command": ["/bin/sh", "-c", "echo x > /hostprocsysfs/kernel/core_pattern"]}}})]),
+    "an exec probe on the RxDM sidecar": gpudirect_pod(init=[_rxdm(livenessProbe={"exec": {"command": ["/bin/sh", "-c", "id"]}})]),
+    "the RxDM image under another container name": gpudirect_pod(init=[_rxdm(name="helper")]),
+    "host devices injected into the training container":
+        gpudirect_pod(annotations={"devices.gke.io/container.train": "- path: /dev/sda\n"}),
+    "more host devices for the RxDM sidecar":
+        gpudirect_pod(annotations={"devices.gke.io/container.tcpxo-daemon": "- path: /dev/nvidia0\n- path: /dev/mem\n"}),
     "an ephemeral container as root": gpudirect_pod(ephemeralContainers=[{"name": "d", "image": "busybox", "securityContext": {"runAsUser": 0}}]),
 }
 
@@ -198,3 +207,10 @@ def test_only_the_gpudirect_sidecar_exceeds_baseline_and_only_in_an_admitted_gpu
     without this policy any member could start a privileged pod on the system pool."""
     obj, admitted = PRIVILEGE_CASES[case]
     assert evaluate(privilege_rule(), obj) is admitted
+
+
+@pytest.mark.parametrize(("container", "allowed"), [("tcpx-daemon", False), ("tcpxo-daemon", False), ("train", True), (None, True)])
+def test_no_exec_or_attach_into_the_rxdm_sidecar(container, allowed):
+    """`edit` grants pods/exec: a shell in the root, NET_ADMIN, /proc/sys-mounting sidecar would undo the box."""
+    options = {"kind": "PodExecOptions", "apiVersion": "v1", "command": ["sh"], **({"container": container} if container else {})}
+    assert evaluate(exec_rule(), options) is allowed
