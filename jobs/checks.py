@@ -140,7 +140,9 @@ def _nomad_only(job: JobFile, clusters: dict[str, ClusterConfig]) -> Iterator[Fi
     gke = ", ".join(sorted(n for n, c in clusters.items() if c.scheduler == SchedulerKind.GKE)) or "(none)"
     if job.nodes > 1:
         yield (("nodes",), f"{job.nodes} nodes: multi-node runs are built on GKE only (an Indexed Job with a rendezvous Service), not on Nomad yet; set nodes: 1 or pick a GKE cluster: {gke}")
-    elif job.topology is not None:
+    elif job.preflight is not None:
+        yield (("preflight",), f"preflight gates multi-node GKE runs; Nomad runs one node: remove preflight or pick a GKE cluster: {gke}")
+    if job.nodes == 1 and job.topology is not None:
         yield (("topology",), f"topology places the ranks of a multi-node GKE run; Nomad runs one node: remove topology or pick a GKE cluster: {gke}")
     if job.cpu_cores is not None:
         yield (("cpu_cores",), f"cpu_cores is read on GKE only; Nomad reserves CPU in MHz: delete cpu_cores and set cpu_mhz, or pick a GKE cluster: {gke}")
@@ -162,6 +164,8 @@ def _gke(job: JobFile, config: ClusterConfig) -> Iterator[Finding]:
             yield (("gpu", "count"), f"{job.gpu.count} GPUs per node: a multi-node run on GPUDirect pool {pool.name} takes whole nodes "
                    f"(one receive-datapath sidecar per node serves all its GPUs); set gpu.count: {pool.gpus_per_node}")
     yield from _topology(job, pool, config)
+    if job.preflight is not None and job.nodes < 2:
+        yield (("preflight",), "preflight gates the nodes of a multi-node run before its ranks start; this job has nodes: 1; remove preflight or set nodes >= 2")
     if job.nodes > pool.max_total_nodes:
         yield (("nodes",), f"{job.nodes} nodes exceed pool {pool.name}'s maximum of {pool.max_total_nodes} in clusters/{config.name}.yaml; Kueue admits all ranks or none, so the run would never start; allowed: 1..{pool.max_total_nodes}")
     allocatable = gke_allocatable(pool.machine_type)

@@ -57,6 +57,8 @@ class RunReport:
     # What the scheduler calls the run's pieces, for people to look them up there:
     # Nomad (job, allocation, node); GKE (job, workload, cluster_queue, flavor).
     refs: tuple[tuple[str, str], ...] = ()
+    # The scheduler says a node failed the run (GKE's GPU health gate), not the job's own code.
+    infrastructure: bool = False
 
 
 @dataclass(frozen=True)
@@ -283,7 +285,7 @@ class GkeRunner:
         phase = Phase(status.state.value)
         if phase == Phase.RUNNING and status.ready < status.ranks:
             phase = Phase.PENDING
-        return RunReport(phase, status.reason, status.placed, status.exit_code, refs)
+        return RunReport(phase, status.reason, status.placed, status.exit_code, refs, status.infrastructure)
 
     def poll(self, run_ids: Sequence[str], known: Mapping[str, str]) -> dict[str, Polled]:
         """Many runs at once: per namespace one list of gpufleet's Jobs and one of Kueue

@@ -103,6 +103,20 @@ class Secrets(Model):
     role: Annotated[str, Field(min_length=1)]
     env: Annotated[dict[str, str], Field(min_length=1)]
 
+IMAGE_PATTERN = r"^[a-z0-9][a-z0-9._/-]{0,254}(:[A-Za-z0-9_][A-Za-z0-9._-]{0,127})?(@sha256:[0-9a-f]{64})?$"
+
+
+class Preflight(Model):
+    """GPU health gate before a multi-node GKE run's training command (jobs.k8s.render): every rank
+    first runs ``dcgmi diag -r <level>`` on its node's GPUs in ``image`` (one with DCGM and its
+    validation suite, e.g. NVIDIA's DCGM image); a failing rank fails the run at once, counted as
+    an infrastructure failure, before any rank starts training."""
+
+    image: Annotated[str, Field(pattern=IMAGE_PATTERN, description="an image reference with DCGM's dcgmi and its validation suite, DCGM's validation suite (NVVS) included")]
+    # dcgmi diag run levels: 1 quick (seconds), 2 medium (about 2 minutes), 3 long (about 15 minutes).
+    dcgm_diag_level: Literal[1, 2, 3] = 1
+
+
 class JobFile(Model):
     name: Annotated[str, AfterValidator(_job_name)]
     cluster: Annotated[str, Field(min_length=1)]
@@ -120,6 +134,8 @@ class JobFile(Model):
     # GKE, nodes > 1: the topology level all ranks must share (Kueue's podset-required-topology).
     # Unset, ranks are preferred within one sub-block and spill over only when none has room.
     topology: Literal["block", "subblock", "host"] | None = None
+    # GKE, nodes > 1: a GPU health pre-flight on every node before the training command starts.
+    preflight: Preflight | None = None
     cpu_mhz: Annotated[int, Field(ge=100, le=512_000)] = 4000
     # GKE requests CPU in cores; unset, it is cpu_mhz / 1000 (one core per GHz of the Nomad share).
     cpu_cores: Annotated[float, Field(ge=0.1, le=512)] | None = None

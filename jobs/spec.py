@@ -84,6 +84,8 @@ class FinetuneSpec:
     gke: GkeTarget | None = None
     # jobs.schema.JobFile.topology: the level every rank must share, or None (preferred sub-block).
     topology: str | None = None
+    # jobs.schema.Preflight as (image, dcgm diag level), or None.
+    preflight: tuple[str, int] | None = None
 
     @property
     def total_gpus(self) -> int:
@@ -150,4 +152,5 @@ def derive_spec(job: JobFile, config: ClusterConfig, *, source: Path) -> Finetun
         cpu_millicores=cpu_millicores(job),
         gke=gke,
         topology=job.topology,
+        preflight=(job.preflight.image, job.preflight.dcgm_diag_level) if job.preflight else None,
     )

@@ -37,6 +37,14 @@ QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 REQUIRED_TOPOLOGY_ANNOTATION = "kueue.x-k8s.io/podset-required-topology"
 PREFERRED_TOPOLOGY_ANNOTATION = "kueue.x-k8s.io/podset-preferred-topology"
 DEFAULT_PREFERRED_LEVEL = "subblock"
+# The GPU health pre-flight (jobs.schema.Preflight): a regular init container, so it runs after
+# the native sidecars started and before the training container, on the GPUs the rank was given
+# (kubelet hands an init container's devices on to the app containers). Its failure fails the Job
+# through its own podFailurePolicy rule: the Job controller matches init containers' exit codes
+# too (kubernetes pkg/controller/job/pod_failure_policy.go matchOnExitCodes, commit 2b02db1b) and
+# writes "Container <name> for pod <ns>/<pod> failed with exit code N matching FailJob rule at
+# index I", which jobs.k8s.status reads as an infrastructure failure.
+PREFLIGHT_CONTAINER = "gpu-preflight"
 # Set by the Job controller on every pod of an Indexed Job (batch/v1 JobSpec.completionMode).
 COMPLETION_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
 JOB_LABEL = "gpufleet.dev/job"
@@ -156,6 +164,29 @@ def _container(spec: FinetuneSpec, run: str, meta: dict[str, str]) -> dict[str, 
     }
 
 
+def preflight_container(spec: FinetuneSpec) -> dict[str, Any] | None:
+    """``dcgmi diag -r <level>`` on the rank's GPUs, as the training user with no privileges."""
+    if spec.preflight is None or spec.nodes < 2:
+        return None
+    image, level = spec.preflight
+    gpus = str(spec.gpu.count)
+    return {
+        "name": PREFLIGHT_CONTAINER,
+        "image": image,
+        "imagePullPolicy": "IfNotPresent",
+        "command": ["dcgmi", "diag", "-r", str(level)],
+        "resources": {"requests": {"cpu": "1", "memory": "2Gi", GPU_RESOURCE: gpus}, "limits": {"memory": "2Gi", GPU_RESOURCE: gpus}},
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "privileged": False,
+            "runAsNonRoot": True,
+            "capabilities": {"drop": ["ALL"]},
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
+    }
+
+
 def networking(spec: FinetuneSpec) -> PodNetworking | None:
     """GPUDirect wiring for a multi-node run on a GPUDirect pool (jobs.k8s.gpudirect); a single node needs no extra NIC."""
     if spec.gke is None or spec.nodes < 2 or not spec.gke.networks:
@@ -201,6 +232,8 @@ def _pod_spec(spec: FinetuneSpec, run: str, meta: dict[str, str]) -> dict[str, A
         pod["volumes"] += wiring.volumes
         if wiring.sidecars:
             pod["initContainers"] = wiring.sidecars
+    if (check := preflight_container(spec)) is not None:
+        pod["initContainers"] = [*pod.get("initContainers", []), check]
     return pod
 
 
@@ -253,6 +286,8 @@ def job_manifest(spec: FinetuneSpec, *, dispatch_id: str | None = None, meta: di
             "podFailurePolicy": {"rules": [
                 {"action": "FailJob", "onExitCodes": {"containerName": TASK, "operator": "NotIn", "values": [0]}},
                 {"action": "FailJob", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+                *([{"action": "FailJob", "onExitCodes": {"containerName": PREFLIGHT_CONTAINER, "operator": "NotIn", "values": [0]}}]
+                  if preflight_container(spec) else []),
             ]},
             "activeDeadlineSeconds": spec.max_run_ns // NS_PER_SECOND,
             "ttlSecondsAfterFinished": TTL_AFTER_FINISHED_SECONDS,

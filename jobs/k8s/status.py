@@ -9,17 +9,21 @@ succeeded / failed / stopped and one line of why.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from jobs.k8s.render import DISPATCH_ANNOTATION
+from jobs.k8s.render import DISPATCH_ANNOTATION, PREFLIGHT_CONTAINER
 
 # Exit code gpufleet-exec uses for a Vault error (an already-unwrapped wrapping token included).
 EXIT_VAULT_ERROR = 78
 # The Job controller's PodFailurePolicy message: "Container train for pod ns/x failed with exit code 3 matching FailJob rule at index 0".
 _EXIT_CODE = re.compile(r"failed with exit code (\d+)")
+# A failed GPU health pre-flight (jobs.k8s.render.PREFLIGHT_CONTAINER): the node, not the job, is at fault.
+_PREFLIGHT = re.compile(rf"Container {PREFLIGHT_CONTAINER} for pod (\S+) failed with exit code (\d+)")
+INFRASTRUCTURE_FAILURE = "infrastructure failure (GPU health gate)"
 
 
 class State(StrEnum):
@@ -49,6 +53,8 @@ class K8sRunStatus:
     # Pods ready (the Job's status.ready) out of the ranks it runs (spec.parallelism).
     ready: int = 0
     ranks: int = 1
+    # The run failed because of a node (the GPU health gate), not its own code.
+    infrastructure: bool = False
 
 
 def _conditions(obj: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
@@ -104,6 +110,10 @@ def summarize(job: dict[str, Any], workloads: list[dict[str, Any]]) -> K8sRunSta
     if complete := _true(jc, "Complete"):
         return out(State.SUCCEEDED, f"all {spec.get('completions', 1)} rank(s) succeeded ({complete.get('reason') or 'Complete'})", 0)
     if failed := (_true(jc, "Failed") or _true(jc, "FailureTarget")):
+        if gate := _PREFLIGHT.search(failed.get("message") or ""):
+            return dataclasses.replace(out(State.FAILED, f"{INFRASTRUCTURE_FAILURE}: pod {gate[1]} failed the pre-flight GPU check (dcgmi diag exit"
+                                                       f" {gate[2]}) before any rank started training; its node has a GPU fault: submit the run"
+                                                       " again (on other nodes) and have the node drained and repaired", None), infrastructure=True)
         code = _EXIT_CODE.search(failed.get("message") or "")
         return out(State.FAILED, _failure(job, failed, evicted_before), int(code[1]) if code else None)
     if workload is None:
