@@ -65,7 +65,7 @@ def _device(spec: FinetuneSpec) -> dict[str, Any]:
 
 def task_env(spec: FinetuneSpec) -> dict[str, str]:
     """The task's environment: user env, Vault address, the dispatch meta interpolated in, and
-    the run limit gpufleet-exec enforces (Nomad clients before 2.0.3 ignore MaxRunDuration)."""
+    the run limit gpufleet-exec enforces (the fleet's Nomad 1.10 has no MaxRunDuration)."""
     return {
         **dict(spec.env),
         "VAULT_ADDR": spec.vault_addr,
@@ -112,9 +112,8 @@ def _group(spec: FinetuneSpec) -> dict[str, Any]:
             "Unlimited": reschedule.unlimited,
         },
         "EphemeralDisk": {"SizeMB": spec.disk_mb, "Sticky": False, "Migrate": False},
-        # Honoured from Nomad 2.0.3; the fleet's 1.10 clients ignore it, so gpufleet-exec
-        # also enforces max_run_hours from GPUFLEET_MAX_RUN_SECONDS.
-        "MaxRunDuration": spec.max_run_ns,
+        # No MaxRunDuration: api.TaskGroup has it only from Nomad 2.0.3 and the fleet runs 1.10,
+        # which drops it; gpufleet-exec enforces max_run_hours (GPUFLEET_MAX_RUN_SECONDS).
         "Tasks": [_task(spec)],
     }
 

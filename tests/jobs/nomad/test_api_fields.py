@@ -17,9 +17,9 @@ from jobs.nomad.render import render
 
 VENDORED = json.loads((Path(__file__).parent.parent / "vendor" / "nomad_api_fields.json").read_text())
 OLD, NEW = "v1.10.5", "v2.0.5"  # the version the fleet installs, and the newest read
-# Sent on purpose although 1.10.5 lacks it: honoured from 2.0.3, ignored by 1.10's JSON decoder
-# (gpufleet-exec enforces the same limit).
-NEWER_ONLY = {("TaskGroup", "MaxRunDuration")}
+# Nothing is sent that the fleet's version lacks (MaxRunDuration, honoured only from 2.0.3, was
+# dropped; gpufleet-exec enforces the same limit).
+NEWER_ONLY: set[tuple[str, str]] = set()
 CHILDREN = {
     "Job": {"TaskGroups": "TaskGroup", "Constraints": "Constraint", "Affinities": "Affinity", "ParameterizedJob": "ParameterizedJobConfig",
             "Reschedule": "ReschedulePolicy"},

@@ -148,7 +148,7 @@ def test_job_is_parameterized_batch_pinned_to_the_pool(specs: dict[str, Finetune
     assert task["Env"][ENV_ROLE_ID] == "${NOMAD_META_gpufleet_vault_role_id}"
     assert task["Env"][ENV_WRAPPED_SECRET_ID] == "${NOMAD_META_gpufleet_vault_wrapped_secret_id}"
     assert task["Env"][ENV_SECRETS] == "HF_TOKEN=ml-api-keys/huggingface#token"
-    assert group["MaxRunDuration"] == 12 * 3600 * 10**9
+    assert "MaxRunDuration" not in group  # api.TaskGroup has it only from Nomad 2.0.3; the fleet runs 1.10
     assert task["KillTimeout"] == 120 * 10**9
     assert (task["Env"]["GPUFLEET_MAX_RUN_SECONDS"], task["Env"]["GPUFLEET_KILL_GRACE_SECONDS"]) == ("43200", "120")
 
