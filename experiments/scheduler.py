@@ -113,11 +113,20 @@ def build_runners(configs: Sequence[ClusterConfig], vault_env: Mapping[str, str]
     cannot reach its cluster fails at start, not at the first dispatch."""
     from jobs.nomad.client import NomadClient, NomadSettings
 
-    nomad_name = _pick(configs, SchedulerKind.NOMAD, nomad_cluster, "--nomad-cluster")
+    # The only Nomad cluster is bound by default only where NOMAD_ADDR says where its servers are.
+    nomad_name = _pick(configs, SchedulerKind.NOMAD, nomad_cluster, "--nomad-cluster") if nomad_cluster or environ.get("NOMAD_ADDR") else None
     gke_name = _pick(configs, SchedulerKind.GKE, gke_cluster, "--gke-cluster")
     nomad: tuple[str, Any] | None = None
     gke: tuple[str, Any] | None = None
+    if not nomad_name and not gke_name:
+        raise UserError("this service is bound to no scheduler: set NOMAD_ADDR (and NOMAD_TOKEN, NOMAD_CACERT...) for the Nomad "
+                        "cluster, or --gke-cluster NAME with a kubeconfig context, or run gpufleet serve --scheduler local for development")
     if nomad_name:
+        if not environ.get("NOMAD_ADDR"):
+            # Without it every run would be retried against 127.0.0.1:4646 until it failed as stuck.
+            raise UserError(f"cluster {nomad_name} (nomad) is bound to this service but NOMAD_ADDR is not set; set NOMAD_ADDR "
+                            "(with NOMAD_TOKEN, NOMAD_CACERT, NOMAD_CLIENT_CERT/KEY) to its servers, or run gpufleet serve "
+                            "--scheduler local for development")
         nomad = (nomad_name, NomadRunner(NomadClient(NomadSettings.from_env(environ)), vault_env))
     if gke_name:
         from jobs.k8s.client import K8sClient, K8sSettings

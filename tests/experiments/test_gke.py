@@ -264,8 +264,14 @@ def test_serve_binds_clusters_by_name(catalog, k8s, vault, monkeypatch):
     runners = build_runners(catalog.configs, env, nomad_cluster=None, gke_cluster=None, environ={"NOMAD_ADDR": "http://127.0.0.1:4646"})
     assert runners.clusters == {"prod-nomad": "nomad"}  # the only Nomad cluster; GKE only when named
     runners = build_runners(catalog.configs, env, nomad_cluster=None, gke_cluster="prod-gke", environ={"KUBECONFIG": str(k8s.kubeconfig_path)})
-    assert runners.clusters == {"prod-nomad": "nomad", "prod-gke": "gke"}
+    assert runners.clusters == {"prod-gke": "gke"}  # no NOMAD_ADDR: the Nomad cluster is not bound by default
     from clusters.errors import UserError
+
+    # Issue: serve with no NOMAD_ADDR accepted runs and retried them against 127.0.0.1:4646 for 15 minutes.
+    with pytest.raises(UserError, match="bound to no scheduler: set NOMAD_ADDR"):
+        build_runners(catalog.configs, env, nomad_cluster=None, gke_cluster=None, environ={})
+    with pytest.raises(UserError, match="cluster prod-nomad \\(nomad\\) is bound to this service but NOMAD_ADDR is not set"):
+        build_runners(catalog.configs, env, nomad_cluster="prod-nomad", gke_cluster=None, environ={})
 
     with pytest.raises(UserError, match="--gke-cluster 'prod-nomad' is not a gke cluster in clusters/; allowed: dev-gke, prod-gke, train-a3mega"):
         build_runners(catalog.configs, env, nomad_cluster=None, gke_cluster="prod-nomad", environ={})
