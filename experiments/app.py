@@ -100,10 +100,22 @@ def create_app(settings: ServiceSettings, *, runner: Runner, catalog: Catalog | 
         return JSONResponse(exc.body(), status_code=exc.status)
 
     @app.exception_handler(RequestValidationError)
-    async def _validation(_request: Request, exc: RequestValidationError) -> JSONResponse:
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
         first = exc.errors()[0]
-        where = _field_of(tuple(first.get("loc", ())))
+        loc = tuple(first.get("loc", ()))
         kind = str(first.get("type", ""))
+        media = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        if loc[:1] == ("body",) and media != "application/json":
+            return JSONResponse({"error": f"body: sent as {media or 'no Content-Type'}, not JSON", "field": "body",
+                                 "fix": "send the body as JSON with the header Content-Type: application/json"}, status_code=422)
+        if kind == "json_invalid":
+            offset = loc[1] if len(loc) > 1 and isinstance(loc[1], int) else 0
+            text = (await request.body())[:offset].decode("utf-8", errors="replace")
+            line, column = text.count("\n") + 1, offset - (text.rfind("\n") + 1) + 1
+            why = str((first.get("ctx") or {}).get("error", "invalid JSON"))
+            return JSONResponse({"error": f"body: not valid JSON at line {line}, column {column} ({why})", "field": "body",
+                                 "fix": "send one JSON object like {\"job\": \"finetune-llama\", \"meta\": {...}}"}, status_code=422)
+        where = _field_of(loc)
         error = f"{where}: {'missing' if kind == 'missing' else 'not allowed' if kind == 'extra_forbidden' else 'wrong type or value'}"
         return JSONResponse({"error": error, "field": where, "fix": _FIXES.get(kind, "see GET /api/docs for the request schema")}, status_code=422)
 

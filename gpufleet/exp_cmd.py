@@ -28,6 +28,8 @@ def _call(method: str, path: str, **kwargs: Any) -> Any:
     import httpx
 
     base = os.environ.get("GPUFLEET_API", "http://127.0.0.1:8080").rstrip("/")
+    if not base.startswith(("http://", "https://")):
+        raise UserError(f"GPUFLEET_API {base!r} has no scheme; set it like http://{base} (or https://...)")
     token = os.environ.get("GPUFLEET_API_TOKEN")
     if not token:
         raise UserError("GPUFLEET_API_TOKEN is not set; create one with: gpufleet api token create --tenant <tenant>")

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Header, Query
+from fastapi import APIRouter, Depends, Header, Query, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from experiments.auth import Caller
 from experiments.background.context import Context
+from experiments.errors import ApiError
 from experiments.routers.deps import caller, context
 from experiments.services import experiments as service
 from experiments.services import logs as run_logs
@@ -26,7 +28,25 @@ class SubmitRequest(BaseModel):
     deadline_hours: float | None = None
 
 
-@router.post("/experiments", status_code=202)
+async def no_duplicate_keys(request: Request) -> None:
+    """A JSON body naming a key twice is refused: parsed last-wins, a body naming one job first
+    would be submitted as another."""
+    if request.headers.get("content-type", "").split(";")[0].strip().lower() != "application/json":
+        return
+
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        seen = [k for i, (k, _v) in enumerate(items) if k in (x for x, _ in items[:i])]
+        if seen:
+            raise ApiError(422, f"body: the key {seen[0]!r} appears twice", field=seen[0], fix="send each key once")
+        return dict(items)
+
+    try:
+        json.loads(await request.body(), object_pairs_hook=pairs)
+    except ValueError:
+        return  # not JSON: the body's own validation says where
+
+
+@router.post("/experiments", status_code=202, dependencies=[Depends(no_duplicate_keys)])
 def submit(body: SubmitRequest, who: Annotated[Caller, Depends(caller)], ctx: Annotated[Context, Depends(context)],
            idempotency_key: Annotated[str | None, Header(max_length=255)] = None) -> JSONResponse:
     with ctx.sessions() as session:

@@ -63,6 +63,8 @@ def gpus_in_use(session: Session, tenant: str, cluster: str, pool: str) -> int:
 def submit(session: Session, catalog: Catalog, caller: Caller, *, job: str, meta: dict[str, str], deadline_hours: float | None,
            idempotency_key: str | None, scheduler: str, now: datetime, clusters: Mapping[str, str] | None = None) -> tuple[Experiment, bool]:
     """Returns (experiment, created). Commits."""
+    if idempotency_key is not None and not idempotency_key.strip():
+        raise ApiError(422, "Idempotency-Key is empty", field="Idempotency-Key", fix="send a key of your own (for example the CI build id), or no header")
     admission.refuse_credential("job", job)
     admission.refuse_credential("Idempotency-Key", idempotency_key)
     spec = catalog.job(job)

@@ -163,3 +163,21 @@ def test_a_unique_id_prefix_works_everywhere_and_an_ambiguous_one_lists_the_cand
     # The other tenant does not see the collision either: its candidates are its own.
     assert svc.client.get(f"/api/v1/experiments/{short}", headers=other).status_code == 404
     assert svc.client.get("/api/v1/experiments/%25%25%25%25%25%25", headers=mine).status_code == 404
+
+
+def test_body_mistakes_get_a_line_that_names_the_body_and_the_fix(make_service, sqlite_url, nomad_runner):
+    """Newcomer week: malformed JSON answered {"error": "32: wrong type or value", "field": "32"} (a byte
+    offset as a field); a text/plain body got no word about Content-Type; a duplicate key was taken
+    last-wins; an empty Idempotency-Key was a real key."""
+    svc = make_service(sqlite_url, nomad_runner)
+    headers = svc.token("finetune")
+    post = lambda body, **extra: svc.client.post("/api/v1/experiments", content=body, headers={**headers, **extra})  # noqa: E731
+    broken = post(b'{"job": "finetune-llama",\n "meta": {', **{"Content-Type": "application/json"}).json()
+    assert broken["field"] == "body" and "not valid JSON at line 2, column" in broken["error"], broken
+    plain = post(b'{"job": "finetune-llama"}', **{"Content-Type": "text/plain"}).json()
+    assert plain["field"] == "body" and "text/plain" in plain["error"] and "Content-Type: application/json" in plain["fix"]
+    twice = post(b'{"job": "finetune-llama", "job": "eval-judge"}', **{"Content-Type": "application/json"})
+    assert twice.status_code == 422 and twice.json()["error"] == "body: the key 'job' appears twice"
+    empty = svc.client.post("/api/v1/experiments", headers={**headers, "Idempotency-Key": ""},
+                            json={"job": "finetune-llama", "meta": {"dataset_uri": "hf://datasets/acme/chat@v3", "run_id": "r1"}})
+    assert empty.status_code == 422 and empty.json()["field"] == "Idempotency-Key"

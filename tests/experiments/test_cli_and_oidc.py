@@ -64,6 +64,9 @@ def test_fails_with_one_line_and_exit_2_on_api_errors(live, monkeypatch, capsys)
     monkeypatch.setenv("GPUFLEET_API", "http://127.0.0.1:9")
     code, _, err = _run(capsys, "exp", "list")
     assert code == 2 and "cannot reach the control plane" in err
+    monkeypatch.setenv("GPUFLEET_API", "127.0.0.1:8787")  # newcomer week: was "cannot reach" though the service ran
+    code, _, err = _run(capsys, "exp", "list")
+    assert code == 2 and "has no scheme; set it like http://127.0.0.1:8787" in err and len(err.strip().splitlines()) == 1
 
 
 ISSUER = "https://ci.example.test"
