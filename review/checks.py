@@ -144,7 +144,7 @@ def run_checks(configs: tuple[ClusterConfig, ...] | None, *, out: Path, state_fi
     from_repo = configs is None
     configs, specs = validate_inputs(configs)
     report.add("inputs", True, f"{len(configs)} cluster file(s), {len(specs)} job file(s), Vault policies and roles")
-    warnings = expiry_warnings(configs) if from_repo else []
+    warnings = expiry_warnings(configs)
     report.add("expiry", True, f"{len(warnings)} warning(s)" if warnings else "no exclusion ends within 30 days", warnings)
     stacks = synthesize(configs, out)
     report.add("synth", True, f"{len(stacks)} stack(s) into {out}")

@@ -45,6 +45,14 @@ DEFAULT_PREFERRED_LEVEL = "subblock"
 # writes "Container <name> for pod <ns>/<pod> failed with exit code N matching FailJob rule at
 # index I", which jobs.k8s.status reads as an infrastructure failure.
 PREFLIGHT_CONTAINER = "gpu-preflight"
+# DWS (queued provisioning) pools: Kueue copies a Job's provreq.kueue.x-k8s.io/* annotations to
+# its Workload (v0.19.2 pkg/controller/jobframework/utils.go:264) and from there into the
+# ProvisioningRequest's parameters without the prefix (pkg/controller/admissionchecks/provisioning/
+# provisioning.go:125-131; prefix: pkg/controller/constants/constants.go:56). GKE's parameter is
+# maxRunDurationSeconds, as the toolkit's DWS sample sets it (cluster-toolkit
+# examples/gke-dws-flex-start/sample-job.yaml, metadata.annotations): the nodes are provisioned
+# for the run's max_run_hours, not GKE's 7-day default.
+DWS_MAX_RUN_ANNOTATION = "provreq.kueue.x-k8s.io/maxRunDurationSeconds"
 # Set by the Job controller on every pod of an Indexed Job (batch/v1 JobSpec.completionMode).
 COMPLETION_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
 JOB_LABEL = "gpufleet.dev/job"
@@ -266,6 +274,8 @@ def job_manifest(spec: FinetuneSpec, *, dispatch_id: str | None = None, meta: di
     annotations = {ROLE_ANNOTATION: spec.vault_role}
     if dispatch_id is not None:
         annotations[DISPATCH_ANNOTATION] = dispatch_id
+    if spec.pool.queued_provisioning:
+        annotations[DWS_MAX_RUN_ANNOTATION] = str(spec.max_run_ns // NS_PER_SECOND)
     indexed = spec.nodes > 1
     return {
         "apiVersion": "batch/v1",

@@ -58,7 +58,7 @@ def problems(manifest: dict) -> list[str]:
 
 def declared(stack_json) -> list[dict]:
     found = []
-    for stack in ("prod-gke-scheduler", "dev-gke-scheduler"):
+    for stack in ("prod-gke-scheduler", "dev-gke-scheduler", "train-a3mega-scheduler"):
         found += [r["manifest"] for r in stack_json(stack)["resource"]["kubernetes_manifest"].values()
                   if r["manifest"]["apiVersion"].startswith("kueue.x-k8s.io/")]
     return found
@@ -71,7 +71,8 @@ def test_schemas_are_the_served_storage_version():
 
 def test_every_synthesized_kueue_object_matches_its_crd(stack_json):
     manifests = declared(stack_json)
-    assert {m["kind"] for m in manifests} == {"ResourceFlavor", "ClusterQueue", "LocalQueue"}
+    # dev-gke's DWS pool brings the provisioning AdmissionCheck and its config; train-a3mega the Topology.
+    assert {m["kind"] for m in manifests} == {"ResourceFlavor", "ClusterQueue", "LocalQueue", "AdmissionCheck", "ProvisioningRequestConfig", "Topology"}
     for m in manifests:
         assert m["apiVersion"] == "kueue.x-k8s.io/v1beta2"
         assert problems(m) == [], m["metadata"]["name"]
