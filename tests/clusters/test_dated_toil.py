@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import cdktf
 
-import cdktf_cdktf_provider_google.compute_subnetwork as subnetwork_binding
+from constructs_lib import providers
 from clusters.derive.gke import derive_control_plane, derive_exclusion, exclusion_expiry
 from clusters.errors import ConfigError
 from clusters.loader import load
@@ -96,7 +96,7 @@ def test_half_a_dated_window_is_one_line_with_the_fix(tmp_path):
 
 
 def _possible(param: str) -> list[str]:
-    doc = subnetwork_binding.ComputeSubnetworkLogConfig.__init__.__doc__ or ""
+    doc = providers.google.compute_subnetwork.ComputeSubnetworkLogConfig.__init__.__doc__ or ""
     (values,) = re.findall(rf":param {param}:.*?Possible values: \[([^\]]*)\]", doc)
     return re.findall(r'"([A-Z0-9_]+)"', values)
 

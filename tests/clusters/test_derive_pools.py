@@ -57,13 +57,15 @@ def test_explicit_protected_false_wins_outside_dev(by_name):
     assert not derive_gpu_pools(config.model_copy(update={"gpu_pools": pools}))[0].protected
 
 
-def _static(config, node_count=3):
-    pool = config.gpu_pools[-1].model_copy(update={"node_count": node_count, "min_nodes": None, "max_nodes": None})
+def _static(config, node_count=3, pool_name=None):
+    """The named pool (default: the file's last) as a static pool of ``node_count`` nodes, alone in the cluster."""
+    base = next(p for p in config.gpu_pools if p.name == pool_name) if pool_name else config.gpu_pools[-1]
+    pool = base.model_copy(update={"node_count": node_count, "min_nodes": None, "max_nodes": None})
     return derive_gpu_pools(config.model_copy(update={"gpu_pools": (pool,)}))[0]
 
 
 def test_static_pools_use_node_count_for_capacity(by_name):
-    spec = _static(by_name["dev-gke"])
+    spec = _static(by_name["dev-gke"], pool_name="t4")  # one zone, one GPU per node
     assert (spec.autoscaling, spec.min_nodes, spec.max_nodes, spec.capacity_gpus) == (False, 3, 3, 3)
 
 
