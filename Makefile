@@ -15,8 +15,9 @@ install: $(STAMP)
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	@echo "installing gpufleet and its pinned dependencies into $(VENV) (pip's output: $(VENV)/install.log)"
+	@{ $(BIN)/python -m pip install --upgrade pip && $(BIN)/python -m pip install -e '.[dev]'; } > $(VENV)/install.log 2>&1 \
+	  || { tail -n 40 $(VENV)/install.log; echo "error: pip install failed; the whole log is $(VENV)/install.log"; exit 2; }
 	@touch $@
 
 DEMO_DB := sqlite:///$(CURDIR)/.gpufleet/demo-experiments.db

@@ -13,12 +13,12 @@ import time
 from typing import Any
 
 import typer
-from rich.console import Console
+from gpufleet.console import make_console
 from rich.table import Table
 
 from clusters.errors import UserError
 
-console = Console(soft_wrap=True)
+console = make_console()
 JsonOption = typer.Option(False, "--json", help="Print the API's JSON.")
 TERMINAL = ("succeeded", "failed", "cancelled", "expired")
 COLOURS = {"succeeded": "green", "failed": "red", "expired": "red", "cancelled": "dim", "running": "cyan", "provisioning": "cyan"}

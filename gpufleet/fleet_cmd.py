@@ -6,14 +6,14 @@ import json
 from pathlib import Path
 
 import typer
-from rich.console import Console
+from gpufleet.console import make_console
 from rich.table import Table
 
 import clusters
 from clusters.derive.pools import derive_gpu_pools, total_gpus
 from review.checks import run_checks
 
-console = Console()
+console = make_console()
 
 ClustersDir = typer.Option(None, "--clusters-dir", help="Directory of cluster files (default: clusters/).")
 OutDir = typer.Option(None, "--out", help="Where synthesized stacks go (default: cdktf.out in the repository root).")

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import typer
-from rich.console import Console
+from gpufleet.console import make_console
 from rich.table import Table
 
 from clusters.errors import UserError
@@ -25,8 +25,8 @@ if TYPE_CHECKING:
     from jobs.spec import FinetuneSpec
     from jobs.nomad.status import RunStatus
 
-console = Console(soft_wrap=True)
-err = Console(stderr=True, soft_wrap=True)
+console = make_console()
+err = make_console(stderr=True)
 
 MetaOption = typer.Option(None, "--meta", help="Dispatch parameter key=value; repeat for each key the job declares.")
 NamespaceOption = typer.Option(None, "--namespace", help="Nomad or Kubernetes namespace; default: the job file's tenant, else NOMAD_NAMESPACE.")

@@ -13,7 +13,7 @@ import re
 import time
 from typing import TYPE_CHECKING
 
-from rich.console import Console
+from gpufleet.console import make_console
 from rich.table import Table
 
 from clusters.errors import UserError
@@ -23,8 +23,8 @@ if TYPE_CHECKING:
     from jobs.k8s.status import K8sRunStatus
     from jobs.spec import FinetuneSpec
 
-console = Console(soft_wrap=True)
-err = Console(stderr=True, soft_wrap=True)
+console = make_console()
+err = make_console(stderr=True)
 RUN_ID = re.compile(r"^(?:(?P<namespace>[a-z0-9][a-z0-9-]*)/)?(?P<run>(?P<job>[a-z][a-z0-9-]*)-[0-9a-f]{10})$")
 
 

@@ -12,14 +12,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
 import typer
-from rich.console import Console
+from gpufleet.console import make_console
 
 from clusters.errors import ConfigError, UserError
 
 if TYPE_CHECKING:
     from safety.plan_gate import GateResult
 
-console = Console()
+console = make_console()
 
 EXIT_CODES_HELP = "Exit codes: 0 no changes, 1 terraform failed, 2 user error, 3 changes, 4 blocked."
 

@@ -10,11 +10,11 @@ import json
 from pathlib import Path
 
 import typer
-from rich.console import Console
+from gpufleet.console import make_console
 
 from clusters.errors import UserError
 
-console = Console()
+console = make_console()
 
 EXIT_CODES_HELP = "Exit codes: 0 no changes, 2 user error, 3 changes (nothing protected destroyed or replaced), 4 blocked."
 

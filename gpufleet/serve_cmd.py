@@ -10,12 +10,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
-from rich.console import Console
+from gpufleet.console import make_console
 from rich.table import Table
 
 from clusters.errors import UserError
 
-console = Console(soft_wrap=True)
+console = make_console()
 DbOption = typer.Option(None, "--db", envvar="GPUFLEET_DB", help="postgresql://user@host/db or sqlite:///file.db (default .gpufleet/experiments.db).")
 
 

@@ -73,7 +73,7 @@ def _run_sync(action: str, client: hvac.Client, repo: Path, *, local_dev: bool =
 
 
 def _print_changes(title: str, changes: tuple[Change, ...], *, applied: bool) -> None:
-    from rich.console import Console
+    from gpufleet.console import make_console
     from rich.table import Table
 
     table = Table(title=title)
@@ -83,7 +83,7 @@ def _print_changes(title: str, changes: tuple[Change, ...], *, applied: bool) ->
     for change in changes:
         style = styles.get(change.action, "dim")
         table.add_row(change.kind, change.name, f"[{style}]{change.action}[/{style}]", change.detail)
-    console = Console()
+    console = make_console()
     console.print(table)
     pending = [c for c in changes if c.action not in ("unchanged", "skip")]
     skipped = [c for c in changes if c.action == "skip"]

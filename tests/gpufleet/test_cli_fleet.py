@@ -84,3 +84,17 @@ def test_fails_when_cdktf_runs_main_py_on_a_wrong_cluster_file(tmp_path):
     (line,) = result.stderr.strip().splitlines()
     assert "gpu_pools[0].gpus_per_node" in line and "Traceback" not in result.stderr
     assert sorted(p.name for p in out.iterdir()) == ["marker"]
+
+
+def test_tables_print_names_in_full_in_a_pipe(tmp_path):
+    """Piped (CI logs, `| grep`), rich assumed 80 columns and folded stack names mid-word."""
+    fleet = tmp_path / "clusters"
+    fleet.mkdir()
+    fixture = REPO_ROOT / "tests" / "clusters" / "fixtures" / "dated-a3mega.yaml"
+    long_name = "dated-a3mega-with-long-name"
+    (fleet / f"{long_name}.yaml").write_text(fixture.read_text().replace("name: dated-a3mega\n", f"name: {long_name}\n", 1))
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+    result = subprocess.run([*GPUFLEET, "stacks", "--clusters-dir", str(fleet)], cwd=REPO_ROOT, env=env,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert any(f"{long_name}-scheduler" in line and f"│ {long_name} " in line for line in result.stdout.splitlines()), result.stdout
