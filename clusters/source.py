@@ -16,7 +16,8 @@ from pydantic import BaseModel, ValidationError
 from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.error import MarkedYAMLError, YAMLError
-from ruamel.yaml.events import AliasEvent, NodeEvent
+from ruamel.yaml.events import (AliasEvent, MappingEndEvent, MappingStartEvent, ScalarEvent, SequenceEndEvent,
+                                  SequenceStartEvent)
 
 from clusters import repo
 from clusters.errors import ConfigError, Problem
@@ -87,23 +88,58 @@ def _outside_repository(path: Path) -> Problem | None:
                    " the repository: copy the file in (so the change is reviewed) or delete the link")
 
 
-def _anchors(path: Path, text: str) -> Problem | None:
-    """Anchors and aliases are refused before anything is built: an alias bomb (a few hundred bytes that
-    expand to billions of nodes) would exhaust memory, and reviewed files are short enough to write out.
-    Parsing events costs as much as loading, so a file without '&' or '*' skips it."""
+# Anchors, aliases and '<<' merges are ordinary YAML and keep long files short, so they are allowed;
+# what is bounded is what they expand to. The "billion laughs" bomb (9 levels of 9 aliases, under 500
+# bytes) expands to ~387 million nodes; the example fleet's files have a few hundred nodes each.
+MAX_EXPANDED_NODES = 10_000
+MAX_ALIAS_DEPTH = 5
+
+
+def _expansion(path: Path, text: str) -> Problem | None:
+    """Count, from the parser's events and without building anything, how many nodes the document holds
+    once every alias is expanded, and how deep aliases reach into aliases; past either bound the file is
+    refused at the alias that crossed it. Parsing events costs as much as loading, so a file without '&'
+    or '*' skips it."""
     if "&" not in text and "*" not in text:
         return None
+    sizes: dict[str, tuple[int, int]] = {}  # anchor -> (expanded nodes, alias depth inside it)
+    open_nodes: list[list] = [[None, 0, 0]]  # [anchor, expanded nodes so far, deepest alias inside]
+
+    def add(count: int, depth: int) -> None:
+        top = open_nodes[-1]
+        top[1] += count
+        top[2] = max(top[2], depth)
+
     for event in YAML(typ="rt").parse(text):
-        if isinstance(event, AliasEvent) or (isinstance(event, NodeEvent) and event.anchor):
-            kind, name = ("alias", f"*{event.anchor}") if isinstance(event, AliasEvent) else ("anchor", f"&{event.anchor}")
+        if isinstance(event, AliasEvent):
+            count, inner = sizes.get(event.anchor, (1, 0))
+            add(count, inner + 1)
+        elif isinstance(event, (MappingStartEvent, SequenceStartEvent)):
+            open_nodes.append([event.anchor, 1, 0])
+            continue
+        elif isinstance(event, (MappingEndEvent, SequenceEndEvent)):
+            anchor, count, depth = open_nodes.pop()
+            if anchor:
+                sizes[anchor] = (count, depth)
+            add(count, depth)
+        elif isinstance(event, ScalarEvent):
+            if event.anchor:
+                sizes[event.anchor] = (1, 0)
+            add(1, 0)
+        else:
+            continue
+        total, depth = sum(node[1] for node in open_nodes), max(node[2] for node in open_nodes)
+        if total > MAX_EXPANDED_NODES or depth > MAX_ALIAS_DEPTH:
             line = event.start_mark.line + 1 if event.start_mark else None
-            return Problem(str(path), line, "", f"YAML {kind} {name} is not allowed in reviewed files (anchors, aliases and"
-                           " '<<' merges hide what a key holds and can expand without bound); write the values out")
+            what = (f"expand to more than {MAX_EXPANDED_NODES:,} values" if total > MAX_EXPANDED_NODES
+                    else f"nest more than {MAX_ALIAS_DEPTH} aliases deep")
+            return Problem(str(path), line, "", f"YAML aliases {what} (an alias bomb, or a file that should be split);"
+                           " write the repeated values out or alias less")
     return None
 
 
 def read_yaml(path: Path) -> YamlDocument:
-    """Parse one file; a syntax error, an anchor/alias, a symlink out of the repository or a non-mapping
+    """Parse one file; a syntax error, aliases past their bound, a symlink out of the repository or a non-mapping
     top level is a ConfigError, not a traceback."""
     escaped = _outside_repository(path)
     if escaped is not None:
@@ -115,9 +151,9 @@ def read_yaml(path: Path) -> YamlDocument:
     except UnicodeDecodeError as exc:
         raise ConfigError([Problem(str(path), None, "", f"not UTF-8 text (byte {exc.start}); save the file as UTF-8")]) from None
     try:
-        aliased = _anchors(path, text)
-        if aliased is not None:
-            raise ConfigError([aliased])
+        expanded = _expansion(path, text)
+        if expanded is not None:
+            raise ConfigError([expanded])
         raw = YAML(typ="rt").load(text)
     except MarkedYAMLError as exc:
         line = exc.problem_mark.line + 1 if exc.problem_mark else None
