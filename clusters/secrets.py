@@ -239,10 +239,40 @@ def _aws_secret(value: str, field: str) -> Hit | None:
     return None
 
 
+# Terminal colours and JSON/shell escapes glue a letter to the front of a token ("\x1b[1m" + "gsk_...",
+# a JSON log line's literal "\n" + "nvapi-..."), which the edge lookbehind reads as part of a longer
+# word. Such text is scanned once more with the sequences turned into the separators they stand for.
+_ANSI = re.compile(r"\x1b(?:\[[0-9;?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)|[@-Z\\-_])")
+_ESCAPE = re.compile(r"\\(?:u[0-9a-fA-F]{4}|[nrtbf\"'/\\])")
+
+
+def _unescaped(match: re.Match[str]) -> str:
+    text = match.group(0)
+    if text[1] == "u":
+        char = chr(int(text[2:], 16))
+        return char if char.isprintable() else " "
+    return {"/": "/", '"': '"', "'": "'"}.get(text[1], " ")
+
+
+def _separated(value: str) -> str:
+    """``value`` with terminal control sequences and backslash escapes replaced by what they stand for."""
+    if "\x1b" not in value and "\\" not in value:
+        return value
+    return _ESCAPE.sub(_unescaped, _ANSI.sub(" ", value))
+
+
 def detect(value: str, field: str = "", *, depth: int = 0) -> Hit | None:
     """A Hit if ``value`` holds a secret anywhere; ``field`` is the nearest name (JSON key, env name, previous arg)."""
     if not isinstance(value, str) or not value:
         return None
+    hit = _detect(value, field, depth)
+    separated = _separated(value)
+    if hit is None and separated != value:
+        hit = _detect(separated, field, depth)
+    return hit
+
+
+def _detect(value: str, field: str, depth: int) -> Hit | None:
     match = PRIVATE_KEY.search(value)
     if match:
         return Hit("private-key", mask(match.group(0), value))

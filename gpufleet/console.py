@@ -7,6 +7,7 @@ row in full: a log line can be as long as it needs, a cut name cannot be searche
 
 from __future__ import annotations
 
+import os
 import sys
 
 from rich.console import Console
@@ -16,5 +17,5 @@ NON_TTY_WIDTH = 10_000
 
 def make_console(*, stderr: bool = False) -> Console:
     stream = sys.stderr if stderr else sys.stdout
-    width = None if stream.isatty() else NON_TTY_WIDTH
+    width = None if stream.isatty() or os.environ.get("COLUMNS") else NON_TTY_WIDTH
     return Console(stderr=stderr, soft_wrap=True, width=width)

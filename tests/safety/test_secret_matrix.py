@@ -306,3 +306,28 @@ def test_example_fleet_rendered_jobs_and_repo_json_have_zero_findings(fleet_out:
     assert tracked, "the repo tracks JSON files (goldens, package.json): they are scanned too"
     findings = scan_paths([fleet_out, tmp_path / "jobs", *(REPO / t for t in tracked)])
     assert findings == [], [str(f) for f in findings]
+
+
+WRAPPERS = {
+    "bold": lambda v: f"\x1b[1m{v}\x1b[0m",
+    "clear-line-green": lambda v: f"\x1b[2K\r\x1b[32m{v}\x1b[0m",
+    "json-newline": lambda v: '{"level":"debug","msg":"login:\\n' + v + '"}',
+    "json-tab": lambda v: '{"msg":"key\\t' + v + '"}',
+    "json-unicode-space": lambda v: '{"msg":"key\\u0020' + v + '"}',
+}
+
+
+@pytest.mark.parametrize("wrapper", sorted(WRAPPERS))
+def test_a_secret_behind_colour_codes_or_json_escapes_is_caught_and_masked_in_logs(wrapper: str) -> None:
+    """Red team 22: the edge lookbehind read the 'm' of ESC[1m or the 'n' of a literal \\n as part of the token."""
+    from clusters.secrets import detect
+    from jobs.logs import masked
+
+    self_identifying = {k: v for k, v in NEW_FORMATS(random.Random(7)).items()
+                        if k not in ("aws-secret-bare", "aws-secret-near-context", "percent-encoded-hf")}
+    missed = [kind for kind, value in self_identifying.items() if detect(WRAPPERS[wrapper](value)) is None]
+    assert not missed
+    log = "".join(WRAPPERS[wrapper](value) + "\n" for value in self_identifying.values())
+    shown = masked(log)
+    assert not any(_core(value) in shown for value in self_identifying.values())
+    assert shown.count("[masked: ") == len(self_identifying)
