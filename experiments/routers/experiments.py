@@ -28,16 +28,19 @@ class SubmitRequest(BaseModel):
     deadline_hours: float | None = None
 
 
-async def no_duplicate_keys(request: Request) -> None:
+async def no_duplicate_keys(request: Request, _who: Annotated[Caller, Depends(caller)]) -> None:
     """A JSON body naming a key twice is refused: parsed last-wins, a body naming one job first
-    would be submitted as another."""
+    would be submitted as another. Runs after authentication (it depends on ``caller``), and each
+    object is checked with a set, so a body of many keys costs its length, not its square."""
     if request.headers.get("content-type", "").split(";")[0].strip().lower() != "application/json":
         return
 
     def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
-        seen = [k for i, (k, _v) in enumerate(items) if k in (x for x, _ in items[:i])]
-        if seen:
-            raise ApiError(422, f"body: the key {seen[0]!r} appears twice", field=seen[0], fix="send each key once")
+        seen: set[str] = set()
+        for key, _value in items:
+            if key in seen:
+                raise ApiError(422, f"body: the key {key!r} appears twice", field=key, fix="send each key once")
+            seen.add(key)
         return dict(items)
 
     try:
