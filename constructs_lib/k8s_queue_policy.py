@@ -66,12 +66,32 @@ BASELINE_CAPABILITIES = ("AUDIT_WRITE", "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSET
                          "SETFCAP", "SETGID", "SETPCAP", "SETUID", "SYS_CHROOT")
 
 
+def _literal(value: object) -> str:
+    """A CEL literal (CEL string escapes are JSON's)."""
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_literal(v) for v in value) + "]"
+    return json.dumps(value)
+
+
+# A quantity that is zero in any spelling ("0", "00", "+0", "0k", "0e3"): nvidia.com/gpu is an
+# extended resource, whole numbers only (k8s.io/kubernetes pkg/apis/core/validation
+# ValidateResourceQuantityValue + the extended-resource integer check), so anything else is at least one GPU.
+ZERO_QUANTITY = r"^[+-]?0+(\.0*)?([eE][+-]?[0-9]+|[a-zA-Z]+)?$"
+
+
+def _asks_gpu(c: str) -> str:
+    """CEL: container ``c`` requests or limits a non-zero count of nvidia.com/gpu (a "0" limit asks
+    for none and schedules anywhere, the system pool included)."""
+    return " || ".join(
+        f"(has({c}.resources.{kind}) && 'nvidia.com/gpu' in {c}.resources.{kind}"
+        f" && !string({c}.resources.{kind}['nvidia.com/gpu']).matches({_literal(ZERO_QUANTITY)}))"
+        for kind in ("limits", "requests"))
+
+
 def requests_gpu(pod_spec: str) -> str:
     """CEL: some container or init container of ``pod_spec`` requests or limits nvidia.com/gpu."""
     containers = f"({pod_spec}.containers + (has({pod_spec}.initContainers) ? {pod_spec}.initContainers : []))"
-    return (f"{containers}.exists(c, has(c.resources) && ("
-            "(has(c.resources.limits) && 'nvidia.com/gpu' in c.resources.limits) || "
-            "(has(c.resources.requests) && 'nvidia.com/gpu' in c.resources.requests)))")
+    return f"{containers}.exists(c, has(c.resources) && ({_asks_gpu('c')}))"
 
 
 JOB_RULE = (f"!({requests_gpu('object.spec.template.spec')}) || "
@@ -79,13 +99,6 @@ JOB_RULE = (f"!({requests_gpu('object.spec.template.spec')}) || "
 JOB_OWNED = ("(has(object.metadata.ownerReferences) && object.metadata.ownerReferences.exists(r, "
              "r.apiVersion == 'batch/v1' && r.kind == 'Job' && has(r.controller) && r.controller))")
 POD_RULE = f"!({requests_gpu('object.spec')}) || {JOB_OWNED}"
-
-
-def _literal(value: object) -> str:
-    """A CEL literal (CEL string escapes are JSON's)."""
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(_literal(v) for v in value) + "]"
-    return json.dumps(value)
 
 
 def _field(obj: str, *path: str) -> str:
@@ -105,10 +118,14 @@ def _is_rxdm(c: str) -> str:
     from clusters.gpudirect_upstream import rxdm_sidecars
 
     options = []
+    # Only as a native sidecar (an init container with restartPolicy Always, which the API server
+    # allows on init containers alone) and asking no GPU: as a pod's sole regular container it is the
+    # one an exec without a container name reaches (red team 22).
+    placed = f"has({c}.restartPolicy) && {c}.restartPolicy == 'Always' && !(has({c}.resources) && ({_asks_gpu(c)}))"
     for daemon in rxdm_sidecars():
         caps = (daemon.get("securityContext") or {}).get("capabilities", {}).get("add", [])
         options.append(
-            f"({c}.name == {_literal(daemon['name'])} && {c}.image == {_literal(daemon['image'])}"
+            f"({placed} && {c}.name == {_literal(daemon['name'])} && {c}.image == {_literal(daemon['image'])}"
             f" && has({c}.command) && {c}.command == {_literal(daemon.get('command', []))}"
             # No hook, probe or device of the tenant's: each would run or reach the tenant's choice as root
             # in the container that mounts /proc/sys (a postStart exec is a root shell there).
@@ -159,11 +176,15 @@ def _container_baseline(c: str) -> str:
 
 
 def _non_root(c: str, spec: str) -> str:
-    """CEL: ``c`` runs as non-root: runAsNonRoot true and runAsUser not 0, the container's own
-    value winning over the pod's, as the kubelet resolves them."""
+    """CEL: ``c`` runs as non-root and stays so: runAsNonRoot true and runAsUser not 0, the container's
+    own value winning over the pod's, as the kubelet resolves them, and allowPrivilegeEscalation false."""
     own = lambda f: f"{_field(c, 'securityContext', f)}"  # noqa: E731
     pod = lambda f: f"{_field(spec, 'securityContext', f)}"  # noqa: E731
-    return (f"({own('runAsNonRoot')} ? {c}.securityContext.runAsNonRoot : ({pod('runAsNonRoot')} && {spec}.securityContext.runAsNonRoot))"
+    # allowPrivilegeEscalation false (no_new_privs): otherwise a setuid-root binary in the tenant's own
+    # image makes uid 0 again, beside the host's socket directory (red team 22; restricted profile's
+    # check_allowPrivilegeEscalation.go asks the same).
+    return (f"{own('allowPrivilegeEscalation')} && {c}.securityContext.allowPrivilegeEscalation == false"
+            f" && ({own('runAsNonRoot')} ? {c}.securityContext.runAsNonRoot : ({pod('runAsNonRoot')} && {spec}.securityContext.runAsNonRoot))"
             f" && ({own('runAsUser')} ? {c}.securityContext.runAsUser != 0 : !({pod('runAsUser')} && {spec}.securityContext.runAsUser == 0))")
 
 
@@ -242,7 +263,8 @@ PRIVILEGE_MESSAGES = {
                            " SELinux type/user/role, AppArmor Unconfined or Windows HostProcess)",
     "capabilities_only_rxdm": "only Google's GPUDirect RxDM sidecar (its exact image, command, args and env) may add capabilities beyond"
                               " baseline or run without a seccomp filter",
-    "non_root": "every container except Google's GPUDirect RxDM sidecar must run as non-root (runAsNonRoot: true, runAsUser not 0)",
+    "non_root": "every container except Google's GPUDirect RxDM sidecar must run as non-root (runAsNonRoot: true, runAsUser not 0)"
+                " with allowPrivilegeEscalation: false",
     "host_mounts": "a hostPath may be mounted only where upstream's NCCL tests mount it: /sys and /proc/sys only in the exact RxDM"
                    " sidecar; other containers only the socket directory, the aperture devices and the driver libraries, read-only",
     "ephemeral": "ephemeral (debug) containers stay within baseline, run as non-root and mount no hostPath",
@@ -291,10 +313,13 @@ def exec_rule() -> str:
     """CEL on ``PodExecOptions``/``PodAttachOptions`` (CONNECT pods/exec, pods/attach): not into an
     RxDM daemon. ``edit`` grants exec; a shell in the container that runs as root with NET_ADMIN and
     mounts /proc/sys would undo the rest. Only a container that is exactly the daemon (its upstream
-    name among the rest, ``_is_rxdm``) carries that name, so refusing the name is enough."""
+    name among the rest, ``_is_rxdm``) carries that name, so refusing the name is enough, provided the
+    name is given: without one the API server picks the pod's only container, which these options do
+    not show, so an exec must name its container (kubectl always sends ``-c`` or the default one)."""
     from clusters.gpudirect_upstream import rxdm_sidecars
 
-    return f"!has(object.container) || !(object.container in {_literal(sorted(d['name'] for d in rxdm_sidecars()))})"
+    return (f"has(object.container) && object.container != ''"
+            f" && !(object.container in {_literal(sorted(d['name'] for d in rxdm_sidecars()))})")
 
 
 def policies() -> tuple[dict, ...]:
@@ -306,8 +331,8 @@ def policies() -> tuple[dict, ...]:
     privilege = policy(PRIVILEGE_POLICY, "", ["pods", "pods/ephemeralcontainers"], ["CREATE", "UPDATE"], privilege_rules(),
                        PRIVILEGE_MESSAGES)
     shell = policy(EXEC_POLICY, "", ["pods/exec", "pods/attach"], ["CONNECT"], exec_rule(),
-                   "no exec or attach into Google's GPUDirect RxDM sidecar (it runs as root with the host's /proc/sys);"
-                   " exec into the training container instead (-c train)")
+                   "no exec or attach into Google's GPUDirect RxDM sidecar (it runs as root with the host's /proc/sys),"
+                   " and name the container: exec into the training container instead (-c train)")
     return job, pod, privilege, shell
 
 

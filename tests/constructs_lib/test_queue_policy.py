@@ -13,8 +13,10 @@ import pytest
 from clusters.gpudirect_upstream import rxdm_sidecars
 from constructs_lib.k8s_queue_policy import JOB_RULE, POD_RULE, exec_rule, policies, privilege_rule, privilege_rules
 
-GPU = {"name": "train", "image": "i", "resources": {"limits": {"nvidia.com/gpu": "8"}}}
-CPU = {"name": "prep", "image": "i", "resources": {"requests": {"cpu": "1"}}}
+# Containers as a tenant in a GPUDirect namespace must write them: no privilege escalation (no_new_privs).
+NO_ESCALATION = {"allowPrivilegeEscalation": False}
+GPU = {"name": "train", "image": "i", "resources": {"limits": {"nvidia.com/gpu": "8"}}, "securityContext": NO_ESCALATION}
+CPU = {"name": "prep", "image": "i", "resources": {"requests": {"cpu": "1"}}, "securityContext": NO_ESCALATION}
 JOB_OWNER = {"apiVersion": "batch/v1", "kind": "Job", "name": "j", "uid": "u", "controller": True}
 
 
@@ -161,6 +163,16 @@ ESCAPES = {
     "more host devices for the RxDM sidecar":
         gpudirect_pod(annotations={"devices.gke.io/container.tcpxo-daemon": "- path: /dev/nvidia0\n- path: /dev/mem\n"}),
     "an ephemeral container as root": gpudirect_pod(ephemeralContainers=[{"name": "d", "image": "busybox", "securityContext": {"runAsUser": 0}}]),
+    # Red team 22: the exact daemon as the pod's only regular container (exec without -c lands in it).
+    "the RxDM daemon as the sole regular container":
+        gpudirect_pod(containers=[{k: v for k, v in {**_rxdm(), "resources": {"limits": {"nvidia.com/gpu": "8"}}}.items() if k != "restartPolicy"}],
+                      init=[]),
+    "the RxDM daemon asking for the GPUs": gpudirect_pod(init=[_rxdm(resources={"limits": {"nvidia.com/gpu": "8"}})]),
+    "setuid back to root (allowPrivilegeEscalation unset)":
+        gpudirect_pod(containers=[{**TRAIN, "securityContext": {"runAsNonRoot": True}}]),
+    "setuid back to root (allowPrivilegeEscalation true)": gpudirect_pod(containers=[with_context(TRAIN, allowPrivilegeEscalation=True)]),
+    "an ephemeral container that may escalate":
+        gpudirect_pod(ephemeralContainers=[{"name": "d", "image": "busybox", "securityContext": {"allowPrivilegeEscalation": True}}]),
 }
 
 
@@ -197,7 +209,10 @@ PRIVILEGE_CASES = {
     "unconfined seccomp on the training container": (gpudirect_pod(containers=[{**GPU, "securityContext": {"seccompProfile": {"type": "Unconfined"}}}]), False),
     "an ephemeral debug container with NET_ADMIN": (gpudirect_pod(ephemeralContainers=[{"name": "d", "image": "busybox", "securityContext": {"capabilities": {"add": ["NET_ADMIN"]}}}]), False),
     "the RxDM sidecar in a CPU pod": (gpudirect_pod(containers=[CPU], volumes=[]), False),
-    "baseline capabilities on any image": (pod([{**CPU, "securityContext": {"capabilities": {"add": ["CHOWN"]}}}]), True),
+    "baseline capabilities on any image": (pod([{**CPU, "securityContext": {**NO_ESCALATION, "capabilities": {"add": ["CHOWN"]}}}]), True),
+    # Red team 22: a "0" GPU limit asked for no GPU, yet counted as a GPU pod for hostPaths and the RxDM.
+    "hostPath and the RxDM with a zero GPU limit": (gpudirect_pod(containers=[{**TRAIN, "resources": {"limits": {"nvidia.com/gpu": "0"}}}]), False),
+    "hostPath and the RxDM with a zero GPU limit spelled 00": (gpudirect_pod(containers=[{**TRAIN, "resources": {"limits": {"nvidia.com/gpu": "00"}}}]), False),
 }
 
 
@@ -209,8 +224,10 @@ def test_only_the_gpudirect_sidecar_exceeds_baseline_and_only_in_an_admitted_gpu
     assert evaluate(privilege_rule(), obj) is admitted
 
 
-@pytest.mark.parametrize(("container", "allowed"), [("tcpx-daemon", False), ("tcpxo-daemon", False), ("train", True), (None, True)])
+@pytest.mark.parametrize(("container", "allowed"), [("tcpx-daemon", False), ("tcpxo-daemon", False), ("train", True), (None, False), ("", False)])
 def test_no_exec_or_attach_into_the_rxdm_sidecar(container, allowed):
-    """`edit` grants pods/exec: a shell in the root, NET_ADMIN, /proc/sys-mounting sidecar would undo the box."""
+    """`edit` grants pods/exec: a shell in the root, NET_ADMIN, /proc/sys-mounting sidecar would undo the box.
+    Red team 22: an exec naming no container reached a pod's only container, the RxDM daemon (the raw API
+    leaves the name out; kubectl always sends one), so the name is required."""
     options = {"kind": "PodExecOptions", "apiVersion": "v1", "command": ["sh"], **({"container": container} if container else {})}
     assert evaluate(exec_rule(), options) is allowed
