@@ -17,13 +17,23 @@ os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
 pytest_plugins = ["tests.openbao_fixture"]
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+# The suite's own copy of the example fleet. Tests pin its addresses, stack lists and messages, so the
+# files in clusters/ stay the user's: adding, editing or removing one changes what `gpufleet check`
+# judges, never what `make test` asserts (tests/test_fleet_independence.py proves it). A change to the
+# examples that tests should see is copied here on purpose, in the same commit.
+FLEET_CLUSTERS = REPO_ROOT / "tests" / "fleet" / "clusters"
+
+
+def load_fleet():
+    """The suite's example fleet (``FLEET_CLUSTERS``), loaded as ``clusters.load_all`` loads clusters/."""
+    import clusters
+
+    return clusters.load_all(FLEET_CLUSTERS)
 
 
 @pytest.fixture(scope="session")
 def example_configs():
-    import clusters
-
-    return clusters.load_all()
+    return load_fleet()
 
 
 @pytest.fixture(scope="session")

@@ -11,12 +11,12 @@ import pytest
 from ruamel.yaml import YAML
 
 import clusters
-from clusters import CLUSTERS_DIR
 from clusters.errors import ConfigError
+from tests.conftest import FLEET_CLUSTERS
 
 
 def _read(name: str) -> dict:
-    return YAML(typ="safe").load((CLUSTERS_DIR / f"{name}.yaml").read_text())
+    return YAML(typ="safe").load((FLEET_CLUSTERS / f"{name}.yaml").read_text())
 
 
 @pytest.fixture

@@ -6,11 +6,12 @@ import pytest
 
 import clusters
 from clusters.derive.addresses import dns_record_address, grant_address, iam_role_key, tfc_workspace
+from tests.conftest import load_fleet
 
 
 @pytest.fixture(scope="module")
 def by_name():
-    return {c.name: c for c in clusters.load_all()}
+    return {c.name: c for c in load_fleet()}
 
 
 def test_dns_record_addresses_spell_out_apex_and_wildcard():

@@ -7,11 +7,12 @@ import pytest
 import clusters
 from clusters.derive.pools import GPU_TAINT, derive_gpu_pools, machine_accelerator, total_gpus
 from clusters.machines import MACHINE_GPUS
+from tests.conftest import load_fleet
 
 
 @pytest.fixture(scope="module")
 def by_name():
-    return {c.name: c for c in clusters.load_all()}
+    return {c.name: c for c in load_fleet()}
 
 
 @pytest.mark.parametrize(("machine", "accelerator", "gpus"), [

@@ -24,11 +24,11 @@ from pydantic import BaseModel, ValidationError
 from ruamel.yaml import YAML
 
 import clusters
-from clusters import CLUSTERS_DIR
 from clusters.checks import cross_check
 from clusters.errors import ConfigError
 from clusters.schema import ClusterConfig
 from clusters.source import format_path
+from tests.conftest import FLEET_CLUSTERS
 
 PAYLOADS = ('${base64encode(file("/proc/self/environ"))}', "%{ for k in [1] }x%{ endfor }")
 Path_ = tuple[str | int, ...]
@@ -124,7 +124,7 @@ def data_leaves(annotation: Any, data: Any, path: Path_ = (), pattern: tuple[str
 
 
 def _documents() -> dict[str, dict[str, Any]]:
-    docs = {f"{p.stem}": YAML(typ="safe").load(p.read_text()) for p in sorted(CLUSTERS_DIR.glob("*.yaml"))}
+    docs = {f"{p.stem}": YAML(typ="safe").load(p.read_text()) for p in sorted(FLEET_CLUSTERS.glob("*.yaml"))}
     for name, extra in EXTRAS.items():
         docs[f"{name}+extras"] = {**copy.deepcopy(docs[name]), **copy.deepcopy(extra)}
     return docs

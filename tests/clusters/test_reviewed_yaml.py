@@ -18,9 +18,9 @@ import pytest
 
 import clusters
 import jobs.loader
-from clusters import CLUSTERS_DIR
 from clusters.errors import ConfigError
 from vault_policies import roles
+from tests.conftest import FLEET_CLUSTERS
 
 REPO = Path(__file__).resolve().parents[2]
 # The classic "billion laughs": 9 levels of 9 aliases, under 500 bytes, ~387 million nodes expanded.
@@ -48,7 +48,7 @@ def test_fails_fast_on_an_alias_bomb_without_expanding_it(tmp_path: Path) -> Non
 def test_fails_when_aliases_nest_too_deep(tmp_path: Path) -> None:
     chain = "a0: &a0 [x]\n" + "".join(f"a{i}: &a{i} [*a{i - 1}]\n" for i in range(1, 8))
     path = tmp_path / "prod-gke.yaml"
-    path.write_text((CLUSTERS_DIR / "prod-gke.yaml").read_text() + chain)
+    path.write_text((FLEET_CLUSTERS / "prod-gke.yaml").read_text() + chain)
     with pytest.raises(ConfigError) as err:
         clusters.load(path)
     (problem,) = err.value.problems
@@ -66,7 +66,7 @@ SPOT_POOL = """  - name: l4-spot
 
 def test_anchors_and_merge_keys_load_like_the_values_written_out(tmp_path: Path) -> None:
     """Anchors and '<<' merges are ordinary YAML (a newcomer's first pool copy uses them); they load as if written out."""
-    text = (CLUSTERS_DIR / "prod-gke.yaml").read_text()
+    text = (FLEET_CLUSTERS / "prod-gke.yaml").read_text()
     assert SPOT_POOL in text
     written_out = text.replace(SPOT_POOL, SPOT_POOL + "\n" + SPOT_POOL.replace("name: l4-spot", "name: l4-spot-b")
                                .replace("workload: sweep", "workload: sweep-b"))
@@ -80,7 +80,7 @@ def test_anchors_and_merge_keys_load_like_the_values_written_out(tmp_path: Path)
 
 
 def test_an_error_inside_a_merged_mapping_names_the_merging_line(tmp_path: Path) -> None:
-    text = (CLUSTERS_DIR / "prod-gke.yaml").read_text()
+    text = (FLEET_CLUSTERS / "prod-gke.yaml").read_text()
     anchored = text.replace(SPOT_POOL, SPOT_POOL.replace("  - name: l4-spot", "  - &spot\n    name: l4-spot")
                             + "\n  - <<: *spot\n    name: l4-spot-b\n    spot: maybe")
     path = tmp_path / "prod-gke.yaml"
@@ -103,7 +103,7 @@ def test_job_files_and_the_roles_file_accept_aliases(tmp_path: Path) -> None:
 
 def test_a_dns_wildcard_or_an_ampersand_in_text_is_not_an_anchor(tmp_path: Path) -> None:
     path = tmp_path / "prod-gke.yaml"
-    text = (CLUSTERS_DIR / "prod-gke.yaml").read_text().replace("- name: tensorboard.prod", "- name: '*.prod'")
+    text = (FLEET_CLUSTERS / "prod-gke.yaml").read_text().replace("- name: tensorboard.prod", "- name: '*.prod'")
     path.write_text(text.replace("reason: platform team operates", "reason: platform team (R&D) operates"))
     clusters.load(path)
 
@@ -120,7 +120,7 @@ def test_fails_when_a_cluster_file_is_a_symlink_out_of_the_repository(tmp_path: 
     outside = tmp_path / "elsewhere" / "prod-gke.yaml"
     outside.parent.mkdir()
     marker = "outside-content-never-echoed"
-    outside.write_text((CLUSTERS_DIR / "prod-gke.yaml").read_text().replace("name: prod-gke", f"name: {marker}"))
+    outside.write_text((FLEET_CLUSTERS / "prod-gke.yaml").read_text().replace("name: prod-gke", f"name: {marker}"))
     repo = _repo_with_link(tmp_path, outside)
     with pytest.raises(ConfigError) as err:
         clusters.load_all(repo / "clusters")
@@ -133,7 +133,7 @@ def test_fails_when_a_cluster_file_is_a_symlink_out_of_the_repository(tmp_path: 
 def test_fails_when_the_clusters_directory_is_a_symlink_out_of_the_repository(tmp_path: Path) -> None:
     outside = tmp_path / "elsewhere"
     outside.mkdir()
-    (outside / "prod-gke.yaml").write_text((CLUSTERS_DIR / "prod-gke.yaml").read_text())
+    (outside / "prod-gke.yaml").write_text((FLEET_CLUSTERS / "prod-gke.yaml").read_text())
     repo = tmp_path / "repo"
     (repo / ".git").mkdir(parents=True)
     os.symlink(outside, repo / "clusters")
@@ -145,7 +145,7 @@ def test_a_symlink_inside_the_repository_is_read(tmp_path: Path) -> None:
     repo = tmp_path / "repo"
     (repo / ".git").mkdir(parents=True)
     (repo / "shared").mkdir()
-    (repo / "shared" / "prod-gke.yaml").write_text((CLUSTERS_DIR / "prod-gke.yaml").read_text())
+    (repo / "shared" / "prod-gke.yaml").write_text((FLEET_CLUSTERS / "prod-gke.yaml").read_text())
     (repo / "clusters").mkdir()
     os.symlink(repo / "shared" / "prod-gke.yaml", repo / "clusters" / "prod-gke.yaml")
     assert [c.name for c in clusters.load_all(repo / "clusters")] == ["prod-gke"]
@@ -154,7 +154,7 @@ def test_a_symlink_inside_the_repository_is_read(tmp_path: Path) -> None:
 def test_fails_with_one_line_when_vault_addr_holds_an_interpolation(tmp_path: Path) -> None:
     """Once a traceback from the Nomad agent renderer at synthesis; now a schema error at the line."""
     path = tmp_path / "prod-nomad.yaml"
-    path.write_text((CLUSTERS_DIR / "prod-nomad.yaml").read_text().replace(
+    path.write_text((FLEET_CLUSTERS / "prod-nomad.yaml").read_text().replace(
         "vault_addr: https://vault.example.com:8200", "vault_addr: https://vault.example.com:8200/${file(\"/etc/passwd\")}"))
     with pytest.raises(ConfigError) as err:
         clusters.load(path)

@@ -31,6 +31,7 @@ from jobs.runner import GkeRunner, NomadRunner, Runner
 from tests.jobs.conftest import a100_nodes
 from tests.jobs.nomad_double import NomadDouble
 from tests.openbao_fixture import VaultHandle
+from tests.conftest import load_fleet
 
 _databases = itertools.count()
 
@@ -90,7 +91,7 @@ class FakeClock:
 
 @pytest.fixture(scope="session")
 def catalog() -> Catalog:
-    return Catalog()
+    return Catalog(configs=load_fleet())
 
 
 @pytest.fixture

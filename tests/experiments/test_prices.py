@@ -16,6 +16,7 @@ from experiments.services.cost import PRICES, load_prices
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
 import refresh_gpu_prices as refresh  # noqa: E402
+from tests.conftest import load_fleet
 
 CURRENT = {"prices": {"nvidia-h100-80gb": {"default": {"list": 11.06, "spot": 4.42, "reservation": 6.97}},
                       "nvidia-l4": {"default": {"list": 0.56, "spot": 0.22, "reservation": 0.35}}}}
@@ -48,9 +49,9 @@ def test_build_takes_per_gpu_prices_and_refuses_what_contradicts() -> None:
 def test_the_checked_in_table_names_its_source_and_obeys_the_rules() -> None:
     data = YAML(typ="safe").load(PRICES.read_text())
     assert data["catalog"]["repo"] == "skypilot-org/skypilot-catalog" and re.fullmatch(r"[0-9a-f]{40}", data["catalog"]["commit"])
-    regions = {c.gcp.region for c in clusters.load_all()}
+    regions = {c.gcp.region for c in load_fleet()}
     assert set(data["regions"]) == regions
-    used = {pool.accelerator for config in clusters.load_all() for pool in derive_gpu_pools(config)}
+    used = {pool.accelerator for config in load_fleet() for pool in derive_gpu_pools(config)}
     assert used <= set(data["prices"]), used - set(data["prices"])
     for accelerator, rows in data["prices"].items():
         default = rows["default"]

@@ -17,13 +17,14 @@ from jobs.nomad.client import NomadClient, NomadSettings
 from jobs.loader import JOBS_DIR
 from jobs.vault_refs import VaultView, load_vault_view
 from tests.jobs.nomad_double import FakeNode, NomadDouble
+from tests.conftest import load_fleet
 
 EXAMPLE = JOBS_DIR / "finetune-llama.yaml"
 
 
 @pytest.fixture(scope="session")
 def cluster_configs() -> tuple[ClusterConfig, ...]:
-    return clusters.load_all()
+    return load_fleet()
 
 
 @pytest.fixture(scope="session")

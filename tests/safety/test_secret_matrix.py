@@ -29,12 +29,12 @@ from ruamel.yaml import YAML
 
 import clusters
 import jobs.loader
-from clusters import CLUSTERS_DIR
 from clusters.errors import ConfigError, UserError
 from safety.secret_scan import scan_paths
 from jobs.meta import validate_meta
 from jobs.vault_refs import load_vault_view
 from tests.safety.conftest import tf
+from tests.conftest import FLEET_CLUSTERS, load_fleet
 
 ALNUM = string.ascii_letters + string.digits
 HEX = "0123456789abcdef"
@@ -161,7 +161,7 @@ def _parsed(path: Path) -> dict[str, Any]:
 
 def _cluster(mutate: Callable[[dict[str, Any], str], None]) -> Callable[[Path, str], str | None]:
     def run(tmp: Path, value: str) -> str | None:
-        data = copy.deepcopy(_example("prod-gke.yaml", CLUSTERS_DIR))
+        data = copy.deepcopy(_example("prod-gke.yaml", FLEET_CLUSTERS))
         mutate(data, value)
         try:
             clusters.load(_write_yaml(tmp / "prod-gke.yaml", data))
@@ -221,7 +221,7 @@ def _set_label_key(d: dict[str, Any], v: str) -> None:
 
 @functools.cache
 def _CONFIGS() -> tuple[Any, ...]:  # noqa: N802 - lazily loaded constants
-    return clusters.load_all()
+    return load_fleet()
 
 
 @functools.cache

@@ -10,11 +10,12 @@ import pytest
 import clusters
 from clusters.derive.addresses import tfc_workspace
 from clusters.schema import ClusterConfig
+from tests.conftest import load_fleet
 
 
 @pytest.fixture(scope="module")
 def configs() -> tuple[ClusterConfig, ...]:
-    return clusters.load_all()
+    return load_fleet()
 
 
 @pytest.fixture(scope="module")

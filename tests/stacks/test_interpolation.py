@@ -23,6 +23,7 @@ from clusters.errors import UserError
 from clusters.schema import StaticIp
 from stacks.interpolation import TEMPLATES, allowed, check_outdir, find, sequences
 from stacks.synth import synthesize
+from tests.conftest import load_fleet
 
 PAYLOAD = '${base64encode(file("/proc/self/environ"))}'
 CANARY = "gpufleet-canary-7f3a9c"
@@ -128,7 +129,7 @@ def test_real_terraform_evaluates_an_unescaped_user_string_and_the_check_refuses
 
 def test_fails_when_a_config_that_bypassed_the_schema_is_synthesized_and_keeps_the_old_output(tmp_path: Path) -> None:
     """A ClusterConfig built without validation (model_copy) still cannot put a payload into cdk.tf.json."""
-    config = next(c for c in clusters.load_all() if c.name == "prod-nomad")
+    config = next(c for c in load_fleet() if c.name == "prod-nomad")
     bad_ip = StaticIp.model_construct(name="nomad-ui", description=PAYLOAD)
     bad = config.model_copy(update={"gcp": config.gcp.model_copy(update={"static_ips": (bad_ip,)})})
     out = tmp_path / "cdktf.out"

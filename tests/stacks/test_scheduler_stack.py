@@ -11,6 +11,7 @@ from ruamel.yaml import YAML
 import clusters
 from clusters.schema import ClusterConfig
 from stacks.layout import plan_stacks
+from tests.conftest import FLEET_CLUSTERS
 
 REMOTE = re.compile(r"data\.terraform_remote_state\.([\w-]+)\.outputs\.([\w-]+)")
 
@@ -129,7 +130,7 @@ def existing_servers_fleet(fleet_out):
 
     from stacks.fleet import build_fleet
 
-    data = YAML(typ="safe").load((clusters.CLUSTERS_DIR / "prod-nomad.yaml").read_text())
+    data = YAML(typ="safe").load((FLEET_CLUSTERS / "prod-nomad.yaml").read_text())
     data["nomad"]["existing_servers"] = ["10.50.0.10", "10.50.0.11:4647"]
     config = ClusterConfig.model_validate(data)
     fleet = build_fleet(Testing.app(), (config,))
