@@ -1,6 +1,6 @@
 """The GKE half of ``gpufleet jobs``: submit (server-side dry run), dispatch, status [--watch], stop.
 
-``gpufleet.jobs_cmd`` hands a command here when the job file names a GKE cluster, or when a
+``gpufleet.jobs_nomad_cmd`` hands a command here when the job file names a GKE cluster, or when a
 run id is ``<job>-<10 hex>`` of a GKE job file (what dispatch prints). The Kubernetes API is
 reached through KUBECONFIG / GPUFLEET_KUBE_CONTEXT (or the in-cluster service account), Vault
 through VAULT_ADDR / VAULT_TOKEN, as for Nomad.

@@ -86,9 +86,9 @@ def cmd_plan(job: str = typer.Argument(..., help="Job name (jobs/<job>.yaml)."))
     """Ask Nomad whether one dispatched run would be placed now; exit 1 if not."""
     spec = _spec(job)
     if _is_gke(spec):
-        from gpufleet import jobs_gke_cmd
+        from gpufleet import jobs_k8s_cmd
 
-        raise jobs_gke_cmd.refuse_nomad_only("plan", spec)
+        raise jobs_k8s_cmd.refuse_nomad_only("plan", spec)
     result = _client().plan(spec)
     if result.placeable:
         console.print(f"[green]placeable[/]: a client in pool {spec.pool.name} can take {spec.gpu.describe()} (job diff: {result.diff_type})")
@@ -104,9 +104,9 @@ def cmd_submit(
     """Plan, then register the parameterized job (runs nothing until a dispatch)."""
     spec = _spec(job)
     if _is_gke(spec):
-        from gpufleet import jobs_gke_cmd
+        from gpufleet import jobs_k8s_cmd
 
-        return jobs_gke_cmd.submit(spec)
+        return jobs_k8s_cmd.submit(spec)
     client = _client()
     result = client.plan(spec)
     if not result.placeable and not allow_unplaceable:
@@ -148,11 +148,11 @@ def cmd_dispatch(
     checked = validate_meta(spec, parse_pairs(meta or []))
     token = idempotency_token or str(uuid.uuid4())
     if _is_gke(spec):
-        from gpufleet import jobs_gke_cmd
+        from gpufleet import jobs_k8s_cmd
 
         # Kueue enforces the tenant's per-pool quota on GKE: an over-quota run waits in its queue.
         minutes = expected_queue_minutes if expected_queue_minutes is not None else default_queue_seconds(spec.pool) // 60
-        return jobs_gke_cmd.dispatch(spec, checked, token, minutes * 60)
+        return jobs_k8s_cmd.dispatch(spec, checked, token, minutes * 60)
     client = _preflight(spec)
     # Nomad CE has no quotas: refuse here, before a secret_id is minted for a run that must not start.
     decision = check_tenant_quota(spec.tenant, pool=spec.pool.name, requested_gpus=spec.total_gpus,
@@ -186,12 +186,12 @@ def cmd_status(
     """pending / running / complete / failed / lost, with the failing task's last event."""
     from rich.live import Live
 
-    from gpufleet import jobs_gke_cmd
+    from gpufleet import jobs_k8s_cmd
     from jobs.nomad.status import TERMINAL
 
-    gke = jobs_gke_cmd.resolve(job_id, namespace)
+    gke = jobs_k8s_cmd.resolve(job_id, namespace)
     if gke is not None:
-        return jobs_gke_cmd.status(gke[0], gke[1], watch=watch, interval=interval)
+        return jobs_k8s_cmd.status(gke[0], gke[1], watch=watch, interval=interval)
     chosen, spec = _resolve(job_id, namespace)
     client = _client()
     status = client.status(job_id, chosen, spec)
@@ -214,11 +214,11 @@ def cmd_stop(
     purge: bool = typer.Option(False, "--purge", help="Also purge it now instead of leaving it to garbage collection."),
 ) -> None:
     """Stop a run (or the parameterized job); --purge removes it from Nomad at once."""
-    from gpufleet import jobs_gke_cmd
+    from gpufleet import jobs_k8s_cmd
 
-    gke = jobs_gke_cmd.resolve(job_id, namespace)
+    gke = jobs_k8s_cmd.resolve(job_id, namespace)
     if gke is not None:
-        return jobs_gke_cmd.stop(gke[0], gke[1])
+        return jobs_k8s_cmd.stop(gke[0], gke[1])
     chosen, _ = _resolve(job_id, namespace)
     eval_id = _client().stop(job_id, chosen, purge=purge)
     console.print(f"{'stopped and purged' if purge else 'stopped'} {job_id} in namespace {chosen} (evaluation {eval_id or '-'})")
