@@ -18,7 +18,7 @@ import typer
 import clusters.repo
 
 from clusters.errors import ConfigError, UserError
-from gpufleet import exp_cmd, fleet_cmd, jobs_nomad_cmd, nomad_cmd, ops_cmd, preview_cmd, serve_cmd, vault_cmd
+from gpufleet import exp_cmd, fleet_cmd, jobs_cmd, nomad_cmd, ops_cmd, preview_cmd, serve_cmd, vault_cmd
 
 app = typer.Typer(
     name="gpufleet",
@@ -43,7 +43,7 @@ fleet_cmd.register(app)
 ops_cmd.register(app)
 preview_cmd.register(app)
 vault_cmd.register(app)
-jobs_nomad_cmd.register(app)
+jobs_cmd.register(app)
 nomad_cmd.register(app)
 serve_cmd.register(app)
 exp_cmd.register(app)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import re
 from pathlib import Path
 from typing import Any
 
@@ -90,6 +91,19 @@ def run_name(job: str, dispatch_id: str | None) -> str:
     if dispatch_id is None:
         return job
     return f"{job}-{hashlib.sha256(dispatch_id.encode()).hexdigest()[:10]}"
+
+
+# `run_name`'s per-dispatch form, optionally after ``<namespace>/`` (what dispatch prints).
+_RUN_ID = re.compile(r"^(?:(?P<namespace>[a-z0-9][a-z0-9-]*)/)?(?P<run>(?P<job>[a-z][a-z0-9-]*)-[0-9a-f]{10})$")
+
+
+def parse_run_id(run_id: str) -> tuple[str | None, str, str] | None:
+    """(namespace or None, run, job) of a ``[<namespace>/]<job>-<10 hex>`` id, or None when
+    ``run_id`` is not in ``run_name``'s per-dispatch form."""
+    match = _RUN_ID.match(run_id)
+    if match is None:
+        return None
+    return match["namespace"], match["run"], match["job"]
 
 
 def vault_secret_name(run: str) -> str:
