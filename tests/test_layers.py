@@ -2,12 +2,17 @@
 
 The order is the one the README's layout section states (read from it here, so the two cannot
 disagree); imports inside functions count too, because a lazy import is still a dependency.
+
+Inside ``jobs`` the scheduler seam holds the same way: the neutral modules import neither side
+(``jobs.nomad``, ``jobs.k8s``) except the few that pick one by design, and the sides never import
+each other.
 """
 
 from __future__ import annotations
 
 import ast
 import re
+import shutil
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -31,6 +36,19 @@ def imported_packages(path: Path) -> set[tuple[str, int]]:
     return found
 
 
+def imported_modules(path: Path) -> set[tuple[str, int]]:
+    """Every dotted module an import statement names, with its line; ``from a import b`` counts as
+    both ``a`` and ``a.b`` (b may be a submodule)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found |= {(alias.name, node.lineno) for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add((node.module, node.lineno))
+            found |= {(f"{node.module}.{alias.name}", node.lineno) for alias in node.names}
+    return found
+
+
 def upward_imports(root: Path, order: list[str]) -> list[str]:
     rank = {name: i for i, name in enumerate(order)}
     bad = []
@@ -39,6 +57,31 @@ def upward_imports(root: Path, order: list[str]) -> list[str]:
             for target, line in sorted(imported_packages(path)):
                 if target in rank and rank[target] > rank[package]:
                     bad.append(f"{path.relative_to(root)}:{line}: {package} imports {target} (a higher layer)")
+    return bad
+
+
+SIDES = ("jobs.nomad", "jobs.k8s")
+# Neutral jobs modules that pick a scheduler by design (jobs/__init__.py says why for each).
+SIDE_PICKERS = frozenset({"jobs/runner.py", "jobs/outputs.py", "jobs/local.py"})
+
+
+def _side(module: str) -> str | None:
+    return next((side for side in SIDES if module == side or module.startswith(side + ".")), None)
+
+
+def scheduler_crossings(root: Path) -> list[str]:
+    """Imports across the scheduler seam: a neutral ``jobs`` module (other than SIDE_PICKERS)
+    importing a side, or one side importing the other."""
+    bad = []
+    for path in sorted((root / "jobs").rglob("*.py")):
+        relative = path.relative_to(root).as_posix()
+        own = _side(relative.removesuffix(".py").replace("/", "."))
+        if own is None and relative in SIDE_PICKERS:
+            continue
+        crossings = {(line, side) for target, line in imported_modules(path) if (side := _side(target)) not in (None, own)}
+        for line, side in sorted(crossings):
+            who = f"{own} imports the other side," if own else "a neutral jobs module imports"
+            bad.append(f"{relative}:{line}: {who} {side}")
     return bad
 
 
@@ -59,3 +102,34 @@ def test_the_walk_sees_an_upward_import(tmp_path):
     (tmp_path / "low" / "mod.py").write_text("def f():\n    from high import thing\n")
     (tmp_path / "high" / "mod.py").write_text("import low.mod\n")
     assert upward_imports(tmp_path, ["low", "high"]) == ["low/mod.py:2: low imports high (a higher layer)"]
+
+
+def test_the_scheduler_sides_stay_apart():
+    assert scheduler_crossings(ROOT) == []
+
+
+def test_the_seam_walk_sees_each_crossing(tmp_path):
+    """A synthetic tree with one planted crossing of each kind, and the side-pickers left alone."""
+    for package in ("jobs", "jobs/nomad", "jobs/k8s"):
+        (tmp_path / package).mkdir(parents=True, exist_ok=True)
+        (tmp_path / package / "__init__.py").write_text("")
+    (tmp_path / "jobs" / "checks.py").write_text("from jobs.spec import X\n\ndef f():\n    from jobs.k8s.render import PLATFORM_ENV\n")
+    (tmp_path / "jobs" / "quota.py").write_text("from jobs import nomad\n")
+    (tmp_path / "jobs" / "runner.py").write_text("import jobs.nomad.client\nimport jobs.k8s.client\n")
+    (tmp_path / "jobs" / "nomad" / "client.py").write_text("from jobs.nomad.render import render\nimport jobs.k8s.status\n")
+    (tmp_path / "jobs" / "k8s" / "render.py").write_text("from jobs.nomad import render\n")
+    assert scheduler_crossings(tmp_path) == [
+        "jobs/checks.py:4: a neutral jobs module imports jobs.k8s",
+        "jobs/k8s/render.py:1: jobs.k8s imports the other side, jobs.nomad",
+        "jobs/nomad/client.py:2: jobs.nomad imports the other side, jobs.k8s",
+        "jobs/quota.py:1: a neutral jobs module imports jobs.nomad",
+    ]
+
+
+def test_a_crossing_planted_in_a_copy_of_the_real_jobs_tree_is_caught(tmp_path):
+    shutil.copytree(ROOT / "jobs", tmp_path / "jobs", ignore=shutil.ignore_patterns("*.yaml", "*.json", "openapi", "out", "__pycache__"))
+    assert scheduler_crossings(tmp_path) == []
+    with (tmp_path / "jobs" / "checks.py").open("a") as checks:
+        checks.write("\nfrom jobs.k8s.gpudirect import reserved_env\n")
+    lines = len((tmp_path / "jobs" / "checks.py").read_text().splitlines())
+    assert scheduler_crossings(tmp_path) == [f"jobs/checks.py:{lines}: a neutral jobs module imports jobs.k8s"]

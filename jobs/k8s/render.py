@@ -27,7 +27,7 @@ from clusters.derive.pools import POOL_LABEL
 from clusters.families import TOPOLOGY_LEVEL_NAMES
 from jobs.durations import NS_PER_SECOND
 from jobs.k8s.gpudirect import PodNetworking, pod_networking
-from jobs.spec import TASK, FinetuneSpec
+from jobs.spec import EXEC, TASK, FinetuneSpec
 from vault_policies.layout import ENV_KILL_GRACE_SECONDS, ENV_MAX_RUN_SECONDS, ENV_ROLE, ENV_ROLE_ID, ENV_SECRETS, ENV_WRAPPED_SECRET_ID_FILE
 
 # kubernetes-sigs/kueue pkg/controller/constants/constants.go (v0.19.2): QueueLabel.
@@ -68,8 +68,6 @@ VAULT_DIR = "/var/run/gpufleet/vault"
 ROLE_ID_KEY = "role-id"
 SCRATCH_DIR = "/scratch"
 RENDEZVOUS_PORT = 29500
-# torchrun's rendezvous environment; the platform sets it, job files may not.
-PLATFORM_ENV = ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "NNODES", "NPROC_PER_NODE", "WORLD_SIZE")
 META_ENV_PREFIX = "GPUFLEET_META_"
 RUN_USER = 1000
 # A finished Job (and, through owner references, its Secret and Service) stays a day for
@@ -160,7 +158,7 @@ def _container(spec: FinetuneSpec, run: str, meta: dict[str, str]) -> dict[str, 
         "name": TASK,
         "image": spec.image,
         "imagePullPolicy": "IfNotPresent",
-        "command": ["gpufleet-exec", "--", spec.command],
+        "command": [EXEC, "--", spec.command],
         "args": list(spec.args),
         "env": _env(spec, run, meta),
         # No CPU limit (throttling slows data loading); memory and disk limits equal the

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from clusters.errors import UserError
-from jobs.placement import explain
+from jobs.nomad.placement import explain
 from jobs.nomad.render import META_ROLE_ID, META_WRAPPED_SECRET_ID, placement_probe, render
 from jobs.spec import FinetuneSpec
 from jobs.nomad.status import RunStatus, summarize
