@@ -8,7 +8,7 @@ is reachable as ``<run>-<i>.<run>`` and torchrun gets MASTER_ADDR / NODE_RANK / 
 
 No key is in any manifest. The pods read their AppRole role_id and their rank's *wrapped*
 single-use secret_id from the Secret ``<run>-vault``, which only dispatch creates (see
-``jobs.k8s_dispatch``); ``gpufleet-exec`` unwraps it at run time. Because the secret_id is
+``jobs.k8s.client.K8sClient.dispatch``); ``gpufleet-exec`` unwraps it at run time. Because the secret_id is
 single-use, nothing may run a pod twice: ``backoffLimit: 0``, a pod failure policy that fails
 the Job on any non-zero exit or disruption, and ``podReplacementPolicy: Failed``.
 
