@@ -25,10 +25,10 @@ from pathlib import Path
 
 from jobs.local import REPO_ROOT, local_argv, task_environment
 from jobs.logs import DEFAULT_TAIL_BYTES, tail_text
-from jobs.nomad.render import META_ROLE_ID, META_WRAPPED_SECRET_ID
+from jobs.runner import Phase, RunNotFound, RunReport
 from jobs.spec import TASK, FinetuneSpec
 from jobs.vault_mint import mint_wrapped_secret_id
-from jobs.runner import Phase, RunNotFound, RunReport
+from vault_policies.layout import META_ROLE_ID, META_WRAPPED_SECRET_ID
 
 
 RUNS_DIR = REPO_ROOT / ".gpufleet" / "runs"

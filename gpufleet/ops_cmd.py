@@ -3,6 +3,8 @@
 Exit codes of ``plan`` and ``gate``: 0 no changes, 1 terraform failed, 2 user error
 (bad arguments, unknown stack, missing or malformed plan), 3 changes the gate allows,
 4 blocked (a protected resource would be deleted or replaced). ``scan`` exits 1 on any finding.
+Planning and gating live in ``safety.stack_plan``, the PR comment's inputs in ``review.ci_comment``;
+these commands parse, call and print.
 """
 
 from __future__ import annotations
@@ -45,19 +47,6 @@ _PROTECT = typer.Option([], "--protected-type", help="Also protect this resource
 _SUMMARY = typer.Option(None, "--summary-out", help="Write the per-stack summary JSON here (read by `gpufleet ci comment`).")
 
 
-def _classify(plan_path: Path, stack: str, allow: list[str], extra_types: list[str], extra_addresses: frozenset[str] = frozenset()) -> GateResult:
-    from safety import imports, plan_gate
-
-    protected_addresses = (frozenset(imports.load_imports(stack)) if stack else frozenset()) | extra_addresses
-    return plan_gate.classify(
-        plan_gate.load_plan(plan_path),
-        path=plan_path,
-        protected=plan_gate.protected_types(extra_types),
-        protected_addresses=protected_addresses,
-        allow_destroy=allow,
-    )
-
-
 def _finish(result: GateResult, stack: str, title: str, summary_out: Path | None, note: str | None = None) -> NoReturn:
     from safety import plan_gate, report
 
@@ -89,23 +78,12 @@ def cmd_plan(
     Resources with lifecycle.prevent_destroy are protected whatever their type; when terraform
     refuses the plan on them, their addresses are reported as blocked (exit 4).
     """
-    import shutil
-
     from safety import plan_gate, terraform
+    from safety.stack_plan import plan_stack
 
     try:
-        directory = terraform.stack_dir(out_dir, stack)
-        (directory / terraform.PLAN_JSON).unlink(missing_ok=True)
-        with terraform.lifted_copy(directory, allow_destroy) as (planned, lifted):
-            note = plan_gate.LIFTED_NOTE.format(addresses=", ".join(sorted(lifted))) if lifted else None
-            try:
-                plan_path = terraform.plan_json(planned, lock=lock)
-            except terraform.DestroyPrevented as exc:
-                _finish(plan_gate.prevented((p.address, p.replace) for p in exc.prevented), stack, stack, summary_out, note)
-            if planned != directory:
-                plan_path = Path(shutil.copyfile(plan_path, directory / terraform.PLAN_JSON))
-            result = _classify(plan_path, stack, allow_destroy, protected_type, terraform.prevent_destroy_addresses(directory))
-            _finish(result, stack, stack, summary_out, note)
+        planned = plan_stack(out_dir, stack, allow_destroy=allow_destroy, extra_types=protected_type, lock=lock)
+        _finish(planned.result, stack, stack, summary_out, planned.note)
     except terraform.TerraformFailed as exc:
         _write_error(summary_out, stack, str(exc))
         print(exc.stderr or exc.stdout, file=sys.stderr)
@@ -124,8 +102,10 @@ def cmd_gate(
     summary_out: Path | None = _SUMMARY,
 ) -> None:
     """Gate a plan produced elsewhere (CI, Terraform Cloud)."""
+    from safety.stack_plan import gate
+
     try:
-        _finish(_classify(plan, stack, allow_destroy, protected_type), stack or plan.stem, stack or str(plan), summary_out)
+        _finish(gate(plan, stack, allow_destroy, protected_type), stack or plan.stem, stack or str(plan), summary_out)
     except (UserError, ConfigError) as exc:
         _write_error(summary_out, stack or plan.stem, str(exc))
         raise
@@ -169,22 +149,6 @@ def cmd_scan(
     raise typer.Exit(1)
 
 
-def _expected_stacks(path: Path | None) -> tuple[str, ...]:
-    """Stack names from `gpufleet stacks --json` output (objects with "stack") or a plain JSON list of names."""
-    import json
-
-    if path is None:
-        return ()
-    try:
-        rows = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
-        raise UserError(f"--expected {path}: unreadable ({exc.__class__.__name__}); pass the output of `gpufleet stacks --json`") from None
-    names = [row.get("stack") if isinstance(row, dict) else row for row in rows] if isinstance(rows, list) else None
-    if names is None or not all(isinstance(n, str) for n in names):
-        raise UserError(f"--expected {path}: expected a JSON list of stack names or `gpufleet stacks --json` rows")
-    return tuple(names)
-
-
 def cmd_ci_comment(
     directory: Path = typer.Argument(..., help="Directory holding the per-stack summaries (downloaded artifacts)."),
     expected: Path | None = typer.Option(None, "--expected", help="`gpufleet stacks --json` output: stacks without a summary show as errors."),
@@ -195,7 +159,7 @@ def cmd_ci_comment(
     """Build the one PR comment (marker line, an icon per stack, folded details) from plan summaries."""
     from review import ci_comment
 
-    body = ci_comment.build_comment(ci_comment.load_summaries(directory, _expected_stacks(expected)), title=title,
+    body = ci_comment.build_comment(ci_comment.load_summaries(directory, ci_comment.load_expected(expected)), title=title,
                                     preview=ci_comment.load_preview(preview) if preview is not None else None)
     if out is None:
         sys.stdout.write(body)

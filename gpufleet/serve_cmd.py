@@ -2,7 +2,9 @@
 
 The service reads NOMAD_*, KUBECONFIG/GPUFLEET_KUBE_CONTEXT (GKE) and VAULT_ADDR/VAULT_TOKEN
 (the orchestrator's token: it lives only in this process) from its environment. ``--db`` picks the database: empty for SQLite in
-.gpufleet/experiments.db, or a postgresql:// URL.
+.gpufleet/experiments.db, or a postgresql:// URL. The token work lives in
+``experiments.services.tokens`` and the ``--oidc-config`` reader in ``experiments.oidc_settings``;
+these commands parse, call and print.
 """
 
 from __future__ import annotations
@@ -17,42 +19,6 @@ from clusters.errors import UserError
 
 console = make_console()
 DbOption = typer.Option(None, "--db", envvar="GPUFLEET_DB", help="postgresql://user@host/db or sqlite:///file.db (default .gpufleet/experiments.db).")
-
-
-def _trusted_jwks_url(url: str) -> bool:
-    """https anywhere, plain http only to this machine's loopback (a local test issuer). The host
-    is parsed, not prefix-matched: ``http://127.0.0.1@attacker.example/`` is attacker.example."""
-    from urllib.parse import urlsplit
-
-    try:
-        parts = urlsplit(url)
-        host = parts.hostname
-        parts.port  # noqa: B018  (raises on a malformed port)
-    except ValueError:
-        return False
-    if not host or parts.username is not None or parts.password is not None:
-        return False
-    return parts.scheme == "https" or (parts.scheme == "http" and host in ("127.0.0.1", "::1", "localhost"))
-
-
-def _oidc(path: Path | None):  # type: ignore[no-untyped-def]
-    if path is None:
-        return None
-    from ruamel.yaml import YAML
-
-    from experiments.auth import OidcSettings
-
-    if not path.is_file():
-        raise UserError(f"--oidc-config {path} is not a file; write issuer, audience, jwks_url, claim and tenants (claim value: tenant) in YAML")
-    data = YAML(typ="safe").load(path.read_text()) or {}
-    missing = [k for k in ("issuer", "audience", "jwks_url", "claim", "tenants") if k not in data]
-    if missing:
-        raise UserError(f"{path}: missing {', '.join(missing)}; required: issuer, audience, jwks_url, claim, tenants (claim value -> tenant), optional admin_values")
-    if not _trusted_jwks_url(str(data["jwks_url"])):
-        raise UserError(f"{path}: jwks_url {data['jwks_url']!r} must be https:// (keys fetched over plain http could be swapped); use the issuer's https JWKS URL")
-    return OidcSettings(issuer=str(data["issuer"]), audience=str(data["audience"]), jwks_url=str(data["jwks_url"]), claim=str(data["claim"]),
-                        tenants=tuple(sorted((str(k), str(v)) for k, v in dict(data["tenants"]).items())),
-                        admin_values=tuple(sorted(str(v) for v in data.get("admin_values") or ())))
 
 
 def cmd_serve(
@@ -73,13 +39,14 @@ def cmd_serve(
     from experiments.app import ServiceSettings, create_app
     from experiments.background.context import Timing
     from experiments.db import database_url
+    from experiments.oidc_settings import load_oidc_settings
     from experiments.runner_local import vault_env
 
     if no_worker and worker_only:
         raise UserError("--no-worker and --worker-only exclude each other; pick one")
     runner = _runner(scheduler, vault_env(), nomad_cluster=nomad_cluster, gke_cluster=gke_cluster)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    settings = ServiceSettings(db_url=database_url(db), worker=not no_worker, timing=Timing(poll_seconds=poll_seconds), oidc=_oidc(oidc_config))
+    settings = ServiceSettings(db_url=database_url(db), worker=not no_worker, timing=Timing(poll_seconds=poll_seconds), oidc=load_oidc_settings(oidc_config))
     app = create_app(settings, runner=runner)
     if worker_only:
         import time
@@ -122,66 +89,38 @@ def cmd_token_create(
 ) -> None:
     """Create a bearer token; it is shown once and stored only as a hash."""
     from clusters import load_all
-    from clusters.derive.tenants import derive_tenants
-    from experiments import db as database
     from experiments.app import utcnow
-    from experiments.auth import create_token
-    from experiments.services.lifecycle import record
+    from experiments.db import database_url
+    from experiments.services.tokens import create_token, holder
 
-    if (tenant is None) == (not admin):
-        raise UserError("give exactly one of --tenant <tenant> or --admin")
-    if tenant is not None:
-        known = sorted({t.name for c in load_all() for t in derive_tenants(c)})
-        if tenant not in known:
-            raise UserError(f"--tenant {tenant!r} is not a tenant of any cluster file; allowed: {', '.join(known)}")
-    engine = database.make_engine(database.database_url(db))
-    database.upgrade(engine)
-    with database.session_factory(engine)() as session, session.begin():
-        token_id, token = create_token(session, tenant=tenant, admin=admin, name=name, now=utcnow())
-        record(session, experiment_id=None, actor=_operator(), kind="token", message=f"created token {token_id} for {'admin' if admin else 'tenant ' + str(tenant)}", now=utcnow())
-    engine.dispose()
+    token_id, token = create_token(database_url(db), tenant=tenant, admin=admin, name=name, load_configs=load_all, actor=_operator(), now=utcnow())
     if quiet:
         print(token)
         return
-    console.print(f"token {token_id} for {'admin' if admin else 'tenant ' + str(tenant)} (shown once, stored as a SHA-256 hash):")
+    console.print(f"token {token_id} for {holder(tenant=tenant, admin=admin)} (shown once, stored as a SHA-256 hash):")
     print(token)
 
 
 def cmd_token_list(db: str | None = DbOption) -> None:
     """Tokens by id, tenant and state (never the tokens themselves)."""
-    from sqlalchemy import select
+    from experiments.db import database_url
+    from experiments.services.tokens import list_tokens
 
-    from experiments import db as database
-    from experiments.models import ApiToken
-
-    engine = database.make_engine(database.database_url(db))
-    database.upgrade(engine)
     table = Table(title="API tokens")
     for column in ("id", "tenant", "admin", "name", "created", "revoked"):
         table.add_column(column)
-    with database.session_factory(engine)() as session:
-        for row in session.scalars(select(ApiToken).order_by(ApiToken.created_at)):
-            table.add_row(row.id, row.tenant or "-", "yes" if row.admin else "", row.name, f"{row.created_at:%Y-%m-%d %H:%M}", f"{row.revoked_at:%Y-%m-%d %H:%M}" if row.revoked_at else "")
-    engine.dispose()
+    for row in list_tokens(database_url(db)):
+        table.add_row(row.id, row.tenant or "-", "yes" if row.admin else "", row.name, f"{row.created_at:%Y-%m-%d %H:%M}", f"{row.revoked_at:%Y-%m-%d %H:%M}" if row.revoked_at else "")
     console.print(table)
 
 
 def cmd_token_revoke(token_id: str = typer.Argument(..., help="The id shown by `token create` / `token list`."), db: str | None = DbOption) -> None:
     """Revoke a token at once; requests with it get 401."""
-    from experiments import db as database
     from experiments.app import utcnow
-    from experiments.models import ApiToken
-    from experiments.services.lifecycle import record
+    from experiments.db import database_url
+    from experiments.services.tokens import revoke_token
 
-    engine = database.make_engine(database.database_url(db))
-    database.upgrade(engine)
-    with database.session_factory(engine)() as session, session.begin():
-        row = session.get(ApiToken, token_id)
-        if row is None:
-            raise UserError(f"no token {token_id!r}; list them with gpufleet api token list")
-        row.revoked_at = row.revoked_at or utcnow()
-        record(session, experiment_id=None, actor=_operator(), kind="token", message=f"revoked token {token_id}", now=utcnow())
-    engine.dispose()
+    revoke_token(database_url(db), token_id, actor=_operator(), now=utcnow())
     console.print(f"revoked token {token_id}")
 
 

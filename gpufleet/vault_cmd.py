@@ -1,16 +1,14 @@
 """Vault commands: ``gpufleet vault diff|apply|prune`` and the local ``gpufleet dev up|env|down``.
 
 This is the only place that reads ``VAULT_*`` from the environment; everything below it
-takes an hvac client. hvac and the sync are imported inside the commands to keep
-``gpufleet --help`` fast.
+takes an hvac client. The dev server's lifecycle (state file, root-token file, stopping it)
+lives in ``vault_policies.dev``; these commands parse, call it and print. hvac and the sync
+are imported inside the commands to keep ``gpufleet --help`` fast.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import signal
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -23,12 +21,6 @@ if TYPE_CHECKING:
 
     from vault_policies.sync import Change
 
-DEV_DIR = Path(".gpufleet/dev")
-DEMO_KEYS = {
-    "ml-api-keys/huggingface": {"token": "fake-hf-demo-0000"},
-    "ml-api-keys/wandb": {"api_key": "fake-wandb-demo-0000"},
-    "ml-api-keys/openai": {"api_key": "fake-openai-demo-0000"},
-}
 RepoOption = typer.Option(None, "--repo", help="Repository root holding vault_policies/ (default: the repository around the current directory).")
 
 
@@ -57,13 +49,9 @@ def _run_sync(action: str, client: hvac.Client, repo: Path, *, local_dev: bool =
     import requests
 
     from vault_policies import sync
-    from vault_policies.validate import load_definitions
+    from vault_policies.dev import definitions_for
 
-    definitions = load_definitions(repo)
-    state = None if local_dev else _read_dev_state(repo)
-    if local_dev or (state is not None and str(state.get("addr", "")).rstrip("/") == str(client.url).rstrip("/")):
-        # This repo's own `gpufleet dev up` server: its roles also accept the loopback address.
-        definitions = definitions.for_local_dev()
+    definitions = definitions_for(str(client.url), repo, local_dev=local_dev)
     try:
         return getattr(sync, action)(client, definitions)
     except hvac.exceptions.Forbidden as exc:
@@ -95,77 +83,20 @@ def _print_changes(title: str, changes: tuple[Change, ...], *, applied: bool) ->
     console.print(summary, soft_wrap=True)
 
 
-def _dev_dir(repo: Path) -> Path:
-    return repo / DEV_DIR
-
-
-def _read_dev_state(repo: Path) -> dict[str, object] | None:
-    path = _dev_dir(repo) / "state.json"
-    if not path.exists():
-        return None
-    return json.loads(path.read_text())
-
-
-def _is_our_bao(pid: int) -> bool:
-    """The pid is alive and still a ``bao server`` (not a recycled pid)."""
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except OSError:
-        return False
-    return any(part.endswith(b"bao") for part in cmdline[:1]) and b"server" in cmdline
-
-
-def _running_state(repo: Path) -> dict[str, object] | None:
-    from vault_policies.devserver import is_healthy
-
-    state = _read_dev_state(repo)
-    if state and _is_our_bao(int(state["pid"])) and is_healthy(str(state["addr"])):
-        return state
-    return None
-
-
-def _root_token(repo: Path) -> str:
-    return (_dev_dir(repo) / "root-token").read_text().strip()
-
-
-def _seed_demo_keys(client: hvac.Client) -> list[str]:
-    import hvac.exceptions
-
-    from vault_policies.layout import KV_MOUNT
-
-    seeded = []
-    for path, data in sorted(DEMO_KEYS.items()):
-        try:
-            client.secrets.kv.v2.read_secret_version(path, mount_point=KV_MOUNT, raise_on_deleted_version=True)
-        except hvac.exceptions.InvalidPath:
-            client.secrets.kv.v2.create_or_update_secret(path, secret=data, mount_point=KV_MOUNT)
-            seeded.append(path)
-    return seeded
-
-
 def dev_up(repo: Path) -> dict[str, object]:
     """Start (or reuse) the local dev server, sync the repo's definitions and seed fake keys."""
+    from vault_policies import dev
     from vault_policies.client import make_client
-    from vault_policies.devserver import start_dev_server
 
-    directory = _dev_dir(repo)
-    state = _running_state(repo)
+    state = dev.running_state(repo)
     if state is None:
-        directory.mkdir(parents=True, exist_ok=True)
-        os.chmod(directory, 0o700)
-        server = start_dev_server(directory / "bao.log", detach=True)
-        token_file = directory / "root-token"
-        token_file.touch(mode=0o600)
-        os.chmod(token_file, 0o600)
-        token_file.write_text(server.root_token + "\n")
-        state = {"pid": server.process.pid, "addr": server.addr, "log": str(server.log_path)}
-        (directory / "state.json").write_text(json.dumps(state, indent=2, sort_keys=True) + "\n")
-        typer.echo(f"started OpenBao dev server at {server.addr} (pid {server.process.pid}, log {server.log_path})", err=True)
+        state = dev.start(repo)
+        typer.echo(f"started OpenBao dev server at {state['addr']} (pid {state['pid']}, log {state['log']})", err=True)
     else:
         typer.echo(f"reusing OpenBao dev server at {state['addr']} (pid {state['pid']})", err=True)
-    client = make_client(str(state["addr"]), token=_root_token(repo))
+    client = make_client(str(state["addr"]), token=dev.root_token(repo))
     _print_changes("vault apply (dev)", _run_sync("apply", client, repo, local_dev=True), applied=True)
-    for path in _seed_demo_keys(client):
+    for path in dev.seed_demo_keys(client):
         typer.echo(f"seeded fake demo key secret/{path}", err=True)
     typer.echo('next: eval "$(gpufleet dev env)"', err=True)
     return state
@@ -214,33 +145,26 @@ def register(app: typer.Typer) -> None:
     @dev.command("env")
     def env(repo: Path | None = RepoOption) -> None:
         """Print export lines for: eval "$(gpufleet dev env)"."""
+        from vault_policies import dev
+
         repo = _repo(repo)
-        state = _running_state(repo)
+        state = dev.running_state(repo)
         if state is None:
             raise UserError("no local OpenBao dev server is running; start one with: gpufleet dev up")
         typer.echo(f"export VAULT_ADDR='{state['addr']}'")
-        typer.echo(f"export VAULT_TOKEN='{_root_token(repo)}'")
+        typer.echo(f"export VAULT_TOKEN='{dev.root_token(repo)}'")
         typer.echo("unset VAULT_NAMESPACE VAULT_CACERT")
 
     @dev.command("down")
     def down(repo: Path | None = RepoOption) -> None:
         """Stop the local dev server and forget its state (it is in-memory: keys go with it)."""
-        repo = _repo(repo)
-        directory = _dev_dir(repo)
-        state = _read_dev_state(repo)
-        if state and _is_our_bao(int(state["pid"])):
-            pid = int(state["pid"])
-            os.kill(pid, signal.SIGTERM)
-            deadline = time.monotonic() + 10
-            while _is_our_bao(pid) and time.monotonic() < deadline:
-                time.sleep(0.1)
-            if _is_our_bao(pid):
-                os.kill(pid, signal.SIGKILL)
-            typer.echo(f"stopped OpenBao dev server (pid {pid})", err=True)
-        else:
+        from vault_policies import dev
+
+        pid = dev.stop(_repo(repo))
+        if pid is None:
             typer.echo("no local OpenBao dev server was running", err=True)
-        for name in ("state.json", "root-token", "bao.log"):
-            (directory / name).unlink(missing_ok=True)
+        else:
+            typer.echo(f"stopped OpenBao dev server (pid {pid})", err=True)
 
     app.add_typer(vault, name="vault")
     app.add_typer(dev, name="dev")

@@ -19,9 +19,8 @@ from clusters.schema import ClusterConfig, SchedulerKind
 from clusters.secrets import detect
 from clusters.source import FieldPath, did_you_mean
 from jobs.durations import NS_PER_SECOND
-from jobs.k8s.gpudirect import reserved_env
-from jobs.k8s.render import PLATFORM_ENV
-from jobs.schema import ENV_NAME, META_KEY, RESERVED_ENV_PREFIXES, SECRET_REF, WRAPPER_ENV_NAMES, WRAPPER_ENV_PREFIXES, JobFile, RestartMode, secret_like_name
+from jobs.nccl import reserved_env
+from jobs.schema import ENV_NAME, META_KEY, PLATFORM_ENV, RESERVED_ENV_PREFIXES, SECRET_REF, WRAPPER_ENV_NAMES, WRAPPER_ENV_PREFIXES, JobFile, RestartMode, secret_like_name
 from jobs.spec import cpu_millicores
 from jobs.vault_refs import VaultView, readable_paths
 

@@ -11,6 +11,9 @@ so the task runs from the repo root with the same relative paths; ``python``/``p
 is this interpreter (the one gpufleet runs in) and ``gpufleet-exec`` is the one installed
 beside it. VAULT_ADDR (and VAULT_CACERT / VAULT_NAMESPACE) come from this shell, not from the
 cluster file, so the key is read from the local OpenBao.
+
+It picks the Nomad side by design: the environment it builds is the one a Nomad client derives
+from ``jobs.nomad.render`` (job meta, ``${NOMAD_META_*}`` interpolation), so it reads that module.
 """
 
 from __future__ import annotations
@@ -29,9 +32,10 @@ from pathlib import Path
 
 from clusters.errors import UserError
 from jobs.meta import validate_meta
-from jobs.nomad.render import JOB_META_ROLE, META_ROLE_ID, META_WRAPPED_SECRET_ID, exec_argv, render, task_env
-from jobs.spec import TASK, FinetuneSpec
+from jobs.nomad.render import JOB_META_ROLE, render, task_env
+from jobs.spec import TASK, FinetuneSpec, exec_argv
 from jobs.vault_mint import mint_wrapped_secret_id
+from vault_policies.layout import META_ROLE_ID, META_WRAPPED_SECRET_ID
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 # What a container would inherit from its image; everything else comes from the task.

@@ -254,11 +254,9 @@ class GkeRunner:
 
     def submit(self, job: FinetuneSpec, meta: Mapping[str, str], *, idempotency_key: str | None = None) -> str:
         from jobs.k8s.client import K8sError
+        from jobs.k8s.dispatch import RankMinter
 
-        def mint(ranks: int) -> tuple[str, list[str]]:
-            wrapped = [mint_wrapped_secret_id(job, self._vault_env, expected_queue_seconds=default_queue_seconds(job.pool)) for _ in range(ranks)]
-            return wrapped[0].role_id, [w.wrapping_token for w in wrapped]
-
+        mint = RankMinter(job, self._vault_env, queue_seconds=default_queue_seconds(job.pool))
         try:
             result = self._client.dispatch(job, dict(meta), dispatch_id=idempotency_key or str(uuid.uuid4()), mint=mint)
         except K8sError as exc:

@@ -23,6 +23,8 @@ META_KEY = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
 SECRET_REF = re.compile(r"^[a-z0-9][a-z0-9_.-]*(/[a-z0-9][a-z0-9_.-]*)+#[A-Za-z0-9_]+$")
 # Variables the platform sets; a job must not shadow them.
 RESERVED_ENV_PREFIXES = ("GPUFLEET_", "NOMAD_", "VAULT_")
+# torchrun's rendezvous environment; the platform sets it for GKE runs (jobs.k8s.render), job files may not.
+PLATFORM_ENV = ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "NNODES", "NPROC_PER_NODE", "WORLD_SIZE")
 # Variables gpufleet-exec (a Python program holding the Vault token) would itself honour before
 # login: proxies and CA bundles redirect or intercept its Vault traffic, PYTHON*/LD_* load code
 # into it. The platform sets them if a node needs them; a job file never does.

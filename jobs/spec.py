@@ -18,6 +18,9 @@ from jobs.durations import NS_PER_SECOND
 from jobs.schema import JobFile, Reschedule, Restart
 
 TASK = "train"
+# Every task command runs behind this wrapper on both schedulers (and run-local), so keys arrive
+# only at run time: it unwraps the secret_id, logs in with AppRole and exports GPUFLEET_SECRETS.
+EXEC = "gpufleet-exec"
 
 
 @dataclass(frozen=True)
@@ -154,3 +157,8 @@ def derive_spec(job: JobFile, config: ClusterConfig, *, source: Path) -> Finetun
         topology=job.topology,
         preflight=(job.preflight.image, job.preflight.dcgm_diag_level) if job.preflight else None,
     )
+
+
+def exec_argv(spec: FinetuneSpec) -> list[str]:
+    """The task command, behind gpufleet-exec so keys arrive only at run time."""
+    return [EXEC, "--", spec.command, *spec.args]

@@ -34,6 +34,11 @@ def default_queue_seconds(pool: GpuPoolSpec) -> int:
     return SCALE_FROM_ZERO_QUEUE_SECONDS if pool.min_nodes == 0 else WARM_POOL_QUEUE_SECONDS
 
 
+def queue_seconds(pool: GpuPoolSpec, expected_queue_minutes: int | None) -> int:
+    """The queue wait a dispatch sizes its wrap TTL for: the operator's minutes, else the pool's default."""
+    return expected_queue_minutes * 60 if expected_queue_minutes is not None else default_queue_seconds(pool)
+
+
 def mint_wrapped_secret_id(spec: FinetuneSpec, environ: Mapping[str, str], *, expected_queue_seconds: int) -> WrappedSecretId:
     from vault_policies.client import VaultClientError, make_client
     from vault_policies.orchestrator import issue_wrapped_secret_id, wrap_ttl_for_queue

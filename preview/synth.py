@@ -36,7 +36,7 @@ from clusters.errors import UserError
 CACHE_VERSION = 1
 SYNTH_TIMEOUT_S = 900
 CODE_ROOT = Path(__file__).resolve().parent.parent
-SYNTH_PACKAGES = ("clusters", "constructs_lib", "stacks", "jobs", "vault_policies", "gpufleet")
+SYNTH_PACKAGES = ("clusters", "constructs_lib", "stacks", "jobs", "vault_policies")
 SYNTH_FILES = ("main.py", "pyproject.toml", "cdktf.json")
 DEPENDENCIES = ("cdktf", "constructs", "jsii", "cdktf-cdktf-provider-google", "cdktf-cdktf-provider-kubernetes",
                 "cdktf-cdktf-provider-cloudflare", "cdktf-cdktf-provider-nomad", "cdktf-cdktf-provider-tfe")

@@ -26,6 +26,20 @@ def _error(stack: str, message: str) -> dict[str, Any]:
     return {"stack": stack, "status": "error", "error": message}
 
 
+def load_expected(path: Path | None) -> tuple[str, ...]:
+    """Stack names from `gpufleet stacks --json` output (objects with "stack") or a plain JSON list of names."""
+    if path is None:
+        return ()
+    try:
+        rows = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise UserError(f"--expected {path}: unreadable ({exc.__class__.__name__}); pass the output of `gpufleet stacks --json`") from None
+    names = [row.get("stack") if isinstance(row, dict) else row for row in rows] if isinstance(rows, list) else None
+    if names is None or not all(isinstance(n, str) for n in names):
+        raise UserError(f"--expected {path}: expected a JSON list of stack names or `gpufleet stacks --json` rows")
+    return tuple(names)
+
+
 def load_summaries(directory: Path, expected: tuple[str, ...] = ()) -> list[dict[str, Any]]:
     """Every ``*.json`` summary below ``directory`` (artifact downloads nest one dir per artifact).
 

@@ -15,8 +15,8 @@ so the sidecar is always the release paired with the installed NCCL plugin:
   1000 under RuntimeDefault; only the sidecar differs), plus upstream's
   ``devices.gke.io/container.<daemon>`` annotation (the NRI device injector gives it the GPUs);
 - the training container gets upstream's host-library / device mounts and environment, plus the
-  NIC names NCCL must use (gpudirect-tcpx/nccl-config.yaml for TCPX, gpudirect-tcpxo/README.md's
-  Jan 9, 2026 release for TCPXO). The release's tuning variables come from the plugin's
+  NIC names NCCL must use (``jobs.nccl``, scheduler-neutral, so the job-file checks read the same
+  names without importing this side). The release's tuning variables come from the plugin's
   ``${NCCL_LIB_DIR}/nccl-env-profile.sh`` (TCPXO) / ``/usr/local/gib/scripts/set_nccl_env.sh``
   (RDMA), which the job's entrypoint sources, as upstream documents.
 
@@ -29,21 +29,16 @@ is kept for the sidecar (its tag is pinned).
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from clusters.families import GpuDirect
-from clusters.gpudirect_upstream import LIBRARY_DIRS, NCCL_TESTS, TCPX_SOCKET_DIR, first
+from clusters.gpudirect_upstream import LIBRARY_DIRS, TCPX_SOCKET_DIR, first
+from jobs.nccl import UPSTREAM, nic_env
 
 INTERFACES_ANNOTATION = "networking.gke.io/interfaces"
 DEFAULT_INTERFACE_ANNOTATION = "networking.gke.io/default-interface"
 DEVICES_ANNOTATION_PREFIX = "devices.gke.io/container."
-NVIDIA_LIB = "/usr/local/nvidia/lib64"
-
-# transport -> (vendored NCCL test, its RxDM daemon container or None, the Network device mode pods attach)
-UPSTREAM = {GpuDirect(transport): test for transport, test in NCCL_TESTS.items()}
-
 
 @dataclass(frozen=True)
 class PodNetworking:
@@ -64,35 +59,6 @@ def interfaces(transport: GpuDirect, networks: tuple[tuple[str, str], ...]) -> l
     return [{"interfaceName": "eth0", "network": "default"}] + [
         {"interfaceName": f"eth{i}", "network": name} for i, (name, kind) in enumerate(networks, start=1) if kind == mode
     ]
-
-
-def _nccl_nics(transport: GpuDirect, nics: list[str]) -> list[dict[str, str]]:
-    joined = ",".join(nics)
-    if transport is GpuDirect.TCPX:
-        wired = [{"name": "NCCL_SOCKET_IFNAME", "value": "eth0"}, {"name": "NCCL_GPUDIRECTTCPX_CTRL_DEV", "value": "eth0"},
-                 {"name": "NCCL_GPUDIRECTTCPX_SOCKET_IFNAME", "value": joined},
-                 {"name": "NCCL_GPUDIRECTTCPX_UNIX_CLIENT_PREFIX", "value": TCPX_SOCKET_DIR}]
-        return wired + [e for e in tcpx_tuning() if e["name"] not in {w["name"] for w in wired}]
-    if transport is GpuDirect.TCPXO:
-        return [{"name": "NCCL_SOCKET_IFNAME", "value": "eth0"}, {"name": "NCCL_FASTRAK_CTRL_DEV", "value": "eth0"},
-                {"name": "NCCL_FASTRAK_IFNAME", "value": joined}, {"name": "NCCL_LIB_DIR", "value": NVIDIA_LIB}]
-    return []
-
-
-TUNING_LINE = re.compile(r"^\s*-x (NCCL_[A-Z0-9_]+)=(\S+?)\s*\\?$")
-
-
-def tcpx_tuning() -> list[dict[str, str]]:
-    """The NCCL settings upstream's TCPX test passes (``-x NAME=value`` in the vendored
-    gpudirect-tcpx/nccl-config.yaml ``run-nccl.sh``): algorithm, chunk and buffer sizes, socket
-    threads, the per-NIC TX/RX CPU bindings (named eth1..eth4, the NIC names ``interfaces`` gives a
-    TCPX pod) and the flow-steering wait. TCPX ships no env profile script, unlike TCPXO and RDMA;
-    without these NCCL runs over the NICs far below their bandwidth."""
-    script = first("nccl-config-tcpx", "ConfigMap")["data"]["run-nccl.sh"]
-    found = [m.groups() for line in script.splitlines() if (m := TUNING_LINE.match(line))]
-    if not found:
-        raise ValueError("vendored nccl-config-tcpx.yaml run-nccl.sh passes no NCCL settings; upstream moved: re-read it")
-    return [{"name": name, "value": value.strip('"')} for name, value in found]
 
 
 def pod_networking(transport: GpuDirect, networks: tuple[tuple[str, str], ...]) -> PodNetworking | None:
@@ -133,11 +99,6 @@ def pod_networking(transport: GpuDirect, networks: tuple[tuple[str, str], ...]) 
     annotations[DEFAULT_INTERFACE_ANNOTATION] = "eth0"
     annotations[INTERFACES_ANNOTATION] = json.dumps(nics, separators=(",", ":"))
     env = [{"name": e["name"], "value": e["value"]} for e in workload.get("env", [])]
-    env += _nccl_nics(transport, [n["interfaceName"] for n in nics[1:]])
+    env += nic_env(transport, [n["interfaceName"] for n in nics[1:]])
     return PodNetworking(annotations=annotations, sidecars=sidecars, volumes=[by_name[v] for v in used], mounts=mounts, env=env)
 
-
-def reserved_env(transport: GpuDirect) -> tuple[str, ...]:
-    """Environment names the platform sets for a multi-node run on this transport (job files may not)."""
-    wiring = pod_networking(transport, (("x", UPSTREAM[transport][2]),)) if transport in UPSTREAM else None
-    return tuple(sorted({e["name"] for e in wiring.env})) if wiring else ()

@@ -8,7 +8,7 @@ is reachable as ``<run>-<i>.<run>`` and torchrun gets MASTER_ADDR / NODE_RANK / 
 
 No key is in any manifest. The pods read their AppRole role_id and their rank's *wrapped*
 single-use secret_id from the Secret ``<run>-vault``, which only dispatch creates (see
-``jobs.k8s_dispatch``); ``gpufleet-exec`` unwraps it at run time. Because the secret_id is
+``jobs.k8s.client.K8sClient.dispatch``); ``gpufleet-exec`` unwraps it at run time. Because the secret_id is
 single-use, nothing may run a pod twice: ``backoffLimit: 0``, a pod failure policy that fails
 the Job on any non-zero exit or disruption, and ``podReplacementPolicy: Failed``.
 
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import re
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,7 @@ from clusters.derive.pools import POOL_LABEL
 from clusters.families import TOPOLOGY_LEVEL_NAMES
 from jobs.durations import NS_PER_SECOND
 from jobs.k8s.gpudirect import PodNetworking, pod_networking
-from jobs.spec import TASK, FinetuneSpec
+from jobs.spec import EXEC, TASK, FinetuneSpec
 from vault_policies.layout import ENV_KILL_GRACE_SECONDS, ENV_MAX_RUN_SECONDS, ENV_ROLE, ENV_ROLE_ID, ENV_SECRETS, ENV_WRAPPED_SECRET_ID_FILE
 
 # kubernetes-sigs/kueue pkg/controller/constants/constants.go (v0.19.2): QueueLabel.
@@ -67,8 +68,6 @@ VAULT_DIR = "/var/run/gpufleet/vault"
 ROLE_ID_KEY = "role-id"
 SCRATCH_DIR = "/scratch"
 RENDEZVOUS_PORT = 29500
-# torchrun's rendezvous environment; the platform sets it, job files may not.
-PLATFORM_ENV = ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "NNODES", "NPROC_PER_NODE", "WORLD_SIZE")
 META_ENV_PREFIX = "GPUFLEET_META_"
 RUN_USER = 1000
 # A finished Job (and, through owner references, its Secret and Service) stays a day for
@@ -90,6 +89,19 @@ def run_name(job: str, dispatch_id: str | None) -> str:
     if dispatch_id is None:
         return job
     return f"{job}-{hashlib.sha256(dispatch_id.encode()).hexdigest()[:10]}"
+
+
+# `run_name`'s per-dispatch form, optionally after ``<namespace>/`` (what dispatch prints).
+_RUN_ID = re.compile(r"^(?:(?P<namespace>[a-z0-9][a-z0-9-]*)/)?(?P<run>(?P<job>[a-z][a-z0-9-]*)-[0-9a-f]{10})$")
+
+
+def parse_run_id(run_id: str) -> tuple[str | None, str, str] | None:
+    """(namespace or None, run, job) of a ``[<namespace>/]<job>-<10 hex>`` id, or None when
+    ``run_id`` is not in ``run_name``'s per-dispatch form."""
+    match = _RUN_ID.match(run_id)
+    if match is None:
+        return None
+    return match["namespace"], match["run"], match["job"]
 
 
 def vault_secret_name(run: str) -> str:
@@ -146,7 +158,7 @@ def _container(spec: FinetuneSpec, run: str, meta: dict[str, str]) -> dict[str, 
         "name": TASK,
         "image": spec.image,
         "imagePullPolicy": "IfNotPresent",
-        "command": ["gpufleet-exec", "--", spec.command],
+        "command": [EXEC, "--", spec.command],
         "args": list(spec.args),
         "env": _env(spec, run, meta),
         # No CPU limit (throttling slows data loading); memory and disk limits equal the

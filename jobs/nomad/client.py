@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from clusters.errors import UserError
-from jobs.placement import explain
+from jobs.nomad.placement import explain
 from jobs.nomad.render import META_ROLE_ID, META_WRAPPED_SECRET_ID, placement_probe, render
 from jobs.spec import FinetuneSpec
 from jobs.nomad.status import RunStatus, summarize
@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     import requests
 
 RETRY_STATUSES = (500, 502, 503, 504)
+STATUS_ON_404 = "check the id printed by `gpufleet jobs dispatch` and the namespace (--namespace or NOMAD_NAMESPACE)"
 USER_AGENT = "gpufleet-jobs/0.1"
 _ADDR = re.compile(r"^https?://[^\s/]+(:\d+)?/?$")
 
@@ -195,7 +196,8 @@ class NomadClient:
         try:
             yield
         except exc.URLNotFoundNomadException as error:
-            raise NomadError(f"{action}: Nomad has no job {job_id!r} in namespace {namespace} (404: {_first_line(error.nomad_resp.text)}); {on_404}") from None
+            missing = f"{action}: Nomad has no job {job_id!r} in namespace {namespace} (404: {_first_line(error.nomad_resp.text)})"
+            raise NomadError(f"{missing}; {on_404}" if on_404 else missing) from None
         except exc.URLNotAuthorizedNomadException:
             raise NomadError(f"{action}: Nomad refused the token (403) for namespace {namespace}; set NOMAD_TOKEN to a token whose ACL policy allows this in namespace {namespace}") from None
         except exc.BadRequestNomadException as error:
@@ -277,9 +279,9 @@ class NomadClient:
             stubs = self._api(namespace).allocations.request(method="get", params={"namespace": namespace, "task_states": "true"}).json()
         return list(stubs or [])
 
-    def status(self, job_id: str, namespace: str, spec: FinetuneSpec | None = None) -> RunStatus:
+    def status(self, job_id: str, namespace: str, spec: FinetuneSpec | None = None, *, on_404: str = STATUS_ON_404) -> RunStatus:
+        """The run's state; ``on_404`` is the advice a missing job's error ends with ("" for none)."""
         path = quote(job_id, safe="")
-        on_404 = "check the id printed by `gpufleet jobs dispatch` and the namespace (--namespace or NOMAD_NAMESPACE)"
         with self._errors("status", job_id, namespace, on_404):
             api = self._api(namespace).job
             job = api.request(path, method="get").json()

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from jobs.durations import NS_PER_SECOND
-from jobs.spec import TASK, FinetuneSpec
+from jobs.spec import TASK, FinetuneSpec, exec_argv
 from vault_policies.layout import (
     ENV_KILL_GRACE_SECONDS,
     ENV_MAX_RUN_SECONDS,
@@ -31,7 +31,6 @@ from vault_policies.layout import (
 PLATFORM_META = (META_ROLE_ID, META_WRAPPED_SECRET_ID)
 # Static job meta: which role the dispatcher must mint for (a name, not a credential).
 JOB_META_ROLE = "gpufleet_vault_role"
-EXEC = "gpufleet-exec"
 GPU_DEVICE = "nvidia/gpu"
 
 
@@ -76,11 +75,6 @@ def task_env(spec: FinetuneSpec) -> dict[str, str]:
         ENV_MAX_RUN_SECONDS: str(spec.max_run_ns // NS_PER_SECOND),
         ENV_KILL_GRACE_SECONDS: str(max(1, spec.kill_timeout_ns // NS_PER_SECOND)),
     }
-
-
-def exec_argv(spec: FinetuneSpec) -> list[str]:
-    """The task command, behind gpufleet-exec so keys arrive only at run time."""
-    return [EXEC, "--", spec.command, *spec.args]
 
 
 def _task(spec: FinetuneSpec) -> dict[str, Any]:

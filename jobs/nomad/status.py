@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from jobs.placement import explain
+from jobs.nomad.placement import explain
 from jobs.spec import GpuRequest
 
 

@@ -138,12 +138,12 @@ def test_oidc_config_accepts_plain_http_jwks_only_on_loopback(tmp_path, url, tru
     """Red team: a prefix match on "http://127.0.0.1" accepted http://127.0.0.1@attacker.example/,
     whose host is attacker.example (keys over plain http could be swapped)."""
     from clusters.errors import UserError
-    from gpufleet.serve_cmd import _oidc
+    from experiments.oidc_settings import load_oidc_settings
 
     config = tmp_path / "oidc.yaml"
     config.write_text(f"issuer: https://issuer.example\naudience: gpufleet\njwks_url: '{url}'\nclaim: repository_owner\ntenants: {{acme: finetune}}\n")
     if trusted:
-        assert _oidc(config).jwks_url == url
+        assert load_oidc_settings(config).jwks_url == url
     else:
         with pytest.raises(UserError, match="must be https"):
-            _oidc(config)
+            load_oidc_settings(config)

@@ -17,6 +17,10 @@ while every Workload it stores is validated against Kueue's CRD schema. Owner re
 honoured on delete (Background: dependents go at once; Foreground: the owner stays with a
 deletionTimestamp until ``collect()``). Faults: a status for the next N matching requests,
 optionally after the request took effect (a lost response).
+
+It sits in ``tests/jobs/`` rather than ``tests/jobs/k8s/`` because ``tests/jobs/conftest.py``
+(whose fixtures the neutral runner tests use) and the control-plane tests (``tests/experiments``)
+import it too; moving it would only lengthen their imports.
 """
 
 from __future__ import annotations

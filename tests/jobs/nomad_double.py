@@ -14,6 +14,10 @@ Placement is modelled on Nomad's scheduler metrics: nodes outside the job's Node
 not evaluated; a failed constraint counts in ConstraintFiltered["<L> <op> <R>"]; a node
 without enough matching GPUs at all counts as "missing devices"; a node whose matching
 GPUs are busy counts in DimensionExhausted["devices: no devices match request"].
+
+It sits in ``tests/jobs/`` rather than ``tests/jobs/nomad/`` because the control-plane tests
+(``tests/experiments``), the neutral runner and quota tests and the run-local tests import it
+too; moving it would only lengthen their imports.
 """
 
 from __future__ import annotations

@@ -42,7 +42,7 @@ def nomad_env(monkeypatch: pytest.MonkeyPatch, nomad: NomadDouble) -> NomadDoubl
         (["jobs", "dispatch", "finetune-llama", "--meta", "run_id"], r"--meta 'run_id' is not key=value"),
         (["jobs", "dispatch", "finetune-llama", "--meta", "run_id=x"], r"needs --meta dataset_uri=\.\.\."),
         (["jobs", "dispatch", "finetune-llama", "--meta", "run_id=x", "--meta", "dataset_uri=hf://d/x"], r"names no version"),
-        (["jobs", "dispatch", "finetune-llama", *META], r"not dispatching, nothing was minted: status: Nomad has no job 'finetune-llama' .*gpufleet jobs submit finetune-llama"),
+        (["jobs", "dispatch", "finetune-llama", *META], r"not dispatching, nothing was minted: status: Nomad has no job 'finetune-llama' in namespace finetune \(404: [^)]*\); if the job is not registered yet: gpufleet jobs submit finetune-llama$"),
         (["jobs", "run-local", "finetune-llama", *META], r"VAULT_ADDR and VAULT_TOKEN not set"),
         (["jobs", "status", "finetune-llama/dispatch-1-0"], r"status: Nomad has no job 'finetune-llama/dispatch-1-0' in namespace finetune \(404"),
     ],

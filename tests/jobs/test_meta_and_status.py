@@ -8,7 +8,7 @@ import pytest
 from clusters.errors import UserError
 from jobs.loader import find, load
 from jobs.meta import parse_pairs, validate_meta
-from jobs.placement import explain
+from jobs.nomad.placement import explain
 from jobs.spec import FinetuneSpec, GpuRequest
 from jobs.nomad.status import RunState, summarize
 

@@ -271,3 +271,19 @@ def test_rendered_jobs_do_not_change_the_code_hash(tmp_path):
     assert code_hash(tmp_path) == before
     (tmp_path / "jobs" / "render.py").write_text("x = 2\n")
     assert code_hash(tmp_path) != before
+
+
+def test_the_code_hash_covers_every_package_synthesis_imports():
+    """code_hash decides whether a base synthesizes in-process: a package synthesis imports but the
+    hash leaves out would let a base with different code be synthesized with this checkout's code.
+    Synthesis (main.py and SYNTH_PACKAGES) imports no other project package, so the CLI (gpufleet)
+    is not hashed: a CLI-only change does not force a subprocess synthesis of the base."""
+    from preview.synth import CODE_ROOT, SYNTH_PACKAGES
+    from tests.test_layers import imported_packages, layers
+
+    project = set(layers()) | {"main"}
+    files = [CODE_ROOT / "main.py", *(p for package in SYNTH_PACKAGES for p in sorted((CODE_ROOT / package).rglob("*.py")))]
+    outside = sorted(f"{path.relative_to(CODE_ROOT)}:{line}: {target}" for path in files for target, line in imported_packages(path)
+                     if target in project and target not in SYNTH_PACKAGES)
+    assert outside == []
+    assert "gpufleet" not in SYNTH_PACKAGES

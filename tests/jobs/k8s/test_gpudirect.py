@@ -216,7 +216,7 @@ def test_rendered_gpudirect_pods_pass_the_tenant_privilege_policy(mega_docs, clu
 def test_tcpx_runs_get_upstream_nccl_tuning_bound_to_their_own_nics(cluster_configs, vault_view):
     """GKE review follow-up: TCPX pods got only NIC names. Upstream's TCPX test passes chunk and buffer
     sizes, PXN/cross-NIC off and per-NIC TX/RX CPU bindings; TCPX ships no env profile to source."""
-    from jobs.k8s.gpudirect import tcpx_tuning
+    from jobs.nccl import tcpx_tuning
 
     template = _pod_template(manifests(load(find(GKE_EXAMPLE), cluster_configs=cluster_configs, vault=vault_view)))
     train = template["spec"]["containers"][0]
@@ -231,3 +231,16 @@ def test_tcpx_runs_get_upstream_nccl_tuning_bound_to_their_own_nics(cluster_conf
     bound = {part.split(":")[0] for part in env["NCCL_GPUDIRECTTCPX_TX_BINDINGS"].split(";")}
     assert bound == set(nics) == set(env["NCCL_GPUDIRECTTCPX_SOCKET_IFNAME"].split(","))
     assert len({e["name"] for e in train["env"]}) == len(train["env"])
+
+
+def test_the_names_job_files_may_not_set_are_the_names_the_pods_get():
+    """jobs.checks reads the reserved NCCL names from the neutral jobs.nccl; the pods get theirs
+    from this side's pod_networking. They must be the same set, or a job file could override
+    the wiring (or be refused a name nothing sets)."""
+    from jobs.nccl import UPSTREAM, reserved_env
+
+    for transport, (_test, _daemon, mode) in UPSTREAM.items():
+        wiring = pod_networking(transport, (("x", mode),))
+        assert wiring is not None
+        assert reserved_env(transport) == tuple(sorted({e["name"] for e in wiring.env})), transport
+    assert reserved_env(GpuDirect.NONE) == ()

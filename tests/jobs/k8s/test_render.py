@@ -191,6 +191,15 @@ def test_dispatch_names_the_run_from_the_dispatch_id_within_dns_limits(gke_spec:
     assert len(longest) + len("-63") <= 63
 
 
+def test_parse_run_id_reads_back_what_run_name_writes() -> None:
+    """``gpufleet jobs status|stop`` find the job file from the run id dispatch printed."""
+    run = k8s_render.run_name("finetune-llama-gke", "retry-me")
+    assert k8s_render.parse_run_id(run) == (None, run, "finetune-llama-gke")
+    assert k8s_render.parse_run_id(f"team-a/{run}") == ("team-a", run, "finetune-llama-gke")
+    assert k8s_render.parse_run_id("finetune-llama-gke") is None
+    assert k8s_render.parse_run_id("finetune-llama/dispatch-1733150000-1a2b3c4d") is None
+
+
 def _job_for(spec: FinetuneSpec, dispatch_id: str) -> dict[str, Any]:
     return k8s_render.job_manifest(spec, dispatch_id=dispatch_id, meta={"run_id": "r"})
 

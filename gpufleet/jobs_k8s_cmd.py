@@ -1,15 +1,14 @@
-"""The GKE half of ``gpufleet jobs``: submit (server-side dry run), dispatch, status [--watch], stop.
+"""The Kubernetes (GKE) half of ``gpufleet jobs``: submit (server-side dry run), dispatch, status [--watch], stop.
 
 ``gpufleet.jobs_cmd`` hands a command here when the job file names a GKE cluster, or when a
 run id is ``<job>-<10 hex>`` of a GKE job file (what dispatch prints). The Kubernetes API is
 reached through KUBECONFIG / GPUFLEET_KUBE_CONTEXT (or the in-cluster service account), Vault
-through VAULT_ADDR / VAULT_TOKEN, as for Nomad.
+through VAULT_ADDR / VAULT_TOKEN, as for Nomad. The per-rank mint and the run-id lookup live in
+``jobs.k8s.dispatch``; this module prints.
 """
 
 from __future__ import annotations
 
-import os
-import re
 import time
 from typing import TYPE_CHECKING
 
@@ -25,29 +24,12 @@ if TYPE_CHECKING:
 
 console = make_console()
 err = make_console(stderr=True)
-RUN_ID = re.compile(r"^(?:(?P<namespace>[a-z0-9][a-z0-9-]*)/)?(?P<run>(?P<job>[a-z][a-z0-9-]*)-[0-9a-f]{10})$")
 
 
 def client() -> K8sClient:
-    from jobs.k8s.client import K8sClient, K8sSettings
+    from jobs.k8s.dispatch import client as make_client
 
-    return K8sClient(K8sSettings.from_env())
-
-
-def resolve(run_id: str, namespace: str | None) -> tuple[str, str, FinetuneSpec] | None:
-    """(namespace, run, spec) when ``run_id`` names a run of a GKE job file, else None."""
-    from clusters import repo
-    from clusters.schema import SchedulerKind
-    from jobs.loader import load
-
-    match = RUN_ID.match(run_id)
-    path = repo.jobs_dir() / f"{match['job']}.yaml" if match else None
-    if path is None or not path.exists():
-        return None
-    spec = load(path)
-    if spec.scheduler != SchedulerKind.GKE:
-        return None
-    return namespace or match["namespace"] or spec.namespace, match["run"], spec
+    return make_client()
 
 
 def submit(spec: FinetuneSpec) -> None:
@@ -59,22 +41,19 @@ def submit(spec: FinetuneSpec) -> None:
                   f"nothing to register: next: gpufleet jobs dispatch {spec.name} " + " ".join(f"--meta {k}=..." for k in spec.meta_required))
 
 
-def dispatch(spec: FinetuneSpec, meta: dict[str, str], dispatch_id: str, queue_seconds: int) -> None:
-    from jobs.vault_mint import mint_wrapped_secret_id
+def dispatch(spec: FinetuneSpec, meta: dict[str, str], dispatch_id: str, expected_queue_minutes: int | None) -> None:
+    from jobs import vault_mint
+    from jobs.k8s import dispatch as k8s_dispatch
 
-    expiries: list[int] = []
-
-    def mint(ranks: int) -> tuple[str, list[str]]:
-        wrapped = [mint_wrapped_secret_id(spec, os.environ, expected_queue_seconds=queue_seconds) for _ in range(ranks)]
-        expiries.append(wrapped[0].wrap_ttl_seconds)
-        return wrapped[0].role_id, [w.wrapping_token for w in wrapped]
-
-    result = client().dispatch(spec, meta, dispatch_id=dispatch_id, mint=mint)
+    # Kueue enforces the tenant's per-pool quota on GKE: an over-quota run waits in its queue.
+    queue_seconds = vault_mint.queue_seconds(spec.pool, expected_queue_minutes)
+    done = k8s_dispatch.dispatch(spec, meta, dispatch_id=dispatch_id, queue_seconds=queue_seconds)
+    result = done.result
     verb = "dispatched" if result.created else "already dispatched (same --idempotency-token)"
     console.print(f"{verb} {result.run} (namespace {result.namespace}, {spec.nodes} rank(s), LocalQueue {spec.gke.local_queue if spec.gke else '-'}, idempotency token {dispatch_id})")
     console.print(f"follow it: gpufleet jobs status {result.run} --watch")
-    if expiries:
-        console.print(f"the wrapped secret_ids expire in {expiries[0]}s: a run Kueue has not admitted by then must be stopped and re-dispatched")
+    if done.wrap_ttl_seconds is not None:
+        console.print(f"the wrapped secret_ids expire in {done.wrap_ttl_seconds}s: a run Kueue has not admitted by then must be stopped and re-dispatched")
 
 
 def _table(status: K8sRunStatus) -> Table:

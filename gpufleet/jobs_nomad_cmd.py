@@ -1,0 +1,103 @@
+"""The Nomad half of ``gpufleet jobs``: plan, submit, dispatch, status [--watch], stop.
+
+``gpufleet.jobs_cmd`` hands a command here when the job file names a Nomad cluster, or when a
+run id is not a GKE run. Nomad is reached through NOMAD_ADDR / NOMAD_TOKEN / NOMAD_NAMESPACE /
+NOMAD_REGION / NOMAD_CACERT, Vault (for dispatch) through VAULT_ADDR / VAULT_TOKEN. The flow
+(preflight, quota, mint, dispatch; namespace fallback) lives in ``jobs.nomad.dispatch``; this
+module prints. Heavy imports (python-nomad, hvac) happen inside the functions so
+``gpufleet --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+import typer
+from gpufleet.console import make_console
+from rich.table import Table
+
+from clusters.errors import UserError
+
+if TYPE_CHECKING:
+    from jobs.nomad.status import RunStatus
+    from jobs.spec import FinetuneSpec
+
+console = make_console()
+err = make_console(stderr=True)
+
+
+def plan(spec: FinetuneSpec) -> None:
+    from jobs.nomad.dispatch import client
+
+    result = client().plan(spec)
+    if result.placeable:
+        console.print(f"[green]placeable[/]: a client in pool {spec.pool.name} can take {spec.gpu.describe()} (job diff: {result.diff_type})")
+        return
+    console.print(f"[red]not placeable now[/]: {result.reason}")
+    raise typer.Exit(1)
+
+
+def submit(spec: FinetuneSpec, *, allow_unplaceable: bool) -> None:
+    from jobs.nomad.dispatch import client
+
+    nomad = client()
+    result = nomad.plan(spec)
+    if not result.placeable and not allow_unplaceable:
+        raise UserError(f"not submitting {spec.name}: {result.reason}; pass --allow-unplaceable if the pool will scale up")
+    if not result.placeable:
+        err.print(f"warning: {result.reason}")
+    index = nomad.register(spec)
+    console.print(f"registered {spec.name} in namespace {spec.namespace} (job modify index {index}); next: gpufleet jobs dispatch {spec.name} " + " ".join(f"--meta {k}=..." for k in spec.meta_required))
+
+
+def dispatch(spec: FinetuneSpec, meta: dict[str, str], token: str, expected_queue_minutes: int | None) -> None:
+    from jobs import vault_mint
+    from jobs.nomad import dispatch as nomad_dispatch
+
+    queue_seconds = vault_mint.queue_seconds(spec.pool, expected_queue_minutes)
+    done = nomad_dispatch.dispatch(spec, meta, idempotency_token=token, queue_seconds=queue_seconds)
+    result = done.result
+    console.print(f"dispatched {result.dispatched_job_id} (namespace {result.namespace}, evaluation {result.eval_id or '-'}, idempotency token {token})")
+    console.print(f"follow it: gpufleet jobs status {result.dispatched_job_id} --watch")
+    source = "--expected-queue-minutes" if expected_queue_minutes is not None else f"pool {spec.pool.name}, min_nodes {spec.pool.min_nodes}"
+    console.print(f"the wrapped secret_id expires in {done.wrap_ttl_seconds}s (queue wait {queue_seconds // 60} min, from {source}): a run still queued then must be re-dispatched")
+
+
+def _status_table(status: RunStatus) -> Table:
+    colour = {"running": "cyan", "complete": "green", "failed": "red", "lost": "red"}.get(status.state.value, "yellow")
+    table = Table(title=status.job_id)
+    for column in ("state", "detail", "allocation", "node"):
+        table.add_column(column, overflow="fold")
+    table.add_row(f"[{colour}]{status.state.value}[/]", status.detail, status.alloc_id or "-", status.node or "-")
+    return table
+
+
+def status(job_id: str, namespace: str | None, *, watch: bool, interval: float) -> None:
+    from rich.live import Live
+
+    from jobs.nomad.dispatch import client, resolve
+    from jobs.nomad.status import TERMINAL
+
+    chosen, spec = resolve(job_id, namespace)
+    nomad = client()
+    current = nomad.status(job_id, chosen, spec)
+    if not watch:
+        console.print(_status_table(current))
+        return
+    try:
+        with Live(_status_table(current), console=console, refresh_per_second=4) as live:
+            while current.state not in TERMINAL:
+                time.sleep(interval)
+                current = nomad.status(job_id, chosen, spec)
+                live.update(_status_table(current))
+    except KeyboardInterrupt:
+        err.print("stopped watching; the run goes on")
+
+
+def stop(job_id: str, namespace: str | None, *, purge: bool) -> None:
+    from jobs.nomad.dispatch import client, resolve
+
+    chosen, _ = resolve(job_id, namespace)
+    eval_id = client().stop(job_id, chosen, purge=purge)
+    console.print(f"{'stopped and purged' if purge else 'stopped'} {job_id} in namespace {chosen} (evaluation {eval_id or '-'})")
