@@ -27,8 +27,8 @@ _ALLOW = typer.Option(
     [],
     "--allow-destroy",
     help=(
-        "Exact address whose delete/replace is allowed (repeatable). `plan` then plans a copy of the stack with "
-        "lifecycle.prevent_destroy lifted for exactly these addresses; applying still needs a reviewed change "
+        "<stack>/<address> whose delete/replace is allowed (repeatable; a bare address is refused). `plan` then plans a "
+        "copy of the stack with lifecycle.prevent_destroy lifted for exactly these addresses; applying still needs a reviewed change "
         "(e.g. `protected: false` in the cluster file), because the synthesized stack keeps prevent_destroy."
     ),
 )
@@ -36,7 +36,8 @@ _GATE_ALLOW = typer.Option(
     [],
     "--allow-destroy",
     help=(
-        "Exact address whose delete/replace in this plan is allowed (repeatable): the gate reports it as allowed"
+        "<stack>/<address> whose delete/replace in this plan is allowed (repeatable; needs --stack, a bare address is"
+        " refused): the gate reports it as allowed"
         " instead of blocked. It changes nothing in the plan; applying still needs a reviewed change that lifts"
         " prevent_destroy (e.g. `protected: false` in the cluster file)."
     ),
@@ -54,16 +55,18 @@ def _classify(plan_path: Path, stack: str, allow: list[str], extra_types: list[s
         path=plan_path,
         protected=plan_gate.protected_types(extra_types),
         protected_addresses=protected_addresses,
+        stack=stack,
         allow_destroy=allow,
     )
 
 
-def _finish(result: GateResult, stack: str, title: str, summary_out: Path | None, note: str | None = None) -> NoReturn:
+def _finish(result: GateResult, stack: str, title: str, summary_out: Path | None, note: str | None = None, scoped: bool = True) -> NoReturn:
+    """Summary, report and exit; ``scoped`` False: the stack is only a label (``gate`` without ``--stack``)."""
     from safety import plan_gate, report
 
     if summary_out is not None:
         plan_gate.write_summary(summary_out, plan_gate.summary(stack, result, note=note))
-    report.render(console, title, result)
+    report.render(console, title, result, stack if scoped else "")
     if note:
         console.print(f"[yellow]note[/yellow]: {note}", soft_wrap=True)
     raise typer.Exit(int(result.exit_code))
@@ -96,8 +99,9 @@ def cmd_plan(
     try:
         directory = terraform.stack_dir(out_dir, stack)
         (directory / terraform.PLAN_JSON).unlink(missing_ok=True)
-        with terraform.lifted_copy(directory, allow_destroy) as (planned, lifted):
-            note = plan_gate.LIFTED_NOTE.format(addresses=", ".join(sorted(lifted))) if lifted else None
+        addresses = plan_gate.scoped_allows(stack, allow_destroy)
+        with terraform.lifted_copy(directory, addresses) as (planned, lifted):
+            note = plan_gate.LIFTED_NOTE.format(addresses=", ".join(sorted(f"{stack}/{a}" for a in lifted))) if lifted else None
             try:
                 plan_path = terraform.plan_json(planned, lock=lock)
             except terraform.DestroyPrevented as exc:
@@ -125,7 +129,7 @@ def cmd_gate(
 ) -> None:
     """Gate a plan produced elsewhere (CI, Terraform Cloud)."""
     try:
-        _finish(_classify(plan, stack, allow_destroy, protected_type), stack or plan.stem, stack or str(plan), summary_out)
+        _finish(_classify(plan, stack, allow_destroy, protected_type), stack or plan.stem, stack or str(plan), summary_out, scoped=bool(stack))
     except (UserError, ConfigError) as exc:
         _write_error(summary_out, stack or plan.stem, str(exc))
         raise

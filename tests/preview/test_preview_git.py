@@ -107,6 +107,19 @@ def test_rename_kept_by_allow_destroy_exits_3(repo, cache_dir, tmp_path):
     assert [f["allowed"] for s in report["stacks"] for f in s["findings"] if f["protected"]] == [True]
 
 
+def test_fails_when_allow_destroy_is_a_bare_address(repo, cache_dir, tmp_path, capsys):
+    """Issue 22: a bare address was accepted as "fleet-unique" and allowed the rename; now it is refused with the form."""
+    cluster = repo / "clusters/prod-gke.yaml"
+    edit(cluster, "  - name: h100\n", "  - name: h200\n")
+    edit(cluster, "gpu_quota: {h100: 24,", "gpu_quota: {h200: 24,")
+    edit(cluster, "gpu_quota: {h100: 8,", "gpu_quota: {h200: 8,")
+    rc, report = run(repo, cache_dir, tmp_path, "--allow-destroy", "google_container_node_pool.pool_h100")
+    assert rc == 2 and report == {}
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "error: --allow-destroy google_container_node_pool.pool_h100: a bare address is refused (it would allow that address in "
+        "every stack); name its stack: --allow-destroy prod-gke/google_container_node_pool.pool_h100"]
+
+
 def test_static_ip_description_changed_replaces_the_ip(repo, cache_dir, tmp_path):
     edit(repo / "clusters/prod-gke.yaml", "description: training dashboards and TensorBoard ingress", "description: dashboards")
     rc, report = run(repo, cache_dir, tmp_path)
