@@ -28,6 +28,7 @@ DEMO_KEYS = {
     "ml-api-keys/huggingface": {"token": "fake-hf-demo-0000"},
     "ml-api-keys/wandb": {"api_key": "fake-wandb-demo-0000"},
     "ml-api-keys/openai": {"api_key": "fake-openai-demo-0000"},
+    "ml-api-keys/openai-dev": {"api_key": "fake-openai-dev-demo-0000"},
 }
 RepoOption = typer.Option(None, "--repo", help="Repository root holding vault_policies/ (default: the repository around the current directory).")
 
