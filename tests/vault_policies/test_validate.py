@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -271,10 +273,7 @@ def test_a_repeated_block_or_key_is_refused(tmp_path, body, field):
 SPANNING = "    clusters: [prod-gke, prod-nomad]\n    token_ttl: 5m\n    token_max_ttl: 4h"
 
 
-def _render(repo: Path) -> "subprocess.CompletedProcess[str]":
-    import subprocess
-    import sys
-
+def _render(repo: Path) -> subprocess.CompletedProcess[str]:
     gpufleet = Path(sys.executable).parent / "gpufleet"
     return subprocess.run([str(gpufleet), "vault", "render", "--repo", str(repo)], capture_output=True, text=True, timeout=120)
 
