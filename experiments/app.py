@@ -26,6 +26,7 @@ from experiments.background.worker import Worker
 from experiments.errors import ApiError
 from experiments.limits import MAX_BODY_BYTES, BodyLimit
 from experiments.metrics import Metrics
+from experiments.routers.ops import SCHEMA_PATH
 from jobs.runner import Runner
 from experiments.services.catalog import Catalog
 
@@ -86,7 +87,9 @@ def create_app(settings: ServiceSettings, *, runner: Runner, catalog: Catalog | 
                 worker.stop()
             engine.dispose()
 
-    app = FastAPI(title="gpufleet experiments", version="1", lifespan=lifespan, docs_url="/api/docs", redoc_url=None, openapi_url="/api/openapi.json")
+    # No public schema or docs page: /api/openapi.json is served by ops.router to authenticated callers
+    # (issue 22), and the Swagger page (scripts from a CDN, no token header) is not served at all.
+    app = FastAPI(title="gpufleet experiments", version="1", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.ctx = ctx
     app.state.worker = worker
     app.state.engine = engine
@@ -117,11 +120,11 @@ def create_app(settings: ServiceSettings, *, runner: Runner, catalog: Catalog | 
                                  "fix": "send one JSON object like {\"job\": \"finetune-llama\", \"meta\": {...}}"}, status_code=422)
         where = _field_of(loc)
         error = f"{where}: {'missing' if kind == 'missing' else 'not allowed' if kind == 'extra_forbidden' else 'wrong type or value'}"
-        return JSONResponse({"error": error, "field": where, "fix": _FIXES.get(kind, "see GET /api/docs for the request schema")}, status_code=422)
+        return JSONResponse({"error": error, "field": where, "fix": _FIXES.get(kind, f"see GET {SCHEMA_PATH} (with your token) for the request schema")}, status_code=422)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        fix = ("see GET /api/docs for the routes" if exc.status_code in (404, 405)
+        fix = (f"see GET {SCHEMA_PATH} (with your token) for the routes" if exc.status_code in (404, 405)
                else "send a smaller body: a submission is a job name, meta and a deadline" if exc.status_code == 413 else "retry later")
         return JSONResponse({"error": str(exc.detail).lower(), "field": None, "fix": fix}, status_code=exc.status_code)
 

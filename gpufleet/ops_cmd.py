@@ -29,8 +29,8 @@ _ALLOW = typer.Option(
     [],
     "--allow-destroy",
     help=(
-        "Exact address whose delete/replace is allowed (repeatable). `plan` then plans a copy of the stack with "
-        "lifecycle.prevent_destroy lifted for exactly these addresses; applying still needs a reviewed change "
+        "<stack>/<address> whose delete/replace is allowed (repeatable; a bare address is refused). `plan` then plans a "
+        "copy of the stack with lifecycle.prevent_destroy lifted for exactly these addresses; applying still needs a reviewed change "
         "(e.g. `protected: false` in the cluster file), because the synthesized stack keeps prevent_destroy."
     ),
 )
@@ -38,7 +38,8 @@ _GATE_ALLOW = typer.Option(
     [],
     "--allow-destroy",
     help=(
-        "Exact address whose delete/replace in this plan is allowed (repeatable): the gate reports it as allowed"
+        "<stack>/<address> whose delete/replace in this plan is allowed (repeatable; needs --stack, a bare address is"
+        " refused): the gate reports it as allowed"
         " instead of blocked. It changes nothing in the plan; applying still needs a reviewed change that lifts"
         " prevent_destroy (e.g. `protected: false` in the cluster file)."
     ),
@@ -47,12 +48,13 @@ _PROTECT = typer.Option([], "--protected-type", help="Also protect this resource
 _SUMMARY = typer.Option(None, "--summary-out", help="Write the per-stack summary JSON here (read by `gpufleet ci comment`).")
 
 
-def _finish(result: GateResult, stack: str, title: str, summary_out: Path | None, note: str | None = None) -> NoReturn:
+def _finish(result: GateResult, stack: str, title: str, summary_out: Path | None, note: str | None = None, scoped: bool = True) -> NoReturn:
+    """Summary, report and exit; ``scoped`` False: the stack is only a label (``gate`` without ``--stack``)."""
     from safety import plan_gate, report
 
     if summary_out is not None:
         plan_gate.write_summary(summary_out, plan_gate.summary(stack, result, note=note))
-    report.render(console, title, result)
+    report.render(console, title, result, stack if scoped else "")
     if note:
         console.print(f"[yellow]note[/yellow]: {note}", soft_wrap=True)
     raise typer.Exit(int(result.exit_code))
@@ -105,7 +107,7 @@ def cmd_gate(
     from safety.stack_plan import gate
 
     try:
-        _finish(gate(plan, stack, allow_destroy, protected_type), stack or plan.stem, stack or str(plan), summary_out)
+        _finish(gate(plan, stack, allow_destroy, protected_type), stack or plan.stem, stack or str(plan), summary_out, scoped=bool(stack))
     except (UserError, ConfigError) as exc:
         _write_error(summary_out, stack or plan.stem, str(exc))
         raise

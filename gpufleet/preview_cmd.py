@@ -20,9 +20,9 @@ EXIT_CODES_HELP = "Exit codes: 0 no changes, 2 user error, 3 changes (nothing pr
 
 
 def cmd_preview(
-    base: str | None = typer.Option(None, "--base", help="Git ref to compare with (default: $GPUFLEET_BASE_REF, else the merge base with origin/main or main)."),
-    allow_destroy: list[str] = typer.Option([], "--allow-destroy", help="<stack>/<address> (or a fleet-unique address) whose "
-                                            "destroy/replace/rename is intended (repeatable)."),
+    base: str | None = typer.Option(None, "--base", help="Git ref to compare with (default: the merge base with $GPUFLEET_BASE_REF, else origin/main, else main; none of them existing is an error, never HEAD against itself)."),
+    allow_destroy: list[str] = typer.Option([], "--allow-destroy", help="<stack>/<address> whose destroy/replace/rename is "
+                                            "intended (repeatable; a bare address is refused)."),
     as_json: bool = typer.Option(False, "--json", help="Print the machine-readable report instead of text."),
     json_out: Path | None = typer.Option(None, "--json-out", help="Also write the JSON report here (`gpufleet ci comment --preview`)."),
     cache_dir: Path | None = typer.Option(None, "--cache-dir", help="Base synthesis cache (default: ~/.cache/gpufleet/preview)."),

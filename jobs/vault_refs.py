@@ -13,7 +13,7 @@ from pathlib import Path
 
 from clusters import repo
 from vault_policies.layout import KV_MOUNT
-from vault_policies.policies import PolicyFile, load_policies
+from vault_policies.policies import PolicyFile, load_policies, path_pattern
 from vault_policies.roles import RoleSpec, load_roles
 
 ROLES_FILE = Path("vault_policies/roles.yaml")
@@ -38,13 +38,6 @@ def load_vault_view(roles_file: Path | None = None, policies_dir: Path | None = 
     return VaultView(load_roles(roles_file or root / ROLES_FILE), policies)
 
 
-def _glob(path: str) -> re.Pattern[str]:
-    """Vault ACL path glob: '+' is one segment, a trailing '*' is any suffix."""
-    prefix = path.endswith("*")
-    body = re.escape(path.rstrip("*")).replace(r"\+", "[^/]+")
-    return re.compile(body + (".*" if prefix else ""))
-
-
 def readable_paths(role: RoleSpec, view: VaultView) -> dict[str, re.Pattern[str]]:
     """KV paths (relative to the mount, as jobs write them) the role's policies may read."""
     out: dict[str, re.Pattern[str]] = {}
@@ -53,5 +46,5 @@ def readable_paths(role: RoleSpec, view: VaultView) -> dict[str, re.Pattern[str]
         for rule in policy.rules if policy else ():
             if rule.path.startswith(_KV_DATA) and "read" in rule.capabilities and "deny" not in rule.capabilities:
                 relative = rule.path.removeprefix(_KV_DATA)
-                out[relative] = _glob(relative)
+                out[relative] = path_pattern(relative)
     return out

@@ -21,7 +21,7 @@ from typing import Any
 
 from preview.forcenew import Rule, Tables
 from safety import secret_scan
-from safety.plan_gate import DEFAULT_PROTECTED_TYPES
+from safety.plan_gate import DEFAULT_PROTECTED_TYPES, bare_allow_message, split_allow
 
 META_KEYS = frozenset({"//", "lifecycle", "depends_on", "provider", "count", "for_each", "provisioner", "connection"})
 _MISSING: Any = object()
@@ -338,7 +338,7 @@ def preview_stack(name: str, base: dict[str, Any] | None, head: dict[str, Any] |
 
 def preview(base: dict[str, dict[str, Any]], head: dict[str, dict[str, Any]], tables: Tables, *,
             allow_destroy: Iterable[str] = (), protected_types: frozenset[str] = DEFAULT_PROTECTED_TYPES) -> PreviewResult:
-    """Compare ``{stack: cdk.tf.json}`` maps; ``allow_destroy`` entries are ``stack/address`` or a fleet-unique address."""
+    """Compare ``{stack: cdk.tf.json}`` maps; ``allow_destroy`` entries are ``<stack>/<address>``, as the plan gate's."""
     stacks = [preview_stack(s, base.get(s), head.get(s), tables, protected_types) for s in sorted({*base, *head})]
     allowed = _resolve_allows(tuple(allow_destroy), [f for s in stacks for f in s.findings if f.protected])
     result = []
@@ -351,21 +351,25 @@ def preview(base: dict[str, dict[str, Any]], head: dict[str, dict[str, Any]], ta
 
 
 class AllowError(ValueError):
-    """An ``--allow-destroy`` that names nothing destructive, or an address several stacks share."""
+    """An ``--allow-destroy`` without its stack, or one that names nothing destructive."""
 
 
 def _resolve_allows(allows: tuple[str, ...], protected: list[Finding]) -> frozenset[str]:
+    """The qualified findings the entries allow: each entry must be ``<stack>/<address>``.
+
+    A bare address once matched a "fleet-unique" address; one flag then allowed whatever
+    destroy of that address appeared in any stack later, so it is refused with the forms to use
+    (the plan gate refuses it the same way).
+    """
     destructive = [f for f in protected if f.kind in (Kind.DESTROYED, Kind.REPLACED, Kind.RENAMED)]
     resolved: set[str] = set()
     for allow in allows:
-        matches = [f for f in destructive if allow in (f.qualified, f.address)]
-        stacks = {f.stack for f in matches}
+        if split_allow(allow) is None:
+            raise AllowError(bare_allow_message(allow, [f.stack for f in destructive if f.address == allow]))
+        matches = [f for f in destructive if f.qualified == allow]
         if not matches:
             known = ", ".join(sorted(f.qualified for f in destructive)) or "none"
             raise AllowError(f"--allow-destroy {allow} matches no destroyed, replaced or renamed protected resource "
                              f"(destructive findings: {known}); pass one of those or drop the flag")
-        if len(stacks) > 1:
-            raise AllowError(f"--allow-destroy {allow} matches {len(stacks)} stacks; qualify it as one of "
-                             + ", ".join(sorted(f.qualified for f in matches)))
         resolved.update(f.qualified for f in matches)
     return frozenset(resolved)

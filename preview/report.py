@@ -121,6 +121,6 @@ def markdown(data: dict[str, Any]) -> str:
         lines.append("")
     if blocking:
         lines.append("If intended: `gpufleet preview --allow-destroy <stack>/<address>` and say why in the PR; "
-                     "`gpufleet plan <stack> --allow-destroy <address>` for the plan.")
+                     "`gpufleet plan <stack> --allow-destroy <stack>/<address>` for the plan.")
         lines.append("")
     return "\n".join(lines)

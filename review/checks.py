@@ -97,7 +97,11 @@ def _destroys(report: CheckReport, configs: tuple[ClusterConfig, ...], out: Path
                        f"{info['commit'][:12]} (gpufleet preview)" if blocking else f"none vs {info['commit'][:12]} (gpufleet preview)",
                        [f"preview: {line.strip()}" for line in lines if line.startswith(("BLOCKED", "allowed", "note", "protected"))])
             return
-    base, found = destroys.announce(repo.root(), configs)
+    try:
+        base, found = destroys.announce(repo.root(), configs)
+    except UserError as exc:
+        report.add("destroys", False, "no base to compare with", [f"destroy: {exc}"])
+        return
     if base is None:
         report.add("destroys", True, "skipped: not a git checkout")
         return

@@ -137,7 +137,7 @@ def build_comment(summaries: list[dict[str, Any]], *, title: str = "gpufleet pla
     if counts["blocked"]:
         footer.append(
             "A blocked stack deletes or replaces a protected resource (GPU pool, cluster, static IP, reviewed import). "
-            "If that is intended, plan it again with `gpufleet plan <stack> --allow-destroy <address>` and say why in the PR."
+            "If that is intended, plan it again with `gpufleet plan <stack> --allow-destroy <stack>/<address>` and say why in the PR."
         )
     footer.append("This workflow only plans; it never applies.")
     head = [MARKER, f"## {title}", "", *([preview.rstrip("\n"), ""] if preview else []),

@@ -5,8 +5,9 @@ file takes its stacks out of the CI matrix without a word, and a renamed pool re
 innocent edit in review. This compares the cluster files with a git base (simple form; the full
 offline preview is ``gpufleet preview``'s):
 
-- base: ``$GPUFLEET_BASE_REF``, else the merge-base of HEAD with ``origin/main`` or ``main``, else
-  HEAD; when that merge-base is HEAD itself (working on main), HEAD, so uncommitted edits show.
+- base: the merge-base of HEAD with ``$GPUFLEET_BASE_REF`` (which must exist), else with
+  ``origin/main`` or ``main``; neither is an error naming what was tried (never HEAD against
+  itself). When that merge-base is HEAD (working on main), uncommitted edits are the change.
 - a protected pool (protected by default outside dev) present at the base and gone now, or a
   removed cluster file that had protected pools, is blocking; the fix is a reviewed commit that
   sets ``protected: false`` first, then the removal. Unprotected ones are announced as notes.
@@ -20,12 +21,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from clusters.derive.pools import derive_gpu_pools
-from clusters.errors import ConfigError
+from clusters.errors import ConfigError, UserError
 from clusters.schema import ClusterConfig
 from clusters.source import YamlDocument, validate_document
 from stacks.layout import plan_stacks
 
 BASE_ENV = "GPUFLEET_BASE_REF"
+DEFAULT_BASES = ("origin/main", "main")
 
 
 @dataclass(frozen=True)
@@ -43,15 +45,37 @@ def _git(repo: Path, *args: str) -> str | None:
 
 
 def base_ref(repo: Path) -> str | None:
+    """The commit the working tree is compared with; None when ``repo`` has no commit (not a fleet checkout yet).
+
+    Resolved explicitly and failing closed: a base named by ``$GPUFLEET_BASE_REF`` must exist, and
+    without one ``origin/main`` or ``main`` must. Falling back to HEAD compared a committed removal
+    of a protected pool with itself and reported "no changes" (issue 22); now that is a one-line
+    error naming every ref tried. HEAD is the base only when it *is* the merge base (working on
+    main), where the uncommitted edits are the change.
+    """
     head = (_git(repo, "rev-parse", "--verify", "--quiet", "HEAD^{commit}") or "").strip()
     if not head:
         return None
-    for ref in (os.environ.get(BASE_ENV), "origin/main", "main"):
-        if ref and _git(repo, "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}"):
-            merge_base = (_git(repo, "merge-base", "HEAD", ref) or "").strip()
-            if merge_base:
-                return merge_base
-    return head
+    named = os.environ.get(BASE_ENV, "").strip()
+    if named:
+        if not _git(repo, "rev-parse", "--verify", "--quiet", f"{named}^{{commit}}"):
+            raise UserError(f"{BASE_ENV}={named}: not a commit in {repo}; set it to an existing branch, tag or commit "
+                            "(e.g. origin/main), or unset it to use origin/main or main")
+        return _merge_base(repo, named, f"{BASE_ENV}={named}")
+    tried = []
+    for ref in DEFAULT_BASES:
+        tried.append(ref)
+        if _git(repo, "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}"):
+            return _merge_base(repo, ref, ref)
+    raise UserError(f"no base to compare with in {repo}: tried {BASE_ENV} (unset), {', '.join(tried)}, none exists; "
+                    f"fetch main (git fetch origin main), or name the base with --base <ref> or {BASE_ENV}")
+
+
+def _merge_base(repo: Path, ref: str, label: str) -> str:
+    merge_base = (_git(repo, "merge-base", "HEAD", ref) or "").strip()
+    if not merge_base:
+        raise UserError(f"{label}: shares no history with HEAD in {repo}; name a base HEAD was branched from")
+    return merge_base
 
 
 def _old_config(repo: Path, ref: str, path: str) -> ClusterConfig | None:

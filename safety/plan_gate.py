@@ -2,8 +2,9 @@
 
 A reserved H100 pool or a pinned static IP cannot be recreated by re-applying: the reservation
 or the address is gone. So a plan that deletes or replaces a resource of a protected type (or a
-reviewed import) is refused unless the operator names that exact address with
-``--allow-destroy``. The gate reads the JSON of ``terraform show -json <planfile>``, so it works
+reviewed import) is refused unless the operator names that exact address, scoped to its stack,
+with ``--allow-destroy <stack>/<address>``: a bare address would allow the same address in every
+stack planned with the same flags (issue 22), so it is refused with the form to use. The gate reads the JSON of ``terraform show -json <planfile>``, so it works
 the same for plans made here, in CI or in Terraform Cloud.
 """
 
@@ -146,6 +147,47 @@ LIFTED_NOTE = (
 )
 
 
+_STACK = re.compile(r"^([a-z0-9][a-z0-9-]*)/(.+)$")
+
+
+def split_allow(allow: str) -> tuple[str, str] | None:
+    """(stack, address) of an ``--allow-destroy <stack>/<address>``; None for a bare address.
+
+    Stack names are cluster names (lowercase letters, digits, hyphens), so the part before the
+    first ``/`` of a bare address (``type.name["a/b"]``: it holds a dot) never reads as a stack.
+    """
+    match = _STACK.match(allow)
+    return (match.group(1), match.group(2)) if match else None
+
+
+def bare_allow_message(allow: str, stacks: Iterable[str] = ()) -> str:
+    """The one refusal of a bare address, with the qualified form(s) to use instead."""
+    forms = ", ".join(f"{s}/{allow}" for s in sorted(set(stacks))) or f"<stack>/{allow}"
+    return (f"--allow-destroy {allow}: a bare address is refused (it would allow that address in every stack); "
+            f"name its stack: --allow-destroy {forms}")
+
+
+def scoped_allows(stack: str, allows: Iterable[str]) -> frozenset[str]:
+    """The addresses of one stack's plan that ``--allow-destroy <stack>/<address>`` entries name.
+
+    A bare address, an entry for another stack, or entries without a known stack (``gpufleet
+    gate`` without ``--stack``) are user errors: the gate never guesses which stack is meant.
+    """
+    addresses: set[str] = set()
+    for allow in allows:
+        split = split_allow(allow)
+        if split is None:
+            raise UserError(bare_allow_message(allow, [stack] if stack else []))
+        if not stack:
+            raise UserError(f"--allow-destroy {allow}: the plan's stack is unknown; pass --stack {split[0]} so the gate "
+                            "can check the entry names this plan's stack")
+        if split[0] != stack:
+            raise UserError(f"--allow-destroy {allow}: names stack {split[0]!r}, but this plan is of stack {stack!r}; "
+                            f"pass {stack}/{split[1]} if that is meant, or drop the entry")
+        addresses.add(split[1])
+    return frozenset(addresses)
+
+
 def protected_types(extra: Iterable[str] = ()) -> frozenset[str]:
     return DEFAULT_PROTECTED_TYPES | frozenset(extra)
 
@@ -190,10 +232,12 @@ def classify(
     path: Path,
     protected: frozenset[str] = DEFAULT_PROTECTED_TYPES,
     protected_addresses: frozenset[str] = frozenset(),
+    stack: str = "",
     allow_destroy: Iterable[str] = (),
 ) -> GateResult:
-    """Classify every resource change; an ``--allow-destroy`` that matches no destroy is a user error (likely a typo)."""
-    allows = frozenset(allow_destroy)
+    """Classify every resource change of ``stack``'s plan; ``allow_destroy`` holds ``<stack>/<address>``
+    entries (``scoped_allows``), and one that matches no destroy is a user error (likely a typo)."""
+    allows = scoped_allows(stack, allow_destroy)
     entries = plan.get("resource_changes", [])
     if not isinstance(entries, list):
         raise UserError(f"{path}: resource_changes is not a list; {path.name} is not plan JSON")
@@ -217,8 +261,9 @@ def classify(
     unused = sorted(allows - destroyable)
     if unused:
         raise UserError(
-            f"--allow-destroy {unused[0]} matches no delete or replace of a protected resource in {path}"
-            f"{did_you_mean(unused[0], destroyable)}; pass the exact address from the plan or drop the flag"
+            f"--allow-destroy {stack}/{unused[0]} matches no delete or replace of a protected resource in {path}"
+            f"{did_you_mean(f'{stack}/{unused[0]}', {f'{stack}/{a}' for a in destroyable})}; pass the exact address from the plan "
+            "or drop the flag"
         )
     outputs = plan.get("output_changes") or {}
     outputs_changed = sum(1 for o in outputs.values() if isinstance(o, dict) and o.get("actions") not in (["no-op"], None))

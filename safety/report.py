@@ -14,7 +14,7 @@ _STATUS_LINE = {
 }
 
 
-def render(console: Console, title: str, result: GateResult) -> None:
+def render(console: Console, title: str, result: GateResult, stack: str = "") -> None:
     counts = result.counts()
     if counts:
         table = Table(title=title)
@@ -32,7 +32,8 @@ def render(console: Console, title: str, result: GateResult) -> None:
     for change in result.blocked:
         console.print(
             f"[bold red]blocked[/bold red] {change.action.value} of protected {change.address}"
-            f"{f' ({change.reason})' if change.reason else ''}; to allow it pass --allow-destroy {change.address}",
+            f"{f' ({change.reason})' if change.reason else ''}; to allow it pass "
+            f"{f'--allow-destroy {stack}/{change.address}' if stack else f'--stack <stack> --allow-destroy <stack>/{change.address}'}",
             soft_wrap=True,
         )
     if result.stopped_by_terraform:

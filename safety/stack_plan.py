@@ -31,6 +31,7 @@ def gate(plan_path: Path, stack: str, allow: Iterable[str], extra_types: Iterabl
         path=plan_path,
         protected=plan_gate.protected_types(extra_types),
         protected_addresses=protected_addresses,
+        stack=stack,
         allow_destroy=allow,
     )
 
@@ -43,8 +44,9 @@ def plan_stack(out_dir: Path, stack: str, *, allow_destroy: list[str], extra_typ
     """
     directory = terraform.stack_dir(out_dir, stack)
     (directory / terraform.PLAN_JSON).unlink(missing_ok=True)
-    with terraform.lifted_copy(directory, allow_destroy) as (planned, lifted):
-        note = plan_gate.LIFTED_NOTE.format(addresses=", ".join(sorted(lifted))) if lifted else None
+    addresses = plan_gate.scoped_allows(stack, allow_destroy)
+    with terraform.lifted_copy(directory, addresses) as (planned, lifted):
+        note = plan_gate.LIFTED_NOTE.format(addresses=", ".join(sorted(f"{stack}/{a}" for a in lifted))) if lifted else None
         try:
             plan_path = terraform.plan_json(planned, lock=lock)
         except terraform.DestroyPrevented as exc:

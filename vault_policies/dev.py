@@ -27,6 +27,7 @@ DEMO_KEYS = {
     "ml-api-keys/huggingface": {"token": "fake-hf-demo-0000"},
     "ml-api-keys/wandb": {"api_key": "fake-wandb-demo-0000"},
     "ml-api-keys/openai": {"api_key": "fake-openai-demo-0000"},
+    "ml-api-keys/openai-dev": {"api_key": "fake-openai-dev-demo-0000"},
 }
 STOP_TIMEOUT_SECONDS = 10.0
 

@@ -238,8 +238,49 @@ def _job_rule(policy: PolicyFile, rule: PolicyRule) -> list[Problem]:
     return problems
 
 
+def path_pattern(path: str) -> re.Pattern[str]:
+    """A Vault ACL path as a regex: '+' is one segment, a trailing '*' any suffix (``vault/policy.go``)."""
+    prefix = path.endswith("*")
+    body = re.escape(path.removesuffix("*") if prefix else path).replace(r"\+", "[^/]+")
+    return re.compile(body + (".*" if prefix else ""))
+
+
+def _covers(pattern: str, path: str) -> bool:
+    """Whether the rule ``pattern`` grants ``path`` (itself a rule path: its '+' read as one segment, its '*' as nothing more)."""
+    probe = path.removesuffix("*").replace("+", "p") if path.endswith("*") else path.replace("+", "p")
+    return bool(path_pattern(pattern).fullmatch(path) or path_pattern(pattern).fullmatch(probe))
+
+
+def family_problems(policies: dict[str, PolicyFile]) -> list[Problem]:
+    """A key path belongs to the one job family (``ml-keys-<family>``) whose policy grants it.
+
+    A rule of one family that covers a path another family's policy names (the same path, or a
+    glob over it) gives that family's tasks the other's keys: refused on the granting rule, naming
+    the owner. Equal paths are refused on both sides, each naming the other: a key two families
+    need is two keys, one per family, so a leaked task token exposes one family only.
+    """
+    jobs = {name: policy for name, policy in sorted(policies.items())
+            if name not in OPERATOR_POLICIES and name not in BUILTIN_POLICIES and name.startswith(JOB_POLICY_PREFIX)}
+    problems = []
+    for name, policy in jobs.items():
+        for rule in policy.rules:
+            for other_name, other in jobs.items():
+                if other_name == name:
+                    continue
+                for owned in other.rules:
+                    if _covers(rule.path, owned.path):
+                        family = other_name.removeprefix(JOB_POLICY_PREFIX)
+                        key = owned.path.removeprefix(API_KEYS_POLICY_PREFIX).rstrip("*").rstrip("/") or "key"
+                        problems.append(_problem(policy, rule, "", (
+                            f"grants {owned.path!r}, a key path of family {family!r} ({other.file.name}:{owned.line}); a job policy "
+                            f"reads only its own family's keys; allowed: paths no other ml-keys-* policy names; give family "
+                            f"{name.removeprefix(JOB_POLICY_PREFIX)!r} its own key (e.g. {API_KEYS_POLICY_PREFIX}{key}-"
+                            f"{name.removeprefix(JOB_POLICY_PREFIX)}) or run the job under a role with {other_name}")))
+    return problems
+
+
 def load_policies(directory: Path) -> tuple[dict[str, PolicyFile], list[Problem]]:
-    """Every ``*.hcl`` in the directory by name (sorted), plus every problem found."""
+    """Every ``*.hcl`` in the directory by name (sorted), plus every problem found (per file, then across families)."""
     policies: dict[str, PolicyFile] = {}
     problems: list[Problem] = []
     for file in sorted(directory.glob("*.hcl")):
@@ -247,4 +288,4 @@ def load_policies(directory: Path) -> tuple[dict[str, PolicyFile], list[Problem]
         problems.extend(found)
         if policy is not None:
             policies[policy.name] = policy
-    return policies, problems
+    return policies, problems + family_problems(policies)

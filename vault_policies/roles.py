@@ -53,6 +53,27 @@ def parse_duration(value: object) -> int:
 Duration = Annotated[int, BeforeValidator(parse_duration)]
 
 
+MIN_REASON_CHARS = 10
+SPAN_FIELD = "spans_dev_and_prod"
+DEV_ENVIRONMENT = "dev"
+
+
+class SpanException(BaseModel):
+    """The reviewed exception that lets one role serve dev and non-dev clusters: its reason is the audit trail."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    reason: str
+
+    @field_validator("reason")
+    @classmethod
+    def _reason(cls, reason: str) -> str:
+        if len(reason.strip()) < MIN_REASON_CHARS:
+            raise ValueError(f"{reason!r} is too short to review; allowed: a reason of {MIN_REASON_CHARS}+ characters saying why dev "
+                             "pods may read this role's production keys; write it, or split the role")
+        return reason.strip()
+
+
 class RoleModel(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -67,6 +88,9 @@ class RoleModel(BaseModel):
     secret_id_bound_cidrs: list[str] | None = None
     token_bound_cidrs: list[str] | None = None
     token_period: Duration | None = None
+    # A dev cluster hosts the sandbox tenant and the everyone group: a role bound to it and to
+    # non-dev clusters gives every dev pod the production keys (issue 22). Refused unless named here.
+    spans_dev_and_prod: SpanException | None = None
 
     @field_validator("secret_id_bound_cidrs", "token_bound_cidrs")
     @classmethod
@@ -103,6 +127,8 @@ class RoleSpec:
     token_bound_cidrs: tuple[str, ...]
     token_period_seconds: int | None
     line: int | None
+    spans_dev_and_prod_reason: str | None = None
+    """The reviewed reason this role may serve dev and non-dev clusters at once (None: it may not)."""
 
 
 def task_source_cidrs(config: ClusterConfig) -> tuple[str, ...]:
@@ -133,6 +159,29 @@ def cluster_problems(doc: YamlDocument, roles: dict[str, RoleSpec], clusters: di
         for index, cluster in enumerate(role.clusters)
         if cluster not in clusters
     ]
+
+
+def span_problems(doc: YamlDocument, roles: dict[str, RoleSpec], clusters: dict[str, ClusterConfig | None]) -> list[Problem]:
+    """A role serves dev clusters or non-dev (staging, prod) clusters, not both, unless it carries the
+    reviewed ``spans_dev_and_prod`` exception; an exception on a role that spans nothing is refused too
+    (a suppression that matches nothing hides the next mistake)."""
+    problems = []
+    for name, role in roles.items():
+        envs = {c: str(clusters[c].environment.value) for c in role.clusters if clusters.get(c) is not None}
+        dev = sorted(c for c, env in envs.items() if env == DEV_ENVIRONMENT)
+        other = sorted(f"{c} ({env})" for c, env in envs.items() if env != DEV_ENVIRONMENT)
+        if dev and other and role.spans_dev_and_prod_reason is None:
+            problems.append(doc.problem(("roles", name, "clusters"), (
+                f"role {name!r} spans dev cluster(s) {', '.join(dev)} and non-dev cluster(s) {', '.join(other)}: every dev pod "
+                f"(the sandbox tenant, the everyone group) could log in as it and read its production keys; allowed: dev clusters "
+                f"only or non-dev clusters only; split it (e.g. a role {name}-dev with its own ml-keys-<family> policy and keys for "
+                f"{', '.join(dev)}), or, reviewed, add {SPAN_FIELD}: {{reason: <why, {MIN_REASON_CHARS}+ characters>}}")))
+        # An unloadable or unknown cluster is reported on its own; the exception is judged once all of them load.
+        elif role.spans_dev_and_prod_reason is not None and not (dev and other) and len(envs) == len(role.clusters):
+            problems.append(doc.problem(("roles", name, SPAN_FIELD), (
+                f"role {name!r} does not span dev and non-dev clusters (its clusters: {', '.join(role.clusters)}); the exception "
+                f"matches nothing; remove {SPAN_FIELD}")))
+    return problems
 
 
 def _rule_problems(doc: YamlDocument, name: str, role: RoleModel) -> list[Problem]:
@@ -193,6 +242,7 @@ def load_roles_document(path: Path) -> tuple[YamlDocument, dict[str, RoleSpec]]:
             token_bound_cidrs=tuple(role.token_bound_cidrs or ()),
             token_period_seconds=role.token_period,
             line=doc.line_of(("roles", name)),
+            spans_dev_and_prod_reason=role.spans_dev_and_prod.reason if role.spans_dev_and_prod else None,
         )
         for name, role in parsed.items()
     }

@@ -1,16 +1,30 @@
-"""/healthz (database reachable, worker alive) and /metrics (Prometheus text format)."""
+"""/healthz (database reachable, worker alive), /metrics (Prometheus text format) and the API schema.
+
+Only /healthz answers without a token (a load balancer's probe; it says ok or which part is
+down, nothing about runs). /metrics counts every tenant's runs per state and cluster, so it
+needs an admin token (Prometheus: ``authorization: {credentials_file: ...}`` in the scrape
+config); the OpenAPI document needs any API token, tenant or admin (issue 22: both answered
+anyone who could reach the port).
+"""
 
 from __future__ import annotations
 
 import time
 
-from fastapi import APIRouter, Request
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import text
 
+from experiments.auth import Caller
+from experiments.errors import ApiError
+from experiments.routers.deps import caller
+
 router = APIRouter()
 WORKER_STALE_SECONDS = 120
+SCHEMA_PATH = "/api/openapi.json"
 
 
 @router.get("/healthz")
@@ -30,6 +44,14 @@ def healthz(request: Request) -> JSONResponse:
     return JSONResponse({"status": "ok", "database": "ok", "worker": "running" if beat is not None else "starting"})
 
 
-@router.get("/metrics")
-def metrics(request: Request) -> Response:
+@router.get("/metrics", include_in_schema=False)
+def metrics(request: Request, who: Annotated[Caller, Depends(caller)]) -> Response:
+    if not who.admin:
+        raise ApiError(403, "/metrics counts every tenant's runs: it needs an admin token", field="Authorization",
+                       fix="scrape it with an admin token (gpufleet api token create --admin) in the scrape config's credentials_file")
     return Response(generate_latest(request.app.state.ctx.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+@router.get(SCHEMA_PATH, include_in_schema=False)
+def openapi(request: Request, _who: Annotated[Caller, Depends(caller)]) -> JSONResponse:
+    return JSONResponse(request.app.openapi())

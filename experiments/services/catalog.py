@@ -5,16 +5,18 @@ a job file is re-read when it changes on disk."""
 
 from __future__ import annotations
 
+import os
 import threading
 from pathlib import Path
 
 import clusters
 from clusters import repo
 from clusters.derive.tenants import TenantSpec, derive_tenants
-from clusters.errors import ConfigError, UserError
+from clusters.errors import ConfigError, Problem
+from clusters.source import did_you_mean
 from clusters.schema import ClusterConfig
-from experiments.errors import ApiError, split_message
-from jobs.loader import find, load
+from experiments.errors import ApiError
+from jobs.loader import job_files, load
 from jobs.spec import FinetuneSpec
 from jobs.vault_refs import VaultView, load_vault_view
 
@@ -29,14 +31,17 @@ class Catalog:
         self._lock = threading.Lock()
 
     def job(self, name: str) -> FinetuneSpec:
-        """The checked spec of job ``name``; a bad name or file is a 422 on field ``job``."""
-        try:
-            path = find(name, self.jobs_dir)
-        except UserError as exc:
-            error, fix = split_message(str(exc))
-            raise ApiError(422, error, field="job", fix=fix) from None
-        if path.parent.resolve() != self.jobs_dir.resolve():
-            raise ApiError(422, f"job {name!r} is not a job name", field="job", fix=f"name a file in {self.jobs_dir.name}/ without its .yaml suffix")
+        """The checked spec of job ``name``; an unknown name or a bad file is a 422 on field ``job``.
+
+        The name is looked up among the job files' names, never joined into a path: a name with
+        ``/`` or ``..``, or one of a file that exists outside ``jobs/``, gets the very same answer
+        as any unknown name, so the API is no oracle for files on the server (issue 22).
+        """
+        files = {p.stem: p for p in reversed(job_files(self.jobs_dir))}  # .yaml wins over .yml, as jobs.loader.find
+        path = files.get(name)
+        if path is None:
+            raise ApiError(422, f"no job {name!r}{did_you_mean(name, files)}", field="job",
+                           fix=f"allowed: {', '.join(sorted(files)) or '(none)'}; name a job file of {self.jobs_dir.name}/ without its suffix")
         mtime = path.stat().st_mtime
         with self._lock:
             cached = self._cache.get(path)
@@ -45,12 +50,23 @@ class Catalog:
         try:
             spec = load(path, cluster_configs=self.configs, vault=self.vault)
         except ConfigError as exc:
-            first = exc.problems[0]
-            raise ApiError(422, f"job file {path.name} does not pass gpufleet check: {first}", field="job",
+            raise ApiError(422, f"job file {path.name} does not pass gpufleet check: {self._relative(exc.problems[0])}", field="job",
                            fix="fix the job file (gpufleet check lists every problem) and submit again") from None
         with self._lock:
             self._cache[path] = (mtime, spec)
         return spec
+
+    def _relative(self, problem: Problem) -> str:
+        """The problem with paths relative to the repository (the parent of jobs/): an API answer never
+        carries the server's absolute paths."""
+        root = self.jobs_dir.resolve().parent
+        file = Path(problem.file)
+        try:
+            shown = str(file.resolve().relative_to(root)) if file.is_absolute() else problem.file
+        except ValueError:
+            shown = file.name
+        message = problem.message.replace(f"{root}{os.sep}", "").replace(str(root), ".")
+        return str(Problem(shown, problem.line, problem.field, message))
 
     def region(self, cluster: str) -> str | None:
         config = self._by_name.get(cluster)

@@ -167,17 +167,25 @@ def events_of(session: Session, exp: Experiment) -> Sequence[Event]:
 
 def cancel(session: Session, caller: Caller, experiment_id: str, *, now: datetime) -> Experiment:
     """Pending (never handed to the scheduler): cancelled at once. Later: the stop is recorded
-    here and carried out by the reconciler, which stops the run on the scheduler first."""
+    here and carried out by the reconciler, which stops the run on the scheduler first.
+
+    A cancel of a run whose stop is already requested changes nothing, so it writes nothing:
+    the event log holds requests that changed something, and a caller repeating the same cancel
+    cannot grow it without bound (issue 22). The row is locked so two concurrent cancels record one.
+    """
     with session.begin():
         exp = get_visible(session, caller, experiment_id)
+        session.refresh(exp, with_for_update=True)
         if State(exp.state) in TERMINAL:
             raise ApiError(409, f"experiment {exp.id} is already {exp.state}", field="id", fix="nothing to cancel; submit a new experiment to run it again")
+        if exp.cancel_requested_at is not None:
+            return exp
         outbox = session.get(Outbox, exp.id, with_for_update=True)
         record(session, experiment_id=exp.id, actor=caller.subject, kind="request", message="cancel requested", now=now)
         if exp.state == State.PENDING.value and outbox is not None and outbox.attempts == 0 and outbox.lease_until is None:
             session.delete(outbox)
             transition(session, exp, State.CANCELLED, actor=caller.subject, now=now, reason=f"cancelled by {caller.subject} before dispatch")
-        elif exp.cancel_requested_at is None:
+        else:
             exp.cancel_requested_at = now
             exp.updated_at = now
     return exp

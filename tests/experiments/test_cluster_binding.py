@@ -24,7 +24,7 @@ from tests.jobs.k8s_double import K8sDouble
 def _metric(svc, name: str) -> dict[str, float]:
     """``name``'s samples from /metrics: label text (or "") -> value."""
     out = {}
-    for line in svc.client.get("/metrics").text.splitlines():
+    for line in svc.client.get("/metrics", headers=svc.token(None, admin=True)).text.splitlines():
         if m := re.match(rf"^{name}(\{{[^}}]*\}})? (\S+)$", line):
             out[m.group(1) or ""] = float(m.group(2))
     return out

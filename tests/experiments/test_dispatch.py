@@ -135,7 +135,7 @@ def test_exactly_once_when_nomad_answers_503_then_times_out(make_service, sqlite
     svc.step()
     assert len(nomad.dispatched(PARENT)) == 1 and set(_dispatch_tokens(nomad)) == {exp["id"]}
     assert _state(svc, exp["id"], headers)["status"] == "provisioning"
-    metrics = svc.client.get("/metrics").text
+    metrics = svc.client.get("/metrics", headers=svc.token(None, admin=True)).text
     assert "gpufleet_dispatch_errors_total 1.0" in metrics and 'gpufleet_experiments{state="provisioning"} 1.0' in metrics
 
 

@@ -55,7 +55,7 @@ BAD = [
     ("memory-over-gpu", _set(("gpu", "min_memory_gib"), 80), "gpu.min_memory_gib", r"80 GiB is more than pool a100's GPU has: NVIDIA A100-SXM4-40GB reports 40960 MiB = 40.00 GiB to Nomad .*; allowed: <= 40"),
     ("model-mismatch", _set(("gpu", "model"), "H100"), "gpu.model", r"pattern 'H100' does not match pool a100's GPU model as NVML names it \('NVIDIA A100-SXM4-40GB'\).*e\.g\. 'A100-SXM4-40GB'"),
     ("model-bad-regex", _set(("gpu", "model"), "A100("), "gpu.model", r"is not a regular expression"),
-    ("role-typo", _set(("secrets", "role"), "finetuning"), "secrets.role", r"Vault role 'finetuning' does not exist in vault_policies/roles.yaml \(did you mean 'finetune'\?\); allowed: eval, finetune"),
+    ("role-typo", _set(("secrets", "role"), "finetuning"), "secrets.role", r"Vault role 'finetuning' does not exist in vault_policies/roles.yaml \(did you mean 'finetune'\?\); allowed: eval, eval-dev, finetune"),
     ("path-not-readable", _set(("secrets", "env", "HF_TOKEN"), "ml-api-keys/openai#api_key"), "secrets.env.HF_TOKEN", r"ml-api-keys/openai is not readable by role finetune \(policies ml-keys-finetune\); readable: ml-api-keys/huggingface, ml-api-keys/wandb"),
     ("ref-without-key", _set(("secrets", "env", "HF_TOKEN"), "ml-api-keys/huggingface"), "secrets.env.HF_TOKEN", r"not a Vault reference \('ml-api-keys/huggingface'\); write <path under the secret/ mount>#<key>"),
     ("secret-literal-in-secrets", _set(("secrets", "env", "HF_TOKEN"), FAKE_HF), "secrets.env.HF_TOKEN", r"looks like the secret itself \(not shown\)"),

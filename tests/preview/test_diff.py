@@ -72,15 +72,18 @@ def test_fails_when_a_protected_resource_is_destroyed_and_allow_destroy_keeps_it
     assert [(f.kind, f.qualified, f.protected, f.blocking) for f in result.findings] == [
         (Kind.DESTROYED, "s/t_other.b", False, False), (Kind.DESTROYED, "s/t_pool.a", True, True)]
     assert result.exit_code == ExitCode.BLOCKED
-    allowed = preview(base, head, HAND, protected_types=frozenset({"t_pool"}), allow_destroy=["t_pool.a"])
+    allowed = preview(base, head, HAND, protected_types=frozenset({"t_pool"}), allow_destroy=["s/t_pool.a"])
     assert allowed.exit_code == ExitCode.CHANGES and allowed.findings[1].allowed
 
 
-def test_allow_destroy_that_matches_nothing_or_several_stacks_is_a_user_error():
+def test_allow_destroy_that_is_bare_or_matches_nothing_is_a_user_error():
+    """A bare address is refused even when only one stack destroys it (it was a "fleet-unique" match)."""
     base = {"s1": stack(t_pool__a={"name": "a"}), "s2": stack(t_pool__a={"name": "a"})}
     head = {"s1": stack(), "s2": stack()}
-    with pytest.raises(AllowError, match="matches 2 stacks; qualify it as one of s1/t_pool.a, s2/t_pool.a"):
+    with pytest.raises(AllowError, match=r"bare address is refused .*name its stack: --allow-destroy s1/t_pool.a, s2/t_pool.a$"):
         preview(base, head, HAND, protected_types=frozenset({"t_pool"}), allow_destroy=["t_pool.a"])
+    with pytest.raises(AllowError, match=r"name its stack: --allow-destroy s1/t_pool.a$"):
+        preview(base, {"s1": stack(), "s2": base["s2"]}, HAND, protected_types=frozenset({"t_pool"}), allow_destroy=["t_pool.a"])
     with pytest.raises(AllowError, match="matches no destroyed"):
         preview(base, head, HAND, protected_types=frozenset({"t_pool"}), allow_destroy=["s1/t_pool.typo"])
 

@@ -107,6 +107,19 @@ def test_rename_kept_by_allow_destroy_exits_3(repo, cache_dir, tmp_path):
     assert [f["allowed"] for s in report["stacks"] for f in s["findings"] if f["protected"]] == [True]
 
 
+def test_fails_when_allow_destroy_is_a_bare_address(repo, cache_dir, tmp_path, capsys):
+    """Issue 22: a bare address was accepted as "fleet-unique" and allowed the rename; now it is refused with the form."""
+    cluster = repo / "clusters/prod-gke.yaml"
+    edit(cluster, "  - name: h100\n", "  - name: h200\n")
+    edit(cluster, "gpu_quota: {h100: 24,", "gpu_quota: {h200: 24,")
+    edit(cluster, "gpu_quota: {h100: 8,", "gpu_quota: {h200: 8,")
+    rc, report = run(repo, cache_dir, tmp_path, "--allow-destroy", "google_container_node_pool.pool_h100")
+    assert rc == 2 and report == {}
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "error: --allow-destroy google_container_node_pool.pool_h100: a bare address is refused (it would allow that address in "
+        "every stack); name its stack: --allow-destroy prod-gke/google_container_node_pool.pool_h100"]
+
+
 def test_static_ip_description_changed_replaces_the_ip(repo, cache_dir, tmp_path):
     edit(repo / "clusters/prod-gke.yaml", "description: training dashboards and TensorBoard ingress", "description: dashboards")
     rc, report = run(repo, cache_dir, tmp_path)
@@ -287,3 +300,73 @@ def test_the_code_hash_covers_every_package_synthesis_imports():
                      if target in project and target not in SYNTH_PACKAGES)
     assert outside == []
     assert "gpufleet" not in SYNTH_PACKAGES
+
+
+def _renamed_pool_committed_on(tmp_path: Path, fleet_repo: Path, branch: str) -> Path:
+    """A fleet repository whose only branch is ``branch``: the base commit, then a *committed*
+    rename of the protected prod-gke h100 pool; the working tree is clean."""
+    other = tmp_path / f"on-{branch}"
+    shutil.copytree(fleet_repo, other, ignore=shutil.ignore_patterns(".git", "cdktf.out"))
+    git(other, "init", "-q", "-b", branch)
+    git(other, "add", "-A")
+    git(other, "commit", "-qm", "base")
+    cluster = other / "clusters/prod-gke.yaml"
+    edit(cluster, "  - name: h100\n", "  - name: h200\n")
+    edit(cluster, "gpu_quota: {h100: 24,", "gpu_quota: {h200: 24,")
+    edit(cluster, "gpu_quota: {h100: 8,", "gpu_quota: {h200: 8,")
+    git(other, "commit", "-qam", "rename the h100 pool")
+    return other
+
+
+def test_fails_when_no_base_exists_instead_of_comparing_head_with_itself(fleet_repo, cache_dir, tmp_path, monkeypatch, capsys):
+    """Issue 22: with no main or origin/main, the default base was HEAD, so a committed rename of a
+    protected pool previewed as "no changes", exit 0. Now: one line naming every ref tried, exit 2."""
+    monkeypatch.delenv("GPUFLEET_BASE_REF", raising=False)
+    other = _renamed_pool_committed_on(tmp_path, fleet_repo, "trunk")
+    out = tmp_path / "preview.json"
+    rc = main(["--repo", str(other), "preview", "--cache-dir", str(cache_dir), "--json-out", str(out)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and not out.exists()
+    assert err == [f"error: no base to compare with in {other}: tried GPUFLEET_BASE_REF (unset), origin/main, main, none exists; "
+                   "fetch main (git fetch origin main), or name the base with --base <ref> or GPUFLEET_BASE_REF"]
+
+
+def test_fails_when_the_named_base_ref_does_not_exist(fleet_repo, cache_dir, tmp_path, monkeypatch, capsys):
+    """A typo in GPUFLEET_BASE_REF was dropped silently (main served instead); it is now named and refused."""
+    other = _renamed_pool_committed_on(tmp_path, fleet_repo, "main")
+    monkeypatch.setenv("GPUFLEET_BASE_REF", "orign/main")
+    out = tmp_path / "preview.json"
+    rc = main(["--repo", str(other), "preview", "--cache-dir", str(cache_dir), "--json-out", str(out)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and not out.exists()
+    assert err == [f"error: GPUFLEET_BASE_REF=orign/main: not a commit in {other}; set it to an existing branch, tag or commit "
+                   "(e.g. origin/main), or unset it to use origin/main or main"]
+
+
+def test_named_base_that_exists_previews_the_committed_rename(fleet_repo, cache_dir, tmp_path, monkeypatch):
+    """The same repository with the base named (a tag on the first commit): the committed rename is blocked."""
+    other = _renamed_pool_committed_on(tmp_path, fleet_repo, "trunk")
+    git(other, "tag", "reviewed", "HEAD~1")
+    monkeypatch.setenv("GPUFLEET_BASE_REF", "reviewed")
+    out = tmp_path / "preview.json"
+    rc = main(["--repo", str(other), "preview", "--cache-dir", str(cache_dir), "--json-out", str(out)])
+    report = json.loads(out.read_text())
+    assert rc == 4 and report["blocking"] == ["prod-gke/google_container_node_pool.pool_h100"]
+
+
+def test_check_fails_its_destroys_step_when_no_base_exists(fleet_repo, tmp_path, monkeypatch):
+    """``gpufleet check`` shares the rule: no base is a failed step naming what was tried, not a silent pass."""
+    from review.checks import CheckReport, _destroys
+
+    import clusters
+
+    monkeypatch.delenv("GPUFLEET_BASE_REF", raising=False)
+    other = _renamed_pool_committed_on(tmp_path, fleet_repo, "trunk")
+    clusters.repo.use(other)
+    try:
+        report = CheckReport()
+        _destroys(report, clusters.load_all(other / "clusters"))
+    finally:
+        clusters.repo.use(None)
+    assert report.rows == [("destroys", False, "no base to compare with")]
+    assert report.details[0].startswith(f"destroy: no base to compare with in {other}: tried GPUFLEET_BASE_REF (unset), origin/main, main")

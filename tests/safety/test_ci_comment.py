@@ -54,7 +54,7 @@ def test_mixed_results_read_right(artifacts: Path) -> None:
     assert "<details><summary>prod-gke-scheduler: 1 resource change(s)</summary>" in body
     assert "| replace | `terraform_data.pool` | ⛔ blocked |" in body
     assert "<details><summary>dev-gke" not in body
-    assert "--allow-destroy <address>" in body and "it never applies" in body
+    assert "--allow-destroy <stack>/<address>" in body and "it never applies" in body
 
 
 def test_comment_is_deterministic(artifacts: Path) -> None:

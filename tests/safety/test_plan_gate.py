@@ -37,7 +37,7 @@ def test_delete_of_protected_resource_is_blocked(plans: dict[str, Path]) -> None
 
 
 def test_allowed_address_passes(plans: dict[str, Path]) -> None:
-    result = gate(plans["replace"], allow_destroy=["terraform_data.pool"])
+    result = gate(plans["replace"], stack="demo", allow_destroy=["demo/terraform_data.pool"])
     assert result.blocked == () and result.status is Status.CHANGES and result.exit_code is ExitCode.CHANGES
 
 
@@ -62,8 +62,8 @@ def test_reviewed_import_address_is_protected_whatever_its_type(plans: dict[str,
 
 
 def test_fails_when_allow_destroy_matches_nothing(plans: dict[str, Path]) -> None:
-    with pytest.raises(UserError, match=r"--allow-destroy terraform_data\.pol matches no .*did you mean 'terraform_data\.pool'"):
-        gate(plans["replace"], allow_destroy=["terraform_data.pol"])
+    with pytest.raises(UserError, match=r"--allow-destroy demo/terraform_data\.pol matches no .*did you mean 'demo/terraform_data\.pool'"):
+        gate(plans["replace"], stack="demo", allow_destroy=["demo/terraform_data.pol"])
 
 
 def test_fails_when_plan_is_missing(tmp_path: Path) -> None:
@@ -99,10 +99,10 @@ def test_gate_cli_exit_codes_and_summary(plans: dict[str, Path], tmp_path: Path,
     args = ["gate", str(plans["replace"]), "--protected-type", "terraform_data", "--stack", "demo", "--summary-out", str(summary)]
     assert main(args) == ExitCode.BLOCKED
     out = capsys.readouterr().out
-    assert "blocked replace of protected terraform_data.pool" in out and "--allow-destroy terraform_data.pool" in out
+    assert "blocked replace of protected terraform_data.pool" in out and "--allow-destroy demo/terraform_data.pool" in out
     data = json.loads(summary.read_text())
     assert data["stack"] == "demo" and data["status"] == "blocked" and data["blocked"] == ["terraform_data.pool"]
-    assert main([*args, "--allow-destroy", "terraform_data.pool"]) == ExitCode.CHANGES
+    assert main([*args, "--allow-destroy", "demo/terraform_data.pool"]) == ExitCode.CHANGES
     assert json.loads(summary.read_text())["status"] == "changes"
     assert main(["gate", str(plans["noop"]), "--protected-type", "terraform_data"]) == ExitCode.NO_CHANGES
 
@@ -122,7 +122,7 @@ def test_plan_cli_runs_terraform_and_gates(stack_out: Path, tmp_path: Path, caps
     common = ["plan", "demo", "--out-dir", str(stack_out), "--protected-type", "terraform_data", "--summary-out", str(summary)]
     assert main(common) == ExitCode.BLOCKED
     assert json.loads(summary.read_text())["blocked"] == ["terraform_data.pool"]
-    assert main([*common, "--allow-destroy", "terraform_data.pool"]) == ExitCode.CHANGES
+    assert main([*common, "--allow-destroy", "demo/terraform_data.pool"]) == ExitCode.CHANGES
     assert "demo: " in capsys.readouterr().out
 
 
@@ -150,3 +150,37 @@ def test_terraform_failure_exits_1_with_error_summary(tmp_path: Path, capsys: py
     assert main(["plan", "broken", "--out-dir", str(tmp_path), "--summary-out", str(summary)]) == ExitCode.TERRAFORM_FAILED
     assert "no_such_argument" in capsys.readouterr().err
     assert json.loads(summary.read_text())["error"] == "terraform plan failed: Error: Extraneous JSON object property"
+
+
+def test_fails_when_allow_destroy_is_a_bare_address(stack_out: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 22: a bare address was accepted by `gpufleet plan`, so the same flags allowed that address in every
+    stack they were used on. Now only <stack>/<address> of the planned stack passes; the refusal names the form."""
+    summary = tmp_path / "s.json"
+    common = ["plan", "demo", "--out-dir", str(stack_out), "--protected-type", "terraform_data", "--summary-out", str(summary)]
+    assert main([*common, "--allow-destroy", "terraform_data.pool"]) == ExitCode.USER_ERROR
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "error: --allow-destroy terraform_data.pool: a bare address is refused (it would allow that address in every stack); "
+        "name its stack: --allow-destroy demo/terraform_data.pool"]
+    assert json.loads(summary.read_text())["status"] == "error"
+    assert main([*common, "--allow-destroy", "prod-gke/terraform_data.pool"]) == ExitCode.USER_ERROR
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "error: --allow-destroy prod-gke/terraform_data.pool: names stack 'prod-gke', but this plan is of stack 'demo'; "
+        "pass demo/terraform_data.pool if that is meant, or drop the entry"]
+
+
+def test_fails_when_gate_allows_without_knowing_the_stack(plans: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["gate", str(plans["replace"]), "--protected-type", "terraform_data"]
+    assert main([*args, "--allow-destroy", "terraform_data.pool"]) == ExitCode.USER_ERROR
+    assert "a bare address is refused" in capsys.readouterr().err
+    assert main([*args, "--allow-destroy", "demo/terraform_data.pool"]) == ExitCode.USER_ERROR
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "error: --allow-destroy demo/terraform_data.pool: the plan's stack is unknown; pass --stack demo so the gate can check "
+        "the entry names this plan's stack"]
+    assert main([*args, "--stack", "demo", "--allow-destroy", "demo/terraform_data.pool"]) == ExitCode.CHANGES
+
+
+def test_bare_address_inside_an_index_key_is_not_read_as_a_stack() -> None:
+    from safety.plan_gate import split_allow
+
+    assert split_allow('google_compute_address.ip["a/b"]') is None
+    assert split_allow('prod-gke/google_compute_address.ip["a/b"]') == ("prod-gke", 'google_compute_address.ip["a/b"]')

@@ -47,9 +47,9 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
     tf(demo, "apply", "-auto-approve", "-input=false")
     _write(demo, REPLACE_POOL)
     sums = tmp_path_factory.mktemp("pd-summaries")
-    results = {"plain": _plan(out, sums / "plain.json"), "allowed": _plan(out, sums / "allowed.json", "--allow-destroy", "terraform_data.pool")}
+    results = {"plain": _plan(out, sums / "plain.json"), "allowed": _plan(out, sums / "allowed.json", "--allow-destroy", "demo/terraform_data.pool")}
     results["allowed"]["plan"] = json.loads((demo / terraform.PLAN_JSON).read_text())
-    results["other"] = _plan(out, sums / "other.json", "--allow-destroy", "terraform_data.ip")
+    results["other"] = _plan(out, sums / "other.json", "--allow-destroy", "demo/terraform_data.ip")
     results["dir"] = {"demo": demo, "leftovers": sorted(p.name for p in (out / "stacks").iterdir())}
     return results
 
@@ -61,7 +61,7 @@ def test_replace_of_prevent_destroy_resource_is_blocked_not_a_terraform_error(ru
     assert plain["summary"]["changes"][0] | {"address": "terraform_data.pool", "action": "replace", "blocked": True} == plain["summary"]["changes"][0]
     assert "prevent_destroy" in plain["summary"]["note"]
     assert "blocked replace of protected terraform_data.pool" in plain["out"]
-    assert "--allow-destroy terraform_data.pool" in plain["out"]
+    assert "--allow-destroy demo/terraform_data.pool" in plain["out"]
 
 
 def test_allow_destroy_plans_a_lifted_copy_and_shows_the_real_replace(runs: dict) -> None:

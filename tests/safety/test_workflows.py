@@ -64,6 +64,16 @@ def test_plan_matrix_comes_from_gpufleet_stacks_and_every_stack_is_checked_gated
     assert "gpufleet ci comment" in comment and "--expected" in comment
 
 
+def test_plan_jobs_check_against_the_pull_requests_base_commit() -> None:
+    """`gpufleet check` fails closed without a base (issue 22), and a PR checkout has no main branch:
+    the job names the base commit and fetches the history that holds it."""
+    plan = load("plan.yml")["jobs"]["plan"]["steps"]
+    (check,) = [s for s in plan if s.get("run") == "gpufleet check"]
+    assert check["env"] == {"GPUFLEET_BASE_REF": "${{ github.event.pull_request.base.sha }}"}
+    (checkout,) = [s for s in plan if s.get("uses", "").startswith("actions/checkout@")]
+    assert checkout["with"]["fetch-depth"] == 0
+
+
 def test_drift_is_scheduled_and_plans_with_detailed_exitcode() -> None:
     workflow = load("drift.yml")
     assert workflow["on"]["schedule"] and "pull_request" not in workflow["on"]

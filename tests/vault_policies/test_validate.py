@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -47,7 +50,7 @@ def _messages(repo: Path) -> str:
 def test_repo_definitions_are_valid() -> None:
     assert check(REPO_ROOT) == []
     definitions = load_definitions(REPO_ROOT)
-    assert set(definitions.roles) == {"finetune", "eval"}
+    assert set(definitions.roles) == {"finetune", "eval", "eval-dev"}
     assert definitions.roles["finetune"].policies == ("ml-keys-finetune",)
     assert all(role.secret_id_num_uses == 1 for role in definitions.roles.values())
 
@@ -263,3 +266,74 @@ def test_a_repeated_block_or_key_is_refused(tmp_path, body, field):
     assert any(field in p.field and "twice" in p.message for p in problems), problems
     file.write_text(good)
     assert parse_policy(file)[1] == []
+
+
+# -- issue 22: a role may not span dev and non-dev clusters; a job policy reads only its family's keys --
+
+SPANNING = "    clusters: [prod-gke, prod-nomad]\n    token_ttl: 5m\n    token_max_ttl: 4h"
+
+
+def _render(repo: Path) -> subprocess.CompletedProcess[str]:
+    gpufleet = Path(sys.executable).parent / "gpufleet"
+    return subprocess.run([str(gpufleet), "vault", "render", "--repo", str(repo)], capture_output=True, text=True, timeout=120)
+
+
+def test_fails_when_a_role_spans_a_dev_and_prod_clusters(repo: Path) -> None:
+    """The red team's finding: the eval role bound to dev-gke and the prod clusters was accepted, so any dev
+    pod (sandbox tenant, everyone group) could log in as eval and read the prod OpenAI key. `gpufleet vault
+    render` (and check, and the sync, through the same validation) now refuses it in one line."""
+    _edit_roles(repo, SPANNING, SPANNING.replace("[prod-gke, prod-nomad]", "[prod-gke, prod-nomad, dev-gke]"))
+    done = _render(repo)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in done.stderr
+    assert lines[0].startswith(f"error: {_roles(repo)}:")
+    assert ("roles.eval.clusters: role 'eval' spans dev cluster(s) dev-gke and non-dev cluster(s) prod-gke (prod), prod-nomad (prod): "
+            "every dev pod (the sandbox tenant, the everyone group) could log in as it and read its production keys") in lines[0]
+    assert "add spans_dev_and_prod: {reason: <why, 10+ characters>}" in lines[0]
+    with pytest.raises(ConfigError, match="spans dev cluster"):
+        load_definitions(repo)  # the sync writes nothing
+
+
+def test_a_reviewed_exception_lets_a_role_span_dev_and_prod(repo: Path) -> None:
+    _edit_roles(repo, SPANNING, SPANNING.replace("[prod-gke, prod-nomad]", "[prod-gke, prod-nomad, dev-gke]")
+                + "\n    spans_dev_and_prod: {reason: eval suite calibration runs on dev before each prod release}")
+    render(repo)
+    assert check(repo) == []
+    assert load_definitions(repo).roles["eval"].spans_dev_and_prod_reason == "eval suite calibration runs on dev before each prod release"
+
+
+@pytest.mark.parametrize(("clusters", "reason", "message"), [
+    ("[prod-gke, prod-nomad, dev-gke]", "because", r"roles\.eval\.spans_dev_and_prod\.reason: 'because' is too short to review"),
+    ("[prod-gke, prod-nomad]", "eval suite calibration runs", r"roles\.eval\.spans_dev_and_prod: role 'eval' does not span dev and non-dev "
+                                                               r"clusters .*the exception matches nothing; remove spans_dev_and_prod"),
+])
+def test_fails_when_the_span_exception_is_unreviewable_or_matches_nothing(repo: Path, clusters: str, reason: str, message: str) -> None:
+    _edit_roles(repo, SPANNING, SPANNING.replace("[prod-gke, prod-nomad]", clusters) + f"\n    spans_dev_and_prod: {{reason: {reason}}}")
+    assert re.search(message, _messages(repo)), _messages(repo)
+
+
+@pytest.mark.parametrize("path", ["secret/data/ml-api-keys/huggingface", "secret/data/ml-api-keys/*", "secret/data/ml-api-keys/+"])
+def test_fails_when_a_job_policy_grants_another_familys_key_path(repo: Path, path: str) -> None:
+    """ml-keys-eval reaching the fine-tune family's Hugging Face token (by name or by a glob) is its own refusal."""
+    policy = repo / "vault_policies" / "policies" / "ml-keys-eval.hcl"
+    policy.write_text(policy.read_text() + f'\npath "{path}" {{\n  capabilities = ["read"]\n  denied_parameters = {{\n    "version" = []\n  }}\n}}\n')
+    messages = [str(p) for p in check(repo) if "a key path of family" in str(p) and str(p).startswith(f"{policy}:")]
+    assert messages and all(f'path "{path}": grants' in m for m in messages), _messages(repo)
+    assert any("'secret/data/ml-api-keys/huggingface', a key path of family 'finetune' (ml-keys-finetune.hcl:4)" in m
+               and "give family 'eval' its own key (e.g. secret/data/ml-api-keys/huggingface-eval)" in m for m in messages)
+    done = _render(repo)
+    assert done.returncode == 2 and "a key path of family 'finetune'" in done.stderr
+
+
+def test_a_key_path_two_families_name_is_refused_on_both_sides(repo: Path) -> None:
+    _policy(repo, "ml-keys-judge", 'path "secret/data/ml-api-keys/openai" {\n  capabilities = ["read"]\n  denied_parameters = {\n'
+                                   '    "version" = []\n  }\n}\n')
+    found = sorted(p.file.rsplit("/", 1)[-1] for p in check(repo) if "a key path of family" in p.message)
+    assert found == ["ml-keys-eval.hcl", "ml-keys-judge.hcl"]
+
+
+def test_a_familys_own_sub_tree_glob_is_not_another_familys_path(repo: Path) -> None:
+    _policy(repo, "ml-keys-judge", 'path "secret/data/ml-api-keys/judge/*" {\n  capabilities = ["read"]\n  denied_parameters = {\n'
+                                   '    "version" = []\n  }\n}\n')
+    assert [p for p in check(repo) if "a key path of family" in p.message] == []

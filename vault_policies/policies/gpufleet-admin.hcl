@@ -36,6 +36,12 @@ path "sys/policies/acl/ml-keys-eval" {
     "policy" = ["# managed-by: gpufleet (vault_policies/policies/ml-keys-eval.hcl)\n# Evaluation runs call the OpenAI API as a judge model; they need nothing else.\n# Current version only: denied_parameters refuses ?version=N (rotated-out keys).\npath \"secret/data/ml-api-keys/openai\" {\n  capabilities = [\"read\"]\n  denied_parameters = {\n    \"version\" = []\n  }\n}\n"]
   }
 }
+path "sys/policies/acl/ml-keys-eval-dev" {
+  capabilities = ["create", "update", "read"]
+  allowed_parameters = {
+    "policy" = ["# managed-by: gpufleet (vault_policies/policies/ml-keys-eval-dev.hcl)\n# Evaluation runs on dev clusters call the OpenAI API as a judge model with a dev key of their\n# own (a key belongs to one family: the prod eval key stays out of every dev pod's reach).\n# Current version only: denied_parameters refuses ?version=N (rotated-out keys).\npath \"secret/data/ml-api-keys/openai-dev\" {\n  capabilities = [\"read\"]\n  denied_parameters = {\n    \"version\" = []\n  }\n}\n"]
+  }
+}
 path "sys/policies/acl/ml-keys-finetune" {
   capabilities = ["create", "update", "read"]
   allowed_parameters = {
@@ -68,14 +74,31 @@ path "auth/approle/role/eval" {
   capabilities = ["create", "update", "read"]
   allowed_parameters = {
     "bind_secret_id" = ["true"]
-    "secret_id_bound_cidrs" = ["10.50.0.0/20,10.64.0.0/14,10.96.0.0/14"]
+    "secret_id_bound_cidrs" = ["10.50.0.0/20,10.64.0.0/14"]
     "secret_id_num_uses" = ["1"]
     "secret_id_ttl" = ["1800"]
-    "token_bound_cidrs" = ["10.50.0.0/20,10.64.0.0/14,10.96.0.0/14"]
+    "token_bound_cidrs" = ["10.50.0.0/20,10.64.0.0/14"]
     "token_max_ttl" = ["14400"]
     "token_num_uses" = ["0"]
     "token_period" = ["0"]
     "token_policies" = ["ml-keys-eval"]
+    "token_ttl" = ["300"]
+    "token_type" = ["service"]
+  }
+}
+
+path "auth/approle/role/eval-dev" {
+  capabilities = ["create", "update", "read"]
+  allowed_parameters = {
+    "bind_secret_id" = ["true"]
+    "secret_id_bound_cidrs" = ["10.96.0.0/14"]
+    "secret_id_num_uses" = ["1"]
+    "secret_id_ttl" = ["1800"]
+    "token_bound_cidrs" = ["10.96.0.0/14"]
+    "token_max_ttl" = ["14400"]
+    "token_num_uses" = ["0"]
+    "token_period" = ["0"]
+    "token_policies" = ["ml-keys-eval-dev"]
     "token_ttl" = ["300"]
     "token_type" = ["service"]
   }

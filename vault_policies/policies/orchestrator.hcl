@@ -9,9 +9,9 @@ path "auth/approle/role/eval/secret-id" {
   max_wrapping_ttl = "1800s"
   required_parameters = ["cidr_list", "num_uses", "token_bound_cidrs"]
   allowed_parameters = {
-    "cidr_list" = ["10.50.0.0/20,10.64.0.0/14,10.96.0.0/14"]
+    "cidr_list" = ["10.50.0.0/20,10.64.0.0/14"]
     "num_uses" = ["1"]
-    "token_bound_cidrs" = ["10.50.0.0/20,10.64.0.0/14,10.96.0.0/14"]
+    "token_bound_cidrs" = ["10.50.0.0/20,10.64.0.0/14"]
   }
 }
 
@@ -24,6 +24,30 @@ path "auth/approle/role/eval/secret-id-bound-cidrs" {
   capabilities = ["read"]
 }
 path "auth/approle/role/eval/token-bound-cidrs" {
+  capabilities = ["read"]
+}
+
+path "auth/approle/role/eval-dev/secret-id" {
+  capabilities = ["update"]
+  min_wrapping_ttl = "60s"
+  max_wrapping_ttl = "1800s"
+  required_parameters = ["cidr_list", "num_uses", "token_bound_cidrs"]
+  allowed_parameters = {
+    "cidr_list" = ["10.96.0.0/14"]
+    "num_uses" = ["1"]
+    "token_bound_cidrs" = ["10.96.0.0/14"]
+  }
+}
+
+# role_ids are not secret; the dispatcher passes them beside the wrapping token and
+# reads the role's CIDR bindings to repeat them on each secret_id.
+path "auth/approle/role/eval-dev/role-id" {
+  capabilities = ["read"]
+}
+path "auth/approle/role/eval-dev/secret-id-bound-cidrs" {
+  capabilities = ["read"]
+}
+path "auth/approle/role/eval-dev/token-bound-cidrs" {
   capabilities = ["read"]
 }
 
