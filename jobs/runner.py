@@ -216,6 +216,16 @@ class NomadRunner:
             raise SchedulerUnavailable(failures[0])
         return out
 
+    def identity(self) -> str:
+        """Which cluster answers at this client's address (``jobs.nomad.identity``)."""
+        from jobs.nomad.client import NomadError
+        from jobs.nomad.identity import identity
+
+        try:
+            return identity(self._client.server_members())
+        except (NomadError, ValueError) as exc:
+            raise SchedulerUnavailable(str(exc)) from None
+
     def stop(self, run_id: str) -> None:
         from jobs.nomad.client import NomadError
 
@@ -348,6 +358,16 @@ class GkeRunner:
             raise SchedulerUnavailable(failures[0])
         return out
 
+    def identity(self) -> str:
+        """Which cluster answers through this client's context (``jobs.k8s.identity``)."""
+        from jobs.k8s.client import K8sError
+        from jobs.k8s.identity import identity
+
+        try:
+            return identity(self._client.cluster_namespace())
+        except (K8sError, ValueError) as exc:
+            raise SchedulerUnavailable(str(exc)) from None
+
     def stop(self, run_id: str) -> None:
         from jobs.k8s.client import K8sError, K8sRunGone
 
@@ -421,6 +441,17 @@ class Runners:
         if failures and not out:
             raise failures[0]
         return out
+
+
+def same_scheduler(recorded: str, answering: str) -> bool:
+    """Two identities (``Runner.identity``) name the same cluster, by the rule of its scheduler."""
+    from jobs.k8s import identity as k8s_identity
+    from jobs.nomad import identity as nomad_identity
+
+    for side in (nomad_identity, k8s_identity):
+        if recorded.startswith(f"{side.PREFIX} ") and answering.startswith(f"{side.PREFIX} "):
+            return side.same(recorded, answering)
+    return False
 
 
 def poll(runner: Runner, run_ids: Sequence[str], known: Mapping[str, str]) -> dict[str, Polled]:

@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 
 from experiments.background.context import Context, log
+from experiments.binding import confirm
 from experiments.background.dispatch import process_outbox
 from experiments.background.reap import process_overdue
 from experiments.background.reconcile import process_scheduled
@@ -32,8 +33,14 @@ def _timed_reconcile(ctx: Context) -> int:
         ctx.metrics.reconcile_seconds.observe(time.monotonic() - started)
 
 
-DISPATCH_STEPS: tuple[Step, ...] = (process_outbox,)
-FOLLOW_STEPS: tuple[Step, ...] = (_timed_reconcile, process_overdue)
+def refresh_bindings(ctx: Context) -> int:
+    """Which scheduler answers for each bound cluster, when that check is due (``experiments.binding``)."""
+    confirm(ctx.runner, ctx.sessions, ctx.clock())
+    return 0
+
+
+DISPATCH_STEPS: tuple[Step, ...] = (refresh_bindings, process_outbox)
+FOLLOW_STEPS: tuple[Step, ...] = (refresh_bindings, _timed_reconcile, process_overdue)
 
 
 def _run(ctx: Context, steps: tuple[Step, ...]) -> None:
@@ -47,7 +54,7 @@ def _run(ctx: Context, steps: tuple[Step, ...]) -> None:
 def run_once(ctx: Context) -> None:
     """One pass of every step in order (tests and tools that step the service by hand); a
     failing step is logged and the others still run."""
-    _run(ctx, DISPATCH_STEPS + FOLLOW_STEPS)
+    _run(ctx, tuple(dict.fromkeys(DISPATCH_STEPS + FOLLOW_STEPS)))
 
 
 class Worker:

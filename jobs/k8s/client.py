@@ -200,6 +200,11 @@ class K8sClient:
                             KUEUE_GROUP, KUEUE_VERSION, namespace, "workloads", label_selector=f"{JOB_UID_LABEL}={job_uid}", limit=PAGE_LIMIT)
         return list((answer or {}).get("items") or [])
 
+    def cluster_namespace(self) -> dict[str, Any]:
+        """The ``kube-system`` Namespace, what ``jobs.k8s.identity`` names the cluster by."""
+        answer = self._call("read Namespace kube-system (the cluster's identity)", self._core.read_namespace, "kube-system")
+        return answer or {}
+
     def list_tracked(self, namespace: str, names: Sequence[str], budget: ListBudget) -> TrackedRuns:
         """The Jobs named ``names`` (runs the control plane made and tracks) and their Workloads.
 

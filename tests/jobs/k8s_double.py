@@ -148,6 +148,7 @@ class K8sDouble:
         """``namespaces``: namespace -> names of its Kueue LocalQueues."""
         self.namespaces = namespaces
         self.token = token
+        self.cluster_uid = str(uuid.uuid4())  # the kube-system Namespace's uid: this cluster's identity
         self.store = _Store()
         self.requests: list[Recorded] = []
         self.faults: list[Fault] = []
@@ -258,6 +259,8 @@ class K8sDouble:
         return group_version, rest[1], rest[0], rest[2] if len(rest) > 2 else None
 
     def _route(self, method: str, path: str, query: dict[str, list[str]], body: Any) -> tuple[int, Any]:
+        if method == "GET" and (namespace := re.fullmatch(r"/api/v1/namespaces/([^/]+)", path)):
+            return self._namespace(namespace.group(1))
         parsed = self._parse(path)
         if parsed is None or (parsed[0], parsed[1]) not in KINDS:
             return 404, status_body(404, "NotFound", f"the server could not find the requested resource ({path})")
@@ -289,6 +292,14 @@ class K8sDouble:
                                             f'UID in precondition: {want}, UID in object meta: {obj["metadata"]["uid"]}', {"name": name, "kind": resource})
                 return self._delete(key, (body or {}).get("propagationPolicy") or query.get("propagationPolicy", ["Background"])[0])
         return 405, status_body(405, "MethodNotAllowed", "method not allowed")
+
+    def _namespace(self, name: str) -> tuple[int, Any]:
+        """``GET /api/v1/namespaces/<name>`` (core/v1 Namespace); kube-system always exists."""
+        if name != "kube-system" and name not in self.namespaces:
+            return 404, status_body(404, "NotFound", f'namespaces "{name}" not found', {"name": name, "kind": "namespaces"})
+        uid = self.cluster_uid if name == "kube-system" else str(uuid.uuid5(uuid.UUID(self.cluster_uid), name))
+        return 200, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "uid": uid, "resourceVersion": "1"},
+                     "spec": {"finalizers": ["kubernetes"]}, "status": {"phase": "Active"}}
 
     # ---- objects ---------------------------------------------------------------------------
     def _bump(self, resource: str, kind: str, obj: dict[str, Any]) -> None:
