@@ -42,7 +42,9 @@ def confirm(runner: Any, sessions: sessionmaker[Session], now: datetime, *, mono
     members = getattr(runner, "members", None)
     if not members:
         return
-    with runner.identity_lock:
+    if not runner.identity_lock.acquire(blocking=False):
+        return  # asked right now elsewhere (start-up, a step by hand): go on with what is known
+    try:
         for cluster, member in sorted(members.items()):
             last = runner.identity_checked.get(cluster)
             if last is not None and monotonic() - last < RECHECK_SECONDS:
@@ -65,6 +67,8 @@ def confirm(runner: Any, sessions: sessionmaker[Session], now: datetime, *, mono
                 if runner.blocked.get(cluster) != why:
                     log.error("cluster %s (%s): %s", cluster, kind, why)
                 runner.blocked[cluster] = why
+    finally:
+        runner.identity_lock.release()
 
 
 def _compare(sessions: sessionmaker[Session], cluster: str, kind: str, answering: str, now: datetime) -> str | None:

@@ -12,6 +12,10 @@ cluster (or a second service sharing the database) leaves the other cluster's ru
 never polled there, stopped, failed as "gone" or freed from quota; their reason says so and
 ``gpufleet_experiments_not_bound`` counts them. Admission refuses unbound clusters up front
 (422 with the fix), so nothing waits in the outbox for a runner that does not exist.
+
+A name is not enough: ``experiments.binding`` checks that the scheduler answering for each bound
+cluster is the one that cluster's runs were made on, and keeps a cluster in ``blocked`` (treated
+like an unbound one here) until it is, or while it is not.
 """
 
 from __future__ import annotations

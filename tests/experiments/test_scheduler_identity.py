@@ -92,3 +92,25 @@ def test_a_service_reaching_another_kubernetes_cluster_under_the_right_name_leav
     finally:
         client.close()
         wrong.stop()
+
+
+def test_a_service_that_cannot_ask_its_scheduler_who_it_is_starts_degraded_and_fails_nothing(make_service, sqlite_url, nomad, nomad_runner, vault):
+    prod = make_service(sqlite_url, ClusterRunners(nomad=("prod-nomad", nomad_runner)))
+    headers = prod.token("finetune")
+    exp = prod.submit(headers, deadline_hours=1).json()
+    prod.step()
+    nomad.finish(nomad.dispatched(PARENT)[0], client_status="running")
+    prod.step()
+    down = NomadDouble(a100_nodes()).start()
+    address = down.address
+    down.stop()  # nothing listens there any more
+    client = NomadClient(NomadSettings(address=address, timeout_seconds=0.5, retries=0, backoff_seconds=0.01))
+    try:
+        other = make_service(sqlite_url, ClusterRunners(nomad=("prod-nomad", NomadRunner(client, _vault_env(vault)))), clock=prod.clock)
+        assert "cannot tell yet" in other.client.get("/healthz").json()["unobserved"]["prod-nomad"]
+        other.clock.advance(hours=3)
+        other.step()
+        shown = _state(other, exp["id"], headers)
+        assert shown["status"] == "running" and shown["reason"].startswith("unobserved: ")
+    finally:
+        client.close()

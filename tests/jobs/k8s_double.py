@@ -29,7 +29,9 @@ selectors; after ``compact()`` an older token answers 410 ``Expired`` with etcd3
 inconsistent continue token in the Status's ``metadata``. Label selectors take the equality
 (``k=v``), existence (``k``) and set-based (``k in (a,b)``) forms of apimachinery
 ``labels.Parse``. ``listed`` counts the items each list answer carried per (resource, namespace):
-what a client had to decode.
+what a client had to decode. ``GET /api/v1/namespaces/<name>`` answers a core/v1 Namespace
+(``kube-system`` always exists; its uid, ``cluster_uid``, is this API server's cluster identity,
+random per double like ``ObjectMeta.UID``).
 """
 
 from __future__ import annotations

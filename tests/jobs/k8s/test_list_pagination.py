@@ -105,3 +105,15 @@ def test_a_spent_budget_stops_the_list_and_says_so(k8s: Any, k8s_client_for: Any
         _put(k8s, f"copy-{i:03d}", "run-0")  # junk copying the tracked name as its label value
     listing = k8s_client_for(k8s).list_tracked(NS, ["run-0"], ListBudget(max_objects=30, max_seconds=60))
     assert not listing.jobs_complete and k8s.listed[("jobs", NS)] == 30
+
+
+def test_a_namespace_that_takes_too_long_stops_at_its_time_budget(k8s: Any, k8s_client_for: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Seconds count too (a slow API server for one namespace): a clock that moves 0.4 s per
+    reading stops a 1 s budget after the second page."""
+    monkeypatch.setattr(k8s_client, "PAGE_LIMIT", 2)
+    for i in range(10):
+        _put(k8s, f"run-{i}", f"run-{i}")
+    ticks = iter(i * 0.4 for i in range(100))
+    listing = k8s_client_for(k8s).list_tracked(NS, [f"run-{i}" for i in range(10)],
+                                               ListBudget(max_objects=10**6, max_seconds=1.0, clock=lambda: next(ticks)))
+    assert not listing.jobs_complete and sorted(listing.jobs) == ["run-0", "run-1", "run-2", "run-3"]
