@@ -114,3 +114,40 @@ def test_a_service_that_cannot_ask_its_scheduler_who_it_is_starts_degraded_and_f
         assert shown["status"] == "running" and shown["reason"].startswith("unobserved: ")
     finally:
         client.close()
+
+
+def test_after_the_upgrade_a_wrong_scheduler_that_starts_first_is_not_recorded(make_service, db_url, nomad, nomad_runner, vault):
+    """Runs made before identities were recorded: the first service to start after the upgrade
+    is the misconfigured one. It knows none of the cluster's runs, so its scheduler is not
+    recorded as the cluster's and the runs are left alone; production then records its own."""
+    from sqlalchemy import delete, select
+
+    from experiments.models import SchedulerIdentity
+
+    prod = make_service(db_url, ClusterRunners(nomad=("prod-nomad", nomad_runner)))
+    headers = prod.token("finetune")
+    exp = prod.submit(headers).json()
+    prod.step()
+    nomad.finish(nomad.dispatched(PARENT)[0], client_status="running")
+    prod.step()
+    prod.close()
+    with prod.ctx.sessions() as session, session.begin():
+        session.execute(delete(SchedulerIdentity))  # as before this table existed
+    wrong = NomadDouble(a100_nodes(), acl_token=nomad.acl_token, region=nomad.region).start()
+    client = NomadClient(NomadSettings(address=wrong.address, token=wrong.acl_token, timeout_seconds=2.0, retries=1, backoff_seconds=0.01))
+    try:
+        other = make_service(db_url, ClusterRunners(nomad=("prod-nomad", NomadRunner(client, _vault_env(vault)))), clock=prod.clock)
+        assert "knows none of the 1 most recent runs of prod-nomad" in other.client.get("/healthz").json()["unobserved"]["prod-nomad"]
+        for _ in range(2):
+            other.step()
+        assert _state(other, exp["id"], headers)["status"] == "running"
+        with other.ctx.sessions() as session:
+            assert session.scalars(select(SchedulerIdentity)).all() == []
+        other.close()
+    finally:
+        client.close()
+        wrong.stop()
+    back = make_service(db_url, ClusterRunners(nomad=("prod-nomad", nomad_runner)), clock=prod.clock)
+    assert back.client.get("/healthz").json()["status"] == "ok"
+    with back.ctx.sessions() as session:
+        assert session.get(SchedulerIdentity, "prod-nomad").identity.startswith(f"nomad region={nomad.region} servers=")
