@@ -10,14 +10,6 @@ errors, and 422 Invalid for an object that fails the vendored upstream schemas
 (``jobs/k8s/openapi``: Kubernetes OpenAPI, strict like the server's strict field validation) or
 a few of the Job validation rules of kubernetes ``pkg/apis/batch/validation``.
 
-Kueue's part: a created Job carrying ``kueue.x-k8s.io/queue-name`` gets a Workload owned by it
-(label ``kueue.x-k8s.io/job-uid``), and the test drives it through Kueue's condition types
-(QuotaReserved, Admitted, Evicted, Preempted, Finished; ``apis/kueue/v1beta2/workload_types.go``)
-while every Workload it stores is validated against Kueue's CRD schema. Owner references are
-honoured on delete (Background: dependents go at once; Foreground: the owner stays with a
-deletionTimestamp until ``collect()``). Faults: a status for the next N matching requests,
-optionally after the request took effect (a lost response).
-
 Lists follow the API server's chunking (kubernetes/website ``api-concepts.md`` "Retrieving large
 results sets in chunks"; apimachinery ``metav1.ListMeta``; apiserver ``storage/etcd3/store.go``):
 ``limit`` returns at most that many items and ``metadata.continue`` when more remain; a
@@ -32,6 +24,14 @@ inconsistent continue token in the Status's ``metadata``. Label selectors take t
 what a client had to decode. ``GET /api/v1/namespaces/<name>`` answers a core/v1 Namespace
 (``kube-system`` always exists; its uid, ``cluster_uid``, is this API server's cluster identity,
 random per double like ``ObjectMeta.UID``).
+
+Kueue's part: a created Job carrying ``kueue.x-k8s.io/queue-name`` gets a Workload owned by it
+(label ``kueue.x-k8s.io/job-uid``), and the test drives it through Kueue's condition types
+(QuotaReserved, Admitted, Evicted, Preempted, Finished; ``apis/kueue/v1beta2/workload_types.go``)
+while every Workload it stores is validated against Kueue's CRD schema. Owner references are
+honoured on delete (Background: dependents go at once; Foreground: the owner stays with a
+deletionTimestamp until ``collect()``). Faults: a status for the next N matching requests,
+optionally after the request took effect (a lost response).
 """
 
 from __future__ import annotations
