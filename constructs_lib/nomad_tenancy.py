@@ -48,9 +48,16 @@ def tenant_acl_rules(namespace: str) -> str:
     return _namespace_rules([namespace], TENANT_CAPABILITIES)
 
 
+# ``node:read`` lets the control plane ask ``GET /v1/agent/members`` (nomad/status_endpoint.go
+# Status.Members checks AllowNodeRead) which servers answer, so a service pointed at another
+# cluster under this cluster's name leaves its runs alone (jobs/nomad/identity.py). Read only.
+DISPATCHER_NODE_RULE = 'node {\n  policy = "read"\n}\n'
+
+
 def dispatcher_acl_rules(namespaces: list[str]) -> str:
-    """HCL rules of the dispatcher's policy: the job capabilities in each tenant namespace, nothing else."""
-    return _namespace_rules(namespaces, DISPATCHER_CAPABILITIES)
+    """HCL rules of the dispatcher's policy: the job capabilities in each tenant namespace, and
+    reading nodes and servers (to confirm which cluster answers); nothing else."""
+    return _namespace_rules(namespaces, DISPATCHER_CAPABILITIES) + DISPATCHER_NODE_RULE
 
 
 class NomadTenancy(Construct):

@@ -21,7 +21,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from clusters.secrets import detect
 from experiments import db
 from experiments.auth import OidcSettings
-from experiments.background.context import Context, Timing
+from experiments.background.context import Context, Timing, log
+from experiments.binding import confirm as confirm_bindings
 from experiments.background.worker import Worker
 from experiments.errors import ApiError
 from experiments.limits import MAX_BODY_BYTES, BodyLimit
@@ -78,6 +79,9 @@ def create_app(settings: ServiceSettings, *, runner: Runner, catalog: Catalog | 
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        confirm_bindings(runner, sessions, clock())
+        for why in sorted(getattr(runner, "blocked", {}).values()):
+            log.warning("starting degraded: %s", why)  # the worker keeps checking; /healthz says so meanwhile
         if worker is not None:
             worker.start()
         try:

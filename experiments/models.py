@@ -117,3 +117,18 @@ class RunLog(Base):
     stream: Mapped[str] = mapped_column(String(8), primary_key=True)
     text: Mapped[str] = mapped_column(Text)
     captured_at: Mapped[datetime] = mapped_column(DateTime)
+
+
+class SchedulerIdentity(Base):
+    """Which scheduler a bound cluster name means: recorded by the first service that reached it
+    (``jobs.runner.Runner.identity``: Nomad's region and server ids, the Kubernetes cluster's
+    kube-system uid). A service whose scheduler answers with another identity acts on none of
+    that cluster's runs (``experiments.binding``)."""
+
+    __tablename__ = "scheduler_identities"
+
+    cluster: Mapped[str] = mapped_column(String(64), primary_key=True)
+    scheduler: Mapped[str] = mapped_column(String(16))
+    identity: Mapped[str] = mapped_column(Text)
+    recorded_at: Mapped[datetime] = mapped_column(DateTime)
+    confirmed_at: Mapped[datetime] = mapped_column(DateTime)

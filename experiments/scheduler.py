@@ -12,11 +12,16 @@ cluster (or a second service sharing the database) leaves the other cluster's ru
 never polled there, stopped, failed as "gone" or freed from quota; their reason says so and
 ``gpufleet_experiments_not_bound`` counts them. Admission refuses unbound clusters up front
 (422 with the fix), so nothing waits in the outbox for a runner that does not exist.
+
+A name is not enough: ``experiments.binding`` checks that the scheduler answering for each bound
+cluster is the one that cluster's runs were made on, and keeps a cluster in ``blocked`` (treated
+like an unbound one here) until it is, or while it is not.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -34,20 +39,32 @@ class ClusterRunners(Runners):
     def __init__(self, *, nomad: tuple[str, Runner] | None = None, gke: tuple[str, Runner] | None = None) -> None:
         super().__init__(nomad=nomad[1] if nomad else None, gke=gke[1] if gke else None)
         self.clusters: dict[str, str] = {}
-        if nomad:
-            self.clusters[nomad[0]] = SchedulerKind.NOMAD.value
-        if gke:
-            self.clusters[gke[0]] = SchedulerKind.GKE.value
+        # The runner of each bound cluster that can say which scheduler answers (``Runner.identity``).
+        self.members: dict[str, Runner] = {}
+        for bound, kind in ((nomad, SchedulerKind.NOMAD), (gke, SchedulerKind.GKE)):
+            if bound:
+                self.clusters[bound[0]] = kind.value
+                if hasattr(bound[1], "identity"):
+                    self.members[bound[0]] = bound[1]
+        # Clusters this service must not act on yet (``experiments.binding``): cluster -> why.
+        self.blocked: dict[str, str] = {name: f"unobserved: this service has not yet confirmed which {self.clusters[name]} scheduler answers "
+                                        f"for cluster {name}" for name in self.members}
+        self.identity_checked: dict[str, float] = {}
+        self.identity_lock = threading.Lock()
 
-    def submit(self, job: FinetuneSpec, meta: Mapping[str, str], *, idempotency_key: str | None = None) -> str:
+    def _refuse(self, job: FinetuneSpec) -> None:
         if self.clusters.get(job.cluster) != job.scheduler.value:
             # Admission refuses these first; this guards a cluster file edited after acceptance.
             raise SchedulerUnavailable(f"this service is not bound to cluster {job.cluster} ({job.scheduler.value}); bound: {describe(self.clusters)}")
+        if why := self.blocked.get(job.cluster):
+            raise SchedulerUnavailable(why)
+
+    def submit(self, job: FinetuneSpec, meta: Mapping[str, str], *, idempotency_key: str | None = None) -> str:
+        self._refuse(job)
         return super().submit(job, meta, idempotency_key=idempotency_key)
 
     def find(self, job: FinetuneSpec, idempotency_key: str) -> str | None:
-        if self.clusters.get(job.cluster) != job.scheduler.value:
-            raise SchedulerUnavailable(f"this service is not bound to cluster {job.cluster} ({job.scheduler.value}); bound: {describe(self.clusters)}")
+        self._refuse(job)
         return super().find(job, idempotency_key)
 
 
@@ -72,13 +89,15 @@ def not_bound(runner: Any, cluster: str, scheduler: str) -> str | None:
         if scheduler == LOCAL:
             return None
         option = "--gke-cluster" if scheduler == SchedulerKind.GKE.value else "--nomad-cluster"
-        return (f"this service runs jobs on this machine (--scheduler local) and does not follow {scheduler} runs: the run on "
+        return (f"unobserved: this service runs jobs on this machine (--scheduler local) and does not follow {scheduler} runs: the run on "
                 f"{cluster} is not polled, stopped or failed from here; the service started with {option} {cluster} follows it")
     clusters = bound_to(runner)
-    if clusters is None or clusters.get(cluster) == scheduler:
+    if clusters is None:
         return None
+    if clusters.get(cluster) == scheduler:
+        return getattr(runner, "blocked", {}).get(cluster)
     option = "--gke-cluster" if scheduler == SchedulerKind.GKE.value else "--nomad-cluster"
-    return (f"cluster {cluster} ({scheduler}) is not bound to this service (bound: {describe(clusters)}): its run is not "
+    return (f"unobserved: cluster {cluster} ({scheduler}) is not bound to this service (bound: {describe(clusters)}): its run is not "
             f"polled, stopped or failed from here; the service started with {option} {cluster} follows it")
 
 
@@ -89,7 +108,8 @@ def bound_clause(runner: Any, cluster: Any, scheduler: Any) -> ColumnElement[boo
     clusters = bound_to(runner)
     if clusters is None:
         return None
-    return or_(false(), *(and_(cluster == name, scheduler == kind) for name, kind in clusters.items()))
+    blocked = getattr(runner, "blocked", {})
+    return or_(false(), *(and_(cluster == name, scheduler == kind) for name, kind in clusters.items() if name not in blocked))
 
 
 def describe(clusters: Mapping[str, str]) -> str:

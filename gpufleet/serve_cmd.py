@@ -49,17 +49,14 @@ def cmd_serve(
     settings = ServiceSettings(db_url=database_url(db), worker=not no_worker, timing=Timing(poll_seconds=poll_seconds), oidc=load_oidc_settings(oidc_config))
     app = create_app(settings, runner=runner)
     if worker_only:
-        import time
-
-        from experiments.background.worker import run_once
-
-        console.print("worker only: dispatch, reconcile and reap (Ctrl-C stops)")
+        worker = app.state.worker  # the lifespan that would start it runs only under uvicorn
+        console.print("worker only: dispatch in one loop, reconcile and reap in another (Ctrl-C stops)")
+        worker.start()
         try:
-            while True:
-                run_once(app.state.ctx)
-                time.sleep(poll_seconds)
+            worker.wait()
         except KeyboardInterrupt:
-            return
+            worker.stop()
+        return
     import uvicorn
 
     uvicorn.run(app, host=host, port=port, log_level="info", access_log=False)

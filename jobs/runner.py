@@ -216,6 +216,16 @@ class NomadRunner:
             raise SchedulerUnavailable(failures[0])
         return out
 
+    def identity(self) -> str:
+        """Which cluster answers at this client's address (``jobs.nomad.identity``)."""
+        from jobs.nomad.client import NomadError
+        from jobs.nomad.identity import identity
+
+        try:
+            return identity(self._client.server_members())
+        except (NomadError, ValueError) as exc:
+            raise SchedulerUnavailable(str(exc)) from None
+
     def stop(self, run_id: str) -> None:
         from jobs.nomad.client import NomadError
 
@@ -242,6 +252,12 @@ class NomadRunner:
 
 class GkeRunner:
     scheduler = "gke"
+    # Per namespace and reconcile pass: items its tracked lists may decode (per tracked run, plus
+    # a page), seconds they may take, and GETs for runs those lists did not reach.
+    objects_per_run = 4
+    objects_per_namespace = 200
+    namespace_seconds = 5.0
+    fallback_gets = 20
 
     def __init__(self, client: K8sClient, vault_env: Mapping[str, str]) -> None:
         self._client = client
@@ -286,10 +302,14 @@ class GkeRunner:
         return RunReport(phase, status.reason, status.placed, status.exit_code, refs, status.infrastructure)
 
     def poll(self, run_ids: Sequence[str], known: Mapping[str, str]) -> dict[str, Polled]:
-        """Many runs at once: per namespace one list of gpufleet's Jobs and one of Kueue
-        Workloads; every run is summarized from them (no per-run GET), and a run whose Job and
-        Workload resourceVersions are as ``known`` is reported unchanged."""
-        from jobs.k8s.client import JOB_UID_LABEL, K8sError
+        """Many runs at once: per namespace the Jobs of exactly these run names and their Kueue
+        Workloads, selected by value and paginated (``K8sClient.list_tracked``) within a budget
+        per namespace (items decoded, seconds), so objects a tenant labels like gpufleet's cost
+        only that tenant's namespace. A run whose Job and Workload resourceVersions are as
+        ``known`` is reported unchanged. A run the lists did not reach (budget spent) is read by
+        its own GET, at most ``fallback_gets`` per namespace per pass, least recently reconciled
+        first (the order of ``run_ids``); the rest get no answer this pass, never "gone"."""
+        from jobs.k8s.client import JOB_UID_LABEL, K8sError, ListBudget
         from jobs.k8s.status import summarize
 
         wanted: dict[str, list[str]] = defaultdict(list)
@@ -299,20 +319,29 @@ class GkeRunner:
         out: dict[str, Polled] = {}
         failures: list[str] = []
         for namespace, runs in wanted.items():
+            budget = ListBudget(max_objects=self.objects_per_run * len(runs) + self.objects_per_namespace, max_seconds=self.namespace_seconds)
             try:
-                jobs, workloads = self._client.list_runs(namespace)
+                listing = self._client.list_tracked(namespace, runs, budget)
             except K8sError as exc:  # this namespace only (e.g. no list RBAC there): its runs get no answer
                 failures.append(str(exc))
                 log.warning("poll of Kubernetes namespace %s failed; its %d runs get no answer this pass: %s", namespace, len(runs), exc)
                 continue
-            by_name = {job["metadata"]["name"]: job for job in jobs}
+            if not (listing.jobs_complete and listing.workloads_complete):
+                log.warning("poll of Kubernetes namespace %s stopped at its budget (%d objects, %.1fs; objects labelled like gpufleet's?): "
+                            "runs it did not reach are read one by one, at most %d this pass", namespace, budget.objects,
+                            budget.clock() - budget.started, self.fallback_gets)
             by_uid: dict[str, list[dict[str, Any]]] = defaultdict(list)
-            for workload in workloads:
+            for workload in listing.workloads:
                 by_uid[(workload["metadata"].get("labels") or {}).get(JOB_UID_LABEL, "")].append(workload)
+            gets = 0
             for run in runs:
-                run_id, job = f"{GKE_PREFIX}{namespace}/{run}", by_name.get(run)
-                if job is None:
-                    try:
+                run_id, job = f"{GKE_PREFIX}{namespace}/{run}", listing.jobs.get(run)
+                if job is None or not (listing.workloads_complete or job["metadata"]["uid"] in by_uid):
+                    if not (job is None and listing.jobs_complete):  # the lists did not reach it
+                        if gets >= self.fallback_gets:
+                            continue  # no answer this pass; asked first next pass
+                        gets += 1
+                    try:  # its own GET (for a Job missing from a complete list: whether it is really gone)
                         out[run_id] = _confirm_gone(self, run_id)
                     except SchedulerUnavailable as exc:  # its own GET failed: no answer for it alone
                         log.warning("poll of Kubernetes run %s failed: %s", run_id, exc)
@@ -326,6 +355,16 @@ class GkeRunner:
         if failures and not out:
             raise SchedulerUnavailable(failures[0])
         return out
+
+    def identity(self) -> str:
+        """Which cluster answers through this client's context (``jobs.k8s.identity``)."""
+        from jobs.k8s.client import K8sError
+        from jobs.k8s.identity import identity
+
+        try:
+            return identity(self._client.cluster_namespace())
+        except (K8sError, ValueError) as exc:
+            raise SchedulerUnavailable(str(exc)) from None
 
     def stop(self, run_id: str) -> None:
         from jobs.k8s.client import K8sError, K8sRunGone
@@ -400,6 +439,17 @@ class Runners:
         if failures and not out:
             raise failures[0]
         return out
+
+
+def same_scheduler(recorded: str, answering: str) -> bool:
+    """Two identities (``Runner.identity``) name the same cluster, by the rule of its scheduler."""
+    from jobs.k8s import identity as k8s_identity
+    from jobs.nomad import identity as nomad_identity
+
+    for side in (nomad_identity, k8s_identity):
+        if recorded.startswith(f"{side.PREFIX} ") and answering.startswith(f"{side.PREFIX} "):
+            return side.same(recorded, answering)
+    return False
 
 
 def poll(runner: Runner, run_ids: Sequence[str], known: Mapping[str, str]) -> dict[str, Polled]:

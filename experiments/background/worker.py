@@ -1,24 +1,28 @@
-"""The background worker: dispatch, reconcile, reap, in a loop (a thread of ``gpufleet serve``
-by default, or its own process with ``gpufleet serve --worker-only``)."""
+"""The background worker: dispatch in one loop, follow (reconcile, then reap) in another (threads
+of ``gpufleet serve`` by default, or their own process with ``gpufleet serve --worker-only``).
+
+Two loops, not one: a reconcile pass waits on the schedulers' answers (a slow API server, a
+namespace full of objects, a scheduler that stalls until its timeout), and while one thread did
+every step, every submission waited behind that pass. The dispatch loop touches only the outbox
+and ``runner.submit``/``find``/``stop`` for its own rows, so a slow pass never delays a
+submission; the follow loop cannot be starved by a burst of dispatches either. Both share the
+runner (its clients are thread-safe connection pools) and claim rows with conditional UPDATEs,
+so they never act on one row twice.
+"""
 
 from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 
 from experiments.background.context import Context, log
+from experiments.binding import confirm
 from experiments.background.dispatch import process_outbox
 from experiments.background.reap import process_overdue
 from experiments.background.reconcile import process_scheduled
 
-
-def run_once(ctx: Context) -> None:
-    """One pass of every step; a failing step is logged and the others still run."""
-    for step in (process_outbox, _timed_reconcile, process_overdue):
-        try:
-            step(ctx)
-        except Exception:  # noqa: BLE001 - the loop must survive a bad pass; the next pass retries
-            log.exception("background step %s failed", step.__name__)
+Step = Callable[[Context], int]
 
 
 def _timed_reconcile(ctx: Context) -> int:
@@ -29,22 +33,64 @@ def _timed_reconcile(ctx: Context) -> int:
         ctx.metrics.reconcile_seconds.observe(time.monotonic() - started)
 
 
+def refresh_bindings(ctx: Context) -> int:
+    """Which scheduler answers for each bound cluster, when that check is due (``experiments.binding``)."""
+    confirm(ctx.runner, ctx.sessions, ctx.clock())
+    return 0
+
+
+# Identities are checked in the follow loop only: asking a scheduler that does not answer takes
+# its client's timeouts, which must never hold up dispatch to the other clusters.
+DISPATCH_STEPS: tuple[Step, ...] = (process_outbox,)
+FOLLOW_STEPS: tuple[Step, ...] = (refresh_bindings, _timed_reconcile, process_overdue)
+
+
+def _run(ctx: Context, steps: tuple[Step, ...]) -> None:
+    for step in steps:
+        try:
+            step(ctx)
+        except Exception:  # noqa: BLE001 - the loop must survive a bad pass; the next pass retries
+            log.exception("background step %s failed", step.__name__)
+
+
+def run_once(ctx: Context) -> None:
+    """One pass of every step in order (tests and tools that step the service by hand); a
+    failing step is logged and the others still run."""
+    _run(ctx, (refresh_bindings, *DISPATCH_STEPS, *FOLLOW_STEPS[1:]))
+
+
 class Worker:
+    """The two loops. ``heartbeat`` is the older of their last passes, so /healthz reports a
+    stuck loop even while the other one keeps going."""
+
     def __init__(self, ctx: Context) -> None:
         self._ctx = ctx
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="gpufleet-worker", daemon=True)
-        self.heartbeat: float | None = None
+        self._beats: dict[str, float | None] = {"dispatch": None, "follow": None}
+        self._threads = [threading.Thread(target=self._loop, args=(name, steps), name=f"gpufleet-{name}", daemon=True)
+                         for name, steps in (("dispatch", DISPATCH_STEPS), ("follow", FOLLOW_STEPS))]
+
+    @property
+    def heartbeat(self) -> float | None:
+        beats = list(self._beats.values())
+        return None if None in beats else min(b for b in beats if b is not None)
 
     def start(self) -> None:
-        self._thread.start()
+        for thread in self._threads:
+            thread.start()
 
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join(timeout=30)
+        for thread in self._threads:
+            thread.join(timeout=30)
 
-    def _loop(self) -> None:
+    def wait(self) -> None:
+        """Block until ``stop`` (``gpufleet serve --worker-only``)."""
+        while not self._stop.wait(1.0):
+            pass
+
+    def _loop(self, name: str, steps: tuple[Step, ...]) -> None:
         while not self._stop.is_set():
-            run_once(self._ctx)
-            self.heartbeat = time.monotonic()
+            _run(self._ctx, steps)
+            self._beats[name] = time.monotonic()
             self._stop.wait(self._ctx.timing.poll_seconds)

@@ -35,13 +35,16 @@ def healthz(request: Request) -> JSONResponse:
             session.execute(text("SELECT 1"))
     except Exception as exc:  # noqa: BLE001 - report any database failure as unhealthy
         return JSONResponse({"status": "unhealthy", "database": type(exc).__name__}, status_code=503)
+    # Bound clusters whose scheduler identity is not confirmed (or differs): their runs are unobserved here.
+    unobserved = dict(sorted(getattr(ctx.runner, "blocked", {}).items()))
+    extra = {"status": "degraded", "unobserved": unobserved} if unobserved else {}
     worker = request.app.state.worker
     if worker is None:
-        return JSONResponse({"status": "ok", "database": "ok", "worker": "disabled (run gpufleet serve --worker-only)"})
+        return JSONResponse({"status": "ok", "database": "ok", "worker": "disabled (run gpufleet serve --worker-only)", **extra})
     beat = worker.heartbeat
     if beat is not None and time.monotonic() - beat > WORKER_STALE_SECONDS:
-        return JSONResponse({"status": "unhealthy", "database": "ok", "worker": f"no pass for {time.monotonic() - beat:.0f}s"}, status_code=503)
-    return JSONResponse({"status": "ok", "database": "ok", "worker": "running" if beat is not None else "starting"})
+        return JSONResponse({"status": "unhealthy", "database": "ok", "worker": f"no pass for {time.monotonic() - beat:.0f}s", **extra}, status_code=503)
+    return JSONResponse({"status": "ok", "database": "ok", "worker": "running" if beat is not None else "starting", **extra})
 
 
 @router.get("/metrics", include_in_schema=False)

@@ -15,8 +15,9 @@ from __future__ import annotations
 import base64
 import json
 import os
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from clusters.errors import UserError
@@ -34,6 +35,51 @@ KUEUE_GROUP, KUEUE_VERSION = "kueue.x-k8s.io", "v1beta2"
 JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
 # Minting callback: number of ranks -> (role_id, one wrapping token per rank).
 Mint = Callable[[int], tuple[str, list[str]]]
+# Tracked lists: names (or uids) per set-based selector (a URL stays a few KiB), items per page.
+NAMES_PER_SELECTOR = 50
+PAGE_LIMIT = 200
+
+
+@dataclass
+class ListBudget:
+    """What one namespace's tracked lists may cost in one reconcile pass: items decoded and
+    seconds. A tenant can make any number of objects carrying gpufleet's labels in its own
+    namespace (``edit``); the budget keeps that cost in that namespace's pass, never in the
+    others'. Spent, the lists stop and the answer says it is incomplete."""
+
+    max_objects: int
+    max_seconds: float
+    clock: Callable[[], float] = time.monotonic
+    objects: int = 0
+    started: float = field(default=0.0)
+
+    def __post_init__(self) -> None:
+        self.started = self.clock()
+
+    def spent(self) -> bool:
+        return self.objects >= self.max_objects or self.clock() - self.started >= self.max_seconds
+
+
+@dataclass(frozen=True)
+class TrackedRuns:
+    """The Jobs of the tracked names and their Kueue Workloads, as far as the budget reached.
+    ``jobs_complete``: every Job the selectors match was read, so a tracked name missing from
+    ``jobs`` is not there; ``workloads_complete`` likewise for the Workloads of those Jobs."""
+
+    jobs: dict[str, dict[str, Any]]
+    workloads: list[dict[str, Any]]
+    jobs_complete: bool
+    workloads_complete: bool
+
+
+def _in_selector(key: str, values: Sequence[str]) -> str:
+    """apimachinery labels.Parse set-based form: ``key in (a,b)``."""
+    return f"{key} in ({','.join(values)})"
+
+
+def _chunks(values: Sequence[str]) -> Iterator[Sequence[str]]:
+    for start in range(0, len(values), NAMES_PER_SELECTOR):
+        yield values[start:start + NAMES_PER_SELECTOR]
 
 
 class K8sError(UserError):
@@ -113,14 +159,14 @@ class K8sClient:
 
     # ---- one request, one error shape ------------------------------------------------------
     def _call(self, action: str, call: Callable[..., Any], *args: Any, missing_ok: bool = False, conflict_ok: bool = False, echo: bool = True,
-              **kwargs: Any) -> dict[str, Any] | None:
+              expired_ok: bool = False, **kwargs: Any) -> dict[str, Any] | None:
         import kubernetes
         import urllib3
 
         try:
             response = call(*args, _preload_content=False, _request_timeout=self.settings.timeout_seconds, **kwargs)
         except kubernetes.client.ApiException as exc:
-            if (exc.status == 404 and missing_ok) or (exc.status == 409 and conflict_ok):
+            if (exc.status == 404 and missing_ok) or (exc.status == 409 and conflict_ok) or (exc.status == 410 and expired_ok):
                 return None
             raise self._error(action, exc, echo) from None
         except urllib3.exceptions.HTTPError as exc:
@@ -148,18 +194,70 @@ class K8sClient:
         return self._call(f"read Job {namespace}/{name}", self._batch.read_namespaced_job, name, namespace, missing_ok=True)
 
     def workloads(self, namespace: str, job_uid: str) -> list[dict[str, Any]]:
+        """The Workloads Kueue made for one Job (one, or two around a re-admission): the first page
+        only, so objects others label with that uid cannot make this call large."""
         answer = self._call(f"list Kueue Workloads in {namespace}", self._custom.list_namespaced_custom_object,
-                            KUEUE_GROUP, KUEUE_VERSION, namespace, "workloads", label_selector=f"{JOB_UID_LABEL}={job_uid}")
+                            KUEUE_GROUP, KUEUE_VERSION, namespace, "workloads", label_selector=f"{JOB_UID_LABEL}={job_uid}", limit=PAGE_LIMIT)
         return list((answer or {}).get("items") or [])
 
-    def list_runs(self, namespace: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-        """Every gpufleet run's Job in ``namespace`` (label selector ``gpufleet.dev/run``: the key
-        exists) and every Kueue Workload there: two list calls for all runs of a namespace,
-        what ``status`` learns with two calls per run."""
-        jobs = self._call(f"list Jobs in {namespace}", self._batch.list_namespaced_job, namespace, label_selector=RUN_LABEL)
-        workloads = self._call(f"list Kueue Workloads in {namespace}", self._custom.list_namespaced_custom_object,
-                               KUEUE_GROUP, KUEUE_VERSION, namespace, "workloads")
-        return list((jobs or {}).get("items") or []), list((workloads or {}).get("items") or [])
+    def cluster_namespace(self) -> dict[str, Any]:
+        """The ``kube-system`` Namespace, what ``jobs.k8s.identity`` names the cluster by."""
+        answer = self._call("read Namespace kube-system (the cluster's identity)", self._core.read_namespace, "kube-system")
+        return answer or {}
+
+    def list_tracked(self, namespace: str, names: Sequence[str], budget: ListBudget) -> TrackedRuns:
+        """The Jobs named ``names`` (runs the control plane made and tracks) and their Workloads.
+
+        Selected by value, never by a label's mere presence: ``gpufleet.dev/run in (<names>)``
+        and ``kueue.x-k8s.io/job-uid in (<uids of those Jobs>)``, paginated (``limit``,
+        ``continue``) and kept only where the object's own name (or owner uid) is tracked, within
+        ``budget``. Junk Jobs with the run label and any other value cost nothing to list; junk
+        that copies a tracked name as its label value costs this namespace's budget only."""
+        wanted = set(names)
+        jobs: dict[str, dict[str, Any]] = {}
+        jobs_complete = True
+        for chunk in _chunks(sorted(wanted)):
+            found, complete = self._paged(f"list Jobs in {namespace}", self._batch.list_namespaced_job, (namespace,),
+                                          _in_selector(RUN_LABEL, chunk), budget)
+            jobs.update((job["metadata"]["name"], job) for job in found if job["metadata"]["name"] in wanted)
+            jobs_complete = jobs_complete and complete
+            if not complete:
+                break
+        uids = {job["metadata"]["uid"]: name for name, job in jobs.items()}
+        workloads: list[dict[str, Any]] = []
+        workloads_complete = True
+        for chunk in _chunks(sorted(uids)):
+            found, complete = self._paged(f"list Kueue Workloads in {namespace}", self._custom.list_namespaced_custom_object,
+                                          (KUEUE_GROUP, KUEUE_VERSION, namespace, "workloads"), _in_selector(JOB_UID_LABEL, chunk), budget)
+            workloads += [w for w in found if (w["metadata"].get("labels") or {}).get(JOB_UID_LABEL) in uids]
+            workloads_complete = workloads_complete and complete
+            if not complete:
+                break
+        return TrackedRuns(jobs, workloads, jobs_complete, workloads_complete)
+
+    def _paged(self, action: str, call: Callable[..., Any], args: tuple[Any, ...], selector: str, budget: ListBudget) -> tuple[list[dict[str, Any]], bool]:
+        """Every page of one selected list, or as many as ``budget`` allows (then False). An expired
+        continue token (410 Expired: the snapshot was compacted) restarts the list once, from the
+        first page, rather than take the API server's inconsistent remainder."""
+        items: list[dict[str, Any]] = []
+        token: str | None = None
+        restarts = 1
+        while True:
+            if budget.spent():
+                return items, False
+            page = self._call(action, call, *args, label_selector=selector, limit=PAGE_LIMIT, expired_ok=True,
+                              **({"_continue": token} if token else {}))
+            if page is None:
+                if not token or restarts == 0:
+                    return items, False
+                restarts, items, token = restarts - 1, [], None
+                continue
+            found = list(page.get("items") or [])
+            budget.objects += len(found)
+            items += found
+            token = (page.get("metadata") or {}).get("continue") or None
+            if token is None:
+                return items, True
 
     def status(self, namespace: str, name: str) -> K8sRunStatus:
         job = self.get_job(namespace, name)

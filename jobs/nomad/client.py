@@ -297,6 +297,12 @@ class NomadClient:
             answer = self._api(namespace).job.request(quote(job_id, safe=""), method="delete", params=params).json()
         return str(answer.get("EvalID", ""))
 
+    def server_members(self) -> dict[str, Any]:
+        """``GET /v1/agent/members`` (api.ServerMembers: ServerRegion, Members with their serf Tags);
+        ACL ``node:read``. What ``jobs.nomad.identity`` names the cluster by."""
+        with self._errors("identify the cluster", "(agent members)", "(none)", "check NOMAD_ADDR"):
+            return dict(self._api(None).agent.get_members())
+
     def close(self) -> None:
         self._session.close()
 

@@ -103,6 +103,9 @@ class CrashAfterSubmit:
     def find(self, job, key):
         return self.runner.find(job, key)
 
+    def __getattr__(self, name):
+        return getattr(self.runner, name)  # a cluster-bound runner's binding state (clusters, blocked, members...)
+
 
 def test_exactly_once_when_the_process_dies_after_nomad_accepted_the_dispatch(make_service, db_url, nomad, nomad_runner):
     doomed = make_service(db_url, CrashAfterSubmit(nomad_runner))

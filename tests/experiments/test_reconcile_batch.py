@@ -89,7 +89,7 @@ def test_a_gke_pass_lists_jobs_and_workloads_per_namespace_and_gets_nothing(make
         svc.step()
     job_lists = [r for r in k8s.requests if r.method == "GET" and r.path == "/apis/batch/v1/namespaces/research/jobs"]
     workload_lists = [r for r in k8s.requests if r.method == "GET" and r.path == "/apis/kueue.x-k8s.io/v1beta2/namespaces/research/workloads"]
-    assert len(job_lists) == 3 and len(workload_lists) >= 3 and job_lists[-1].query["labelSelector"] == ["gpufleet.dev/run"]
+    assert len(job_lists) == 3 and len(workload_lists) >= 3 and job_lists[-1].query["labelSelector"] == [f"gpufleet.dev/run in ({run})"]
     assert len([r for r in k8s.requests if r.method == "GET" and r.path.endswith(f"/jobs/{run}")]) == before  # no per-run GET
     assert svc.client.get(f"/api/v1/experiments/{exp['id']}", headers=headers).json()["status"] == "running"
 

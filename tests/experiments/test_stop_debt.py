@@ -124,6 +124,9 @@ def test_an_orphan_whose_stop_fails_is_stopped_by_a_later_pass(make_service, sql
         def find(self, job, key):
             return fleet_runner.find(job, key)
 
+        def __getattr__(self, name):
+            return getattr(fleet_runner, name)  # the binding state (blocked, members...) of the runner it wraps
+
     svc = make_service(sqlite_url, SlowA())
     holder["svc"] = svc
     headers = svc.token(NS)

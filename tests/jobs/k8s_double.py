@@ -10,6 +10,21 @@ errors, and 422 Invalid for an object that fails the vendored upstream schemas
 (``jobs/k8s/openapi``: Kubernetes OpenAPI, strict like the server's strict field validation) or
 a few of the Job validation rules of kubernetes ``pkg/apis/batch/validation``.
 
+Lists follow the API server's chunking (kubernetes/website ``api-concepts.md`` "Retrieving large
+results sets in chunks"; apimachinery ``metav1.ListMeta``; apiserver ``storage/etcd3/store.go``):
+``limit`` returns at most that many items and ``metadata.continue`` when more remain; a
+continuation is served from the snapshot at the first page's resourceVersion (the list's
+``resourceVersion`` stays constant across pages; objects created later are not shown); the token
+is opaque to clients (here, like etcd3's ``encodeContinue``, base64 JSON ``{"v": "meta.k8s.io/v1",
+"rv": <int>, "start": "<next key>"}``); ``remainingItemCount`` is set only without label or field
+selectors; after ``compact()`` an older token answers 410 ``Expired`` with etcd3's message and an
+inconsistent continue token in the Status's ``metadata``. Label selectors take the equality
+(``k=v``), existence (``k``) and set-based (``k in (a,b)``) forms of apimachinery
+``labels.Parse``. ``listed`` counts the items each list answer carried per (resource, namespace):
+what a client had to decode. ``GET /api/v1/namespaces/<name>`` answers a core/v1 Namespace
+(``kube-system`` always exists; its uid, ``cluster_uid``, is this API server's cluster identity,
+random per double like ``ObjectMeta.UID``).
+
 Kueue's part: a created Job carrying ``kueue.x-k8s.io/queue-name`` gets a Workload owned by it
 (label ``kueue.x-k8s.io/job-uid``), and the test drives it through Kueue's condition types
 (QuotaReserved, Admitted, Evicted, Preempted, Finished; ``apis/kueue/v1beta2/workload_types.go``)
@@ -27,8 +42,10 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import threading
 import uuid
+from collections import Counter
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -77,6 +94,42 @@ class _Store:
     objects: dict[tuple[str, str, str], dict[str, Any]] = field(default_factory=dict)  # (resource, ns, name)
     version: int = 0
     events: list[tuple[int, str, str, dict[str, Any]]] = field(default_factory=list)  # (rv, resource, type, object)
+    # Snapshots for continued lists: (rv, resource, namespace) -> the collection's objects then, by name.
+    snapshots: dict[tuple[int, str, str], list[dict[str, Any]]] = field(default_factory=dict)
+    compacted: int = 0  # etcd's compact revision: continue tokens of an older resourceVersion are expired
+
+
+CONTINUE_EXPIRED = ("The provided continue parameter is too old to display a consistent list result. You can start a new list without "
+                    "the continue parameter, or use the continue token in this response to retrieve the remainder of the results. "
+                    "Continuing with the provided token results in an inconsistent list - objects that were created, modified, or "
+                    "deleted between the time the first chunk was returned and now may show up in the list.")
+_SET_TERM = re.compile(r"^\s*([^\s!=]+)\s+(in|notin)\s+\(([^)]*)\)\s*$")
+
+
+def _encode_continue(rv: int, start: str) -> str:
+    return base64.b64encode(json.dumps({"v": "meta.k8s.io/v1", "rv": rv, "start": start}).encode()).decode()
+
+
+def _decode_continue(token: str) -> tuple[int, str] | None:
+    try:
+        data = json.loads(base64.b64decode(token, validate=True))
+        return int(data["rv"]), str(data["start"])
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def _split_terms(selector: str) -> list[str]:
+    """Split a label selector at the commas outside ``( )`` (``a in (x,y),b`` is two terms)."""
+    terms, depth, current = [], 0, ""
+    for char in selector:
+        depth += char == "("
+        depth -= char == ")"
+        if char == "," and depth == 0:
+            terms.append(current)
+            current = ""
+        else:
+            current += char
+    return [t for t in (*terms, current) if t.strip()]
 
 
 def job_validation(job: dict[str, Any]) -> list[str]:
@@ -101,9 +154,11 @@ class K8sDouble:
         """``namespaces``: namespace -> names of its Kueue LocalQueues."""
         self.namespaces = namespaces
         self.token = token
+        self.cluster_uid = str(uuid.uuid4())  # the kube-system Namespace's uid: this cluster's identity
         self.store = _Store()
         self.requests: list[Recorded] = []
         self.faults: list[Fault] = []
+        self.listed: Counter[tuple[str, str]] = Counter()
         self._lock = threading.Condition()
         self._server: ThreadingHTTPServer | None = None
 
@@ -210,6 +265,8 @@ class K8sDouble:
         return group_version, rest[1], rest[0], rest[2] if len(rest) > 2 else None
 
     def _route(self, method: str, path: str, query: dict[str, list[str]], body: Any) -> tuple[int, Any]:
+        if method == "GET" and (namespace := re.fullmatch(r"/api/v1/namespaces/([^/]+)", path)):
+            return self._namespace(namespace.group(1))
         parsed = self._parse(path)
         if parsed is None or (parsed[0], parsed[1]) not in KINDS:
             return 404, status_body(404, "NotFound", f"the server could not find the requested resource ({path})")
@@ -225,7 +282,7 @@ class K8sDouble:
             if method == "POST" and name is None:
                 return self._create(group_version, resource, namespace, body, dry_run=query.get("dryRun") == ["All"])
             if method == "GET" and name is None:
-                return 200, self._list(group_version, resource, namespace, query)
+                return self._list(group_version, resource, namespace, query)
             key = (resource, namespace, name or "")
             obj = self.store.objects.get(key)
             if obj is None:
@@ -241,6 +298,14 @@ class K8sDouble:
                                             f'UID in precondition: {want}, UID in object meta: {obj["metadata"]["uid"]}', {"name": name, "kind": resource})
                 return self._delete(key, (body or {}).get("propagationPolicy") or query.get("propagationPolicy", ["Background"])[0])
         return 405, status_body(405, "MethodNotAllowed", "method not allowed")
+
+    def _namespace(self, name: str) -> tuple[int, Any]:
+        """``GET /api/v1/namespaces/<name>`` (core/v1 Namespace); kube-system always exists."""
+        if name != "kube-system" and name not in self.namespaces:
+            return 404, status_body(404, "NotFound", f'namespaces "{name}" not found', {"name": name, "kind": "namespaces"})
+        uid = self.cluster_uid if name == "kube-system" else str(uuid.uuid5(uuid.UUID(self.cluster_uid), name))
+        return 200, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "uid": uid, "resourceVersion": "1"},
+                     "spec": {"finalizers": ["kubernetes"]}, "status": {"phase": "Active"}}
 
     # ---- objects ---------------------------------------------------------------------------
     def _bump(self, resource: str, kind: str, obj: dict[str, Any]) -> None:
@@ -305,18 +370,61 @@ class K8sDouble:
         self.store.objects[key] = workload
         self._bump("workloads", "MODIFIED", workload)
 
-    def _list(self, group_version: str, resource: str, namespace: str, query: dict[str, list[str]]) -> dict[str, Any]:
-        items = [o for (r, ns, _), o in sorted(self.store.objects.items()) if r == resource and ns == namespace and self._matches(o, query)]
-        return {"apiVersion": group_version, "kind": f"{KINDS[(group_version, resource)]}List",
-                "metadata": {"resourceVersion": str(self.store.version)}, "items": items}
+    def _list(self, group_version: str, resource: str, namespace: str, query: dict[str, list[str]]) -> tuple[int, Any]:
+        kind = f"{KINDS[(group_version, resource)]}List"
+        limit = int(query.get("limit", ["0"])[0] or 0)
+        token = query.get("continue", [""])[0]
+        if token:
+            decoded = _decode_continue(token)
+            if decoded is None:
+                return 400, status_body(400, "BadRequest", "continue key is not valid: illegal base64 data")
+            rv, start = decoded
+            snapshot = self.store.snapshots.get((rv, resource, namespace))
+            if rv < self.store.compacted or snapshot is None:
+                # etcd3 store: the snapshot is compacted away; the Status carries a token that continues
+                # from the current state (an inconsistent remainder), as the API server's does.
+                body = status_body(410, "Expired", CONTINUE_EXPIRED)
+                body["metadata"] = {"continue": _encode_continue(self.store.version, start)}
+                self.store.snapshots.setdefault((self.store.version, resource, namespace), json.loads(json.dumps(self._collection(resource, namespace))))
+                return 410, body
+        else:
+            rv, start = self.store.version, ""
+            snapshot = self._collection(resource, namespace)
+        matching = [o for o in snapshot if o["metadata"]["name"] >= start and self._matches(o, query)]
+        page = matching[:limit] if limit > 0 else matching
+        meta: dict[str, Any] = {"resourceVersion": str(rv)}
+        if limit > 0 and len(matching) > limit:
+            if (rv, resource, namespace) not in self.store.snapshots:
+                self.store.snapshots[(rv, resource, namespace)] = json.loads(json.dumps(snapshot))
+            meta["continue"] = _encode_continue(rv, page[-1]["metadata"]["name"] + "\x00")
+            if not query.get("labelSelector") and not query.get("fieldSelector"):
+                meta["remainingItemCount"] = len(matching) - limit
+        self.listed[(resource, namespace)] += len(page)
+        return 200, {"apiVersion": group_version, "kind": kind, "metadata": meta, "items": page}
+
+    def _collection(self, resource: str, namespace: str) -> list[dict[str, Any]]:
+        """Every object of ``resource`` in ``namespace`` now, in key (name) order."""
+        return [o for (r, ns, _), o in sorted(self.store.objects.items()) if r == resource and ns == namespace]
+
+    def compact(self) -> None:
+        """Writes happened and etcd compacted up to now: every continue token issued so far expires (410 Expired)."""
+        with self._lock:
+            self.store.version += 1
+            self.store.compacted = self.store.version
+            self.store.snapshots.clear()
 
     @staticmethod
     def _matches(obj: dict[str, Any], query: dict[str, list[str]]) -> bool:
+        labels = obj["metadata"].get("labels") or {}
         for selector in query.get("labelSelector", []):
-            for term in filter(None, selector.split(",")):
-                key, equals, value = term.partition("=")
-                labels = obj["metadata"].get("labels") or {}
-                if (key not in labels) if not equals else (labels.get(key) != value):  # "key" alone: the label exists
+            for term in _split_terms(selector):
+                if match := _SET_TERM.match(term):
+                    key, operator, values = match.group(1), match.group(2), {v.strip() for v in match.group(3).split(",") if v.strip()}
+                    if (operator == "in") != (key in labels and labels[key] in values):
+                        return False
+                    continue
+                key, equals, value = term.strip().partition("=")
+                if (key not in labels) if not equals else (labels.get(key) != value.lstrip("=")):  # "key" alone: the label exists
                     return False
         for selector in query.get("fieldSelector", []):
             key, _, value = selector.partition("=")

@@ -4,7 +4,10 @@ It is a double, not Nomad: no Nomad binary is available on these machines (none 
 and none can be downloaded), so the client is tested against this instead: a small ``http.server`` on
 127.0.0.1 in a thread of the test process, speaking the JSON of Nomad's documented HTTP API
 for the endpoints gpufleet uses (register, plan, dispatch, job, evaluations, allocations,
-deregister, job list with ``prefix``, allocation list). With ``tls=`` (an ``ssl.SSLContext``) it serves HTTPS and, when the
+deregister, job list with ``prefix``, allocation list, and ``GET /v1/agent/members``: the
+region's servers as ``api.ServerMembers`` (api/agent.go) with the serf tags a server sets
+(nomad/server.go ``setupSerf``: role, region, dc, id = the server's node id, rpc_addr, port...),
+so a test can stand up a second "cluster" with the same region name and other servers). With ``tls=`` (an ``ssl.SSLContext``) it serves HTTPS and, when the
 context requires a client certificate, behaves like agents with ``verify_https_client``, so the
 client's CA, certificate and server-name handling run against a real TLS handshake. It records every request exactly as sent (method, path, query string,
 headers, body) and can inject faults (an HTTP status, or a slow answer that outlives the
@@ -27,6 +30,7 @@ import re
 import ssl
 import threading
 import time
+import uuid
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from collections.abc import Callable
@@ -97,9 +101,12 @@ def _node_ok(node: FakeNode, constraint: dict[str, str]) -> bool:
 
 
 class NomadDouble:
-    def __init__(self, nodes: list[FakeNode] | None = None, *, acl_token: str | None = None, tls: ssl.SSLContext | None = None) -> None:
+    def __init__(self, nodes: list[FakeNode] | None = None, *, acl_token: str | None = None, tls: ssl.SSLContext | None = None,
+                 region: str = "global") -> None:
         self.nodes = list(nodes or [])
         self.acl_token = acl_token
+        self.region = region
+        self.server_ids = [str(uuid.uuid4()) for _ in range(3)]  # each server's node id (data_dir/server/node-id)
         self.requests: list[Recorded] = []
         self.faults: dict[tuple[str, str], list[Fault]] = {}
         self.triggers: list[tuple[str, str, int, Callable[[], None]]] = []
@@ -231,6 +238,8 @@ class NomadDouble:
             with_states = (req.query.get("task_states") or ["true"])[0] != "false"
             return 200, [alloc if with_states else {k: v for k, v in alloc.items() if k != "TaskStates"}
                          for (ns, job_id) in sorted(self.state.jobs) if ns == namespace for alloc in self.state.allocations.get(job_id, [])]
+        if (method, route) == ("GET", "members"):
+            return 200, self._members()
         job = self.state.jobs.get(key)
         if job is None:
             return 404, "job not found"
@@ -248,6 +257,16 @@ class NomadDouble:
                 job["Stop"] = True
             return 200, {"EvalID": f"eval-stop-{self._next()}", "EvalCreateIndex": self.state.index, "JobModifyIndex": self.state.index}
         return 404, f"no route {method} {req.path}"
+
+    def _members(self) -> dict[str, Any]:
+        """``GET /v1/agent/members`` (command/agent/agent_endpoint.go AgentMembersRequest ->
+        Status.Members: structs.ServerMembersResponse)."""
+        members = [{"Name": f"nomad-server-{i}.{self.region}", "Addr": f"10.0.0.{i + 2}", "Port": 4648, "Status": "alive",
+                    "Tags": {"role": "nomad", "region": self.region, "dc": "dc1", "build": "1.10.5", "revision": "", "vsn": "1",
+                             "raft_vsn": "3", "id": server_id, "rpc_addr": f"10.0.0.{i + 2}", "port": "4647"},
+                    "ProtocolMin": 1, "ProtocolMax": 5, "ProtocolCur": 2, "DelegateMin": 2, "DelegateMax": 5, "DelegateCur": 4}
+                   for i, server_id in enumerate(self.server_ids)]
+        return {"ServerName": members[0]["Name"], "ServerRegion": self.region, "ServerDC": "dc1", "Members": members}
 
     def _summary(self, job: dict[str, Any]) -> dict[str, Any]:
         """JobSummary as Nomad keeps it: allocation counts per task group (Queued = not placed yet)."""
@@ -355,6 +374,8 @@ def _route(path: str) -> tuple[str, str]:
         return "register", ""
     if path == "/v1/allocations":
         return "allocation-list", ""
+    if path == "/v1/agent/members":
+        return "members", ""
     rest = path.removeprefix("/v1/job/")
     for suffix in ("plan", "dispatch", "evaluations", "allocations"):
         if rest.endswith(f"/{suffix}"):

@@ -115,6 +115,8 @@ def test_nomad_tenant_namespace_and_acl_policy_limited_to_it(stack_json):
     dispatcher = hcl.loads(resources["nomad_acl_policy"]["nomad_acl_dispatcher"]["rules_hcl"])
     assert sorted(dispatcher["namespace"]) == ["eval", "finetune"]
     assert {"submit-job", "dispatch-job"} <= set(dispatcher["namespace"]["eval"]["capabilities"])
+    # Read-only beyond the namespaces: /v1/agent/members (which servers answer) needs node:read.
+    assert sorted(dispatcher) == ["namespace", "node"] and dispatcher["node"]["policy"] == "read"
 
 
 def test_scheduler_stacks_keep_their_own_state(stack_json):

@@ -1,0 +1,153 @@
+"""A binding checks the scheduler's identity, not only a cluster name (security round three: a
+service bound to the right cluster name but pointed at the wrong scheduler address failed every
+production run as gone). Two services share one real SQLite and one real PostgreSQL database:
+production, bound to its cluster, and a second one bound to the same name but reaching another
+scheduler (another Nomad with the same region name; another Kubernetes API server with the same
+namespaces). The second starts degraded and says so, and leaves production's runs alone: not
+polled there, not failed as gone, not expired, not dispatched, quota still held; production goes
+on following them."""
+
+from __future__ import annotations
+
+from jobs.k8s.client import K8sClient, K8sSettings
+from jobs.nomad.client import NomadClient, NomadSettings
+from jobs.runner import GkeRunner, NomadRunner
+from experiments.scheduler import ClusterRunners
+from tests.experiments.test_dispatch import PARENT
+from tests.experiments.test_gke import NS, _run, _state, _submit
+from tests.jobs.conftest import a100_nodes
+from tests.jobs.k8s_double import K8sDouble
+from tests.jobs.nomad_double import NomadDouble
+
+
+def _vault_env(vault):
+    return {"VAULT_ADDR": vault.addr, "VAULT_TOKEN": vault.orchestrator.token}
+
+
+def test_a_service_reaching_another_nomad_under_the_right_name_leaves_production_alone(make_service, db_url, nomad, nomad_runner, vault):
+    prod = make_service(db_url, ClusterRunners(nomad=("prod-nomad", nomad_runner)))
+    headers = prod.token("finetune")
+    running = prod.submit(headers, deadline_hours=1).json()
+    prod.step()
+    job_id = nomad.dispatched(PARENT)[0]
+    nomad.finish(job_id, client_status="running")
+    prod.step()
+    assert _state(prod, running["id"], headers)["status"] == "running"
+
+    wrong = NomadDouble(a100_nodes(), acl_token=nomad.acl_token, region=nomad.region).start()  # same region name, other servers
+    client = NomadClient(NomadSettings(address=wrong.address, token=wrong.acl_token, timeout_seconds=2.0, retries=1, backoff_seconds=0.01))
+    try:
+        other = make_service(db_url, ClusterRunners(nomad=("prod-nomad", NomadRunner(client, _vault_env(vault)))), clock=prod.clock)
+        health = other.client.get("/healthz").json()
+        assert health["status"] == "degraded" and "is not the one prod-nomad's runs were made on" in health["unobserved"]["prod-nomad"]
+        waiting = other.submit(headers, meta={"dataset_uri": "hf://datasets/acme/chat@v3", "run_id": "r2"}).json()
+        other.clock.advance(hours=3)  # far past the running run's 1 h deadline
+        for _ in range(3):
+            other.step()
+        shown = _state(other, running["id"], headers)
+        assert shown["status"] == "running", shown  # not "failed: the scheduler no longer knows run ...", not expired
+        assert shown["reason"].startswith("unobserved: ") and "point NOMAD_ADDR at prod-nomad" in shown["reason"]
+        assert _state(other, waiting["id"], headers)["status"] == "pending"  # not dispatched to the wrong Nomad
+        assert [r.path for r in wrong.requests] == ["/v1/agent/members"] * len(wrong.requests)  # asked who it is, nothing else
+        assert not nomad.state.jobs[("finetune", job_id)].get("Stop")
+        # Production, on the same database at the same time, still follows and dispatches its runs.
+        prod.step()
+        assert len(nomad.dispatched(PARENT)) == 2 and _state(prod, waiting["id"], headers)["status"] in ("queued", "provisioning")
+        assert _state(prod, running["id"], headers)["status"] == "expired" and nomad.state.jobs[("finetune", job_id)]["Stop"] is True
+    finally:
+        client.close()
+        wrong.stop()
+
+
+def test_a_service_reaching_another_kubernetes_cluster_under_the_right_name_leaves_production_alone(make_service, db_url, k8s, fleet_runner,
+                                                                                                    nomad_runner, vault, tmp_path):
+    prod = make_service(db_url, fleet_runner)
+    headers = prod.token(NS)
+    exp = _submit(prod, headers, deadline_hours=1).json()
+    prod.step()
+    run = _run(_state(prod, exp["id"], headers))
+    k8s.admit(NS, run, cluster_queue=NS, flavor="h100")
+    k8s.pods_ready(NS, run, 2)
+    prod.step()
+    assert _state(prod, exp["id"], headers)["status"] == "running"
+
+    wrong = K8sDouble(namespaces={ns: set(queues) for ns, queues in k8s.namespaces.items()}).start()  # another cluster, same tenants
+    client = K8sClient(K8sSettings(kubeconfig=str(wrong.kubeconfig(tmp_path / "wrong-kubeconfig")), timeout_seconds=5.0, retries=1, backoff_seconds=0.01))
+    try:
+        runners = ClusterRunners(nomad=("prod-nomad", nomad_runner), gke=("prod-gke", GkeRunner(client, _vault_env(vault))))
+        other = make_service(db_url, runners, clock=prod.clock)
+        assert "prod-gke" in other.client.get("/healthz").json()["unobserved"] and "prod-nomad" not in runners.blocked
+        other.clock.advance(hours=3)
+        for _ in range(3):
+            other.step()
+        shown = _state(other, exp["id"], headers)
+        assert shown["status"] == "running", shown
+        assert shown["reason"].startswith("unobserved: ") and "is not the one prod-gke's runs were made on" in shown["reason"]
+        assert {r.path for r in wrong.requests} == {"/api/v1/namespaces/kube-system"}  # no Job listed, read or deleted there
+        # Its quota stays held: research's 24 H100 hold this 16-GPU run, so a second one is refused.
+        second = _submit(other, headers, meta={"dataset_uri": "gs://acme-data/chat/v3/", "run_id": "second"})
+        assert second.status_code == 409 and "quota" in second.json()["error"]
+        prod.step()
+        assert _state(prod, exp["id"], headers)["status"] == "expired" and k8s.job(NS, run)["metadata"].get("deletionTimestamp")
+    finally:
+        client.close()
+        wrong.stop()
+
+
+def test_a_service_that_cannot_ask_its_scheduler_who_it_is_starts_degraded_and_fails_nothing(make_service, sqlite_url, nomad, nomad_runner, vault):
+    prod = make_service(sqlite_url, ClusterRunners(nomad=("prod-nomad", nomad_runner)))
+    headers = prod.token("finetune")
+    exp = prod.submit(headers, deadline_hours=1).json()
+    prod.step()
+    nomad.finish(nomad.dispatched(PARENT)[0], client_status="running")
+    prod.step()
+    down = NomadDouble(a100_nodes()).start()
+    address = down.address
+    down.stop()  # nothing listens there any more
+    client = NomadClient(NomadSettings(address=address, timeout_seconds=0.5, retries=0, backoff_seconds=0.01))
+    try:
+        other = make_service(sqlite_url, ClusterRunners(nomad=("prod-nomad", NomadRunner(client, _vault_env(vault)))), clock=prod.clock)
+        assert "cannot tell yet" in other.client.get("/healthz").json()["unobserved"]["prod-nomad"]
+        other.clock.advance(hours=3)
+        other.step()
+        shown = _state(other, exp["id"], headers)
+        assert shown["status"] == "running" and shown["reason"].startswith("unobserved: ")
+    finally:
+        client.close()
+
+
+def test_after_the_upgrade_a_wrong_scheduler_that_starts_first_is_not_recorded(make_service, db_url, nomad, nomad_runner, vault):
+    """Runs made before identities were recorded: the first service to start after the upgrade
+    is the misconfigured one. It knows none of the cluster's runs, so its scheduler is not
+    recorded as the cluster's and the runs are left alone; production then records its own."""
+    from sqlalchemy import delete, select
+
+    from experiments.models import SchedulerIdentity
+
+    prod = make_service(db_url, ClusterRunners(nomad=("prod-nomad", nomad_runner)))
+    headers = prod.token("finetune")
+    exp = prod.submit(headers).json()
+    prod.step()
+    nomad.finish(nomad.dispatched(PARENT)[0], client_status="running")
+    prod.step()
+    prod.close()
+    with prod.ctx.sessions() as session, session.begin():
+        session.execute(delete(SchedulerIdentity))  # as before this table existed
+    wrong = NomadDouble(a100_nodes(), acl_token=nomad.acl_token, region=nomad.region).start()
+    client = NomadClient(NomadSettings(address=wrong.address, token=wrong.acl_token, timeout_seconds=2.0, retries=1, backoff_seconds=0.01))
+    try:
+        other = make_service(db_url, ClusterRunners(nomad=("prod-nomad", NomadRunner(client, _vault_env(vault)))), clock=prod.clock)
+        assert "knows none of the 1 most recent runs of prod-nomad" in other.client.get("/healthz").json()["unobserved"]["prod-nomad"]
+        for _ in range(2):
+            other.step()
+        assert _state(other, exp["id"], headers)["status"] == "running"
+        with other.ctx.sessions() as session:
+            assert session.scalars(select(SchedulerIdentity)).all() == []
+        other.close()
+    finally:
+        client.close()
+        wrong.stop()
+    back = make_service(db_url, ClusterRunners(nomad=("prod-nomad", nomad_runner)), clock=prod.clock)
+    assert back.client.get("/healthz").json()["status"] == "ok"
+    with back.ctx.sessions() as session:
+        assert session.get(SchedulerIdentity, "prod-nomad").identity.startswith(f"nomad region={nomad.region} servers=")

@@ -1,0 +1,65 @@
+"""Dispatch has its own loop: a reconcile pass that waits on a stalled scheduler does not delay
+a new submission (security round three: one worker thread did dispatch, reconcile and reap, so a
+slow pass held every tenant's submissions). Latches, not sleeps: the scheduler double blocks in
+the reconciler's poll until the test releases it, and the test waits for the new run's dispatch
+while that poll is still blocked."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from experiments.background.context import Timing
+from experiments.background.worker import Worker
+from experiments.models import Experiment
+from tests.experiments.test_dispatch import PARENT
+
+WAIT_SECONDS = 20.0  # a bound for the latch, never reached when the loops are independent
+
+
+class StallingRunner:
+    """The Nomad runner, except that a batch poll (the reconciler's call) blocks until released."""
+
+    scheduler = "nomad"
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.stalled = threading.Event()
+        self.release = threading.Event()
+        self.submitted: dict[str, threading.Event] = {}
+
+    def poll(self, run_ids: Sequence[str], known: Mapping[str, str]) -> Any:
+        self.stalled.set()
+        self.release.wait(WAIT_SECONDS * 2)
+        return self.inner.poll(run_ids, known)
+
+    def submit(self, job: Any, meta: Mapping[str, str], *, idempotency_key: str | None = None) -> str:
+        run_id = self.inner.submit(job, meta, idempotency_key=idempotency_key)
+        self.submitted.setdefault(str(idempotency_key), threading.Event()).set()
+        return run_id
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def test_a_stalled_reconcile_does_not_delay_the_dispatch_of_a_new_submission(make_service, sqlite_url, nomad, nomad_runner):
+    runner = StallingRunner(nomad_runner)
+    svc = make_service(sqlite_url, runner, timing=Timing(poll_seconds=0.05))
+    headers = svc.token("finetune")
+    first = svc.submit(headers).json()
+    worker = Worker(svc.ctx)
+    worker.start()
+    try:
+        # The first run is dispatched, then the follow loop polls it and hangs in the scheduler.
+        assert runner.stalled.wait(WAIT_SECONDS), "the reconciler never polled the first run"
+        second = svc.submit(headers, meta={"dataset_uri": "hf://datasets/acme/chat@v3", "run_id": "r2"}).json()
+        latch = runner.submitted.setdefault(second["id"], threading.Event())
+        assert latch.wait(WAIT_SECONDS), "the new submission waited for the stalled reconcile pass"
+        assert not runner.release.is_set()  # the reconcile pass is still blocked while it was dispatched
+        assert len(nomad.dispatched(PARENT)) == 2
+        with svc.ctx.sessions() as session:
+            assert session.get(Experiment, first["id"]).run_id  # the run the stalled pass is asking about
+    finally:
+        runner.release.set()
+        worker.stop()
