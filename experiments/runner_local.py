@@ -55,6 +55,9 @@ class LocalRunner:
     scheduler = "local"
 
     def __init__(self, vault_env: Mapping[str, str]) -> None:
+        # Which service's runs these are (experiments.scheduler.run_scheduler): a task is a child of
+        # this process, so no other service can tell whether it still runs.
+        self.instance = secrets.token_hex(4)
         self._environ = dict(vault_env)
         self._runs: dict[str, _Run] = {}
         self._by_key: dict[str, str] = {}

@@ -83,11 +83,22 @@ def is_local(runner: Any) -> bool:
     return getattr(runner, "scheduler", None) == LOCAL
 
 
+def run_scheduler(runner: Any) -> str:
+    """What a run this service admits records as its scheduler: a local runner's runs name that
+    runner (``local:<instance>``), since only the process that started a task can follow it; two
+    local services on one database then never poll, fail or free each other's runs (red team 22:
+    the second one failed the first one's live run as gone and freed its quota)."""
+    return f"{LOCAL}:{runner.instance}" if is_local(runner) else getattr(runner, "scheduler", "")
+
+
 def not_bound(runner: Any, cluster: str, scheduler: str) -> str | None:
     """Why this service must not act on a run of ``cluster`` (None: it may)."""
     if is_local(runner):
-        if scheduler == LOCAL:
+        if scheduler == run_scheduler(runner):
             return None
+        if scheduler == LOCAL or scheduler.startswith(f"{LOCAL}:"):
+            return ("unobserved: another --scheduler local service ran this job on its own machine and follows it; this one cannot see"
+                    " its process, so the run is not polled, stopped or failed from here (its quota stays held)")
         option = "--gke-cluster" if scheduler == SchedulerKind.GKE.value else "--nomad-cluster"
         return (f"unobserved: this service runs jobs on this machine (--scheduler local) and does not follow {scheduler} runs: the run on "
                 f"{cluster} is not polled, stopped or failed from here; the service started with {option} {cluster} follows it")
@@ -104,7 +115,7 @@ def not_bound(runner: Any, cluster: str, scheduler: str) -> str | None:
 def bound_clause(runner: Any, cluster: Any, scheduler: Any) -> ColumnElement[bool] | None:
     """SQL: the experiment's (cluster, scheduler) is bound to ``runner``; None: every one is."""
     if is_local(runner):
-        return scheduler == LOCAL
+        return scheduler == run_scheduler(runner)
     clusters = bound_to(runner)
     if clusters is None:
         return None

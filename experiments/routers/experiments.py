@@ -13,6 +13,7 @@ from experiments.auth import Caller
 from experiments.background.context import Context
 from experiments.errors import ApiError
 from experiments.routers.deps import caller, context
+from experiments.scheduler import run_scheduler
 from experiments.services import experiments as service
 from experiments.services import logs as run_logs
 from experiments.states import State
@@ -54,7 +55,7 @@ def submit(body: SubmitRequest, who: Annotated[Caller, Depends(caller)], ctx: An
            idempotency_key: Annotated[str | None, Header(max_length=255)] = None) -> JSONResponse:
     with ctx.sessions() as session:
         exp, created = service.submit(session, ctx.catalog, who, job=body.job, meta=body.meta, deadline_hours=body.deadline_hours,
-                                      idempotency_key=idempotency_key, scheduler=ctx.runner.scheduler, now=ctx.clock(),
+                                      idempotency_key=idempotency_key, scheduler=run_scheduler(ctx.runner), now=ctx.clock(),
                                       clusters=getattr(ctx.runner, "clusters", None))
     return JSONResponse(service.view(exp, now=ctx.clock()), status_code=202 if created else 200)
 

@@ -90,7 +90,7 @@ def scheduler_for(spec: FinetuneSpec, runner_scheduler: str, clusters: Mapping[s
                        field="job", fix=f"submit it to the service started with {option} {spec.cluster}, or submit a job of a bound cluster")
     if runner_scheduler in ("any", wanted):
         return wanted
-    if runner_scheduler == "local" and spec.scheduler == SchedulerKind.NOMAD:
-        return "local"
-    raise ApiError(422, f"job {spec.name} runs on {wanted} cluster {spec.cluster}, but this service dispatches to {runner_scheduler} only",
+    if runner_scheduler.split(":", 1)[0] == "local" and spec.scheduler == SchedulerKind.NOMAD:
+        return runner_scheduler  # local:<instance>, the service that runs it (experiments.scheduler.run_scheduler)
+    raise ApiError(422, f"job {spec.name} runs on {wanted} cluster {spec.cluster}, but this service dispatches to {runner_scheduler.split(':', 1)[0]} only",
                    field="job", fix="submit a job of a Nomad cluster here, or run gpufleet serve without --scheduler local so it routes each job to its cluster's scheduler")

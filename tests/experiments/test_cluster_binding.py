@@ -228,3 +228,32 @@ def test_a_local_development_service_on_the_production_database_leaves_productio
     back.step()
     assert _state(back, running["id"], headers)["status"] == "expired" and nomad.state.jobs[("finetune", job_id)]["Stop"] is True
     assert len(nomad.dispatched(PARENT)) == 2  # the waiting run went to Nomad, exactly once
+
+
+def test_two_local_services_on_one_database_leave_each_others_runs_alone(make_service, db_url, vault):
+    """Red team 22: a second ``--scheduler local`` service on the same database failed the first
+    one's live run as gone ("the scheduler no longer knows run local/...") in its first pass and
+    freed its quota, while the first service's task still ran. Each local service now follows only
+    the runs it started (scheduler ``local:<instance>``); the other's show as unobserved."""
+    from experiments.runner_local import LocalRunner
+
+    env = {"VAULT_ADDR": vault.addr, "VAULT_TOKEN": vault.orchestrator.token}
+    a_runner = LocalRunner(env)
+    a = make_service(db_url, a_runner)
+    headers = a.token("finetune")
+    exp = a.submit(headers, meta={"dataset_uri": "hf://datasets/acme/chat@v3", "run_id": "two-local"}).json()
+    a.step()
+    (run,) = a_runner._runs.values()
+    try:
+        assert _state(a, exp["id"], headers)["status"] == "running"
+        b = make_service(db_url, LocalRunner(env), clock=a.clock)
+        for _ in range(2):
+            b.step()
+        shown = _state(b, exp["id"], headers)
+        assert shown["status"] == "running" and shown["reason"].startswith("unobserved: another --scheduler local service"), shown
+        theirs = b.submit(headers, meta={"dataset_uri": "hf://datasets/acme/chat@v3", "run_id": "two-local-b"}).json()
+        a.step()
+        assert _state(a, theirs["id"], headers)["status"] == "pending"  # a does not claim b's dispatch
+        b.close()
+    finally:
+        run.process.kill()
