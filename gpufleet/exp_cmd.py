@@ -64,11 +64,22 @@ def _detail(exp: dict[str, Any]) -> Table:
             ("tenant / job", f"{exp['tenant']} / {exp['job']}"), ("pool", f"{exp['cluster']}/{exp['pool']} ({exp['gpus']} GPU)"),
             ("run", f"{exp['scheduler']} {exp.get('run_id') or '-'}"), ("deadline", f"{exp['deadline_hours']}h" + (f" (at {exp['deadline_at']})" if exp.get("deadline_at") else "")),
             ("GPU-hours", f"{exp['gpu_hours']:.4f}"), ("estimated cost", f"{exp['estimated_cost_usd']:.4f} USD ({exp['price_kind']} {exp['price_per_gpu_hour']}/GPU-hour)")]
+    if "gpu_utilization" in exp:
+        rows += _usage_rows(exp["gpu_utilization"])
     rows += [(f"  {kind}", name) for kind, name in (exp.get("scheduler_ids") or {}).items() if kind != "run"]
     rows += [(f"  {state}", at) for state, at in exp["timestamps"].items() if at]
     for name, value in rows:
         table.add_row(name, value, style=None)
     return table
+
+
+def _usage_rows(usage: dict[str, Any]) -> list[tuple[str, str]]:
+    """Unknown (no sample, or the metrics source was down) is printed as unknown, never as 0."""
+    def known(value: float | None, unit: str) -> str:
+        return "unknown" if value is None else f"{value:g}{unit}"
+
+    return [("GPU utilization", f"mean {known(usage['mean_pct'], '%')}, peak {known(usage['peak_pct'], '%')} ({usage['samples']} samples)"),
+            ("peak GPU memory", known(usage["peak_memory_mib"], " MiB"))]
 
 
 def cmd_submit(
