@@ -24,6 +24,7 @@ from experiments.auth import OidcSettings
 from experiments.background.context import Context, Timing
 from experiments.background.worker import Worker
 from experiments.errors import ApiError
+from experiments.health import SchedulerHealth
 from experiments.limits import MAX_BODY_BYTES, BodyLimit
 from experiments.metrics import Metrics
 from jobs.runner import Runner
@@ -67,6 +68,8 @@ def create_app(settings: ServiceSettings, *, runner: Runner, catalog: Catalog | 
     db.upgrade(engine)
     sessions = db.session_factory(engine)
     metrics = Metrics(sessions, clock, runner)
+    health = SchedulerHealth(runner)
+    metrics.registry.register(health)
     ctx = Context(sessions=sessions, runner=runner, catalog=catalog or Catalog(), clock=clock, metrics=metrics, timing=settings.timing)
     worker = Worker(ctx) if settings.worker else None
     jwks = None
@@ -89,6 +92,7 @@ def create_app(settings: ServiceSettings, *, runner: Runner, catalog: Catalog | 
     app = FastAPI(title="gpufleet experiments", version="1", lifespan=lifespan, docs_url="/api/docs", redoc_url=None, openapi_url="/api/openapi.json")
     app.state.ctx = ctx
     app.state.worker = worker
+    app.state.schedulers = health
     app.state.engine = engine
     app.state.oidc = settings.oidc
     app.state.jwks = jwks

@@ -1,4 +1,5 @@
-"""/healthz (database reachable, worker alive) and /metrics (Prometheus text format)."""
+"""/healthz (database reachable, worker alive, each bound scheduler answering: ``degraded`` when
+one does not) and /metrics (Prometheus text format, with ``gpufleet_scheduler_up``)."""
 
 from __future__ import annotations
 
@@ -21,13 +22,18 @@ def healthz(request: Request) -> JSONResponse:
             session.execute(text("SELECT 1"))
     except Exception as exc:  # noqa: BLE001 - report any database failure as unhealthy
         return JSONResponse({"status": "unhealthy", "database": type(exc).__name__}, status_code=503)
+    schedulers = request.app.state.schedulers.check()
+    # A scheduler that does not answer degrades the service (runs wait) but does not make it
+    # unhealthy: a load balancer must keep serving reads, logs and cancels recorded for later.
+    status = "ok" if all(s["answers"] for s in schedulers.values()) else "degraded"
     worker = request.app.state.worker
     if worker is None:
-        return JSONResponse({"status": "ok", "database": "ok", "worker": "disabled (run gpufleet serve --worker-only)"})
+        return JSONResponse({"status": status, "database": "ok", "worker": "disabled (run gpufleet serve --worker-only)", "schedulers": schedulers})
     beat = worker.heartbeat
     if beat is not None and time.monotonic() - beat > WORKER_STALE_SECONDS:
-        return JSONResponse({"status": "unhealthy", "database": "ok", "worker": f"no pass for {time.monotonic() - beat:.0f}s"}, status_code=503)
-    return JSONResponse({"status": "ok", "database": "ok", "worker": "running" if beat is not None else "starting"})
+        return JSONResponse({"status": "unhealthy", "database": "ok", "worker": f"no pass for {time.monotonic() - beat:.0f}s", "schedulers": schedulers},
+                            status_code=503)
+    return JSONResponse({"status": status, "database": "ok", "worker": "running" if beat is not None else "starting", "schedulers": schedulers})
 
 
 @router.get("/metrics")

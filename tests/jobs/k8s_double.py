@@ -206,7 +206,7 @@ class K8sDouble:
         return group_version, rest[1], rest[0], rest[2] if len(rest) > 2 else None
 
     def _route(self, method: str, path: str, query: dict[str, list[str]], body: Any) -> tuple[int, Any]:
-        if (method, path) == ("GET", "/version"):  # version.Info (k8s.io/apimachinery pkg/version/types.go)
+        if method == "GET" and path in ("/version", "/version/"):  # version.Info (k8s.io/apimachinery pkg/version/types.go)
             return 200, {"major": "1", "minor": "33", "gitVersion": "v1.33.2-gke.1000", "gitCommit": "", "gitTreeState": "clean",
                          "buildDate": "2026-01-01T00:00:00Z", "goVersion": "go1.24", "compiler": "gc", "platform": "linux/amd64"}
         parsed = self._parse(path)

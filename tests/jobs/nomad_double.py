@@ -235,7 +235,7 @@ class NomadDouble:
             return 200, [alloc if with_states else {k: v for k, v in alloc.items() if k != "TaskStates"}
                          for (ns, job_id) in sorted(self.state.jobs) if ns == namespace for alloc in self.state.allocations.get(job_id, [])]
         if (method, route) == ("GET", "leader"):
-            return 200, "10.0.0.2:4647"
+            return 200, json.dumps("10.0.0.2:4647")  # the leader's RPC address as a JSON string
         if (method, route) == ("GET", "alloc-stats"):
             return self._alloc_stats(job_id)
         job = self.state.jobs.get(key)
