@@ -14,6 +14,7 @@ from typing import Any
 
 import typer
 from gpufleet.console import make_console
+from gpufleet.progress import Stages
 from rich.table import Table
 
 from clusters.errors import UserError
@@ -173,15 +174,17 @@ def cmd_logs(experiment_id: str = typer.Argument(..., help="The experiment id, o
 def cmd_watch(experiment_id: str = typer.Argument(...), interval: float = typer.Option(1.0, "--interval", min=0.2), as_json: bool = JsonOption) -> None:
     """Print each state change until the experiment ends; exit 1 unless it succeeded."""
     seen = None
-    while True:
-        exp = _call("GET", f"/api/v1/experiments/{experiment_id}")
-        if exp["status"] != seen:
-            seen = exp["status"]
-            if not as_json:
-                console.print(f"{exp['id'][:8]} {_state(seen)} {exp.get('reason') or ''}")
-        if seen in TERMINAL:
-            break
-        time.sleep(interval)
+    with Stages(console, terminal_only=True) as stages:
+        while True:
+            exp = _call("GET", f"/api/v1/experiments/{experiment_id}")
+            if exp["status"] != seen:
+                seen = exp["status"]
+                if not as_json:
+                    console.print(f"{exp['id'][:8]} {_state(seen)} {exp.get('reason') or ''}")
+                    stages.step(f"{exp['id'][:8]} {seen}: waiting for the next state")
+            if seen in TERMINAL:
+                break
+            time.sleep(interval)
     _print_json(exp) if as_json else console.print(_detail(exp))
     if seen != "succeeded":
         raise typer.Exit(1)
