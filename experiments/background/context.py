@@ -69,6 +69,8 @@ class Timing:
     usage_seconds: float = 60.0
     # Nomad allocations asked for their stats per pass (one GET each), least recently sampled first.
     usage_nomad_per_pass: int = 25
+    # ...and only while those GETs have taken less than this share of the pass (at least a few a pass).
+    usage_budget: float = 0.15
 
 
 @dataclass(frozen=True)

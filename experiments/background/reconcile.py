@@ -19,6 +19,7 @@ utilization of the running runs it just read, at a bounded rate (background.usag
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -54,6 +55,7 @@ def process_scheduled(ctx: Context) -> int:
     scheduler gave no answer for (its namespace could not be listed, the scheduler is down) is
     left as it was, not stamped as reconciled (so the lag metric shows it) and counted in
     ``gpufleet_reconcile_errors``."""
+    started = time.monotonic()
     query = (select(Experiment.id, Experiment.run_id, Experiment.state, Experiment.cancel_requested_at, Experiment.scheduler_refs)
              .where(Experiment.state.in_([s.value for s in ON_SCHEDULER]), Experiment.run_id.is_not(None)))
     bound = bound_clause(ctx.runner, Experiment.cluster, Experiment.scheduler)
@@ -112,7 +114,7 @@ def process_scheduled(ctx: Context) -> int:
     gone = [r.run_id for r in tracked if r.id in ended]
     ctx.fingerprints.forget(gone)
     ctx.sampled.forget(gone)
-    sample_usage(ctx, _running(tracked, moves, set(answered)))
+    sample_usage(ctx, _running(tracked, moves, set(answered)), pass_seconds=time.monotonic() - started)
     return done + len(answered)
 
 

@@ -153,7 +153,7 @@ def test_a_pass_over_200_running_runs_asks_for_a_bounded_rotating_set_of_stats(m
 
     from experiments.models import RunUsage
 
-    svc = make_service(sqlite_url, nomad_runner, timing=Timing(usage_nomad_per_pass=25))
+    svc = make_service(sqlite_url, nomad_runner, timing=Timing(usage_nomad_per_pass=25, usage_budget=1000.0))  # the count bound alone
     _seed_running(svc, nomad, 200)
     per_pass = []
     for _ in range(8):
@@ -191,3 +191,13 @@ def test_a_long_series_is_halved_and_keeps_its_mean_and_peaks(make_service, sqli
     expected_mean = sum((i % 10) * 10 for i in range(run_usage.MAX_POINTS + 1)) / (run_usage.MAX_POINTS + 1)
     assert summary["samples"] == run_usage.MAX_POINTS + 1 and summary["mean_pct"] == round(expected_mean, 1)
     assert (summary["peak_pct"], summary["peak_memory_mib"]) == (90.0, 100 + run_usage.MAX_POINTS)
+
+
+def test_the_time_budget_holds_a_pass_to_one_chunk_of_stats_when_they_are_slow(make_service, sqlite_url, nomad, nomad_runner):
+    from experiments.background.usage import CHUNK
+
+    svc = make_service(sqlite_url, nomad_runner, timing=Timing(usage_nomad_per_pass=25, usage_budget=0.0))
+    _seed_running(svc, nomad, 200)
+    for passes in range(1, 4):
+        svc.step()
+        assert len(nomad.calls("GET", "alloc-stats")) == CHUNK * passes
