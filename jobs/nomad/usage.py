@@ -12,7 +12,8 @@ The NVIDIA device plugin (hashicorp/nomad-device-nvidia stats.go) reports vendor
 (device.go:27), type ``gpu``; ``Stats.Attributes["GPU utilization"]`` (stats.go:22, unit ``%``,
 IntNumeratorVal) and ``Summary`` = the ``Memory state`` attribute (stats.go:40, :292: used MiB as
 IntNumeratorVal over total MiB as IntDenominatorVal); a value NVML did not give is
-``StringVal: "N/A"`` (device.go:34), which is unknown here, never 0.
+``StringVal: "N/A"`` (device.go:34), which is unknown here, never 0. The endpoint needs ``read-job``
+on the allocation's namespace (client/alloc_endpoint.go:170).
 """
 
 from __future__ import annotations
