@@ -4,6 +4,7 @@ client's retries: /healthz and scrapes must not hammer, or wait on, a scheduler 
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Iterator
@@ -11,6 +12,8 @@ from typing import Any
 
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
+
+log = logging.getLogger("gpufleet.experiments")
 
 
 class SchedulerHealth(Collector):
@@ -26,7 +29,7 @@ class SchedulerHealth(Collector):
         return {kind: name for name, kind in clusters.items()}
 
     def check(self) -> dict[str, dict[str, Any]]:
-        """cluster -> {"scheduler", "answers", "error"?}; empty for a runner that cannot say (local)."""
+        """cluster -> {"scheduler", "answers"}; empty for a runner that cannot say (local)."""
         probe = getattr(self._runner, "health", None)
         if probe is None:
             return {}
@@ -36,7 +39,10 @@ class SchedulerHealth(Collector):
             names = self._names()
             answers = {}
             for kind, error in probe().items():
-                answers[names.get(kind, kind)] = {"scheduler": kind, "answers": error is None, **({"error": error} if error else {})}
+                cluster = names.get(kind, kind)
+                answers[cluster] = {"scheduler": kind, "answers": error is None}
+                if error:  # the why (addresses, TLS detail) goes to the log, not to anonymous /healthz callers
+                    log.warning("the %s scheduler of cluster %s does not answer: %s", kind, cluster, error)
             self._checked = (time.monotonic(), answers)
             return answers
 

@@ -3,13 +3,14 @@ with its fix (the project's ``error: <what>; <fix>`` style), exit 1 if any.
 
 Checked: GPUFLEET_API answers and GPUFLEET_API_TOKEN is accepted there; the control plane's own
 schedulers answer (its /healthz, per bound cluster); VAULT_ADDR is set, answers and is unsealed;
-for a fleet with Nomad clusters NOMAD_ADDR is set and the servers answer; for a fleet with GKE
-clusters the kubeconfig context loads and its API server answers. Each check has a short timeout
+the cluster files load; for a fleet with Nomad clusters NOMAD_ADDR is set and the servers answer;
+for a fleet with GKE clusters the kubeconfig context loads and its API server answers. Each check has a short timeout
 and no check stops the others.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from collections.abc import Callable, Mapping
@@ -41,9 +42,9 @@ def _api(env: Mapping[str, str]) -> list[str]:
         problems.append(f"the control plane at {base} is unhealthy (database {body.get('database')}, worker {body.get('worker')}); see its log")
     for cluster, state in sorted((body.get("schedulers") or {}).items()):
         if not state.get("answers"):
-            fix = "check the service's NOMAD_ADDR, NOMAD_TOKEN and NOMAD_CACERT" if state.get("scheduler") == "nomad" else "check the service's kubeconfig context"
-            problems.append(f"the control plane cannot reach the {state.get('scheduler')} scheduler of cluster {cluster} "
-                            f"({str(state.get('error', ''))[:160]}); runs there wait: {fix}")
+            fix = "NOMAD_ADDR, NOMAD_TOKEN and NOMAD_CACERT" if state.get("scheduler") == "nomad" else "kubeconfig context"
+            problems.append(f"the control plane cannot reach the {state.get('scheduler')} scheduler of cluster {cluster} and runs there wait; "
+                            f"its log says why: check the service's {fix}")
     token = env.get("GPUFLEET_API_TOKEN")
     if not token:
         problems.append("GPUFLEET_API_TOKEN is not set; create one with: gpufleet api token create --tenant <tenant>")
@@ -75,10 +76,31 @@ def _vault(env: Mapping[str, str]) -> list[str]:
     return []
 
 
+@functools.cache
 def _fleet_schedulers() -> set[str]:
+    """The schedulers clusters/ uses (which of NOMAD_ADDR and the kube context matter here)."""
     from clusters import load_all
 
     return {config.scheduler.value for config in load_all()}
+
+
+def _clusters(env: Mapping[str, str]) -> list[str]:
+    from clusters.errors import ConfigError
+
+    try:
+        _fleet_schedulers()
+    except ConfigError as exc:
+        return [f"{problem} (run gpufleet check)" for problem in exc.problems]
+    return []
+
+
+def _uses(scheduler: str) -> bool:
+    from clusters.errors import ConfigError
+
+    try:
+        return scheduler in _fleet_schedulers()
+    except ConfigError:
+        return False  # reported once, by the clusters check
 
 
 def _nomad(env: Mapping[str, str]) -> list[str]:
@@ -86,7 +108,7 @@ def _nomad(env: Mapping[str, str]) -> list[str]:
 
     from jobs.nomad.client import NomadClient, NomadSettings
 
-    if "nomad" not in _fleet_schedulers():
+    if not _uses("nomad"):
         return []
     if not env.get("NOMAD_ADDR"):
         return ["NOMAD_ADDR is not set but the fleet has Nomad clusters; set NOMAD_ADDR (with NOMAD_TOKEN, NOMAD_CACERT) to their servers"]
@@ -106,7 +128,7 @@ def _kube(env: Mapping[str, str]) -> list[str]:
 
     from jobs.k8s.client import K8sClient, K8sSettings
 
-    if "gke" not in _fleet_schedulers():
+    if not _uses("gke"):
         return []
     try:
         client = K8sClient(replace(K8sSettings.from_env(env), timeout_seconds=TIMEOUT_SECONDS, retries=0))
@@ -120,12 +142,14 @@ def _kube(env: Mapping[str, str]) -> list[str]:
     return []
 
 
-CHECKS: tuple[tuple[str, Check], ...] = (("control plane", _api), ("vault", _vault), ("nomad", _nomad), ("kubernetes", _kube))
+CHECKS: tuple[tuple[str, Check], ...] = (("control plane", _api), ("vault", _vault), ("cluster files", _clusters), ("nomad", _nomad),
+                                         ("kubernetes", _kube))
 
 
 def cmd_doctor() -> None:
     """Check this environment (GPUFLEET_API and token, VAULT_ADDR, NOMAD_ADDR, kube context, the
     control plane's clusters): one line per problem with its fix; exit 1 if any."""
+    _fleet_schedulers.cache_clear()
     env = dict(os.environ)
     problems = 0
     for name, check in CHECKS:

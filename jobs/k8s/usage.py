@@ -76,34 +76,30 @@ def _run_of(pod: str, runs: Sequence[str]) -> str | None:
     return best
 
 
+def _value(series: Mapping[str, Any]) -> float | None:
+    """A sample's value (a string in the API); NaN or unparsable is unknown, not 0."""
+    try:
+        value = float(series["value"][1])
+    except (KeyError, IndexError, TypeError, ValueError):
+        return None
+    return None if math.isnan(value) else value
+
+
 def parse(answer: Mapping[str, Any], settings: PrometheusSettings, runs: Mapping[str, Sequence[str]]) -> dict[tuple[str, str], Usage]:
-    """The query's vector -> (namespace, run) -> sample. NaN values are unknown, not 0."""
+    """The query's vector -> (namespace, run) -> sample over every GPU of every pod of the run."""
     if answer.get("status") != "success" or (answer.get("data") or {}).get("resultType") != "vector":
         raise UsageUnavailable(f"Prometheus answered {answer.get('status')!r} ({answer.get('error') or 'not a vector'})")
-    per_gpu: dict[tuple[str, str], dict[str, list[float | None]]] = defaultdict(lambda: {"util": [], "memory": []})
-    keys: dict[tuple[str, str], dict[tuple[str, str], int]] = defaultdict(dict)
+    gpus: dict[tuple[str, str], dict[tuple[str, str], dict[str, float | None]]] = defaultdict(dict)
     for series in answer["data"].get("result") or []:
         metric = series.get("metric") or {}
         namespace, pod = metric.get(settings.namespace_label, ""), metric.get(settings.pod_label, "")
         run = _run_of(pod, runs.get(namespace, ()))
-        if run is None:
-            continue
-        try:
-            value: float | None = float(series["value"][1])
-        except (KeyError, IndexError, TypeError, ValueError):
-            value = None
-        if value is not None and math.isnan(value):
-            value = None
-        gpu = (pod, metric.get("UUID") or metric.get("gpu") or "")
-        slot = keys[(namespace, run)].setdefault(gpu, len(keys[(namespace, run)]))
-        column = per_gpu[(namespace, run)]["util" if metric.get("__name__") == GPU_UTIL else "memory"]
-        column.extend([None] * (slot + 1 - len(column)))
-        column[slot] = value
+        if run is not None:
+            gpu = gpus[(namespace, run)].setdefault((pod, metric.get("UUID") or metric.get("gpu") or ""), {})
+            gpu[metric.get("__name__", "")] = _value(series)
     out = {}
-    for key, columns in per_gpu.items():
-        n = len(keys[key])
-        util, memory = columns["util"] + [None] * (n - len(columns["util"])), columns["memory"] + [None] * (n - len(columns["memory"]))
-        if (usage := combine(zip(util, memory, strict=True))) is not None:
+    for key, per_gpu in gpus.items():
+        if (usage := combine((g.get(GPU_UTIL), g.get(FB_USED)) for g in per_gpu.values())) is not None:
             out[key] = usage
     return out
 
