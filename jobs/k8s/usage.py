@@ -35,6 +35,7 @@ from jobs.usage import Usage, UsageUnavailable, combine
 GPU_UTIL = "DCGM_FI_DEV_GPU_UTIL"
 FB_USED = "DCGM_FI_DEV_FB_USED"
 _LABEL = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+_NAMESPACE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 
 
 @dataclass(frozen=True)
@@ -61,9 +62,13 @@ class PrometheusSettings:
 
 
 def query_for(settings: PrometheusSettings, namespaces: Sequence[str]) -> str:
-    """Namespaces are Kubernetes names (DNS labels: no regex metacharacters), quoted all the same."""
-    alternatives = "|".join(re.escape(n) for n in sorted(set(namespaces)))
-    return f'{{__name__=~"{GPU_UTIL}|{FB_USED}",{settings.namespace_label}=~"{alternatives}"}}'
+    """Namespaces are DNS labels (``[a-z0-9]([-a-z0-9]*[a-z0-9])?``): nothing in them is a regex
+    metacharacter, so they go in as they are. ``re.escape`` would write ``\-``, an escape a PromQL
+    string literal refuses (Go's string escapes), and the whole query would fail."""
+    names = sorted(set(namespaces))
+    if bad := [n for n in names if not _NAMESPACE.match(n)]:
+        raise UsageUnavailable(f"not Kubernetes namespace names: {bad}")
+    return f'{{__name__=~"{GPU_UTIL}|{FB_USED}",{settings.namespace_label}=~"{"|".join(names)}"}}'
 
 
 def _run_of(pod: str, runs: Sequence[str]) -> str | None:

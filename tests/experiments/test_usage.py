@@ -201,3 +201,14 @@ def test_the_time_budget_holds_a_pass_to_one_chunk_of_stats_when_they_are_slow(m
     for passes in range(1, 4):
         svc.step()
         assert len(nomad.calls("GET", "alloc-stats")) == CHUNK * passes
+
+
+def test_a_namespace_with_a_dash_makes_a_query_prometheus_parses():
+    from jobs.k8s.usage import parse, query_for
+    from tests.jobs.prometheus_double import dcgm_gpu, select
+
+    settings = PrometheusSettings(url="http://unused")
+    series = dcgm_gpu(namespace="team-a", pod="run-x-0-abcde", gpu=0, util=40.0, fb_used_mib=100.0)
+    result = select(query_for(settings, ["team-a", "research"]), series)  # ValueError: what Prometheus answers 400 for
+    answer = {"status": "success", "data": {"resultType": "vector", "result": result}}
+    assert parse(answer, settings, {"team-a": ["run-x"]})[("team-a", "run-x")].util_pct == 40.0

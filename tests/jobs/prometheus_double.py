@@ -22,6 +22,25 @@ from urllib.parse import parse_qs, urlsplit
 _MATCHER = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*(=~|!~|!=|=)\s*"((?:[^"\\]|\\.)*)"\s*(?:,|$)')
 
 
+def _unquote(text: str) -> str:
+    """A PromQL double-quoted string's escapes, as Go's strconv.Unquote takes them (PromQL's lexer
+    uses Go string rules): any other backslash sequence is "unknown escape sequence". The numeric
+    escapes (\\x, \\u, octal) are not modelled and refused too."""
+    simple = {"a": "\a", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t", "v": "\v", "\\": "\\", '"': '"', "'": "'"}
+    out, i = [], 0
+    while i < len(text):
+        if text[i] != "\\":
+            out.append(text[i])
+            i += 1
+            continue
+        nxt = text[i + 1] if i + 1 < len(text) else ""
+        if nxt not in simple:
+            raise ValueError(f"unknown escape sequence \\{nxt} in {text!r}")
+        out.append(simple[nxt])
+        i += 2
+    return "".join(out)
+
+
 def select(query: str, series: list[tuple[dict[str, str], float]]) -> list[dict[str, Any]]:
     """Evaluate ``{matchers}`` over ``series``; ValueError for anything else (the double's limit)."""
     text = query.strip()
@@ -32,7 +51,7 @@ def select(query: str, series: list[tuple[dict[str, str], float]]) -> list[dict[
         found = _MATCHER.match(body, pos)
         if found is None:
             raise ValueError(f"parse error at char {pos + 1}: unexpected {body[pos:pos + 10]!r}")
-        matchers.append((found.group(1), found.group(2), found.group(3).replace('\\\\', '\\')))
+        matchers.append((found.group(1), found.group(2), _unquote(found.group(3))))
         pos = found.end()
 
     def ok(labels: dict[str, str], name: str, op: str, value: str) -> bool:
@@ -46,6 +65,14 @@ def select(query: str, series: list[tuple[dict[str, str], float]]) -> list[dict[
 
     return [{"metric": dict(labels), "value": [1_800_000_000.0, repr(value) if value == value else "NaN"]}
             for labels, value in series if all(ok(labels, *m) for m in matchers)]
+
+
+def dcgm_gpu(*, namespace: str, pod: str, gpu: int, util: float, fb_used_mib: float) -> list[tuple[dict[str, str], float]]:
+    """One GPU of a pod as the managed collection stores dcgm-exporter's series (the exporter's
+    pod labels renamed exported_*, the target's own naming the exporter pod)."""
+    base = {"exported_namespace": namespace, "exported_pod": pod, "gpu": str(gpu), "UUID": f"GPU-{pod}-{gpu}", "modelName": "NVIDIA H100 80GB HBM3",
+            "namespace": "gke-managed-system", "pod": "dcgm-exporter-x7k2p", "Hostname": "gke-node-1"}
+    return [({"__name__": "DCGM_FI_DEV_GPU_UTIL", **base}, util), ({"__name__": "DCGM_FI_DEV_FB_USED", **base}, fb_used_mib)]
 
 
 class PrometheusDouble:
@@ -69,13 +96,8 @@ class PrometheusDouble:
         self._server.shutdown()
         self._server.server_close()
 
-    def gpu(self, *, namespace: str, pod: str, gpu: int, util: float, fb_used_mib: float, labels: tuple[str, str] = ("exported_namespace", "exported_pod")) -> None:
-        """One GPU of a pod as the managed collection stores dcgm-exporter's series (the exporter's
-        pod labels renamed exported_*, the target's own naming the exporter pod)."""
-        base = {labels[0]: namespace, labels[1]: pod, "gpu": str(gpu), "UUID": f"GPU-{pod}-{gpu}", "modelName": "NVIDIA H100 80GB HBM3",
-                "namespace": "gke-managed-system", "pod": "dcgm-exporter-x7k2p", "Hostname": "gke-node-1"}
-        self.series.append(({"__name__": "DCGM_FI_DEV_GPU_UTIL", **base}, util))
-        self.series.append(({"__name__": "DCGM_FI_DEV_FB_USED", **base}, fb_used_mib))
+    def gpu(self, *, namespace: str, pod: str, gpu: int, util: float, fb_used_mib: float) -> None:
+        self.series.extend(dcgm_gpu(namespace=namespace, pod=pod, gpu=gpu, util=util, fb_used_mib=fb_used_mib))
 
     def _handler(self) -> type[BaseHTTPRequestHandler]:
         double = self
