@@ -63,7 +63,7 @@ class PrometheusSettings:
 
 def query_for(settings: PrometheusSettings, namespaces: Sequence[str]) -> str:
     """Namespaces are DNS labels (``[a-z0-9]([-a-z0-9]*[a-z0-9])?``): nothing in them is a regex
-    metacharacter, so they go in as they are. ``re.escape`` would write ``\-``, an escape a PromQL
+    metacharacter, so they go in as they are. ``re.escape`` would write ``\\-``, an escape a PromQL
     string literal refuses (Go's string escapes), and the whole query would fail."""
     names = sorted(set(namespaces))
     if bad := [n for n in names if not _NAMESPACE.match(n)]:
