@@ -25,6 +25,7 @@ from experiments.background.context import Context, Timing, log
 from experiments.binding import confirm as confirm_bindings
 from experiments.background.worker import Worker
 from experiments.errors import ApiError
+from experiments.health import SchedulerHealth
 from experiments.limits import MAX_BODY_BYTES, BodyLimit
 from experiments.metrics import Metrics
 from experiments.routers.ops import SCHEMA_PATH
@@ -69,6 +70,8 @@ def create_app(settings: ServiceSettings, *, runner: Runner, catalog: Catalog | 
     db.upgrade(engine)
     sessions = db.session_factory(engine)
     metrics = Metrics(sessions, clock, runner)
+    health = SchedulerHealth(runner)
+    metrics.registry.register(health)
     ctx = Context(sessions=sessions, runner=runner, catalog=catalog or Catalog(), clock=clock, metrics=metrics, timing=settings.timing)
     worker = Worker(ctx) if settings.worker else None
     jwks = None
@@ -96,6 +99,7 @@ def create_app(settings: ServiceSettings, *, runner: Runner, catalog: Catalog | 
     app = FastAPI(title="gpufleet experiments", version="1", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.ctx = ctx
     app.state.worker = worker
+    app.state.schedulers = health
     app.state.engine = engine
     app.state.oidc = settings.oidc
     app.state.jwks = jwks

@@ -59,5 +59,7 @@ class Metrics:
         self.dispatch_errors = Counter("gpufleet_dispatch_errors", "Scheduler or Vault errors while dispatching", registry=self.registry)
         self.reconcile_errors = Counter("gpufleet_reconcile_errors", "Runs the reconciler got no answer for in a pass (scheduler or namespace unreadable)",
                                         registry=self.registry)
+        self.usage_errors = Counter("gpufleet_usage_errors", "Reconcile passes whose GPU utilization source (Nomad allocation stats, Prometheus) did not answer",
+                                    registry=self.registry)
         self.reconcile_seconds = Histogram("gpufleet_reconcile_pass_seconds", "Duration of one reconcile pass", registry=self.registry)
         self.registry.register(_DatabaseCollector(sessions, clock, runner))

@@ -132,3 +132,18 @@ class SchedulerIdentity(Base):
     identity: Mapped[str] = mapped_column(Text)
     recorded_at: Mapped[datetime] = mapped_column(DateTime)
     confirmed_at: Mapped[datetime] = mapped_column(DateTime)
+
+
+class RunUsage(Base):
+    """A run's downsampled GPU utilization: one row per time bucket, merged in pairs as the run
+    grows (services.usage), so a week-long run keeps a few hundred rows. ``samples`` weighs a
+    row's mean when rows merge; a value nobody reported stays NULL (unknown), never 0."""
+
+    __tablename__ = "run_usage"
+
+    experiment_id: Mapped[str] = mapped_column(String(36), ForeignKey("experiments.id", ondelete="CASCADE"), primary_key=True)
+    at: Mapped[datetime] = mapped_column(DateTime, primary_key=True)
+    samples: Mapped[int] = mapped_column(Integer)
+    util_mean_pct: Mapped[float | None] = mapped_column(Float, default=None)
+    util_peak_pct: Mapped[float | None] = mapped_column(Float, default=None)
+    memory_peak_mib: Mapped[float | None] = mapped_column(Float, default=None)

@@ -161,6 +161,10 @@ def build_runners(configs: Sequence[ClusterConfig], vault_env: Mapping[str, str]
         nomad = (nomad_name, NomadRunner(NomadClient(NomadSettings.from_env(environ)), vault_env))
     if gke_name:
         from jobs.k8s.client import K8sClient, K8sSettings
+        from jobs.k8s.usage import PrometheusClient, PrometheusSettings
 
-        gke = (gke_name, GkeRunner(K8sClient(K8sSettings.from_env(environ)), vault_env))
+        # GPU utilization of GKE runs comes from GPUFLEET_PROMETHEUS_URL; without it it is unknown.
+        prometheus = PrometheusSettings.from_env(environ)
+        gke = (gke_name, GkeRunner(K8sClient(K8sSettings.from_env(environ)), vault_env,
+                                   prometheus=PrometheusClient(prometheus) if prometheus else None))
     return ClusterRunners(nomad=nomad, gke=gke)

@@ -18,7 +18,7 @@ import typer
 import clusters.repo
 
 from clusters.errors import ConfigError, UserError
-from gpufleet import exp_cmd, fleet_cmd, jobs_cmd, nomad_cmd, ops_cmd, preview_cmd, serve_cmd, vault_cmd
+from gpufleet import doctor_cmd, exp_cmd, fleet_cmd, jobs_cmd, nomad_cmd, ops_cmd, preview_cmd, serve_cmd, vault_cmd
 
 app = typer.Typer(
     name="gpufleet",
@@ -47,6 +47,7 @@ jobs_cmd.register(app)
 nomad_cmd.register(app)
 serve_cmd.register(app)
 exp_cmd.register(app)
+doctor_cmd.register(app)
 
 EXIT_USER_ERROR = 2
 

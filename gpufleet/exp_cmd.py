@@ -14,6 +14,7 @@ from typing import Any
 
 import typer
 from gpufleet.console import make_console
+from gpufleet.progress import Stages
 from rich.table import Table
 
 from clusters.errors import UserError
@@ -64,11 +65,22 @@ def _detail(exp: dict[str, Any]) -> Table:
             ("tenant / job", f"{exp['tenant']} / {exp['job']}"), ("pool", f"{exp['cluster']}/{exp['pool']} ({exp['gpus']} GPU)"),
             ("run", f"{exp['scheduler']} {exp.get('run_id') or '-'}"), ("deadline", f"{exp['deadline_hours']}h" + (f" (at {exp['deadline_at']})" if exp.get("deadline_at") else "")),
             ("GPU-hours", f"{exp['gpu_hours']:.4f}"), ("estimated cost", f"{exp['estimated_cost_usd']:.4f} USD ({exp['price_kind']} {exp['price_per_gpu_hour']}/GPU-hour)")]
+    if "gpu_utilization" in exp:
+        rows += _usage_rows(exp["gpu_utilization"])
     rows += [(f"  {kind}", name) for kind, name in (exp.get("scheduler_ids") or {}).items() if kind != "run"]
     rows += [(f"  {state}", at) for state, at in exp["timestamps"].items() if at]
     for name, value in rows:
         table.add_row(name, value, style=None)
     return table
+
+
+def _usage_rows(usage: dict[str, Any]) -> list[tuple[str, str]]:
+    """Unknown (no sample, or the metrics source was down) is printed as unknown, never as 0."""
+    def known(value: float | None, unit: str) -> str:
+        return "unknown" if value is None else f"{value:g}{unit}"
+
+    return [("GPU utilization", f"mean {known(usage['mean_pct'], '%')}, peak {known(usage['peak_pct'], '%')} ({usage['samples']} samples)"),
+            ("peak GPU memory", known(usage["peak_memory_mib"], " MiB"))]
 
 
 def cmd_submit(
@@ -162,15 +174,17 @@ def cmd_logs(experiment_id: str = typer.Argument(..., help="The experiment id, o
 def cmd_watch(experiment_id: str = typer.Argument(...), interval: float = typer.Option(1.0, "--interval", min=0.2), as_json: bool = JsonOption) -> None:
     """Print each state change until the experiment ends; exit 1 unless it succeeded."""
     seen = None
-    while True:
-        exp = _call("GET", f"/api/v1/experiments/{experiment_id}")
-        if exp["status"] != seen:
-            seen = exp["status"]
-            if not as_json:
-                console.print(f"{exp['id'][:8]} {_state(seen)} {exp.get('reason') or ''}")
-        if seen in TERMINAL:
-            break
-        time.sleep(interval)
+    with Stages(console, terminal_only=True) as stages:
+        while True:
+            exp = _call("GET", f"/api/v1/experiments/{experiment_id}")
+            if exp["status"] != seen:
+                seen = exp["status"]
+                if not as_json:
+                    console.print(f"{exp['id'][:8]} {_state(seen)} {exp.get('reason') or ''}")
+                    stages.step(f"{exp['id'][:8]} {seen}: waiting for the next state")
+            if seen in TERMINAL:
+                break
+            time.sleep(interval)
     _print_json(exp) if as_json else console.print(_detail(exp))
     if seen != "succeeded":
         raise typer.Exit(1)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import typer
 from gpufleet.console import make_console
+from gpufleet.progress import Stages
 from rich.table import Table
 
 import clusters
@@ -78,7 +79,11 @@ def cmd_synth(
 
     out = _out(out)
     outputs.claim_dir(out)  # refuse `--out .` before spending a synthesis on it
-    names = synthesize(_configs(clusters_dir), out, only=tuple(stacks or ()))
+    with Stages(console) as stages:
+        stages.step("loading cluster files")
+        configs = _configs(clusters_dir)
+        stages.step(f"synthesizing {'the named' if stacks else 'every'} stack of {len(configs)} cluster(s)")
+        names = synthesize(configs, out, only=tuple(stacks or ()))
     console.print(f"synthesized {len(names)} stack(s) into {out}: {', '.join(names)}")
 
 
@@ -97,8 +102,9 @@ def cmd_check(
     for file in state or ():
         if not file.is_file():
             raise UserError(f"--state {file}: file not found; write it with `terraform show -json > {file}`")
-    report = run_checks(_configs(clusters_dir) if clusters_dir else None, out=out, state_files=tuple(state or ()),
-                        checkov=not skip_checkov)
+    with Stages(console) as stages:
+        report = run_checks(_configs(clusters_dir) if clusters_dir else None, out=out, state_files=tuple(state or ()),
+                            checkov=not skip_checkov, on_stage=stages.step)
     report.print(console)
     raise typer.Exit(0 if report.ok else 1)
 

@@ -1,7 +1,8 @@
 """``gpufleet serve`` (the experiments control plane) and ``gpufleet api token create|list|revoke``.
 
-The service reads NOMAD_*, KUBECONFIG/GPUFLEET_KUBE_CONTEXT (GKE) and VAULT_ADDR/VAULT_TOKEN
-(the orchestrator's token: it lives only in this process) from its environment. ``--db`` picks the database: empty for SQLite in
+The service reads NOMAD_*, KUBECONFIG/GPUFLEET_KUBE_CONTEXT (GKE), GPUFLEET_PROMETHEUS_URL (GKE
+runs' GPU utilization, docs/observe.md) and VAULT_ADDR/VAULT_TOKEN (the orchestrator's token: it
+lives only in this process) from its environment. ``--db`` picks the database: empty for SQLite in
 .gpufleet/experiments.db, or a postgresql:// URL. The token work lives in
 ``experiments.services.tokens`` and the ``--oidc-config`` reader in ``experiments.oidc_settings``;
 these commands parse, call and print.

@@ -2,7 +2,8 @@
 
 ``submit(job, meta, idempotency_key=...) -> run id``, ``status(run id) -> RunReport`` (phase one
 of pending / running / succeeded / failed / stopped, with the reason, whether it is placed, and
-the exit code when known), ``stop(run id)``. A repeated submit with the same key returns the
+the exit code when known), ``stop(run id)``, ``usage(run ids, refs)`` (GPU utilization, jobs.usage)
+and ``ping()`` (does the scheduler answer). A repeated submit with the same key returns the
 same run on both schedulers (Nomad's dispatch idempotency token; the Kubernetes Job named from
 the key). Each submit mints its wrapped single-use secret_id(s) with the caller's Vault
 environment and hands them straight to the scheduler: never returned, stored or logged.
@@ -27,11 +28,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 from clusters.schema import SchedulerKind
 from jobs.logs import DEFAULT_TAIL_BYTES
 from jobs.spec import FinetuneSpec
+from jobs.usage import Usage
 from jobs.vault_mint import default_queue_seconds, mint_wrapped_secret_id
 
 if TYPE_CHECKING:
     from jobs.nomad.client import NomadClient
     from jobs.k8s.client import K8sClient
+    from jobs.k8s.usage import PrometheusClient
 
 GKE_PREFIX = "gke:"
 log = logging.getLogger("gpufleet.jobs.runner")
@@ -226,6 +229,23 @@ class NomadRunner:
         except (NomadError, ValueError) as exc:
             raise SchedulerUnavailable(str(exc)) from None
 
+    def usage(self, run_ids: Sequence[str], refs: Mapping[str, Mapping[str, str]]) -> dict[str, Usage]:
+        """Each run's allocation stats (one GET each: the caller bounds and rotates them); a run
+        without a known allocation is unknown."""
+        from jobs.nomad.usage import sample
+
+        allocations = {r: (r.partition("/")[0], alloc) for r in run_ids if (alloc := (refs.get(r) or {}).get("allocation"))}
+        return sample(self._client, allocations) if allocations else {}
+
+    def ping(self) -> None:
+        """Raises SchedulerUnavailable unless the Nomad servers answer."""
+        from jobs.nomad.client import NomadError
+
+        try:
+            self._client.leader()
+        except NomadError as exc:
+            raise SchedulerUnavailable(str(exc)) from None
+
     def stop(self, run_id: str) -> None:
         from jobs.nomad.client import NomadError
 
@@ -259,9 +279,10 @@ class GkeRunner:
     namespace_seconds = 5.0
     fallback_gets = 20
 
-    def __init__(self, client: K8sClient, vault_env: Mapping[str, str]) -> None:
+    def __init__(self, client: K8sClient, vault_env: Mapping[str, str], *, prometheus: PrometheusClient | None = None) -> None:
         self._client = client
         self._vault_env = dict(vault_env)
+        self._prometheus = prometheus
 
     @staticmethod
     def _split(run_id: str) -> tuple[str, str]:
@@ -366,6 +387,27 @@ class GkeRunner:
         except (K8sError, ValueError) as exc:
             raise SchedulerUnavailable(str(exc)) from None
 
+    def usage(self, run_ids: Sequence[str], refs: Mapping[str, Mapping[str, str]]) -> dict[str, Usage]:
+        """DCGM metrics of every asked run in one Prometheus query; unknown without GPUFLEET_PROMETHEUS_URL."""
+        from jobs.k8s.usage import sample
+
+        if self._prometheus is None:
+            return {}
+        runs: dict[str, list[str]] = defaultdict(list)
+        for run_id in run_ids:
+            namespace, run = self._split(run_id)
+            runs[namespace].append(run)
+        return {f"{GKE_PREFIX}{namespace}/{run}": usage for (namespace, run), usage in sample(self._prometheus, runs).items()}
+
+    def ping(self) -> None:
+        """Raises SchedulerUnavailable unless the Kubernetes API answers (GET /version)."""
+        from jobs.k8s.client import K8sError
+
+        try:
+            self._client.version()
+        except K8sError as exc:
+            raise SchedulerUnavailable(str(exc)) from None
+
     def stop(self, run_id: str) -> None:
         from jobs.k8s.client import K8sError, K8sRunGone
 
@@ -421,6 +463,39 @@ class Runners:
         from jobs.logs import read_logs
 
         return read_logs(self._pick(run_id.startswith(GKE_PREFIX)), run_id, stderr=stderr, tail_bytes=tail_bytes)
+
+    def usage(self, run_ids: Sequence[str], refs: Mapping[str, Mapping[str, str]]) -> dict[str, Usage]:
+        """Each scheduler's runs through its own ``usage``; a scheduler whose metrics source is down
+        leaves its runs unknown without holding up the other's (UsageUnavailable only if all failed)."""
+        from jobs.usage import UsageUnavailable
+
+        out: dict[str, Usage] = {}
+        failures: list[UsageUnavailable] = []
+        for gke in (False, True):
+            mine = [r for r in run_ids if r.startswith(GKE_PREFIX) == gke]
+            runner = self._gke if gke else self._nomad
+            if not mine or runner is None or getattr(runner, "usage", None) is None:
+                continue
+            try:
+                out.update(runner.usage(mine, refs))
+            except UsageUnavailable as exc:
+                failures.append(exc)
+        if failures and not out:
+            raise failures[0]
+        return out
+
+    def health(self) -> dict[str, str | None]:
+        """Scheduler kind -> None if it answers, else why not."""
+        out: dict[str, str | None] = {}
+        for kind, runner in (("nomad", self._nomad), ("gke", self._gke)):
+            if runner is None:
+                continue
+            try:
+                runner.ping()
+                out[kind] = None
+            except SchedulerUnavailable as exc:
+                out[kind] = str(exc)
+        return out
 
     def poll(self, run_ids: Sequence[str], known: Mapping[str, str]) -> dict[str, Polled]:
         """Each scheduler's runs through its own batch poll (list calls, not a GET per run). One

@@ -8,6 +8,7 @@ synthesized; the secret scan and checkov then run on what was written.
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -139,21 +140,25 @@ def expiry_warnings(configs: tuple[ClusterConfig, ...], directory: Path | None =
 
 
 def run_checks(configs: tuple[ClusterConfig, ...] | None, *, out: Path, state_files: tuple[Path, ...] = (),
-               checkov: bool = True) -> CheckReport:
+               checkov: bool = True, on_stage: Callable[[str], None] = lambda _stage: None) -> CheckReport:
+    """``on_stage`` hears each step's name as it starts (the CLI shows it as progress)."""
     from safety import checkov_scan, secret_scan
     from jobs.outputs import write_rendered
     from stacks.synth import synthesize
 
     report = CheckReport()
     from_repo = configs is None
+    on_stage("inputs: cluster, job and Vault files")
     configs, specs = validate_inputs(configs)
     report.add("inputs", True, f"{len(configs)} cluster file(s), {len(specs)} job file(s), Vault policies and roles")
     warnings = expiry_warnings(configs)
     report.add("expiry", True, f"{len(warnings)} warning(s)" if warnings else "no exclusion ends within 30 days", warnings)
+    on_stage("synth")
     stacks = synthesize(configs, out)
     report.add("synth", True, f"{len(stacks)} stack(s) into {out}")
     if from_repo:
         _destroys(report, configs, out)
+    on_stage("secrets scan")
     with tempfile.TemporaryDirectory(prefix="gpufleet-check-jobs-") as rendered:
         # Scan the jobs as they render now; jobs/out may be stale or absent (it is not committed).
         for spec in specs:
@@ -162,6 +167,7 @@ def run_checks(configs: tuple[ClusterConfig, ...] | None, *, out: Path, state_fi
     report.add("secrets", not findings, f"{len(findings)} finding(s)" if findings else "no secret values found",
                [f"secret: {f}" for f in findings])
     if checkov:
+        on_stage(f"checkov on {len(stacks)} stack(s)")
         result = checkov_scan.run([out / "stacks" / s for s in stacks])
         report.add("checkov", result.ok, result.summary_line, result.failure_lines)
     return report

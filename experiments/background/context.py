@@ -1,5 +1,6 @@
 """What every background step needs, passed in (no globals): sessions, runner, catalog, clock,
-metrics, and the reconciler's memory of what each run looked like last time."""
+metrics, and the reconciler's memory of what each run looked like last time and when its GPU
+utilization was last sampled."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -16,7 +18,16 @@ from experiments.metrics import Metrics
 from experiments.services.catalog import Catalog
 from jobs.runner import Runner
 
+if TYPE_CHECKING:
+    from experiments.background.usage import SampledAt
+
 log = logging.getLogger("gpufleet.experiments")
+
+
+def _sampled_at() -> SampledAt:
+    from experiments.background.usage import SampledAt
+
+    return SampledAt()
 
 
 class Fingerprints:
@@ -54,6 +65,12 @@ class Timing:
     reconcile_batch: int = 2000
     # A run unchanged in the lists is still read in full this often (a queued run's reason can change alone).
     refresh_seconds: float = 300.0
+    # A running run's GPU utilization is sampled at most this often (0: never); background.usage.
+    usage_seconds: float = 60.0
+    # Nomad allocations asked for their stats per pass (one GET each), least recently sampled first.
+    usage_nomad_per_pass: int = 25
+    # ...and only while those GETs have taken less than this share of the pass (at least a few a pass).
+    usage_budget: float = 0.15
 
 
 @dataclass(frozen=True)
@@ -65,3 +82,4 @@ class Context:
     metrics: Metrics
     timing: Timing
     fingerprints: Fingerprints = field(default_factory=Fingerprints)
+    sampled: SampledAt = field(default_factory=lambda: _sampled_at())

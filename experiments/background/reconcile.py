@@ -13,18 +13,22 @@ One pass asks each scheduler in batches (``jobs.runner.poll``: Nomad's job and a
 lists, Kubernetes' Job and Workload lists), not 3 GETs per run: a run whose list entries are
 as last seen (its fingerprint) costs nothing more, and is still re-read in full every
 ``Timing.refresh_seconds`` so a changed reason (why a queued run waits) shows up. State
-changes are committed in batches of ``COMMIT_BATCH``.
+changes are committed in batches of ``COMMIT_BATCH``. The pass ends by sampling the GPU
+utilization of the running runs it just read, at a bounded rate (background.usage).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from sqlalchemy import ColumnElement, not_, or_, select, update
+from sqlalchemy import ColumnElement, Row, not_, or_, select, update
 from sqlalchemy.orm import Session
 
 from experiments.background.context import Context, log
+from experiments.background.usage import Candidate, sample_usage
 from experiments.models import Experiment
 from experiments.scheduler import bound_clause, not_bound
 from experiments.services import logs as run_logs
@@ -51,7 +55,8 @@ def process_scheduled(ctx: Context) -> int:
     scheduler gave no answer for (its namespace could not be listed, the scheduler is down) is
     left as it was, not stamped as reconciled (so the lag metric shows it) and counted in
     ``gpufleet_reconcile_errors``."""
-    query = (select(Experiment.id, Experiment.run_id, Experiment.state, Experiment.cancel_requested_at)
+    started = time.monotonic()
+    query = (select(Experiment.id, Experiment.run_id, Experiment.state, Experiment.cancel_requested_at, Experiment.scheduler_refs)
              .where(Experiment.state.in_([s.value for s in ON_SCHEDULER]), Experiment.run_id.is_not(None)))
     bound = bound_clause(ctx.runner, Experiment.cluster, Experiment.scheduler)
     if bound is not None:
@@ -106,8 +111,23 @@ def process_scheduled(ctx: Context) -> int:
     if ended:
         run_logs.keep(ctx.sessions, ctx.runner, sorted(ended), now=ctx.clock())
     ctx.fingerprints.remember(fresh)
-    ctx.fingerprints.forget([r.run_id for r in tracked if r.id in ended])
+    gone = [r.run_id for r in tracked if r.id in ended]
+    ctx.fingerprints.forget(gone)
+    ctx.sampled.forget(gone)
+    sample_usage(ctx, _running(tracked, moves, set(answered)), pass_seconds=time.monotonic() - started)
     return done + len(answered)
+
+
+def _running(rows: Sequence[Row[Any]], moves: list[Move], answered: set[str]) -> list[Candidate]:
+    """The runs the scheduler just said are running, with their scheduler refs (the allocation)."""
+    moved = {m.experiment_id: m for m in moves}
+    out = []
+    for row in rows:
+        move = moved.get(row.id)
+        state = move.target.value if move is not None else row.state
+        if row.id in answered and state == State.RUNNING.value:
+            out.append(Candidate(row.id, row.run_id, {**(row.scheduler_refs or {}), **((move.refs if move else None) or {})}))
+    return out
 
 
 def _note_not_bound(ctx: Context, bound: ColumnElement[bool]) -> None:

@@ -24,6 +24,7 @@ from experiments.errors import ApiError
 from experiments.models import Experiment
 from experiments.routers.deps import SESSION_COOKIE, authenticate, context
 from experiments.services import experiments as service
+from experiments.services import usage as run_usage
 from experiments.states import NON_TERMINAL, State
 
 router = APIRouter()
@@ -120,9 +121,23 @@ def detail(experiment_id: str, request: Request, ctx: Annotated[Context, Depends
             exp = service.get_visible(session, who, experiment_id)
             item = service.view(exp, now=ctx.clock())
             events = [service.event_view(e) for e in service.events_of(session, exp)]
+            points = run_usage.series(session, exp.id)
     except ApiError as exc:
         return _page("error.html", status=exc.status, error=exc.error, fix=exc.fix)
-    return _page("detail.html", who=who, item=item, events=events)
+    return _page("detail.html", who=who, item=item, events=events, usage=run_usage.summarize(points), chart=_chart(points))
+
+
+CHART_WIDTH, CHART_HEIGHT = 320, 80
+
+
+def _chart(points: list[dict[str, Any]]) -> str:
+    """SVG polyline coordinates of mean utilization (0-100 %) over the run's samples, drawn by the
+    server (no JavaScript, no build step); an unknown point breaks nothing, it is left out."""
+    known = [(p["at"], p["util_mean_pct"]) for p in points if p["util_mean_pct"] is not None]
+    if not known:
+        return ""
+    step = CHART_WIDTH / max(len(known) - 1, 1)
+    return " ".join(f"{i * step:.1f},{CHART_HEIGHT - CHART_HEIGHT * min(max(v, 0.0), 100.0) / 100:.1f}" for i, (_, v) in enumerate(known))
 
 
 def _age(seconds: float) -> str:

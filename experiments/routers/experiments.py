@@ -16,6 +16,7 @@ from experiments.routers.deps import caller, context
 from experiments.scheduler import run_scheduler
 from experiments.services import experiments as service
 from experiments.services import logs as run_logs
+from experiments.services import usage as run_usage
 from experiments.states import State
 
 router = APIRouter(prefix="/api/v1")
@@ -75,7 +76,17 @@ def list_experiments(who: Annotated[Caller, Depends(caller)], ctx: Annotated[Con
 @router.get("/experiments/{experiment_id}")
 def show(experiment_id: str, who: Annotated[Caller, Depends(caller)], ctx: Annotated[Context, Depends(context)]) -> dict[str, Any]:
     with ctx.sessions() as session:
-        return service.view(service.get_visible(session, who, experiment_id), now=ctx.clock())
+        exp = service.get_visible(session, who, experiment_id)
+        return {**service.view(exp, now=ctx.clock()), "gpu_utilization": run_usage.summary(session, exp.id)}
+
+
+@router.get("/experiments/{experiment_id}/usage")
+def usage(experiment_id: str, who: Annotated[Caller, Depends(caller)], ctx: Annotated[Context, Depends(context)]) -> dict[str, Any]:
+    """The run's downsampled GPU utilization series and its summary (null where unknown, never 0)."""
+    with ctx.sessions() as session:
+        exp = service.get_visible(session, who, experiment_id)
+        points = run_usage.series(session, exp.id)
+        return {"id": exp.id, "summary": run_usage.summarize(points), "series": points}
 
 
 @router.get("/experiments/{experiment_id}/events")

@@ -1,4 +1,6 @@
-"""/healthz (database reachable, worker alive), /metrics (Prometheus text format) and the API schema.
+"""/healthz (database reachable, worker alive, each bound scheduler answering: ``degraded`` when
+one does not or its identity is unconfirmed), /metrics (Prometheus text format, with
+``gpufleet_scheduler_up``) and the API schema.
 
 Only /healthz answers without a token (a load balancer's probe; it says ok or which part is
 down, nothing about runs). /metrics counts every tenant's runs per state and cluster, so it
@@ -35,16 +37,20 @@ def healthz(request: Request) -> JSONResponse:
             session.execute(text("SELECT 1"))
     except Exception as exc:  # noqa: BLE001 - report any database failure as unhealthy
         return JSONResponse({"status": "unhealthy", "database": type(exc).__name__}, status_code=503)
+    schedulers = request.app.state.schedulers.check()
+    # A scheduler that does not answer degrades the service (runs wait) but does not make it
+    # unhealthy: a load balancer must keep serving reads, logs and cancels recorded for later.
     # Bound clusters whose scheduler identity is not confirmed (or differs): their runs are unobserved here.
     unobserved = dict(sorted(getattr(ctx.runner, "blocked", {}).items()))
-    extra = {"status": "degraded", "unobserved": unobserved} if unobserved else {}
+    status = "ok" if all(s["answers"] for s in schedulers.values()) and not unobserved else "degraded"
+    extra = {"schedulers": schedulers, **({"unobserved": unobserved} if unobserved else {})}
     worker = request.app.state.worker
     if worker is None:
-        return JSONResponse({"status": "ok", "database": "ok", "worker": "disabled (run gpufleet serve --worker-only)", **extra})
+        return JSONResponse({"status": status, "database": "ok", "worker": "disabled (run gpufleet serve --worker-only)", **extra})
     beat = worker.heartbeat
     if beat is not None and time.monotonic() - beat > WORKER_STALE_SECONDS:
         return JSONResponse({"status": "unhealthy", "database": "ok", "worker": f"no pass for {time.monotonic() - beat:.0f}s", **extra}, status_code=503)
-    return JSONResponse({"status": "ok", "database": "ok", "worker": "running" if beat is not None else "starting", **extra})
+    return JSONResponse({"status": status, "database": "ok", "worker": "running" if beat is not None else "starting", **extra})
 
 
 @router.get("/metrics", include_in_schema=False)

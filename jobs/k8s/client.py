@@ -190,6 +190,12 @@ class K8sClient:
         return K8sError(f"{action}: Kubernetes answered {exc.status} {reason}{detail}; {fix}")
 
     # ---- reads ------------------------------------------------------------------------------
+    def version(self) -> dict[str, Any]:
+        """``GET /version``: whether the API server answers (any authenticated user may read it)."""
+        import kubernetes
+
+        return self._call("read the API server version", kubernetes.client.VersionApi(self._client).get_code) or {}
+
     def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
         return self._call(f"read Job {namespace}/{name}", self._batch.read_namespaced_job, name, namespace, missing_ok=True)
 

@@ -279,6 +279,17 @@ class NomadClient:
             stubs = self._api(namespace).allocations.request(method="get", params={"namespace": namespace, "task_states": "true"}).json()
         return list(stubs or [])
 
+    def allocation_stats(self, alloc_id: str, namespace: str) -> dict[str, Any]:
+        """``GET /v1/client/allocation/:alloc_id/stats``: the allocation's AllocResourceUsage (jobs.nomad.usage reads it)."""
+        with self._errors("allocation stats", alloc_id, namespace, "the allocation is gone (garbage-collected)"):
+            answer = self._api(namespace).client.allocation.request(quote(alloc_id, safe=""), "stats", method="get").json()
+        return dict(answer or {})
+
+    def leader(self) -> str:
+        """``GET /v1/status/leader`` (no ACL needed): the leader's address, i.e. whether the servers answer."""
+        with self._errors("status", "(leader)", self.settings.namespace or "default", "check NOMAD_ADDR"):
+            return str(self._api(None).status.leader.request(method="get").json())
+
     def status(self, job_id: str, namespace: str, spec: FinetuneSpec | None = None, *, on_404: str = STATUS_ON_404) -> RunStatus:
         """The run's state; ``on_404`` is the advice a missing job's error ends with ("" for none)."""
         path = quote(job_id, safe="")

@@ -47,6 +47,7 @@ def test_dashboard_lists_filters_and_shows_the_timeline_in_chromium(browser, liv
     run_once(live["ctx"])  # dispatch: two finetune runs are placed on the double's A100s
     for job_id in nomad.dispatched("finetune-llama"):
         nomad.finish(job_id, client_status="running")
+        nomad.gpu_stats[nomad.state.allocations[job_id][-1]["ID"]] = [(75, 20_000)]
     live["clock"].advance(hours=1)
     run_once(live["ctx"])
     research_auth = {"Authorization": f"Bearer {tokens['research']}"}
@@ -73,6 +74,12 @@ def test_dashboard_lists_filters_and_shows_the_timeline_in_chromium(browser, liv
     assert page.locator("#state").inner_text() == "cancelled"
     timeline = page.locator("#events tbody tr").all_inner_texts()
     assert len(timeline) == 3 and "cancel requested" in timeline[1] and "token:" in timeline[0]
+
+    page.goto(f"{base}/experiments/{ids[0]}")  # running, sampled once: its utilization and chart
+    assert page.locator("#usage-mean").inner_text() == "75.0 %" and page.locator("#usage-memory").inner_text() == "20000 MiB"
+    assert page.locator("#usage-chart polyline").count() == 1
+    page.goto(f"{base}/experiments/{ids[2]}")  # cancelled before it ran: unknown, no chart
+    assert page.locator("#usage-mean").inner_text() == "unknown" and page.locator("#usage-chart").count() == 0
 
     admin_page = browser.new_page()
     _sign_in(admin_page, base, tokens["admin"])

@@ -48,7 +48,8 @@ def test_a_service_reaching_another_nomad_under_the_right_name_leaves_production
         assert shown["status"] == "running", shown  # not "failed: the scheduler no longer knows run ...", not expired
         assert shown["reason"].startswith("unobserved: ") and "point NOMAD_ADDR at prod-nomad" in shown["reason"]
         assert _state(other, waiting["id"], headers)["status"] == "pending"  # not dispatched to the wrong Nomad
-        assert [r.path for r in wrong.requests] == ["/v1/agent/members"] * len(wrong.requests)  # asked who it is, nothing else
+        # Asked who it is (and, by /healthz, whether it answers), nothing else.
+        assert {r.path for r in wrong.requests} <= {"/v1/agent/members", "/v1/status/leader"} and wrong.requests
         assert not nomad.state.jobs[("finetune", job_id)].get("Stop")
         # Production, on the same database at the same time, still follows and dispatches its runs.
         prod.step()
@@ -83,7 +84,8 @@ def test_a_service_reaching_another_kubernetes_cluster_under_the_right_name_leav
         shown = _state(other, exp["id"], headers)
         assert shown["status"] == "running", shown
         assert shown["reason"].startswith("unobserved: ") and "is not the one prod-gke's runs were made on" in shown["reason"]
-        assert {r.path for r in wrong.requests} == {"/api/v1/namespaces/kube-system"}  # no Job listed, read or deleted there
+        # Asked who it is (and, by /healthz, whether it answers): no Job listed, read or deleted there.
+        assert {r.path for r in wrong.requests} - {"/version", "/version/"} == {"/api/v1/namespaces/kube-system"}
         # Its quota stays held: research's 24 H100 hold this 16-GPU run, so a second one is refused.
         second = _submit(other, headers, meta={"dataset_uri": "gs://acme-data/chat/v3/", "run_id": "second"})
         assert second.status_code == 409 and "quota" in second.json()["error"]

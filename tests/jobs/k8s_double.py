@@ -267,6 +267,9 @@ class K8sDouble:
     def _route(self, method: str, path: str, query: dict[str, list[str]], body: Any) -> tuple[int, Any]:
         if method == "GET" and (namespace := re.fullmatch(r"/api/v1/namespaces/([^/]+)", path)):
             return self._namespace(namespace.group(1))
+        if method == "GET" and path in ("/version", "/version/"):  # version.Info (k8s.io/apimachinery pkg/version/types.go)
+            return 200, {"major": "1", "minor": "33", "gitVersion": "v1.33.2-gke.1000", "gitCommit": "", "gitTreeState": "clean",
+                         "buildDate": "2026-01-01T00:00:00Z", "goVersion": "go1.24", "compiler": "gc", "platform": "linux/amd64"}
         parsed = self._parse(path)
         if parsed is None or (parsed[0], parsed[1]) not in KINDS:
             return 404, status_body(404, "NotFound", f"the server could not find the requested resource ({path})")

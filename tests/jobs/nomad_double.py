@@ -7,7 +7,12 @@ for the endpoints gpufleet uses (register, plan, dispatch, job, evaluations, all
 deregister, job list with ``prefix``, allocation list, and ``GET /v1/agent/members``: the
 region's servers as ``api.ServerMembers`` (api/agent.go) with the serf tags a server sets
 (nomad/server.go ``setupSerf``: role, region, dc, id = the server's node id, rpc_addr, port...),
-so a test can stand up a second "cluster" with the same region name and other servers). With ``tls=`` (an ``ssl.SSLContext``) it serves HTTPS and, when the
+so a test can stand up a second "cluster" with the same region name and other servers). Also ``/v1/status/leader`` and an allocation's
+resource usage ``/v1/client/allocation/:id/stats``: an AllocResourceUsage whose DeviceStats are
+shaped as hashicorp/nomad api/tasks.go:58-78 and api/nodes.go:827-875 declare them and filled
+as hashicorp/nomad-device-nvidia stats.go:146-306 fills them: group Vendor "nvidia", Type "gpu",
+InstanceStats by GPU UUID, ``Stats.Attributes["GPU utilization"]`` (%), ``Summary`` = ``Memory state``
+(used / total MiB), "N/A" as ``StringVal`` where NVML gave nothing). With ``tls=`` (an ``ssl.SSLContext``) it serves HTTPS and, when the
 context requires a client certificate, behaves like agents with ``verify_https_client``, so the
 client's CA, certificate and server-name handling run against a real TLS handshake. It records every request exactly as sent (method, path, query string,
 headers, body) and can inject faults (an HTTP status, or a slow answer that outlives the
@@ -111,6 +116,8 @@ class NomadDouble:
         self.faults: dict[tuple[str, str], list[Fault]] = {}
         self.triggers: list[tuple[str, str, int, Callable[[], None]]] = []
         self.state = _State()
+        # allocation id -> per GPU (utilization % or None for N/A, used MiB or None); absent: no device stats
+        self.gpu_stats: dict[str, list[tuple[int | None, int | None]]] = {}
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self._server.daemon_threads = True
@@ -240,6 +247,10 @@ class NomadDouble:
                          for (ns, job_id) in sorted(self.state.jobs) if ns == namespace for alloc in self.state.allocations.get(job_id, [])]
         if (method, route) == ("GET", "members"):
             return 200, self._members()
+        if (method, route) == ("GET", "leader"):
+            return 200, json.dumps("10.0.0.2:4647")  # the leader's RPC address as a JSON string
+        if (method, route) == ("GET", "alloc-stats"):
+            return self._alloc_stats(job_id)
         job = self.state.jobs.get(key)
         if job is None:
             return 404, "job not found"
@@ -267,6 +278,38 @@ class NomadDouble:
                     "ProtocolMin": 1, "ProtocolMax": 5, "ProtocolCur": 2, "DelegateMin": 2, "DelegateMax": 5, "DelegateCur": 4}
                    for i, server_id in enumerate(self.server_ids)]
         return {"ServerName": members[0]["Name"], "ServerRegion": self.region, "ServerDC": "dc1", "Members": members}
+
+    def _alloc_stats(self, alloc_id: str) -> tuple[int, Any]:
+        """AllocResourceUsage of a known allocation (404 "Unknown allocation" otherwise, as the client says)."""
+        alloc = next((a for allocs in self.state.allocations.values() for a in allocs if a["ID"] == alloc_id), None)
+        if alloc is None:
+            return 404, f"Unknown allocation \"{alloc_id}\""
+
+        def value(number: int | None, unit: str, denominator: int | None = None) -> dict[str, Any]:
+            out: dict[str, Any] = {"Unit": unit, "Desc": ""}
+            if number is None:
+                out["StringVal"] = "N/A"
+            else:
+                out["IntNumeratorVal"] = number
+                if denominator is not None:
+                    out["IntDenominatorVal"] = denominator
+            return out
+
+        node = next((n for n in self.nodes if n.name == alloc.get("NodeName")), None)
+        total = node.gpu_memory_mib if node else 40960
+        devices = None
+        if alloc_id in self.gpu_stats:
+            instances = {}
+            for i, (util, used) in enumerate(self.gpu_stats[alloc_id]):
+                memory = value(used, "MiB", total if used is not None else None)
+                instances[f"GPU-{alloc_id}-{i}"] = {"Summary": memory, "Timestamp": "2026-12-03T08:00:00Z",
+                                                    "Stats": {"Nested": None, "Attributes": {"GPU utilization": value(util, "%"), "Memory state": memory,
+                                                                                             "Power usage": value(None, "W")}}}
+            devices = [{"Vendor": "nvidia", "Type": "gpu", "Name": node.gpu_model if node else "NVIDIA A100-SXM4-40GB", "InstanceStats": instances}]
+        cpu = {"SystemMode": 1.0, "UserMode": 2.0, "TotalTicks": 3.0, "ThrottledPeriods": 0, "ThrottledTime": 0, "Percent": 1.5, "Measured": ["Percent"]}
+        usage = {"MemoryStats": {"RSS": 1 << 30, "Cache": 0, "Swap": 0, "Usage": 1 << 30, "MaxUsage": 1 << 30, "Measured": ["RSS"]}, "CpuStats": cpu, "DeviceStats": devices}
+        return 200, {"ResourceUsage": usage, "Tasks": {"train": {"ResourceUsage": usage, "Timestamp": 1_800_000_000_000_000_000, "Pids": None}},
+                     "Timestamp": 1_800_000_000_000_000_000}
 
     def _summary(self, job: dict[str, Any]) -> dict[str, Any]:
         """JobSummary as Nomad keeps it: allocation counts per task group (Queued = not placed yet)."""
@@ -376,6 +419,10 @@ def _route(path: str) -> tuple[str, str]:
         return "allocation-list", ""
     if path == "/v1/agent/members":
         return "members", ""
+    if path == "/v1/status/leader":
+        return "leader", ""
+    if path.startswith("/v1/client/allocation/") and path.endswith("/stats"):
+        return "alloc-stats", path.removeprefix("/v1/client/allocation/").removesuffix("/stats")
     rest = path.removeprefix("/v1/job/")
     for suffix in ("plan", "dispatch", "evaluations", "allocations"):
         if rest.endswith(f"/{suffix}"):

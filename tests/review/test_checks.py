@@ -23,7 +23,9 @@ def test_fails_when_a_state_file_holds_a_secret_and_never_prints_it(example_conf
     token = "gh" + "p_" + "".join(random.Random(7).choices(string.ascii_letters + string.digits, k=36))
     state = tmp_path / "state.json"
     state.write_text(json.dumps({"values": {"root_module": {"resources": [{"values": {"description": f"ci uses {token}"}}]}}}))
-    report = run_checks(example_configs, out=tmp_path / "cdktf.out", state_files=(state,), checkov=False)
+    stages: list[str] = []
+    report = run_checks(example_configs, out=tmp_path / "cdktf.out", state_files=(state,), checkov=False, on_stage=stages.append)
+    assert stages == ["inputs: cluster, job and Vault files", "synth", "secrets scan"]  # what `gpufleet check` shows as progress
     assert not report.ok
     assert ("secrets", False) == report.rows[-1][:2]
     console = Console(record=True, width=200)
