@@ -23,6 +23,7 @@ from experiments import db
 from experiments.auth import OidcSettings
 from experiments.background.context import Context, Timing
 from experiments.background.worker import Worker
+from experiments.jwks import JwksCache
 from experiments.errors import ApiError
 from experiments.limits import MAX_BODY_BYTES, BodyLimit
 from experiments.metrics import Metrics
@@ -69,19 +70,19 @@ def create_app(settings: ServiceSettings, *, runner: Runner, catalog: Catalog | 
     metrics = Metrics(sessions, clock, runner)
     ctx = Context(sessions=sessions, runner=runner, catalog=catalog or Catalog(), clock=clock, metrics=metrics, timing=settings.timing)
     worker = Worker(ctx) if settings.worker else None
-    jwks = None
-    if settings.oidc is not None:
-        import jwt
-
-        jwks = jwt.PyJWKClient(settings.oidc.jwks_url, cache_keys=True, lifespan=300, timeout=5)
+    jwks = JwksCache(settings.oidc.jwks_url, settings.oidc.jwks_timing) if settings.oidc is not None else None
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         if worker is not None:
             worker.start()
+        if jwks is not None:
+            jwks.start()
         try:
             yield
         finally:
+            if jwks is not None:
+                jwks.stop()
             if worker is not None:
                 worker.stop()
             engine.dispose()

@@ -1,0 +1,157 @@
+"""A stalled OIDC issuer costs only OIDC callers (security round three).
+
+The issuer's JWKS endpoint is a real socket on 127.0.0.1 whose thread accepts connections and
+never answers; the service runs under uvicorn (its real request thread pool). Before the change,
+PyJWKClient fetched under its lock inside request threads: 60 unauthenticated garbage JWTs filled
+the pool and a tenant's token GET waited behind them."""
+
+from __future__ import annotations
+
+import base64
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import httpx
+import jwt
+import pytest
+from cryptography.hazmat.primitives.asymmetric import rsa
+
+from experiments.app import ServiceSettings, create_app
+from experiments.auth import OidcSettings, create_token
+from tests.experiments.conftest import FakeClock, UnusedRunner
+from tests.experiments.uvicorn_server import serve
+
+ISSUER = "https://ci.example.test"
+AUDIENCE = "gpufleet"
+GARBAGE = 60  # more than the request thread pool (anyio's default: 40)
+
+
+class Issuer:
+    """A JWKS endpoint that answers with one RSA key until ``stall()``, then accepts every
+    connection and never answers (a thread that accepts and sleeps)."""
+
+    def __init__(self) -> None:
+        self.key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+        jwk = json.loads(jwt.algorithms.RSAAlgorithm.to_jwk(self.key.public_key()))
+        self.body = json.dumps({"keys": [{**jwk, "kid": "ci-1", "use": "sig", "alg": "RS256"}]}).encode()
+        self.stalled = threading.Event()
+        self.done = threading.Event()
+        self.held: list[socket.socket] = []
+        body, stalled, done, held = self.body, self.stalled, self.done, self.held
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:
+                return
+
+            def handle(self) -> None:
+                if stalled.is_set():
+                    held.append(self.connection)
+                    done.wait()  # accepted, never answered
+                    return
+                super().handle()
+
+            def do_GET(self) -> None:
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/jwks"
+
+    def token(self, key=None, kid: str = "ci-1", **claims) -> str:
+        now = int(time.time())
+        payload = {"iss": ISSUER, "aud": AUDIENCE, "sub": "repo:acme/train", "iat": now, "exp": now + 300, "repository_owner": "acme-finetune", **claims}
+        return jwt.encode(payload, key or self.key, algorithm="RS256", headers={"kid": kid})
+
+    def close(self) -> None:
+        self.done.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def issuer() -> Iterator[Issuer]:
+    instance = Issuer()
+    yield instance
+    instance.close()
+
+
+def _service(sqlite_url: str, catalog, issuer: Issuer):
+    oidc = OidcSettings(issuer=ISSUER, audience=AUDIENCE, jwks_url=issuer.url, claim="repository_owner", tenants=(("acme-finetune", "finetune"),))
+    clock = FakeClock()
+    app = create_app(ServiceSettings(db_url=sqlite_url, worker=False, oidc=oidc), runner=UnusedRunner(), catalog=catalog, clock=clock)
+    with app.state.ctx.sessions() as session, session.begin():
+        token = create_token(session, tenant="finetune", admin=False, name="t", now=clock())[1]
+    return app, {"Authorization": f"Bearer {token}"}
+
+
+def _flood(base: str, count: int) -> ThreadPoolExecutor:
+    """Unauthenticated garbage JWTs, each with a kid of its own (the issuer knows none of them)."""
+    pool = ThreadPoolExecutor(max_workers=count)
+
+    def one(i: int) -> None:
+        junk = jwt.encode({"sub": "x"}, "not-a-key-of-anyone-000000000000", algorithm="HS256", headers={"kid": f"junk-{i}"})
+        try:
+            httpx.get(f"{base}/api/v1/experiments", headers={"Authorization": f"Bearer {junk}"}, timeout=20)
+        except httpx.HTTPError:
+            pass
+
+    for i in range(count):
+        pool.submit(one, i)
+    return pool
+
+
+def _timed(call) -> tuple[httpx.Response, float]:
+    start = time.monotonic()
+    answer = call()
+    return answer, time.monotonic() - start
+
+
+def test_token_callers_answer_promptly_while_garbage_jwts_wait_on_a_stalled_issuer(sqlite_url, catalog, issuer):
+    issuer.stalled.set()  # stalled from the start: the service has no keys at all
+    app, tenant = _service(sqlite_url, catalog, issuer)
+    with serve(app) as base:
+        flood = _flood(base, GARBAGE)
+        time.sleep(1.0)  # the garbage is in flight
+        answer, seconds = _timed(lambda: httpx.get(f"{base}/api/v1/experiments", headers=tenant, timeout=30))
+        assert answer.status_code == 200
+        assert seconds < 2.0, f"a token caller waited {seconds:.1f}s behind garbage JWTs (the issuer stalls for good)"
+        oidc, seconds = _timed(lambda: httpx.get(f"{base}/api/v1/experiments", headers={"Authorization": f"Bearer {issuer.token()}"}, timeout=30))
+        assert oidc.status_code == 503 and "signing keys are not available" in oidc.json()["error"], oidc.text
+        assert seconds < 8.0, f"an OIDC caller waited {seconds:.1f}s"
+        flood.shutdown(wait=False, cancel_futures=True)
+
+
+def test_cached_keys_keep_oidc_callers_working_while_the_issuer_stalls(sqlite_url, catalog, issuer):
+    app, _tenant = _service(sqlite_url, catalog, issuer)
+    with serve(app) as base:
+        bearer = {"Authorization": f"Bearer {issuer.token()}"}
+        assert httpx.get(f"{base}/api/v1/experiments", headers=bearer, timeout=30).status_code == 200
+        issuer.stalled.set()
+        flood = _flood(base, GARBAGE)
+        time.sleep(1.0)
+        answer, seconds = _timed(lambda: httpx.get(f"{base}/api/v1/experiments", headers=bearer, timeout=30))
+        assert answer.status_code == 200 and seconds < 2.0, (answer.status_code, seconds)
+        forged = httpx.get(f"{base}/api/v1/experiments", headers={"Authorization": f"Bearer {issuer.token(key=rsa.generate_private_key(public_exponent=65537, key_size=2048))}"}, timeout=30)
+        assert forged.status_code == 401  # a known kid with the wrong signature: refused from memory
+        flood.shutdown(wait=False, cancel_futures=True)
+
+
+@pytest.mark.parametrize("kid", [["a"], {"k": 1}, 7])
+def test_fails_with_401_when_the_kid_is_not_a_string(make_service, sqlite_url, issuer, kid):
+    oidc = OidcSettings(issuer=ISSUER, audience=AUDIENCE, jwks_url=issuer.url, claim="repository_owner", tenants=(("acme-finetune", "finetune"),))
+    svc = make_service(sqlite_url, UnusedRunner(), oidc=oidc)
+    def part(value: object) -> str:
+        return base64.urlsafe_b64encode(json.dumps(value).encode()).rstrip(b"=").decode()
+
+    token = f"{part({'alg': 'RS256', 'typ': 'JWT', 'kid': kid})}.{part({'sub': 'x'})}.c2ln"  # PyJWT will not encode such a kid
+    assert svc.client.get("/api/v1/experiments", headers={"Authorization": f"Bearer {token}"}).status_code == 401
