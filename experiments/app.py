@@ -29,6 +29,7 @@ from experiments.limits import MAX_BODY_BYTES, BodyLimit
 from experiments.metrics import Metrics
 from jobs.runner import Runner
 from experiments.services.catalog import Catalog
+from experiments.services.sessions import SessionSettings
 
 
 def utcnow() -> datetime:
@@ -42,6 +43,7 @@ class ServiceSettings:
     timing: Timing = field(default_factory=Timing)
     oidc: OidcSettings | None = None
     max_body_bytes: int = MAX_BODY_BYTES
+    sessions: SessionSettings = field(default_factory=SessionSettings)
 
 
 def _field_of(loc: tuple[Any, ...]) -> str:
@@ -93,6 +95,7 @@ def create_app(settings: ServiceSettings, *, runner: Runner, catalog: Catalog | 
     app.state.engine = engine
     app.state.oidc = settings.oidc
     app.state.jwks = jwks
+    app.state.session_settings = settings.sessions
     # Outermost (added last): the limit holds before authentication and before any body parsing.
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
 

@@ -70,12 +70,18 @@ def bearer(header: str | None) -> str:
     return token.strip()
 
 
+def token_row(session: Session, token: str) -> ApiToken:
+    """The live row of an API token (what a dashboard session acts for)."""
+    row = session.scalar(select(ApiToken).where(ApiToken.token_sha256 == hash_token(token))) if token.startswith(TOKEN_PREFIX) else None
+    if row is None or row.revoked_at is not None:
+        raise _unauthorized("unknown or revoked token")
+    return row
+
+
 def caller_for_token(session: Session, token: str, oidc: OidcSettings | None, jwks: JwksCache | None) -> Caller:
     """API tokens are looked up in the database and never wait on the issuer's keys."""
     if token.startswith(TOKEN_PREFIX):
-        row = session.scalar(select(ApiToken).where(ApiToken.token_sha256 == hash_token(token)))
-        if row is None or row.revoked_at is not None:
-            raise _unauthorized("unknown or revoked token")
+        row = token_row(session, token)
         return Caller(subject=f"token:{row.id}", tenant=row.tenant, admin=row.admin)
     if oidc is not None and jwks is not None and token.count(".") == 2:
         return _oidc_caller(token, oidc, jwks)

@@ -55,6 +55,26 @@ def _oidc(path: Path | None):  # type: ignore[no-untyped-def]
                         admin_values=tuple(sorted(str(v) for v in data.get("admin_values") or ())))
 
 
+def _session_settings(host: str, *, insecure_cookie: bool, idle_hours: float, max_hours: float):  # type: ignore[no-untyped-def]
+    """Secure cookies unless the operator asks otherwise for a service only this machine reaches:
+    on any other address a cookie without Secure would travel in clear over plain http."""
+    import ipaddress
+
+    from experiments.services.sessions import SessionSettings
+
+    if insecure_cookie:
+        try:
+            loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+        except ValueError:
+            loopback = False
+        if not loopback:
+            raise UserError(f"--insecure-cookie with --host {host}: dashboard cookies without Secure are allowed only on a loopback address; "
+                            "drop --insecure-cookie (serve https, e.g. behind a TLS proxy) or bind --host 127.0.0.1")
+    if idle_hours > max_hours:
+        raise UserError(f"--session-idle-hours {idle_hours:g} is longer than --session-max-hours {max_hours:g}; the idle limit must not exceed the absolute one")
+    return SessionSettings(idle_hours=idle_hours, max_hours=max_hours, secure_cookie=not insecure_cookie)
+
+
 def cmd_serve(
     db: str | None = DbOption,
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on."),
@@ -66,6 +86,9 @@ def cmd_serve(
     worker_only: bool = typer.Option(False, "--worker-only", help="Run only the dispatcher, reconciler and reaper, no HTTP."),
     poll_seconds: float = typer.Option(2.0, "--poll-seconds", min=0.1, help="Seconds between background passes."),
     oidc_config: Path | None = typer.Option(None, "--oidc-config", help="YAML: issuer, audience, jwks_url, claim, tenants (claim value: tenant), admin_values."),
+    session_idle_hours: float = typer.Option(8.0, "--session-idle-hours", min=0.05, help="A dashboard session unused this long ends."),
+    session_max_hours: float = typer.Option(24.0, "--session-max-hours", min=0.05, help="A dashboard session ends this long after sign-in, used or not."),
+    insecure_cookie: bool = typer.Option(False, "--insecure-cookie", help="Dashboard cookies without Secure, for a browser that refuses Secure cookies on plain http://127.0.0.1; only with a loopback --host."),
 ) -> None:
     """Run the experiments control plane: API, dashboard at /, and the background worker."""
     import logging
@@ -77,9 +100,10 @@ def cmd_serve(
 
     if no_worker and worker_only:
         raise UserError("--no-worker and --worker-only exclude each other; pick one")
+    sessions = _session_settings(host, insecure_cookie=insecure_cookie, idle_hours=session_idle_hours, max_hours=session_max_hours)
     runner = _runner(scheduler, vault_env(), nomad_cluster=nomad_cluster, gke_cluster=gke_cluster)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    settings = ServiceSettings(db_url=database_url(db), worker=not no_worker, timing=Timing(poll_seconds=poll_seconds), oidc=_oidc(oidc_config))
+    settings = ServiceSettings(db_url=database_url(db), worker=not no_worker, timing=Timing(poll_seconds=poll_seconds), oidc=_oidc(oidc_config), sessions=sessions)
     app = create_app(settings, runner=runner)
     if worker_only:
         import time
@@ -167,11 +191,12 @@ def cmd_token_list(db: str | None = DbOption) -> None:
 
 
 def cmd_token_revoke(token_id: str = typer.Argument(..., help="The id shown by `token create` / `token list`."), db: str | None = DbOption) -> None:
-    """Revoke a token at once; requests with it get 401."""
+    """Revoke a token at once; requests with it get 401 and its dashboard sessions end."""
     from experiments import db as database
     from experiments.app import utcnow
     from experiments.models import ApiToken
     from experiments.services.lifecycle import record
+    from experiments.services.sessions import end_all_of_token
 
     engine = database.make_engine(database.database_url(db))
     database.upgrade(engine)
@@ -180,9 +205,10 @@ def cmd_token_revoke(token_id: str = typer.Argument(..., help="The id shown by `
         if row is None:
             raise UserError(f"no token {token_id!r}; list them with gpufleet api token list")
         row.revoked_at = row.revoked_at or utcnow()
-        record(session, experiment_id=None, actor=_operator(), kind="token", message=f"revoked token {token_id}", now=utcnow())
+        ended = end_all_of_token(session, token_id)
+        record(session, experiment_id=None, actor=_operator(), kind="token", message=f"revoked token {token_id} (ended {ended} dashboard sessions)", now=utcnow())
     engine.dispose()
-    console.print(f"revoked token {token_id}")
+    console.print(f"revoked token {token_id}; ended {ended} dashboard sessions")
 
 
 def _operator() -> str:
