@@ -12,10 +12,13 @@ a bounded error and API-token callers, who never come here, keep their threads.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from dataclasses import dataclass
 from typing import Any
+
+log = logging.getLogger("gpufleet.jwks")
 
 
 @dataclass(frozen=True)
@@ -71,13 +74,12 @@ class JwksCache:
             self._stopped.wait(max(0.0, self.timing.min_interval_seconds - since))
 
     def _fetch_once(self) -> None:
-        import jwt
-
         self._attempt_started = time.monotonic()
         try:
             keys = {k.key_id: k for k in self._client.get_signing_keys(refresh=True)}
             ok = True
-        except (jwt.PyJWKClientError, jwt.PyJWTError):
+        except Exception as exc:  # noqa: BLE001 - any answer (not JSON, no keys, a reset) is a failed attempt; the thread must live on
+            log.warning("OIDC JWKS fetch from %s failed: %s: %s", self._client.uri, type(exc).__name__, exc)
             keys, ok = {}, False
         with self._changed:
             if ok:

@@ -23,6 +23,7 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 
 from experiments.app import ServiceSettings, create_app
 from experiments.auth import OidcSettings, create_token
+from experiments.jwks import JwksCache, JwksTiming, KeysUnavailable, UnknownKey
 from tests.experiments.conftest import FakeClock, UnusedRunner
 from tests.experiments.uvicorn_server import serve
 
@@ -40,9 +41,10 @@ class Issuer:
         jwk = json.loads(jwt.algorithms.RSAAlgorithm.to_jwk(self.key.public_key()))
         self.body = json.dumps({"keys": [{**jwk, "kid": "ci-1", "use": "sig", "alg": "RS256"}]}).encode()
         self.stalled = threading.Event()
+        self.garbage = threading.Event()  # answers 200 with a body that is not JSON
         self.done = threading.Event()
         self.held: list[socket.socket] = []
-        body, stalled, done, held = self.body, self.stalled, self.done, self.held
+        body, stalled, garbage, done, held = self.body, self.stalled, self.garbage, self.done, self.held
 
         class Handler(BaseHTTPRequestHandler):
             def log_message(self, *args: object) -> None:
@@ -56,11 +58,12 @@ class Issuer:
                 super().handle()
 
             def do_GET(self) -> None:
+                answer = b"<html>maintenance</html>" if garbage.is_set() else body
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
+                self.send_header("Content-Length", str(len(answer)))
                 self.end_headers()
-                self.wfile.write(body)
+                self.wfile.write(answer)
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
@@ -155,3 +158,20 @@ def test_fails_with_401_when_the_kid_is_not_a_string(make_service, sqlite_url, i
 
     token = f"{part({'alg': 'RS256', 'typ': 'JWT', 'kid': kid})}.{part({'sub': 'x'})}.c2ln"  # PyJWT will not encode such a kid
     assert svc.client.get("/api/v1/experiments", headers={"Authorization": f"Bearer {token}"}).status_code == 401
+
+
+def test_the_key_thread_lives_on_when_the_issuer_answers_garbage(issuer):
+    """A maintenance page instead of JSON raised out of PyJWKClient's fetch (not a PyJWTError) and
+    would have ended the thread: every later OIDC caller 503 until a restart."""
+    issuer.garbage.set()
+    cache = JwksCache(issuer.url, JwksTiming(retry_seconds=0.2, min_interval_seconds=0.1, wait_seconds=2.0))
+    cache.start()
+    try:
+        with pytest.raises(KeysUnavailable):
+            cache.key("ci-1")
+        issuer.garbage.clear()
+        assert cache.key("ci-1").key_id == "ci-1"
+        with pytest.raises(UnknownKey):
+            cache.key("not-a-key-of-the-issuer")
+    finally:
+        cache.stop()
