@@ -223,3 +223,8 @@ def test_an_insecure_loopback_service_still_runs_sessions_and_csrf(sqlite_url, c
         clock.advance(hours=1, minutes=1)
         assert not _signed_in(browser)  # the configured idle limit
         assert browser.post("/login", data={"token": token}, follow_redirects=False).status_code == 403
+
+
+def test_fails_when_the_idle_limit_exceeds_the_absolute_one(capsys):
+    assert main(["serve", "--session-idle-hours", "30", "--session-max-hours", "24", "--scheduler", "local"]) == 2
+    assert "--session-idle-hours 30 is longer than --session-max-hours 24" in capsys.readouterr().err
