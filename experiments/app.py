@@ -23,8 +23,8 @@ from experiments import db
 from experiments.auth import OidcSettings
 from experiments.background.context import Context, Timing
 from experiments.background.worker import Worker
-from experiments.jwks import JwksCache
 from experiments.errors import ApiError
+from experiments.jwks import JwksCache
 from experiments.limits import MAX_BODY_BYTES, BodyLimit
 from experiments.metrics import Metrics
 from jobs.runner import Runner

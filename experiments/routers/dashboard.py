@@ -98,7 +98,7 @@ async def login(request: Request, ctx: Annotated[Context, Depends(context)]) -> 
             row = token_row(session, token)
             fixed = request.cookies.get(settings.session_cookie)
             if fixed:
-                sessions.end(session, fixed)  # a session id from before sign-in is never reused
+                sessions.end(session, fixed, ctx.clock(), "session replaced by a new sign-in")  # an id from before sign-in is never reused
             return sessions.start(session, row, ctx.clock(), settings)
 
     try:
@@ -122,7 +122,7 @@ async def logout(request: Request, ctx: Annotated[Context, Depends(context)]) ->
 
     def sign_out() -> None:
         with ctx.sessions() as session, session.begin():
-            sessions.end(session, raw)
+            sessions.end(session, raw, ctx.clock(), "sign-out")
 
     await run_in_threadpool(sign_out)
     response = RedirectResponse("/login", status_code=303)

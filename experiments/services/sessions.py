@@ -26,6 +26,7 @@ from sqlalchemy.orm import Session
 
 from experiments.auth import Caller
 from experiments.models import ApiToken, DashboardSession
+from experiments.services.lifecycle import record
 
 TOUCH_EVERY = timedelta(minutes=1)  # last_seen_at is written at most this often per session
 
@@ -73,6 +74,7 @@ def start(session: Session, token: ApiToken, now: datetime, settings: SessionSet
     raw = new_secret()
     session.add(DashboardSession(id_sha256=_sha256(raw), token_id=token.id, created_at=now, last_seen_at=now,
                                  expires_at=now + timedelta(hours=settings.max_hours)))
+    record(session, experiment_id=None, actor=f"token:{token.id}", kind="session", message="dashboard sign-in", now=now)
     return raw
 
 
@@ -92,8 +94,11 @@ def resume(session: Session, raw: str | None, now: datetime, settings: SessionSe
     return Caller(subject=f"token:{token.id}", tenant=token.tenant, admin=token.admin)
 
 
-def end(session: Session, raw: str) -> None:
-    session.execute(delete(DashboardSession).where(DashboardSession.id_sha256 == _sha256(raw)))
+def end(session: Session, raw: str, now: datetime, why: str) -> None:
+    row = session.get(DashboardSession, _sha256(raw))
+    if row is not None:
+        record(session, experiment_id=None, actor=f"token:{row.token_id}", kind="session", message=f"dashboard {why}", now=now)
+        session.delete(row)
 
 
 def end_all_of_token(session: Session, token_id: str) -> int:

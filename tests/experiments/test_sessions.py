@@ -18,6 +18,7 @@ from sqlalchemy import inspect, select, text
 
 from experiments.app import ServiceSettings, create_app
 from experiments.auth import create_token
+from experiments.models import Event
 from gpufleet.cli import main
 from tests.experiments.conftest import FakeClock, UnusedRunner
 
@@ -118,7 +119,7 @@ def test_fails_when_a_session_is_idle_past_8_hours_or_older_than_24(dashboard):
 
 
 def test_a_stolen_session_cookie_is_dead_after_logout(dashboard):
-    _id, token = dashboard.token()
+    token_id, token = dashboard.token()
     victim = dashboard.browser()
     assert _sign_in(victim, token).status_code == 303
     stolen = dict(victim.cookies)
@@ -127,6 +128,9 @@ def test_a_stolen_session_cookie_is_dead_after_logout(dashboard):
     for name, value in stolen.items():
         thief.cookies.set(name, value)
     assert not _signed_in(thief), "logout only asked the browser to forget the cookie; the server still takes it"
+    with dashboard.app.state.ctx.sessions() as session:
+        audit = [(e.actor, e.message) for e in session.scalars(select(Event).where(Event.kind == "session").order_by(Event.id))]
+    assert audit == [(f"token:{token_id}", "dashboard sign-in"), (f"token:{token_id}", "dashboard sign-out")]
 
 
 def test_revoking_the_api_token_ends_its_dashboard_sessions(dashboard, capsys):
