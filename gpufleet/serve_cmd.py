@@ -55,13 +55,17 @@ def _oidc(path: Path | None):  # type: ignore[no-untyped-def]
                         admin_values=tuple(sorted(str(v) for v in data.get("admin_values") or ())))
 
 
-def _session_settings(host: str, *, insecure_cookie: bool, idle_hours: float, max_hours: float):  # type: ignore[no-untyped-def]
+def _session_settings(host: str, *, insecure_cookie: bool, idle_hours: float, max_hours: float, public_origin: str | None = None):  # type: ignore[no-untyped-def]
     """Secure cookies unless the operator asks otherwise for a service only this machine reaches:
     on any other address a cookie without Secure would travel in clear over plain http."""
     import ipaddress
 
+    from experiments.routers.origin import origin_key
     from experiments.services.sessions import SessionSettings
 
+    if public_origin is not None and (origin_key(public_origin) is None or public_origin.rstrip("/").count("/") != 2):
+        raise UserError(f"--public-origin {public_origin}: not an origin; give the scheme, host and port the browser uses and nothing else, "
+                        "e.g. --public-origin https://gpufleet.example.com")
     if insecure_cookie:
         try:
             loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
@@ -72,7 +76,8 @@ def _session_settings(host: str, *, insecure_cookie: bool, idle_hours: float, ma
                             "drop --insecure-cookie (serve https, e.g. behind a TLS proxy) or bind --host 127.0.0.1")
     if idle_hours > max_hours:
         raise UserError(f"--session-idle-hours {idle_hours:g} is longer than --session-max-hours {max_hours:g}; the idle limit must not exceed the absolute one")
-    return SessionSettings(idle_hours=idle_hours, max_hours=max_hours, secure_cookie=not insecure_cookie)
+    return SessionSettings(idle_hours=idle_hours, max_hours=max_hours, secure_cookie=not insecure_cookie,
+                           public_origin=public_origin.rstrip("/") if public_origin else None)
 
 
 def cmd_serve(
@@ -89,6 +94,7 @@ def cmd_serve(
     session_idle_hours: float = typer.Option(8.0, "--session-idle-hours", min=0.05, help="A dashboard session unused this long ends."),
     session_max_hours: float = typer.Option(24.0, "--session-max-hours", min=0.05, help="A dashboard session ends this long after sign-in, used or not."),
     insecure_cookie: bool = typer.Option(False, "--insecure-cookie", help="Dashboard cookies without Secure, for a browser that refuses Secure cookies on plain http://127.0.0.1; only with a loopback --host."),
+    public_origin: str | None = typer.Option(None, "--public-origin", help="The dashboard's origin as the browser sees it (e.g. https://gpufleet.example.com) when a proxy stands in front; sign-in and sign-out are accepted only from it. Default: the request's own scheme and Host."),
 ) -> None:
     """Run the experiments control plane: API, dashboard at /, and the background worker."""
     import logging
@@ -100,7 +106,8 @@ def cmd_serve(
 
     if no_worker and worker_only:
         raise UserError("--no-worker and --worker-only exclude each other; pick one")
-    sessions = _session_settings(host, insecure_cookie=insecure_cookie, idle_hours=session_idle_hours, max_hours=session_max_hours)
+    sessions = _session_settings(host, insecure_cookie=insecure_cookie, idle_hours=session_idle_hours, max_hours=session_max_hours,
+                                 public_origin=public_origin)
     runner = _runner(scheduler, vault_env(), nomad_cluster=nomad_cluster, gke_cluster=gke_cluster)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = ServiceSettings(db_url=database_url(db), worker=not no_worker, timing=Timing(poll_seconds=poll_seconds), oidc=_oidc(oidc_config), sessions=sessions)

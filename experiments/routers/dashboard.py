@@ -3,7 +3,8 @@
 The browser signs in by pasting an API token once; it gets a server-side session (a random id in
 an HttpOnly, SameSite=Strict, Secure cookie; see services.sessions), never the token itself. The
 session acts for its token, so the dashboard shows a tenant exactly what the API would. Every
-POST form (sign-in, sign-out) carries a CSRF token and is refused with 403 without it. The pages
+POST form (sign-in, sign-out) carries a CSRF token and must come from this service's own origin
+(routers.origin); otherwise it is refused with 403. The pages
 only read; cancelling stays an API/CLI action.
 """
 
@@ -26,6 +27,7 @@ from experiments.background.context import Context
 from experiments.errors import ApiError
 from experiments.models import Experiment
 from experiments.routers.deps import context
+from experiments.routers.origin import same_origin
 from experiments.services import experiments as service
 from experiments.services import sessions
 from experiments.services.sessions import SessionSettings
@@ -88,6 +90,8 @@ def login_form(request: Request) -> HTMLResponse:
 @router.post("/login")
 async def login(request: Request, ctx: Annotated[Context, Depends(context)]) -> Response:
     settings = _settings(request)
+    if not same_origin(request, settings.public_origin):
+        return _login_page(request, status=403, error="sign-in refused: the form was not posted from this service's own page; sign in below")
     form = parse_qs((await request.body()).decode(errors="replace"))
     if not sessions.form_token_ok(request.cookies.get(settings.login_cookie), "login", _field(form, "csrf")):
         return _login_page(request, status=403, error="the sign-in form expired or was not this page's: sign in again below")
@@ -114,6 +118,9 @@ async def login(request: Request, ctx: Annotated[Context, Depends(context)]) -> 
 @router.post("/logout")
 async def logout(request: Request, ctx: Annotated[Context, Depends(context)]) -> Response:
     settings = _settings(request)
+    if not same_origin(request, settings.public_origin):
+        return _page("error.html", status=403, error="sign-out refused: the form was not posted from this service's own page",
+                     fix="sign out with the button on the dashboard page")
     form = parse_qs((await request.body()).decode(errors="replace"))
     raw = request.cookies.get(settings.session_cookie)
     if raw is None or not sessions.form_token_ok(raw, "session", _field(form, "csrf")):

@@ -36,6 +36,7 @@ class SessionSettings:
     idle_hours: float = 8.0
     max_hours: float = 24.0
     secure_cookie: bool = True  # only a loopback-bound service may turn it off (gpufleet serve --insecure-cookie)
+    public_origin: str | None = None  # the browser's scheme://host[:port] of the dashboard behind a proxy (gpufleet serve --public-origin)
 
     @property
     def session_cookie(self) -> str:

@@ -29,9 +29,10 @@ class Dashboard:
     clock: FakeClock
     db_url: str
 
-    def browser(self) -> TestClient:
-        """A fresh browser: its own cookie jar."""
-        client = TestClient(self.app, base_url="https://testserver")
+    def browser(self, headers: dict[str, str] | None = None) -> TestClient:
+        """A fresh browser: its own cookie jar, and by default the ``Origin`` a browser sends with a
+        form of this service's own page."""
+        client = TestClient(self.app, base_url="https://testserver", headers={"Origin": "https://testserver"} if headers is None else headers)
         self._clients.append(client)
         return client
 
@@ -178,6 +179,68 @@ def test_fails_to_sign_out_or_post_without_the_session_csrf_token(dashboard):
     assert _sign_out(browser).status_code == 303 and not _signed_in(browser)
 
 
+def _login_pair(browser: TestClient) -> dict[str, str]:
+    """The form field of a sign-in page this browser opened (its cookie stays in the jar)."""
+    return {"csrf": _csrf(browser.get("/login")) or ""}
+
+
+@pytest.mark.parametrize("headers", [
+    {"Origin": "https://testserver:8443"},  # another port of the same host: the same site, not the same origin
+    {"Origin": "http://testserver"},  # another scheme
+    {"Origin": "https://evil.example"},
+    {"Origin": "null"},
+    {"Origin": "https://testserver:notaport"},
+    {"Sec-Fetch-Site": "same-site"},
+    {"Sec-Fetch-Site": "cross-site"},
+    {},  # neither header: not a browser's same-origin form
+], ids=["other-port", "other-scheme", "other-host", "null", "bad-port", "no-origin-same-site", "no-origin-cross-site", "no-origin"])
+def test_fails_to_sign_in_or_out_from_another_origin_even_with_a_matching_csrf_pair(dashboard, headers):
+    """Login and logout CSRF from another port of the host (security round three, second red
+    team): a page on https://testserver:8443 can plant the pre-session cookie of its choosing
+    (cookies ignore ports, SameSite=Strict counts ports as one site) and so post a *matching*
+    cookie and field; the double-submit check passed. Here the browser holds a genuine pair and
+    still gets 403 whenever the request is not from this service's own origin."""
+    _id, attacker_token = dashboard.token(tenant="eval")
+    victim = dashboard.browser(headers)
+    answer = victim.post("/login", data={"token": attacker_token, **_login_pair(victim)}, follow_redirects=False)
+    assert answer.status_code == 403, answer.status_code
+    assert not [c for c in _set_cookies(answer) if "session" in c.split("=")[0]] and not _signed_in(victim)
+    own = victim.post("/login", data={"token": dashboard.token()[1], **_login_pair(victim)}, headers={"Origin": "https://testserver"}, follow_redirects=False)
+    assert own.status_code == 303
+    answer = victim.post("/logout", data={"csrf": _csrf(victim.get("/")) or ""}, follow_redirects=False)
+    assert answer.status_code == 403 and _signed_in(victim)
+
+
+def test_a_same_origin_form_without_origin_signs_in_by_sec_fetch_site(dashboard):
+    browser = dashboard.browser({"Sec-Fetch-Site": "same-origin"})
+    answer = browser.post("/login", data={"token": dashboard.token()[1], **_login_pair(browser)}, follow_redirects=False)
+    assert answer.status_code == 303 and _signed_in(browser)
+
+
+def test_behind_a_proxy_only_the_configured_public_origin_may_post(db_url, catalog):
+    """Behind a TLS proxy the service sees its own Host and scheme, not the browser's; with
+    ``--public-origin`` the form must come from exactly that origin, whatever the Host header says."""
+    from experiments.services.sessions import SessionSettings
+
+    clock = FakeClock()
+    app = create_app(ServiceSettings(db_url=db_url, worker=False, sessions=SessionSettings(public_origin="https://gpufleet.example.com")),
+                     runner=UnusedRunner(), catalog=catalog, clock=clock)
+    with TestClient(app, base_url="https://testserver") as browser:
+        with app.state.ctx.sessions() as session, session.begin():
+            token = create_token(session, tenant="finetune", admin=False, name="t", now=clock())[1]
+        own_host = browser.post("/login", data={"token": token, **_login_pair(browser)}, headers={"Origin": "https://testserver"}, follow_redirects=False)
+        assert own_host.status_code == 403
+        public = browser.post("/login", data={"token": token, **_login_pair(browser)}, headers={"Origin": "https://gpufleet.example.com"}, follow_redirects=False)
+        assert public.status_code == 303
+
+
+@pytest.mark.parametrize("origin", ["gpufleet.example.com", "ftp://gpufleet.example.com", "https://gpufleet.example.com/dashboard", "https://"])
+def test_fails_when_the_public_origin_is_no_origin(origin, capsys):
+    assert main(["serve", "--public-origin", origin, "--scheduler", "local"]) == 2
+    err = capsys.readouterr().err
+    assert f"--public-origin {origin}" in err and "https://gpufleet.example.com" in err and len(err.strip().splitlines()) == 1
+
+
 def test_a_fresh_sign_in_replaces_a_fixed_session_id(dashboard):
     """Session fixation: a cookie planted before sign-in is never the session after it."""
     _id, token = dashboard.token()
@@ -218,7 +281,7 @@ def test_an_insecure_loopback_service_still_runs_sessions_and_csrf(sqlite_url, c
     clock = FakeClock()
     app = create_app(ServiceSettings(db_url=sqlite_url, worker=False, sessions=SessionSettings(secure_cookie=False, idle_hours=1, max_hours=2)),
                      runner=UnusedRunner(), catalog=catalog, clock=clock)
-    with TestClient(app, base_url="http://127.0.0.1") as browser:
+    with TestClient(app, base_url="http://127.0.0.1", headers={"Origin": "http://127.0.0.1"}) as browser:
         with app.state.ctx.sessions() as session, session.begin():
             token = create_token(session, tenant="finetune", admin=False, name="t", now=clock())[1]
         answer = _sign_in(browser, token)
