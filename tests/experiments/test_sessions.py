@@ -251,6 +251,25 @@ def test_a_fresh_sign_in_replaces_a_fixed_session_id(dashboard):
     assert "planted-by-attacker" not in " ".join(_set_cookies(answer)) and _signed_in(browser)
 
 
+def test_signing_in_over_a_planted_live_session_issues_a_fresh_id_and_ends_the_planted_one(dashboard):
+    """Session fixation with a *live* id (second red team, attack 1b): the attacker signs in with
+    its own token and plants that session's id in the victim's browser (from another port of the
+    host). When the victim then signs in, the cookie is a new id, and the planted session is gone,
+    so the attacker's copy of it cannot follow the victim's session."""
+    attacker = dashboard.browser()
+    assert _sign_in(attacker, dashboard.token(tenant="eval")[1]).status_code == 303
+    [cookie] = [c for c in attacker.cookies.jar if c.name == "__Host-gpufleet_session"]
+    planted = cookie.value
+    victim = dashboard.browser()
+    victim.cookies.jar.set_cookie(cookie)  # the same host, path and name: the browser's own cookie slot
+    answer = _sign_in(victim, dashboard.token()[1])
+    assert answer.status_code == 303
+    fresh = victim.cookies.get("__Host-gpufleet_session")
+    assert fresh and fresh != planted and planted not in " ".join(_set_cookies(answer))
+    assert "tenant finetune" in victim.get("/").text
+    assert not _signed_in(attacker)
+
+
 def test_the_session_cookie_is_no_api_credential(dashboard):
     _id, token = dashboard.token()
     browser = dashboard.browser()
