@@ -60,7 +60,11 @@ def form_token(secret: str, purpose: str) -> str:
 
 
 def form_token_ok(secret: str | None, purpose: str, sent: str | None) -> bool:
-    return bool(secret) and bool(sent) and hmac.compare_digest(form_token(secret or "", purpose), sent or "")
+    """Compared as bytes: ``hmac.compare_digest`` raises TypeError on a str that is not ASCII, and
+    the field is the caller's (a non-ASCII one was an unauthenticated 500)."""
+    if not secret or not sent:
+        return False
+    return hmac.compare_digest(form_token(secret, purpose).encode(), sent.encode("utf-8", "replace"))
 
 
 def new_secret() -> str:

@@ -241,6 +241,20 @@ def test_fails_when_the_public_origin_is_no_origin(origin, capsys):
     assert f"--public-origin {origin}" in err and "https://gpufleet.example.com" in err and len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize("path", ["/login", "/logout"])
+@pytest.mark.parametrize("field", ["%C3%A9", "%E2%80%AE" * 64, "%FF", "%00"], ids=["e-acute", "rtl-override-x64", "byte-ff", "nul"])
+def test_fails_with_403_not_500_when_the_csrf_field_is_not_ascii(dashboard, field, path):
+    """Second red team: a non-ASCII ``csrf`` field made ``hmac.compare_digest`` raise TypeError,
+    an unauthenticated 500 (with a traceback in the log) on both forms."""
+    browser = TestClient(dashboard.app, base_url="https://testserver", headers={"Origin": "https://testserver"}, raise_server_exceptions=False)
+    dashboard._clients.append(browser)
+    browser.get("/login")
+    browser.cookies.set("__Host-gpufleet_session", "x", domain="testserver.local")
+    answer = browser.post(path, content=f"csrf={field}&token=gfx_x", headers={"Content-Type": "application/x-www-form-urlencoded"}, follow_redirects=False)
+    assert answer.status_code == 403, answer.status_code
+    assert answer.headers["cache-control"] == "no-store"
+
+
 def test_a_fresh_sign_in_replaces_a_fixed_session_id(dashboard):
     """Session fixation: a cookie planted before sign-in is never the session after it."""
     _id, token = dashboard.token()
