@@ -8,6 +8,12 @@ stalled too (security round three: a tenant's GET took 17.5 s instead of 23 ms).
 own); a request either finds its key in memory, or waits a bounded time for the thread, and at
 most ``max_waiters`` requests wait at once (the rest are answered 503 at once), so OIDC callers get
 a bounded error and API-token callers, who never come here, keep their threads.
+
+Why a parsed JWK Set with no usable key is a *successful* fetch: that is how an issuer withdraws
+its keys (emergency rotation after a leak). PyJWKClient raises on it, and treating it as an outage
+kept the withdrawn key valid forever. And why a maximum staleness: keys outlive an issuer outage,
+but an issuer unreachable for longer than ``max_stale_seconds`` (default one hour) may well have
+rotated meanwhile, so its old keys are dropped and OIDC callers get 503 until it answers again.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ class JwksTiming:
     min_interval_seconds: float = 5.0  # an unknown kid forces a fetch at most this often
     fetch_timeout_seconds: float = 5.0
     wait_seconds: float = 3.0  # the most an OIDC request waits for a fetch
+    max_stale_seconds: float = 3600.0  # cached keys are dropped this long after the last successful fetch
     max_waiters: int = 4  # requests waiting at once; more are answered 503 without waiting
 
 
@@ -37,6 +44,28 @@ class KeysUnavailable(Exception):
 
 class UnknownKey(Exception):
     """The issuer's current keys have no key for this token (401)."""
+
+
+def signing_keys(data: object) -> dict[str, Any]:
+    """The signing keys of a JWK Set by ``kid``, as PyJWKClient picks them (``use`` sig or absent,
+    a ``kid``; jwt/jwks_client.py ``_get_signing_keys_from_jwk_set``, PyJWT 2.15.1), except that no
+    usable key is an empty answer, not an error. Raises ValueError when ``data`` is no JWK Set (RFC
+    7517 section 5: an object whose ``keys`` member is an array)."""
+    import jwt
+
+    if not isinstance(data, dict) or not isinstance(data.get("keys"), list):
+        raise ValueError("the answer is not a JWK Set (a JSON object with a keys array)")
+    keys: dict[str, Any] = {}
+    for item in data["keys"]:
+        if not isinstance(item, dict):
+            continue
+        try:
+            key = jwt.PyJWK(item)
+        except jwt.PyJWTError:  # an unusable key (unknown kty, bad parameters) is skipped, as PyJWKSet does
+            continue
+        if key.public_key_use in ("sig", None) and isinstance(key.key_id, str) and key.key_id:
+            keys[key.key_id] = key
+    return keys
 
 
 class JwksCache:
@@ -76,11 +105,13 @@ class JwksCache:
     def _fetch_once(self) -> None:
         self._attempt_started = time.monotonic()
         try:
-            keys = {k.key_id: k for k in self._client.get_signing_keys(refresh=True)}
+            keys = signing_keys(self._client.fetch_data())
             ok = True
         except Exception as exc:  # noqa: BLE001 - any answer (not JSON, no keys, a reset) is a failed attempt; the thread must live on
             log.warning("OIDC JWKS fetch from %s failed: %s: %s", self._client.uri, type(exc).__name__, exc)
             keys, ok = {}, False
+        if ok and not keys:
+            log.warning("OIDC JWKS from %s lists no signing key: every OIDC token is refused until it does", self._client.uri)
         with self._changed:
             if ok:
                 self._keys, self._fetched_at = keys, time.monotonic()
@@ -88,11 +119,19 @@ class JwksCache:
             self._generation += 1
             self._changed.notify_all()
 
+    def _drop_stale_keys(self) -> None:
+        """Called with ``_changed`` held."""
+        if self._keys and self._fetched_at is not None and time.monotonic() - self._fetched_at >= self.timing.max_stale_seconds:
+            log.warning("OIDC keys from %s are older than %gs (no successful fetch since): dropped until the issuer answers",
+                        self._client.uri, self.timing.max_stale_seconds)
+            self._keys = {}
+
     def key(self, kid: object) -> Any:
         """The key for ``kid``, from memory when it is there (cached keys outlive an issuer outage)."""
         if not isinstance(kid, str):  # the header is the caller's: a list or object is no key id
             raise UnknownKey(repr(kid))
         with self._changed:
+            self._drop_stale_keys()
             if kid in self._keys:
                 return self._keys[kid]
             fresh = self._fetched_at is not None and time.monotonic() - self._fetched_at < self.timing.min_interval_seconds

@@ -33,42 +33,70 @@ GARBAGE = 60  # more than the request thread pool (anyio's default: 40)
 
 
 class Issuer:
-    """A JWKS endpoint that answers with one RSA key until ``stall()``, then accepts every
-    connection and never answers (a thread that accepts and sleeps)."""
+    """A JWKS endpoint that answers ``body`` (one RSA key, ``ci-1``, at first) until ``stall()``,
+    then accepts every connection and never answers (a thread that accepts and sleeps). With
+    ``drip`` set it sends the status and headers at once and then the body one byte every 0.2 s
+    (each byte well inside a per-read socket timeout); with ``drip_headers`` it drips a header."""
 
     def __init__(self) -> None:
         self.key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-        jwk = json.loads(jwt.algorithms.RSAAlgorithm.to_jwk(self.key.public_key()))
-        self.body = json.dumps({"keys": [{**jwk, "kid": "ci-1", "use": "sig", "alg": "RS256"}]}).encode()
+        self.body = self.jwks(("ci-1", self.key))
         self.stalled = threading.Event()
         self.garbage = threading.Event()  # answers 200 with a body that is not JSON
+        self.drip = threading.Event()
+        self.drip_headers = threading.Event()
+        self.drips_started = 0
         self.done = threading.Event()
         self.held: list[socket.socket] = []
-        body, stalled, garbage, done, held = self.body, self.stalled, self.garbage, self.done, self.held
+        issuer = self
 
         class Handler(BaseHTTPRequestHandler):
             def log_message(self, *args: object) -> None:
                 return
 
             def handle(self) -> None:
-                if stalled.is_set():
-                    held.append(self.connection)
-                    done.wait()  # accepted, never answered
+                if issuer.stalled.is_set():
+                    issuer.held.append(self.connection)
+                    issuer.done.wait()  # accepted, never answered
                     return
                 super().handle()
 
+            def _slowly(self, data: bytes) -> None:
+                issuer.drips_started += 1
+                for byte in data:
+                    if issuer.done.is_set():
+                        return
+                    self.wfile.write(bytes([byte]))
+                    self.wfile.flush()
+                    time.sleep(0.2)
+
             def do_GET(self) -> None:
-                answer = b"<html>maintenance</html>" if garbage.is_set() else body
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(answer)))
-                self.end_headers()
-                self.wfile.write(answer)
+                answer = b"<html>maintenance</html>" if issuer.garbage.is_set() else issuer.body
+                try:
+                    if issuer.drip_headers.is_set():
+                        self.wfile.write(b"HTTP/1.1 200 OK\r\n")
+                        self._slowly(b"X-Padding: " + b"a" * 4000 + b"\r\n")
+                        return
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(answer)))
+                    self.end_headers()
+                    if issuer.drip.is_set():
+                        self._slowly(answer)
+                    else:
+                        self.wfile.write(answer)
+                except OSError:
+                    return  # the fetcher hung up
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/jwks"
+
+    @staticmethod
+    def jwks(*pairs: tuple[str, rsa.RSAPrivateKey], **extra: object) -> bytes:
+        keys = [{**json.loads(jwt.algorithms.RSAAlgorithm.to_jwk(key.public_key())), "kid": kid, "use": "sig", "alg": "RS256"} for kid, key in pairs]
+        return json.dumps({"keys": keys, **extra}).encode()
 
     def token(self, key=None, kid: str = "ci-1", **claims) -> str:
         now = int(time.time())
@@ -175,3 +203,59 @@ def test_the_key_thread_lives_on_when_the_issuer_answers_garbage(issuer):
             cache.key("not-a-key-of-the-issuer")
     finally:
         cache.stop()
+
+
+def _quick(**overrides: float) -> JwksTiming:
+    """Production spacing (300 s / 10 s / 5 s) shrunk so a test sees several fetches."""
+    return JwksTiming(**{"refresh_seconds": 0.2, "retry_seconds": 0.2, "min_interval_seconds": 0.1, "fetch_timeout_seconds": 1.0, "wait_seconds": 0.5, **overrides})
+
+
+def _oidc_service(make_service, sqlite_url: str, issuer: Issuer, timing: JwksTiming):
+    oidc = OidcSettings(issuer=ISSUER, audience=AUDIENCE, jwks_url=issuer.url, claim="repository_owner", tenants=(("acme-finetune", "finetune"),),
+                        jwks_timing=timing)
+    return make_service(sqlite_url, UnusedRunner(), oidc=oidc)
+
+
+def _status_within(svc, token: str, wanted: int, seconds: float = 10.0) -> int:
+    """The status of an OIDC GET, asked again until it is ``wanted`` or ``seconds`` pass."""
+    deadline = time.monotonic() + seconds
+    while True:
+        status = svc.client.get("/api/v1/experiments", headers={"Authorization": f"Bearer {token}"}).status_code
+        if status == wanted or time.monotonic() > deadline:
+            return status
+        time.sleep(0.1)
+
+
+def _withdrawn(issuer: Issuer) -> dict[str, bytes]:
+    jwk = json.loads(Issuer.jwks(("ci-1", issuer.key)))["keys"][0]
+    return {
+        "no-keys": b'{"keys": []}',
+        "encryption-only": json.dumps({"keys": [{**jwk, "use": "enc"}]}).encode(),
+        "no-kid": json.dumps({"keys": [{k: v for k, v in jwk.items() if k != "kid"}]}).encode(),
+        "not-a-key": json.dumps({"keys": [{"kty": "RSA", "kid": "ci-1", "n": "AQAB"}]}).encode(),
+    }
+
+
+@pytest.mark.parametrize("answer", ["no-keys", "encryption-only", "no-kid", "not-a-key"])
+def test_fails_with_401_once_the_issuer_withdraws_its_signing_key(make_service, sqlite_url, issuer, answer):
+    """Second red team: an issuer's emergency rotation (the JWKS now lists no usable key) was taken
+    for a failed fetch, so the withdrawn key stayed valid forever. A JWK Set that parses is a
+    successful fetch, whatever keys it holds."""
+    svc = _oidc_service(make_service, sqlite_url, issuer, _quick())
+    token = issuer.token()
+    assert _status_within(svc, token, 200) == 200
+    issuer.body = _withdrawn(issuer)[answer]
+    assert _status_within(svc, token, 401) == 401, "a JWT signed with the withdrawn key is still accepted"
+
+
+def test_cached_keys_are_dropped_after_the_maximum_staleness_and_oidc_callers_get_503(make_service, sqlite_url, issuer):
+    """Cached keys outlive an outage, but not forever (default one hour): an issuer that stays
+    unreachable past the limit leaves no key to accept, so OIDC callers get 503 (retry)."""
+    assert JwksTiming().max_stale_seconds == 3600
+    svc = _oidc_service(make_service, sqlite_url, issuer, _quick(max_stale_seconds=1.0))
+    token = issuer.token()
+    assert _status_within(svc, token, 200) == 200
+    issuer.stalled.set()
+    assert _status_within(svc, token, 503) == 503, "keys last fetched long ago are still accepted"
+    answer = svc.client.get("/api/v1/experiments", headers={"Authorization": f"Bearer {token}"})
+    assert "signing keys are not available" in answer.json()["error"]
