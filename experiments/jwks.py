@@ -4,10 +4,10 @@ Why not ``jwt.PyJWKClient`` in the request: it fetches under its lock inside the
 so while the identity provider is slow every OIDC request queues on that lock, and enough
 unauthenticated garbage JWTs (any ``kid``) fill the whole request thread pool, so token callers
 stalled too (security round three: a tenant's GET took 17.5 s instead of 23 ms). Here only the
-``gpufleet-jwks`` thread touches the network (PyJWKClient's own fetch and parsing, no cache of its
-own); a request either finds its key in memory, or waits a bounded time for the thread, and at
-most ``max_waiters`` requests wait at once (the rest are answered 503 at once), so OIDC callers get
-a bounded error and API-token callers, who never come here, keep their threads.
+``gpufleet-jwks`` thread touches the network (one GET bounded in time and size, jwks_fetch); a
+request either finds its key in memory, or waits a bounded time for the thread, and at most
+``max_waiters`` requests wait at once (the rest are answered 503 at once), so OIDC callers get a
+bounded error and API-token callers, who never come here, keep their threads.
 
 Why a parsed JWK Set with no usable key is a *successful* fetch: that is how an issuer withdraws
 its keys (emergency rotation after a leak). PyJWKClient raises on it, and treating it as an outage
@@ -24,6 +24,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from experiments.jwks_fetch import fetch_json
+
 log = logging.getLogger("gpufleet.jwks")
 
 
@@ -32,7 +34,7 @@ class JwksTiming:
     refresh_seconds: float = 300.0  # keys are re-read this often while the issuer answers
     retry_seconds: float = 10.0  # ... and this often while it does not
     min_interval_seconds: float = 5.0  # an unknown kid forces a fetch at most this often
-    fetch_timeout_seconds: float = 5.0
+    fetch_timeout_seconds: float = 5.0  # the whole fetch (connect, headers, body), not each socket read
     wait_seconds: float = 3.0  # the most an OIDC request waits for a fetch
     max_stale_seconds: float = 3600.0  # cached keys are dropped this long after the last successful fetch
     max_waiters: int = 4  # requests waiting at once; more are answered 503 without waiting
@@ -70,10 +72,8 @@ def signing_keys(data: object) -> dict[str, Any]:
 
 class JwksCache:
     def __init__(self, url: str, timing: JwksTiming | None = None) -> None:
-        import jwt
-
+        self.url = url
         self.timing = timing or JwksTiming()
-        self._client = jwt.PyJWKClient(url, cache_jwk_set=False, timeout=self.timing.fetch_timeout_seconds)
         self._keys: dict[str, Any] = {}
         self._fetched_at: float | None = None  # monotonic time of the last successful fetch
         self._attempt_started: float | None = None
@@ -105,13 +105,13 @@ class JwksCache:
     def _fetch_once(self) -> None:
         self._attempt_started = time.monotonic()
         try:
-            keys = signing_keys(self._client.fetch_data())
+            keys = signing_keys(fetch_json(self.url, self.timing.fetch_timeout_seconds))
             ok = True
         except Exception as exc:  # noqa: BLE001 - any answer (not JSON, no keys, a reset) is a failed attempt; the thread must live on
-            log.warning("OIDC JWKS fetch from %s failed: %s: %s", self._client.uri, type(exc).__name__, exc)
+            log.warning("OIDC JWKS fetch from %s failed: %s: %s", self.url, type(exc).__name__, exc)
             keys, ok = {}, False
         if ok and not keys:
-            log.warning("OIDC JWKS from %s lists no signing key: every OIDC token is refused until it does", self._client.uri)
+            log.warning("OIDC JWKS from %s lists no signing key: every OIDC token is refused until it does", self.url)
         with self._changed:
             if ok:
                 self._keys, self._fetched_at = keys, time.monotonic()
@@ -123,7 +123,7 @@ class JwksCache:
         """Called with ``_changed`` held."""
         if self._keys and self._fetched_at is not None and time.monotonic() - self._fetched_at >= self.timing.max_stale_seconds:
             log.warning("OIDC keys from %s are older than %gs (no successful fetch since): dropped until the issuer answers",
-                        self._client.uri, self.timing.max_stale_seconds)
+                        self.url, self.timing.max_stale_seconds)
             self._keys = {}
 
     def key(self, kid: object) -> Any:

@@ -259,3 +259,30 @@ def test_cached_keys_are_dropped_after_the_maximum_staleness_and_oidc_callers_ge
     assert _status_within(svc, token, 503) == 503, "keys last fetched long ago are still accepted"
     answer = svc.client.get("/api/v1/experiments", headers={"Authorization": f"Bearer {token}"})
     assert "signing keys are not available" in answer.json()["error"]
+
+
+@pytest.mark.parametrize("where", ["body", "headers"])
+def test_a_dripped_answer_does_not_hold_the_key_thread_past_its_deadline(make_service, sqlite_url, issuer, where):
+    """Second red team: the fetch timeout was urllib's per-read socket timeout, so an answer
+    dripped one byte every 0.2 s held the one key thread for minutes (no refresh, no retry: a
+    rotated-in key stayed 503). Here the issuer rotates to ``ci-2`` and drips one answer; once the
+    path is healthy again the new key must work within seconds, not after the drip ends."""
+    svc = _oidc_service(make_service, sqlite_url, issuer, _quick())
+    assert _status_within(svc, issuer.token(), 200) == 200
+    second = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    issuer.body = Issuer.jwks(("ci-2", second))
+    (issuer.drip if where == "body" else issuer.drip_headers).set()
+    deadline = time.monotonic() + 10
+    while issuer.drips_started == 0:
+        assert time.monotonic() < deadline, "the key thread never fetched"
+        time.sleep(0.05)
+    issuer.drip.clear()
+    issuer.drip_headers.clear()
+    assert _status_within(svc, issuer.token(key=second, kid="ci-2"), 200) == 200, "the key thread is still inside the dripped fetch"
+
+
+def test_fails_to_take_keys_from_an_answer_over_one_mib(make_service, sqlite_url, issuer):
+    """A size cap: the fetcher stops reading past 1 MiB and keeps no key from such an answer."""
+    issuer.body = Issuer.jwks(("ci-1", issuer.key), padding=" " * (1 << 20))
+    svc = _oidc_service(make_service, sqlite_url, issuer, _quick())
+    assert _status_within(svc, issuer.token(), 503, seconds=3) == 503
