@@ -21,7 +21,7 @@ import secrets
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import delete, or_
+from sqlalchemy import delete, or_, select
 from sqlalchemy.orm import Session
 
 from experiments.auth import Caller
@@ -29,6 +29,7 @@ from experiments.models import ApiToken, DashboardSession
 from experiments.services.lifecycle import record
 
 TOUCH_EVERY = timedelta(minutes=1)  # last_seen_at is written at most this often per session
+MAX_SESSIONS_PER_TOKEN = 20  # a token's 21st live session ends its oldest
 
 
 @dataclass(frozen=True)
@@ -73,12 +74,20 @@ def new_secret() -> str:
 
 def start(session: Session, token: ApiToken, now: datetime, settings: SessionSettings) -> str:
     """A new session for a valid token; returns the id for the cookie (stored only hashed).
-    Expired sessions of every token are swept here, so the table holds only live ones."""
+    Expired sessions of every token are swept here, so the table holds only live ones, and a token
+    keeps at most ``MAX_SESSIONS_PER_TOKEN`` (the oldest end): any holder of a token could sign in
+    without end, each sign-in a row kept up to a day."""
     session.execute(delete(DashboardSession).where(or_(DashboardSession.expires_at <= now,
                                                        DashboardSession.last_seen_at <= now - timedelta(hours=settings.idle_hours))))
     raw = new_secret()
     session.add(DashboardSession(id_sha256=_sha256(raw), token_id=token.id, created_at=now, last_seen_at=now,
                                  expires_at=now + timedelta(hours=settings.max_hours)))
+    session.flush()
+    oldest = session.scalars(select(DashboardSession.id_sha256).where(DashboardSession.token_id == token.id)
+                             .order_by(DashboardSession.created_at.desc(), DashboardSession.last_seen_at.desc())
+                             .offset(MAX_SESSIONS_PER_TOKEN)).all()
+    if oldest:
+        session.execute(delete(DashboardSession).where(DashboardSession.id_sha256.in_(oldest)))
     record(session, experiment_id=None, actor=f"token:{token.id}", kind="session", message="dashboard sign-in", now=now)
     return raw
 

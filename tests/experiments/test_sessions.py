@@ -284,6 +284,27 @@ def test_signing_in_over_a_planted_live_session_issues_a_fresh_id_and_ends_the_p
     assert not _signed_in(attacker)
 
 
+def test_one_token_keeps_at_most_20_live_sessions_the_oldest_end_first(dashboard):
+    """Second red team: every sign-in added a session row kept for up to 24 h, without limit per
+    token (300 sign-ins, 300 live sessions). The 21st sign-in of a token ends its oldest session;
+    another token's session is untouched."""
+    _other_id, other_token = dashboard.token(tenant="eval")
+    bystander = dashboard.browser()
+    assert _sign_in(bystander, other_token).status_code == 303
+    token_id, token = dashboard.token()
+    browsers = []
+    for _ in range(25):
+        browser = dashboard.browser()
+        assert _sign_in(browser, token).status_code == 303
+        browsers.append(browser)
+        dashboard.clock.advance(seconds=1)
+    assert [_signed_in(b) for b in browsers] == [False] * 5 + [True] * 20
+    assert _signed_in(bystander)
+    with dashboard.app.state.engine.connect() as connection:
+        live = connection.execute(text("SELECT count(*) FROM dashboard_sessions WHERE token_id = :t"), {"t": token_id}).scalar()
+    assert live == 20
+
+
 def test_the_session_cookie_is_no_api_credential(dashboard):
     _id, token = dashboard.token()
     browser = dashboard.browser()
