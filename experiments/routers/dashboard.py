@@ -90,9 +90,9 @@ def login_form(request: Request) -> HTMLResponse:
 @router.post("/login")
 async def login(request: Request, ctx: Annotated[Context, Depends(context)]) -> Response:
     settings = _settings(request)
+    form = parse_qs((await request.body()).decode(errors="replace"))  # first: an oversized body is a 413 (limits.BodyLimit)
     if not same_origin(request, settings.public_origin):
         return _login_page(request, status=403, error="sign-in refused: the form was not posted from this service's own page; sign in below")
-    form = parse_qs((await request.body()).decode(errors="replace"))
     if not sessions.form_token_ok(request.cookies.get(settings.login_cookie), "login", _field(form, "csrf")):
         return _login_page(request, status=403, error="the sign-in form expired or was not this page's: sign in again below")
     token = _field(form, "token").strip()
@@ -118,10 +118,10 @@ async def login(request: Request, ctx: Annotated[Context, Depends(context)]) -> 
 @router.post("/logout")
 async def logout(request: Request, ctx: Annotated[Context, Depends(context)]) -> Response:
     settings = _settings(request)
+    form = parse_qs((await request.body()).decode(errors="replace"))  # first: an oversized body is a 413 (limits.BodyLimit)
     if not same_origin(request, settings.public_origin):
         return _page("error.html", status=403, error="sign-out refused: the form was not posted from this service's own page",
                      fix="sign out with the button on the dashboard page")
-    form = parse_qs((await request.body()).decode(errors="replace"))
     raw = request.cookies.get(settings.session_cookie)
     if raw is None or not sessions.form_token_ok(raw, "session", _field(form, "csrf")):
         return _page("error.html", status=403, error="sign-out refused: the form's CSRF token is missing or not this session's",
