@@ -5,7 +5,9 @@ host as the same site, so a page on ``http://127.0.0.1:<other port>`` (another s
 server) can plant a ``__Host-`` cookie of its choosing and post the matching form token (security
 round three, second red team: login CSRF from another port). The browser's ``Origin`` header does
 carry the port, and a page cannot forge it; so a POST must name exactly this service's origin, or,
-from a browser that sends no ``Origin``, say ``Sec-Fetch-Site: same-origin``.
+from a browser that sends no ``Origin``, say ``Sec-Fetch-Site: same-origin``. (A
+``Referrer-Policy: no-referrer`` on the pages would make browsers send ``Origin: null`` even on
+same-origin POSTs, and sign-in would be refused: the pages set none.)
 """
 
 from __future__ import annotations
