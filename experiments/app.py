@@ -26,11 +26,13 @@ from experiments.binding import confirm as confirm_bindings
 from experiments.background.worker import Worker
 from experiments.errors import ApiError
 from experiments.health import SchedulerHealth
+from experiments.jwks import JwksCache
 from experiments.limits import MAX_BODY_BYTES, BodyLimit
 from experiments.metrics import Metrics
 from experiments.routers.ops import SCHEMA_PATH
 from jobs.runner import Runner
 from experiments.services.catalog import Catalog
+from experiments.services.sessions import SessionSettings
 
 
 def utcnow() -> datetime:
@@ -44,6 +46,7 @@ class ServiceSettings:
     timing: Timing = field(default_factory=Timing)
     oidc: OidcSettings | None = None
     max_body_bytes: int = MAX_BODY_BYTES
+    sessions: SessionSettings = field(default_factory=SessionSettings)
 
 
 def _field_of(loc: tuple[Any, ...]) -> str:
@@ -74,11 +77,7 @@ def create_app(settings: ServiceSettings, *, runner: Runner, catalog: Catalog | 
     metrics.registry.register(health)
     ctx = Context(sessions=sessions, runner=runner, catalog=catalog or Catalog(), clock=clock, metrics=metrics, timing=settings.timing)
     worker = Worker(ctx) if settings.worker else None
-    jwks = None
-    if settings.oidc is not None:
-        import jwt
-
-        jwks = jwt.PyJWKClient(settings.oidc.jwks_url, cache_keys=True, lifespan=300, timeout=5)
+    jwks = JwksCache(settings.oidc.jwks_url, settings.oidc.jwks_timing) if settings.oidc is not None else None
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
@@ -87,9 +86,13 @@ def create_app(settings: ServiceSettings, *, runner: Runner, catalog: Catalog | 
             log.warning("starting degraded: %s", why)  # the worker keeps checking; /healthz says so meanwhile
         if worker is not None:
             worker.start()
+        if jwks is not None:
+            jwks.start()
         try:
             yield
         finally:
+            if jwks is not None:
+                jwks.stop()
             if worker is not None:
                 worker.stop()
             engine.dispose()
@@ -103,6 +106,7 @@ def create_app(settings: ServiceSettings, *, runner: Runner, catalog: Catalog | 
     app.state.engine = engine
     app.state.oidc = settings.oidc
     app.state.jwks = jwks
+    app.state.session_settings = settings.sessions
     # Outermost (added last): the limit holds before authentication and before any body parsing.
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
 

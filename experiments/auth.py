@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import hashlib
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from experiments.errors import ApiError
+from experiments.jwks import JwksCache, JwksTiming, KeysUnavailable, UnknownKey
 from experiments.models import ApiToken
 
 TOKEN_PREFIX = "gfx_"
@@ -42,6 +42,7 @@ class OidcSettings:
     tenants: tuple[tuple[str, str], ...]  # claim value -> tenant
     admin_values: tuple[str, ...] = ()
     algorithms: tuple[str, ...] = ("RS256", "ES256")
+    jwks_timing: JwksTiming = field(default_factory=JwksTiming)
 
 
 def hash_token(token: str) -> str:
@@ -69,24 +70,36 @@ def bearer(header: str | None) -> str:
     return token.strip()
 
 
-def caller_for_token(session: Session, token: str, oidc: OidcSettings | None, jwks: Any | None) -> Caller:
+def token_row(session: Session, token: str) -> ApiToken:
+    """The live row of an API token (what a dashboard session acts for)."""
+    row = session.scalar(select(ApiToken).where(ApiToken.token_sha256 == hash_token(token))) if token.startswith(TOKEN_PREFIX) else None
+    if row is None or row.revoked_at is not None:
+        raise _unauthorized("unknown or revoked token")
+    return row
+
+
+def caller_for_token(session: Session, token: str, oidc: OidcSettings | None, jwks: JwksCache | None) -> Caller:
+    """API tokens are looked up in the database and never wait on the issuer's keys."""
     if token.startswith(TOKEN_PREFIX):
-        row = session.scalar(select(ApiToken).where(ApiToken.token_sha256 == hash_token(token)))
-        if row is None or row.revoked_at is not None:
-            raise _unauthorized("unknown or revoked token")
+        row = token_row(session, token)
         return Caller(subject=f"token:{row.id}", tenant=row.tenant, admin=row.admin)
     if oidc is not None and jwks is not None and token.count(".") == 2:
         return _oidc_caller(token, oidc, jwks)
     raise _unauthorized("unknown or revoked token")
 
 
-def _oidc_caller(token: str, oidc: OidcSettings, jwks: Any) -> Caller:
+def _oidc_caller(token: str, oidc: OidcSettings, jwks: JwksCache) -> Caller:
     import jwt
 
     try:
-        key = jwks.get_signing_key_from_jwt(token)
+        key = jwks.key(jwt.get_unverified_header(token).get("kid"))
         claims = jwt.decode(token, key.key, algorithms=list(oidc.algorithms), audience=oidc.audience, issuer=oidc.issuer,
                             options={"require": ["exp", "iss", "aud", "sub"]})
+    except KeysUnavailable:
+        raise ApiError(503, "the OIDC issuer's signing keys are not available right now", field="Authorization",
+                       fix="retry in a minute; API tokens (gfx_...) keep working meanwhile") from None
+    except UnknownKey:
+        raise _unauthorized("the OIDC token was refused (no key of the issuer matches its kid)") from None
     except jwt.PyJWTError as exc:
         raise _unauthorized(f"the OIDC token was refused ({type(exc).__name__})") from None
     value = str(claims.get(oidc.claim, ""))

@@ -147,3 +147,18 @@ class RunUsage(Base):
     util_mean_pct: Mapped[float | None] = mapped_column(Float, default=None)
     util_peak_pct: Mapped[float | None] = mapped_column(Float, default=None)
     memory_peak_mib: Mapped[float | None] = mapped_column(Float, default=None)
+
+
+class DashboardSession(Base):
+    """A signed-in dashboard browser. The cookie holds a random id; only its SHA-256 is kept, so
+    the table cannot be replayed as cookies. It acts for its API token: revoking the token ends
+    it (checked on every page and deleted by ``api token revoke``)."""
+
+    __tablename__ = "dashboard_sessions"
+    __table_args__ = (Index("ix_dashboard_sessions_token", "token_id"), Index("ix_dashboard_sessions_expires", "expires_at"))
+
+    id_sha256: Mapped[str] = mapped_column(String(64), primary_key=True)
+    token_id: Mapped[str] = mapped_column(String(16), ForeignKey("api_tokens.id", ondelete="CASCADE"))
+    created_at: Mapped[datetime] = mapped_column(DateTime)
+    last_seen_at: Mapped[datetime] = mapped_column(DateTime)
+    expires_at: Mapped[datetime] = mapped_column(DateTime)  # the absolute limit: created_at + max hours

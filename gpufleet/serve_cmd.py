@@ -22,6 +22,31 @@ console = make_console()
 DbOption = typer.Option(None, "--db", envvar="GPUFLEET_DB", help="postgresql://user@host/db or sqlite:///file.db (default .gpufleet/experiments.db).")
 
 
+def _session_settings(host: str, *, insecure_cookie: bool, idle_hours: float, max_hours: float, public_origin: str | None = None):  # type: ignore[no-untyped-def]
+    """Secure cookies unless the operator asks otherwise for a service only this machine reaches:
+    on any other address a cookie without Secure would travel in clear over plain http."""
+    import ipaddress
+
+    from experiments.routers.origin import origin_key
+    from experiments.services.sessions import SessionSettings
+
+    if public_origin is not None and (origin_key(public_origin) is None or public_origin.rstrip("/").count("/") != 2):
+        raise UserError(f"--public-origin {public_origin}: not an origin; give the scheme, host and port the browser uses and nothing else, "
+                        "e.g. --public-origin https://gpufleet.example.com")
+    if insecure_cookie:
+        try:
+            loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+        except ValueError:
+            loopback = False
+        if not loopback:
+            raise UserError(f"--insecure-cookie with --host {host}: dashboard cookies without Secure are allowed only on a loopback address; "
+                            "drop --insecure-cookie (serve https, e.g. behind a TLS proxy) or bind --host 127.0.0.1")
+    if idle_hours > max_hours:
+        raise UserError(f"--session-idle-hours {idle_hours:g} is longer than --session-max-hours {max_hours:g}; the idle limit must not exceed the absolute one")
+    return SessionSettings(idle_hours=idle_hours, max_hours=max_hours, secure_cookie=not insecure_cookie,
+                           public_origin=public_origin.rstrip("/") if public_origin else None)
+
+
 def cmd_serve(
     db: str | None = DbOption,
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on."),
@@ -33,6 +58,10 @@ def cmd_serve(
     worker_only: bool = typer.Option(False, "--worker-only", help="Run only the dispatcher, reconciler and reaper, no HTTP."),
     poll_seconds: float = typer.Option(2.0, "--poll-seconds", min=0.1, help="Seconds between background passes."),
     oidc_config: Path | None = typer.Option(None, "--oidc-config", help="YAML: issuer, audience, jwks_url, claim, tenants (claim value: tenant), admin_values."),
+    session_idle_hours: float = typer.Option(8.0, "--session-idle-hours", min=0.05, help="A dashboard session unused this long ends."),
+    session_max_hours: float = typer.Option(24.0, "--session-max-hours", min=0.05, help="A dashboard session ends this long after sign-in, used or not."),
+    insecure_cookie: bool = typer.Option(False, "--insecure-cookie", help="Dashboard cookies without Secure, for a browser that refuses Secure cookies on plain http://127.0.0.1; only with a loopback --host."),
+    public_origin: str | None = typer.Option(None, "--public-origin", help="The dashboard's origin as the browser sees it (e.g. https://gpufleet.example.com) when a proxy stands in front; sign-in and sign-out are accepted only from it. Default: the request's own scheme and Host."),
 ) -> None:
     """Run the experiments control plane: API, dashboard at /, and the background worker."""
     import logging
@@ -45,9 +74,12 @@ def cmd_serve(
 
     if no_worker and worker_only:
         raise UserError("--no-worker and --worker-only exclude each other; pick one")
+    sessions = _session_settings(host, insecure_cookie=insecure_cookie, idle_hours=session_idle_hours, max_hours=session_max_hours,
+                                 public_origin=public_origin)
     runner = _runner(scheduler, vault_env(), nomad_cluster=nomad_cluster, gke_cluster=gke_cluster)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    settings = ServiceSettings(db_url=database_url(db), worker=not no_worker, timing=Timing(poll_seconds=poll_seconds), oidc=load_oidc_settings(oidc_config))
+    settings = ServiceSettings(db_url=database_url(db), worker=not no_worker, timing=Timing(poll_seconds=poll_seconds), oidc=load_oidc_settings(oidc_config),
+                               sessions=sessions)
     app = create_app(settings, runner=runner)
     if worker_only:
         worker = app.state.worker  # the lifespan that would start it runs only under uvicorn
@@ -113,13 +145,13 @@ def cmd_token_list(db: str | None = DbOption) -> None:
 
 
 def cmd_token_revoke(token_id: str = typer.Argument(..., help="The id shown by `token create` / `token list`."), db: str | None = DbOption) -> None:
-    """Revoke a token at once; requests with it get 401."""
+    """Revoke a token at once; requests with it get 401 and its dashboard sessions end."""
     from experiments.app import utcnow
     from experiments.db import database_url
     from experiments.services.tokens import revoke_token
 
-    revoke_token(database_url(db), token_id, actor=_operator(), now=utcnow())
-    console.print(f"revoked token {token_id}")
+    ended = revoke_token(database_url(db), token_id, actor=_operator(), now=utcnow())
+    console.print(f"revoked token {token_id}; ended {ended} dashboard sessions")
 
 
 def _operator() -> str:

@@ -1,8 +1,11 @@
 """The dashboard at ``/``: server-rendered HTML (Jinja2, autoescaped), no JavaScript, no build step.
 
-The browser signs in by pasting an API token once; it is kept in an HttpOnly, SameSite=Strict
-cookie and checked like a bearer token on every page, so the dashboard shows a tenant exactly
-what the API would. The pages only read; cancelling stays an API/CLI action.
+The browser signs in by pasting an API token once; it gets a server-side session (a random id in
+an HttpOnly, SameSite=Strict, Secure cookie; see services.sessions), never the token itself. The
+session acts for its token, so the dashboard shows a tenant exactly what the API would. Every
+POST form (sign-in, sign-out) carries a CSRF token and must come from this service's own origin
+(routers.origin); otherwise it is refused with 403. The pages
+only read; cancelling stays an API/CLI action.
 """
 
 from __future__ import annotations
@@ -15,58 +18,123 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from sqlalchemy import select
+from starlette.concurrency import run_in_threadpool
 
 from clusters.derive.pools import derive_gpu_pools
 from clusters.derive.tenants import derive_tenants
-from experiments.auth import Caller
+from experiments.auth import Caller, token_row
 from experiments.background.context import Context
 from experiments.errors import ApiError
 from experiments.models import Experiment
-from experiments.routers.deps import SESSION_COOKIE, authenticate, context
+from experiments.routers.deps import context
+from experiments.routers.origin import same_origin
 from experiments.services import experiments as service
 from experiments.services import usage as run_usage
+from experiments.services import sessions
+from experiments.services.sessions import SessionSettings
 from experiments.states import NON_TERMINAL, State
 
 router = APIRouter()
 _templates = Environment(loader=FileSystemLoader(Path(__file__).resolve().parent.parent / "templates"), autoescape=select_autoescape(["html"]))
 
 
+LOGIN_FORM_SECONDS = 3600  # how long a sign-in page may stay open before its form token expires
+
+
 def _page(name: str, status: int = 200, **values: Any) -> HTMLResponse:
-    return HTMLResponse(_templates.get_template(name).render(**values), status_code=status)
+    """no-store: the pages carry CSRF tokens and a tenant's experiments; no cache keeps them."""
+    return HTMLResponse(_templates.get_template(name).render(**values), status_code=status, headers={"Cache-Control": "no-store"})
 
 
-def _caller(request: Request) -> Caller | None:
-    token = request.cookies.get(SESSION_COOKIE)
-    if not token:
+def _settings(request: Request) -> SessionSettings:
+    return request.app.state.session_settings
+
+
+def _set_cookie(response: Response, settings: SessionSettings, name: str, value: str, max_age: int | None = None) -> None:
+    response.set_cookie(name, value, max_age=max_age, path="/", httponly=True, samesite="strict", secure=settings.secure_cookie)
+
+
+def _drop_cookie(response: Response, settings: SessionSettings, name: str) -> None:
+    """With the same attributes: a browser ignores a ``__Host-`` cookie's deletion without Secure."""
+    response.delete_cookie(name, path="/", httponly=True, samesite="strict", secure=settings.secure_cookie)
+
+
+def _session(request: Request, ctx: Context) -> tuple[Caller, str] | None:
+    """The caller of the browser's live session and its id, or None (then: sign in)."""
+    settings = _settings(request)
+    raw = request.cookies.get(settings.session_cookie)
+    if not raw:
         return None
-    try:
-        return authenticate(request, token)
-    except ApiError:
-        return None
+    with ctx.sessions() as session, session.begin():
+        who = sessions.resume(session, raw, ctx.clock(), settings)
+    return (who, raw) if who is not None else None
+
+
+def _field(form: dict[str, list[str]], name: str) -> str:
+    return (form.get(name) or [""])[0]
+
+
+def _login_page(request: Request, status: int = 200, error: str | None = None) -> HTMLResponse:
+    """Every rendering gets a new pre-session secret: its cookie and the form's token go together."""
+    settings = _settings(request)
+    secret = sessions.new_secret()
+    response = _page("login.html", status=status, error=error, csrf=sessions.form_token(secret, "login"))
+    _set_cookie(response, settings, settings.login_cookie, secret, max_age=LOGIN_FORM_SECONDS)
+    return response
 
 
 @router.get("/login", response_class=HTMLResponse)
-def login_form() -> HTMLResponse:
-    return _page("login.html", error=None)
+def login_form(request: Request) -> HTMLResponse:
+    return _login_page(request)
 
 
 @router.post("/login")
-async def login(request: Request) -> Response:
-    form = parse_qs((await request.body()).decode(errors="replace"))
-    token = (form.get("token") or [""])[0].strip()
+async def login(request: Request, ctx: Annotated[Context, Depends(context)]) -> Response:
+    settings = _settings(request)
+    form = parse_qs((await request.body()).decode(errors="replace"))  # first: an oversized body is a 413 (limits.BodyLimit)
+    if not same_origin(request, settings.public_origin):
+        return _login_page(request, status=403, error="sign-in refused: the form was not posted from this service's own page; sign in below")
+    if not sessions.form_token_ok(request.cookies.get(settings.login_cookie), "login", _field(form, "csrf")):
+        return _login_page(request, status=403, error="the sign-in form expired or was not this page's: sign in again below")
+    token = _field(form, "token").strip()
+
+    def sign_in() -> str:
+        with ctx.sessions() as session, session.begin():
+            row = token_row(session, token)
+            fixed = request.cookies.get(settings.session_cookie)
+            if fixed:
+                sessions.end(session, fixed, ctx.clock(), "session replaced by a new sign-in")  # an id from before sign-in is never reused
+            return sessions.start(session, row, ctx.clock(), settings)
+
     try:
-        authenticate(request, token)
+        raw = await run_in_threadpool(sign_in)
     except ApiError as exc:
-        return _page("login.html", status=401, error=f"{exc.error}: {exc.fix}")
+        return _login_page(request, status=401, error=f"{exc.error}: sign in with an API token from `gpufleet api token create --tenant <tenant>`")
     response = RedirectResponse("/", status_code=303)
-    response.set_cookie(SESSION_COOKIE, token, httponly=True, samesite="strict", secure=request.url.scheme == "https")
+    _set_cookie(response, settings, settings.session_cookie, raw)
+    _drop_cookie(response, settings, settings.login_cookie)
     return response
 
 
 @router.post("/logout")
-def logout() -> Response:
+async def logout(request: Request, ctx: Annotated[Context, Depends(context)]) -> Response:
+    settings = _settings(request)
+    form = parse_qs((await request.body()).decode(errors="replace"))  # first: an oversized body is a 413 (limits.BodyLimit)
+    if not same_origin(request, settings.public_origin):
+        return _page("error.html", status=403, error="sign-out refused: the form was not posted from this service's own page",
+                     fix="sign out with the button on the dashboard page")
+    raw = request.cookies.get(settings.session_cookie)
+    if raw is None or not sessions.form_token_ok(raw, "session", _field(form, "csrf")):
+        return _page("error.html", status=403, error="sign-out refused: the form's CSRF token is missing or not this session's",
+                     fix="sign out with the button on the dashboard page")
+
+    def sign_out() -> None:
+        with ctx.sessions() as session, session.begin():
+            sessions.end(session, raw, ctx.clock(), "sign-out")
+
+    await run_in_threadpool(sign_out)
     response = RedirectResponse("/login", status_code=303)
-    response.delete_cookie(SESSION_COOKIE)
+    _drop_cookie(response, settings, settings.session_cookie)
     return response
 
 
@@ -92,9 +160,10 @@ def _capacity(ctx: Context, who: Caller) -> list[dict[str, Any]]:
 @router.get("/", response_class=HTMLResponse)
 def index(request: Request, ctx: Annotated[Context, Depends(context)], status: str | None = None, tenant: str | None = None,
           job: str | None = None, offset: int = 0) -> Response:
-    who = _caller(request)
-    if who is None:
+    signed_in = _session(request, ctx)
+    if signed_in is None:
         return RedirectResponse("/login", status_code=303)
+    who, raw = signed_in
     state = status if status in {s.value for s in State} else None
     now = ctx.clock()
     try:
@@ -107,15 +176,16 @@ def index(request: Request, ctx: Annotated[Context, Depends(context)], status: s
     for item, exp in zip(items, rows, strict=True):
         item["age"] = _age((now - exp.created_at).total_seconds())
     filters = {"status": state or "", "tenant": tenant or "", "job": job or ""}
-    return _page("index.html", who=who, items=items, total=total, offset=offset, filters=filters, states=[s.value for s in State],
+    return _page("index.html", who=who, csrf=sessions.form_token(raw, "session"), items=items, total=total, offset=offset, filters=filters, states=[s.value for s in State],
                  capacity=_capacity(ctx, who), costs=costs, next_page=urlencode({**filters, "offset": offset + 100}) if offset + 100 < total else None)
 
 
 @router.get("/experiments/{experiment_id}", response_class=HTMLResponse)
 def detail(experiment_id: str, request: Request, ctx: Annotated[Context, Depends(context)]) -> Response:
-    who = _caller(request)
-    if who is None:
+    signed_in = _session(request, ctx)
+    if signed_in is None:
         return RedirectResponse("/login", status_code=303)
+    who, _raw = signed_in
     try:
         with ctx.sessions() as session:
             exp = service.get_visible(session, who, experiment_id)

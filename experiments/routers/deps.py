@@ -10,8 +10,6 @@ from sqlalchemy.orm import Session
 from experiments.auth import Caller, bearer, caller_for_token
 from experiments.background.context import Context
 
-SESSION_COOKIE = "gpufleet_token"
-
 
 def context(request: Request) -> Context:
     return request.app.state.ctx

@@ -88,11 +88,16 @@ def list_tokens(db_url: str) -> list[TokenInfo]:
                 for row in session.scalars(select(ApiToken).order_by(ApiToken.created_at))]
 
 
-def revoke_token(db_url: str, token_id: str, *, actor: str, now: datetime) -> None:
-    """Revoke at once (requests with it get 401); revoking twice keeps the first time."""
+def revoke_token(db_url: str, token_id: str, *, actor: str, now: datetime) -> int:
+    """Revoke at once (requests with it get 401) and end its dashboard sessions; revoking twice
+    keeps the first time. Returns how many sessions ended."""
+    from experiments.services.sessions import end_all_of_token
+
     with _session(db_url, write=True) as session:
         row = session.get(ApiToken, token_id)
         if row is None:
             raise UserError(f"no token {token_id!r}; list them with gpufleet api token list")
         row.revoked_at = row.revoked_at or now
-        record(session, experiment_id=None, actor=actor, kind="token", message=f"revoked token {token_id}", now=now)
+        ended = end_all_of_token(session, token_id)
+        record(session, experiment_id=None, actor=actor, kind="token", message=f"revoked token {token_id} (ended {ended} dashboard sessions)", now=now)
+    return ended

@@ -3,7 +3,11 @@ Playwright over the service served by uvicorn on 127.0.0.1. A missing browser fa
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import threading
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -107,3 +111,89 @@ def test_fails_to_sign_in_with_a_bad_token_and_hides_other_tenants_experiments(b
     assert page.locator("#no-experiments").count() == 1
     page.goto(f"{base}/experiments/{exp['id']}")
     assert "no experiment" in page.locator("h1").inner_text()
+
+
+def test_fails_to_sign_a_victim_in_as_the_attackers_tenant_from_another_site(browser, live):
+    """Login CSRF in a real browser: a page on another site (http://localhost:<port>, another site
+    than 127.0.0.1) auto-submits the attacker's own token to /login. Before security round three
+    the victim's browser came back signed in as the attacker's tenant (eval), so whatever the
+    victim then looked at or typed went to the attacker's view."""
+    base, tokens = live["base"], live["tokens"]
+    page_html = (f'<form id="f" method="post" action="{base}/login"><input name="token" value="{tokens["eval"]}"></form>'
+                 '<script>document.getElementById("f").submit()</script>').encode()
+
+    class Attacker(BaseHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            return
+
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(page_html)))
+            self.end_headers()
+            self.wfile.write(page_html)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Attacker)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        victim = browser.new_page()
+        victim.goto(f"http://localhost:{server.server_address[1]}/")
+        victim.wait_for_url(f"{base}/**")
+        victim.wait_for_load_state()
+        victim.goto(f"{base}/")
+        assert victim.url.endswith("/login"), f"the victim is signed in as the attacker's tenant: {victim.locator('header').inner_text()}"
+        _sign_in(victim, base, tokens["finetune"])  # the victim's own sign-in still works
+        assert "tenant finetune" in victim.locator("header").inner_text()
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_fails_to_sign_a_victim_in_as_the_attackers_tenant_from_another_port_of_the_host(browser, live):
+    """Login CSRF from another PORT of 127.0.0.1 (security round three, second red team): cookies
+    ignore ports and SameSite=Strict counts every port of a host as the same site, so a page on
+    http://127.0.0.1:<other port> plants a ``__Host-gpufleet_login`` cookie of its choosing (Secure,
+    host-only, Path=/ satisfy the prefix) and posts the HMAC of it with the attacker's token: the
+    double-submit pair matched and the victim came back signed in as the attacker's tenant. Only the
+    request's ``Origin`` tells the ports apart."""
+    base, tokens = live["base"], live["tokens"]
+    secret = "attacker-chosen-pre-session-secret"
+    csrf = hmac.new(secret.encode(), b"gpufleet-csrf:login", hashlib.sha256).hexdigest()
+    page_html = (f'<form id="f" method="post" action="{base}/login"><input name="csrf" value="{csrf}">'
+                 f'<input name="token" value="{tokens["eval"]}"></form><script>document.getElementById("f").submit()</script>').encode()
+
+    class Attacker(BaseHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            return
+
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Set-Cookie", f"__Host-gpufleet_login={secret}; Secure; Path=/; SameSite=Strict; HttpOnly")
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(page_html)))
+            self.end_headers()
+            self.wfile.write(page_html)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Attacker)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        victim = browser.new_page()
+        _sign_in(victim, base, tokens["finetune"])
+        victim.goto(f"http://127.0.0.1:{server.server_address[1]}/")
+        victim.wait_for_url(f"{base}/**")
+        victim.wait_for_load_state()
+        victim.goto(f"{base}/")
+        assert "tenant finetune" in victim.locator("header").inner_text(), f"the victim's browser now shows: {victim.locator('header').inner_text()}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_sign_out_ends_the_session_in_chromium(browser, live):
+    base, tokens = live["base"], live["tokens"]
+    page = browser.new_page()
+    _sign_in(page, base, tokens["finetune"])
+    page.click("header button")
+    page.wait_for_url(f"{base}/login")
+    page.goto(f"{base}/")
+    assert page.url.endswith("/login")
