@@ -17,10 +17,10 @@ from gpufleet.console import make_console
 from rich.table import Table
 
 from clusters.errors import UserError
+from experiments.states import TERMINAL
 
 console = make_console()
 JsonOption = typer.Option(False, "--json", help="Print the API's JSON.")
-TERMINAL = ("succeeded", "failed", "cancelled", "expired")
 COLOURS = {"succeeded": "green", "failed": "red", "expired": "red", "cancelled": "dim", "running": "cyan", "provisioning": "cyan"}
 
 
