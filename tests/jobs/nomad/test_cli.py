@@ -21,7 +21,7 @@ from tests.conftest import REPO_ROOT
 from tests.jobs.nomad_double import NomadDouble
 from tests.openbao_fixture import FAKE_KEYS, VaultHandle
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 GPUFLEET = str(Path(sys.executable).parent / "gpufleet")
 META = ["--meta", "dataset_uri=hf://datasets/demo/tiny@v1", "--meta", "run_id=demo-1"]
 
