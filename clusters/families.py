@@ -77,7 +77,7 @@ def machine_family(machine_type: str) -> Family:
 
 
 # The runtime DaemonSets a transport needs on its nodes (vendored manifest stems in
-# constructs_lib/gpudirect_manifests, from GoogleCloudPlatform/container-engine-accelerators):
+# clusters/gpudirect_manifests, from GoogleCloudPlatform/container-engine-accelerators):
 # toolkit modules/compute/gke-node-pool/gpu_direct.tf gpu_direct_manifests installs the NCCL
 # TCPX/TCPXO plugin installer plus the NRI device injector (which the RxDM sidecar's
 # devices.gke.io annotations need); examples/gke-a3-ultragpu and gke-a4 apply only the RDMA (gIB)

@@ -18,10 +18,10 @@ from gpufleet.progress import Stages
 from rich.table import Table
 
 from clusters.errors import UserError
+from experiments.states import TERMINAL
 
 console = make_console()
 JsonOption = typer.Option(False, "--json", help="Print the API's JSON.")
-TERMINAL = ("succeeded", "failed", "cancelled", "expired")
 COLOURS = {"succeeded": "green", "failed": "red", "expired": "red", "cancelled": "dim", "running": "cyan", "provisioning": "cyan"}
 
 

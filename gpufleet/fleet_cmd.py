@@ -94,14 +94,12 @@ def cmd_check(
     skip_checkov: bool = typer.Option(False, "--skip-checkov", help="Skip the policy scan (faster local loops)."),
 ) -> None:
     """Load and cross-check every file, synthesize, scan for secrets and run checkov; one summary."""
-    from clusters.errors import UserError
     from clusters import outputs
+    from safety.secret_scan import require_state_files
 
     out = _out(out)
     outputs.claim_dir(out)
-    for file in state or ():
-        if not file.is_file():
-            raise UserError(f"--state {file}: file not found; write it with `terraform show -json > {file}`")
+    require_state_files(state or ())
     with Stages(console) as stages:
         report = run_checks(_configs(clusters_dir) if clusters_dir else None, out=out, state_files=tuple(state or ()),
                             checkov=not skip_checkov, on_stage=stages.step)

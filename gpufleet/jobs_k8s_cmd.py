@@ -4,12 +4,11 @@
 run id is ``<job>-<10 hex>`` of a GKE job file (what dispatch prints). The Kubernetes API is
 reached through KUBECONFIG / GPUFLEET_KUBE_CONTEXT (or the in-cluster service account), Vault
 through VAULT_ADDR / VAULT_TOKEN, as for Nomad. The per-rank mint and the run-id lookup live in
-``jobs.k8s.dispatch``; this module prints.
+``jobs.k8s.dispatch``, the status watch in ``jobs.k8s.status.follow``; this module prints.
 """
 
 from __future__ import annotations
 
-import time
 from typing import TYPE_CHECKING
 
 from gpufleet.console import make_console
@@ -68,7 +67,7 @@ def _table(status: K8sRunStatus) -> Table:
 def status(namespace: str, run: str, *, watch: bool, interval: float) -> None:
     from rich.live import Live
 
-    from jobs.k8s.status import TERMINAL
+    from jobs.k8s.status import follow
 
     api = client()
     current = api.status(namespace, run)
@@ -77,19 +76,8 @@ def status(namespace: str, run: str, *, watch: bool, interval: float) -> None:
         return
     try:
         with Live(_table(current), console=console, refresh_per_second=4) as live:
-            while current.state not in TERMINAL:
-                # The watch wakes on every Job change; Workload-only changes (quota, eviction
-                # reasons) show when the watch times out after `interval` and we read again.
-                started = time.monotonic()
-                for _ in api.watch_job(namespace, run, timeout_seconds=max(1, int(interval))):
-                    current = api.status(namespace, run)
-                    live.update(_table(current))
-                    if current.state in TERMINAL:
-                        break
-                else:
-                    time.sleep(max(0.0, interval - (time.monotonic() - started)))
-                    current = api.status(namespace, run)
-                    live.update(_table(current))
+            for current in follow(api, namespace, run, current=current, interval=interval):
+                live.update(_table(current))
     except KeyboardInterrupt:
         err.print("stopped watching; the run goes on")
 

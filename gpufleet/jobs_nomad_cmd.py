@@ -3,21 +3,19 @@
 ``gpufleet.jobs_cmd`` hands a command here when the job file names a Nomad cluster, or when a
 run id is not a GKE run. Nomad is reached through NOMAD_ADDR / NOMAD_TOKEN / NOMAD_NAMESPACE /
 NOMAD_REGION / NOMAD_CACERT, Vault (for dispatch) through VAULT_ADDR / VAULT_TOKEN. The flow
-(preflight, quota, mint, dispatch; namespace fallback) lives in ``jobs.nomad.dispatch``; this
-module prints. Heavy imports (python-nomad, hvac) happen inside the functions so
-``gpufleet --help`` stays fast.
+(submit's plan-then-register rule; preflight, quota, mint, dispatch; namespace fallback) lives
+in ``jobs.nomad.dispatch``, the status watch in ``jobs.nomad.status.follow``; this module
+prints. Heavy imports (python-nomad, hvac) happen inside the functions so ``gpufleet --help``
+stays fast.
 """
 
 from __future__ import annotations
 
-import time
 from typing import TYPE_CHECKING
 
 import typer
 from gpufleet.console import make_console
 from rich.table import Table
-
-from clusters.errors import UserError
 
 if TYPE_CHECKING:
     from jobs.nomad.status import RunStatus
@@ -39,16 +37,12 @@ def plan(spec: FinetuneSpec) -> None:
 
 
 def submit(spec: FinetuneSpec, *, allow_unplaceable: bool) -> None:
-    from jobs.nomad.dispatch import client
+    from jobs.nomad import dispatch as nomad_dispatch
 
-    nomad = client()
-    result = nomad.plan(spec)
-    if not result.placeable and not allow_unplaceable:
-        raise UserError(f"not submitting {spec.name}: {result.reason}; pass --allow-unplaceable if the pool will scale up")
-    if not result.placeable:
-        err.print(f"warning: {result.reason}")
-    index = nomad.register(spec)
-    console.print(f"registered {spec.name} in namespace {spec.namespace} (job modify index {index}); next: gpufleet jobs dispatch {spec.name} " + " ".join(f"--meta {k}=..." for k in spec.meta_required))
+    done = nomad_dispatch.submit(spec, allow_unplaceable=allow_unplaceable)
+    if not done.plan.placeable:
+        err.print(f"warning: {done.plan.reason}")
+    console.print(f"registered {spec.name} in namespace {spec.namespace} (job modify index {done.index}); next: gpufleet jobs dispatch {spec.name} " + " ".join(f"--meta {k}=..." for k in spec.meta_required))
 
 
 def dispatch(spec: FinetuneSpec, meta: dict[str, str], token: str, expected_queue_minutes: int | None) -> None:
@@ -77,7 +71,7 @@ def status(job_id: str, namespace: str | None, *, watch: bool, interval: float) 
     from rich.live import Live
 
     from jobs.nomad.dispatch import client, resolve
-    from jobs.nomad.status import TERMINAL
+    from jobs.nomad.status import follow
 
     chosen, spec = resolve(job_id, namespace)
     nomad = client()
@@ -87,9 +81,7 @@ def status(job_id: str, namespace: str | None, *, watch: bool, interval: float) 
         return
     try:
         with Live(_status_table(current), console=console, refresh_per_second=4) as live:
-            while current.state not in TERMINAL:
-                time.sleep(interval)
-                current = nomad.status(job_id, chosen, spec)
+            for current in follow(nomad, job_id, chosen, spec, current=current, interval=interval):
                 live.update(_status_table(current))
     except KeyboardInterrupt:
         err.print("stopped watching; the run goes on")

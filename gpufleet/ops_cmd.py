@@ -113,9 +113,6 @@ def cmd_gate(
         raise
 
 
-DEFAULT_SCAN_PATHS = (Path("cdktf.out"), Path("jobs/out"))
-
-
 def cmd_scan(
     paths: list[Path] = typer.Argument(None, help="Files or directories (every *.json below); default: cdktf.out jobs/out."),
     state: list[Path] = typer.Option([], "--state", help="State JSON (`terraform show -json`) to scan too (repeatable)."),
@@ -125,19 +122,8 @@ def cmd_scan(
 
     from safety import secret_scan
 
-    for file in state:
-        if not file.is_file():
-            raise UserError(f"--state {file}: file not found; write it with `terraform show -json > {file}`")
-    for path in paths or ():
-        if not path.exists():
-            raise UserError(f"{path}: not found; pass an existing file or directory (e.g. cdktf.out after `gpufleet synth`)")
-    from clusters import repo
-
-    base = repo.root_or_none() or Path.cwd()
-    targets = list(paths) if paths else [base / p for p in DEFAULT_SCAN_PATHS if (base / p).exists()]
-    if not targets and not state:
-        raise UserError("nothing to scan: neither cdktf.out nor jobs/out exists; run `gpufleet synth` and `gpufleet jobs render` first, or pass paths")
-    findings = secret_scan.scan_paths([*targets, *state])
+    targets = secret_scan.scan_targets(paths or (), state)
+    findings = secret_scan.scan_paths(targets)
     if not findings:
         console.print("secret scan: no secret values found")
         return
@@ -182,28 +168,20 @@ def cmd_import_generate(
     clusters_dir: Path | None = _CLUSTERS,
 ) -> None:
     """Write a reviewed-import manifest for resources that already exist; print its counts and SHA-256."""
-    import tempfile
-    from collections import Counter
-
     from rich.table import Table
 
     from safety import imports
 
-    target = out or Path(tempfile.gettempdir()) / f"gpufleet-import-{stack}.json"
-    imports.refuse_inside_repo(target)
-    imports.read_ids(ids)  # a missing or malformed ids file is refused before the synthesis it would waste
-    with tempfile.TemporaryDirectory(prefix="gpufleet-import-") as work:
-        stack_json = imports.synthesized_stack(stack, clusters_dir, Path(work))
-        recorded, digest = imports.generate(stack, ids, stack_json, target)
-    table = Table(title=f"import manifest for {stack}: {len(recorded)} resource(s)")
+    done = imports.generate_for_stack(stack, ids, out=out, clusters_dir=clusters_dir)
+    table = Table(title=f"import manifest for {stack}: {len(done.imports)} resource(s)")
     table.add_column("type")
     table.add_column("count", justify="right")
-    for kind, n in sorted(Counter(a.split(".", 1)[0] for a in recorded).items()):
+    for kind, n in done.counts_by_type():
         table.add_row(kind, str(n))
     console.print(table)
-    console.print(f"manifest: {target}", soft_wrap=True)
-    console.print(f"sha256:   {digest}", soft_wrap=True)
-    console.print(f"after review: gpufleet import apply {stack} --manifest {target} --digest {digest}", soft_wrap=True)
+    console.print(f"manifest: {done.manifest}", soft_wrap=True)
+    console.print(f"sha256:   {done.digest}", soft_wrap=True)
+    console.print(f"after review: gpufleet import apply {stack} --manifest {done.manifest} --digest {done.digest}", soft_wrap=True)
 
 
 def cmd_import_apply(
@@ -213,16 +191,9 @@ def cmd_import_apply(
     clusters_dir: Path | None = _CLUSTERS,
 ) -> None:
     """Re-derive and verify the manifest, then record the imports; the next synthesis emits import blocks."""
-    import tempfile
-
     from safety import imports
 
-    if not manifest.is_file():
-        raise UserError(f"{manifest}: manifest not found; run `gpufleet import generate {stack} --ids FILE` first")
-    with tempfile.TemporaryDirectory(prefix="gpufleet-import-") as work:
-        stack_json = imports.synthesized_stack(stack, clusters_dir, Path(work))
-        ids = imports.verify(stack, manifest, digest, stack_json)
-    path = imports.record(stack, ids)
+    path, ids = imports.apply_for_stack(stack, manifest, digest, clusters_dir=clusters_dir)
     console.print(f"recorded {len(ids)} import(s) for {stack} in {path}", soft_wrap=True)
     console.print(f"commit it; `gpufleet synth` then emits import blocks and `gpufleet plan {stack}` shows them (protected)", soft_wrap=True)
 

@@ -40,8 +40,10 @@ def cmd_preview(
         raise UserError(str(exc)) from None
     data = report.to_json(result, info)
     if json_out is not None:
-        json_out.parent.mkdir(parents=True, exist_ok=True)
-        json_out.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        from clusters import outputs
+
+        outputs.write_file(json_out, json.dumps(data, indent=2, sort_keys=True) + "\n", option="--json-out",
+                           owned=outputs.json_with_keys("format_version", "base", "stacks"))
     if as_json:
         typer.echo(json.dumps(data, indent=2, sort_keys=True))
     else:

@@ -13,6 +13,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import tempfile
+from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -130,3 +133,44 @@ def record(stack: str, ids: dict[str, str], *, imported_dir: Path | None = None)
     outputs.write_file(target, _canonical(dict(sorted((current | ids).items()))), option="import apply",
                        owned=lambda p: isinstance(load_imports(stack, imported_dir=imported_dir), dict), source_ok=True)
     return target
+
+
+@dataclass(frozen=True)
+class Generated:
+    """What ``gpufleet import generate`` reports: where the manifest went, its imports and its SHA-256."""
+
+    manifest: Path
+    imports: dict[str, str]
+    digest: str
+
+    def counts_by_type(self) -> list[tuple[str, int]]:
+        """Resources per Terraform type, sorted: what a reviewer checks against the ids they meant."""
+        return sorted(Counter(address.split(".", 1)[0] for address in self.imports).items())
+
+
+def default_manifest(stack: str) -> Path:
+    """In the temp dir: the manifest is reviewed, never committed."""
+    return Path(tempfile.gettempdir()) / f"gpufleet-import-{stack}.json"
+
+
+def generate_for_stack(stack: str, ids_file: Path, *, out: Path | None, clusters_dir: Path | None) -> Generated:
+    """The whole ``import generate`` step: refuse a manifest path inside the repo and a bad ids file
+    before the synthesis they would waste, synthesize the stack in a temp dir, write the manifest."""
+    target = out or default_manifest(stack)
+    refuse_inside_repo(target)
+    read_ids(ids_file)
+    with tempfile.TemporaryDirectory(prefix="gpufleet-import-") as work:
+        stack_json = synthesized_stack(stack, clusters_dir, Path(work))
+        recorded, digest = generate(stack, ids_file, stack_json, target)
+    return Generated(target, recorded, digest)
+
+
+def apply_for_stack(stack: str, manifest: Path, digest: str, *, clusters_dir: Path | None) -> tuple[Path, dict[str, str]]:
+    """The whole ``import apply`` step: a missing manifest is refused before the synthesis; the
+    manifest is verified against the stack synthesized now, then recorded. Returns (record file, imports)."""
+    if not manifest.is_file():
+        raise UserError(f"{manifest}: manifest not found; run `gpufleet import generate {stack} --ids FILE` first")
+    with tempfile.TemporaryDirectory(prefix="gpufleet-import-") as work:
+        stack_json = synthesized_stack(stack, clusters_dir, Path(work))
+        ids = verify(stack, manifest, digest, stack_json)
+    return record(stack, ids), ids

@@ -14,14 +14,19 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from clusters.errors import UserError
 from clusters.secrets import detect, is_reference, is_sensitive_field, is_service_account_key, mask
 
-__all__ = ["Finding", "check_string", "is_reference", "is_sensitive_field", "scan_file", "scan_paths", "scan_text", "walk"]
+__all__ = ["DEFAULT_TARGETS", "Finding", "check_string", "is_reference", "is_sensitive_field", "require_state_files", "scan_file", "scan_paths",
+           "scan_targets", "scan_text", "walk"]
+
+# Where generated files land, relative to the repository: what `gpufleet scan` reads by default.
+DEFAULT_TARGETS = (Path("cdktf.out"), Path("jobs/out"))
 
 
 @dataclass(frozen=True)
@@ -155,3 +160,28 @@ def scan_paths(paths: Iterable[Path]) -> list[Finding]:
     (``cdktf.out``, ``jobs/out``) whether or not they were generated yet.
     """
     return [finding for file in _files(paths) for finding in scan_file(file)]
+
+
+def require_state_files(files: Iterable[Path]) -> None:
+    """A ``--state`` file that is not there is a mistake, not an empty scan (``scan`` and ``check``)."""
+    for file in files:
+        if not Path(file).is_file():
+            raise UserError(f"--state {file}: file not found; write it with `terraform show -json > {file}`")
+
+
+def scan_targets(paths: Sequence[Path], state: Sequence[Path], base: Path | None = None) -> list[Path]:
+    """What ``gpufleet scan`` reads: the given paths (each must exist), else the default locations
+    that exist under ``base`` (the repository, or the working directory outside one), plus the state
+    files. Nothing at all to scan is refused: a clean report of no files would read as a pass."""
+    require_state_files(state)
+    for path in paths:
+        if not Path(path).exists():
+            raise UserError(f"{path}: not found; pass an existing file or directory (e.g. cdktf.out after `gpufleet synth`)")
+    if base is None:
+        from clusters import repo
+
+        base = repo.root_or_none() or Path.cwd()
+    targets = list(paths) if paths else [base / p for p in DEFAULT_TARGETS if (base / p).exists()]
+    if not targets and not state:
+        raise UserError("nothing to scan: neither cdktf.out nor jobs/out exists; run `gpufleet synth` and `gpufleet jobs render` first, or pass paths")
+    return [*targets, *state]

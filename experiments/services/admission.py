@@ -1,11 +1,14 @@
-"""Admission of a submission: the job and meta checks of ``gpufleet check``/``jobs dispatch``
-(one code path: ``jobs.loader.load`` and ``jobs.meta.validate_meta``) plus the tenant's GPU
-quota on the pool, counted over its non-terminal experiments.
+"""Admission checks of a submission: the job and meta checks of ``gpufleet check``/``jobs dispatch``
+(one code path: ``jobs.loader.load`` and ``jobs.meta.validate_meta``), the deadline, the
+scheduler that runs it, and the answer (409) when the tenant's GPU quota refuses it.
 
-The quota is enforced here because Nomad Community Edition cannot: namespace quotas are an
-Enterprise feature. The decision is ``jobs.quota.check_tenant_quota``, the one pure function
-``gpufleet jobs dispatch`` calls too; only what counts as in use differs: here the tenant's
-non-terminal experiments (pending ones included, so a burst cannot queue past the quota).
+The quota itself is counted and decided in ``services.experiments.submit``, inside the
+transaction that inserts the experiment and under its per-(tenant, pool) lock: counting here,
+outside that lock, would let racing clients admit past the quota. The control plane enforces
+it because Nomad Community Edition cannot (namespace quotas are an Enterprise feature). The
+decision is ``jobs.quota.check_tenant_quota``, the one pure function ``gpufleet jobs dispatch``
+calls too; only what counts as in use differs: there, the tenant's non-terminal experiments
+(pending ones included, so a burst cannot queue past the quota).
 """
 
 from __future__ import annotations

@@ -12,7 +12,6 @@ Answers are read as plain JSON (``_preload_content=False``), so status mapping s
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import time
@@ -21,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from clusters.errors import UserError
-from jobs.k8s.render import JOB_LABEL, RUN_LABEL, ROLE_ID_KEY, manifests, vault_secret_name, wrapped_key
+from jobs.k8s.render import RUN_LABEL, manifests, owner_reference, vault_secret, vault_secret_name
 from jobs.k8s.schemas import require_valid
 from jobs.k8s.status import K8sRunStatus, dispatch_id as dispatch_id_of, summarize
 from jobs.spec import FinetuneSpec
@@ -402,10 +401,6 @@ class K8sClient:
         self.delete_job(namespace, name)
 
 
-def _owner(job: dict[str, Any]) -> dict[str, Any]:
-    return {"apiVersion": "batch/v1", "kind": "Job", "name": job["metadata"]["name"], "uid": job["metadata"]["uid"], "blockOwnerDeletion": False}
-
-
 def _owned_by(obj: dict[str, Any], job: dict[str, Any]) -> bool:
     return any(ref.get("uid") == job["metadata"]["uid"] for ref in obj["metadata"].get("ownerReferences") or [])
 
@@ -418,23 +413,4 @@ def _left_by_earlier_job(obj: dict[str, Any], job: dict[str, Any]) -> bool:
 
 
 def _owned(doc: dict[str, Any], job: dict[str, Any]) -> dict[str, Any]:
-    return {**doc, "metadata": {**doc["metadata"], "ownerReferences": [_owner(job)]}}
-
-
-def vault_secret(spec: FinetuneSpec, job: dict[str, Any], role_id: str, tokens: list[str]) -> dict[str, Any]:
-    """The only object that carries key material: the role_id and one single-use wrapping token
-    per rank. Immutable, owned by the Job (deleted with it), never written to disk by gpufleet."""
-    if len(tokens) != spec.nodes:
-        raise ValueError(f"{len(tokens)} wrapping tokens for {spec.nodes} ranks")
-    encode = lambda text: base64.b64encode(text.encode()).decode()  # noqa: E731
-    run = job["metadata"]["name"]
-    data = {ROLE_ID_KEY: encode(role_id), **{wrapped_key(rank): encode(token) for rank, token in enumerate(tokens)}}
-    return {
-        "apiVersion": "v1",
-        "kind": "Secret",
-        "type": "Opaque",
-        "immutable": True,
-        "metadata": {"name": vault_secret_name(run), "namespace": spec.namespace, "labels": {JOB_LABEL: spec.name, RUN_LABEL: run},
-                     "ownerReferences": [_owner(job)]},
-        "data": data,
-    }
+    return {**doc, "metadata": {**doc["metadata"], "ownerReferences": [owner_reference(job)]}}

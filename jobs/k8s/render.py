@@ -17,6 +17,7 @@ Field names are checked against Kubernetes' OpenAPI (``jobs/k8s/openapi``, via `
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import io
 import re
@@ -110,6 +111,31 @@ def vault_secret_name(run: str) -> str:
 
 def wrapped_key(rank: int) -> str:
     return f"wrapped-secret-id-{rank}"
+
+
+def owner_reference(job: dict[str, Any]) -> dict[str, Any]:
+    """The created Job as owner of what a run adds beside it (its Secret, its Service), so they are
+    deleted with it; needs the uid the API server gave the Job."""
+    return {"apiVersion": "batch/v1", "kind": "Job", "name": job["metadata"]["name"], "uid": job["metadata"]["uid"], "blockOwnerDeletion": False}
+
+
+def vault_secret(spec: FinetuneSpec, job: dict[str, Any], role_id: str, tokens: list[str]) -> dict[str, Any]:
+    """The only object that carries key material: the role_id and one single-use wrapping token
+    per rank. Immutable, owned by the Job (deleted with it), never written to disk by gpufleet."""
+    if len(tokens) != spec.nodes:
+        raise ValueError(f"{len(tokens)} wrapping tokens for {spec.nodes} ranks")
+    encode = lambda text: base64.b64encode(text.encode()).decode()  # noqa: E731
+    run = job["metadata"]["name"]
+    data = {ROLE_ID_KEY: encode(role_id), **{wrapped_key(rank): encode(token) for rank, token in enumerate(tokens)}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "Opaque",
+        "immutable": True,
+        "metadata": {"name": vault_secret_name(run), "namespace": spec.namespace, "labels": {JOB_LABEL: spec.name, RUN_LABEL: run},
+                     "ownerReferences": [owner_reference(job)]},
+        "data": data,
+    }
 
 
 def priority_class(priority: int) -> str:

@@ -11,11 +11,16 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from jobs.k8s.render import DISPATCH_ANNOTATION, PREFLIGHT_CONTAINER
+
+if TYPE_CHECKING:
+    from jobs.k8s.client import K8sClient
 
 # Exit code gpufleet-exec uses for a Vault error (an already-unwrapped wrapping token included).
 EXIT_VAULT_ERROR = 78
@@ -141,3 +146,22 @@ def summarize(job: dict[str, Any], workloads: list[dict[str, Any]]) -> K8sRunSta
 
 def dispatch_id(job: dict[str, Any]) -> str | None:
     return (job["metadata"].get("annotations") or {}).get(DISPATCH_ANNOTATION)
+
+
+def follow(api: K8sClient, namespace: str, run: str, *, current: K8sRunStatus, interval: float) -> Iterator[K8sRunStatus]:
+    """Each status of ``run`` read after ``current``, until a terminal one (``status --watch``).
+
+    The watch wakes on every Job change; Workload-only changes (quota, eviction reasons) show when
+    the watch times out after ``interval`` and the status is read again.
+    """
+    while current.state not in TERMINAL:
+        started = time.monotonic()
+        for _ in api.watch_job(namespace, run, timeout_seconds=max(1, int(interval))):
+            current = api.status(namespace, run)
+            yield current
+            if current.state in TERMINAL:
+                break
+        else:
+            time.sleep(max(0.0, interval - (time.monotonic() - started)))
+            current = api.status(namespace, run)
+            yield current

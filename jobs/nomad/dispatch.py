@@ -1,4 +1,5 @@
-"""Nomad side of an operator's dispatch (``gpufleet jobs dispatch|status|stop``): what must hold
+"""Nomad side of an operator's submit and dispatch (``gpufleet jobs submit|dispatch|status|stop``):
+the register rule (plan first, refuse what cannot be placed unless allowed), what must hold
 before a single-use secret_id is minted, the tenant-quota rule, the mint and the dispatch, and
 which namespace a run id lives in.
 
@@ -16,7 +17,7 @@ from typing import TYPE_CHECKING
 from clusters.errors import UserError
 
 if TYPE_CHECKING:
-    from jobs.nomad.client import DispatchResult, NomadClient
+    from jobs.nomad.client import DispatchResult, NomadClient, PlanResult
     from jobs.spec import FinetuneSpec
 
 
@@ -24,6 +25,15 @@ if TYPE_CHECKING:
 class Dispatched:
     result: DispatchResult
     wrap_ttl_seconds: int
+
+
+@dataclass(frozen=True)
+class Submitted:
+    """The job modify index of the registration, and the plan it was registered on (an
+    unplaceable one only when the caller allowed it: its reason is worth a warning)."""
+
+    index: int
+    plan: PlanResult
 
 
 def client(env: Mapping[str, str] = os.environ) -> NomadClient:
@@ -47,6 +57,16 @@ def resolve(job_id: str, namespace: str | None, env: Mapping[str, str] = os.envi
     spec = load(path) if path is not None and path.exists() else None
     chosen = namespace or (spec.namespace if spec else None) or env.get("NOMAD_NAMESPACE") or "default"
     return chosen, spec
+
+
+def submit(spec: FinetuneSpec, *, allow_unplaceable: bool, env: Mapping[str, str] = os.environ) -> Submitted:
+    """Plan, then register: a job no client can place now is refused unless ``allow_unplaceable``
+    (the pool will scale up), so a job no client can run is not registered by accident."""
+    nomad = client(env)
+    plan = nomad.plan(spec)
+    if not plan.placeable and not allow_unplaceable:
+        raise UserError(f"not submitting {spec.name}: {plan.reason}; pass --allow-unplaceable if the pool will scale up")
+    return Submitted(nomad.register(spec), plan)
 
 
 def preflight(spec: FinetuneSpec, env: Mapping[str, str] = os.environ) -> NomadClient:

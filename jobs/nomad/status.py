@@ -8,12 +8,18 @@ event ("Terminated: Exit Code: 1"), not a page of JSON.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from jobs.nomad.placement import explain
 from jobs.spec import GpuRequest
+
+if TYPE_CHECKING:
+    from jobs.nomad.client import NomadClient
+    from jobs.spec import FinetuneSpec
 
 
 class RunState(StrEnum):
@@ -126,3 +132,13 @@ def summarize(
     if failed or any(e.get("Status") == "blocked" for e in evaluations):
         return RunStatus(job_id, RunState.PENDING, "waiting for capacity (blocked evaluation)", None, None)
     return RunStatus(job_id, RunState.PENDING, f"evaluation {evaluation.get('Status', 'pending')}", None, None)
+
+
+def follow(api: NomadClient, job_id: str, namespace: str, spec: FinetuneSpec | None, *, current: RunStatus,
+           interval: float) -> Iterator[RunStatus]:
+    """Each status of ``job_id`` read after ``current``, one per ``interval``, until a terminal one
+    (``status --watch``)."""
+    while current.state not in TERMINAL:
+        time.sleep(interval)
+        current = api.status(job_id, namespace, spec)
+        yield current

@@ -82,6 +82,23 @@ def test_unchanged_working_tree_exits_0_and_second_preview_hits_the_cache(repo, 
     assert rc == 0 and report["base"]["cache"] == "hit" and report["base"]["tree"] == git(repo, "rev-parse", "main^{tree}").strip()
 
 
+def test_json_out_goes_through_the_one_output_writer(repo, cache_dir, tmp_path, capsys):
+    """--json-out is written by clusters.outputs.write_file, like every other gpufleet output: a
+    previous report is replaced, a file gpufleet did not write or a reviewed directory is refused."""
+    rc, first = run(repo, cache_dir, tmp_path)
+    rc_again, again = run(repo, cache_dir, tmp_path)
+    assert rc == rc_again == 0 and first["stacks"] == again["stacks"]
+    foreign = tmp_path / "notes.json"
+    foreign.write_text('{"mine": true}\n')
+    assert main(["--repo", str(repo), "preview", "--base", "main", "--cache-dir", str(cache_dir), "--json-out", str(foreign)]) == 2
+    assert foreign.read_text() == '{"mine": true}\n'
+    assert capsys.readouterr().err.strip() == f"error: --json-out {foreign}: refused: the file exists and gpufleet did not write it; pass a new path or remove it yourself"
+    reviewed = repo / "clusters" / "preview.json"
+    assert main(["--repo", str(repo), "preview", "--base", "main", "--cache-dir", str(cache_dir), "--json-out", str(reviewed)]) == 2
+    assert not reviewed.exists()
+    assert "refused: it is inside clusters/, which holds the repository's reviewed files" in capsys.readouterr().err
+
+
 def test_pool_renamed_is_a_costly_rename_of_a_protected_pool(repo, cache_dir, tmp_path):
     cluster = repo / "clusters/prod-gke.yaml"
     edit(cluster, "  - name: h100\n", "  - name: h200\n")

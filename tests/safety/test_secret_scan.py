@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from gpufleet.cli import main
-from safety.secret_scan import scan_paths
+from clusters.errors import UserError
+from safety.secret_scan import scan_paths, scan_targets
 from tests.safety.conftest import tf
 
 ALNUM = string.ascii_letters + string.digits
@@ -153,9 +154,30 @@ def test_clean_tree_exits_0(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     assert "no secret values found" in capsys.readouterr().out
 
 
-def test_fails_when_state_file_is_missing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["scan", str(tmp_path), "--state", str(tmp_path / "state.json")]) == 2
+@pytest.mark.parametrize("command", [["scan"], ["check", "--skip-checkov"]])
+def test_fails_when_state_file_is_missing(command: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``scan`` and ``check`` share the one rule (safety.secret_scan.require_state_files)."""
+    paths = [str(tmp_path)] if command == ["scan"] else ["--out", str(tmp_path / "out")]
+    assert main([*command, *paths, "--state", str(tmp_path / "state.json")]) == 2
     assert capsys.readouterr().err.strip() == f"error: --state {tmp_path / 'state.json'}: file not found; write it with `terraform show -json > {tmp_path / 'state.json'}`"
+
+
+def test_scan_targets_default_to_the_generated_dirs_that_exist(tmp_path: Path) -> None:
+    (tmp_path / "jobs" / "out").mkdir(parents=True)
+    state = tmp_path / "state.json"
+    state.write_text("{}")
+    assert scan_targets([], [], base=tmp_path) == [tmp_path / "jobs" / "out"]
+    (tmp_path / "cdktf.out").mkdir()
+    assert scan_targets([], [state], base=tmp_path) == [tmp_path / "cdktf.out", tmp_path / "jobs" / "out", state]
+    assert scan_targets([state], [], base=tmp_path) == [state]
+
+
+def test_fails_when_there_is_nothing_to_scan(tmp_path: Path) -> None:
+    """A clean report over no files would read as a pass."""
+    with pytest.raises(UserError, match=r"^nothing to scan: neither cdktf.out nor jobs/out exists; run `gpufleet synth` and `gpufleet jobs render` first, or pass paths$"):
+        scan_targets([], [], base=tmp_path)
+    with pytest.raises(UserError, match=r"missing: not found; pass an existing file or directory"):
+        scan_targets([tmp_path / "missing"], [], base=tmp_path)
 
 
 def test_synthesized_example_fleet_has_no_findings(fleet_out: Path) -> None:

@@ -81,6 +81,31 @@ def test_drift_is_scheduled_and_plans_with_detailed_exitcode() -> None:
     assert "-detailed-exitcode" in runs and "-lock=false" in runs
 
 
+WRITTEN = re.compile(r"(?:--(?:json-out|out|summary-out|preview)|>)\s+\"?([^\s\"]+)")
+
+
+def written_paths(workflow: dict[str, Any]) -> list[str]:
+    """Paths steps write or read as files of their own: artifacts uploaded or downloaded, and the
+    output (or preview report) options and redirections of run blocks."""
+    found = []
+    for step in steps(workflow):
+        if str(step.get("uses", "")).startswith(("actions/upload-artifact", "actions/download-artifact")):
+            found += [line.strip() for line in str((step.get("with") or {}).get("path", "")).splitlines() if line.strip()]
+        found += WRITTEN.findall(step.get("run", ""))
+    return found
+
+
+@pytest.mark.parametrize("name", ["plan.yml", "drift.yml"])
+def test_no_step_writes_into_a_package_of_the_repository(name: str) -> None:
+    """A report written or downloaded into a package directory mixes with its source: preview/ is
+    the preview package, so the preview artifact once landed beside preview/diff.py."""
+    from tests.test_layers import layers
+
+    packages = {*layers(), "tests", "bench", "tools", "docs", ".github"}
+    paths = written_paths(load(name))
+    assert paths and [p for p in paths if p.split("/", 1)[0] in packages] == []
+
+
 @pytest.mark.parametrize("name", ["plan.yml", "drift.yml"])
 def test_terraform_is_pinned_to_the_repo_version(name: str) -> None:
     assert load(name)["env"]["TERRAFORM_VERSION"] == "1.11.4"

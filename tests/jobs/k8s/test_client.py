@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 from clusters.errors import UserError
-from jobs.k8s.client import K8sError, vault_secret
+from jobs.k8s.client import K8sError
+from jobs.k8s.render import vault_secret
 from jobs.k8s.status import State
 from jobs.loader import find, load
 from jobs.spec import FinetuneSpec

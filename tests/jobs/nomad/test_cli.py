@@ -1,13 +1,10 @@
-"""The jobs CLI end to end: bad arguments are one line and exit 2; dispatch carries a real
-wrapped secret_id from OpenBao to the Nomad double; run-local trains with its key from OpenBao."""
+"""``gpufleet jobs`` for a Nomad job end to end: bad arguments are one line and exit 2; dispatch
+carries a real wrapped secret_id from OpenBao to the Nomad double; status --watch follows a run to
+its end. (run-local, the local runner, is tested in tests/jobs/test_local.py.)"""
 
 from __future__ import annotations
 
-import hashlib
-import os
 import re
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -15,14 +12,12 @@ import pytest
 
 from gpufleet.cli import main
 from jobs.nomad.client import NomadClient
-from jobs.local import task_environment
 from jobs.loader import find, load
-from tests.conftest import REPO_ROOT
+from tests.jobs.conftest import a100_nodes
 from tests.jobs.nomad_double import NomadDouble
-from tests.openbao_fixture import FAKE_KEYS, VaultHandle
+from tests.openbao_fixture import VaultHandle
 
-REPO = Path(__file__).resolve().parents[2]
-GPUFLEET = str(Path(sys.executable).parent / "gpufleet")
+GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 META = ["--meta", "dataset_uri=hf://datasets/demo/tiny@v1", "--meta", "run_id=demo-1"]
 
 
@@ -63,7 +58,7 @@ def test_fails_when_nomad_addr_is_not_a_url(monkeypatch: pytest.MonkeyPatch, cap
 def test_render_writes_the_golden_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["jobs", "render", "--out-dir", str(tmp_path)]) == 0
     for name in ("finetune-llama", "eval-judge"):
-        assert (tmp_path / f"{name}.json").read_text() == (REPO / "tests" / "jobs" / "golden" / f"{name}.json").read_text()
+        assert (tmp_path / f"{name}.json").read_text() == (GOLDEN / f"{name}.json").read_text()
 
 
 def test_submit_then_dispatch_passes_a_real_wrapped_secret_id(nomad_env: NomadDouble, vault: VaultHandle, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
@@ -87,50 +82,25 @@ def test_submit_then_dispatch_passes_a_real_wrapped_secret_id(nomad_env: NomadDo
     assert "pending" in capsys.readouterr().out
 
 
-def test_task_environment_is_nomad_shaped_and_never_holds_vault_token(tmp_path: Path) -> None:
-    spec = load(find("finetune-llama"))
-    meta = {"dataset_uri": "hf://d/x@v1", "run_id": "r1", "gpufleet_vault_role_id": "rid", "gpufleet_vault_wrapped_secret_id": "wrap"}
-    environ = {"PATH": "/usr/bin", "HOME": "/root", "VAULT_ADDR": "http://127.0.0.1:8200", "VAULT_TOKEN": "root-token-must-not-leak", "AWS_PROFILE": "prod"}
-    env = task_environment(spec, meta, job_id="finetune-llama/dispatch-1-ab", alloc_id="0123456789ab", alloc_root=tmp_path, environ=environ)
-    assert "VAULT_TOKEN" not in env and "AWS_PROFILE" not in env
-    assert env["GPUFLEET_VAULT_ROLE_ID"] == "rid" and env["GPUFLEET_VAULT_WRAPPED_SECRET_ID"] == "wrap"
-    assert env["GPUFLEET_SECRETS"] == "HF_TOKEN=ml-api-keys/huggingface#token"
-    assert env["GPUFLEET_MAX_RUN_SECONDS"] == "43200", "run-local must pass the run limit gpufleet-exec enforces"
-    assert env["VAULT_ADDR"] == "http://127.0.0.1:8200"
-    assert env["NOMAD_META_dataset_uri"] == env["NOMAD_META_DATASET_URI"] == "hf://d/x@v1"
-    assert env["NOMAD_META_gpufleet_vault_role"] == "finetune"
-    assert (env["NOMAD_JOB_ID"], env["NOMAD_JOB_PARENT_ID"], env["NOMAD_NAMESPACE"], env["NOMAD_ALLOC_NAME"]) == ("finetune-llama/dispatch-1-ab", "finetune-llama", "finetune", "finetune-llama/dispatch-1-ab.gpu-a100-x1[0]")
-    assert Path(env["NOMAD_ALLOC_DIR"]).is_dir() and Path(env["NOMAD_TASK_DIR"]).is_dir() and Path(env["NOMAD_SECRETS_DIR"]).stat().st_mode & 0o077 == 0
-
-
-def test_run_local_trains_with_its_key_from_openbao(vault: VaultHandle, tmp_path: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("VAULT_", "NOMAD_"))}
-    env.update({"VAULT_ADDR": vault.addr, "VAULT_TOKEN": vault.orchestrator.token})
-    done = subprocess.run([GPUFLEET, "--repo", str(REPO_ROOT), "jobs", "run-local", "finetune-llama", *META], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
-    output = done.stdout + done.stderr
-    assert done.returncode == 0, output
-    key = FAKE_KEYS["ml-api-keys/huggingface"]["token"]
-    assert f"HF_TOKEN received (sha256:{hashlib.sha256(key.encode()).hexdigest()[:12]})" in done.stdout
-    assert "step  300 loss" in done.stdout and "checkpoint written to" in done.stdout
-    assert "gpufleet-exec: token revoked" in done.stderr
-    for data in FAKE_KEYS.values():
-        for value in data.values():
-            assert value not in output
-    assert vault.orchestrator.token not in output
-
-
-def test_fails_when_run_local_role_cannot_read_its_key(vault: VaultHandle, tmp_path: Path) -> None:
-    """The eval role may read only the OpenAI key; with the key deleted from OpenBao the task
-    exits with gpufleet-exec's Vault code and says which key was missing."""
-    vault.root.secrets.kv.v2.delete_metadata_and_all_versions("ml-api-keys/openai", mount_point="secret")
+def test_submit_refuses_an_unplaceable_job_unless_allowed(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """submit plans first (jobs.nomad.dispatch.submit): a job no client can place now is refused and
+    nothing is registered, unless --allow-unplaceable, which registers it and warns with the reason."""
+    busy = NomadDouble(a100_nodes(count=3, used=2)).start()
     try:
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("VAULT_", "NOMAD_"))}
-        env.update({"VAULT_ADDR": vault.addr, "VAULT_TOKEN": vault.orchestrator.token})
-        done = subprocess.run([GPUFLEET, "--repo", str(REPO_ROOT), "jobs", "run-local", "eval-judge", *META], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+        for name in ("NOMAD_NAMESPACE", "NOMAD_REGION", "NOMAD_CACERT", "NOMAD_TOKEN"):
+            monkeypatch.delenv(name, raising=False)
+        monkeypatch.setenv("NOMAD_ADDR", busy.address)
+        reason = "no client in pool a100 has 1 free GPU with >= 40 GiB matching model 'A100' (3 clients busy); wait for running jobs to finish or ask for fewer GPUs"
+        assert main(["jobs", "submit", "finetune-llama"]) == 2
+        assert capsys.readouterr().err.strip() == f"error: not submitting finetune-llama: {reason}; pass --allow-unplaceable if the pool will scale up"
+        assert busy.calls("POST", "register") == []
+        assert main(["jobs", "submit", "finetune-llama", "--allow-unplaceable"]) == 0
+        captured = capsys.readouterr()
+        assert captured.err.strip() == f"warning: {reason}"
+        assert "registered finetune-llama in namespace finetune (job modify index" in captured.out
+        assert len(busy.calls("POST", "register")) == 1
     finally:
-        vault.root.secrets.kv.v2.create_or_update_secret("ml-api-keys/openai", secret=FAKE_KEYS["ml-api-keys/openai"], mount_point="secret")
-    assert done.returncode == 78, done.stdout + done.stderr
-    assert "no secret at secret/data/ml-api-keys/openai (wanted for OPENAI_API_KEY)" in done.stderr
+        busy.stop()
 
 
 def test_status_watch_refreshes_until_the_run_ends(nomad_env: NomadDouble, client_for: Callable[..., NomadClient], capsys: pytest.CaptureFixture[str]) -> None:
