@@ -337,3 +337,47 @@ def test_a_familys_own_sub_tree_glob_is_not_another_familys_path(repo: Path) -> 
     _policy(repo, "ml-keys-judge", 'path "secret/data/ml-api-keys/judge/*" {\n  capabilities = ["read"]\n  denied_parameters = {\n'
                                    '    "version" = []\n  }\n}\n')
     assert [p for p in check(repo) if "a key path of family" in p.message] == []
+
+
+def _read_block(path: str) -> str:
+    return f'path "{path}" {{\n  capabilities = ["read"]\n  denied_parameters = {{\n    "version" = []\n  }}\n}}\n'
+
+
+def test_fails_when_two_families_globs_share_a_path_neither_covering_the_other(repo: Path) -> None:
+    """Issue 22 red team: eval's ``team/*`` and eval-dev's ``+/prod-token`` both grant ``team/prod-token``, and neither
+    covers the other, so the cover check passed both. `gpufleet vault render` now refuses each side, naming a path both grant."""
+    eval_policy = _policy(repo, "ml-keys-eval", _read_block("secret/data/ml-api-keys/openai") + _read_block("secret/data/ml-api-keys/team/*"))
+    dev_policy = _policy(repo, "ml-keys-eval-dev", _read_block("secret/data/ml-api-keys/openai-dev")
+                         + _read_block("secret/data/ml-api-keys/+/prod-token"))
+    overlaps = sorted(str(p) for p in check(repo) if "overlaps" in p.message)
+    assert overlaps == [
+        f'{dev_policy}:7: path "secret/data/ml-api-keys/+/prod-token": overlaps \'secret/data/ml-api-keys/team/*\', a key path of family '
+        "'eval' (ml-keys-eval.hcl:7): both grant 'secret/data/ml-api-keys/team/prod-token'; a job policy reads only its own family's "
+        "keys; allowed: patterns that share no path with another ml-keys-* policy's; name family 'eval-dev''s keys one by one, or "
+        "narrow the glob to a sub-tree of its own (e.g. secret/data/ml-api-keys/eval-dev/*)",
+        f'{eval_policy}:7: path "secret/data/ml-api-keys/team/*": overlaps \'secret/data/ml-api-keys/+/prod-token\', a key path of '
+        "family 'eval-dev' (ml-keys-eval-dev.hcl:7): both grant 'secret/data/ml-api-keys/team/prod-token'; a job policy reads only "
+        "its own family's keys; allowed: patterns that share no path with another ml-keys-* policy's; name family 'eval''s keys one "
+        "by one, or narrow the glob to a sub-tree of its own (e.g. secret/data/ml-api-keys/eval/*)",
+    ]
+    done = _render(repo)
+    assert done.returncode == 2 and "both grant 'secret/data/ml-api-keys/team/prod-token'" in done.stderr
+
+
+@pytest.mark.parametrize(("one", "other", "shared"), [
+    ("team/*", "+/prod-token", "team/prod-token"),
+    ("ab*", "a+/c", "ab/c"),
+    ("+/x", "+/y", None),
+    ("judge/*", "openai", None),
+    ("+", "a/b", None),
+    ("a/+", "a/", None),
+])
+def test_common_path_follows_vaults_wildcards(one: str, other: str, shared: str | None) -> None:
+    """'+' is one segment (no '/'), a trailing '*' any suffix (the reading of ``path_pattern``)."""
+    from vault_policies.policies import common_path, path_pattern
+
+    prefix = "secret/data/ml-api-keys/"
+    found = common_path(prefix + one, prefix + other)
+    assert found == (None if shared is None else prefix + shared)
+    if found is not None:
+        assert path_pattern(prefix + one).fullmatch(found) and path_pattern(prefix + other).fullmatch(found)
