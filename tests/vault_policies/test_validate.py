@@ -381,3 +381,38 @@ def test_common_path_follows_vaults_wildcards(one: str, other: str, shared: str 
     assert found == (None if shared is None else prefix + shared)
     if found is not None:
         assert path_pattern(prefix + one).fullmatch(found) and path_pattern(prefix + other).fullmatch(found)
+
+
+def _dev_gke_task_cidrs(repo: Path) -> list[str]:
+    from clusters.loader import load
+    from vault_policies.roles import task_source_cidrs
+
+    return list(task_source_cidrs(load(repo / "clusters" / "dev-gke.yaml")))
+
+
+def test_fails_when_a_prod_role_is_bound_by_extra_cidrs_to_a_dev_clusters_task_addresses(repo: Path) -> None:
+    """Issue 22 red team: eval lists only prod clusters but carries dev-gke's pod range as extra CIDRs, so every
+    dev pod can log in as eval and read the prod key; the span check only looked at ``clusters``."""
+    (cidr,) = _dev_gke_task_cidrs(repo)
+    _edit_roles(repo, "  eval:\n    policies: [ml-keys-eval]\n",
+                f"  eval:\n    policies: [ml-keys-eval]\n    secret_id_bound_cidrs: [{cidr}]\n    token_bound_cidrs: [{cidr}]\n")
+    done = _render(repo)
+    assert done.returncode == 2, done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert (f"roles.eval.clusters: role 'eval' spans dev cluster(s) dev-gke (bound by secret_id_bound_cidrs {cidr} overlaps its "
+            f"task addresses {cidr}) and non-dev cluster(s) prod-gke (prod), prod-nomad (prod): every dev pod") in line
+
+
+def test_fails_when_an_extra_cidr_overlaps_a_dev_clusters_task_addresses_partly(repo: Path) -> None:
+    """A wider or narrower range than the pod range binds the cluster as well: overlap, not equality."""
+    (cidr,) = _dev_gke_task_cidrs(repo)
+    inside = str(next(__import__("ipaddress").ip_network(cidr).subnets(new_prefix=24)))
+    _edit_roles(repo, "  eval:\n    policies: [ml-keys-eval]\n", f"  eval:\n    policies: [ml-keys-eval]\n    token_bound_cidrs: [{inside}]\n")
+    assert f"dev-gke (bound by token_bound_cidrs {inside} overlaps its task addresses {cidr})" in _messages(repo)
+
+
+def test_an_extra_cidr_outside_every_clusters_task_addresses_binds_no_cluster(repo: Path) -> None:
+    """A Cloud NAT address (the documented reason for extra CIDRs) reaches no other environment."""
+    _edit_roles(repo, "  eval:\n    policies: [ml-keys-eval]\n", "  eval:\n    policies: [ml-keys-eval]\n    token_bound_cidrs: [203.0.113.7/32]\n")
+    render(repo)
+    assert check(repo) == []
