@@ -22,7 +22,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 
 from clusters.errors import ConfigError, Problem
 from clusters.source import YamlDocument, did_you_mean, problems_from_validation, read_yaml, validate_document
-from vault_policies.layout import MAX_WRAP_TTL_SECONDS
+from vault_policies.layout import JOB_POLICY_PREFIX, MAX_WRAP_TTL_SECONDS
 
 if TYPE_CHECKING:
     from clusters.schema import ClusterConfig
@@ -219,6 +219,39 @@ def span_problems(doc: YamlDocument, roles: dict[str, RoleSpec], clusters: dict[
             problems.append(doc.problem(("roles", name, SPAN_FIELD), (
                 f"role {name!r} does not span dev and non-dev clusters (its clusters: {', '.join(role.clusters)}); the exception "
                 f"matches nothing; remove {SPAN_FIELD}")))
+    return problems
+
+
+def policy_span_problems(doc: YamlDocument, roles: dict[str, RoleSpec], clusters: dict[str, ClusterConfig | None]) -> list[Problem]:
+    """A job policy (``ml-keys-*``) is held by dev roles or by non-dev roles, not both.
+
+    The span check judges one role; two roles sharing a policy are as good as one spanning role:
+    a dev-only role holding ``ml-keys-eval`` gives every dev pod the prod key (issue 22 red team).
+    Refused on the policies entry of each role that reaches a dev cluster while another role
+    holding the policy reaches a non-dev one. The reviewed ``spans_dev_and_prod`` exception of a
+    role covers that role's own dev reach only; a second, dev-only holder is refused all the same.
+    """
+    reach = {name: role_reach(role, clusters) for name, role in roles.items()}
+    holders: dict[str, list[str]] = {}
+    for name, role in roles.items():
+        for policy in role.policies:
+            if policy.startswith(JOB_POLICY_PREFIX):
+                holders.setdefault(policy, []).append(name)
+    problems = []
+    for name, role in roles.items():
+        dev = sorted(c for c, (env, _) in reach[name].items() if env == DEV_ENVIRONMENT)
+        if not dev or role.spans_dev_and_prod_reason is not None:
+            continue
+        for index, policy in enumerate(role.policies):
+            prod = sorted(f"{other} ({', '.join(sorted(f'{c} ({env})' for c, (env, _) in reach[other].items() if env != DEV_ENVIRONMENT))})"
+                          for other in holders.get(policy, ()) if other != name
+                          and any(env != DEV_ENVIRONMENT for env, _ in reach[other].values()))
+            if prod:
+                problems.append(doc.problem(("roles", name, "policies", index), (
+                    f"role {name!r} reaches dev cluster(s) {', '.join(dev)} and holds {policy!r}, which non-dev role(s) "
+                    f"{', '.join(prod)} hold: every dev pod (the sandbox tenant, the everyone group) could read that policy's "
+                    f"production keys; allowed: a job policy held by dev roles only or by non-dev roles only; give {name!r} a "
+                    f"policy of its own ({policy}-dev, with its own keys)")))
     return problems
 
 

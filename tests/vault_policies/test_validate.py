@@ -416,3 +416,49 @@ def test_an_extra_cidr_outside_every_clusters_task_addresses_binds_no_cluster(re
     _edit_roles(repo, "  eval:\n    policies: [ml-keys-eval]\n", "  eval:\n    policies: [ml-keys-eval]\n    token_bound_cidrs: [203.0.113.7/32]\n")
     render(repo)
     assert check(repo) == []
+
+
+def _add_role(repo: Path, name: str, policies: str, clusters: str, extra: str = "") -> None:
+    path = _roles(repo)
+    path.write_text(path.read_text() + f"  {name}:\n    policies: {policies}\n    clusters: {clusters}\n    token_ttl: 5m\n"
+                                       f"    token_max_ttl: 4h\n    secret_id_ttl: 30m\n    secret_id_num_uses: 1\n{extra}")
+
+
+PROD_HOLDERS = "eval (prod-gke (prod), prod-nomad (prod))"
+
+
+def test_fails_when_a_dev_only_role_holds_a_prod_roles_policy(repo: Path) -> None:
+    """Issue 22 red team: no role spans dev and prod, yet a dev-only role holding ml-keys-eval gives every dev pod the
+    prod eval key. `gpufleet vault render` refuses it on that role's policies entry."""
+    _add_role(repo, "eval-sneaky", "[ml-keys-eval]", "[dev-gke]")
+    done = _render(repo)
+    assert done.returncode == 2, done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith(f"error: {_roles(repo)}:") and "Traceback" not in done.stderr
+    assert line.endswith(
+        f"roles.eval-sneaky.policies[0]: role 'eval-sneaky' reaches dev cluster(s) dev-gke and holds 'ml-keys-eval', which non-dev "
+        f"role(s) {PROD_HOLDERS} hold: every dev pod (the sandbox tenant, the everyone group) could read that policy's production "
+        "keys; allowed: a job policy held by dev roles only or by non-dev roles only; give 'eval-sneaky' a policy of its own "
+        "(ml-keys-eval-dev, with its own keys)")
+    with pytest.raises(ConfigError, match="which non-dev role"):
+        load_definitions(repo)
+
+
+def test_fails_when_the_dev_role_adds_the_prod_policy(repo: Path) -> None:
+    _edit_roles(repo, "policies: [ml-keys-eval-dev]", "policies: [ml-keys-eval-dev, ml-keys-eval]")
+    assert (f"roles.eval-dev.policies[1]: role 'eval-dev' reaches dev cluster(s) dev-gke and holds 'ml-keys-eval', which non-dev "
+            f"role(s) {PROD_HOLDERS} hold") in _messages(repo)
+
+
+def test_a_reviewed_spanning_role_covers_only_its_own_dev_reach(repo: Path) -> None:
+    """eval spanning with its reviewed exception may share ml-keys-eval with a prod-only role; a further,
+    dev-only holder of that policy is refused all the same (the exception was reviewed for eval, not for it)."""
+    _edit_roles(repo, SPANNING, SPANNING.replace("[prod-gke, prod-nomad]", "[prod-gke, prod-nomad, dev-gke]")
+                + "\n    spans_dev_and_prod: {reason: eval suite calibration runs on dev before each prod release}")
+    _add_role(repo, "eval-batch", "[ml-keys-eval]", "[prod-gke]")
+    render(repo)
+    assert check(repo) == []
+    _add_role(repo, "eval-sneaky", "[ml-keys-eval]", "[dev-gke]")
+    messages = [str(p) for p in check(repo) if "which non-dev role" in p.message]
+    assert len(messages) == 1 and "roles.eval-sneaky.policies[0]" in messages[0]
+    assert "non-dev role(s) eval (prod-gke (prod), prod-nomad (prod)), eval-batch (prod-gke (prod)) hold" in messages[0]
