@@ -72,7 +72,7 @@ def main() -> int:
         root = Path(tmp)
         repo = make_repo(root)
         cached = root / "cache-warm"
-        preview = [GPUFLEET, "--repo", str(repo), "preview", "--base", "main"]
+        preview = [GPUFLEET, "--repo", str(repo), "preview", "--base", "HEAD"]  # the uncommitted edit only: main is HEAD here (no origin)
         timed([*preview, "--cache-dir", str(cached)], {4})  # fills the cache and warms bytecode and jsii's caches
         times: dict[str, list[float]] = {"synth": [], "preview cold": [], "preview cached": [], "preview subproc": []}
         for run in range(args.runs):

@@ -20,7 +20,7 @@ EXIT_CODES_HELP = "Exit codes: 0 no changes, 2 user error, 3 changes (nothing pr
 
 
 def cmd_preview(
-    base: str | None = typer.Option(None, "--base", help="Git ref to compare with (default: the merge base with $GPUFLEET_BASE_REF, else origin/main, else main; none of them existing is an error, never HEAD against itself)."),
+    base: str | None = typer.Option(None, "--base", help="Git ref to compare with (default: the merge base with $GPUFLEET_BASE_REF, else origin/main, else main; none of them existing is an error). A base that resolves to HEAD is refused unless HEAD is already in origin/main; --base HEAD, spelled so, compares the uncommitted edits only."),
     allow_destroy: list[str] = typer.Option([], "--allow-destroy", help="<stack>/<address> whose destroy/replace/rename is "
                                             "intended (repeatable; a bare address is refused)."),
     as_json: bool = typer.Option(False, "--json", help="Print the machine-readable report instead of text."),

@@ -56,6 +56,8 @@ def to_json(result: PreviewResult, info: dict[str, str]) -> dict[str, Any]:
 
 def text_lines(result: PreviewResult, info: dict[str, str]) -> list[str]:
     lines = [f"preview against {info.get('ref')} ({info.get('commit', '')[:12]}, base synthesis cache: {info.get('cache')})"]
+    if info.get("note"):
+        lines.append(f"note: {info['note']}")
     for finding in result.findings:
         tag = "BLOCKED" if finding.blocking else ("allowed" if finding.allowed else ("protected" if finding.protected else "note"))
         protection = f" [{finding.why_protected}]" if finding.protected else " [not protected]"

@@ -94,8 +94,9 @@ def _destroys(report: CheckReport, configs: tuple[ClusterConfig, ...], out: Path
             result, info = found_preview
             blocking = result.blocking
             lines = [line for line in preview_report.text_lines(result, info)[1:-1] if not line.startswith("to go ahead")]
-            report.add("destroys", not blocking, f"{len(blocking)} protected resource(s) destroyed, replaced or renamed vs "
-                       f"{info['commit'][:12]} (gpufleet preview)" if blocking else f"none vs {info['commit'][:12]} (gpufleet preview)",
+            vs = f"{info['commit'][:12]} (gpufleet preview)" + (f" ({info['note']})" if info.get("note") else "")
+            report.add("destroys", not blocking, f"{len(blocking)} protected resource(s) destroyed, replaced or renamed vs {vs}"
+                       if blocking else f"none vs {vs}",
                        [f"preview: {line.strip()}" for line in lines if line.startswith(("BLOCKED", "allowed", "note", "protected"))])
             return
     try:
@@ -107,7 +108,8 @@ def _destroys(report: CheckReport, configs: tuple[ClusterConfig, ...], out: Path
         report.add("destroys", True, "skipped: not a git checkout")
         return
     blocking = [d for d in found if d.blocking]
-    summary = f"{len(blocking)} protected resource(s) destroyed vs {base}" if blocking else f"none vs {base}"
+    vs = base.short + (f" ({base.note})" if base.note else "")
+    summary = f"{len(blocking)} protected resource(s) destroyed vs {vs}" if blocking else f"none vs {vs}"
     report.add("destroys", not blocking, summary + (f", {len(found) - len(blocking)} note(s)" if len(found) > len(blocking) else ""),
                [f"{'destroy' if d.blocking else 'note'}: {d.line}" for d in found])
 

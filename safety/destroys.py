@@ -6,8 +6,9 @@ innocent edit in review. This compares the cluster files with a git base (simple
 offline preview is ``gpufleet preview``'s):
 
 - base: the merge-base of HEAD with ``$GPUFLEET_BASE_REF`` (which must exist), else with
-  ``origin/main`` or ``main``; neither is an error naming what was tried (never HEAD against
-  itself). When that merge-base is HEAD (working on main), uncommitted edits are the change.
+  ``origin/main`` or ``main``; neither is an error naming what was tried. A base that resolves
+  to HEAD is refused (never HEAD against itself) unless it is spelled ``HEAD`` or HEAD is already
+  in ``origin/main``: then only uncommitted edits are the change, said in a note.
 - a protected pool (protected by default outside dev) present at the base and gone now, or a
   removed cluster file that had protected pools, is blocking; the fix is a reviewed commit that
   sets ``protected: false`` first, then the removal. Unprotected ones are announced as notes.
@@ -44,38 +45,87 @@ def _git(repo: Path, *args: str) -> str | None:
     return done.stdout if done.returncode == 0 else None
 
 
-def base_ref(repo: Path) -> str | None:
-    """The commit the working tree is compared with; None when ``repo`` has no commit (not a fleet checkout yet).
+@dataclass(frozen=True)
+class Base:
+    """The commit the working tree is compared with, how it was named, and a note when it is HEAD."""
 
-    Resolved explicitly and failing closed: a base named by ``$GPUFLEET_BASE_REF`` must exist, and
-    without one ``origin/main`` or ``main`` must. Falling back to HEAD compared a committed removal
-    of a protected pool with itself and reported "no changes" (issue 22); now that is a one-line
-    error naming every ref tried. HEAD is the base only when it *is* the merge base (working on
-    main), where the uncommitted edits are the change.
+    commit: str
+    label: str
+    note: str | None = None
+
+    @property
+    def short(self) -> str:
+        return self.commit[:12]
+
+
+def _commit(repo: Path, ref: str) -> str:
+    return (_git(repo, "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}") or "").strip()
+
+
+def base_ref(repo: Path, flag: str | None = None) -> Base | None:
+    """The base the working tree is compared with; None when ``repo`` has no commit (not a fleet checkout yet).
+
+    Resolved explicitly and failing closed (issue 22). ``flag`` (``preview --base``) is taken as
+    given; otherwise the merge base of HEAD with ``$GPUFLEET_BASE_REF`` (which must exist), else
+    with ``origin/main`` or ``main`` (one must exist). Falling back to HEAD compared a committed
+    rename of a protected pool with itself and reported "no changes"; so does any base that
+    *resolves* to HEAD (a tag at HEAD, ``HEAD~0``, the current branch, ``main`` with no origin),
+    which ``_not_head`` refuses unless nothing committed is left to compare.
     """
-    head = (_git(repo, "rev-parse", "--verify", "--quiet", "HEAD^{commit}") or "").strip()
+    head = _commit(repo, "HEAD")
     if not head:
         return None
+    if flag is not None:
+        commit = _commit(repo, flag)
+        if not commit:
+            raise UserError(f"--base {flag}: not a commit in {repo}; pass a branch, tag or commit (e.g. --base origin/main)")
+        return _not_head(repo, Base(commit, f"--base {flag}"), flag, head)
     named = os.environ.get(BASE_ENV, "").strip()
     if named:
-        if not _git(repo, "rev-parse", "--verify", "--quiet", f"{named}^{{commit}}"):
+        if not _commit(repo, named):
             raise UserError(f"{BASE_ENV}={named}: not a commit in {repo}; set it to an existing branch, tag or commit "
                             "(e.g. origin/main), or unset it to use origin/main or main")
-        return _merge_base(repo, named, f"{BASE_ENV}={named}")
+        return _not_head(repo, _merge_base(repo, named, f"{BASE_ENV}={named}"), named, head)
     tried = []
     for ref in DEFAULT_BASES:
         tried.append(ref)
-        if _git(repo, "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}"):
-            return _merge_base(repo, ref, ref)
+        if _commit(repo, ref):
+            return _not_head(repo, _merge_base(repo, ref, ref), ref, head)
     raise UserError(f"no base to compare with in {repo}: tried {BASE_ENV} (unset), {', '.join(tried)}, none exists; "
                     f"fetch main (git fetch origin main), or name the base with --base <ref> or {BASE_ENV}")
 
 
-def _merge_base(repo: Path, ref: str, label: str) -> str:
+def _merge_base(repo: Path, ref: str, label: str) -> Base:
     merge_base = (_git(repo, "merge-base", "HEAD", ref) or "").strip()
     if not merge_base:
         raise UserError(f"{label}: shares no history with HEAD in {repo}; name a base HEAD was branched from")
-    return merge_base
+    return Base(merge_base, label)
+
+
+def _not_head(repo: Path, base: Base, spelled: str, head: str) -> Base:
+    """``base`` unless it is HEAD while HEAD holds commits nobody compared.
+
+    A base equal to HEAD compares only uncommitted edits. That is what the user asked for when
+    the base is spelled exactly ``HEAD``, and all there is to compare when HEAD is already in
+    ``origin/main`` (a fresh clone of main, a branch with no commit of its own): both pass with
+    a visible note. Anything else that lands on HEAD (a tag or branch at HEAD, ``HEAD~0``,
+    ``@``, local ``main`` with no origin or force-moved to HEAD) would read committed changes as
+    no change, so it is a one-line error naming the ref and its commit.
+    """
+    if base.commit != head:
+        return base
+    if spelled == "HEAD":
+        return Base(head, base.label, f"base is HEAD ({base.short}, {base.label}): comparing uncommitted changes only")
+    upstream_main = _commit(repo, "refs/remotes/origin/main")
+    if upstream_main and _git(repo, "merge-base", "--is-ancestor", head, upstream_main) is not None:
+        return Base(head, base.label, f"base {base.label} is HEAD ({base.short}), already in origin/main: "
+                                      "comparing uncommitted changes only")
+    upstream = (_git(repo, "rev-parse", "--abbrev-ref", "--symbolic-full-name", "@{upstream}") or "").strip()
+    hint = (f" (this branch's upstream {upstream} is at {_commit(repo, upstream)[:12]})"
+            if upstream and _commit(repo, upstream) not in ("", head) else "")
+    raise UserError(f"{base.label} resolves to HEAD ({base.short}) in {repo}: committed changes would not be compared; "
+                    f"name the base you branched from with --base or {BASE_ENV}{hint}, or spell it HEAD to compare "
+                    "uncommitted changes only")
 
 
 def _old_config(repo: Path, ref: str, path: str) -> ClusterConfig | None:
@@ -91,14 +141,15 @@ def _old_config(repo: Path, ref: str, path: str) -> ClusterConfig | None:
         return None  # a base that did not validate protected nothing gpufleet could have applied
 
 
-def announce(repo: Path, configs: tuple[ClusterConfig, ...]) -> tuple[str | None, list[Destroy]]:
-    """(base commit, what the working tree destroys relative to it); base None when ``repo`` is not a git checkout."""
-    ref = base_ref(repo)
-    if ref is None:
+def announce(repo: Path, configs: tuple[ClusterConfig, ...]) -> tuple[Base | None, list[Destroy]]:
+    """(base, what the working tree destroys relative to it); base None when ``repo`` is not a git checkout."""
+    base = base_ref(repo)
+    if base is None:
         return None, []
+    ref = base.commit
     listed = _git(repo, "ls-tree", "--name-only", ref, "clusters/") or ""
     now = {c.name: c for c in configs}
-    short = ref[:12]
+    short = base.short
     out: list[Destroy] = []
     for path in sorted(p for p in listed.splitlines() if p.endswith((".yaml", ".yml"))):
         old = _old_config(repo, ref, path)
@@ -124,4 +175,4 @@ def announce(repo: Path, configs: tuple[ClusterConfig, ...]) -> tuple[str | None
             fix = ("; restore the name, or set protected: false on it in a reviewed commit first" if pool.protected
                    else " (it is not protected: the plan will delete it)")
             out.append(Destroy(pool.protected, line + fix))
-    return short, out
+    return base, out

@@ -11,6 +11,7 @@ and checked against that rendering in validate.py.
 from __future__ import annotations
 
 import re
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -251,31 +252,93 @@ def _covers(pattern: str, path: str) -> bool:
     return bool(path_pattern(pattern).fullmatch(path) or path_pattern(pattern).fullmatch(probe))
 
 
+_SEGMENT, _ANYTHING = "segment", "anything"
+
+
+def _items(path: str) -> tuple[tuple[str, bool], ...]:
+    """A rule path as (what one character may be, may repeat) items, read as ``path_pattern`` does:
+    a literal character; '+' one or more characters other than '/'; a trailing '*' any suffix."""
+    glob = path.endswith("*")
+    items: list[tuple[str, bool]] = []
+    for char in path.removesuffix("*") if glob else path:
+        items += [(_SEGMENT, False), (_SEGMENT, True)] if char == "+" else [(char, False)]
+    return (*items, (_ANYTHING, True)) if glob else tuple(items)
+
+
+def _meet(one: str, other: str) -> str | None:
+    """A character both items accept, or None."""
+    wild = (_SEGMENT, _ANYTHING)
+    if one in wild and other in wild:
+        return "x"
+    if one not in wild and other not in wild:
+        return one if one == other else None
+    char, kind = (other, one) if one in wild else (one, other)
+    return None if kind == _SEGMENT and char == "/" else char
+
+
+def common_path(one: str, other: str) -> str | None:
+    """A path both rule paths grant, or None when they share none.
+
+    Neither covering the other is not enough: ``ml-api-keys/team/*`` and ``ml-api-keys/+/prod-token``
+    both grant ``ml-api-keys/team/prod-token`` (issue 22 red team). This walks the two patterns
+    together, one character at a time (breadth first over pairs of positions, finite), and returns
+    the first path that reaches the end of both.
+    """
+    a, b = _items(one), _items(other)
+    seen = {(0, 0): ""}
+    queue = deque(seen)
+    while queue:
+        i, j = queue.popleft()
+        text = seen[(i, j)]
+        if i == len(a) and j == len(b):
+            return text
+        moves = []
+        if i < len(a) and a[i][1]:
+            moves.append(((i + 1, j), text))
+        if j < len(b) and b[j][1]:
+            moves.append(((i, j + 1), text))
+        if i < len(a) and j < len(b) and (char := _meet(a[i][0], b[j][0])) is not None:
+            moves.append(((i if a[i][1] else i + 1, j if b[j][1] else j + 1), text + char))
+        for state, walked in moves:
+            if state not in seen:
+                seen[state] = walked
+                queue.append(state)
+    return None
+
+
 def family_problems(policies: dict[str, PolicyFile]) -> list[Problem]:
     """A key path belongs to the one job family (``ml-keys-<family>``) whose policy grants it.
 
     A rule of one family that covers a path another family's policy names (the same path, or a
     glob over it) gives that family's tasks the other's keys: refused on the granting rule, naming
     the owner. Equal paths are refused on both sides, each naming the other: a key two families
-    need is two keys, one per family, so a leaked task token exposes one family only.
+    need is two keys, one per family, so a leaked task token exposes one family only. Two globs
+    that share a path without either covering the other are refused on both sides, naming a path
+    both grant.
     """
     jobs = {name: policy for name, policy in sorted(policies.items())
             if name not in OPERATOR_POLICIES and name not in BUILTIN_POLICIES and name.startswith(JOB_POLICY_PREFIX)}
     problems = []
     for name, policy in jobs.items():
+        own = name.removeprefix(JOB_POLICY_PREFIX)
         for rule in policy.rules:
             for other_name, other in jobs.items():
                 if other_name == name:
                     continue
+                family = other_name.removeprefix(JOB_POLICY_PREFIX)
                 for owned in other.rules:
                     if _covers(rule.path, owned.path):
-                        family = other_name.removeprefix(JOB_POLICY_PREFIX)
                         key = owned.path.removeprefix(API_KEYS_POLICY_PREFIX).rstrip("*").rstrip("/") or "key"
                         problems.append(_problem(policy, rule, "", (
                             f"grants {owned.path!r}, a key path of family {family!r} ({other.file.name}:{owned.line}); a job policy "
                             f"reads only its own family's keys; allowed: paths no other ml-keys-* policy names; give family "
-                            f"{name.removeprefix(JOB_POLICY_PREFIX)!r} its own key (e.g. {API_KEYS_POLICY_PREFIX}{key}-"
-                            f"{name.removeprefix(JOB_POLICY_PREFIX)}) or run the job under a role with {other_name}")))
+                            f"{own!r} its own key (e.g. {API_KEYS_POLICY_PREFIX}{key}-{own}) or run the job under a role with {other_name}")))
+                    elif not _covers(owned.path, rule.path) and (shared := common_path(rule.path, owned.path)) is not None:
+                        problems.append(_problem(policy, rule, "", (
+                            f"overlaps {owned.path!r}, a key path of family {family!r} ({other.file.name}:{owned.line}): both grant "
+                            f"{shared!r}; a job policy reads only its own family's keys; allowed: patterns that share no path with "
+                            f"another ml-keys-* policy's; name family {own!r}'s keys one by one, or narrow the glob to a sub-tree "
+                            f"of its own (e.g. {API_KEYS_POLICY_PREFIX}{own}/*)")))
     return problems
 
 

@@ -22,7 +22,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 
 from clusters.errors import ConfigError, Problem
 from clusters.source import YamlDocument, did_you_mean, problems_from_validation, read_yaml, validate_document
-from vault_policies.layout import MAX_WRAP_TTL_SECONDS
+from vault_policies.layout import JOB_POLICY_PREFIX, MAX_WRAP_TTL_SECONDS
 
 if TYPE_CHECKING:
     from clusters.schema import ClusterConfig
@@ -161,26 +161,97 @@ def cluster_problems(doc: YamlDocument, roles: dict[str, RoleSpec], clusters: di
     ]
 
 
+def role_reach(role: RoleSpec, clusters: dict[str, ClusterConfig | None]) -> dict[str, tuple[str, str | None]]:
+    """Every cluster whose tasks can log in as ``role``: cluster -> (environment, how, None when listed).
+
+    A role binds the clusters it lists, and also any cluster whose task addresses one of its
+    extra ``secret_id_bound_cidrs``/``token_bound_cidrs`` overlaps: a prod-only role with
+    dev-gke's pod range as an extra CIDR hands the prod keys to dev pods (issue 22 red team).
+    """
+    reach: dict[str, tuple[str, str | None]] = {c: (str(config.environment.value), None) for c in role.clusters
+                                                if (config := clusters.get(c)) is not None}
+    extras = [(field, cidr) for field, cidrs in (("secret_id_bound_cidrs", role.secret_id_bound_cidrs),
+                                                 ("token_bound_cidrs", role.token_bound_cidrs)) for cidr in cidrs]
+    for name, config in sorted(clusters.items()):
+        if config is None or name in reach:
+            continue
+        for field, cidr in extras:
+            task = next((t for t in task_source_cidrs(config) if _overlap(cidr, t)), None)
+            if task is not None:
+                reach[name] = (str(config.environment.value), f"{field} {cidr} overlaps its task addresses {task}")
+                break
+    return reach
+
+
+def _overlap(one: str, other: str) -> bool:
+    a, b = ipaddress.ip_network(one, strict=False), ipaddress.ip_network(other, strict=False)
+    return a.version == b.version and a.overlaps(b)
+
+
+def _named(cluster: str, env: str, via: str | None, *, with_env: bool) -> str:
+    inside = [env] if with_env else []
+    inside += [] if via is None else [f"bound by {via}"]
+    return f"{cluster} ({', '.join(inside)})" if inside else cluster
+
+
 def span_problems(doc: YamlDocument, roles: dict[str, RoleSpec], clusters: dict[str, ClusterConfig | None]) -> list[Problem]:
     """A role serves dev clusters or non-dev (staging, prod) clusters, not both, unless it carries the
     reviewed ``spans_dev_and_prod`` exception; an exception on a role that spans nothing is refused too
-    (a suppression that matches nothing hides the next mistake)."""
+    (a suppression that matches nothing hides the next mistake). A cluster counts when the role lists
+    it or binds its task addresses by an extra CIDR (``role_reach``)."""
     problems = []
     for name, role in roles.items():
-        envs = {c: str(clusters[c].environment.value) for c in role.clusters if clusters.get(c) is not None}
-        dev = sorted(c for c, env in envs.items() if env == DEV_ENVIRONMENT)
-        other = sorted(f"{c} ({env})" for c, env in envs.items() if env != DEV_ENVIRONMENT)
+        reach = role_reach(role, clusters)
+        dev = [_named(c, env, via, with_env=False) for c, (env, via) in sorted(reach.items()) if env == DEV_ENVIRONMENT]
+        other = [_named(c, env, via, with_env=True) for c, (env, via) in sorted(reach.items()) if env != DEV_ENVIRONMENT]
+        listed_loaded = all(clusters.get(c) is not None for c in role.clusters)
         if dev and other and role.spans_dev_and_prod_reason is None:
+            dev_listed = sorted(c for c, (env, via) in reach.items() if env == DEV_ENVIRONMENT and via is None)
             problems.append(doc.problem(("roles", name, "clusters"), (
                 f"role {name!r} spans dev cluster(s) {', '.join(dev)} and non-dev cluster(s) {', '.join(other)}: every dev pod "
                 f"(the sandbox tenant, the everyone group) could log in as it and read its production keys; allowed: dev clusters "
                 f"only or non-dev clusters only; split it (e.g. a role {name}-dev with its own ml-keys-<family> policy and keys for "
-                f"{', '.join(dev)}), or, reviewed, add {SPAN_FIELD}: {{reason: <why, {MIN_REASON_CHARS}+ characters>}}")))
+                f"{', '.join(dev_listed or sorted(c for c, (env, _) in reach.items() if env == DEV_ENVIRONMENT))}), drop an extra "
+                f"CIDR that binds another environment's task addresses, or, reviewed, add {SPAN_FIELD}: {{reason: <why, "
+                f"{MIN_REASON_CHARS}+ characters>}}")))
         # An unloadable or unknown cluster is reported on its own; the exception is judged once all of them load.
-        elif role.spans_dev_and_prod_reason is not None and not (dev and other) and len(envs) == len(role.clusters):
+        elif role.spans_dev_and_prod_reason is not None and not (dev and other) and listed_loaded:
             problems.append(doc.problem(("roles", name, SPAN_FIELD), (
                 f"role {name!r} does not span dev and non-dev clusters (its clusters: {', '.join(role.clusters)}); the exception "
                 f"matches nothing; remove {SPAN_FIELD}")))
+    return problems
+
+
+def policy_span_problems(doc: YamlDocument, roles: dict[str, RoleSpec], clusters: dict[str, ClusterConfig | None]) -> list[Problem]:
+    """A job policy (``ml-keys-*``) is held by dev roles or by non-dev roles, not both.
+
+    The span check judges one role; two roles sharing a policy are as good as one spanning role:
+    a dev-only role holding ``ml-keys-eval`` gives every dev pod the prod key (issue 22 red team).
+    Refused on the policies entry of each role that reaches a dev cluster while another role
+    holding the policy reaches a non-dev one. The reviewed ``spans_dev_and_prod`` exception of a
+    role covers that role's own dev reach only; a second, dev-only holder is refused all the same.
+    """
+    reach = {name: role_reach(role, clusters) for name, role in roles.items()}
+    holders: dict[str, list[str]] = {}
+    for name, role in roles.items():
+        for policy in role.policies:
+            if policy.startswith(JOB_POLICY_PREFIX):
+                holders.setdefault(policy, []).append(name)
+    problems = []
+    for name, role in roles.items():
+        dev = sorted(c for c, (env, _) in reach[name].items() if env == DEV_ENVIRONMENT)
+        if not dev or role.spans_dev_and_prod_reason is not None:
+            continue
+        for index, policy in enumerate(role.policies):
+            prod = sorted(f"{other} ({', '.join(sorted(f'{c} ({env})' for c, (env, _) in reach[other].items() if env != DEV_ENVIRONMENT))})"
+                          for other in holders.get(policy, ()) if other != name
+                          and any(env != DEV_ENVIRONMENT for env, _ in reach[other].values()))
+            if prod:
+                problems.append(doc.problem(("roles", name, "policies", index), (
+                    f"role {name!r} reaches dev cluster(s) {', '.join(dev)} and holds {policy!r}, which non-dev role(s) "
+                    f"{', '.join(prod)} hold: every dev pod (the sandbox tenant, the everyone group) could read that policy's "
+                    f"production keys; allowed: a job policy held by dev roles only or by non-dev roles only; give {name!r} a "
+                    f"policy of its own ({policy}-dev, with its own keys)")))
     return problems
 
 

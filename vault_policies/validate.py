@@ -1,6 +1,7 @@
 """``gpufleet check`` for the Vault layer: policies parse and stay in gpufleet's namespace,
 roles are sane, name only job policies and existing clusters, never span dev and non-dev
-clusters without a reviewed exception, and the two operator policies
+clusters without a reviewed exception (alone, through an extra CIDR, or by sharing a job policy
+with a role of the other side), and the two operator policies
 are exactly what vault_policies/operator.py renders from them."""
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from clusters.source import did_you_mean
 from vault_policies.layout import LOOPBACK_CIDR, OPERATOR_POLICIES
 from vault_policies.operator import render_admin, render_orchestrator
 from vault_policies.policies import PolicyFile, load_policies
-from vault_policies.roles import RoleSpec, bind_to_clusters, cluster_problems, load_roles_document, retired_roles, span_problems
+from vault_policies.roles import (RoleSpec, bind_to_clusters, cluster_problems, load_roles_document, policy_span_problems, retired_roles,
+                                   span_problems)
 
 POLICIES_DIR = Path("vault_policies/policies")
 ROLES_FILE = Path("vault_policies/roles.yaml")
@@ -80,6 +82,7 @@ def _collect(repo_root: Path) -> tuple[VaultDefinitions, list[Problem]]:
     clusters = _clusters(repo_root)
     problems.extend(cluster_problems(doc, roles, clusters))
     problems.extend(span_problems(doc, roles, clusters))
+    problems.extend(policy_span_problems(doc, roles, clusters))
     loaded = {name: config for name, config in clusters.items() if config is not None}
     roles = {name: bind_to_clusters(role, loaded) for name, role in roles.items()}
     job_policies = sorted(set(policies) - set(OPERATOR_POLICIES))

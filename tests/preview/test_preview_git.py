@@ -65,8 +65,9 @@ def edit(path: Path, old: str, new: str) -> None:
 
 
 def run(repo: Path, cache_dir: Path, tmp_path: Path, *extra: str) -> tuple[int, dict]:
+    """Preview the uncommitted edits (``--base HEAD``, the explicit spelling; see test_base_head_*)."""
     out = tmp_path / "preview.json"
-    rc = main(["--repo", str(repo), "preview", "--base", "main", "--cache-dir", str(cache_dir), "--json-out", str(out), *extra])
+    rc = main(["--repo", str(repo), "preview", "--base", "HEAD", "--cache-dir", str(cache_dir), "--json-out", str(out), *extra])
     return rc, json.loads(out.read_text()) if out.exists() else {}
 
 
@@ -272,7 +273,7 @@ def test_check_runs_the_full_preview_when_cheap_and_catches_an_immutable_edit(re
     from review.checks import run_checks
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(cache_dir / "xdg"))
-    monkeypatch.setenv("GPUFLEET_BASE_REF", "main")
+    monkeypatch.setenv("GPUFLEET_BASE_REF", "HEAD")
     edit(repo / "clusters/prod-gke.yaml", "description: training dashboards and TensorBoard ingress", "description: dashboards")
     import clusters.repo
 
@@ -283,7 +284,9 @@ def test_check_runs_the_full_preview_when_cheap_and_catches_an_immutable_edit(re
         clusters.repo.use(None)
     row = next(r for r in report.rows if r[0] == "destroys")
     assert row[:2] == ("destroys", False) and "(gpufleet preview)" in row[2]
+    head = git(repo, "rev-parse", "HEAD").strip()[:12]
     assert [d for d in report.details if d.startswith("preview:")] == [
+        f"preview: note: base is HEAD ({head}, GPUFLEET_BASE_REF=HEAD): comparing uncommitted changes only",
         "preview: BLOCKED: prod-gke: google_compute_global_address.ip_ingress is replaced (immutable: description: "
         "training dashboards and TensorBoard ingress -> dashboards) [protected type]"]
 
@@ -387,3 +390,52 @@ def test_check_fails_its_destroys_step_when_no_base_exists(fleet_repo, tmp_path,
         clusters.repo.use(None)
     assert report.rows == [("destroys", False, "no base to compare with")]
     assert report.details[0].startswith(f"destroy: no base to compare with in {other}: tried GPUFLEET_BASE_REF (unset), origin/main, main")
+
+
+@pytest.mark.parametrize("base", ["HEAD~0", "main", "@"])
+def test_fails_when_base_is_another_name_for_head_with_a_committed_rename(fleet_repo, cache_dir, tmp_path, monkeypatch, capsys, base):
+    """Issue 22 red team: ``--base`` (or the default, local ``main`` with no origin) naming HEAD by
+    another name previewed a committed rename of a protected pool as "no changes", exit 0."""
+    monkeypatch.delenv("GPUFLEET_BASE_REF", raising=False)
+    other = _renamed_pool_committed_on(tmp_path, fleet_repo, "main")
+    head = git(other, "rev-parse", "HEAD").strip()
+    out = tmp_path / "preview.json"
+    flag = ["--base", base] if base != "main" else []  # main: the default base, on main with no origin
+    rc = main(["--repo", str(other), "preview", *flag, "--cache-dir", str(cache_dir), "--json-out", str(out)])
+    err = capsys.readouterr().err.strip().splitlines()
+    label = f"--base {base}" if flag else "main"
+    assert rc == 2 and not out.exists()
+    assert err == [f"error: {label} resolves to HEAD ({head[:12]}) in {other}: committed changes would not be compared; name the "
+                   "base you branched from with --base or GPUFLEET_BASE_REF, or spell it HEAD to compare uncommitted changes only"]
+
+
+def test_base_head_previews_uncommitted_changes_only_and_says_so(fleet_repo, cache_dir, tmp_path, monkeypatch, capsys):
+    """``--base HEAD`` is the one explicit way to ask for the uncommitted edits alone: the note is in the text and the JSON."""
+    other = _renamed_pool_committed_on(tmp_path, fleet_repo, "main")
+    head = git(other, "rev-parse", "HEAD").strip()
+    out = tmp_path / "preview.json"
+    rc = main(["--repo", str(other), "preview", "--base", "HEAD", "--cache-dir", str(cache_dir), "--json-out", str(out)])
+    note = f"base is HEAD ({head[:12]}, --base HEAD): comparing uncommitted changes only"
+    assert rc == 0 and json.loads(out.read_text())["base"]["note"] == note
+    assert f"note: {note}" in capsys.readouterr().out.splitlines()
+
+
+def test_fresh_clone_previews_with_a_note_and_commits_on_it_against_origin_main(fleet_repo, cache_dir, tmp_path, monkeypatch, capsys):
+    """A newcomer's ``git clone``: origin/main is HEAD, the preview passes with the note; a rename
+    committed on the clone's main (not pushed) is compared with origin/main and blocked."""
+    monkeypatch.delenv("GPUFLEET_BASE_REF", raising=False)
+    clone = tmp_path / "clone"
+    git(tmp_path, "clone", "-q", str(fleet_repo), str(clone))
+    head = git(clone, "rev-parse", "HEAD").strip()
+    out = tmp_path / "preview.json"
+    rc = main(["--repo", str(clone), "preview", "--cache-dir", str(cache_dir), "--json-out", str(out)])
+    assert rc == 0 and json.loads(out.read_text())["base"]["note"] == (
+        f"base origin/main is HEAD ({head[:12]}), already in origin/main: comparing uncommitted changes only")
+    cluster = clone / "clusters/prod-gke.yaml"
+    edit(cluster, "  - name: h100\n", "  - name: h200\n")
+    edit(cluster, "gpu_quota: {h100: 24,", "gpu_quota: {h200: 24,")
+    edit(cluster, "gpu_quota: {h100: 8,", "gpu_quota: {h200: 8,")
+    git(clone, "commit", "-qam", "rename the h100 pool")
+    rc = main(["--repo", str(clone), "preview", "--cache-dir", str(cache_dir), "--json-out", str(out)])
+    report = json.loads(out.read_text())
+    assert rc == 4 and report["blocking"] == ["prod-gke/google_container_node_pool.pool_h100"] and "note" not in report["base"]

@@ -337,3 +337,128 @@ def test_a_familys_own_sub_tree_glob_is_not_another_familys_path(repo: Path) -> 
     _policy(repo, "ml-keys-judge", 'path "secret/data/ml-api-keys/judge/*" {\n  capabilities = ["read"]\n  denied_parameters = {\n'
                                    '    "version" = []\n  }\n}\n')
     assert [p for p in check(repo) if "a key path of family" in p.message] == []
+
+
+def _read_block(path: str) -> str:
+    return f'path "{path}" {{\n  capabilities = ["read"]\n  denied_parameters = {{\n    "version" = []\n  }}\n}}\n'
+
+
+def test_fails_when_two_families_globs_share_a_path_neither_covering_the_other(repo: Path) -> None:
+    """Issue 22 red team: eval's ``team/*`` and eval-dev's ``+/prod-token`` both grant ``team/prod-token``, and neither
+    covers the other, so the cover check passed both. `gpufleet vault render` now refuses each side, naming a path both grant."""
+    eval_policy = _policy(repo, "ml-keys-eval", _read_block("secret/data/ml-api-keys/openai") + _read_block("secret/data/ml-api-keys/team/*"))
+    dev_policy = _policy(repo, "ml-keys-eval-dev", _read_block("secret/data/ml-api-keys/openai-dev")
+                         + _read_block("secret/data/ml-api-keys/+/prod-token"))
+    overlaps = sorted(str(p) for p in check(repo) if "overlaps" in p.message)
+    assert overlaps == [
+        f'{dev_policy}:7: path "secret/data/ml-api-keys/+/prod-token": overlaps \'secret/data/ml-api-keys/team/*\', a key path of family '
+        "'eval' (ml-keys-eval.hcl:7): both grant 'secret/data/ml-api-keys/team/prod-token'; a job policy reads only its own family's "
+        "keys; allowed: patterns that share no path with another ml-keys-* policy's; name family 'eval-dev''s keys one by one, or "
+        "narrow the glob to a sub-tree of its own (e.g. secret/data/ml-api-keys/eval-dev/*)",
+        f'{eval_policy}:7: path "secret/data/ml-api-keys/team/*": overlaps \'secret/data/ml-api-keys/+/prod-token\', a key path of '
+        "family 'eval-dev' (ml-keys-eval-dev.hcl:7): both grant 'secret/data/ml-api-keys/team/prod-token'; a job policy reads only "
+        "its own family's keys; allowed: patterns that share no path with another ml-keys-* policy's; name family 'eval''s keys one "
+        "by one, or narrow the glob to a sub-tree of its own (e.g. secret/data/ml-api-keys/eval/*)",
+    ]
+    done = _render(repo)
+    assert done.returncode == 2 and "both grant 'secret/data/ml-api-keys/team/prod-token'" in done.stderr
+
+
+@pytest.mark.parametrize(("one", "other", "shared"), [
+    ("team/*", "+/prod-token", "team/prod-token"),
+    ("ab*", "a+/c", "ab/c"),
+    ("+/x", "+/y", None),
+    ("judge/*", "openai", None),
+    ("+", "a/b", None),
+    ("a/+", "a/", None),
+])
+def test_common_path_follows_vaults_wildcards(one: str, other: str, shared: str | None) -> None:
+    """'+' is one segment (no '/'), a trailing '*' any suffix (the reading of ``path_pattern``)."""
+    from vault_policies.policies import common_path, path_pattern
+
+    prefix = "secret/data/ml-api-keys/"
+    found = common_path(prefix + one, prefix + other)
+    assert found == (None if shared is None else prefix + shared)
+    if found is not None:
+        assert path_pattern(prefix + one).fullmatch(found) and path_pattern(prefix + other).fullmatch(found)
+
+
+def _dev_gke_task_cidrs(repo: Path) -> list[str]:
+    from clusters.loader import load
+    from vault_policies.roles import task_source_cidrs
+
+    return list(task_source_cidrs(load(repo / "clusters" / "dev-gke.yaml")))
+
+
+def test_fails_when_a_prod_role_is_bound_by_extra_cidrs_to_a_dev_clusters_task_addresses(repo: Path) -> None:
+    """Issue 22 red team: eval lists only prod clusters but carries dev-gke's pod range as extra CIDRs, so every
+    dev pod can log in as eval and read the prod key; the span check only looked at ``clusters``."""
+    (cidr,) = _dev_gke_task_cidrs(repo)
+    _edit_roles(repo, "  eval:\n    policies: [ml-keys-eval]\n",
+                f"  eval:\n    policies: [ml-keys-eval]\n    secret_id_bound_cidrs: [{cidr}]\n    token_bound_cidrs: [{cidr}]\n")
+    done = _render(repo)
+    assert done.returncode == 2, done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert (f"roles.eval.clusters: role 'eval' spans dev cluster(s) dev-gke (bound by secret_id_bound_cidrs {cidr} overlaps its "
+            f"task addresses {cidr}) and non-dev cluster(s) prod-gke (prod), prod-nomad (prod): every dev pod") in line
+
+
+def test_fails_when_an_extra_cidr_overlaps_a_dev_clusters_task_addresses_partly(repo: Path) -> None:
+    """A wider or narrower range than the pod range binds the cluster as well: overlap, not equality."""
+    (cidr,) = _dev_gke_task_cidrs(repo)
+    inside = str(next(__import__("ipaddress").ip_network(cidr).subnets(new_prefix=24)))
+    _edit_roles(repo, "  eval:\n    policies: [ml-keys-eval]\n", f"  eval:\n    policies: [ml-keys-eval]\n    token_bound_cidrs: [{inside}]\n")
+    assert f"dev-gke (bound by token_bound_cidrs {inside} overlaps its task addresses {cidr})" in _messages(repo)
+
+
+def test_an_extra_cidr_outside_every_clusters_task_addresses_binds_no_cluster(repo: Path) -> None:
+    """A Cloud NAT address (the documented reason for extra CIDRs) reaches no other environment."""
+    _edit_roles(repo, "  eval:\n    policies: [ml-keys-eval]\n", "  eval:\n    policies: [ml-keys-eval]\n    token_bound_cidrs: [203.0.113.7/32]\n")
+    render(repo)
+    assert check(repo) == []
+
+
+def _add_role(repo: Path, name: str, policies: str, clusters: str, extra: str = "") -> None:
+    path = _roles(repo)
+    path.write_text(path.read_text() + f"  {name}:\n    policies: {policies}\n    clusters: {clusters}\n    token_ttl: 5m\n"
+                                       f"    token_max_ttl: 4h\n    secret_id_ttl: 30m\n    secret_id_num_uses: 1\n{extra}")
+
+
+PROD_HOLDERS = "eval (prod-gke (prod), prod-nomad (prod))"
+
+
+def test_fails_when_a_dev_only_role_holds_a_prod_roles_policy(repo: Path) -> None:
+    """Issue 22 red team: no role spans dev and prod, yet a dev-only role holding ml-keys-eval gives every dev pod the
+    prod eval key. `gpufleet vault render` refuses it on that role's policies entry."""
+    _add_role(repo, "eval-sneaky", "[ml-keys-eval]", "[dev-gke]")
+    done = _render(repo)
+    assert done.returncode == 2, done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith(f"error: {_roles(repo)}:") and "Traceback" not in done.stderr
+    assert line.endswith(
+        f"roles.eval-sneaky.policies[0]: role 'eval-sneaky' reaches dev cluster(s) dev-gke and holds 'ml-keys-eval', which non-dev "
+        f"role(s) {PROD_HOLDERS} hold: every dev pod (the sandbox tenant, the everyone group) could read that policy's production "
+        "keys; allowed: a job policy held by dev roles only or by non-dev roles only; give 'eval-sneaky' a policy of its own "
+        "(ml-keys-eval-dev, with its own keys)")
+    with pytest.raises(ConfigError, match="which non-dev role"):
+        load_definitions(repo)
+
+
+def test_fails_when_the_dev_role_adds_the_prod_policy(repo: Path) -> None:
+    _edit_roles(repo, "policies: [ml-keys-eval-dev]", "policies: [ml-keys-eval-dev, ml-keys-eval]")
+    assert (f"roles.eval-dev.policies[1]: role 'eval-dev' reaches dev cluster(s) dev-gke and holds 'ml-keys-eval', which non-dev "
+            f"role(s) {PROD_HOLDERS} hold") in _messages(repo)
+
+
+def test_a_reviewed_spanning_role_covers_only_its_own_dev_reach(repo: Path) -> None:
+    """eval spanning with its reviewed exception may share ml-keys-eval with a prod-only role; a further,
+    dev-only holder of that policy is refused all the same (the exception was reviewed for eval, not for it)."""
+    _edit_roles(repo, SPANNING, SPANNING.replace("[prod-gke, prod-nomad]", "[prod-gke, prod-nomad, dev-gke]")
+                + "\n    spans_dev_and_prod: {reason: eval suite calibration runs on dev before each prod release}")
+    _add_role(repo, "eval-batch", "[ml-keys-eval]", "[prod-gke]")
+    render(repo)
+    assert check(repo) == []
+    _add_role(repo, "eval-sneaky", "[ml-keys-eval]", "[dev-gke]")
+    messages = [str(p) for p in check(repo) if "which non-dev role" in p.message]
+    assert len(messages) == 1 and "roles.eval-sneaky.policies[0]" in messages[0]
+    assert "non-dev role(s) eval (prod-gke (prod), prod-nomad (prod)), eval-batch (prod-gke (prod)) hold" in messages[0]
