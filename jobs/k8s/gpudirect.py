@@ -20,6 +20,28 @@ so the sidecar is always the release paired with the installed NCCL plugin:
   ``${NCCL_LIB_DIR}/nccl-env-profile.sh`` (TCPXO) / ``/usr/local/gib/scripts/set_nccl_env.sh``
   (RDMA), which the job's entrypoint sources, as upstream documents.
 
+Privileges, each from an upstream line (container-engine-accelerators at the vendored commit, CEA below;
+tests/jobs/k8s/test_gpudirect_privileges.py holds the same table):
+
+- training container, TCPX: ``IPC_LOCK`` added (CEA gpudirect-tcpx/nccl-test-latest.yaml:103-106, the
+  ``nccl-test`` container; the plugin pins its receive buffers). TCPXO and RDMA: nothing added (CEA
+  gpudirect-tcpxo/nccl-test-latest.yaml:110-111 has its securityContext commented out;
+  gpudirect-rdma/nccl-test.yaml:65-89 sets none). Everything else stays dropped.
+- training container, user: upstream never sets one (the images run as root), and none of its lines
+  needs root: the RxDM sidecar sets ``umask(0)`` before it creates the TCPX Unix sockets
+  (google/tcpgpudmarxd app/tcpgpudmarxd.cu:263, source v2.0.14; the pinned image is v2.0.12), so the
+  sockets under ``/run/tcpx`` are mode 0777 and uid 1000 may connect without ``fsGroup`` (which
+  Kubernetes never applies to a hostPath anyway) or a supplemental group. gpufleet keeps uid 1000.
+  Caveat, stated: Kubernetes does not raise an added capability into a non-root process's effective
+  set (kubernetes/kubernetes#56374, open; containerd#5668 closed unmerged), so for uid 1000 ``IPC_LOCK``
+  is only in the bounding set and pinning is bounded by the node's ``RLIMIT_MEMLOCK``. Whether that
+  suffices only the hardware can tell: ``jobs/nccl-test-a3high.yaml`` prints ``ulimit -l`` and fails
+  below the bandwidth upstream documents, which a TCP fallback cannot reach.
+- RxDM sidecar: root (upstream sets no user, and a capability only works for root, as above),
+  ``NET_ADMIN`` (TCPX: gpudirect-tcpx/nccl-test-latest.yaml:75-78), ``NET_ADMIN`` + ``NET_BIND_SERVICE``
+  (TCPXO: gpudirect-tcpxo/nccl-test-latest.yaml:91-96), never ``privileged`` (commented out at :92),
+  ``/sys`` and ``/proc/sys`` mounted (TCPX :84-87, TCPXO :100-103).
+
 Deviations from upstream, all for the same run-once Job: TCPX's socket directory is mounted at
 ``/run/tcpx`` (upstream mounts it over ``/tmp``, which here is the run's own emptyDir) with
 ``NCCL_GPUDIRECTTCPX_UNIX_CLIENT_PREFIX`` pointing there; upstream's ``imagePullPolicy: Always``
@@ -34,7 +56,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from clusters.families import GpuDirect
-from clusters.gpudirect_upstream import LIBRARY_DIRS, NCCL_TESTS, TCPX_SOCKET_DIR, first
+from clusters.gpudirect_upstream import LIBRARY_DIRS, NCCL_TESTS, TCPX_SOCKET_DIR, first, workload_capabilities
 
 INTERFACES_ANNOTATION = "networking.gke.io/interfaces"
 DEFAULT_INTERFACE_ANNOTATION = "networking.gke.io/default-interface"
@@ -54,6 +76,8 @@ class PodNetworking:
     volumes: list[dict[str, Any]]
     mounts: list[dict[str, Any]]
     env: list[dict[str, str]] = field(default_factory=list)
+    # Added to the training container's (otherwise all dropped) capabilities: upstream's, no more.
+    capabilities: tuple[str, ...] = ()
 
 
 def interfaces(transport: GpuDirect, networks: tuple[tuple[str, str], ...]) -> list[dict[str, str]]:
@@ -134,7 +158,8 @@ def pod_networking(transport: GpuDirect, networks: tuple[tuple[str, str], ...]) 
     annotations[INTERFACES_ANNOTATION] = json.dumps(nics, separators=(",", ":"))
     env = [{"name": e["name"], "value": e["value"]} for e in workload.get("env", [])]
     env += _nccl_nics(transport, [n["interfaceName"] for n in nics[1:]])
-    return PodNetworking(annotations=annotations, sidecars=sidecars, volumes=[by_name[v] for v in used], mounts=mounts, env=env)
+    return PodNetworking(annotations=annotations, sidecars=sidecars, volumes=[by_name[v] for v in used], mounts=mounts, env=env,
+                         capabilities=workload_capabilities()[transport.value])
 
 
 def reserved_env(transport: GpuDirect) -> tuple[str, ...]:
