@@ -25,7 +25,9 @@ UPSTREAM = {
     "nccl-test-a3high": (GpuDirect.TCPX, 536870912, 7098.6, 75.63, 70.90, "examples/gke-a3-highgpu/multi-node-test-plan.md:131"),
     "nccl-test-a3mega": (GpuDirect.TCPXO, 8589934592, 42668.7, 201.32, 188.73, "examples/gke-a3-megagpu/README.md:146"),
 }
-# eth0 on these machines is a 200 Gbps gVNIC: 25 GB/s, and busbw cannot exceed the link it runs on.
+# eth0 is one gVNIC beside the GPU NICs (A3 High: 1,000 Gbps across its NICs, A3 Mega 1,600; Compute Engine
+# "Networking and GPU machines", cloud.google.com/compute/docs/gpus/gpu-network-bandwidth): at 200 Gbps
+# that is 25 GB/s, and busbw over one link cannot exceed it.
 TCP_FALLBACK_CEILING_GBPS = 25
 
 
