@@ -11,6 +11,7 @@ health_checker.go:41). The double speaks the Node GET / merge-PATCH the checker 
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import pytest
@@ -153,7 +154,10 @@ def test_the_scheduler_stack_ships_the_checker_with_nodes_get_and_patch_only(sta
     assert role["rule"] == [{"api_groups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]}]
     (script,) = [r for r in resources["kubernetes_config_map_v1"].values() if r["metadata"]["name"] == NAME]
     assert script["data"]["gpu_health_check.py"] == checker_source()
-    assert resources["kubernetes_manifest"]["ds_gpu_health"]["manifest"]["metadata"]["namespace"] == "kube-system"
+    manifest = resources["kubernetes_manifest"]["ds_gpu_health"]["manifest"]
+    assert manifest["metadata"]["namespace"] == "kube-system"
+    # Pinned to a full release (Python 3.12.8, Debian slim variant), never a moving minor tag.
+    assert re.fullmatch(r"python:\d+\.\d+\.\d+-slim", manifest["spec"]["template"]["spec"]["containers"][0]["image"])
 
 
 def test_fails_when_a_pool_taint_takes_the_health_taints_key():
