@@ -102,11 +102,16 @@ class GpuHealth(Construct):
         cr = kubernetes.cluster_role_v1
         self.role = pin(cr.ClusterRoleV1(self, "role", metadata=meta, rule=[
             cr.ClusterRoleV1Rule(api_groups=[""], resources=["nodes"], verbs=["get", "patch"])]), "cluster_role_gpu_health")
-        crb = kubernetes.cluster_role_binding_v1
-        self.binding = pin(crb.ClusterRoleBindingV1(
-            self, "binding", metadata=meta, role_ref={"api_group": RBAC_GROUP, "kind": "ClusterRole", "name": NAME},
-            subject=[crb.ClusterRoleBindingV1Subject(kind="ServiceAccount", name=NAME, namespace=NAMESPACE)]), "crb_gpu_health")
-        self.script = pin(kubernetes.config_map_v1.ConfigMapV1(
-            self, "script", metadata={**meta, "namespace": NAMESPACE}, data={SCRIPT: checker_source()}), "cm_gpu_health")
-        self.daemonset = pin(kubernetes.manifest.Manifest(
+        # ClusterRoleBinding and ConfigMap as manifests: the preview's ForceNew tables cover kubernetes_manifest
+        # (preview/forcenew/kubernetes.json) and not the typed resources of these two kinds.
+        manifest = kubernetes.manifest.Manifest
+        self.binding = pin(manifest(self, "binding", manifest={
+            "apiVersion": f"{RBAC_GROUP}/v1", "kind": "ClusterRoleBinding", "metadata": meta,
+            "roleRef": {"apiGroup": RBAC_GROUP, "kind": "ClusterRole", "name": NAME},
+            "subjects": [{"kind": "ServiceAccount", "name": NAME, "namespace": NAMESPACE}]}, depends_on=[self.role, self.service_account]),
+            "crb_gpu_health")
+        self.script = pin(manifest(self, "script", manifest={
+            "apiVersion": "v1", "kind": "ConfigMap", "metadata": {**meta, "namespace": NAMESPACE}, "data": {SCRIPT: checker_source()}}),
+            "cm_gpu_health")
+        self.daemonset = pin(manifest(
             self, "daemonset", manifest=daemonset(spec), depends_on=[self.script, self.binding]), "ds_gpu_health")

@@ -152,9 +152,11 @@ def test_the_scheduler_stack_ships_the_checker_with_nodes_get_and_patch_only(sta
     resources = stack_json("prod-gke-scheduler")["resource"]
     (role,) = [r for r in resources["kubernetes_cluster_role_v1"].values() if r["metadata"]["name"] == NAME]
     assert role["rule"] == [{"api_groups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]}]
-    (script,) = [r for r in resources["kubernetes_config_map_v1"].values() if r["metadata"]["name"] == NAME]
-    assert script["data"]["gpu_health_check.py"] == checker_source()
-    manifest = resources["kubernetes_manifest"]["ds_gpu_health"]["manifest"]
+    manifests = resources["kubernetes_manifest"]
+    assert manifests["cm_gpu_health"]["manifest"]["data"]["gpu_health_check.py"] == checker_source()
+    assert manifests["crb_gpu_health"]["manifest"]["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": NAME}
+    assert manifests["crb_gpu_health"]["manifest"]["subjects"] == [{"kind": "ServiceAccount", "name": NAME, "namespace": "kube-system"}]
+    manifest = manifests["ds_gpu_health"]["manifest"]
     assert manifest["metadata"]["namespace"] == "kube-system"
     # Pinned to a full release (Python 3.12.8, Debian slim variant), never a moving minor tag.
     assert re.fullmatch(r"python:\d+\.\d+\.\d+-slim", manifest["spec"]["template"]["spec"]["containers"][0]["image"])
