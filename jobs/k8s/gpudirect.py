@@ -24,14 +24,21 @@ Privileges, each from an upstream line (container-engine-accelerators at the ven
 tests/jobs/k8s/test_gpudirect_privileges.py holds the same table):
 
 - training container, TCPX: ``IPC_LOCK`` added (CEA gpudirect-tcpx/nccl-test-latest.yaml:103-106, the
-  ``nccl-test`` container; the plugin pins its receive buffers). TCPXO and RDMA: nothing added (CEA
+  ``nccl-test`` container). Why: the TCPX plugin sends with ``MSG_ZEROCOPY`` (google/nccl-plugin-gpudirecttcpx
+  4b8ea7f2 src/net_tcpx.cc:158), and Linux charges zerocopy pages to the user's ``RLIMIT_MEMLOCK`` unless
+  the process has CAP_IPC_LOCK (net/core/skbuff.c ``mm_account_pinned_pages``: ``-ENOBUFS`` past the
+  limit), which the plugin retries like EAGAIN (src/net_tcpx.cc:195): a silent slowdown, not an error.
+  TCPXO and RDMA: nothing added (CEA
   gpudirect-tcpxo/nccl-test-latest.yaml:110-111 has its securityContext commented out;
   gpudirect-rdma/nccl-test.yaml:65-89 sets none). Everything else stays dropped.
 - training container, user: upstream never sets one (the images run as root), and none of its lines
   needs root: the RxDM sidecar sets ``umask(0)`` before it creates the TCPX Unix sockets
   (google/tcpgpudmarxd app/tcpgpudmarxd.cu:263, source v2.0.14; the pinned image is v2.0.12), so the
-  sockets under ``/run/tcpx`` are mode 0777 and uid 1000 may connect without ``fsGroup`` (which
-  Kubernetes never applies to a hostPath anyway) or a supplemental group. gpufleet keeps uid 1000.
+  sockets under ``/run/tcpx`` are mode 0777, and the plugin's client only ``connect()``s to them, never
+  binds a file there (nccl-plugin-gpudirecttcpx src/rx_buf_mgr_client/unix_socket_client.cc:31-45), so
+  uid 1000 needs no write on the directory,
+  no ``fsGroup`` (which Kubernetes never applies to a hostPath anyway) and no supplemental group.
+  gpufleet keeps uid 1000.
   Caveat, stated: Kubernetes does not raise an added capability into a non-root process's effective
   set (kubernetes/kubernetes#56374, open; containerd#5668 closed unmerged), so for uid 1000 ``IPC_LOCK``
   is only in the bounding set and pinning is bounded by the node's ``RLIMIT_MEMLOCK``. Whether that
