@@ -102,6 +102,32 @@ def sidecar_host_mounts() -> dict[str, tuple[tuple[str, str], ...]]:
     return found
 
 
+# The container name gpufleet gives a run's training container (jobs.spec.TASK; a test pins them equal):
+# the only container besides RxDM that may hold a capability upstream gives its own workload container.
+WORKLOAD_CONTAINER = "train"
+
+
+def workload_capabilities() -> dict[str, tuple[str, ...]]:
+    """Transport -> the capabilities upstream's NCCL test adds to its workload (non-RxDM) container,
+    read from the vendored Pod, never typed: TCPX adds IPC_LOCK (gpudirect-tcpx/nccl-test-latest.yaml
+    lines 103-106 at the vendored commit); TCPXO adds none (its securityContext is commented out,
+    gpudirect-tcpxo/nccl-test-latest.yaml lines 110-111); RDMA sets no securityContext at all
+    (gpudirect-rdma/nccl-test.yaml lines 65-89)."""
+    found = {}
+    for transport, (test, daemon, _mode) in NCCL_TESTS.items():
+        workload = next(c for c in first(test, "Pod")["spec"]["containers"] if c["name"] != daemon)
+        found[transport] = tuple(sorted((workload.get("securityContext") or {}).get("capabilities", {}).get("add", [])))
+    return found
+
+
+def daemon_of(transport: str) -> dict[str, Any] | None:
+    """The vendored RxDM daemon container of ``transport``'s NCCL test, or None (RDMA has none)."""
+    test, daemon, _mode = NCCL_TESTS[transport]
+    if daemon is None:
+        return None
+    return next(c for c in first(test, "Pod")["spec"]["containers"] if c["name"] == daemon)
+
+
 def device_annotations() -> dict[str, str]:
     """Upstream's ``devices.gke.io/container.<daemon>`` annotations (key -> value) of the NCCL tests:
     the host devices GKE's NRI injector gives each RxDM daemon, and the only ones a tenant pod may ask for."""

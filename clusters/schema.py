@@ -241,10 +241,23 @@ class TaintEffect(StrEnum):
     NO_EXECUTE = "NO_EXECUTE"
 
 
+# The GPU health checker's taint (constructs_lib/gpu_health_check.TAINT_KEY): a pool taint of that key
+# would make every run on the pool tolerate it (runs tolerate their pool's taints), letting them onto bad nodes.
+HEALTH_TAINT_KEY = "gpufleet.dev/gpu-unhealthy"
+
+
 class Taint(Model):
     key: LabelKey
     value: Annotated[str, _charset(K8S_LABEL_VALUE, "a Kubernetes taint value (up to 63 letters, digits, '-', '_', '.', starting and ending alphanumeric)", "present")]
     effect: TaintEffect = TaintEffect.NO_SCHEDULE
+
+    @field_validator("key")
+    @classmethod
+    def _not_the_health_taint(cls, value: str) -> str:
+        if value == HEALTH_TAINT_KEY:
+            raise ValueError(f"{value!r} is the GPU health checker's taint; a pool taint of that key lets every run onto failing nodes;"
+                             " pick another key, e.g. 'workload'")
+        return value
 
 
 class DiskType(StrEnum):

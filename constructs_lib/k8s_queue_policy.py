@@ -27,7 +27,9 @@ kubernetes' pod-security-admission implements it (``privilege_rules``, one valid
 privileged container, host namespaces, host ports, unsafe sysctls, ``procMount`` other than
 Default, SELinux type/user/role or AppArmor ``Unconfined`` outside baseline, no Windows HostProcess;
 capabilities beyond baseline and no seccomp filter only on a container that is exactly a vendored
-RxDM daemon (image, command, args and env as ``clusters/gpudirect_upstream``). Every other
+RxDM daemon (image, command, args and env as ``clusters/gpudirect_upstream``), plus the one capability
+upstream gives its own workload container (``IPC_LOCK``, TCPX only) on the container ``train`` of a pod
+that runs the exact TCPX daemon, under a seccomp filter. Every other
 container runs as non-root. hostPath volumes only at the paths Google's NCCL tests mount, each
 mounted only by the container kind and at the mount path upstream uses: ``/sys`` and ``/proc/sys``
 only in that exact sidecar (which mounts nothing else), every other container only the socket
@@ -112,9 +114,9 @@ def _elevated(c: str) -> str:
             f"({_field(c, 'securityContext', 'seccompProfile')} && {c}.securityContext.seccompProfile.type == 'Unconfined'))")
 
 
-def _is_rxdm(c: str) -> str:
-    """CEL: ``c`` is exactly one of upstream's RxDM daemons: image, command, args and environment as
-    vendored, no envFrom, no capability beyond upstream's."""
+def _is_rxdm(c: str, daemons: tuple[dict, ...] | None = None) -> str:
+    """CEL: ``c`` is exactly one of upstream's RxDM daemons (all of them unless ``daemons`` narrows
+    it): image, command, args and environment as vendored, no envFrom, no capability beyond upstream's."""
     from clusters.gpudirect_upstream import rxdm_sidecars
 
     options = []
@@ -122,7 +124,7 @@ def _is_rxdm(c: str) -> str:
     # allows on init containers alone) and asking no GPU: as a pod's sole regular container it is the
     # one an exec without a container name reaches (red team 22).
     placed = f"has({c}.restartPolicy) && {c}.restartPolicy == 'Always' && !(has({c}.resources) && ({_asks_gpu(c)}))"
-    for daemon in rxdm_sidecars():
+    for daemon in rxdm_sidecars() if daemons is None else daemons:
         caps = (daemon.get("securityContext") or {}).get("capabilities", {}).get("add", [])
         options.append(
             f"({placed} && {c}.name == {_literal(daemon['name'])} && {c}.image == {_literal(daemon['image'])}"
@@ -135,6 +137,25 @@ def _is_rxdm(c: str) -> str:
             f" && (has({c}.env) ? {c}.env : []) == {_literal(daemon.get('env', []))} && !has({c}.envFrom)"
             f" && (!{_field(c, 'securityContext', 'capabilities', 'add')} || {c}.securityContext.capabilities.add.all(x, x in {_literal([*caps, *BASELINE_CAPABILITIES])})))")
     return "(" + " || ".join(options) + ")"
+
+
+def _upstream_workload(c: str, containers: str) -> str:
+    """CEL: ``c`` is the training container of a pod that runs a transport's exact RxDM daemon, and adds
+    only the capabilities upstream's NCCL test gives that transport's workload container
+    (clusters.gpudirect_upstream.workload_capabilities: IPC_LOCK for TCPX, nothing for TCPXO), still
+    under a seccomp filter. False when no transport grants its workload anything."""
+    from clusters.gpudirect_upstream import WORKLOAD_CONTAINER, daemon_of, workload_capabilities
+
+    adds = f"{c}.securityContext.capabilities.add"
+    options = [
+        f"({c}.name == {_literal(WORKLOAD_CONTAINER)}"
+        f" && (!{_field(c, 'securityContext', 'capabilities', 'add')} || {adds}.all(x, x in {_literal([*caps, *BASELINE_CAPABILITIES])}))"
+        f" && !({_field(c, 'securityContext', 'seccompProfile')} && {c}.securityContext.seccompProfile.type == 'Unconfined')"
+        f" && {containers}.exists(d, {_is_rxdm('d', (daemon,))}))"
+        for transport, caps in sorted(workload_capabilities().items())
+        if caps and (daemon := daemon_of(transport)) is not None
+    ]
+    return "(" + (" || ".join(options) or "false") + ")"
 
 
 def _plain(c: str) -> str:
@@ -241,8 +262,9 @@ def privilege_rules() -> dict[str, str]:
         # check_hostPathVolumes.go: baseline allows none; these are the NCCL tests' own.
         "host_path_volumes": f"!has({spec}.volumes) || {spec}.volumes.all(v, !has(v.hostPath) || v.hostPath.path in {_literal(host_paths())})",
         "containers_baseline": f"{containers}.all(c, {_container_baseline('c')})",
-        # check_capabilities_baseline.go, check_seccompProfile_baseline.go: only the exact RxDM daemon exceeds them.
-        "capabilities_only_rxdm": f"{containers}.all(c, !{_elevated('c')} || {_is_rxdm('c')})",
+        # check_capabilities_baseline.go, check_seccompProfile_baseline.go: only the exact RxDM daemon exceeds
+        # them, and the training container beside it by upstream's workload capabilities (IPC_LOCK on TCPX).
+        "capabilities_only_rxdm": f"{containers}.all(c, !{_elevated('c')} || {_is_rxdm('c')} || {_upstream_workload('c', containers)})",
         "non_root": f"{containers}.all(c, {_is_rxdm('c')} || ({_non_root('c', spec)}))",
         "host_mounts": f"{containers}.all(c, {_mounts('c', spec)})",
         "ephemeral": (f"!has({spec}.ephemeralContainers) || {spec}.ephemeralContainers.all(c, {_container_baseline('c')} && !{_elevated('c')}"
@@ -262,7 +284,7 @@ PRIVILEGE_MESSAGES = {
     "containers_baseline": "a container leaves the baseline Pod Security Standard (privileged, a host port, procMount Unmasked,"
                            " SELinux type/user/role, AppArmor Unconfined or Windows HostProcess)",
     "capabilities_only_rxdm": "only Google's GPUDirect RxDM sidecar (its exact image, command, args and env) may add capabilities beyond"
-                              " baseline or run without a seccomp filter",
+                              " baseline or run without a seccomp filter; beside the TCPX sidecar the container 'train' may add IPC_LOCK",
     "non_root": "every container except Google's GPUDirect RxDM sidecar must run as non-root (runAsNonRoot: true, runAsUser not 0)"
                 " with allowPrivilegeEscalation: false",
     "host_mounts": "a hostPath may be mounted only where upstream's NCCL tests mount it: /sys and /proc/sys only in the exact RxDM"

@@ -16,12 +16,14 @@ from __future__ import annotations
 from cdktf import Fn, TerraformStack, TerraformVariable
 from constructs import Construct
 
+from clusters.derive.gpu_health import derive_gpu_health
 from clusters.derive.gpudirect import derive_gpudirect_daemonsets
 from clusters.derive.tenants import derive_tenants
 from clusters.schema import ClusterConfig
 from constructs_lib.k8s_controller_role import ControllerRole
 from constructs_lib.k8s_priority_classes import PriorityClasses
 from constructs_lib.gke_node_networks import GkeNodeNetworks
+from constructs_lib.gpu_health import GpuHealth
 from constructs_lib.gpudirect_runtime import GpuDirectRuntime
 from constructs_lib.k8s_queue_policy import TenantQueuePolicy
 from constructs_lib.k8s_tenancy import K8sTenant
@@ -76,6 +78,8 @@ class GkeSchedulerStack(TerraformStack):
         self.queue_policy = TenantQueuePolicy(self, "queue_policy")
         self.node_networks = GkeNodeNetworks(self, "node_networks", networks=infra.gpudirect.networks)
         self.gpudirect_runtime = GpuDirectRuntime(self, "gpudirect_runtime", daemonsets=derive_gpudirect_daemonsets(pools))
+        health = derive_gpu_health(pools)
+        self.gpu_health = GpuHealth(self, "gpu_health", spec=health) if health is not None else None
 
 
 class NomadSchedulerStack(TerraformStack):

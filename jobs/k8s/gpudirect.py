@@ -20,6 +20,35 @@ so the sidecar is always the release paired with the installed NCCL plugin:
   ``${NCCL_LIB_DIR}/nccl-env-profile.sh`` (TCPXO) / ``/usr/local/gib/scripts/set_nccl_env.sh``
   (RDMA), which the job's entrypoint sources, as upstream documents.
 
+Privileges, each from an upstream line (container-engine-accelerators at the vendored commit, CEA below;
+tests/jobs/k8s/test_gpudirect_privileges.py holds the same table):
+
+- training container, TCPX: ``IPC_LOCK`` added (CEA gpudirect-tcpx/nccl-test-latest.yaml:103-106, the
+  ``nccl-test`` container). Why: the TCPX plugin sends with ``MSG_ZEROCOPY`` (google/nccl-plugin-gpudirecttcpx
+  4b8ea7f2 src/net_tcpx.cc:158), and Linux charges zerocopy pages to the user's ``RLIMIT_MEMLOCK`` unless
+  the process has CAP_IPC_LOCK (net/core/skbuff.c ``mm_account_pinned_pages``: ``-ENOBUFS`` past the
+  limit), which the plugin retries like EAGAIN (src/net_tcpx.cc:195): a silent slowdown, not an error.
+  TCPXO and RDMA: nothing added (CEA
+  gpudirect-tcpxo/nccl-test-latest.yaml:110-111 has its securityContext commented out;
+  gpudirect-rdma/nccl-test.yaml:65-89 sets none). Everything else stays dropped.
+- training container, user: upstream never sets one (the images run as root), and none of its lines
+  needs root: the RxDM sidecar sets ``umask(0)`` before it creates the TCPX Unix sockets
+  (google/tcpgpudmarxd app/tcpgpudmarxd.cu:263, source v2.0.14; the pinned image is v2.0.12), so the
+  sockets under ``/run/tcpx`` are mode 0777, and the plugin's client only ``connect()``s to them, never
+  binds a file there (nccl-plugin-gpudirecttcpx src/rx_buf_mgr_client/unix_socket_client.cc:31-45), so
+  uid 1000 needs no write on the directory,
+  no ``fsGroup`` (which Kubernetes never applies to a hostPath anyway) and no supplemental group.
+  gpufleet keeps uid 1000.
+  Caveat, stated: Kubernetes does not raise an added capability into a non-root process's effective
+  set (kubernetes/kubernetes#56374, open; containerd#5668 closed unmerged), so for uid 1000 ``IPC_LOCK``
+  is only in the bounding set and pinning is bounded by the node's ``RLIMIT_MEMLOCK``. Whether that
+  suffices only the hardware can tell: ``jobs/nccl-test-a3high.yaml`` prints ``ulimit -l`` and fails
+  below the bandwidth upstream documents, which a TCP fallback cannot reach.
+- RxDM sidecar: root (upstream sets no user, and a capability only works for root, as above),
+  ``NET_ADMIN`` (TCPX: gpudirect-tcpx/nccl-test-latest.yaml:75-78), ``NET_ADMIN`` + ``NET_BIND_SERVICE``
+  (TCPXO: gpudirect-tcpxo/nccl-test-latest.yaml:91-96), never ``privileged`` (commented out at :92),
+  ``/sys`` and ``/proc/sys`` mounted (TCPX :84-87, TCPXO :100-103).
+
 Deviations from upstream, all for the same run-once Job: TCPX's socket directory is mounted at
 ``/run/tcpx`` (upstream mounts it over ``/tmp``, which here is the run's own emptyDir) with
 ``NCCL_GPUDIRECTTCPX_UNIX_CLIENT_PREFIX`` pointing there; upstream's ``imagePullPolicy: Always``
@@ -33,7 +62,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from clusters.families import GpuDirect
-from clusters.gpudirect_upstream import LIBRARY_DIRS, TCPX_SOCKET_DIR, first
+from clusters.gpudirect_upstream import LIBRARY_DIRS, TCPX_SOCKET_DIR, first, workload_capabilities
 from jobs.nccl import UPSTREAM, nic_env
 
 INTERFACES_ANNOTATION = "networking.gke.io/interfaces"
@@ -49,6 +78,8 @@ class PodNetworking:
     volumes: list[dict[str, Any]]
     mounts: list[dict[str, Any]]
     env: list[dict[str, str]] = field(default_factory=list)
+    # Added to the training container's (otherwise all dropped) capabilities: upstream's, no more.
+    capabilities: tuple[str, ...] = ()
 
 
 def interfaces(transport: GpuDirect, networks: tuple[tuple[str, str], ...]) -> list[dict[str, str]]:
@@ -100,5 +131,6 @@ def pod_networking(transport: GpuDirect, networks: tuple[tuple[str, str], ...]) 
     annotations[INTERFACES_ANNOTATION] = json.dumps(nics, separators=(",", ":"))
     env = [{"name": e["name"], "value": e["value"]} for e in workload.get("env", [])]
     env += nic_env(transport, [n["interfaceName"] for n in nics[1:]])
-    return PodNetworking(annotations=annotations, sidecars=sidecars, volumes=[by_name[v] for v in used], mounts=mounts, env=env)
+    return PodNetworking(annotations=annotations, sidecars=sidecars, volumes=[by_name[v] for v in used], mounts=mounts, env=env,
+                         capabilities=workload_capabilities()[transport.value])
 

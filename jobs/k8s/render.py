@@ -275,6 +275,8 @@ def _pod_spec(spec: FinetuneSpec, run: str, meta: dict[str, str]) -> dict[str, A
         container = pod["containers"][0]
         container["env"] += wiring.env
         container["volumeMounts"] += wiring.mounts
+        if wiring.capabilities:
+            container["securityContext"]["capabilities"]["add"] = list(wiring.capabilities)
         pod["volumes"] += wiring.volumes
         if wiring.sidecars:
             pod["initContainers"] = wiring.sidecars

@@ -32,11 +32,15 @@ def test_tenant_groups_get_edit_in_their_namespace_only(sched):
     assert edit["role_ref"] == {"api_group": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "edit"}
     assert edit["subject"] == [{"api_group": "rbac.authorization.k8s.io", "kind": "Group", "name": "ml-research@example.com"}]
     assert bindings["rb_applied_edit"]["subject"][0]["name"] == "ml-applied@example.com"
+    # The one cluster-wide binding is the GPU health checker's own kube-system account (nodes get/patch).
     assert "kubernetes_cluster_role_binding_v1" not in sched, "no tenant gets a cluster-wide binding"
+    cluster_wide = {k: m["manifest"] for k, m in sched["kubernetes_manifest"].items() if m["manifest"]["kind"] == "ClusterRoleBinding"}
+    assert list(cluster_wide) == ["crb_gpu_health"], "no tenant gets a cluster-wide binding"
+    assert cluster_wide["crb_gpu_health"]["subjects"] == [{"kind": "ServiceAccount", "name": "gpufleet-gpu-health", "namespace": "kube-system"}]
 
 
 def test_controller_gets_the_least_role_through_a_namespaced_binding(sched):
-    (role,) = sched["kubernetes_cluster_role_v1"].values()
+    (role,) = [r for r in sched["kubernetes_cluster_role_v1"].values() if r["metadata"]["name"] == "gpufleet-tenant-controller"]
     verbs = {(r["api_groups"][0], res, v) for r in role["rule"] for res in r["resources"] for v in r["verbs"]}
     assert ("batch", "jobs", "create") in verbs and ("kueue.x-k8s.io", "workloads", "watch") in verbs
     assert not any(res in ("secrets", "roles", "rolebindings", "clusterroles", "nodes") for _, res, _ in verbs)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import celpy
 import pytest
 
-from clusters.gpudirect_upstream import rxdm_sidecars
+from clusters.gpudirect_upstream import first, rxdm_sidecars
 from constructs_lib.k8s_queue_policy import JOB_RULE, POD_RULE, exec_rule, policies, privilege_rule, privilege_rules
 
 # Containers as a tenant in a GPUDirect namespace must write them: no privilege escalation (no_new_privs).
@@ -231,3 +231,40 @@ def test_no_exec_or_attach_into_the_rxdm_sidecar(container, allowed):
     leaves the name out; kubectl always sends one), so the name is required."""
     options = {"kind": "PodExecOptions", "apiVersion": "v1", "command": ["sh"], **({"container": container} if container else {})}
     assert evaluate(exec_rule(), options) is allowed
+
+
+TCPX_TRAIN = with_context({**TRAIN, "volumeMounts": [LIB_MOUNT]}, capabilities={"drop": ["ALL"], "add": ["IPC_LOCK"]})
+# The TCPX daemon's own host volumes as upstream names them (libraries, tcpx-socket, sys, proc).
+ON_TCPX = {"init": [_rxdm(0)], "volumes": [HOST_LIB, *(v for v in first("nccl-test-tcpx", "Pod")["spec"]["volumes"] if "hostPath" in v)]}
+# IPC_LOCK is upstream's one capability for a workload container (TCPX's nccl-test container,
+# container-engine-accelerators gpudirect-tcpx/nccl-test-latest.yaml:103-106): only there, only that one.
+IPC_LOCK_CASES = {
+    "IPC_LOCK on train beside the exact TCPX daemon": (gpudirect_pod(containers=[TCPX_TRAIN], **ON_TCPX), True),
+    "IPC_LOCK on train beside the TCPXO daemon (upstream adds none there)": (gpudirect_pod(containers=[TCPX_TRAIN]), False),
+    "IPC_LOCK on train with no daemon at all": (gpudirect_pod(containers=[TCPX_TRAIN], init=[], volumes=[HOST_LIB]), False),
+    "IPC_LOCK on train beside a fake TCPX daemon": (gpudirect_pod(containers=[TCPX_TRAIN], init=[_rxdm(0, image="busybox")],
+                                                                  volumes=ON_TCPX["volumes"]), False),
+    "IPC_LOCK on another container beside the TCPX daemon":
+        (gpudirect_pod(containers=[TRAIN, {**TCPX_TRAIN, "name": "helper", "volumeMounts": []}], **ON_TCPX), False),
+    "IPC_LOCK on an init container beside the TCPX daemon":
+        (gpudirect_pod(init=[_rxdm(0), {**TCPX_TRAIN, "name": "gpu-preflight", "volumeMounts": []}], volumes=ON_TCPX["volumes"]), False),
+    "IPC_LOCK and SYS_ADMIN on train beside the TCPX daemon":
+        (gpudirect_pod(containers=[with_context(TCPX_TRAIN, capabilities={"add": ["IPC_LOCK", "SYS_ADMIN"]})], **ON_TCPX), False),
+    "NET_ADMIN on train beside the TCPX daemon":
+        (gpudirect_pod(containers=[with_context(TCPX_TRAIN, capabilities={"add": ["NET_ADMIN"]})], **ON_TCPX), False),
+    "IPC_LOCK on train without a seccomp filter":
+        (gpudirect_pod(containers=[with_context(TCPX_TRAIN, seccompProfile={"type": "Unconfined"})], **ON_TCPX), False),
+    "IPC_LOCK on train as root": (gpudirect_pod(containers=[with_context(TCPX_TRAIN, runAsUser=0)], **ON_TCPX), False),
+    "IPC_LOCK in an ephemeral container":
+        (gpudirect_pod(containers=[TCPX_TRAIN], ephemeralContainers=[{"name": "train", "image": "busybox",
+                                                                      "securityContext": {"capabilities": {"add": ["IPC_LOCK"]}}}], **ON_TCPX), False),
+    "IPC_LOCK on train in a pod no Job controls": (gpudirect_pod(containers=[TCPX_TRAIN], owners=[], **ON_TCPX), False),
+}
+
+
+@pytest.mark.parametrize("case", sorted(IPC_LOCK_CASES))
+def test_ipc_lock_only_on_the_training_container_of_a_tcpx_pod(case):
+    """The policy before IPC_LOCK was rendered refused the first case (the rendered TCPX pod) and
+    admitted none of the rest; now it admits exactly the first."""
+    obj, admitted = IPC_LOCK_CASES[case]
+    assert evaluate(privilege_rule(), obj) is admitted

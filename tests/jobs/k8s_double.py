@@ -36,6 +36,13 @@ optionally after the request took effect (a lost response).
 It sits in ``tests/jobs/`` rather than ``tests/jobs/k8s/`` because ``tests/jobs/conftest.py``
 (whose fixtures the neutral runner tests use) and the control-plane tests (``tests/experiments``)
 import it too; moving it would only lengthen their imports.
+
+Nodes (for the GPU health checker, constructs_lib/gpu_health_check.py): ``add_node`` stores one;
+``GET /api/v1/nodes/<name>`` returns it and ``PATCH`` applies a JSON merge patch (RFC 7386; only
+``application/merge-patch+json``, else 415 as the API server answers an unsupported patch type), with
+optimistic concurrency as the server does it: a ``metadata.resourceVersion`` in the patch that is not
+the stored one is refused with 409 Conflict ("the object has been modified; please apply your changes to
+the latest version and try again", apiserver registry/generic/registry/store.go via storage errors).
 """
 
 from __future__ import annotations
@@ -132,6 +139,22 @@ def _split_terms(selector: str) -> list[str]:
     return [t for t in (*terms, current) if t.strip()]
 
 
+NODES_PATH = "/api/v1/nodes/"
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch: objects merge key by key, null deletes, anything else (lists too) replaces."""
+    if not isinstance(patch, dict):
+        return json.loads(json.dumps(patch))
+    out = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = merge_patch(out.get(key), value)
+    return out
+
+
 def job_validation(job: dict[str, Any]) -> list[str]:
     """A few rules of kubernetes pkg/apis/batch/validation/validation.go the schema cannot express."""
     spec, found = job.get("spec", {}), []
@@ -181,6 +204,9 @@ class K8sDouble:
 
             def do_DELETE(self) -> None:
                 double._handle(self, "DELETE")
+
+            def do_PATCH(self) -> None:
+                double._handle(self, "PATCH")
 
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True
@@ -240,6 +266,8 @@ class K8sDouble:
         elif query.get("watch", [""])[0].lower() in ("true", "1"):
             self.requests.append(Recorded(method, url.path, query, 200, body))
             return self._watch(handler, url.path, query)
+        elif url.path.startswith(NODES_PATH):
+            code, answer = self._node(method, url.path.removeprefix(NODES_PATH), body, handler.headers.get("Content-Type"))
         else:
             fault = self._fault(method, url.path)
             if fault is not None and not fault.after_commit:
@@ -309,6 +337,41 @@ class K8sDouble:
         uid = self.cluster_uid if name == "kube-system" else str(uuid.uuid5(uuid.UUID(self.cluster_uid), name))
         return 200, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "uid": uid, "resourceVersion": "1"},
                      "spec": {"finalizers": ["kubernetes"]}, "status": {"phase": "Active"}}
+
+    # ---- nodes -----------------------------------------------------------------------------
+    def add_node(self, node: dict[str, Any]) -> dict[str, Any]:
+        with self._lock:
+            stored = json.loads(json.dumps(node))
+            stored.setdefault("apiVersion", "v1")
+            stored.setdefault("kind", "Node")
+            stored["metadata"].setdefault("uid", str(uuid.uuid4()))
+            self._bump("nodes", "ADDED", stored)
+            self.store.objects[("nodes", "", stored["metadata"]["name"])] = stored
+            return stored
+
+    def node(self, name: str) -> dict[str, Any]:
+        return self.store.objects[("nodes", "", name)]
+
+    def _node(self, method: str, name: str, patch: Any, content_type: str | None) -> tuple[int, Any]:
+        with self._lock:
+            node = self.store.objects.get(("nodes", "", name))
+            if node is None:
+                return 404, status_body(404, "NotFound", f'nodes "{name}" not found', {"name": name, "kind": "nodes"})
+            if method == "GET":
+                return 200, node
+            if method != "PATCH":
+                return 405, status_body(405, "MethodNotAllowed", "method not allowed")
+            if content_type != "application/merge-patch+json":
+                return 415, status_body(415, "UnsupportedMediaType", f"the body of the request was in an unknown format - accepted media types include:"
+                                        " application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml")
+            wanted = ((patch or {}).get("metadata") or {}).get("resourceVersion")
+            if wanted is not None and wanted != node["metadata"]["resourceVersion"]:
+                return 409, status_body(409, "Conflict", f'Operation cannot be fulfilled on nodes "{name}": the object has been modified;'
+                                        " please apply your changes to the latest version and try again", {"name": name, "kind": "nodes"})
+            merged = merge_patch(node, patch)
+            self._bump("nodes", "MODIFIED", merged)
+            self.store.objects[("nodes", "", name)] = merged
+            return 200, merged
 
     # ---- objects ---------------------------------------------------------------------------
     def _bump(self, resource: str, kind: str, obj: dict[str, Any]) -> None:

@@ -136,7 +136,7 @@ def test_fails_when_role_is_not_bound_to_the_jobs_cluster(job_file: Callable[...
 
 def test_shipped_examples_load(cluster_configs: Any, vault_view: Any) -> None:
     specs = {s.name: s for s in load_all(cluster_configs=cluster_configs, vault=vault_view)}
-    assert set(specs) == {"eval-judge", "eval-judge-flex", "finetune-llama", "finetune-llama-gke"}
+    assert set(specs) == {"eval-judge", "eval-judge-flex", "finetune-llama", "finetune-llama-gke", "nccl-test-a3high", "nccl-test-a3mega"}
     llama = specs["finetune-llama"]
     assert (llama.cluster, llama.namespace, llama.pool.name, llama.gpu.count, llama.gpu.min_memory_gib, llama.vault_role) == ("prod-nomad", "finetune", "a100", 1, 40, "finetune")
     assert llama.secrets == (("HF_TOKEN", "ml-api-keys/huggingface#token"),)

@@ -15,7 +15,7 @@ def test_example_fleet_passes_every_gate(example_configs, tmp_path):
     report = run_checks(example_configs, out=tmp_path / "cdktf.out")
     assert [step for step, _, _ in report.rows] == ["inputs", "expiry", "synth", "secrets", "checkov"]
     assert report.ok, (report.rows, report.details)
-    assert "4 job file(s)" in report.rows[0][2]
+    assert "6 job file(s)" in report.rows[0][2]
     assert (tmp_path / "cdktf.out" / "stacks" / "prod-gke" / "cdk.tf.json").exists()
 
 

@@ -27,7 +27,8 @@ def configs(example_configs):
 
 def _daemonsets(stack_json, stack: str) -> dict[str, dict]:
     manifests = stack_json(stack)["resource"].get("kubernetes_manifest", {})
-    return {k: v["manifest"] for k, v in manifests.items() if v["manifest"]["kind"] == "DaemonSet"}
+    # The GPUDirect runtime's only (the GPU health checker, ds_gpu_health, is tests/constructs_lib/test_gpu_health.py's).
+    return {k: v["manifest"] for k, v in manifests.items() if v["manifest"]["kind"] == "DaemonSet" and k.startswith("gpudirect_")}
 
 
 def _pod(manifest: dict) -> dict:

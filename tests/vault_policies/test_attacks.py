@@ -201,7 +201,8 @@ def test_orchestrator_cannot_mint_unbound_or_reusable_secret_ids(prod_vault: Vau
 
 def test_wrap_ttl_is_capped_at_thirty_minutes(prod_vault: VaultHandle) -> None:
     """Point 4: Vault refuses a wrap longer than 30 min (it allowed 6 h)."""
-    params = {"cidr_list": "10.50.0.0/20,10.64.0.0/14", "token_bound_cidrs": "10.50.0.0/20,10.64.0.0/14", "num_uses": "1"}
+    cidrs = "10.128.0.0/14,10.50.0.0/20,10.64.0.0/14"  # finetune: prod-gke, prod-nomad and train-a3mega task ranges
+    params = {"cidr_list": cidrs, "token_bound_cidrs": cidrs, "num_uses": "1"}
     with pytest.raises(hvac.exceptions.Forbidden):
         prod_vault.orchestrator.write_data("auth/approle/role/finetune/secret-id", data=params, wrap_ttl="3600s")
     assert prod_vault.orchestrator.write_data("auth/approle/role/finetune/secret-id", data=params, wrap_ttl="1800s")["wrap_info"]["ttl"] == 1800

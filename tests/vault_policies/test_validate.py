@@ -193,11 +193,11 @@ def test_render_follows_roles_and_clusters(repo: Path) -> None:
     written = render(repo)
     assert sorted(p.name for p in written) == ["gpufleet-admin.hcl", "orchestrator.hcl"]
     assert check(repo) == []
-    assert '"cidr_list" = ["10.51.0.0/20,10.64.0.0/14"]' in _orchestrator(repo).read_text()
+    assert '"cidr_list" = ["10.128.0.0/14,10.51.0.0/20,10.64.0.0/14"]' in _orchestrator(repo).read_text()
 
 
 def test_fails_when_role_names_an_unknown_cluster(repo: Path) -> None:
-    _edit_roles(repo, "clusters: [prod-gke, prod-nomad]", "clusters: [prod-nomda]")
+    _edit_roles(repo, "clusters: [prod-gke, prod-nomad, train-a3mega]", "clusters: [prod-nomda]")
     assert "roles.yaml:13: roles.finetune.clusters[0]: cluster 'prod-nomda' is not in clusters/ (did you mean 'prod-nomad'?)" in _messages(repo)
 
 

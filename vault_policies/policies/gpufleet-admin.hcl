@@ -108,10 +108,10 @@ path "auth/approle/role/finetune" {
   capabilities = ["create", "update", "read"]
   allowed_parameters = {
     "bind_secret_id" = ["true"]
-    "secret_id_bound_cidrs" = ["10.50.0.0/20,10.64.0.0/14"]
+    "secret_id_bound_cidrs" = ["10.128.0.0/14,10.50.0.0/20,10.64.0.0/14"]
     "secret_id_num_uses" = ["1"]
     "secret_id_ttl" = ["1800"]
-    "token_bound_cidrs" = ["10.50.0.0/20,10.64.0.0/14"]
+    "token_bound_cidrs" = ["10.128.0.0/14,10.50.0.0/20,10.64.0.0/14"]
     "token_max_ttl" = ["86400"]
     "token_num_uses" = ["0"]
     "token_period" = ["0"]

@@ -57,9 +57,9 @@ path "auth/approle/role/finetune/secret-id" {
   max_wrapping_ttl = "1800s"
   required_parameters = ["cidr_list", "num_uses", "token_bound_cidrs"]
   allowed_parameters = {
-    "cidr_list" = ["10.50.0.0/20,10.64.0.0/14"]
+    "cidr_list" = ["10.128.0.0/14,10.50.0.0/20,10.64.0.0/14"]
     "num_uses" = ["1"]
-    "token_bound_cidrs" = ["10.50.0.0/20,10.64.0.0/14"]
+    "token_bound_cidrs" = ["10.128.0.0/14,10.50.0.0/20,10.64.0.0/14"]
   }
 }
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +22,6 @@ from jobs.k8s.gpudirect import INTERFACES_ANNOTATION, interfaces, pod_networking
 from jobs.k8s.render import manifests
 from jobs.k8s.schemas import errors
 from jobs.loader import find, load
-from jobs.vault_refs import VaultView
 
 GKE_EXAMPLE = "finetune-llama-gke"
 
@@ -47,26 +45,9 @@ def _on_a3mega(data: Any) -> None:
 
 
 @pytest.fixture(scope="module")
-def configs(cluster_configs) -> tuple[Any, ...]:
-    """The example clusters, train-a3mega given the Vault address its pods would log in at (it has none yet)."""
-    def with_vault(c):
-        if c.name != "train-a3mega":
-            return c
-        return c.model_copy(update={"gke": c.gke.model_copy(update={"vault_addr": "https://vault.prod.example.com:8200"})})
-    return tuple(with_vault(c) for c in cluster_configs)
-
-
-@pytest.fixture(scope="module")
-def a3_vault(vault_view) -> VaultView:
-    """The repository's Vault view with role finetune also bound to train-a3mega (no role is, today)."""
-    role = vault_view.roles["finetune"]
-    return VaultView({**vault_view.roles, "finetune": replace(role, clusters=(*role.clusters, "train-a3mega"))}, vault_view.policies)
-
-
-@pytest.fixture(scope="module")
-def mega_docs(tmp_path_factory, configs, a3_vault) -> list[dict[str, Any]]:
+def mega_docs(tmp_path_factory, cluster_configs, vault_view) -> list[dict[str, Any]]:
     path = _write(tmp_path_factory.mktemp("jobs"), "pretrain-2n", _on_a3mega)
-    return manifests(load(path, cluster_configs=configs, vault=a3_vault), dispatch_id="d-1", meta={"run_id": "r", "dataset_uri": "gs://a/b/"})
+    return manifests(load(path, cluster_configs=cluster_configs, vault=vault_view), dispatch_id="d-1", meta={"run_id": "r", "dataset_uri": "gs://a/b/"})
 
 
 def _pod_template(docs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -133,7 +114,7 @@ def test_the_namespace_that_runs_it_admits_the_sidecar(mega_docs, stack_json):
     assert labels["pod-security.kubernetes.io/enforce"] == "privileged"
 
 
-def test_single_node_runs_and_other_pools_get_no_gpudirect(tmp_path, configs, vault_view, a3_vault):
+def test_single_node_runs_and_other_pools_get_no_gpudirect(tmp_path, cluster_configs, vault_view):
     def one_node(data):
         _on_a3mega(data)
         del data["nodes"]
@@ -142,8 +123,8 @@ def test_single_node_runs_and_other_pools_get_no_gpudirect(tmp_path, configs, va
         data["gpu"].update({"pool": "l4-spot", "count": 2, "min_memory_gib": 16, "model": "L4"})
         data["cpu_cores"], data["memory_mb"], data["disk_mb"] = 8, 32768, 20480
 
-    for name, change, vault in (("one-node", one_node, a3_vault), ("on-l4", l4, vault_view)):
-        template = _pod_template(manifests(load(_write(tmp_path, name, change), cluster_configs=configs, vault=vault)))
+    for name, change in (("one-node", one_node), ("on-l4", l4)):
+        template = _pod_template(manifests(load(_write(tmp_path, name, change), cluster_configs=cluster_configs, vault=vault_view)))
         assert "annotations" not in template["metadata"] and "initContainers" not in template["spec"], name
 
 
@@ -166,18 +147,18 @@ def test_interface_numbering_follows_the_node_nic_order():
     (lambda d: d["env"].update({"NCCL_FASTRAK_IFNAME": "eth1"}), "env.NCCL_FASTRAK_IFNAME", "remove it"),
     (lambda d: d["gpu"].update({"count": 4}), "gpu.count", "set gpu.count: 8"),
 ])
-def test_job_files_cannot_fight_the_gpudirect_wiring(tmp_path, configs, a3_vault, change, field, fix):
+def test_job_files_cannot_fight_the_gpudirect_wiring(tmp_path, cluster_configs, vault_view, change, field, fix):
     def mutate(data):
         _on_a3mega(data)
         change(data)
 
     with pytest.raises(ConfigError) as err:
-        load(_write(tmp_path, "bad", mutate), cluster_configs=configs, vault=a3_vault)
+        load(_write(tmp_path, "bad", mutate), cluster_configs=cluster_configs, vault=vault_view)
     lines = [str(p) for p in err.value.problems]
     assert any(f": {field}:" in line and fix in line for line in lines), lines
 
 
-def test_the_sidecars_default_request_counts_in_the_node_fit(tmp_path, configs, a3_vault):
+def test_the_sidecars_default_request_counts_in_the_node_fit(tmp_path, cluster_configs, vault_view):
     """The RxDM sidecar states no requests, so the tenant LimitRange's default applies to it on the node."""
     from clusters.derive.tenants import DEFAULT_CONTAINER_CPU_MILLICORES, DEFAULT_CONTAINER_MEMORY_MIB
     from clusters.machines import gke_allocatable
@@ -191,7 +172,7 @@ def test_the_sidecars_default_request_counts_in_the_node_fit(tmp_path, configs, 
         data["cpu_cores"] = millicores // 1000  # fits the node alone, not beside the sidecar
 
     with pytest.raises(ConfigError) as err:
-        load(_write(tmp_path, "greedy", whole_node_cpu), cluster_configs=configs, vault=a3_vault)
+        load(_write(tmp_path, "greedy", whole_node_cpu), cluster_configs=cluster_configs, vault=vault_view)
     lines = [str(p) for p in err.value.problems]
     assert any(": cpu_cores:" in line and f"at most {(millicores - DEFAULT_CONTAINER_CPU_MILLICORES) // 1000}" in line for line in lines), lines
 

@@ -125,7 +125,8 @@ SAFETY: list[tuple[str, Callable[[dict[str, Any]], Any], Any]] = [
     ("pod-security-context", lambda j: j["spec"]["template"]["spec"]["securityContext"],
      {"runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 1000, "fsGroup": 1000, "seccompProfile": {"type": "RuntimeDefault"}}),
     ("container-security-context", lambda j: j["spec"]["template"]["spec"]["containers"][0]["securityContext"],
-     {"allowPrivilegeEscalation": False, "privileged": False, "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]},
+     # IPC_LOCK: a TCPX pod's training container, as upstream's (tests/jobs/k8s/test_gpudirect_privileges.py).
+     {"allowPrivilegeEscalation": False, "privileged": False, "runAsNonRoot": True, "capabilities": {"drop": ["ALL"], "add": ["IPC_LOCK"]},
       "seccompProfile": {"type": "RuntimeDefault"}}),
     ("command-behind-gpufleet-exec", lambda j: j["spec"]["template"]["spec"]["containers"][0]["command"], ["gpufleet-exec", "--", "torchrun"]),
     ("indexed-all-ranks", lambda j: (j["spec"]["completionMode"], j["spec"]["completions"], j["spec"]["parallelism"]), ("Indexed", 2, 2)),
@@ -272,10 +273,10 @@ def test_pods_pass_the_restricted_pod_security_profile(gke_spec: FinetuneSpec, s
     assert pod_security_restricted_violations(_pod(single_spec)) == []
     # A multi-node run on a GPUDirect pool (h100 is a3-highgpu-8g, TCPX) adds Google's RxDM sidecar
     # and host mounts (jobs/k8s/gpudirect.py; its namespace enforces privileged): exactly these, and the
-    # training container itself stays restricted.
+    # training container leaves restricted only by upstream's IPC_LOCK (gpudirect-tcpx/nccl-test-latest.yaml:103-106).
     assert pod_security_restricted_violations(_pod(gke_spec)) == [
         "volume tcpx-socket: ['hostPath']", "volume libraries: ['hostPath']", "volume sys: ['hostPath']", "volume proc: ['hostPath']",
-        "tcpx-daemon: allowPrivilegeEscalation != false", "tcpx-daemon: capabilities", "tcpx-daemon: runAsNonRoot",
+        "train: capabilities", "tcpx-daemon: allowPrivilegeEscalation != false", "tcpx-daemon: capabilities", "tcpx-daemon: runAsNonRoot",
         "tcpx-daemon: runAsUser 0", "tcpx-daemon: seccompProfile"]
 
 
