@@ -91,11 +91,11 @@ def test_json_out_goes_through_the_one_output_writer(repo, cache_dir, tmp_path, 
     assert rc == rc_again == 0 and first["stacks"] == again["stacks"]
     foreign = tmp_path / "notes.json"
     foreign.write_text('{"mine": true}\n')
-    assert main(["--repo", str(repo), "preview", "--base", "main", "--cache-dir", str(cache_dir), "--json-out", str(foreign)]) == 2
+    assert main(["--repo", str(repo), "preview", "--base", "HEAD", "--cache-dir", str(cache_dir), "--json-out", str(foreign)]) == 2
     assert foreign.read_text() == '{"mine": true}\n'
     assert capsys.readouterr().err.strip() == f"error: --json-out {foreign}: refused: the file exists and gpufleet did not write it; pass a new path or remove it yourself"
     reviewed = repo / "clusters" / "preview.json"
-    assert main(["--repo", str(repo), "preview", "--base", "main", "--cache-dir", str(cache_dir), "--json-out", str(reviewed)]) == 2
+    assert main(["--repo", str(repo), "preview", "--base", "HEAD", "--cache-dir", str(cache_dir), "--json-out", str(reviewed)]) == 2
     assert not reviewed.exists()
     assert "refused: it is inside clusters/, which holds the repository's reviewed files" in capsys.readouterr().err
 
