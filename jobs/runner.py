@@ -19,13 +19,13 @@ import logging
 import threading
 import uuid
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Protocol
 
 from clusters.schema import SchedulerKind
-from jobs.logs import DEFAULT_TAIL_BYTES
+from jobs.logs import DEFAULT_TAIL_BYTES, LogsFilterRefused, LogsUnavailable
 from jobs.spec import FinetuneSpec
 from jobs.vault_mint import default_queue_seconds, mint_wrapped_secret_id
 
@@ -240,6 +240,54 @@ class NomadRunner:
         return f"{job.namespace}/{child}" if child else None
 
 
+    def ranks(self, run_id: str) -> tuple[int, ...]:
+        """One: Nomad runs are single-node (jobs.checks refuses nodes > 1 on Nomad)."""
+        return (0,)
+
+    def logs(self, run_id: str, *, rank: int = 0, stderr: bool = False, tail_bytes: int = DEFAULT_TAIL_BYTES, tail_lines: int | None = None,
+             since_seconds: int | None = None, follow: bool = False, stop: threading.Event | None = None) -> Iterator[bytes]:
+        """The run's allocation's task log (jobs.nomad.logs): the newest allocation of the job."""
+        if rank != 0:
+            raise LogsFilterRefused(f"run {run_id} has one rank on Nomad (rank 0); drop --rank {rank}")
+        if since_seconds is not None:
+            raise LogsFilterRefused("Nomad's logs API has no time filter (its log files carry no timestamps); use --tail N instead of --since")
+        return self._logs(run_id, stderr=stderr, tail_bytes=tail_bytes, tail_lines=tail_lines, follow=follow, stop=stop or threading.Event())
+
+    def _allocation(self, run_id: str) -> str | None:
+        from jobs.nomad.client import NomadError
+
+        namespace, _, job_id = run_id.partition("/")
+        try:
+            allocations = self._client.job_allocations(job_id, namespace)
+        except NomadError as exc:
+            if "(404" in str(exc):
+                raise RunNotFound(run_id) from None
+            raise SchedulerUnavailable(str(exc)) from None
+        latest = max(allocations, key=lambda a: (a.get("CreateIndex", 0), a.get("ID", "")), default=None)
+        return latest["ID"] if latest else None
+
+    def _logs(self, run_id: str, *, stderr: bool, tail_bytes: int, tail_lines: int | None, follow: bool, stop: threading.Event) -> Iterator[bytes]:
+        from jobs.nomad import logs as nomad_logs
+        from jobs.nomad.client import NomadError
+
+        try:
+            alloc_id = self._allocation(run_id)
+            while alloc_id is None and follow and not stop.is_set():  # not placed yet: wait for it
+                yield b""
+                stop.wait(1.0)
+                alloc_id = self._allocation(run_id)
+            if alloc_id is None:
+                return
+            if not follow:
+                yield nomad_logs.read_tail(self._client, alloc_id, stderr=stderr, tail_bytes=tail_bytes)
+                return
+            yield from nomad_logs.follow(self._client, alloc_id, stderr=stderr, tail_bytes=tail_bytes, tail_lines=tail_lines, stop=stop)
+        except nomad_logs.AllocationGone:
+            raise RunNotFound(run_id) from None
+        except NomadError as exc:
+            raise SchedulerUnavailable(str(exc)) from None
+
+
 class GkeRunner:
     scheduler = "gke"
 
@@ -354,6 +402,55 @@ class GkeRunner:
         return f"{GKE_PREFIX}{job.namespace}/{name}" if found is not None and dispatch_id(found) == idempotency_key else None
 
 
+    def ranks(self, run_id: str) -> tuple[int, ...]:
+        """0 .. completions-1 of the run's Job (an Indexed Job's completion indexes)."""
+        from jobs.k8s.client import K8sError
+
+        namespace, run = self._split(run_id)
+        try:
+            job = self._client.get_job(namespace, run)
+        except K8sError as exc:
+            raise SchedulerUnavailable(str(exc)) from None
+        if job is None:
+            raise RunNotFound(run_id)
+        return tuple(range(int((job.get("spec") or {}).get("completions") or 1)))
+
+    def logs(self, run_id: str, *, rank: int = 0, stderr: bool = False, tail_bytes: int = DEFAULT_TAIL_BYTES, tail_lines: int | None = None,
+             since_seconds: int | None = None, follow: bool = False, stop: threading.Event | None = None) -> Iterator[bytes]:
+        """The rank's pod log (jobs.k8s.logs); stdout and stderr are one stream on Kubernetes."""
+        if stderr:
+            raise LogsFilterRefused("Kubernetes keeps a container's stdout and stderr as one log; drop --stderr to see both")
+        ranks = self.ranks(run_id)
+        if rank not in ranks:
+            raise LogsFilterRefused(f"run {run_id} has ranks 0..{len(ranks) - 1}; pick --rank from those")
+        return self._logs(run_id, rank, tail_bytes=tail_bytes, tail_lines=tail_lines, since_seconds=since_seconds, follow=follow,
+                          stop=stop or threading.Event())
+
+    def _logs(self, run_id: str, rank: int, *, tail_bytes: int, tail_lines: int | None, since_seconds: int | None, follow: bool,
+              stop: threading.Event) -> Iterator[bytes]:
+        from jobs.k8s import logs as k8s_logs
+        from jobs.k8s.client import K8sError, K8sRunGone
+
+        namespace, run = self._split(run_id)
+        try:
+            pod = k8s_logs.rank_pods(self._client, namespace, run).get(rank)
+            while pod is None and follow and not stop.is_set():  # not admitted yet: its pods do not exist
+                yield b""
+                stop.wait(1.0)
+                self.ranks(run_id)  # RunNotFound once the Job is gone
+                pod = k8s_logs.rank_pods(self._client, namespace, run).get(rank)
+            if pod is None:
+                return
+            if not follow:
+                yield k8s_logs.read_tail(self._client, namespace, pod, tail_bytes=tail_bytes, since_seconds=since_seconds)
+                return
+            yield from k8s_logs.follow(self._client, namespace, pod, tail_lines=tail_lines, since_seconds=since_seconds, stop=stop)
+        except K8sRunGone:
+            raise RunNotFound(run_id) from None
+        except K8sError as exc:
+            raise SchedulerUnavailable(str(exc)) from None
+
+
 class Runners:
     """One Runner over both schedulers: submit by the job's cluster, status/stop by the run id."""
 
@@ -380,10 +477,16 @@ class Runners:
     def find(self, job: FinetuneSpec, idempotency_key: str) -> str | None:
         return self._pick(job.scheduler == SchedulerKind.GKE).find(job, idempotency_key)
 
-    def logs(self, run_id: str, *, stderr: bool = False, tail_bytes: int = DEFAULT_TAIL_BYTES) -> str:
-        from jobs.logs import read_logs
+    def ranks(self, run_id: str) -> tuple[int, ...]:
+        from jobs.logs import ranks
 
-        return read_logs(self._pick(run_id.startswith(GKE_PREFIX)), run_id, stderr=stderr, tail_bytes=tail_bytes)
+        return ranks(self._pick(run_id.startswith(GKE_PREFIX)), run_id)
+
+    def logs(self, run_id: str, **options: Any) -> Iterator[bytes]:
+        runner = self._pick(run_id.startswith(GKE_PREFIX))
+        if getattr(runner, "logs", None) is None:
+            raise LogsUnavailable(f"reading logs from {runner.scheduler} is not supported")
+        return runner.logs(run_id, **options)  # type: ignore[attr-defined,no-any-return]
 
     def poll(self, run_ids: Sequence[str], known: Mapping[str, str]) -> dict[str, Polled]:
         """Each scheduler's runs through its own batch poll (list calls, not a GET per run). One
