@@ -116,7 +116,7 @@ class LocalRunner:
             return
         with handle:
             size = handle.seek(0, os.SEEK_END)
-            handle.seek(max(0, size - tail_bytes))
+            handle.seek(max(0, size - tail_bytes - 1))  # one byte more: tail_text sees a cut first line
             first = tail_text(handle.read(), tail_bytes).encode()
             yield last_lines(first, tail_lines) if follow else first
             while follow and not stop.is_set():

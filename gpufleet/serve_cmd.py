@@ -66,6 +66,8 @@ def cmd_serve(
     worker_only: bool = typer.Option(False, "--worker-only", help="Run only the dispatcher, reconciler and reaper, no HTTP."),
     poll_seconds: float = typer.Option(2.0, "--poll-seconds", min=0.1, help="Seconds between background passes."),
     oidc_config: Path | None = typer.Option(None, "--oidc-config", help="YAML: issuer, audience, jwks_url, claim, tenants (claim value: tenant), admin_values."),
+    log_tail_kib: int = typer.Option(256, "--log-tail-kib", envvar="GPUFLEET_LOG_TAIL_KIB", min=1, max=16384,
+                                     help="KiB of each run's output kept in the database per rank and stream (docs/logs.md)."),
 ) -> None:
     """Run the experiments control plane: API, dashboard at /, and the background worker."""
     import logging
@@ -79,7 +81,7 @@ def cmd_serve(
         raise UserError("--no-worker and --worker-only exclude each other; pick one")
     runner = _runner(scheduler, vault_env(), nomad_cluster=nomad_cluster, gke_cluster=gke_cluster)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    settings = ServiceSettings(db_url=database_url(db), worker=not no_worker, timing=Timing(poll_seconds=poll_seconds), oidc=_oidc(oidc_config))
+    settings = ServiceSettings(db_url=database_url(db), worker=not no_worker, timing=Timing(poll_seconds=poll_seconds, log_tail_bytes=log_tail_kib * 1024), oidc=_oidc(oidc_config))
     app = create_app(settings, runner=runner)
     if worker_only:
         import time

@@ -79,7 +79,10 @@ def decoded(chunks: Iterable[bytes]) -> Iterator[str]:
 
 
 def tail_text(data: bytes, tail_bytes: int) -> str:
-    """The last ``tail_bytes`` of ``data`` as text, starting at a line boundary when cut."""
+    """The last ``tail_bytes`` of ``data`` as text, starting at a line boundary when cut. Readers
+    hand over one byte more than ``tail_bytes`` when there is more, so a cut is seen: a window
+    starting inside a line could start inside a credential, whose second half the detector
+    cannot recognise."""
     if len(data) > tail_bytes:
         data = data[-tail_bytes:]
         data = data[data.find(b"\n") + 1:] if b"\n" in data else data

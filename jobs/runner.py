@@ -6,6 +6,8 @@ the exit code when known), ``stop(run id)``. A repeated submit with the same key
 same run on both schedulers (Nomad's dispatch idempotency token; the Kubernetes Job named from
 the key). Each submit mints its wrapped single-use secret_id(s) with the caller's Vault
 environment and hands them straight to the scheduler: never returned, stored or logged.
+``logs``/``ranks`` read a run's output per rank (jobs.logs states the contract; jobs.nomad.logs
+and jobs.k8s.logs speak each scheduler's API).
 
 Run ids: Nomad ``<namespace>/<dispatched job id>``; GKE ``gke:<namespace>/<run>``.
 ``Runners`` routes by the job's cluster on submit and by the run id afterwards.
@@ -18,7 +20,7 @@ import json
 import logging
 import threading
 import uuid
-from collections import defaultdict
+from collections import OrderedDict, defaultdict
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -35,6 +37,8 @@ if TYPE_CHECKING:
 
 GKE_PREFIX = "gke:"
 log = logging.getLogger("gpufleet.jobs.runner")
+# Allocation ids the Nomad runner remembers from its polls (so a log read needs no GET of its own).
+ALLOCATIONS_REMEMBERED = 10_000
 
 
 class Phase(StrEnum):
@@ -116,6 +120,7 @@ class NomadRunner:
         self._vault_env = dict(vault_env)
         self._registered: set[tuple[str, str, str]] = set()
         self._lock = threading.Lock()
+        self._allocations: OrderedDict[str, str] = OrderedDict()  # run id -> newest allocation seen
 
     def _ensure_registered(self, job: FinetuneSpec) -> None:
         """Register the parameterized parent once per rendered version (Nomad keeps it), not once
@@ -152,7 +157,17 @@ class NomadRunner:
             if "(404" in str(exc):
                 raise RunNotFound(run_id) from None
             raise SchedulerUnavailable(str(exc)) from None
+        self._remember(run_id, status.alloc_id)
         return self._report(namespace, job_id, status)
+
+    def _remember(self, run_id: str, alloc_id: str | None) -> None:
+        if alloc_id is None:
+            return
+        with self._lock:
+            self._allocations[run_id] = alloc_id
+            self._allocations.move_to_end(run_id)
+            while len(self._allocations) > ALLOCATIONS_REMEMBERED:
+                self._allocations.popitem(last=False)
 
     @staticmethod
     def _report(namespace: str, job_id: str, status: Any) -> RunReport:
@@ -207,7 +222,9 @@ class NomadRunner:
                     if known.get(run_id) == fingerprint:
                         out[run_id] = Polled(fingerprint, None)
                     elif mine:
-                        out[run_id] = Polled(fingerprint, self._report(namespace, job_id, summarize(job_id, stub, [], mine)))
+                        status = summarize(job_id, stub, [], mine)
+                        self._remember(run_id, status.alloc_id)
+                        out[run_id] = Polled(fingerprint, self._report(namespace, job_id, status))
                     else:
                         out[run_id] = Polled(fingerprint, self.status(run_id))
                 except SchedulerUnavailable as exc:  # this run's own GET failed: no answer for it alone
@@ -254,8 +271,12 @@ class NomadRunner:
         return self._logs(run_id, stderr=stderr, tail_bytes=tail_bytes, tail_lines=tail_lines, follow=follow, stop=stop or threading.Event())
 
     def _allocation(self, run_id: str) -> str | None:
+        """The run's newest allocation: as its last poll saw it, else from its own GET."""
         from jobs.nomad.client import NomadError
 
+        with self._lock:
+            if (known := self._allocations.get(run_id)) is not None:
+                return known
         namespace, _, job_id = run_id.partition("/")
         try:
             allocations = self._client.job_allocations(job_id, namespace)
@@ -264,6 +285,7 @@ class NomadRunner:
                 raise RunNotFound(run_id) from None
             raise SchedulerUnavailable(str(exc)) from None
         latest = max(allocations, key=lambda a: (a.get("CreateIndex", 0), a.get("ID", "")), default=None)
+        self._remember(run_id, latest["ID"] if latest else None)
         return latest["ID"] if latest else None
 
     def _logs(self, run_id: str, *, stderr: bool, tail_bytes: int, tail_lines: int | None, follow: bool, stop: threading.Event) -> Iterator[bytes]:
@@ -403,42 +425,53 @@ class GkeRunner:
 
 
     def ranks(self, run_id: str) -> tuple[int, ...]:
-        """0 .. completions-1 of the run's Job (an Indexed Job's completion indexes)."""
+        """The completion indexes of the run's pods (one list call); before its pods exist,
+        0 .. completions-1 of its Job (RunNotFound once the Job is gone)."""
+        return tuple(sorted(self._pods(run_id) or dict.fromkeys(self._planned(run_id))))
+
+    def _pods(self, run_id: str) -> dict[int, str]:
+        from jobs.k8s import logs as k8s_logs
         from jobs.k8s.client import K8sError
 
-        namespace, run = self._split(run_id)
         try:
-            job = self._client.get_job(namespace, run)
+            return k8s_logs.rank_pods(self._client, *self._split(run_id))
+        except K8sError as exc:
+            raise SchedulerUnavailable(str(exc)) from None
+
+    def _planned(self, run_id: str) -> range:
+        from jobs.k8s.client import K8sError
+
+        try:
+            job = self._client.get_job(*self._split(run_id))
         except K8sError as exc:
             raise SchedulerUnavailable(str(exc)) from None
         if job is None:
             raise RunNotFound(run_id)
-        return tuple(range(int((job.get("spec") or {}).get("completions") or 1)))
+        return range(int((job.get("spec") or {}).get("completions") or 1))
 
     def logs(self, run_id: str, *, rank: int = 0, stderr: bool = False, tail_bytes: int = DEFAULT_TAIL_BYTES, tail_lines: int | None = None,
              since_seconds: int | None = None, follow: bool = False, stop: threading.Event | None = None) -> Iterator[bytes]:
         """The rank's pod log (jobs.k8s.logs); stdout and stderr are one stream on Kubernetes."""
         if stderr:
             raise LogsFilterRefused("Kubernetes keeps a container's stdout and stderr as one log; drop --stderr to see both")
-        ranks = self.ranks(run_id)
-        if rank not in ranks:
-            raise LogsFilterRefused(f"run {run_id} has ranks 0..{len(ranks) - 1}; pick --rank from those")
-        return self._logs(run_id, rank, tail_bytes=tail_bytes, tail_lines=tail_lines, since_seconds=since_seconds, follow=follow,
+        pod = self._pods(run_id).get(rank)
+        if pod is None and rank not in self._planned(run_id):
+            raise LogsFilterRefused(f"run {run_id} has ranks 0..{len(self._planned(run_id)) - 1}; pick --rank from those")
+        return self._logs(run_id, rank, pod, tail_bytes=tail_bytes, tail_lines=tail_lines, since_seconds=since_seconds, follow=follow,
                           stop=stop or threading.Event())
 
-    def _logs(self, run_id: str, rank: int, *, tail_bytes: int, tail_lines: int | None, since_seconds: int | None, follow: bool,
-              stop: threading.Event) -> Iterator[bytes]:
+    def _logs(self, run_id: str, rank: int, pod: str | None, *, tail_bytes: int, tail_lines: int | None, since_seconds: int | None,
+              follow: bool, stop: threading.Event) -> Iterator[bytes]:
         from jobs.k8s import logs as k8s_logs
         from jobs.k8s.client import K8sError, K8sRunGone
 
-        namespace, run = self._split(run_id)
+        namespace, _ = self._split(run_id)
         try:
-            pod = k8s_logs.rank_pods(self._client, namespace, run).get(rank)
             while pod is None and follow and not stop.is_set():  # not admitted yet: its pods do not exist
                 yield b""
                 stop.wait(1.0)
-                self.ranks(run_id)  # RunNotFound once the Job is gone
-                pod = k8s_logs.rank_pods(self._client, namespace, run).get(rank)
+                self._planned(run_id)  # RunNotFound once the Job is gone
+                pod = self._pods(run_id).get(rank)
             if pod is None:
                 return
             if not follow:

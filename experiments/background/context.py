@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from experiments.metrics import Metrics
 from experiments.services.catalog import Catalog
+from jobs.logs import DEFAULT_TAIL_BYTES
 from jobs.runner import Runner
 
 log = logging.getLogger("gpufleet.experiments")
@@ -54,6 +55,12 @@ class Timing:
     reconcile_batch: int = 2000
     # A run unchanged in the lists is still read in full this often (a queued run's reason can change alone).
     refresh_seconds: float = 300.0
+    # Log tails kept in the database: bytes per rank and stream; while runs run, at most this many
+    # runs' tails per reconcile pass, each at most once per log_capture_every_seconds (those that
+    # ended in the pass are always kept, on top).
+    log_tail_bytes: int = DEFAULT_TAIL_BYTES
+    log_captures_per_pass: int = 4
+    log_capture_every_seconds: float = 300.0
 
 
 @dataclass(frozen=True)

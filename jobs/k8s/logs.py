@@ -68,7 +68,7 @@ def _chunks(response: Any, stop: threading.Event) -> Iterator[bytes]:
 
 
 def read_tail(client: K8sClient, namespace: str, pod: str, *, tail_bytes: int, since_seconds: int | None, container: str = TASK) -> bytes:
-    """At most the last ``tail_bytes`` of the pod's log (and of its last TAIL_LINES_CAP lines)."""
+    """At most the last ``tail_bytes`` (+1, as jobs.nomad.logs.read_tail) of the pod's log, of its last TAIL_LINES_CAP lines."""
     try:
         response = client.pod_log(namespace, pod, container=container, follow=False, tail_lines=TAIL_LINES_CAP, since_seconds=since_seconds)
     except K8sError as exc:
@@ -79,8 +79,8 @@ def read_tail(client: K8sClient, namespace: str, pod: str, *, tail_bytes: int, s
     for chunk in _chunks(response, threading.Event()):
         data += chunk
         if len(data) > 2 * tail_bytes:
-            del data[:-tail_bytes]
-    return bytes(data[-tail_bytes:])
+            del data[:-(tail_bytes + 1)]
+    return bytes(data[-(tail_bytes + 1):])  # one byte more: the caller sees a cut first line
 
 
 def follow(client: K8sClient, namespace: str, pod: str, *, tail_lines: int | None, since_seconds: int | None, stop: threading.Event,

@@ -64,13 +64,15 @@ def _empty(status: int, text: str) -> bool:
 
 
 def read_tail(client: NomadClient, alloc_id: str, *, stderr: bool, tail_bytes: int, task: str = TASK) -> bytes:
-    """The last ``tail_bytes`` of the task's stdout (or stderr), as Nomad keeps them on its client."""
+    """The last ``tail_bytes`` of the task's stdout (or stderr), as Nomad keeps them on its client,
+    and one byte more when there is more: so the caller sees the window began inside a line (and
+    drops that piece, which could be the second half of a credential the detector cannot know)."""
     path = f"/v1/client/fs/logs/{alloc_id}"
-    response = client.get(path, _params(task=task, stderr=stderr, follow=False, plain=True, origin="end", offset=tail_bytes))
+    response = client.get(path, _params(task=task, stderr=stderr, follow=False, plain=True, origin="end", offset=tail_bytes + 1))
     if response.status_code != 200:
         _empty(response.status_code, response.text.strip())
         return b""
-    return response.content[-tail_bytes:]
+    return response.content[-(tail_bytes + 1):]
 
 
 def _frames(response: object, stop: threading.Event) -> Iterator[dict[str, object]]:

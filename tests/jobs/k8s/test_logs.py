@@ -44,7 +44,7 @@ def test_the_tail_asks_the_train_container_and_rank_picks_the_pod(k8s: Any, runn
     k8s.write_pod_log(NS, run, 0, "rank zero\n")
     k8s.write_pod_log(NS, run, 1, "".join(f"r1 step {i}\n" for i in range(5)))
     pod = k8s.pods(NS, run)[1]
-    assert k8s_logs.read_tail(client, NS, pod, tail_bytes=20, since_seconds=None) == b"r1 step 3\nr1 step 4\n"
+    assert k8s_logs.read_tail(client, NS, pod, tail_bytes=20, since_seconds=None) == b"\nr1 step 3\nr1 step 4\n"  # 20 and one more
     request = [r for r in k8s.requests if r.path.endswith("/log")][-1]
     assert request.path == f"/api/v1/namespaces/{NS}/pods/{pod}/log"
     assert request.query == {"container": ["train"], "follow": ["False"], "tailLines": [str(k8s_logs.TAIL_LINES_CAP)]}
@@ -87,3 +87,16 @@ def test_follow_streams_until_the_container_exits(k8s: Any, running) -> None:
     assert b"".join(chunks) == b""  # the API server closed the stream: the container exited
     request = [r for r in k8s.requests if r.path.endswith("/log")][-1]
     assert request.query["follow"] == ["True"] and request.query["container"] == ["train"]
+
+
+def test_a_tail_window_that_begins_inside_a_credential_drops_that_piece(k8s: Any, running) -> None:
+    import random
+
+    from jobs.logs import read_logs
+    from tests.safety.test_secret_matrix import NEW_FORMATS
+
+    client, run = running
+    planted = NEW_FORMATS(random.Random(13))["groq"]
+    k8s.write_pod_log(NS, run, 0, f"GROQ_API_KEY={planted}\nstep 1\n")
+    text = read_logs(GkeRunner(client, {}), f"gke:{NS}/{run}", tail_bytes=len(planted) - 4 + len("\nstep 1\n"))
+    assert text == "step 1\n" and planted[-12:] not in text
