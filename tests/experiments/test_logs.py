@@ -43,6 +43,8 @@ def test_logs_live_then_kept_masked_after_the_scheduler_forgot_the_run(make_serv
     assert svc.client.get(f"/api/v1/experiments/{exp['id']}/logs", headers=other).status_code == 404
     tail = svc.client.get(f"/api/v1/experiments/{exp['id']}/logs", params={"tail": 2}, headers=mine).json()
     assert tail["lines"] == live["lines"][-2:]
+    followed = svc.client.get(f"/api/v1/experiments/{exp['id']}/logs", params={"follow": "true"}, headers=mine)
+    assert followed.text.splitlines() == live["lines"]  # the process has ended: the follow ends with it
     svc.close()
     # A restarted service: the scheduler (this process) no longer knows the run; the kept tail answers.
     again = make_service(sqlite_url, LocalRunner(env), clock=svc.clock)
@@ -144,6 +146,9 @@ def test_gke_rank_picks_the_pod_all_ranks_shows_each_and_the_tail_outlives_the_j
     assert svc.client.get(url, params={"rank": 1}, headers=mine).json()["lines"] == ["rank1 loss 1.1", "[masked: groq-key]"]
     both = svc.client.get(url, params={"all_ranks": "true"}, headers=mine).json()
     assert both["lines"] == ["[rank 0] rank0 loss 1.0", "[rank 1] rank1 loss 1.1", "[rank 1] [masked: groq-key]"]
+    assert svc.client.get(url, params={"rank": 1, "since": "1h"}, headers=mine).json()["lines"] == ["rank1 loss 1.1", "[masked: groq-key]"]
+    assert svc.client.get(url, params={"since": "yesterday"}, headers=mine).status_code == 422
+    assert [r.query.get("sinceSeconds") for r in k8s.requests if r.path.endswith("/log")][-1] == ["3600"]
     assert svc.client.get(url, params={"rank": 2}, headers=mine).status_code == 422
     assert svc.client.get(url, params={"stderr": "true"}, headers=mine).status_code == 422
     assert svc.client.get(url, params={"rank": 1}, headers=other).status_code == 404

@@ -101,3 +101,14 @@ def test_a_tail_window_that_begins_inside_a_credential_drops_that_piece(nomad: N
     nomad.write_log(alloc, f"GROQ_API_KEY={planted}\nstep 1\n")
     text = read_logs(NomadRunner(client, {}), f"finetune/{job_id}", tail_bytes=len(planted) - 4 + len("\nstep 1\n"))
     assert text == "step 1\n" and planted[-12:] not in text
+
+
+def test_follow_with_tail_lines_starts_with_the_last_lines_of_the_window(nomad: NomadDouble, placed) -> None:
+    client, _, alloc = placed
+    nomad.heartbeat_seconds = 0.2
+    nomad.write_log(alloc, "a\nb\nc\n")
+    stop = threading.Event()
+    chunks = nomad_logs.follow(client, alloc, stderr=False, tail_bytes=1024, tail_lines=2, stop=stop)
+    assert next(chunks) == b"b\nc\n"  # the burst Nomad sent before its first heartbeat, cut to 2 lines
+    stop.set()
+    assert b"".join(chunks) == b""
