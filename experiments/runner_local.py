@@ -23,8 +23,9 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from jobs.logs import LogsFilterRefused, last_lines
 from jobs.local import REPO_ROOT, local_argv, task_environment
-from jobs.logs import DEFAULT_TAIL_BYTES, LogsFilterRefused, last_lines, tail_text
+from jobs.logs import DEFAULT_TAIL_BYTES, tail_text
 from jobs.nomad.render import META_ROLE_ID, META_WRAPPED_SECRET_ID
 from jobs.spec import TASK, FinetuneSpec
 from jobs.vault_mint import mint_wrapped_secret_id

@@ -277,24 +277,6 @@ class NomadClient:
             stubs = self._api(namespace).allocations.request(method="get", params={"namespace": namespace, "task_states": "true"}).json()
         return list(stubs or [])
 
-    def status(self, job_id: str, namespace: str, spec: FinetuneSpec | None = None) -> RunStatus:
-        path = quote(job_id, safe="")
-        on_404 = "check the id printed by `gpufleet jobs dispatch` and the namespace (--namespace or NOMAD_NAMESPACE)"
-        with self._errors("status", job_id, namespace, on_404):
-            api = self._api(namespace).job
-            job = api.request(path, method="get").json()
-            evaluations = api.request(path, "evaluations", method="get").json()
-            allocations = api.request(path, "allocations", method="get").json()
-        pool, gpu = (spec.pool.name, spec.gpu) if spec else (None, None)
-        return summarize(job_id, job, evaluations or [], allocations or [], pool=pool, gpu=gpu)
-
-    def stop(self, job_id: str, namespace: str, *, purge: bool) -> str:
-        """Stop (and optionally purge) a job; returns the evaluation id Nomad created."""
-        with self._errors("stop", job_id, namespace, "it may already be purged; check the id and namespace"):
-            params = {"purge": "true"} if purge else {}
-            answer = self._api(namespace).job.request(quote(job_id, safe=""), method="delete", params=params).json()
-        return str(answer.get("EvalID", ""))
-
     def job_allocations(self, job_id: str, namespace: str) -> list[dict[str, Any]]:
         """``GET /v1/job/:id/allocations``: the run's AllocationListStubs (one GET, not ``status``'s three)."""
         with self._errors("allocations", job_id, namespace, "check the run id and the namespace"):
@@ -320,6 +302,24 @@ class NomadClient:
         except requests.RequestException as exc:
             raise NomadError(f"logs: cannot reach Nomad at {s.address} after {s.retries + 1} attempts ({type(exc).__name__}); "
                              "check NOMAD_ADDR and that the servers are up") from None
+
+    def status(self, job_id: str, namespace: str, spec: FinetuneSpec | None = None) -> RunStatus:
+        path = quote(job_id, safe="")
+        on_404 = "check the id printed by `gpufleet jobs dispatch` and the namespace (--namespace or NOMAD_NAMESPACE)"
+        with self._errors("status", job_id, namespace, on_404):
+            api = self._api(namespace).job
+            job = api.request(path, method="get").json()
+            evaluations = api.request(path, "evaluations", method="get").json()
+            allocations = api.request(path, "allocations", method="get").json()
+        pool, gpu = (spec.pool.name, spec.gpu) if spec else (None, None)
+        return summarize(job_id, job, evaluations or [], allocations or [], pool=pool, gpu=gpu)
+
+    def stop(self, job_id: str, namespace: str, *, purge: bool) -> str:
+        """Stop (and optionally purge) a job; returns the evaluation id Nomad created."""
+        with self._errors("stop", job_id, namespace, "it may already be purged; check the id and namespace"):
+            params = {"purge": "true"} if purge else {}
+            answer = self._api(namespace).job.request(quote(job_id, safe=""), method="delete", params=params).json()
+        return str(answer.get("EvalID", ""))
 
     def close(self) -> None:
         self._session.close()

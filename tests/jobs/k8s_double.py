@@ -10,14 +10,6 @@ errors, and 422 Invalid for an object that fails the vendored upstream schemas
 (``jobs/k8s/openapi``: Kubernetes OpenAPI, strict like the server's strict field validation) or
 a few of the Job validation rules of kubernetes ``pkg/apis/batch/validation``.
 
-Kueue's part: a created Job carrying ``kueue.x-k8s.io/queue-name`` gets a Workload owned by it
-(label ``kueue.x-k8s.io/job-uid``), and the test drives it through Kueue's condition types
-(QuotaReserved, Admitted, Evicted, Preempted, Finished; ``apis/kueue/v1beta2/workload_types.go``)
-while every Workload it stores is validated against Kueue's CRD schema. Owner references are
-honoured on delete (Background: dependents go at once; Foreground: the owner stays with a
-deletionTimestamp until ``collect()``). Faults: a status for the next N matching requests,
-optionally after the request took effect (a lost response).
-
 Pods and their logs (the Job controller's part, driven by the test): ``admit`` makes one pod per
 rank, named ``<job>-<index>-<suffix>``, labelled ``batch.kubernetes.io/job-name`` (and the legacy
 ``job-name``) and, for an Indexed Job, carrying ``batch.kubernetes.io/job-completion-index`` as
@@ -28,6 +20,14 @@ pod that is gone; 400 BadRequest "container <c> is not valid for pod <p>" (pkg/r
 strategy.go) or, from the kubelet, "container "<c>" in pod "<p>" is waiting to start: <reason>" and
 "previous terminated container "<c>" in pod "<p>" not found"; a follow streams chunked and ends
 when the container has terminated.
+
+Kueue's part: a created Job carrying ``kueue.x-k8s.io/queue-name`` gets a Workload owned by it
+(label ``kueue.x-k8s.io/job-uid``), and the test drives it through Kueue's condition types
+(QuotaReserved, Admitted, Evicted, Preempted, Finished; ``apis/kueue/v1beta2/workload_types.go``)
+while every Workload it stores is validated against Kueue's CRD schema. Owner references are
+honoured on delete (Background: dependents go at once; Foreground: the owner stays with a
+deletionTimestamp until ``collect()``). Faults: a status for the next N matching requests,
+optionally after the request took effect (a lost response).
 """
 
 from __future__ import annotations
@@ -112,10 +112,10 @@ class K8sDouble:
         self.namespaces = namespaces
         self.token = token
         self.store = _Store()
-        self.requests: list[Recorded] = []
-        self.faults: list[Fault] = []
         # (namespace, pod, container) -> [(time written, line)]: what the container printed
         self.pod_logs: dict[tuple[str, str, str], list[tuple[float, bytes]]] = {}
+        self.requests: list[Recorded] = []
+        self.faults: list[Fault] = []
         self._lock = threading.Condition()
         self._server: ThreadingHTTPServer | None = None
 

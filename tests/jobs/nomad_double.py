@@ -4,15 +4,16 @@ It is a double, not Nomad: no Nomad binary is available on these machines (none 
 and none can be downloaded), so the client is tested against this instead: a small ``http.server`` on
 127.0.0.1 in a thread of the test process, speaking the JSON of Nomad's documented HTTP API
 for the endpoints gpufleet uses (register, plan, dispatch, job, evaluations, allocations,
-deregister, job list with ``prefix``, allocation list, and the client filesystem logs API
-``/v1/client/fs/logs/:alloc_id``, answered as jobs/nomad/logs.py documents from hashicorp/nomad's
-source: its parameters and their 400s, plain bytes or concatenated JSON StreamFrames with a ``{}``
-heartbeat every second, a follow that stays open after the task exited, and 404 "Unknown
-allocation" once the allocation is garbage-collected (``gc``)). With ``tls=`` (an ``ssl.SSLContext``) it serves HTTPS and, when the
+deregister, job list with ``prefix``, allocation list). With ``tls=`` (an ``ssl.SSLContext``) it serves HTTPS and, when the
 context requires a client certificate, behaves like agents with ``verify_https_client``, so the
 client's CA, certificate and server-name handling run against a real TLS handshake. It records every request exactly as sent (method, path, query string,
 headers, body) and can inject faults (an HTTP status, or a slow answer that outlives the
 client's timeout *after* the request took effect, like a lost response).
+
+The client filesystem logs API ``/v1/client/fs/logs/:alloc_id`` is answered as jobs/nomad/logs.py
+documents from hashicorp/nomad's source: its parameters and their 400s, plain bytes or concatenated
+JSON StreamFrames with a ``{}`` heartbeat every second, a follow that stays open after the task
+exited, and 404 "Unknown allocation" once the allocation is garbage-collected (``gc``).
 
 Placement is modelled on Nomad's scheduler metrics: nodes outside the job's NodePool are
 not evaluated; a failed constraint counts in ConstraintFiltered["<L> <op> <R>"]; a node
@@ -471,12 +472,12 @@ class NomadDouble:
 
 def _route(path: str) -> tuple[str, str]:
     """(route, job id) the way Nomad's HTTP server splits /v1/job/<id>/<suffix>."""
+    if path.startswith("/v1/client/fs/logs/"):
+        return "fs-logs", path.removeprefix("/v1/client/fs/logs/")
     if path == "/v1/jobs":
         return "register", ""
     if path == "/v1/allocations":
         return "allocation-list", ""
-    if path.startswith("/v1/client/fs/logs/"):
-        return "fs-logs", path.removeprefix("/v1/client/fs/logs/")
     rest = path.removeprefix("/v1/job/")
     for suffix in ("plan", "dispatch", "evaluations", "allocations"):
         if rest.endswith(f"/{suffix}"):
