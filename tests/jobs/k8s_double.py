@@ -10,17 +10,6 @@ errors, and 422 Invalid for an object that fails the vendored upstream schemas
 (``jobs/k8s/openapi``: Kubernetes OpenAPI, strict like the server's strict field validation) or
 a few of the Job validation rules of kubernetes ``pkg/apis/batch/validation``.
 
-Pods and their logs (the Job controller's part, driven by the test): ``admit`` makes one pod per
-rank, named ``<job>-<index>-<suffix>``, labelled ``batch.kubernetes.io/job-name`` (and the legacy
-``job-name``) and, for an Indexed Job, carrying ``batch.kubernetes.io/job-completion-index`` as
-annotation and label (k8s.io/api batch/v1 types.go), owned by the Job (so they go with it).
-``GET /api/v1/namespaces/{ns}/pods/{name}/log`` answers text/plain as the API server does, with
-``container``, ``follow``, ``tailLines``, ``sinceSeconds`` and ``previous``: 404 NotFound for a
-pod that is gone; 400 BadRequest "container <c> is not valid for pod <p>" (pkg/registry/core/pod/
-strategy.go) or, from the kubelet, "container "<c>" in pod "<p>" is waiting to start: <reason>" and
-"previous terminated container "<c>" in pod "<p>" not found"; a follow streams chunked and ends
-when the container has terminated.
-
 Kueue's part: a created Job carrying ``kueue.x-k8s.io/queue-name`` gets a Workload owned by it
 (label ``kueue.x-k8s.io/job-uid``), and the test drives it through Kueue's condition types
 (QuotaReserved, Admitted, Evicted, Preempted, Finished; ``apis/kueue/v1beta2/workload_types.go``)
@@ -405,6 +394,16 @@ class K8sDouble:
             return
 
     # ---- pod logs ---------------------------------------------------------------------------
+    # Pods and their logs (the Job controller's part, driven by the test): ``admit`` makes one pod per
+    # rank, named ``<job>-<index>-<suffix>``, labelled ``batch.kubernetes.io/job-name`` (and the legacy
+    # ``job-name``) and, for an Indexed Job, carrying ``batch.kubernetes.io/job-completion-index`` as
+    # annotation and label (k8s.io/api batch/v1 types.go), owned by the Job (so they go with it).
+    # ``GET /api/v1/namespaces/{ns}/pods/{name}/log`` answers text/plain as the API server does, with
+    # ``container``, ``follow``, ``tailLines``, ``sinceSeconds`` and ``previous``: 404 NotFound for a
+    # pod that is gone; 400 BadRequest "container <c> is not valid for pod <p>" (pkg/registry/core/pod/
+    # strategy.go) or, from the kubelet, "container "<c>" in pod "<p>" is waiting to start: <reason>" and
+    # "previous terminated container "<c>" in pod "<p>" not found"; a follow streams chunked and ends
+    # when the container has terminated.
     def _pod_log(self, handler: BaseHTTPRequestHandler, path: str, query: dict[str, list[str]]) -> None:
         parts = path.strip("/").split("/")  # api v1 namespaces <ns> pods <name> log
         namespace, name = parts[3], parts[5]
