@@ -24,6 +24,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from experiments.errors import ApiError
 from experiments.models import Experiment, RunLog
+from experiments.scheduler import not_bound
 from experiments.states import TERMINAL, State
 from jobs.logs import DEFAULT_TAIL_BYTES, LogsFilterRefused, LogsUnavailable, decoded, masked_stream, ranks, read_logs
 from jobs.runner import RunNotFound, SchedulerUnavailable
@@ -112,7 +113,9 @@ def read(session: Session, runner: Any, exp: Experiment, query: LogQuery) -> dic
     all (prefixed ``[rank N]`` when several ranks are shown)."""
     notes: list[str] = []
     live_ranks: tuple[int, ...] | None = None
-    if exp.run_id is not None:
+    if exp.run_id is not None and (why := not_bound(runner, exp.cluster, exp.scheduler)) is not None:
+        notes.append(why)  # its run id could name another cluster's Job or allocation here
+    elif exp.run_id is not None:
         try:
             live_ranks = ranks(runner, exp.run_id)
         except (RunNotFound, SchedulerUnavailable) as exc:
@@ -158,7 +161,7 @@ def follow(sessions: sessionmaker[Session], runner: Any, exp: Experiment, query:
     """The masked lines of the asked ranks as the run writes them, or None when the scheduler no
     longer knows the run (the caller shows the kept tail). Filter mistakes raise ApiError (422)
     here, before anything is streamed."""
-    if exp.run_id is None or getattr(runner, "logs", None) is None:
+    if exp.run_id is None or getattr(runner, "logs", None) is None or not_bound(runner, exp.cluster, exp.scheduler) is not None:
         return None
     run_id, stop = exp.run_id, threading.Event()
     try:

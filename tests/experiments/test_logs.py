@@ -244,3 +244,23 @@ def test_gke_follow_of_all_ranks_through_the_cli_ends_when_the_pods_exit(live, k
     assert sorted(result.output.splitlines()) == ["[rank 0] r0 a", "[rank 1] r1 a", "[rank 1] r1 b"]
     one = CliRunner().invoke(app, ["exp", "logs", exp["id"][:8], "--rank", "1", "--tail", "1"])
     assert one.exit_code == 0 and one.output.splitlines() == ["r1 b"], one.output
+
+
+def test_a_run_of_a_cluster_this_service_is_not_bound_to_is_never_read_from_its_scheduler(make_service, sqlite_url, k8s, fleet_runner, gke_runner):
+    """Its run id names no cluster: read through another cluster's client it could show that
+    cluster's same-named Job's pods. The kept tail and the reason answer instead."""
+    from experiments.scheduler import ClusterRunners
+
+    svc = make_service(sqlite_url, fleet_runner)
+    headers = svc.token("research")
+    exp_id, run = _gke_running(svc, k8s, headers)
+    k8s.write_pod_log("research", run, 0, "prod-gke's rank 0\n")
+    svc.close()
+    other = make_service(sqlite_url, ClusterRunners(gke=("dev-gke", gke_runner)), clock=svc.clock)
+    before = len([r for r in k8s.requests if "/pods" in r.path])
+    shown = other.client.get(f"/api/v1/experiments/{exp_id}/logs", headers=headers).json()
+    assert shown["source"] == "stored" and "not bound to this service" in shown["note"]
+    assert shown["lines"] == []  # the tail kept when it started running, not what the pod printed since
+    followed = other.client.get(f"/api/v1/experiments/{exp_id}/logs", params={"follow": "true"}, headers=headers)
+    assert followed.status_code == 200 and followed.text == ""
+    assert len([r for r in k8s.requests if "/pods" in r.path]) == before
