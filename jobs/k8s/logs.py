@@ -63,6 +63,8 @@ def _chunks(response: Any, stop: threading.Event) -> Iterator[bytes]:
                 return
     except urllib3.exceptions.ReadTimeoutError:
         raise _Quiet() from None
+    except urllib3.exceptions.HTTPError as exc:
+        raise K8sError(f"logs: the log stream from the Kubernetes API broke off ({type(exc).__name__}); follow again") from None
     finally:
         response.release_conn()
 

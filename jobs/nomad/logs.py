@@ -76,19 +76,25 @@ def read_tail(client: NomadClient, alloc_id: str, *, stderr: bool, tail_bytes: i
 
 
 def _frames(response: object, stop: threading.Event) -> Iterator[dict[str, object]]:
-    """Each StreamFrame of a ``plain=false`` answer, heartbeats (``{}``) included."""
+    """Each StreamFrame of a ``plain=false`` answer, heartbeats (``{}``) included. A stream that
+    breaks off (no heartbeat for FOLLOW_READ_TIMEOUT_SECONDS, a reset) is a NomadError."""
+    import urllib3
+
     decoder, buffer = json.JSONDecoder(), ""
-    for chunk in arriving(response.raw):  # type: ignore[attr-defined]
-        buffer += chunk.decode("utf-8")
-        while buffer := buffer.lstrip():
-            try:
-                frame, end = decoder.raw_decode(buffer)
-            except ValueError:
-                break  # the rest of this frame is still on its way
-            buffer = buffer[end:]
-            yield frame
-        if stop.is_set():
-            return
+    try:
+        for chunk in arriving(response.raw):  # type: ignore[attr-defined]
+            buffer += chunk.decode("utf-8")
+            while buffer := buffer.lstrip():
+                try:
+                    frame, end = decoder.raw_decode(buffer)
+                except ValueError:
+                    break  # the rest of this frame is still on its way
+                buffer = buffer[end:]
+                yield frame
+            if stop.is_set():
+                return
+    except urllib3.exceptions.HTTPError as exc:
+        raise NomadError(f"logs: the follow stream from Nomad broke off ({type(exc).__name__}); follow again") from None
 
 
 def follow(client: NomadClient, alloc_id: str, *, stderr: bool, tail_bytes: int, tail_lines: int | None, stop: threading.Event,
