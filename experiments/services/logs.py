@@ -10,11 +10,12 @@ ended). Nomad keeps a follow open after the task exited, so there the state deci
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import queue
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import AsyncIterator, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -35,6 +36,7 @@ STREAMS = ("stdout", "stderr")
 # more output) the follow still waits for the last lines before it closes.
 CHECK_SECONDS = 1.0
 DRAIN_SECONDS = 2.0
+POLL_SECONDS = 0.05
 
 
 @dataclass(frozen=True)
@@ -157,7 +159,7 @@ def read(session: Session, runner: Any, exp: Experiment, query: LogQuery) -> dic
 _END = object()
 
 
-def follow(sessions: sessionmaker[Session], runner: Any, exp: Experiment, query: LogQuery) -> Iterator[str] | None:
+def follow(sessions: sessionmaker[Session], runner: Any, exp: Experiment, query: LogQuery) -> AsyncIterator[str] | None:
     """The masked lines of the asked ranks as the run writes them, or None when the scheduler no
     longer knows the run (the caller shows the kept tail). Filter mistakes raise ApiError (422)
     here, before anything is streamed."""
@@ -193,8 +195,11 @@ def _ended(sessions: sessionmaker[Session], experiment_id: str) -> bool:
     return state is None or State(state) in TERMINAL
 
 
-def _merged(sessions: sessionmaker[Session], experiment_id: str, streams: dict[int, Iterator[bytes]], stop: threading.Event, *,
-            several: bool) -> Iterator[str]:
+async def _merged(sessions: sessionmaker[Session], experiment_id: str, streams: dict[int, Iterator[bytes]], stop: threading.Event, *,
+                  several: bool) -> AsyncIterator[str]:
+    """Async on purpose: an idle follower waits on the event loop (POLL_SECONDS timers), not in
+    the worker threads the service's other requests run in, so many followers cannot starve
+    them. Each rank is read in its own thread; the state check runs in a worker for a moment."""
     out: queue.Queue[tuple[int, Any]] = queue.Queue()
     for rank, chunks in streams.items():
         threading.Thread(target=_read_rank, args=(rank, chunks, out), name=f"logs-{experiment_id[:8]}-{rank}", daemon=True).start()
@@ -204,8 +209,9 @@ def _merged(sessions: sessionmaker[Session], experiment_id: str, streams: dict[i
     try:
         while open_streams:
             try:
-                rank, item = out.get(timeout=CHECK_SECONDS / 2)
+                rank, item = out.get_nowait()
             except queue.Empty:
+                await asyncio.sleep(POLL_SECONDS)
                 rank, item = -1, ""
             now = time.monotonic()
             if item is _END:
@@ -215,8 +221,8 @@ def _merged(sessions: sessionmaker[Session], experiment_id: str, streams: dict[i
                 yield "".join(f"[rank {rank}] {line}" for line in item.splitlines(keepends=True)) if several else item
             if ended_at is None and now - checked >= CHECK_SECONDS:
                 checked = now
-                ended_at = now if _ended(sessions, experiment_id) else None
+                ended_at = now if await asyncio.to_thread(_ended, sessions, experiment_id) else None
             if ended_at is not None and now - max(ended_at, quiet_since) >= DRAIN_SECONDS:
                 return
     finally:
-        stop.set()
+        stop.set()  # also when the client went away: each reader ends at its next chunk or heartbeat
