@@ -69,12 +69,14 @@ def test_alembic_upgrades_from_empty_and_downgrades_one_step(db_url):
     try:
         assert db.current_revision(engine) is None
         db.upgrade(engine)
-        assert db.current_revision(engine) == "0006"
-        assert {"experiments", "events", "outbox", "api_tokens", "run_logs", "scheduler_identities"} <= set(inspect(engine).get_table_names())
+        assert db.current_revision(engine) == "0007"
+        assert {"experiments", "events", "outbox", "api_tokens", "run_logs", "scheduler_identities", "run_usage"} <= set(inspect(engine).get_table_names())
         assert "scheduler_refs" in {c["name"] for c in inspect(engine).get_columns("experiments")}
         assert inspect(engine).get_pk_constraint("run_logs")["constrained_columns"] == ["experiment_id", "rank", "stream"]
         db.downgrade(engine, "-1")
-        assert db.current_revision(engine) == "0005" and "rank" not in {c["name"] for c in inspect(engine).get_columns("run_logs")}
+        assert db.current_revision(engine) == "0006" and "rank" not in {c["name"] for c in inspect(engine).get_columns("run_logs")}
+        db.downgrade(engine, "-1")
+        assert db.current_revision(engine) == "0005" and "run_usage" not in set(inspect(engine).get_table_names())
         db.downgrade(engine, "-1")
         assert db.current_revision(engine) == "0004" and "scheduler_identities" not in set(inspect(engine).get_table_names())
         db.downgrade(engine, "-1")
@@ -87,7 +89,7 @@ def test_alembic_upgrades_from_empty_and_downgrades_one_step(db_url):
         tables = set(inspect(engine).get_table_names())
         assert "api_tokens" not in tables and {"experiments", "events", "outbox"} <= tables
         db.upgrade(engine)
-        assert db.current_revision(engine) == "0006"
+        assert db.current_revision(engine) == "0007"
     finally:
         engine.dispose()
 

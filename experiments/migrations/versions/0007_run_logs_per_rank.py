@@ -3,8 +3,8 @@
 The primary key grows from (experiment_id, stream) to (experiment_id, rank, stream); SQLite cannot
 change a primary key in place, so the table is rebuilt and the kept tails copied as rank 0.
 
-Revision ID: 0006
-Revises: 0005
+Revision ID: 0007
+Revises: 0006
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0006"
-down_revision = "0005"
+revision = "0007"
+down_revision = "0006"
 branch_labels = None
 depends_on = None
 
