@@ -256,7 +256,6 @@ class NomadRunner:
             raise SchedulerUnavailable(str(exc)) from None
         return f"{job.namespace}/{child}" if child else None
 
-
     def ranks(self, run_id: str) -> tuple[int, ...]:
         """One: Nomad runs are single-node (jobs.checks refuses nodes > 1 on Nomad)."""
         return (0,)
@@ -305,6 +304,8 @@ class NomadRunner:
                 return
             yield from nomad_logs.follow(self._client, alloc_id, stderr=stderr, tail_bytes=tail_bytes, tail_lines=tail_lines, stop=stop)
         except nomad_logs.AllocationGone:
+            with self._lock:  # the next read asks Nomad which allocation is newest (it may have been rescheduled)
+                self._allocations.pop(run_id, None)
             raise RunNotFound(run_id) from None
         except NomadError as exc:
             raise SchedulerUnavailable(str(exc)) from None
@@ -423,7 +424,6 @@ class GkeRunner:
             raise SchedulerUnavailable(str(exc)) from None
         return f"{GKE_PREFIX}{job.namespace}/{name}" if found is not None and dispatch_id(found) == idempotency_key else None
 
-
     def ranks(self, run_id: str) -> tuple[int, ...]:
         """The completion indexes of the run's pods (one list call); before its pods exist,
         0 .. completions-1 of its Job (RunNotFound once the Job is gone)."""
@@ -455,8 +455,8 @@ class GkeRunner:
         if stderr:
             raise LogsFilterRefused("Kubernetes keeps a container's stdout and stderr as one log; drop --stderr to see both")
         pod = self._pods(run_id).get(rank)
-        if pod is None and rank not in self._planned(run_id):
-            raise LogsFilterRefused(f"run {run_id} has ranks 0..{len(self._planned(run_id)) - 1}; pick --rank from those")
+        if pod is None and rank not in (planned := self._planned(run_id)):
+            raise LogsFilterRefused(f"run {run_id} has ranks 0..{len(planned) - 1}; pick --rank from those")
         return self._logs(run_id, rank, pod, tail_bytes=tail_bytes, tail_lines=tail_lines, since_seconds=since_seconds, follow=follow,
                           stop=stop or threading.Event())
 
