@@ -27,7 +27,7 @@ from experiments.errors import ApiError
 from experiments.models import Experiment, RunLog
 from experiments.scheduler import not_bound
 from experiments.states import TERMINAL, State
-from jobs.logs import DEFAULT_TAIL_BYTES, LogsFilterRefused, LogsUnavailable, decoded, masked_stream, ranks, read_logs
+from jobs.logs import DEFAULT_TAIL_BYTES, LogsFilterRefused, LogsUnavailable, decoded, masked, masked_stream, ranks, read_logs
 from jobs.runner import RunNotFound, SchedulerUnavailable
 
 log = logging.getLogger("gpufleet.experiments")
@@ -184,7 +184,7 @@ def _read_rank(rank: int, chunks: Iterator[bytes], out: queue.Queue[tuple[int, A
         for text in masked_stream(decoded(chunks)):
             out.put((rank, text))
     except (RunNotFound, SchedulerUnavailable, LogsUnavailable) as exc:
-        out.put((rank, f"[gpufleet: the logs of rank {rank} ended: {exc}]\n"))
+        out.put((rank, masked(f"[gpufleet: the logs of rank {rank} ended: {exc}]\n")))  # the scheduler's words pass the detector too
     finally:
         out.put((rank, _END))
 
