@@ -108,12 +108,14 @@ class ApiToken(Base):
 
 
 class RunLog(Base):
-    """The last part of a run's stdout/stderr, kept when the run ends, so a run the scheduler has
-    garbage-collected still shows why it died. Masked by jobs.logs before it is written."""
+    """The last part of each rank's stdout/stderr, kept while the run runs (a few runs per
+    reconcile pass) and when it ends, so a run the scheduler has garbage-collected still shows
+    why it died. Masked by jobs.logs before it is written."""
 
     __tablename__ = "run_logs"
 
     experiment_id: Mapped[str] = mapped_column(String(36), ForeignKey("experiments.id", ondelete="CASCADE"), primary_key=True)
+    rank: Mapped[int] = mapped_column(Integer, primary_key=True, default=0)
     stream: Mapped[str] = mapped_column(String(8), primary_key=True)
     text: Mapped[str] = mapped_column(Text)
     captured_at: Mapped[datetime] = mapped_column(DateTime)

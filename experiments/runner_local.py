@@ -19,10 +19,11 @@ import subprocess
 import tempfile
 import threading
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from jobs.logs import LogsFilterRefused, last_lines
 from jobs.local import REPO_ROOT, local_argv, task_environment
 from jobs.logs import DEFAULT_TAIL_BYTES, tail_text
 from jobs.runner import Phase, RunNotFound, RunReport
@@ -32,6 +33,7 @@ from vault_policies.layout import META_ROLE_ID, META_WRAPPED_SECRET_ID
 
 
 RUNS_DIR = REPO_ROOT / ".gpufleet" / "runs"
+FOLLOW_POLL_SECONDS = 0.2
 
 
 def _drop_secrets(root: Path) -> None:
@@ -96,20 +98,37 @@ class LocalRunner:
             return RunReport(Phase.SUCCEEDED, "exited 0", True, 0)
         return RunReport(Phase.FAILED, f"task train: Terminated: Exit Code: {code}", True, code)
 
-    def logs(self, run_id: str, *, stderr: bool = False, tail_bytes: int = DEFAULT_TAIL_BYTES) -> str:
+    def logs(self, run_id: str, *, rank: int = 0, stderr: bool = False, tail_bytes: int = DEFAULT_TAIL_BYTES, tail_lines: int | None = None,
+             since_seconds: int | None = None, follow: bool = False, stop: threading.Event | None = None) -> Iterator[bytes]:
+        """The run's own file; a follow reads what was added every FOLLOW_POLL_SECONDS until the process exited."""
         with self._lock:
             run = self._runs.get(run_id)
         if run is None:
             raise RunNotFound(run_id)
+        if rank != 0:
+            raise LogsFilterRefused(f"run {run_id} runs on this machine with one rank (0); drop --rank {rank}")
+        if since_seconds is not None:
+            raise LogsFilterRefused("the local runner's log files carry no timestamps; use --tail N instead of --since")
         path = run.root / "alloc" / "logs" / f"{TASK}.{'stderr' if stderr else 'stdout'}.0"
+        return self._read(run, path, tail_bytes=tail_bytes, tail_lines=tail_lines, follow=follow, stop=stop or threading.Event())
+
+    @staticmethod
+    def _read(run: _Run, path: Path, *, tail_bytes: int, tail_lines: int | None, follow: bool, stop: threading.Event) -> Iterator[bytes]:
         try:
-            with path.open("rb") as handle:
-                handle.seek(0, os.SEEK_END)
-                size = handle.tell()
-                handle.seek(max(0, size - tail_bytes))
-                return tail_text(handle.read(), tail_bytes)
+            handle = path.open("rb")
         except FileNotFoundError:
-            return ""
+            return
+        with handle:
+            size = handle.seek(0, os.SEEK_END)
+            handle.seek(max(0, size - tail_bytes - 1))  # one byte more: tail_text sees a cut first line
+            first = tail_text(handle.read(), tail_bytes).encode()
+            yield last_lines(first, tail_lines) if follow else first
+            while follow and not stop.is_set():
+                ended = run.process.poll() is not None
+                yield handle.read()  # b"" when nothing was added: a tick
+                if ended:
+                    return
+                stop.wait(FOLLOW_POLL_SECONDS)
 
     def find(self, job: FinetuneSpec, idempotency_key: str) -> str | None:
         with self._lock:

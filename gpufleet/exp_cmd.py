@@ -25,28 +25,41 @@ JsonOption = typer.Option(False, "--json", help="Print the API's JSON.")
 COLOURS = {"succeeded": "green", "failed": "red", "expired": "red", "cancelled": "dim", "running": "cyan", "provisioning": "cyan"}
 
 
-def _call(method: str, path: str, **kwargs: Any) -> Any:
-    import httpx
-
+def _target() -> tuple[str, dict[str, str]]:
     base = os.environ.get("GPUFLEET_API", "http://127.0.0.1:8080").rstrip("/")
     if not base.startswith(("http://", "https://")):
         raise UserError(f"GPUFLEET_API {base!r} has no scheme; set it like http://{base} (or https://...)")
     token = os.environ.get("GPUFLEET_API_TOKEN")
     if not token:
         raise UserError("GPUFLEET_API_TOKEN is not set; create one with: gpufleet api token create --tenant <tenant>")
-    headers = {"Authorization": f"Bearer {token}", **kwargs.pop("headers", {})}
+    return base, {"Authorization": f"Bearer {token}"}
+
+
+def _raise_for(answer: Any, where: str) -> None:
+    """One line for an error answer: the API's error, field and fix."""
+    try:
+        body = answer.json()
+    except ValueError:
+        raise UserError(f"{where} answered {answer.status_code} without JSON; is GPUFLEET_API the gpufleet control plane?") from None
+    field = f" ({body.get('field')})" if body.get("field") else ""
+    raise UserError(f"{answer.status_code}: {body.get('error')}{field}; {body.get('fix')}")
+
+
+def _call(method: str, path: str, **kwargs: Any) -> Any:
+    import httpx
+
+    base, auth = _target()
+    headers = {**auth, **kwargs.pop("headers", {})}
     try:
         answer = httpx.request(method, f"{base}{path}", headers=headers, timeout=30, **kwargs)
     except httpx.HTTPError as exc:
         raise UserError(f"cannot reach the control plane at {base} ({type(exc).__name__}); start it with gpufleet serve or set GPUFLEET_API") from None
+    if answer.status_code >= 400:
+        _raise_for(answer, f"{base}{path}")
     try:
-        body = answer.json()
+        return answer.json()
     except ValueError:
         raise UserError(f"{base}{path} answered {answer.status_code} without JSON; is GPUFLEET_API the gpufleet control plane?") from None
-    if answer.status_code >= 400:
-        field = f" ({body.get('field')})" if body.get("field") else ""
-        raise UserError(f"{answer.status_code}: {body.get('error')}{field}; {body.get('fix')}")
-    return body
 
 
 def _print_json(data: Any) -> None:
@@ -156,19 +169,49 @@ def cmd_events(experiment_id: str = typer.Argument(...), as_json: bool = JsonOpt
 
 
 def cmd_logs(experiment_id: str = typer.Argument(..., help="The experiment id, or a unique prefix of it (6+ characters)."),
-             stderr: bool = typer.Option(False, "--stderr", help="The run's stderr instead of its stdout."),
-             tail: int | None = typer.Option(None, "--tail", min=0, help="Only the last N lines."),
+             follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing what the run writes until it ends."),
+             rank: int | None = typer.Option(None, "--rank", min=0, help="The rank (pod of a multi-node GKE run) to show; default 0."),
+             all_ranks: bool = typer.Option(False, "--all-ranks", help="Every rank, each line prefixed [rank N]."),
+             stderr: bool = typer.Option(False, "--stderr", help="The run's stderr instead of its stdout (Nomad and local runs)."),
+             tail: int | None = typer.Option(None, "--tail", min=0, help="Only the last N lines (with --follow: to start with)."),
+             since: str | None = typer.Option(None, "--since", help="Only what was written in the last DURATION (90s, 10m, 2h; GKE runs)."),
              as_json: bool = JsonOption) -> None:
-    """What the run printed: live from its scheduler, else the tail kept when it ended (credentials masked)."""
-    answer = _call("GET", f"/api/v1/experiments/{experiment_id}/logs", params={"stderr": str(stderr).lower(), **({"tail": tail} if tail is not None else {})})
+    """What the run printed: live from its scheduler, else the tail kept in the database (credentials masked)."""
+    if rank is not None and all_ranks:
+        raise UserError("--rank and --all-ranks together; give one rank (--rank N) or --all-ranks")
+    params: dict[str, Any] = {"stderr": str(stderr).lower(), "all_ranks": str(all_ranks).lower()}
+    params.update({k: v for k, v in (("tail", tail), ("rank", rank), ("since", since)) if v is not None})
+    if follow:
+        _stream(f"/api/v1/experiments/{experiment_id}/logs", params={**params, "follow": "true"})
+        return
+    answer = _call("GET", f"/api/v1/experiments/{experiment_id}/logs", params=params)
     if as_json:
         _print_json(answer)
         return
     for line in answer["lines"]:
         print(line)
     if answer["source"] != "scheduler":
-        where = "kept when the run ended" if answer["source"] == "stored" else "none kept"
+        where = {"stored": "kept in the database", "none": "none kept", "mixed": "partly kept in the database"}[answer["source"]]
         console.print(f"[dim]({answer['stream']} {where}{'; ' + answer['note'] if answer.get('note') else ''})[/]", highlight=False)
+
+
+def _stream(path: str, params: dict[str, Any]) -> None:
+    """Print a text/plain answer as it arrives (the API's follow=true) until the server ends it."""
+    import sys
+
+    import httpx
+
+    base, headers = _target()
+    try:
+        with httpx.stream("GET", f"{base}{path}", params=params, headers=headers, timeout=httpx.Timeout(30, read=None)) as answer:
+            if answer.status_code >= 400:
+                answer.read()
+                _raise_for(answer, f"{base}{path}")
+            for text in answer.iter_text():
+                sys.stdout.write(text)
+                sys.stdout.flush()
+    except httpx.HTTPError as exc:
+        raise UserError(f"the log stream from {base} broke off ({type(exc).__name__}); run the same command again") from None
 
 
 def cmd_watch(experiment_id: str = typer.Argument(...), interval: float = typer.Option(1.0, "--interval", min=0.2), as_json: bool = JsonOption) -> None:

@@ -62,6 +62,8 @@ def cmd_serve(
     session_max_hours: float = typer.Option(24.0, "--session-max-hours", min=0.05, help="A dashboard session ends this long after sign-in, used or not."),
     insecure_cookie: bool = typer.Option(False, "--insecure-cookie", help="Dashboard cookies without Secure, for a browser that refuses Secure cookies on plain http://127.0.0.1; only with a loopback --host."),
     public_origin: str | None = typer.Option(None, "--public-origin", help="The dashboard's origin as the browser sees it (e.g. https://gpufleet.example.com) when a proxy stands in front; sign-in and sign-out are accepted only from it. Default: the request's own scheme and Host."),
+    log_tail_kib: int = typer.Option(256, "--log-tail-kib", envvar="GPUFLEET_LOG_TAIL_KIB", min=1, max=16384,
+                                     help="KiB of each run's output kept in the database per rank and stream (docs/logs.md)."),
 ) -> None:
     """Run the experiments control plane: API, dashboard at /, and the background worker."""
     import logging
@@ -78,8 +80,8 @@ def cmd_serve(
                                  public_origin=public_origin)
     runner = _runner(scheduler, vault_env(), nomad_cluster=nomad_cluster, gke_cluster=gke_cluster)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    settings = ServiceSettings(db_url=database_url(db), worker=not no_worker, timing=Timing(poll_seconds=poll_seconds), oidc=load_oidc_settings(oidc_config),
-                               sessions=sessions)
+    settings = ServiceSettings(db_url=database_url(db), worker=not no_worker, timing=Timing(poll_seconds=poll_seconds, log_tail_bytes=log_tail_kib * 1024),
+                               oidc=load_oidc_settings(oidc_config), sessions=sessions)
     app = create_app(settings, runner=runner)
     if worker_only:
         worker = app.state.worker  # the lifespan that would start it runs only under uvicorn

@@ -7,6 +7,8 @@ and ``ping()`` (does the scheduler answer). A repeated submit with the same key 
 same run on both schedulers (Nomad's dispatch idempotency token; the Kubernetes Job named from
 the key). Each submit mints its wrapped single-use secret_id(s) with the caller's Vault
 environment and hands them straight to the scheduler: never returned, stored or logged.
+``logs``/``ranks`` read a run's output per rank (jobs.logs states the contract; jobs.nomad.logs
+and jobs.k8s.logs speak each scheduler's API).
 
 Run ids: Nomad ``<namespace>/<dispatched job id>``; GKE ``gke:<namespace>/<run>``.
 ``Runners`` routes by the job's cluster on submit and by the run id afterwards.
@@ -19,14 +21,14 @@ import json
 import logging
 import threading
 import uuid
-from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections import OrderedDict, defaultdict
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Protocol
 
 from clusters.schema import SchedulerKind
-from jobs.logs import DEFAULT_TAIL_BYTES
+from jobs.logs import DEFAULT_TAIL_BYTES, LogsFilterRefused, LogsUnavailable
 from jobs.spec import FinetuneSpec
 from jobs.usage import Usage
 from jobs.vault_mint import default_queue_seconds, mint_wrapped_secret_id
@@ -38,6 +40,8 @@ if TYPE_CHECKING:
 
 GKE_PREFIX = "gke:"
 log = logging.getLogger("gpufleet.jobs.runner")
+# Allocation ids the Nomad runner remembers from its polls (so a log read needs no GET of its own).
+ALLOCATIONS_REMEMBERED = 10_000
 
 
 class Phase(StrEnum):
@@ -119,6 +123,7 @@ class NomadRunner:
         self._vault_env = dict(vault_env)
         self._registered: set[tuple[str, str, str]] = set()
         self._lock = threading.Lock()
+        self._allocations: OrderedDict[str, str] = OrderedDict()  # run id -> newest allocation seen
 
     def _ensure_registered(self, job: FinetuneSpec) -> None:
         """Register the parameterized parent once per rendered version (Nomad keeps it), not once
@@ -155,7 +160,17 @@ class NomadRunner:
             if "(404" in str(exc):
                 raise RunNotFound(run_id) from None
             raise SchedulerUnavailable(str(exc)) from None
+        self._remember(run_id, status.alloc_id)
         return self._report(namespace, job_id, status)
+
+    def _remember(self, run_id: str, alloc_id: str | None) -> None:
+        if alloc_id is None:
+            return
+        with self._lock:
+            self._allocations[run_id] = alloc_id
+            self._allocations.move_to_end(run_id)
+            while len(self._allocations) > ALLOCATIONS_REMEMBERED:
+                self._allocations.popitem(last=False)
 
     @staticmethod
     def _report(namespace: str, job_id: str, status: Any) -> RunReport:
@@ -210,7 +225,9 @@ class NomadRunner:
                     if known.get(run_id) == fingerprint:
                         out[run_id] = Polled(fingerprint, None)
                     elif mine:
-                        out[run_id] = Polled(fingerprint, self._report(namespace, job_id, summarize(job_id, stub, [], mine)))
+                        status = summarize(job_id, stub, [], mine)
+                        self._remember(run_id, status.alloc_id)
+                        out[run_id] = Polled(fingerprint, self._report(namespace, job_id, status))
                     else:
                         out[run_id] = Polled(fingerprint, self.status(run_id))
                 except SchedulerUnavailable as exc:  # this run's own GET failed: no answer for it alone
@@ -268,6 +285,60 @@ class NomadRunner:
                 return None  # the parent itself is gone: no child of it runs
             raise SchedulerUnavailable(str(exc)) from None
         return f"{job.namespace}/{child}" if child else None
+
+    def ranks(self, run_id: str) -> tuple[int, ...]:
+        """One: Nomad runs are single-node (jobs.checks refuses nodes > 1 on Nomad)."""
+        return (0,)
+
+    def logs(self, run_id: str, *, rank: int = 0, stderr: bool = False, tail_bytes: int = DEFAULT_TAIL_BYTES, tail_lines: int | None = None,
+             since_seconds: int | None = None, follow: bool = False, stop: threading.Event | None = None) -> Iterator[bytes]:
+        """The run's allocation's task log (jobs.nomad.logs): the newest allocation of the job."""
+        if rank != 0:
+            raise LogsFilterRefused(f"run {run_id} has one rank on Nomad (rank 0); drop --rank {rank}")
+        if since_seconds is not None:
+            raise LogsFilterRefused("Nomad's logs API has no time filter (its log files carry no timestamps); use --tail N instead of --since")
+        return self._logs(run_id, stderr=stderr, tail_bytes=tail_bytes, tail_lines=tail_lines, follow=follow, stop=stop or threading.Event())
+
+    def _allocation(self, run_id: str) -> str | None:
+        """The run's newest allocation: as its last poll saw it, else from its own GET."""
+        from jobs.nomad.client import NomadError
+
+        with self._lock:
+            if (known := self._allocations.get(run_id)) is not None:
+                return known
+        namespace, _, job_id = run_id.partition("/")
+        try:
+            allocations = self._client.job_allocations(job_id, namespace)
+        except NomadError as exc:
+            if "(404" in str(exc):
+                raise RunNotFound(run_id) from None
+            raise SchedulerUnavailable(str(exc)) from None
+        latest = max(allocations, key=lambda a: (a.get("CreateIndex", 0), a.get("ID", "")), default=None)
+        self._remember(run_id, latest["ID"] if latest else None)
+        return latest["ID"] if latest else None
+
+    def _logs(self, run_id: str, *, stderr: bool, tail_bytes: int, tail_lines: int | None, follow: bool, stop: threading.Event) -> Iterator[bytes]:
+        from jobs.nomad import logs as nomad_logs
+        from jobs.nomad.client import NomadError
+
+        try:
+            alloc_id = self._allocation(run_id)
+            while alloc_id is None and follow and not stop.is_set():  # not placed yet: wait for it
+                yield b""
+                stop.wait(1.0)
+                alloc_id = self._allocation(run_id)
+            if alloc_id is None:
+                return
+            if not follow:
+                yield nomad_logs.read_tail(self._client, alloc_id, stderr=stderr, tail_bytes=tail_bytes)
+                return
+            yield from nomad_logs.follow(self._client, alloc_id, stderr=stderr, tail_bytes=tail_bytes, tail_lines=tail_lines, stop=stop)
+        except nomad_logs.AllocationGone:
+            with self._lock:  # the next read asks Nomad which allocation is newest (it may have been rescheduled)
+                self._allocations.pop(run_id, None)
+            raise RunNotFound(run_id) from None
+        except NomadError as exc:
+            raise SchedulerUnavailable(str(exc)) from None
 
 
 class GkeRunner:
@@ -432,6 +503,65 @@ class GkeRunner:
             raise SchedulerUnavailable(str(exc)) from None
         return f"{GKE_PREFIX}{job.namespace}/{name}" if found is not None and dispatch_id(found) == idempotency_key else None
 
+    def ranks(self, run_id: str) -> tuple[int, ...]:
+        """The completion indexes of the run's pods (one list call); before its pods exist,
+        0 .. completions-1 of its Job (RunNotFound once the Job is gone)."""
+        return tuple(sorted(self._pods(run_id) or dict.fromkeys(self._planned(run_id))))
+
+    def _pods(self, run_id: str) -> dict[int, str]:
+        from jobs.k8s import logs as k8s_logs
+        from jobs.k8s.client import K8sError
+
+        try:
+            return k8s_logs.rank_pods(self._client, *self._split(run_id))
+        except K8sError as exc:
+            raise SchedulerUnavailable(str(exc)) from None
+
+    def _planned(self, run_id: str) -> range:
+        from jobs.k8s.client import K8sError
+
+        try:
+            job = self._client.get_job(*self._split(run_id))
+        except K8sError as exc:
+            raise SchedulerUnavailable(str(exc)) from None
+        if job is None:
+            raise RunNotFound(run_id)
+        return range(int((job.get("spec") or {}).get("completions") or 1))
+
+    def logs(self, run_id: str, *, rank: int = 0, stderr: bool = False, tail_bytes: int = DEFAULT_TAIL_BYTES, tail_lines: int | None = None,
+             since_seconds: int | None = None, follow: bool = False, stop: threading.Event | None = None) -> Iterator[bytes]:
+        """The rank's pod log (jobs.k8s.logs); stdout and stderr are one stream on Kubernetes."""
+        if stderr:
+            raise LogsFilterRefused("Kubernetes keeps a container's stdout and stderr as one log; drop --stderr to see both")
+        pod = self._pods(run_id).get(rank)
+        if pod is None and rank not in (planned := self._planned(run_id)):
+            raise LogsFilterRefused(f"run {run_id} has ranks 0..{len(planned) - 1}; pick --rank from those")
+        return self._logs(run_id, rank, pod, tail_bytes=tail_bytes, tail_lines=tail_lines, since_seconds=since_seconds, follow=follow,
+                          stop=stop or threading.Event())
+
+    def _logs(self, run_id: str, rank: int, pod: str | None, *, tail_bytes: int, tail_lines: int | None, since_seconds: int | None,
+              follow: bool, stop: threading.Event) -> Iterator[bytes]:
+        from jobs.k8s import logs as k8s_logs
+        from jobs.k8s.client import K8sError, K8sRunGone
+
+        namespace, _ = self._split(run_id)
+        try:
+            while pod is None and follow and not stop.is_set():  # not admitted yet: its pods do not exist
+                yield b""
+                stop.wait(1.0)
+                self._planned(run_id)  # RunNotFound once the Job is gone
+                pod = self._pods(run_id).get(rank)
+            if pod is None:
+                return
+            if not follow:
+                yield k8s_logs.read_tail(self._client, namespace, pod, tail_bytes=tail_bytes, since_seconds=since_seconds)
+                return
+            yield from k8s_logs.follow(self._client, namespace, pod, tail_lines=tail_lines, since_seconds=since_seconds, stop=stop)
+        except K8sRunGone:
+            raise RunNotFound(run_id) from None
+        except K8sError as exc:
+            raise SchedulerUnavailable(str(exc)) from None
+
 
 class Runners:
     """One Runner over both schedulers: submit by the job's cluster, status/stop by the run id."""
@@ -459,10 +589,16 @@ class Runners:
     def find(self, job: FinetuneSpec, idempotency_key: str) -> str | None:
         return self._pick(job.scheduler == SchedulerKind.GKE).find(job, idempotency_key)
 
-    def logs(self, run_id: str, *, stderr: bool = False, tail_bytes: int = DEFAULT_TAIL_BYTES) -> str:
-        from jobs.logs import read_logs
+    def ranks(self, run_id: str) -> tuple[int, ...]:
+        from jobs.logs import ranks
 
-        return read_logs(self._pick(run_id.startswith(GKE_PREFIX)), run_id, stderr=stderr, tail_bytes=tail_bytes)
+        return ranks(self._pick(run_id.startswith(GKE_PREFIX)), run_id)
+
+    def logs(self, run_id: str, **options: Any) -> Iterator[bytes]:
+        runner = self._pick(run_id.startswith(GKE_PREFIX))
+        if getattr(runner, "logs", None) is None:
+            raise LogsUnavailable(f"reading logs from {runner.scheduler} is not supported")
+        return runner.logs(run_id, **options)  # type: ignore[attr-defined,no-any-return]
 
     def usage(self, run_ids: Sequence[str], refs: Mapping[str, Mapping[str, str]]) -> dict[str, Usage]:
         """Each scheduler's runs through its own ``usage``; a scheduler whose metrics source is down

@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from experiments.metrics import Metrics
 from experiments.services.catalog import Catalog
+from jobs.logs import DEFAULT_TAIL_BYTES
 from jobs.runner import Runner
 
 if TYPE_CHECKING:
@@ -57,6 +58,12 @@ class Fingerprints:
 @dataclass(frozen=True)
 class Timing:
     poll_seconds: float = 2.0
+    # Log tails kept in the database: bytes per rank and stream; while runs run, at most this many
+    # runs' tails per reconcile pass, each at most once per log_capture_every_seconds (those that
+    # ended in the pass are always kept, on top).
+    log_tail_bytes: int = DEFAULT_TAIL_BYTES
+    log_captures_per_pass: int = 4
+    log_capture_every_seconds: float = 300.0
     # A claimed dispatch whose process died is retried after this (longer than the Nomad client's retries).
     dispatch_lease_seconds: int = 120
     # An accepted experiment not handed to the scheduler within this fails with the last error.

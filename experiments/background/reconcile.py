@@ -86,6 +86,7 @@ def process_scheduled(ctx: Context) -> int:
     moves: list[Move] = []
     fresh: dict[str, str] = {}
     answered: list[str] = []
+    forgotten: set[str] = set()
     for row in tracked:
         result = results.get(row.run_id)
         if result is None:
@@ -96,6 +97,7 @@ def process_scheduled(ctx: Context) -> int:
         if result.gone:
             moves.append(Move(row.id, State.FAILED, f"the scheduler no longer knows run {row.run_id} (garbage-collected before gpufleet saw it end)"))
             answered.append(row.id)
+            forgotten.add(row.id)
             continue
         try:
             moves.append(_decide(ctx, row.id, row.run_id, row.state, result.report))
@@ -108,8 +110,7 @@ def process_scheduled(ctx: Context) -> int:
         ctx.metrics.reconcile_errors.inc(missed)
         log.warning("reconcile: no answer for %d of %d runs this pass (see the scheduler errors above)", missed, len(tracked))
     ended = _apply_all(ctx, moves, answered)
-    if ended:
-        run_logs.keep(ctx.sessions, ctx.runner, sorted(ended), now=ctx.clock())
+    _keep_logs(ctx, ended - forgotten, bound)  # a forgotten run has no logs left to read
     ctx.fingerprints.remember(fresh)
     gone = [r.run_id for r in tracked if r.id in ended]
     ctx.fingerprints.forget(gone)
@@ -140,6 +141,17 @@ def _note_not_bound(ctx: Context, bound: ColumnElement[bool]) -> None:
             reason = not_bound(ctx.runner, cluster, scheduler)
             session.execute(update(Experiment).where(on_scheduler, Experiment.cluster == cluster, Experiment.scheduler == scheduler,
                                                      or_(Experiment.reason.is_(None), Experiment.reason != reason)).values(reason=reason))
+
+
+def _keep_logs(ctx: Context, ended: set[str], bound: ColumnElement[bool] | None) -> None:
+    """Log tails into the database: every run that ended this pass, and a rotating few running
+    ones (``Timing.log_captures_per_pass``), never a read per run per pass."""
+    timing, now = ctx.timing, ctx.clock()
+    if ended:
+        run_logs.keep(ctx.sessions, ctx.runner, sorted(ended), now=now, tail_bytes=timing.log_tail_bytes)
+    if timing.log_captures_per_pass:
+        run_logs.keep_running(ctx.sessions, ctx.runner, bound=bound, now=now, limit=timing.log_captures_per_pass,
+                              every_seconds=timing.log_capture_every_seconds, tail_bytes=timing.log_tail_bytes)
 
 
 def _decide(ctx: Context, experiment_id: str, run_id: str, state: str, report: RunReport) -> Move:
@@ -204,7 +216,7 @@ def reconcile_one(ctx: Context, experiment_id: str) -> None:
     if exp.cancel_requested_at is not None:
         ctx.runner.stop(exp.run_id)
         _move(ctx, experiment_id, State.CANCELLED, "cancelled: stopped on the scheduler", exit_code=None)
-        run_logs.keep(ctx.sessions, ctx.runner, [experiment_id], now=ctx.clock())
+        run_logs.keep(ctx.sessions, ctx.runner, [experiment_id], now=ctx.clock(), tail_bytes=ctx.timing.log_tail_bytes)
         return
     try:
         report = ctx.runner.status(exp.run_id)

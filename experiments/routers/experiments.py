@@ -6,7 +6,7 @@ import json
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, Query, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from experiments.auth import Caller
@@ -18,6 +18,7 @@ from experiments.services import experiments as service
 from experiments.services import logs as run_logs
 from experiments.services import usage as run_usage
 from experiments.states import State
+from jobs.durations import NS_PER_SECOND, parse_duration_ns
 
 router = APIRouter(prefix="/api/v1")
 
@@ -96,13 +97,37 @@ def events(experiment_id: str, who: Annotated[Caller, Depends(caller)], ctx: Ann
         return {"id": exp.id, "events": [service.event_view(e) for e in service.events_of(session, exp)]}
 
 
-@router.get("/experiments/{experiment_id}/logs")
+@router.get("/experiments/{experiment_id}/logs", response_model=None)
 def logs(experiment_id: str, who: Annotated[Caller, Depends(caller)], ctx: Annotated[Context, Depends(context)],
-         stderr: bool = False, tail: Annotated[int | None, Query(ge=0, le=100_000)] = None) -> dict[str, Any]:
-    """The run's stdout (or stderr): live from its scheduler, else the tail kept when it ended."""
+         stderr: bool = False, tail: Annotated[int | None, Query(ge=0, le=100_000)] = None,
+         rank: Annotated[int | None, Query(ge=0, le=10_000)] = None, all_ranks: bool = False,
+         since: Annotated[str | None, Query(max_length=32)] = None, follow: bool = False) -> dict[str, Any] | StreamingResponse:
+    """The run's stdout (or stderr) per rank: live from its scheduler, else the tail kept in the
+    database; ``follow=true`` streams text/plain lines until the run ended."""
+    query = run_logs.LogQuery(rank=None if all_ranks else (rank or 0), stderr=stderr, tail_lines=tail, since_seconds=_seconds(since),
+                              tail_bytes=ctx.timing.log_tail_bytes)
+    if all_ranks and rank is not None:
+        raise ApiError(422, "rank and all_ranks together", field="rank", fix="give one rank (rank=N) or all_ranks=true, not both")
     with ctx.sessions() as session:
         exp = service.get_visible(session, who, experiment_id)
-        return run_logs.read(session, ctx.runner, exp, stderr=stderr, tail_lines=tail)
+        lines = run_logs.follow(ctx.sessions, ctx.runner, exp, query) if follow else None
+        if lines is None:
+            answer = run_logs.read(session, ctx.runner, exp, query)
+            if not follow:
+                return answer
+            return StreamingResponse(iter(["".join(f"{line}\n" for line in answer["lines"])]), media_type="text/plain; charset=utf-8",
+                                     headers={"X-Gpufleet-Log-Source": answer["source"]})
+    return StreamingResponse(lines, media_type="text/plain; charset=utf-8", headers={"X-Gpufleet-Log-Source": "scheduler"})
+
+
+def _seconds(since: str | None) -> int | None:
+    """``since`` as people write durations ("90s", "10m", "2h"), in whole seconds."""
+    if since is None:
+        return None
+    try:
+        return max(1, parse_duration_ns(since) // NS_PER_SECOND)
+    except ValueError as exc:
+        raise ApiError(422, f"since: {exc}", field="since", fix="write a duration like 90s, 10m or 2h") from None
 
 
 @router.post("/experiments/{experiment_id}/cancel", status_code=202)

@@ -264,6 +264,31 @@ class K8sClient:
             if token is None:
                 return items, True
 
+    def list_pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
+        answer = self._call(f"list Pods in {namespace}", self._core.list_namespaced_pod, namespace, label_selector=label_selector)
+        return list((answer or {}).get("items") or [])
+
+    def pod_log(self, namespace: str, pod: str, *, container: str, follow: bool, tail_lines: int | None, since_seconds: int | None,
+                read_timeout_seconds: float | None = None) -> Any:
+        """``read_namespaced_pod_log`` unread (``_preload_content=False``): the urllib3 response,
+        streamed when ``follow``. A pod that is gone is K8sRunGone; 400 (container not there,
+        or not started: "is waiting to start") is K8sError with the API server's message."""
+        import kubernetes
+        import urllib3
+
+        options = {k: v for k, v in (("tail_lines", tail_lines), ("since_seconds", since_seconds)) if v is not None}
+        timeout = (self.settings.timeout_seconds, read_timeout_seconds) if read_timeout_seconds else self.settings.timeout_seconds
+        try:
+            return self._core.read_namespaced_pod_log(pod, namespace, container=container, follow=follow, _preload_content=False,
+                                                      _request_timeout=timeout, **options)
+        except kubernetes.client.ApiException as exc:
+            if exc.status == 404:
+                raise K8sRunGone(f"logs: no pod {pod} in namespace {namespace}: its Job was removed (stopped, or a day after it finished)") from None
+            raise self._error(f"logs of pod {namespace}/{pod}", exc, True) from None
+        except urllib3.exceptions.HTTPError as exc:
+            raise K8sError(f"logs: cannot reach the Kubernetes API after {self.settings.retries + 1} attempts ({type(exc).__name__}); "
+                           "check the cluster endpoint and KUBECONFIG") from None
+
     def status(self, namespace: str, name: str) -> K8sRunStatus:
         job = self.get_job(namespace, name)
         if job is None:

@@ -251,6 +251,32 @@ class NomadClient:
             pairs = [(api.job.request(quote(s["ID"], safe=""), method="get").json(), s.get("JobSummary") or {}) for s in active]
         return gpus_held(pairs, pool=pool)
 
+    def job_allocations(self, job_id: str, namespace: str) -> list[dict[str, Any]]:
+        """``GET /v1/job/:id/allocations``: the run's AllocationListStubs (one GET, not ``status``'s three)."""
+        with self._errors("allocations", job_id, namespace, "check the run id and the namespace"):
+            answer = self._api(namespace).job.request(quote(job_id, safe=""), "allocations", method="get").json()
+        return list(answer or [])
+
+    def get(self, path: str, params: Mapping[str, str], *, stream: bool = False, read_timeout_seconds: float | None = None) -> requests.Response:
+        """A raw GET through this client's session (retries, TLS, mTLS, token) for endpoints
+        python-nomad does not stream (``/v1/client/fs/logs``). Any status comes back; only a
+        failure to reach Nomad raises (NomadError, with the TLS advice)."""
+        import requests
+
+        s = self.settings
+        headers = {"X-Nomad-Token": s.token} if s.token else {}
+        query = {**params, **({"region": s.region} if s.region else {})}
+        try:
+            return self._session.get(f"{s.address}{path}", params=query, headers=headers, stream=stream,
+                                     verify=s.cacert or (not s.skip_verify),
+                                     cert=(s.client_cert, s.client_key) if s.client_cert and s.client_key else None,
+                                     timeout=(s.timeout_seconds, read_timeout_seconds or s.timeout_seconds))
+        except requests.exceptions.SSLError as exc:
+            raise NomadError(f"logs: {_tls_advice(str(exc), s)}") from None
+        except requests.RequestException as exc:
+            raise NomadError(f"logs: cannot reach Nomad at {s.address} after {s.retries + 1} attempts ({type(exc).__name__}); "
+                             "check NOMAD_ADDR and that the servers are up") from None
+
     def list_jobs(self, namespace: str, prefix: str) -> list[dict[str, Any]]:
         """``GET /v1/jobs?prefix=&namespace=``: the JobListStubs (api/jobs.go: ID, ParentID, Stop,
         Status, JobSummary, ModifyIndex...) of every job whose ID starts with ``prefix``; for the

@@ -51,6 +51,7 @@ import base64
 import json
 import re
 import threading
+import time
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field
@@ -63,7 +64,9 @@ from jobs.k8s.schemas import errors as schema_errors
 
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
-KINDS = {("batch/v1", "jobs"): "Job", ("v1", "secrets"): "Secret", ("v1", "services"): "Service",
+JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
+COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
+KINDS = {("batch/v1", "jobs"): "Job", ("v1", "secrets"): "Secret", ("v1", "services"): "Service", ("v1", "pods"): "Pod",
          ("kueue.x-k8s.io/v1beta2", "workloads"): "Workload", ("kueue.x-k8s.io/v1beta2", "localqueues"): "LocalQueue"}
 
 
@@ -179,6 +182,8 @@ class K8sDouble:
         self.token = token
         self.cluster_uid = str(uuid.uuid4())  # the kube-system Namespace's uid: this cluster's identity
         self.store = _Store()
+        # (namespace, pod, container) -> [(time written, line)]: what the container printed
+        self.pod_logs: dict[tuple[str, str, str], list[tuple[float, bytes]]] = {}
         self.requests: list[Recorded] = []
         self.faults: list[Fault] = []
         self.listed: Counter[tuple[str, str]] = Counter()
@@ -263,6 +268,9 @@ class K8sDouble:
         handler.close_connection = True
         if handler.headers.get("Authorization") != f"Bearer {self.token}":
             code, answer = 401, status_body(401, "Unauthorized", "Unauthorized")
+        elif url.path.endswith("/log") and "/pods/" in url.path:
+            self.requests.append(Recorded(method, url.path, query, 200, body))
+            return self._pod_log(handler, url.path, query)
         elif query.get("watch", [""])[0].lower() in ("true", "1"):
             self.requests.append(Recorded(method, url.path, query, 200, body))
             return self._watch(handler, url.path, query)
@@ -563,6 +571,138 @@ class K8sDouble:
         except (BrokenPipeError, ConnectionResetError):
             return
 
+    # ---- pod logs ---------------------------------------------------------------------------
+    # Pods and their logs (the Job controller's part, driven by the test): ``admit`` makes one pod per
+    # rank, named ``<job>-<index>-<suffix>``, labelled ``batch.kubernetes.io/job-name`` (and the legacy
+    # ``job-name``) and, for an Indexed Job, carrying ``batch.kubernetes.io/job-completion-index`` as
+    # annotation and label (k8s.io/api batch/v1 types.go), owned by the Job (so they go with it).
+    # ``GET /api/v1/namespaces/{ns}/pods/{name}/log`` answers text/plain as the API server does, with
+    # ``container``, ``follow``, ``tailLines``, ``sinceSeconds`` and ``previous``: 404 NotFound for a
+    # pod that is gone; 400 BadRequest "container <c> is not valid for pod <p>" (pkg/registry/core/pod/
+    # strategy.go) or, from the kubelet, "container "<c>" in pod "<p>" is waiting to start: <reason>" and
+    # "previous terminated container "<c>" in pod "<p>" not found"; a follow streams chunked and ends
+    # when the container has terminated.
+    def _pod_log(self, handler: BaseHTTPRequestHandler, path: str, query: dict[str, list[str]]) -> None:
+        parts = path.strip("/").split("/")  # api v1 namespaces <ns> pods <name> log
+        namespace, name = parts[3], parts[5]
+        arg = lambda key: (query.get(key) or [""])[0]  # noqa: E731
+        with self._lock:
+            pod = self.store.objects.get(("pods", namespace, name))
+            if pod is None:
+                return self._send(handler, 404, status_body(404, "NotFound", f'pods "{name}" not found', {"name": name, "kind": "pods"}))
+            names = [c["name"] for c in pod["spec"].get("containers", [])]
+            container = arg("container") or (names[0] if len(names) == 1 else "")
+            if not container:
+                return self._send(handler, 400, status_body(400, "BadRequest", f"a container name must be specified for pod {name}, choose one of: [{' '.join(names)}]"))
+            if container not in names + [c["name"] for c in pod["spec"].get("initContainers", [])]:
+                return self._send(handler, 400, status_body(400, "BadRequest", f"container {container} is not valid for pod {name}"))
+            state = self._container_state(pod, container)
+            if "waiting" in state:
+                reason = state["waiting"].get("reason", "ContainerCreating")
+                return self._send(handler, 400, status_body(400, "BadRequest", f'container "{container}" in pod "{name}" is waiting to start: {reason}'))
+            if arg("previous").lower() in ("true", "1"):
+                return self._send(handler, 400, status_body(400, "BadRequest", f'previous terminated container "{container}" in pod "{name}" not found'))
+            key = (namespace, name, container)
+            lines = list(self.pod_logs.get(key, []))
+            sent = len(lines)
+        if arg("sinceSeconds"):
+            lines = [(at, line) for at, line in lines if at >= time.time() - int(arg("sinceSeconds"))]
+        if arg("tailLines"):
+            lines = lines[len(lines) - min(len(lines), int(arg("tailLines"))):]
+        body = b"".join(line for _, line in lines)
+        handler.close_connection = True
+        if arg("follow").lower() not in ("true", "1"):
+            handler.send_response(200)
+            handler.send_header("Content-Type", "text/plain")
+            handler.send_header("Content-Length", str(len(body)))
+            handler.send_header("Connection", "close")
+            handler.end_headers()
+            handler.wfile.write(body)
+            return None
+        handler.send_response(200)
+        handler.send_header("Content-Type", "text/plain")
+        handler.send_header("Transfer-Encoding", "chunked")
+        handler.send_header("Connection", "close")
+        handler.end_headers()
+
+        def send(data: bytes) -> None:
+            if data:
+                handler.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+                handler.wfile.flush()
+
+        try:
+            send(body)
+            while True:
+                with self._lock:
+                    self._lock.wait(timeout=0.2)
+                    pod = self.store.objects.get(("pods", namespace, name))
+                    fresh = self.pod_logs.get(key, [])[sent:]
+                    sent += len(fresh)
+                    over = pod is None or self._server is None or "terminated" in self._container_state(pod, container)
+                send(b"".join(line for _, line in fresh))
+                if over:
+                    break
+            handler.wfile.write(b"0\r\n\r\n")
+            handler.wfile.flush()
+        except (BrokenPipeError, ConnectionResetError):
+            return None
+        return None
+
+    @staticmethod
+    def _container_state(pod: dict[str, Any], container: str) -> dict[str, Any]:
+        statuses = (pod.get("status") or {}).get("containerStatuses") or []
+        return next((c.get("state") or {} for c in statuses if c["name"] == container), {"waiting": {"reason": "ContainerCreating"}})
+
+    def pods(self, namespace: str, run: str) -> dict[int, str]:
+        """Rank -> name of the run's pods."""
+        return {int((o["metadata"].get("annotations") or {}).get(COMPLETION_INDEX, "0")): o["metadata"]["name"]
+                for (r, ns, _), o in sorted(self.store.objects.items()) if r == "pods" and ns == namespace
+                and o["metadata"]["labels"].get(JOB_NAME_LABEL) == run}
+
+    def write_pod_log(self, namespace: str, run: str, rank: int, text: str, container: str = "train") -> None:
+        """Rank ``rank`` of the run printing ``text``."""
+        with self._lock:
+            pod = self.pods(namespace, run)[rank]
+            self.pod_logs.setdefault((namespace, pod, container), []).extend((time.time(), line) for line in text.encode().splitlines(keepends=True))
+            self._lock.notify_all()
+
+    def _make_pods(self, job: dict[str, Any]) -> None:
+        """What the Job controller creates for an admitted (unsuspended) Job: one pod per index."""
+        meta, spec = job["metadata"], job["spec"]
+        template, indexed = spec["template"], spec.get("completionMode") == "Indexed"
+        for index in range(spec.get("parallelism", 1)):
+            labels = {**(template["metadata"].get("labels") or {}), JOB_NAME_LABEL: meta["name"], "job-name": meta["name"],
+                      "batch.kubernetes.io/controller-uid": meta["uid"], "controller-uid": meta["uid"]}
+            annotations = dict(template["metadata"].get("annotations") or {})
+            if indexed:
+                labels[COMPLETION_INDEX] = annotations[COMPLETION_INDEX] = str(index)
+            name = f"{meta['name']}-{index}-{uuid.uuid4().hex[:5]}" if indexed else f"{meta['name']}-{uuid.uuid4().hex[:5]}"
+            pod = {"apiVersion": "v1", "kind": "Pod",
+                   "metadata": {"name": name, "namespace": meta["namespace"], "uid": str(uuid.uuid4()), "labels": labels, "annotations": annotations,
+                                "creationTimestamp": now(), "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": meta["name"],
+                                                                                 "uid": meta["uid"], "controller": True, "blockOwnerDeletion": True}]},
+                   "spec": {**template["spec"], "nodeName": f"gke-node-{index}"},
+                   "status": {"phase": "Pending", "containerStatuses": [{"name": c["name"], "ready": False, "restartCount": 0,
+                                                                          "state": {"waiting": {"reason": "ContainerCreating"}}}
+                                                                         for c in template["spec"].get("containers", [])]}}
+            self.store.objects[("pods", meta["namespace"], name)] = pod
+            self._bump("pods", "ADDED", pod)
+
+    def _set_pods(self, namespace: str, run: str, count: int | None, phase: str, state: dict[str, Any]) -> None:
+        for rank, name in sorted(self.pods(namespace, run).items()):
+            if count is not None and rank >= count:
+                continue
+            pod = self.store.objects[("pods", namespace, name)]
+            pod["status"]["phase"] = phase
+            for status in pod["status"]["containerStatuses"]:
+                status.update({"state": json.loads(json.dumps(state)), "ready": phase == "Running"})
+            self._bump("pods", "MODIFIED", pod)
+
+    def remove_job(self, namespace: str, name: str) -> None:
+        """The TTL controller deleting a finished Job (ttlSecondsAfterFinished): its pods and logs go with it."""
+        with self._lock:
+            self._remove(("jobs", namespace, name))
+
     # ---- Kueue and the Job controller, driven by the test ------------------------------------
     @staticmethod
     def _condition(kind: str, status: str, reason: str, message: str) -> dict[str, Any]:
@@ -604,16 +744,22 @@ class K8sDouble:
             j["spec"]["suspend"] = False
             j["status"].update({"startTime": now(), "active": j["spec"].get("parallelism", 1), "ready": 0})
             self._set_conditions(j["status"], self._condition("Suspended", "False", "JobResumed", "Job resumed"))
+            self._make_pods(j)
 
         self._update(namespace, name, job, workload)
 
     def pods_ready(self, namespace: str, name: str, ready: int) -> None:
-        self._update(namespace, name, lambda j: j["status"].update({"ready": ready}), lambda w: None)
+        def job(j: dict[str, Any]) -> None:
+            j["status"].update({"ready": ready})
+            self._set_pods(namespace, name, ready, "Running", {"running": {"startedAt": now()}})
+
+        self._update(namespace, name, job, lambda w: None)
 
     def succeed(self, namespace: str, name: str) -> None:
         def job(j: dict[str, Any]) -> None:
             n = j["spec"].get("completions", 1)
             j["status"].update({"active": 0, "ready": 0, "succeeded": n, "completionTime": now()})
+            self._set_pods(namespace, name, None, "Succeeded", {"terminated": {"exitCode": 0, "reason": "Completed", "finishedAt": now()}})
             self._set_conditions(j["status"], self._condition("SuccessCriteriaMet", "True", "CompletionsReached", "Reached expected number of succeeded pods"),
                                  self._condition("Complete", "True", "CompletionsReached", "Reached expected number of succeeded pods"))
 
@@ -622,6 +768,7 @@ class K8sDouble:
     def fail(self, namespace: str, name: str, *, reason: str, message: str) -> None:
         def job(j: dict[str, Any]) -> None:
             j["status"].update({"active": 0, "ready": 0, "failed": 1})
+            self._set_pods(namespace, name, None, "Failed", {"terminated": {"exitCode": 1, "reason": "Error", "finishedAt": now()}})
             self._set_conditions(j["status"], self._condition("FailureTarget", "True", reason, message), self._condition("Failed", "True", reason, message))
 
         self._update(namespace, name, job, lambda w: self._set_conditions(w["status"], self._condition("Finished", "True", "Failed", message)))
@@ -637,6 +784,8 @@ class K8sDouble:
             self._set_conditions(w["status"], *conditions)
 
         def job(j: dict[str, Any]) -> None:
+            for pod in self.pods(namespace, name).values():  # a suspended Job's pods are deleted
+                self._remove(("pods", namespace, pod))
             j["spec"]["suspend"] = True
             j["status"].update({"active": 0, "ready": 0})
             j["status"].pop("startTime", None)

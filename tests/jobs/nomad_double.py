@@ -18,6 +18,11 @@ client's CA, certificate and server-name handling run against a real TLS handsha
 headers, body) and can inject faults (an HTTP status, or a slow answer that outlives the
 client's timeout *after* the request took effect, like a lost response).
 
+The client filesystem logs API ``/v1/client/fs/logs/:alloc_id`` is answered as jobs/nomad/logs.py
+documents from hashicorp/nomad's source: its parameters and their 400s, plain bytes or concatenated
+JSON StreamFrames with a ``{}`` heartbeat every second, a follow that stays open after the task
+exited, and 404 "Unknown allocation" once the allocation is garbage-collected (``gc``).
+
 Placement is modelled on Nomad's scheduler metrics: nodes outside the job's NodePool are
 not evaluated; a failed constraint counts in ConstraintFiltered["<L> <op> <R>"]; a node
 without enough matching GPUs at all counts as "missing devices"; a node whose matching
@@ -30,6 +35,7 @@ too; moving it would only lengthen their imports.
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 import ssl
@@ -79,6 +85,8 @@ class _State:
     allocations: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     tokens: dict[str, str] = field(default_factory=dict)
     index: int = 100
+    # (alloc id, task, "stdout"|"stderr") -> what the task wrote (alloc/logs/<task>.<type>.0)
+    logs: dict[tuple[str, str, str], bytearray] = field(default_factory=dict)
 
 
 def _mib(text: str) -> float:
@@ -122,6 +130,8 @@ class NomadDouble:
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self._server.daemon_threads = True
         self.tls = tls
+        self.heartbeat_seconds = 1.0  # client/fs_endpoint.go streamHeartbeatRate
+        self.closed = False
         if tls is not None:
             self._server.socket = tls.wrap_socket(self._server.socket, server_side=True)
         self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
@@ -140,6 +150,7 @@ class NomadDouble:
         return self
 
     def stop(self) -> None:
+        self.closed = True
         self._server.shutdown()
         self._server.server_close()
 
@@ -160,8 +171,35 @@ class NomadDouble:
     def finish(self, job_id: str, *, client_status: str, events: list[dict[str, Any]] | None = None, failed: bool = False) -> None:
         """Move the run's allocation to a client status, with task events (for status tests)."""
         alloc = self.state.allocations[job_id][-1]
+        started = ((alloc.get("TaskStates") or {}).get("train") or {}).get("StartedAt")
         alloc["ClientStatus"] = client_status
-        alloc["TaskStates"] = {"train": {"State": "dead" if client_status != "running" else "running", "Failed": failed, "Events": events or []}}
+        alloc["TaskStates"] = {"train": {"State": "dead" if client_status != "running" else "running", "Failed": failed, "Events": events or [],
+                                         **({"StartedAt": started} if started else {})}}
+
+    def start_task(self, job_id: str, task: str = "train") -> str:
+        """The run's task started on its client: running, with StartedAt and empty log files; its alloc id."""
+        with self._lock:
+            alloc = self.state.allocations[job_id][-1]
+            alloc["ClientStatus"] = "running"
+            alloc["TaskStates"] = {task: {"State": "running", "Failed": False, "StartedAt": "2026-12-03T08:00:01Z", "Events": []}}
+            for kind in ("stdout", "stderr"):
+                self.state.logs.setdefault((alloc["ID"], task, kind), bytearray())
+            return str(alloc["ID"])
+
+    def write_log(self, alloc_id: str, text: str, *, stderr: bool = False, task: str = "train") -> None:
+        """The task writing to its stdout (or stderr)."""
+        with self._lock:
+            self.state.logs[(alloc_id, task, "stderr" if stderr else "stdout")] += text.encode()
+
+    def gc(self, job_id: str) -> None:
+        """Nomad's garbage collector: the job, its evaluations, allocations and their log files go."""
+        with self._lock:
+            for key in [k for k in self.state.jobs if k[1] == job_id]:
+                del self.state.jobs[key]
+            allocs = {a["ID"] for a in self.state.allocations.pop(job_id, [])}
+            self.state.evaluations.pop(job_id, None)
+            for key in [k for k in self.state.logs if k[0] in allocs]:
+                del self.state.logs[key]
 
     def _handler(self) -> type[BaseHTTPRequestHandler]:
         double = self
@@ -188,6 +226,8 @@ class NomadDouble:
                     return self._send(fault.status, {"error": f"injected {fault.status}"}, text=True)
                 if double.acl_token and self.headers.get("X-Nomad-Token") != double.acl_token:
                     return self._send(403, "Permission denied", text=True)
+                if route == "fs-logs":
+                    return double._logs(self, job_id, recorded)
                 with double._lock:
                     status, answer = double._answer(method, route, job_id, recorded)
                 if fault.delay_seconds:
@@ -215,6 +255,91 @@ class NomadDouble:
                 self._serve("DELETE")
 
         return Handler
+
+    def _logs(self, handler: BaseHTTPRequestHandler, alloc_id: str, req: Recorded) -> None:
+        """GET /v1/client/fs/logs/:alloc_id as command/agent/fs_endpoint.go Logs and client/fs_endpoint.go logs answer."""
+        def arg(name: str) -> str:
+            return (req.query.get(name) or [""])[0]
+
+        def text(status: int, message: str) -> None:
+            handler._send(status, message, text=True)  # type: ignore[attr-defined]
+
+        def boolean(name: str) -> bool | None:
+            value = arg(name)
+            if value in ("", "0", "f", "F", "false", "FALSE", "False"):
+                return False
+            if value in ("1", "t", "T", "true", "TRUE", "True"):
+                return True
+            return None  # Go's strconv.ParseBool refuses it
+
+        if not arg("task"):
+            return text(400, "must provide task name")
+        follow, plain = boolean("follow"), boolean("plain")
+        if follow is None:
+            return text(400, f'failed to parse follow field to boolean: strconv.ParseBool: parsing "{arg("follow")}": invalid syntax')
+        if plain is None:
+            return text(400, f'failed to parse plain field to boolean: strconv.ParseBool: parsing "{arg("plain")}": invalid syntax')
+        kind, task, origin = arg("type"), arg("task"), arg("origin") or "start"
+        if kind not in ("stdout", "stderr"):
+            return text(400, "must provide log type (stdout/stderr)")
+        try:
+            offset = int(arg("offset") or 0)
+        except ValueError:
+            return text(400, f'error parsing offset: strconv.ParseInt: parsing "{arg("offset")}": invalid syntax')
+        if origin not in ("start", "end"):
+            return text(400, "origin must be start or end")
+        with self._lock:
+            alloc = next((a for allocs in self.state.allocations.values() for a in allocs if a["ID"] == alloc_id), None)
+            state = ((alloc or {}).get("TaskStates") or {}).get(task)
+            data = self.state.logs.get((alloc_id, task, kind))
+            position = len(data) if data is not None else 0
+        if alloc is None:
+            return text(404, f'Unknown allocation "{alloc_id}"')
+        if state is None:
+            return text(400, f'unknown task name "{task}"')
+        if not state.get("StartedAt"):
+            return text(404, f'task "{task}" not started yet. No logs available')
+        if data is None:
+            return text(404, f'log entry for task "{task}" and log type "{kind}" not found')
+        position = max(0, min(position, offset if origin == "start" else position - offset))
+        name = f"alloc/logs/{task}.{kind}.0"
+
+        def frames(start: int, chunk: bytes) -> bytes:
+            out = b""
+            for at in range(0, len(chunk), 64 * 1024):  # streamFrameSize; Offset is where the frame's data ends
+                piece = chunk[at:at + 64 * 1024]
+                out += json.dumps({"Offset": start + at + len(piece), "Data": base64.b64encode(piece).decode(), "File": name}).encode()
+            return out
+
+        with self._lock:
+            chunk = bytes(self.state.logs[(alloc_id, task, kind)][position:])
+        body = chunk if plain else frames(position, chunk)
+        try:
+            handler.send_response(200)
+            handler.send_header("Content-Type", "text/plain" if plain else "application/json")
+            if not follow:
+                handler.send_header("Content-Length", str(len(body)))
+            handler.end_headers()
+            handler.wfile.write(body)
+            handler.wfile.flush()
+            position += len(chunk)
+            quiet = time.monotonic()
+            while follow and not self.closed:
+                time.sleep(0.05)
+                with self._lock:
+                    current = self.state.logs.get((alloc_id, task, kind))
+                    chunk = bytes(current[position:]) if current is not None else b""
+                if current is None:
+                    return  # garbage-collected under the stream
+                if chunk:
+                    handler.wfile.write(chunk if plain else frames(position, chunk))
+                    position, quiet = position + len(chunk), time.monotonic()
+                elif not plain and time.monotonic() - quiet >= self.heartbeat_seconds:
+                    handler.wfile.write(b"{}")  # a StreamFrame with every field empty (omitempty)
+                    quiet = time.monotonic()
+                handler.wfile.flush()
+        except (BrokenPipeError, ConnectionResetError):
+            return
 
     def _next(self) -> int:
         self.state.index += 1
@@ -413,6 +538,8 @@ class NomadDouble:
 
 def _route(path: str) -> tuple[str, str]:
     """(route, job id) the way Nomad's HTTP server splits /v1/job/<id>/<suffix>."""
+    if path.startswith("/v1/client/fs/logs/"):
+        return "fs-logs", path.removeprefix("/v1/client/fs/logs/")
     if path == "/v1/jobs":
         return "register", ""
     if path == "/v1/allocations":
