@@ -346,10 +346,12 @@ class NomadApiAccess(Model):
 
 
 class NomadAutoscaler(Model):
-    """The Nomad Autoscaler's metrics source: a Prometheus that scrapes the servers'
-    ``/v1/metrics?format=prometheus`` (with a client certificate from the cluster CA)."""
+    """The Nomad Autoscaler's metrics source: a Prometheus that scrapes every server's
+    ``/v1/metrics?format=prometheus`` (with a client certificate from the cluster CA) from
+    ``scrape_cidrs``, which the firewall admits to the servers' HTTP port (docs/nomad.md)."""
 
     prometheus_address: Annotated[str, _charset(URL, "a Prometheus address (http(s)://host[:port][/path])", "https://prometheus.internal.example.com:9090")]
+    scrape_cidrs: Annotated[tuple[AuthorizedNetwork, ...], Field(min_length=1)]
 
 
 class NomadConfig(Model):

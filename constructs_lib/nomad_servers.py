@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from constructs import Construct
 
-from clusters.derive.nomad import AUTOSCALER_TOKEN, NomadSecretSpec, NomadServersSpec
+from clusters.derive.nomad import AUTOSCALER_TOKEN, NomadSecretSpec, NomadServersSpec, server_tag
 from clusters.derive.pools import GpuPoolSpec
 from constructs_lib.naming import pin
 from constructs_lib.nomad_agent_config import (
@@ -21,10 +21,6 @@ AUTOJOIN_ROLE = "roles/compute.viewer"
 # The Nomad Autoscaler on the servers resizes the pools' groups and deletes drained instances.
 AUTOSCALER_ROLE = "roles/compute.instanceAdmin.v1"
 SERVER_ROLES = ("roles/logging.logWriter", "roles/monitoring.metricWriter", AUTOJOIN_ROLE)
-
-
-def server_tag(cluster: str) -> str:
-    return f"{cluster}-nomad-server"
 
 
 class NomadServers(Construct):

@@ -88,7 +88,8 @@ class ClusterStack(TerraformStack):
         api_cidrs = [n.cidr for n in nomad.api_access.cidrs]
         NomadFirewall(self, "nomad_firewall", cluster=config.name, vpc_id=vpc, subnet_cidr=gcp.subnet_cidr,
                       target_tags=[client_tag(config.name), server_tag(config.name)],
-                      api_tags=[server_tag(config.name)] if not nomad.existing_servers else [], api_cidrs=api_cidrs)
+                      api_tags=[server_tag(config.name)] if not nomad.existing_servers else [], api_cidrs=api_cidrs,
+                      metrics_cidrs=tuple(n.cidr for n in nomad.autoscaler.scrape_cidrs) if nomad.autoscaler else ())
         secrets = derive_nomad_secrets(config)
         readers = {NomadRole.CLIENT: node_sa}
         servers = derive_nomad_servers(config)

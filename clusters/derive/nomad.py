@@ -113,3 +113,9 @@ def nomad_task_group_name(pool: str, gpus: int) -> str:
     so a pool's autoscaling policy finds the GPUs its runs want by this name
     (``constructs_lib.nomad_autoscaler.demand_query``); jobs name their group with it."""
     return f"gpu-{pool}-x{gpus}"
+
+
+def server_tag(cluster: str) -> str:
+    """The servers' network tag: cloud auto-join, the API and metrics firewall rules and the
+    Prometheus scrape job all find the servers by it."""
+    return f"{cluster}-nomad-server"

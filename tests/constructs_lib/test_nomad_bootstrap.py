@@ -61,7 +61,10 @@ def test_bootstrap_stores_every_secret_and_keeps_only_the_ca_and_cli_cert(prod_n
     gossip = next(line for line in log if line.startswith("gcloud prod-nomad-nomad-gossip-key"))
     assert gossip.endswith(" 45"), "32 random bytes, base64 with newline"
     assert sorted(p.name for p in (tmp_path / "offline").iterdir()) == [
-        "global-cli-nomad-key.pem", "global-cli-nomad.pem", "nomad-agent-ca-key.pem", "nomad-agent-ca.pem"]
+        "global-cli-nomad-key.pem", "global-cli-nomad.pem", "nomad-agent-ca-key.pem", "nomad-agent-ca.pem", "prometheus-key.pem", "prometheus.pem"]
+    assert "nomad tls cert create -cli -region global -days 365 -ca ../nomad-agent-ca.pem -key ../nomad-agent-ca-key.pem" in log, \
+        "the autoscaler's Prometheus gets its own client certificate for the servers' verify_https_client"
+    assert "scrape job: gpufleet nomad scrape-config prod-nomad" in result.stdout
     assert not [p for p in tmp_path.iterdir() if p.name.startswith("tmp")], "the work dir with the agent keys is deleted"
 
 
