@@ -354,6 +354,20 @@ class NomadAutoscaler(Model):
     scrape_cidrs: Annotated[tuple[AuthorizedNetwork, ...], Field(min_length=1)]
 
 
+class NomadTls(Model):
+    """Where the agents' TLS certificates come from.
+
+    ``static`` (the default, what a fleet bootstrapped before this field got): the bootstrap
+    script's 365-day certificates in Secret Manager, read at boot and never renewed;
+    ``static_expires`` records the date the bootstrap printed, and ``gpufleet check`` warns 30
+    days before it. ``vault-pki``: every agent gets a short-lived certificate from the cluster's
+    OpenBao/Vault PKI mount at boot and renews it from a systemd timer (docs/nomad.md)."""
+
+    certificates: Literal["static", "vault-pki"] = "static"
+    static_expires: Annotated[str, Field(pattern=r"^[0-9]{4}-[0-9]{2}-[0-9]{2}$", description="a date such as '2027-12-04'")] | None = None
+    agent_cert_ttl_hours: Annotated[int, Field(ge=1, le=720)] = 72
+
+
 class NomadConfig(Model):
     datacenter: DnsName
     region: DnsName = "global"
@@ -362,6 +376,7 @@ class NomadConfig(Model):
     servers: NomadServers = NomadServers()
     api_access: NomadApiAccess = NomadApiAccess()
     autoscaler: NomadAutoscaler | None = None
+    tls: NomadTls = NomadTls()
     client_machine_image: Annotated[str, _charset(IMAGE, "a GCE image (projects/<project>/global/images/[family/]<name>)", "projects/ubuntu-os-accelerator-images/global/images/family/ubuntu-accelerator-2204-amd64-with-nvidia-550")] = "projects/ubuntu-os-accelerator-images/global/images/family/ubuntu-accelerator-2204-amd64-with-nvidia-550"
 
 

@@ -258,19 +258,23 @@ def _run_as(user: str) -> str:
 
 
 def render_startup_script(*, agent_config: str, gpu: bool, project: str, secrets: tuple[NomadSecretSpec, ...],
-                          data_device: str | None = None, extra: str | None = None, run_as: str | None = None) -> str:
+                          data_device: str | None = None, extra: str | None = None, run_as: str | None = None,
+                          certificates: str | None = None) -> str:
     """Idempotent boot script: GPU driver and container toolkit (GPU nodes), Nomad, TLS material
-    and gossip key from Secret Manager, config, restart.
+    and gossip key from Secret Manager (or, with ``certificates``, the step that issues the agent's
+    certificate from the cluster's PKI role: constructs_lib.nomad_cert_renewal), config, restart.
 
     It runs on every boot, so each step checks before it installs; the config is rewritten
     each time, so a new instance template version is the only way configuration changes.
     """
-    if not secrets:
-        raise ValueError("a Nomad agent needs its TLS secrets (CA, certificate, key); none were given")
+    if not secrets and certificates is None:
+        raise ValueError("a Nomad agent needs its TLS material (CA, certificate, key) from secrets or a PKI step; neither was given")
     steps = ["#!/bin/bash", "# Rendered by gpufleet; edit the cluster file, not this script.", "set -euo pipefail", _INSTALL_NOMAD]
     if gpu:
         steps.append(_INSTALL_GPU)
     steps.append(_secret_steps(project, secrets))
+    if certificates is not None:
+        steps.append(certificates)
     if data_device is not None:
         steps.append(_mount_data(data_device))
     steps.append(f"mkdir -p {DATA_DIR} /etc/nomad.d\ncat > {CONFIG_PATH} <<'GPUFLEET_NOMAD_CONFIG'\n{agent_config}GPUFLEET_NOMAD_CONFIG")

@@ -30,7 +30,7 @@ def _files(region: str) -> dict[str, str]:
     }
 
 
-def render_bootstrap_script(*, cluster: str, project: str, region: str, secrets: tuple[NomadSecretSpec, ...]) -> str:
+def render_bootstrap_script(*, cluster: str, project: str, region: str, secrets: tuple[NomadSecretSpec, ...], pki: bool = False) -> str:
     """The script text; it refuses to keep the CA key inside a git work tree, and deletes every
     other generated file when it exits, so keys live only in Secret Manager and the offline dir."""
     files = _files(region)
@@ -79,6 +79,11 @@ def render_bootstrap_script(*, cluster: str, project: str, region: str, secrets:
         if secret.name not in files:
             continue
         lines.append(f'gcloud secrets versions add {secret.secret_id} --project {project} --data-file="{files[secret.name]}"')
+    if pki:
+        # Agents issue and renew their certificates from OpenBao/Vault; the CA made (or read) above
+        # becomes the PKI mount's issuer, so agents still on a bootstrap certificate keep trusting them.
+        lines.append(f": \"${{VAULT_ADDR:?set VAULT_ADDR and VAULT_TOKEN (an operator token) for the PKI setup}}\"")
+        lines.append(f"gpufleet nomad pki-apply {cluster} --ca-cert {CA_CERT} --ca-key {CA_KEY}")
     kept = ([CA_CERT, f"{region}-cli-nomad.pem", f"{region}-cli-nomad-key.pem"] + ([CA_KEY] if "server-cert" in names else [])
             + (["prometheus/prometheus.pem", "prometheus/prometheus-key.pem"] if prometheus else []))
     lines += [

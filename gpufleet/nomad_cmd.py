@@ -7,6 +7,8 @@ them; gpufleet itself never sees or stores a key.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import typer
 
 from clusters.errors import UserError
@@ -31,7 +33,7 @@ def cmd_bootstrap_script(cluster: str = typer.Argument(..., help="Cluster name (
 
     config = _nomad_config(cluster)
     typer.echo(render_bootstrap_script(cluster=config.name, project=config.gcp.project, region=config.nomad.region,
-                                       secrets=derive_nomad_secrets(config)), nl=False)
+                                       secrets=derive_nomad_secrets(config), pki=config.nomad.tls.certificates == "vault-pki"), nl=False)
 
 
 def cmd_scrape_config(cluster: str = typer.Argument(..., help="Cluster name (clusters/<name>.yaml), with nomad.autoscaler.")) -> None:
@@ -55,8 +57,34 @@ def cmd_scrape_config(cluster: str = typer.Argument(..., help="Cluster name (clu
     typer.echo(out.getvalue(), nl=False)
 
 
+def cmd_pki_apply(cluster: str = typer.Argument(..., help="Cluster name, with nomad.tls.certificates: vault-pki."),
+                  ca_cert: Path = typer.Option(..., "--ca-cert", exists=True, dir_okay=False, help="The cluster CA certificate (nomad-agent-ca.pem)."),
+                  ca_key: Path = typer.Option(..., "--ca-key", exists=True, dir_okay=False, help="The cluster CA key (nomad-agent-ca-key.pem).")) -> None:
+    """Create the cluster's PKI mount, roles, policies and VM-identity login roles, and import its CA
+    (VAULT_ADDR, VAULT_TOKEN: an operator token). The bootstrap script runs it."""
+    import hvac.exceptions
+
+    from clusters.derive.nomad import derive_nomad_pki
+    from gpufleet.vault_cmd import _client_from_env
+    from vault_policies.nomad_pki import apply_pki, import_ca
+
+    config = _nomad_config(cluster)
+    spec = derive_nomad_pki(config)
+    if spec is None:
+        raise UserError(f"clusters/{cluster}.yaml: nomad.tls.certificates: {cluster} uses static certificates; allowed: vault-pki;"
+                        " set nomad.tls.certificates: vault-pki first (docs/nomad.md)")
+    client = _client_from_env()
+    try:
+        apply_pki(client, spec)
+        import_ca(client, spec, ca_cert_pem=ca_cert.read_text(), ca_key_pem=ca_key.read_text())
+    except hvac.exceptions.Forbidden as exc:
+        raise UserError(f"Vault refused the PKI setup of {cluster}: {str(exc).splitlines()[-1].strip() or exc}; use an operator (root) token") from None
+    typer.echo(f"{spec.mount}: roles {', '.join(r.name for r in spec.roles)}, login roles {', '.join(r.auth_role for r in spec.roles)}, CA imported")
+
+
 def register(app: typer.Typer) -> None:
-    nomad = typer.Typer(help="Nomad cluster operations: TLS/gossip bootstrap, the autoscaler's Prometheus scrape job.", no_args_is_help=True)
+    nomad = typer.Typer(help="Nomad cluster operations: TLS/gossip bootstrap, PKI setup, the autoscaler's Prometheus scrape job.", no_args_is_help=True)
     nomad.command("bootstrap-script")(cmd_bootstrap_script)
     nomad.command("scrape-config")(cmd_scrape_config)
+    nomad.command("pki-apply")(cmd_pki_apply)
     app.add_typer(nomad, name="nomad")

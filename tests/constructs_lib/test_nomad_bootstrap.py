@@ -26,6 +26,9 @@ case "$*" in
   *) exit 1 ;;
 esac
 """
+GPUFLEET_SHIM = r"""#!/bin/bash
+echo "gpufleet $* VAULT_ADDR=$VAULT_ADDR" >> "$SHIM_LOG"
+"""
 GCLOUD_SHIM = r"""#!/bin/bash
 file=$(printf '%s\n' "$@" | sed -n 's/^--data-file=//p')
 echo "gcloud $4 $(wc -c < "$file")" >> "$SHIM_LOG"
@@ -40,11 +43,12 @@ def prod_nomad(example_configs):
 def run(script: str, tmp_path: Path, keep: Path) -> subprocess.CompletedProcess[str]:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
-    for name, text in (("nomad", NOMAD_SHIM), ("gcloud", GCLOUD_SHIM)):
+    for name, text in (("nomad", NOMAD_SHIM), ("gcloud", GCLOUD_SHIM), ("gpufleet", GPUFLEET_SHIM)):
         (bin_dir / name).write_text(text)
         (bin_dir / name).chmod(0o755)
     (tmp_path / "bootstrap.sh").write_text(script)
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SHIM_LOG": str(tmp_path / "log"), "TMPDIR": str(tmp_path)}
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SHIM_LOG": str(tmp_path / "log"), "TMPDIR": str(tmp_path),
+           "VAULT_ADDR": "https://vault.example.com:8200"}
     return subprocess.run(["bash", str(tmp_path / "bootstrap.sh"), "10.50.0.9", str(keep)], env=env, capture_output=True, text=True,
                           check=False, cwd=tmp_path)
 
@@ -74,3 +78,15 @@ def test_fails_when_the_offline_dir_is_inside_a_git_repository(prod_nomad, tmp_p
     result = run(script, tmp_path, tmp_path / "repo" / "keys")
     assert result.returncode == 2 and "is inside a git repository" in result.stderr
     assert not (tmp_path / "log").exists(), "nothing was generated"
+
+
+def test_a_vault_pki_cluster_imports_its_ca_into_the_pki_mount(prod_nomad, tmp_path):
+    script = render_bootstrap_script(cluster="prod-nomad", project="p", region="global", secrets=derive_nomad_secrets(prod_nomad), pki=True)
+    result = run(script, tmp_path, tmp_path / "offline")
+    assert result.returncode == 0, result.stderr
+    log = (tmp_path / "log").read_text().splitlines()
+    assert ("gpufleet nomad pki-apply prod-nomad --ca-cert nomad-agent-ca.pem --ca-key nomad-agent-ca-key.pem"
+            " VAULT_ADDR=https://vault.example.com:8200") in log
+    assert log.index(next(x for x in log if x.startswith("gpufleet"))) > log.index("nomad tls ca create")
+    static = render_bootstrap_script(cluster="prod-nomad", project="p", region="global", secrets=derive_nomad_secrets(prod_nomad))
+    assert "pki-apply" not in static
