@@ -315,7 +315,8 @@ class DnsRecord(Model):
                                            " and '-' (a first label may be '*'), or '@' for the zone apex, e.g. 'tensorboard.prod'")]
     static_ip: DnsName | None = None
     hostname: str | None = None
-    # An A record to the Nomad servers' internal load balancer (VPN users reach the API by name).
+    # The Nomad servers' internal load balancer by name: a Cloud DNS private zone of just this name,
+    # visible inside the cluster's VPC (VPN users through its DNS forwarding), never the public zone.
     nomad_api: bool = False
     proxied: bool = False
     ttl: Annotated[int, Field(ge=1, le=86400)] = 1

@@ -22,6 +22,7 @@ from constructs_lib.nomad_agent_config import AgentJoin
 from constructs_lib.nomad_cert_renewal import render_env, render_renewal_boot
 from constructs_lib.nomad_client_pool import NomadClientPool, client_tag
 from constructs_lib.nomad_firewall import NomadFirewall
+from constructs_lib.nomad_private_dns import NomadPrivateDns
 from constructs_lib.nomad_secrets import NomadSecrets
 from constructs_lib.nomad_servers import NomadServers, server_tag
 from constructs_lib.providers import google
@@ -75,8 +76,12 @@ class ClusterStack(TerraformStack):
         if config.scheduler == SchedulerKind.NOMAD and config.nomad is not None:
             self._nomad(config, config.nomad, node_sa)
         self.dns = DnsRecords(self, "dns", cluster=config.name, dns=config.dns,
-                              static_ips={n: a.address for n, a in self.static_ips.addresses.items()},
-                              nomad_api_ip=self.nomad_servers.forwarding_rule.ip_address if self.nomad_servers else None) if config.dns else None
+                              static_ips={n: a.address for n, a in self.static_ips.addresses.items()}) if config.dns else None
+        nomad_api_records = tuple(r for r in config.dns.records if r.nomad_api) if config.dns else ()
+        self.nomad_private_dns = NomadPrivateDns(
+            self, "nomad_private_dns", cluster=config.name, project=config.gcp.project, zone_name=config.dns.zone_name,
+            records=nomad_api_records, network=self.network.vpc.id, address=self.nomad_servers.forwarding_rule.ip_address,
+        ) if config.dns and nomad_api_records and self.nomad_servers else None
         self._outputs()
 
     def _nomad(self, config: ClusterConfig, nomad: NomadConfig, node_sa: str) -> None:
