@@ -228,3 +228,12 @@ def test_the_repos_pki_policies_are_current():
     from vault_policies.validate import check
 
     assert [p for p in check(Path(__file__).resolve().parents[2]) if "pki" in p.file] == []
+
+
+def test_pki_apply_refuses_a_cluster_on_static_certificates_in_one_line(capsys, tmp_path):
+    from gpufleet.cli import main
+
+    (tmp_path / "ca.pem").write_text("x")
+    assert main(["nomad", "pki-apply", "prod-gke", "--ca-cert", str(tmp_path / "ca.pem"), "--ca-key", str(tmp_path / "ca.pem")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: 'prod-gke' is not a Nomad cluster") and err.count("\n") == 1
