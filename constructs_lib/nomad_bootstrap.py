@@ -93,6 +93,8 @@ def render_bootstrap_script(*, cluster: str, project: str, region: str, secrets:
            f' | gcloud secrets versions add {s.secret_id} --project {project} --data-file=-"' for s in secrets if s.name == "autoscaler-token"]),
         *(['echo "Prometheus: install $KEEP/prometheus.pem, prometheus-key.pem and ' + CA_CERT + ' as /etc/prometheus/nomad/prometheus.pem,'
             f' prometheus-key.pem and ca.pem; scrape job: gpufleet nomad scrape-config {cluster}"'] if prometheus else []),
+        # The certificates made here do not renew: check warns 30 days before the date the file records.
+        f'echo "record in clusters/{cluster}.yaml: nomad.tls.static_expires: \\"$(date -u -d "+{CERT_DAYS} days" +%F)\\""',
         f'echo "API callers: NOMAD_ADDR=https://$API_IP:{HTTP_PORT} NOMAD_CACERT=$KEEP/' + CA_CERT + ' NOMAD_CLIENT_CERT=$KEEP/' + region + '-cli-nomad.pem NOMAD_CLIENT_KEY=$KEEP/' + region + '-cli-nomad-key.pem"',
     ]
     return "\n".join(lines) + "\n"

@@ -8,7 +8,9 @@ and ``-key.pem``, command/tls_cert_create.go v1.10.5; ``gcloud secrets versions 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
+from datetime import UTC, date, datetime
 from pathlib import Path
 
 import pytest
@@ -69,6 +71,8 @@ def test_bootstrap_stores_every_secret_and_keeps_only_the_ca_and_cli_cert(prod_n
     assert "nomad tls cert create -cli -region global -days 365 -ca ../nomad-agent-ca.pem -key ../nomad-agent-ca-key.pem" in log, \
         "the autoscaler's Prometheus gets its own client certificate for the servers' verify_https_client"
     assert "scrape job: gpufleet nomad scrape-config prod-nomad" in result.stdout
+    expires = re.search(r'record in clusters/prod-nomad.yaml: nomad.tls.static_expires: "(\d{4}-\d{2}-\d{2})"', result.stdout).group(1)
+    assert (date.fromisoformat(expires) - datetime.now(UTC).date()).days == 365, "what check warns about, 30 days ahead"
     assert not [p for p in tmp_path.iterdir() if p.name.startswith("tmp")], "the work dir with the agent keys is deleted"
 
 
