@@ -296,12 +296,26 @@ def _nomad(config: ClusterConfig) -> Iterator[Finding]:
     if config.nomad is None:
         return
     yield from _nomad_servers(config)
+    yield from _nomad_existing_servers_scaling(config)
     for s, server in enumerate(config.nomad.existing_servers):
         if server in config.nomad.existing_servers[:s]:
             yield (("nomad", "existing_servers", s), f"{server!r} is listed twice; list each server once")
         elif not SERVER_ADDRESS.match(server):
             yield (("nomad", "existing_servers", s), f"{server!r} is not a Nomad server address; write 'host', 'host:4647' or a cloud auto-join string"
                    " such as 'provider=gce tag_value=nomad-server'")
+
+
+def _nomad_existing_servers_scaling(config: ClusterConfig) -> Iterator[Finding]:
+    """gpufleet runs the Nomad Autoscaler on the servers it creates; on existing servers nothing it
+    provisions would resize a pool, so an autoscaled pool would stay at its minimum (at 0 its jobs
+    queue for ever)."""
+    if config.nomad is None or not config.nomad.existing_servers:
+        return
+    for i, pool in enumerate(config.gpu_pools):
+        if pool.node_count is None:
+            yield (("gpu_pools", i, "min_nodes"), f"pool {pool.name} autoscales, but on nomad.existing_servers gpufleet runs no Nomad Autoscaler:"
+                   f" it would stay at {pool.min_nodes or 0} node(s); give it a fixed node_count, or remove nomad.existing_servers so gpufleet"
+                   " creates the servers and their autoscaler")
 
 
 def _nomad_servers(config: ClusterConfig) -> Iterator[Finding]:

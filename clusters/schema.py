@@ -328,7 +328,8 @@ class DnsRecord(Model):
                                            " and '-' (a first label may be '*'), or '@' for the zone apex, e.g. 'tensorboard.prod'")]
     static_ip: DnsName | None = None
     hostname: str | None = None
-    # An A record to the Nomad servers' internal load balancer (VPN users reach the API by name).
+    # The Nomad servers' internal load balancer by name: a Cloud DNS private zone of just this name,
+    # visible inside the cluster's VPC (VPN users through its DNS forwarding), never the public zone.
     nomad_api: bool = False
     proxied: bool = False
     ttl: Annotated[int, Field(ge=1, le=86400)] = 1
@@ -359,10 +360,26 @@ class NomadApiAccess(Model):
 
 
 class NomadAutoscaler(Model):
-    """The Nomad Autoscaler's metrics source: a Prometheus that scrapes the servers'
-    ``/v1/metrics?format=prometheus`` (with a client certificate from the cluster CA)."""
+    """The Nomad Autoscaler's metrics source: a Prometheus that scrapes every server's
+    ``/v1/metrics?format=prometheus`` (with a client certificate from the cluster CA) from
+    ``scrape_cidrs``, which the firewall admits to the servers' HTTP port (docs/nomad.md)."""
 
     prometheus_address: Annotated[str, _charset(URL, "a Prometheus address (http(s)://host[:port][/path])", "https://prometheus.internal.example.com:9090")]
+    scrape_cidrs: Annotated[tuple[AuthorizedNetwork, ...], Field(min_length=1)]
+
+
+class NomadTls(Model):
+    """Where the agents' TLS certificates come from.
+
+    ``static`` (the default, what a fleet bootstrapped before this field got): the bootstrap
+    script's 365-day certificates in Secret Manager, read at boot and never renewed;
+    ``static_expires`` records the date the bootstrap printed, and ``gpufleet check`` warns 30
+    days before it. ``vault-pki``: every agent gets a short-lived certificate from the cluster's
+    OpenBao/Vault PKI mount at boot and renews it from a systemd timer (docs/nomad.md)."""
+
+    certificates: Literal["static", "vault-pki"] = "static"
+    static_expires: Annotated[str, Field(pattern=r"^[0-9]{4}-[0-9]{2}-[0-9]{2}$", description="a date such as '2027-12-04'")] | None = None
+    agent_cert_ttl_hours: Annotated[int, Field(ge=1, le=720)] = 72
 
 
 class NomadConfig(Model):
@@ -373,6 +390,7 @@ class NomadConfig(Model):
     servers: NomadServers = NomadServers()
     api_access: NomadApiAccess = NomadApiAccess()
     autoscaler: NomadAutoscaler | None = None
+    tls: NomadTls = NomadTls()
     client_machine_image: Annotated[str, _charset(IMAGE, "a GCE image (projects/<project>/global/images/[family/]<name>)", "projects/ubuntu-os-accelerator-images/global/images/family/ubuntu-accelerator-2204-amd64-with-nvidia-550")] = "projects/ubuntu-os-accelerator-images/global/images/family/ubuntu-accelerator-2204-amd64-with-nvidia-550"
 
 

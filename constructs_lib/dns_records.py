@@ -21,19 +21,19 @@ class DnsRecords(Construct):
     """The API token is never passed here: the provider reads CLOUDFLARE_API_TOKEN itself.
 
     ``static_ips`` maps the cluster file's static IP names to their address references, so an
-    A record follows the reserved address without anyone copying it; ``nomad_api_ip`` is the
-    Nomad servers' internal load-balancer address (``nomad_api: true`` records).
+    A record follows the reserved address without anyone copying it. ``nomad_api: true`` records
+    are not published here (a private address in a public zone): constructs_lib.nomad_private_dns.
     """
 
-    def __init__(self, scope: Construct, id_: str, *, cluster: str, dns: DnsConfig, static_ips: Mapping[str, str],
-                 nomad_api_ip: str | None = None) -> None:
+    def __init__(self, scope: Construct, id_: str, *, cluster: str, dns: DnsConfig, static_ips: Mapping[str, str]) -> None:
         super().__init__(scope, id_)
         self.provider = cloudflare.provider.CloudflareProvider(self, "cloudflare")
         self.records = {}
-        for record in sorted(dns.records, key=lambda r: r.name):
+        # nomad_api records name a private address: constructs_lib.nomad_private_dns, never the public zone.
+        for record in sorted((r for r in dns.records if not r.nomad_api), key=lambda r: r.name):
             address = dns_record_address(record.name)
-            is_a = record.static_ip is not None or record.nomad_api
-            content = nomad_api_ip if record.nomad_api else static_ips[record.static_ip] if record.static_ip is not None else record.hostname
+            is_a = record.static_ip is not None
+            content = static_ips[record.static_ip] if record.static_ip is not None else record.hostname
             self.records[record.name] = pin(cloudflare.dns_record.DnsRecord(
                 self, address,
                 zone_id=dns.zone_id,

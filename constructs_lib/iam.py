@@ -5,6 +5,7 @@ from __future__ import annotations
 from constructs import Construct
 
 from clusters.derive.addresses import grant_address, iam_role_key
+from clusters.derive.nomad import node_account_id
 from clusters.schema import ClusterConfig
 from constructs_lib.naming import pin
 from constructs_lib.providers import google
@@ -26,7 +27,7 @@ class NodeIdentity(Construct):
         super().__init__(scope, id_)
         project = config.gcp.project
         self.service_account = pin(google.service_account.ServiceAccount(
-            self, "nodes", account_id=f"{config.name[:22]}-nodes", project=project,
+            self, "nodes", account_id=node_account_id(config.name), project=project,
             display_name=f"gpufleet {config.name} GPU nodes"), "node_sa")
         member = f"serviceAccount:{self.service_account.email}"
         roles = sorted(set(BASE_NODE_ROLES) | set(config.iam.node_roles))

@@ -38,6 +38,11 @@ SECRET_MANAGER = "https://secretmanager.googleapis.com/v1"
 METADATA_TOKEN = "http://metadata.google.internal/computeMetadata/v1/instance/service-accounts/default/token"
 # Google's documented driver installer for GCE GPU VMs; it reboots once, and the startup
 # script runs again on every boot, so the "nvidia-smi works" check makes it converge.
+RELEASES = "https://releases.hashicorp.com"
+# HashiCorp's release signing key (hashicorp.com/security; the key HashiCorp's own Vault and Consul
+# images verify downloads with), fetched at boot and accepted only with this primary fingerprint.
+HASHICORP_KEY_URL = "https://www.hashicorp.com/.well-known/pgp-key.txt"
+HASHICORP_KEY_FINGERPRINT = "C874011F0AB405110D02105534365D9472D7468F"
 CUDA_INSTALLER = "https://storage.googleapis.com/compute-gpu-installation-us/installer/latest/cuda_installer.pyz"
 HCL = Mapping[str, object]
 CLIENT_RESERVED = {"cpu": 1000, "memory": 2048, "disk": 10240}
@@ -190,10 +195,33 @@ fi
 # account token, which reads the client certificate and key from Secret Manager.
 iptables -C DOCKER-USER -d 169.254.169.254/32 -j REJECT 2>/dev/null || iptables -I DOCKER-USER -d 169.254.169.254/32 -j REJECT
 mkdir -p {PLUGIN_DIR}
-if [ ! -x {PLUGIN_DIR}/{NVIDIA_PLUGIN} ]; then
-  curl -fsSL -o /opt/{NVIDIA_PLUGIN}.zip \\
-    https://releases.hashicorp.com/{NVIDIA_PLUGIN}/{NVIDIA_PLUGIN_VERSION}/{NVIDIA_PLUGIN}_{NVIDIA_PLUGIN_VERSION}_linux_amd64.zip
-  unzip -o /opt/{NVIDIA_PLUGIN}.zip -d {PLUGIN_DIR}
+"""
+
+
+def render_plugin_install(*, plugin_dir: str = PLUGIN_DIR, base_url: str = RELEASES, key_url: str = HASHICORP_KEY_URL,
+                          fingerprint: str = HASHICORP_KEY_FINGERPRINT) -> str:
+    """Install the NVIDIA device plugin only after its zip matches HashiCorp's SHA256SUMS and that
+    file carries a good signature by HashiCorp's release key, identified by its pinned primary
+    fingerprint (gpg's VALIDSIG status line names it), as HashiCorp documents release verification.
+    Any failure stops the boot script before Nomad starts: no unverified binary runs as root."""
+    name = f"{NVIDIA_PLUGIN}_{NVIDIA_PLUGIN_VERSION}"
+    return f"""if [ ! -x {plugin_dir}/{NVIDIA_PLUGIN} ]; then
+  dl=$(mktemp -d)
+  mkdir -m 700 "$dl/gnupg"
+  curl -fsSL -o "$dl/key.asc" {key_url}
+  for f in {name}_SHA256SUMS {name}_SHA256SUMS.sig {name}_linux_amd64.zip; do
+    curl -fsSL -o "$dl/$f" {base_url}/{NVIDIA_PLUGIN}/{NVIDIA_PLUGIN_VERSION}/$f
+  done
+  gpg --batch --quiet --homedir "$dl/gnupg" --import "$dl/key.asc"
+  if ! gpg --batch --homedir "$dl/gnupg" --status-fd 1 --verify "$dl/{name}_SHA256SUMS.sig" "$dl/{name}_SHA256SUMS" 2>/dev/null \\
+      | grep -E '^\\[GNUPG:\\] VALIDSIG .* {fingerprint}$' >/dev/null; then
+    echo "gpufleet: {name}_SHA256SUMS is not signed by HashiCorp's release key {fingerprint}" >&2; exit 1
+  fi
+  if ! (cd "$dl" && grep ' {name}_linux_amd64.zip$' {name}_SHA256SUMS | sha256sum --check --strict --quiet -); then
+    echo "gpufleet: {name}_linux_amd64.zip does not match HashiCorp's signed SHA256SUMS" >&2; exit 1
+  fi
+  unzip -o "$dl/{name}_linux_amd64.zip" -d {plugin_dir}
+  rm -rf "$dl"
 fi"""
 
 
@@ -258,19 +286,23 @@ def _run_as(user: str) -> str:
 
 
 def render_startup_script(*, agent_config: str, gpu: bool, project: str, secrets: tuple[NomadSecretSpec, ...],
-                          data_device: str | None = None, extra: str | None = None, run_as: str | None = None) -> str:
+                          data_device: str | None = None, extra: str | None = None, run_as: str | None = None,
+                          certificates: str | None = None) -> str:
     """Idempotent boot script: GPU driver and container toolkit (GPU nodes), Nomad, TLS material
-    and gossip key from Secret Manager, config, restart.
+    and gossip key from Secret Manager (or, with ``certificates``, the step that issues the agent's
+    certificate from the cluster's PKI role: constructs_lib.nomad_cert_renewal), config, restart.
 
     It runs on every boot, so each step checks before it installs; the config is rewritten
     each time, so a new instance template version is the only way configuration changes.
     """
-    if not secrets:
-        raise ValueError("a Nomad agent needs its TLS secrets (CA, certificate, key); none were given")
+    if not secrets and certificates is None:
+        raise ValueError("a Nomad agent needs its TLS material (CA, certificate, key) from secrets or a PKI step; neither was given")
     steps = ["#!/bin/bash", "# Rendered by gpufleet; edit the cluster file, not this script.", "set -euo pipefail", _INSTALL_NOMAD]
     if gpu:
-        steps.append(_INSTALL_GPU)
+        steps += [_INSTALL_GPU, render_plugin_install()]
     steps.append(_secret_steps(project, secrets))
+    if certificates is not None:
+        steps.append(certificates)
     if data_device is not None:
         steps.append(_mount_data(data_device))
     steps.append(f"mkdir -p {DATA_DIR} /etc/nomad.d\ncat > {CONFIG_PATH} <<'GPUFLEET_NOMAD_CONFIG'\n{agent_config}GPUFLEET_NOMAD_CONFIG")

@@ -15,7 +15,7 @@ Why this shape:
   draining them: a node running a batch allocation is never chosen.
 - The autoscaler runs on the servers (systemd, one per server, ``high_availability`` lock), never
   on a GPU pool it might scale to zero. It talks to the local agent over mTLS.
-- Metrics come from a Prometheus that scrapes the servers' ``/v1/metrics?format=prometheus``
+- Metrics come from a Prometheus that scrapes every server's ``/v1/metrics?format=prometheus`` (docs/nomad.md: why not nomad-apm)
   (``nomad.autoscaler.prometheus_address`` in the cluster file); the servers publish job
   summaries (``telemetry.publish_allocation_metrics`` is on).
 """
@@ -27,6 +27,7 @@ from collections.abc import Mapping
 
 from clusters.derive.nomad import nomad_task_group_name
 from clusters.derive.pools import GpuPoolSpec
+from constructs_lib.nomad_agent_config import HTTP_PORT
 
 # v0.4.9: the release the policy keys were checked against (vendored extract).
 AUTOSCALER_VERSION = "0.4.9"
@@ -167,3 +168,22 @@ def render_autoscaler_boot(*, config: str, policies: Mapping[str, str], token_se
         f"systemctl restart {UNIT}",
     ]
     return "\n".join(lines)
+
+
+def render_scrape_config(*, cluster: str, project: str, zones: tuple[str, ...], server_tag: str, nomad_region: str,
+                         cert_dir: str = "/etc/prometheus/nomad") -> dict[str, object]:
+    """The Prometheus scrape job the autoscaler's queries need (``gpufleet nomad scrape-config``).
+
+    One target per server, found by GCE service discovery (one ``gce_sd_configs`` entry per zone,
+    as Prometheus requires) and kept by the servers' network tag: only the Raft leader publishes
+    ``nomad_nomad_job_summary_*`` (nomad/leader.go:448, v1.10.5), and which server leads changes;
+    ``demand_query`` takes ``max by (job)`` across them. HTTPS with the client certificate the
+    bootstrap script issues for Prometheus (the API has ``verify_https_client``), the server name
+    every server certificate carries."""
+    return {"job_name": f"nomad-servers-{cluster}", "scheme": "https", "metrics_path": "/v1/metrics",
+            "params": {"format": ["prometheus"]},
+            "tls_config": {"ca_file": f"{cert_dir}/ca.pem", "cert_file": f"{cert_dir}/prometheus.pem",
+                           "key_file": f"{cert_dir}/prometheus-key.pem", "server_name": f"server.{nomad_region}.nomad"},
+            "gce_sd_configs": [{"project": project, "zone": zone, "port": HTTP_PORT} for zone in zones],
+            "relabel_configs": [{"source_labels": ["__meta_gce_tags"], "regex": f".*,{server_tag},.*", "action": "keep"},
+                                {"source_labels": ["__meta_gce_instance_name"], "target_label": "instance"}]}

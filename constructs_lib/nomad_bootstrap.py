@@ -30,7 +30,7 @@ def _files(region: str) -> dict[str, str]:
     }
 
 
-def render_bootstrap_script(*, cluster: str, project: str, region: str, secrets: tuple[NomadSecretSpec, ...]) -> str:
+def render_bootstrap_script(*, cluster: str, project: str, region: str, secrets: tuple[NomadSecretSpec, ...], pki: bool = False) -> str:
     """The script text; it refuses to keep the CA key inside a git work tree, and deletes every
     other generated file when it exits, so keys live only in Secret Manager and the offline dir."""
     files = _files(region)
@@ -68,16 +68,33 @@ def render_bootstrap_script(*, cluster: str, project: str, region: str, secrets:
         f"nomad tls cert create -client -region {region} -days {CERT_DAYS}",
         f"nomad tls cert create -cli -region {region} -days {CERT_DAYS}",
     ]
+    prometheus = "autoscaler-token" in names
+    if prometheus:
+        # The autoscaler's Prometheus scrapes every server's API, which demands a client certificate
+        # (verify_https_client): its own -cli certificate, in a subdirectory because `nomad tls cert
+        # create` refuses to overwrite the operator's.
+        lines.append(f"(mkdir prometheus && cd prometheus && nomad tls cert create -cli -region {region} -days {CERT_DAYS}"
+                     f" -ca ../{CA_CERT} -key ../{CA_KEY} && mv {region}-cli-nomad.pem prometheus.pem && mv {region}-cli-nomad-key.pem prometheus-key.pem)")
     for secret in secrets:
         if secret.name not in files:
             continue
         lines.append(f'gcloud secrets versions add {secret.secret_id} --project {project} --data-file="{files[secret.name]}"')
-    kept = [CA_CERT, f"{region}-cli-nomad.pem", f"{region}-cli-nomad-key.pem"] + ([CA_KEY] if "server-cert" in names else [])
+    if pki:
+        # Agents issue and renew their certificates from OpenBao/Vault; the CA made (or read) above
+        # becomes the PKI mount's issuer, so agents still on a bootstrap certificate keep trusting them.
+        lines.append(f": \"${{VAULT_ADDR:?set VAULT_ADDR and VAULT_TOKEN (an operator token) for the PKI setup}}\"")
+        lines.append(f"gpufleet nomad pki-apply {cluster} --ca-cert {CA_CERT} --ca-key {CA_KEY}")
+    kept = ([CA_CERT, f"{region}-cli-nomad.pem", f"{region}-cli-nomad-key.pem"] + ([CA_KEY] if "server-cert" in names else [])
+            + (["prometheus/prometheus.pem", "prometheus/prometheus-key.pem"] if prometheus else []))
     lines += [
         f'cp {" ".join(kept)} "$KEEP"/',
         f'echo "stored {", ".join(s.secret_id for s in secrets if s.name in files)} in Secret Manager; CA and CLI certificate in $KEEP (keep it offline)"',
         *([f'echo "after nomad acl bootstrap: nomad acl token create -name autoscaler -policy gpufleet-autoscaler -t \'{{{{.SecretID}}}}\''
            f' | gcloud secrets versions add {s.secret_id} --project {project} --data-file=-"' for s in secrets if s.name == "autoscaler-token"]),
+        *(['echo "Prometheus: install $KEEP/prometheus.pem, prometheus-key.pem and ' + CA_CERT + ' as /etc/prometheus/nomad/prometheus.pem,'
+            f' prometheus-key.pem and ca.pem; scrape job: gpufleet nomad scrape-config {cluster}"'] if prometheus else []),
+        # The certificates made here do not renew: check warns 30 days before the date the file records.
+        f'echo "record in clusters/{cluster}.yaml: nomad.tls.static_expires: \\"$(date -u -d "+{CERT_DAYS} days" +%F)\\""',
         f'echo "API callers: NOMAD_ADDR=https://$API_IP:{HTTP_PORT} NOMAD_CACERT=$KEEP/' + CA_CERT + ' NOMAD_CLIENT_CERT=$KEEP/' + region + '-cli-nomad.pem NOMAD_CLIENT_KEY=$KEEP/' + region + '-cli-nomad-key.pem"',
     ]
     return "\n".join(lines) + "\n"

@@ -28,11 +28,14 @@ class NomadClientPool(Construct):
     so a pool at zero grows, and in only on empty, drained nodes. Terraform creates the group at
     ``min_nodes`` and then ignores its size. No GCE autoscaler: its only signal is CPU, which a
     pool at zero or a queued run does not produce, and ``ONLY_SCALE_OUT`` never gave idle GPUs back.
+
+    ``certificates``: the boot step that issues the client certificate from the cluster's PKI role
+    (``vault-pki`` clusters), instead of the bootstrap's certificate from Secret Manager.
     """
 
     def __init__(self, scope: Construct, id_: str, *, spec: GpuPoolSpec, cluster: str, project: str, region: str,
                  subnetwork: str, service_account: str, datacenter: str, nomad_region: str,
-                 join: AgentJoin, image: str, secrets: tuple[NomadSecretSpec, ...]) -> None:
+                 join: AgentJoin, image: str, secrets: tuple[NomadSecretSpec, ...], certificates: str | None = None) -> None:
         super().__init__(scope, id_)
         self.client_config = render_client_config(spec=spec, cluster=cluster, datacenter=datacenter, region=nomad_region, join=join)
         name = f"{cluster}-{spec.name}"
@@ -41,7 +44,8 @@ class NomadClientPool(Construct):
             machine=Machine(machine_type=spec.machine_type, image=image, disk_gb=spec.boot_disk_gb, disk_type=spec.boot_disk_type,
                             accelerator=spec.accelerator, gpus=spec.gpus_per_node, spot=spec.spot, reservation=spec.reservation),
             project=project, region=region, subnetwork=subnetwork, service_account=service_account,
-            startup_script=render_startup_script(agent_config=self.client_config, gpu=True, project=project, secrets=secrets),
+            startup_script=render_startup_script(agent_config=self.client_config, gpu=True, project=project, secrets=secrets,
+                                                 certificates=certificates),
             tags=[client_tag(cluster)],
             labels={k.replace(".", "_").replace("/", "_"): v for k, v in spec.labels},
         )

@@ -19,10 +19,16 @@ class NomadFirewall(Construct):
     caller's address) is also open to the file's ``nomad.api_access`` ranges: the operators'
     VPN and the CI runners or Terraform agents that plan the scheduler stack. Callers still need
     the CLI certificate (mTLS) and an ACL token.
+
+    The autoscaler's Prometheus scrapes every server directly, not through the load balancer: only
+    the Raft leader publishes the job-summary gauges (hashicorp/nomad v1.10.5 nomad/leader.go:448,
+    publishJobSummaryMetrics runs in establishLeadership), so one target behind the balancer would
+    see the queue only when it lands on the leader. ``metrics_cidrs`` (``nomad.autoscaler.scrape_cidrs``)
+    reach the servers' HTTP port; the scrape still needs a certificate of the cluster CA.
     """
 
     def __init__(self, scope: Construct, id_: str, *, cluster: str, vpc_id: str, subnet_cidr: str, target_tags: list[str],
-                 api_tags: list[str], api_cidrs: list[str]) -> None:
+                 api_tags: list[str], api_cidrs: list[str], metrics_cidrs: tuple[str, ...] = ()) -> None:
         super().__init__(scope, id_)
         fw = google.compute_firewall
         self.rule = pin(fw.ComputeFirewall(
@@ -40,3 +46,11 @@ class NomadFirewall(Construct):
                 allow=[fw.ComputeFirewallAllow(protocol="tcp", ports=[str(NOMAD_HTTP_PORT)])],
                 log_config={"metadata": "INCLUDE_ALL_METADATA"},
             ), "fw_allow_nomad_api")
+        self.metrics_rule = None
+        if metrics_cidrs and api_tags:
+            self.metrics_rule = pin(fw.ComputeFirewall(
+                self, "metrics", name=f"{cluster}-allow-nomad-metrics", network=vpc_id, direction="INGRESS", priority=900,
+                source_ranges=sorted(metrics_cidrs), target_tags=sorted(api_tags),
+                allow=[fw.ComputeFirewallAllow(protocol="tcp", ports=[str(NOMAD_HTTP_PORT)])],
+                log_config={"metadata": "INCLUDE_ALL_METADATA"},
+            ), "fw_allow_nomad_metrics")

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 from constructs import Construct
 
-from clusters.derive.nomad import AUTOSCALER_TOKEN, NomadSecretSpec, NomadServersSpec
+from clusters.derive.nomad import AUTOSCALER_TOKEN, NomadPkiSpec, NomadSecretSpec, NomadServersSpec, nomad_server_account_id, server_tag
 from clusters.derive.pools import GpuPoolSpec
 from constructs_lib.naming import pin
 from constructs_lib.nomad_agent_config import (
     CA_FILE, CERT_FILE, DATA_DIR, HTTP_PORT, KEY_FILE, AgentJoin, render_server_config, render_startup_script,
 )
+from constructs_lib.nomad_autoscaler import UNIT as AUTOSCALER_UNIT
 from constructs_lib.nomad_autoscaler import render_agent_config, render_autoscaler_boot, render_policy
+from constructs_lib.nomad_cert_renewal import RELOAD, render_env, render_renewal_boot
 from constructs_lib.nomad_instance_template import SERVER_IMAGE, DataDisk, Machine, nomad_instance_template
 from constructs_lib.providers import google
 
@@ -21,10 +23,6 @@ AUTOJOIN_ROLE = "roles/compute.viewer"
 # The Nomad Autoscaler on the servers resizes the pools' groups and deletes drained instances.
 AUTOSCALER_ROLE = "roles/compute.instanceAdmin.v1"
 SERVER_ROLES = ("roles/logging.logWriter", "roles/monitoring.metricWriter", AUTOJOIN_ROLE)
-
-
-def server_tag(cluster: str) -> str:
-    return f"{cluster}-nomad-server"
 
 
 class NomadServers(Construct):
@@ -45,11 +43,11 @@ class NomadServers(Construct):
     def __init__(self, scope: Construct, id_: str, *, cluster: str, project: str, region: str, spec: NomadServersSpec,
                  datacenter: str, nomad_region: str, vpc_id: str, subnetwork: str, node_service_account: str, join: AgentJoin,
                  secrets: tuple[NomadSecretSpec, ...], global_access: bool, pools: tuple[GpuPoolSpec, ...] = (),
-                 prometheus_address: str | None = None) -> None:
+                 prometheus_address: str | None = None, pki: NomadPkiSpec | None = None, vault_addr: str = "") -> None:
         super().__init__(scope, id_)
         name = f"{cluster}-nomad"
         self.service_account = pin(google.service_account.ServiceAccount(
-            self, "sa", account_id=f"{cluster[:19]}-nomad-srv", project=project,
+            self, "sa", account_id=nomad_server_account_id(cluster), project=project,
             display_name=f"gpufleet {cluster} Nomad servers"), "nomad_server_sa")
         member = f"serviceAccount:{self.service_account.email}"
         self.roles = {
@@ -68,13 +66,22 @@ class NomadServers(Construct):
             self.policies = {f"{cluster}-{p.name}": render_policy(spec=p, cluster=cluster, project=project, region=region)
                              for p in pools if p.autoscaling}
             autoscaler_boot = render_autoscaler_boot(config=self.autoscaler_config, policies=self.policies, token_secret=token.secret_id)
+        certificates = None
+        if pki is not None:
+            role = next(r for r in pki.roles if r.name == "server")
+            # The forwarding rule is named here, not referenced: the balancer is built on the groups this template feeds.
+            # The autoscaler's Nomad client reads the same certificate only when it starts.
+            reload = f"{RELOAD}; systemctl try-restart {AUTOSCALER_UNIT}" if self.autoscaler_config else RELOAD
+            certificates = render_renewal_boot(env=render_env(spec=pki, role=role, vault_addr=vault_addr, owner="nomad:nomad", reload=reload,
+                                                              api_forwarding_rule=f"projects/{project}/regions/{region}/forwardingRules/{name}-api"))
         self.template = nomad_instance_template(
             self, "nomad_server_template", name_prefix=f"{name}-server-",
             machine=Machine(machine_type=spec.machine_type, image=SERVER_IMAGE, disk_gb=SERVER_DISK_GB, disk_type="pd-balanced",
                             data_disk=DataDisk(device_name=DATA_DEVICE, size_gb=spec.data_disk_gb, mount_path=DATA_DIR)),
             project=project, region=region, subnetwork=subnetwork, service_account=self.service_account.email,
             startup_script=render_startup_script(agent_config=self.server_config, gpu=False, project=project, secrets=secrets,
-                                                 data_device=DATA_DEVICE, extra=autoscaler_boot, run_as="nomad"),
+                                                 data_device=DATA_DEVICE, extra=autoscaler_boot, run_as="nomad",
+                                                 certificates=certificates),
             tags=[server_tag(cluster)], labels={"gpufleet-cluster": cluster, "nomad-role": "server"},
         )
         mig = google.compute_instance_group_manager

@@ -1,4 +1,4 @@
-"""Nomad operator commands: ``gpufleet nomad bootstrap-script <cluster>``.
+"""Nomad operator commands: ``gpufleet nomad bootstrap-script <cluster>``, ``gpufleet nomad scrape-config <cluster>``.
 
 The script it prints creates the cluster's CA, agent certificates and gossip key with the
 ``nomad`` CLI and stores them as Secret Manager versions, where the agents' boot scripts read
@@ -7,28 +7,84 @@ them; gpufleet itself never sees or stores a key.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import typer
 
 from clusters.errors import UserError
 
 
-def cmd_bootstrap_script(cluster: str = typer.Argument(..., help="Cluster name (clusters/<name>.yaml), scheduler nomad.")) -> None:
-    """Print the TLS and gossip bootstrap script for a Nomad cluster (run it after the infra apply)."""
+def _nomad_config(cluster: str):  # noqa: ANN202 - ClusterConfig, imported lazily like every command's dependencies
     import clusters
-    from clusters.derive.nomad import derive_nomad_secrets
     from clusters.source import did_you_mean
-    from constructs_lib.nomad_bootstrap import render_bootstrap_script
 
     configs = {c.name: c for c in clusters.load_all()}
     nomad = sorted(n for n, c in configs.items() if c.nomad is not None)
     config = configs.get(cluster)
     if config is None or config.nomad is None:
         raise UserError(f"{cluster!r} is not a Nomad cluster in clusters/{did_you_mean(cluster, nomad)}; allowed: {', '.join(nomad) or '(none)'}")
+    return config
+
+
+def cmd_bootstrap_script(cluster: str = typer.Argument(..., help="Cluster name (clusters/<name>.yaml), scheduler nomad.")) -> None:
+    """Print the TLS and gossip bootstrap script for a Nomad cluster (run it after the infra apply)."""
+    from clusters.derive.nomad import derive_nomad_secrets
+    from constructs_lib.nomad_bootstrap import render_bootstrap_script
+
+    config = _nomad_config(cluster)
     typer.echo(render_bootstrap_script(cluster=config.name, project=config.gcp.project, region=config.nomad.region,
-                                       secrets=derive_nomad_secrets(config)), nl=False)
+                                       secrets=derive_nomad_secrets(config), pki=config.nomad.tls.certificates == "vault-pki"), nl=False)
+
+
+def cmd_scrape_config(cluster: str = typer.Argument(..., help="Cluster name (clusters/<name>.yaml), with nomad.autoscaler.")) -> None:
+    """Print the Prometheus scrape job (YAML) that feeds the cluster's Nomad Autoscaler: every server, by GCE discovery."""
+    import io
+
+    from ruamel.yaml import YAML
+
+    from clusters.derive.nomad import derive_nomad_servers, server_tag
+    from constructs_lib.nomad_autoscaler import render_scrape_config
+
+    config = _nomad_config(cluster)
+    servers = derive_nomad_servers(config)
+    if servers is None or config.nomad is None or config.nomad.autoscaler is None:
+        raise UserError(f"clusters/{cluster}.yaml: nomad.autoscaler: {cluster} runs no Nomad Autoscaler (it joins existing servers or has no"
+                        " autoscaler block); nothing to scrape for it")
+    out = io.StringIO()
+    yaml = YAML()
+    yaml.dump({"scrape_configs": [render_scrape_config(cluster=config.name, project=config.gcp.project, zones=tuple(g.zone for g in servers.groups),
+                                                       server_tag=server_tag(config.name), nomad_region=config.nomad.region)]}, out)
+    typer.echo(out.getvalue(), nl=False)
+
+
+def cmd_pki_apply(cluster: str = typer.Argument(..., help="Cluster name, with nomad.tls.certificates: vault-pki."),
+                  ca_cert: Path = typer.Option(..., "--ca-cert", exists=True, dir_okay=False, help="The cluster CA certificate (nomad-agent-ca.pem)."),
+                  ca_key: Path = typer.Option(..., "--ca-key", exists=True, dir_okay=False, help="The cluster CA key (nomad-agent-ca-key.pem).")) -> None:
+    """Create the cluster's PKI mount, roles, policies and VM-identity login roles, and import its CA
+    (VAULT_ADDR, VAULT_TOKEN: an operator token). The bootstrap script runs it."""
+    import hvac.exceptions
+
+    from clusters.derive.nomad import derive_nomad_pki
+    from gpufleet.vault_cmd import _client_from_env
+    from vault_policies.nomad_pki import apply_pki, import_ca
+
+    config = _nomad_config(cluster)
+    spec = derive_nomad_pki(config)
+    if spec is None:
+        raise UserError(f"clusters/{cluster}.yaml: nomad.tls.certificates: {cluster} uses static certificates; allowed: vault-pki;"
+                        " set nomad.tls.certificates: vault-pki first (docs/nomad.md)")
+    client = _client_from_env()
+    try:
+        apply_pki(client, spec)
+        import_ca(client, spec, ca_cert_pem=ca_cert.read_text(), ca_key_pem=ca_key.read_text())
+    except hvac.exceptions.Forbidden as exc:
+        raise UserError(f"Vault refused the PKI setup of {cluster}: {str(exc).splitlines()[-1].strip() or exc}; use an operator (root) token") from None
+    typer.echo(f"{spec.mount}: roles {', '.join(r.name for r in spec.roles)}, login roles {', '.join(r.auth_role for r in spec.roles)}, CA imported")
 
 
 def register(app: typer.Typer) -> None:
-    nomad = typer.Typer(help="Nomad cluster operations: TLS/gossip bootstrap.", no_args_is_help=True)
+    nomad = typer.Typer(help="Nomad cluster operations: TLS/gossip bootstrap, PKI setup, the autoscaler's Prometheus scrape job.", no_args_is_help=True)
     nomad.command("bootstrap-script")(cmd_bootstrap_script)
+    nomad.command("scrape-config")(cmd_scrape_config)
+    nomad.command("pki-apply")(cmd_pki_apply)
     app.add_typer(nomad, name="nomad")

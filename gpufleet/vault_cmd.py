@@ -108,13 +108,18 @@ def register(app: typer.Typer) -> None:
 
     @vault.command("render")
     def vault_render(repo: Path | None = RepoOption) -> None:
-        """Regenerate the operator policies (gpufleet-admin, orchestrator) from roles.yaml and clusters/."""
+        """Regenerate the operator policies (gpufleet-admin, orchestrator) from roles.yaml and clusters/, and the Nomad PKI policies."""
+        from vault_policies.nomad_pki import PKI_POLICIES_DIR
         from vault_policies.validate import render
 
         repo = _repo(repo)
         written = render(repo)
         for path in written:
-            typer.echo(f"wrote {path}; review it, then an operator applies it: gpufleet vault apply with a root token", err=True)
+            if path.is_relative_to(repo / PKI_POLICIES_DIR):
+                cluster = path.stem.removeprefix("nomad-pki-").rsplit("-", 1)[0]
+                typer.echo(f"wrote {path}; review it, then an operator applies it: gpufleet nomad pki-apply {cluster} with a root token", err=True)
+            else:
+                typer.echo(f"wrote {path}; review it, then an operator applies it: gpufleet vault apply with a root token", err=True)
         if not written:
             typer.echo("operator policies are up to date", err=True)
 

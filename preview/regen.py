@@ -49,7 +49,7 @@ class Provider:
 PROVIDERS: dict[str, Provider] = {
     "google": Provider(
         repo="hashicorp/terraform-provider-google", tag="v6.50.0", registry="google",
-        dirs=("google/services/container", "google/services/compute", "google/services/resourcemanager", "google/services/secretmanager",
+        dirs=("google/services/container", "google/services/compute", "google/services/dns", "google/services/resourcemanager", "google/services/secretmanager",
               "google/tpgresource",
               "google/tpgiamresource", "google/verify"),
         registration=("google/provider",),
@@ -59,6 +59,7 @@ PROVIDERS: dict[str, Provider] = {
             "google_compute_region_autoscaler", "google_compute_region_backend_service", "google_compute_region_health_check",
             "google_compute_region_instance_group_manager", "google_compute_region_instance_template", "google_compute_router",
             "google_compute_router_nat", "google_compute_subnetwork", "google_container_cluster", "google_container_node_pool",
+            "google_dns_managed_zone", "google_dns_record_set",
             "google_project_iam_member", "google_secret_manager_secret", "google_secret_manager_secret_iam_member",
             "google_service_account", "google_service_account_iam_member",
         ),

@@ -22,6 +22,8 @@ from clusters.errors import ConfigError, Problem
 from clusters.schema import ClusterConfig
 
 if TYPE_CHECKING:
+    from datetime import date
+
     from jobs.spec import FinetuneSpec
 
 
@@ -138,6 +140,38 @@ def expiry_warnings(configs: tuple[ClusterConfig, ...], directory: Path | None =
                          f":{problem.line}: {problem.field}: {message}")
         except (OSError, ConfigError):
             lines.append(f"warning: clusters/{config.name}.yaml: gke.upgrade_exclusion.end_time: {message}")
+    lines += _nomad_certificate_warnings(configs, directory, today)
+    return lines
+
+
+def _nomad_certificate_warnings(configs: tuple[ClusterConfig, ...], directory: Path | None, today: date) -> list[str]:
+    """Nomad TLS material that does not renew: its expiry 30 days ahead, or that the file does not record it."""
+    from clusters.derive.gke import EXPIRY_WARNING_DAYS
+    from clusters.derive.nomad import static_certificate_expiry
+    from clusters.source import read_yaml
+
+    lines = []
+    for config in configs:
+        found = static_certificate_expiry(config, today, EXPIRY_WARNING_DAYS)
+        if found is None:
+            continue
+        what, end, left = found
+        if end is None or left is None:
+            message = (f"{what} do not renew and the file does not say when they expire (365 days after the bootstrap);"
+                       " set nomad.tls.static_expires to the date the bootstrap script printed")
+            at: tuple[str | int, ...] = ("nomad", "tls") if config.nomad is not None and "tls" in config.nomad.model_fields_set else ("nomad",)
+        else:
+            when = f"expired {-left} day(s) ago" if left < 0 else f"expire in {left} day(s)"
+            message = (f"{what} {when} ({end}; warned {EXPIRY_WARNING_DAYS} days ahead): a Nomad agent or caller with an expired certificate"
+                       " is refused; re-run `gpufleet nomad bootstrap-script` for new ones and move static_expires, or set certificates: vault-pki")
+            at = ("nomad", "tls", "static_expires")
+        path = (directory or repo.clusters_dir()) / f"{config.name}.yaml"
+        try:
+            problem = read_yaml(path).problem(at, message)
+            shown = Path(problem.file).relative_to(repo.root()) if Path(problem.file).is_relative_to(repo.root()) else problem.file
+            lines.append(f"warning: {shown}:{problem.line}: {problem.field}: {message}")
+        except (OSError, ConfigError):
+            lines.append(f"warning: clusters/{config.name}.yaml: {'.'.join(map(str, at))}: {message}")
     return lines
 
 
@@ -154,7 +188,7 @@ def run_checks(configs: tuple[ClusterConfig, ...] | None, *, out: Path, state_fi
     configs, specs = validate_inputs(configs)
     report.add("inputs", True, f"{len(configs)} cluster file(s), {len(specs)} job file(s), Vault policies and roles")
     warnings = expiry_warnings(configs)
-    report.add("expiry", True, f"{len(warnings)} warning(s)" if warnings else "no exclusion ends within 30 days", warnings)
+    report.add("expiry", True, f"{len(warnings)} warning(s)" if warnings else "nothing dated ends within 30 days", warnings)
     on_stage("synth")
     stacks = synthesize(configs, out)
     report.add("synth", True, f"{len(stacks)} stack(s) into {out}")

@@ -7,7 +7,7 @@ from constructs import Construct
 
 from clusters.derive.gke import derive_control_plane, derive_system_pool
 from clusters.derive.gpudirect import derive_gpudirect
-from clusters.derive.nomad import NomadRole, derive_nomad_secrets, derive_nomad_servers, nomad_secrets_for
+from clusters.derive.nomad import NomadRole, derive_nomad_pki, derive_nomad_secrets, derive_nomad_servers, nomad_secrets_for
 from clusters.derive.pools import derive_gpu_pools
 from clusters.derive.tenants import derive_tenants
 from clusters.schema import ClusterConfig, Environment, NomadConfig, SchedulerKind
@@ -19,8 +19,10 @@ from constructs_lib.iam import NodeIdentity
 from constructs_lib.naming import pin
 from constructs_lib.network import GpuNetwork
 from constructs_lib.nomad_agent_config import AgentJoin
+from constructs_lib.nomad_cert_renewal import render_env, render_renewal_boot
 from constructs_lib.nomad_client_pool import NomadClientPool, client_tag
 from constructs_lib.nomad_firewall import NomadFirewall
+from constructs_lib.nomad_private_dns import NomadPrivateDns
 from constructs_lib.nomad_secrets import NomadSecrets
 from constructs_lib.nomad_servers import NomadServers, server_tag
 from constructs_lib.providers import google
@@ -74,8 +76,12 @@ class ClusterStack(TerraformStack):
         if config.scheduler == SchedulerKind.NOMAD and config.nomad is not None:
             self._nomad(config, config.nomad, node_sa)
         self.dns = DnsRecords(self, "dns", cluster=config.name, dns=config.dns,
-                              static_ips={n: a.address for n, a in self.static_ips.addresses.items()},
-                              nomad_api_ip=self.nomad_servers.forwarding_rule.ip_address if self.nomad_servers else None) if config.dns else None
+                              static_ips={n: a.address for n, a in self.static_ips.addresses.items()}) if config.dns else None
+        nomad_api_records = tuple(r for r in config.dns.records if r.nomad_api) if config.dns else ()
+        self.nomad_private_dns = NomadPrivateDns(
+            self, "nomad_private_dns", cluster=config.name, project=config.gcp.project, zone_name=config.dns.zone_name,
+            records=nomad_api_records, network=self.network.vpc.id, address=self.nomad_servers.forwarding_rule.ip_address,
+        ) if config.dns and nomad_api_records and self.nomad_servers else None
         self._outputs()
 
     def _nomad(self, config: ClusterConfig, nomad: NomadConfig, node_sa: str) -> None:
@@ -88,16 +94,21 @@ class ClusterStack(TerraformStack):
         api_cidrs = [n.cidr for n in nomad.api_access.cidrs]
         NomadFirewall(self, "nomad_firewall", cluster=config.name, vpc_id=vpc, subnet_cidr=gcp.subnet_cidr,
                       target_tags=[client_tag(config.name), server_tag(config.name)],
-                      api_tags=[server_tag(config.name)] if not nomad.existing_servers else [], api_cidrs=api_cidrs)
+                      api_tags=[server_tag(config.name)] if not nomad.existing_servers else [], api_cidrs=api_cidrs,
+                      metrics_cidrs=tuple(n.cidr for n in nomad.autoscaler.scrape_cidrs) if nomad.autoscaler else ())
         secrets = derive_nomad_secrets(config)
+        pki = derive_nomad_pki(config)
+        client_role = next((r for r in pki.roles if r.name == "client"), None) if pki else None
+        client_certificates = render_renewal_boot(env=render_env(spec=pki, role=client_role, vault_addr=nomad.vault_addr)) \
+            if pki is not None and client_role is not None else None
         readers = {NomadRole.CLIENT: node_sa}
         servers = derive_nomad_servers(config)
         if servers is not None:
             self.nomad_servers = NomadServers(
                 self, "nomad_servers", cluster=config.name, project=gcp.project, region=gcp.region, spec=servers,
                 datacenter=nomad.datacenter, nomad_region=nomad.region, vpc_id=vpc, subnetwork=subnet, node_service_account=node_sa,
-                join=join, secrets=nomad_secrets_for(secrets, NomadRole.SERVER), global_access=bool(api_cidrs), pools=self.pool_specs,
-                prometheus_address=nomad.autoscaler.prometheus_address if nomad.autoscaler else None)
+                join=join, secrets=nomad_secrets_for(secrets, NomadRole.SERVER, pki=pki is not None), global_access=bool(api_cidrs), pools=self.pool_specs,
+                prometheus_address=nomad.autoscaler.prometheus_address if nomad.autoscaler else None, pki=pki, vault_addr=nomad.vault_addr)
             self.nomad_address = self.nomad_servers.address
             readers[NomadRole.SERVER] = self.nomad_servers.service_account.email
         self.nomad_secrets = NomadSecrets(self, "nomad_secrets", cluster=config.name, project=gcp.project, secrets=secrets, readers=readers,
@@ -106,7 +117,8 @@ class ClusterStack(TerraformStack):
             self.nomad_pools[spec.name] = NomadClientPool(
                 self, f"nomad_pool_{spec.name}", spec=spec, cluster=config.name, project=gcp.project, region=gcp.region,
                 subnetwork=subnet, service_account=node_sa, datacenter=nomad.datacenter, nomad_region=nomad.region,
-                join=join, image=nomad.client_machine_image, secrets=nomad_secrets_for(secrets, NomadRole.CLIENT))
+                join=join, image=nomad.client_machine_image, secrets=nomad_secrets_for(secrets, NomadRole.CLIENT, pki=pki is not None),
+                certificates=client_certificates)
 
     def _outputs(self) -> None:
         """What the scheduler stack and operators need; nothing here is a secret."""

@@ -2,16 +2,20 @@
 roles are sane, name only job policies and existing clusters, never span dev and non-dev
 clusters without a reviewed exception (alone, through an extra CIDR, or by sharing a job policy
 with a role of the other side), and the two operator policies
-are exactly what vault_policies/operator.py renders from them."""
+are exactly what vault_policies/operator.py renders from them; the Nomad PKI policies
+(vault_policies/policies/pki/) exactly what vault_policies/nomad_pki.py renders from the clusters."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from clusters.derive.nomad import NomadPkiSpec, derive_nomad_pki
 from clusters.errors import ConfigError, Problem
+from clusters.schema import ClusterConfig
 from clusters.source import did_you_mean
 from vault_policies.layout import LOOPBACK_CIDR, OPERATOR_POLICIES
+from vault_policies.nomad_pki import PKI_POLICIES_DIR, pki_problems, render_pki_files
 from vault_policies.operator import render_admin, render_orchestrator
 from vault_policies.policies import PolicyFile, load_policies
 from vault_policies.roles import (RoleSpec, bind_to_clusters, cluster_problems, load_roles_document, policy_span_problems, retired_roles,
@@ -67,6 +71,10 @@ def _clusters(repo_root: Path) -> dict[str, object]:
     return configs
 
 
+def _pki_specs(configs: dict[str, ClusterConfig]) -> tuple[NomadPkiSpec, ...]:
+    return tuple(spec for _, config in sorted(configs.items()) if (spec := derive_nomad_pki(config)) is not None)
+
+
 def _collect(repo_root: Path) -> tuple[VaultDefinitions, list[Problem]]:
     policies, problems = load_policies(repo_root / POLICIES_DIR)
     for required in OPERATOR_POLICIES:
@@ -95,6 +103,7 @@ def _collect(repo_root: Path) -> tuple[VaultDefinitions, list[Problem]]:
                 # "does not exist" here would send the reader to the wrong file.
                 problems.append(doc.problem(("roles", name, "policies", index), f"policy {policy!r} does not exist{did_you_mean(policy, job_policies)}; allowed: {', '.join(job_policies)}; add {POLICIES_DIR}/{policy}.hcl or fix the name"))
     definitions = VaultDefinitions(policies, roles, retired_roles(doc))
+    problems.extend(pki_problems(repo_root, _pki_specs(loaded)))
     if not problems:
         for name, text in definitions.operator_texts().items():
             if name in policies and policies[name].text != text:
@@ -126,10 +135,10 @@ def render(repo_root: Path) -> list[Path]:
     """Write the operator policies rendered from roles.yaml and clusters/; the files changed."""
     definitions, problems = _collect(repo_root)
     operator_files = {str(repo_root / POLICIES_DIR / f"{name}.hcl") for name in OPERATOR_POLICIES} | {str(repo_root / POLICIES_DIR)}
-    blocking = [p for p in problems if p.file not in operator_files]
+    blocking = [p for p in problems if p.file not in operator_files and not Path(p.file).is_relative_to(repo_root / PKI_POLICIES_DIR)]
     if blocking:
         raise ConfigError(blocking)
-    written = []
+    written = render_pki_files(repo_root, _pki_specs({name: c for name, c in _clusters(repo_root).items() if c is not None}))
     for name, text in definitions.operator_texts().items():
         path = repo_root / POLICIES_DIR / f"{name}.hcl"
         if not path.exists() or path.read_text(encoding="utf-8") != text:

@@ -7,6 +7,7 @@ specs. Nothing here knows cdktf.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import date
 from enum import StrEnum
 
 from clusters.schema import ClusterConfig, Environment
@@ -52,6 +53,12 @@ _NOMAD_SECRETS = (
 )
 
 
+# With ``vault-pki`` agents get these from the cluster's PKI mount at boot and on renewal instead.
+# The secrets stay (their resources are protected, and a fleet moving to PKI keeps them until
+# every agent has renewed once); only the boot scripts stop reading them (agent_secrets).
+PKI_ISSUED = frozenset({"ca-cert", "server-cert", "server-key", "client-cert", "client-key"})
+
+
 def derive_nomad_secrets(config: ClusterConfig) -> tuple[NomadSecretSpec, ...]:
     """The secrets of a Nomad cluster; with ``existing_servers`` only what its clients read."""
     has_servers = config.nomad is not None and not config.nomad.existing_servers
@@ -63,8 +70,9 @@ def derive_nomad_secrets(config: ClusterConfig) -> tuple[NomadSecretSpec, ...]:
     )
 
 
-def nomad_secrets_for(secrets: tuple[NomadSecretSpec, ...], role: NomadRole) -> tuple[NomadSecretSpec, ...]:
-    return tuple(s for s in secrets if role in s.readers)
+def nomad_secrets_for(secrets: tuple[NomadSecretSpec, ...], role: NomadRole, *, pki: bool = False) -> tuple[NomadSecretSpec, ...]:
+    """What an agent of ``role`` reads from Secret Manager at boot; with ``pki`` not the TLS material."""
+    return tuple(s for s in secrets if role in s.readers and not (pki and s.name in PKI_ISSUED))
 
 
 @dataclass(frozen=True)
@@ -113,3 +121,80 @@ def nomad_task_group_name(pool: str, gpus: int) -> str:
     so a pool's autoscaling policy finds the GPUs its runs want by this name
     (``constructs_lib.nomad_autoscaler.demand_query``); jobs name their group with it."""
     return f"gpu-{pool}-x{gpus}"
+
+
+def server_tag(cluster: str) -> str:
+    """The servers' network tag: cloud auto-join, the API and metrics firewall rules and the
+    Prometheus scrape job all find the servers by it."""
+    return f"{cluster}-nomad-server"
+
+
+@dataclass(frozen=True)
+class PkiRoleSpec:
+    """One PKI role: the only names a certificate of this agent role may carry. Nomad checks
+    ``<role>.<region>.nomad`` (verify_server_hostname); localhost and IP SANs let local callers
+    and the load balancer's address verify too. Both key usages: servers dial each other, and a
+    client's HTTP API serves TLS."""
+
+    name: str
+    common_name: str
+    policy: str
+    auth_role: str
+    service_account: str
+
+
+@dataclass(frozen=True)
+class NomadPkiSpec:
+    cluster: str
+    mount: str
+    ttl_hours: int
+    roles: tuple[PkiRoleSpec, ...]
+
+    @property
+    def renew_before_seconds(self) -> int:
+        """Renew with a third of the lifetime left: a timer that runs hourly has many tries,
+        and an OpenBao outage shorter than that costs nothing."""
+        return self.ttl_hours * 3600 // 3
+
+
+def derive_nomad_pki(config: ClusterConfig) -> NomadPkiSpec | None:
+    """The cluster's PKI mount and its server/client roles, when the file asks for ``vault-pki``.
+    Clusters on existing servers get only the client role (their servers are not ours)."""
+    nomad = config.nomad
+    if nomad is None or nomad.tls.certificates != "vault-pki":
+        return None
+    roles = (NomadRole.SERVER, NomadRole.CLIENT) if not nomad.existing_servers else (NomadRole.CLIENT,)
+    accounts = {NomadRole.SERVER: nomad_server_account_id(config.name), NomadRole.CLIENT: node_account_id(config.name)}
+    return NomadPkiSpec(
+        cluster=config.name, mount=f"pki-nomad-{config.name}", ttl_hours=nomad.tls.agent_cert_ttl_hours,
+        roles=tuple(PkiRoleSpec(name=role.value, common_name=f"{role.value}.{nomad.region}.nomad", policy=f"nomad-pki-{config.name}-{role.value}",
+                                auth_role=f"nomad-{config.name}-{role.value}",
+                                service_account=f"{accounts[role]}@{config.gcp.project}.iam.gserviceaccount.com") for role in roles))
+
+
+def nomad_server_account_id(cluster: str) -> str:
+    """The servers' service account id (30 characters at most: the cluster name is cut)."""
+    return f"{cluster[:19]}-nomad-srv"
+
+
+def node_account_id(cluster: str) -> str:
+    """The GPU nodes' service account id, which Nomad clients run as."""
+    return f"{cluster[:22]}-nodes"
+
+
+def static_certificate_expiry(config: ClusterConfig, today: date, warn_days: int) -> tuple[str, str | None, int | None] | None:
+    """What of a Nomad cluster's TLS does not renew, and when it ends: (what, date or None when
+    the file does not say, days left), or None while that is more than ``warn_days`` away.
+
+    ``static`` clusters: every agent certificate and the operator/Prometheus ones (the bootstrap
+    script's ``-days 365``); ``vault-pki`` clusters: only the operator and Prometheus certificates,
+    since agents renew their own."""
+    nomad = config.nomad
+    if nomad is None:
+        return None
+    what = ("the agents', operators' and Prometheus' Nomad certificates" if nomad.tls.certificates == "static"
+            else "the operators' and Prometheus' Nomad certificates (agents renew theirs)")
+    if nomad.tls.static_expires is None:
+        return what, None, None
+    left = (date.fromisoformat(nomad.tls.static_expires) - today).days
+    return (what, nomad.tls.static_expires, left) if left <= warn_days else None

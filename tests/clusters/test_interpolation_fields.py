@@ -37,7 +37,10 @@ Path_ = tuple[str | int, ...]
 EXTRAS: dict[str, dict[str, Any]] = {
     "prod-nomad": {
         "state": {"backend": "tfc", "organization": "gpufleet", "workspace": "prod-nomad", "project": "gpufleet"},
-        # existing_servers: no internal load balancer here, so the UI record names the servers' host.
+        # existing_servers: no internal load balancer here, so the UI record names the servers' host,
+        # and no autoscaler of gpufleet's, so pools have fixed sizes.
+        "gpu_pools": [{"name": "a100", "machine_type": "a2-highgpu-2g", "node_count": 6, "boot_disk_gb": 300},
+                      {"name": "l4", "machine_type": "g2-standard-8", "node_count": 10, "spot": True}],
         "dns": {"zone_id": "0123456789abcdef0123456789abcdef", "zone_name": "example.com",
                 "records": [{"name": "nomad.prod", "hostname": "nomad.corp.example.com"}]},
         "nomad": {"datacenter": "europe-west4", "vault_addr": "https://vault.example.com:8200", "region": "global",

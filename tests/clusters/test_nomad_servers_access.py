@@ -16,6 +16,9 @@ CASES = [
      "is not in region 'europe-west4'"),
     ("autoscaled-pools-without-the-autoscaler", lambda d: d["nomad"].pop("autoscaler"), "nomad.autoscaler",
      "pools a100, l4 autoscale, which on Nomad needs the Nomad Autoscaler and its metrics; add nomad.autoscaler.prometheus_address"),
+    ("existing-servers-scale-nothing", lambda d: d["nomad"].update(existing_servers=["10.50.0.10"]), "gpu_pools[1].min_nodes",
+     "pool l4 autoscales, but on nomad.existing_servers gpufleet runs no Nomad Autoscaler: it would stay at 0 node(s); give it a fixed node_count"),
+    ("autoscaler-without-a-scrape-path", lambda d: d["nomad"]["autoscaler"].pop("scrape_cidrs"), "nomad.autoscaler.scrape_cidrs", ""),
     ("nobody-reaches-the-api", lambda d: d["nomad"].pop("api_access"), "nomad.api_access",
      "the scheduler stack cannot be applied (the firewall admits only the subnet); add nomad.api_access.cidrs"),
 ]

@@ -139,6 +139,9 @@ def test_existing_servers_accept_hosts_ports_and_auto_join(write_cluster):
     def mutate(d: dict) -> None:
         d["nomad"]["existing_servers"] = servers
         d["dns"]["records"] = [{"name": "nomad.prod", "hostname": "nomad.corp.example.com"}]  # no internal LB of ours to point at
+        for pool in d["gpu_pools"]:  # no autoscaler of ours on existing servers
+            pool["node_count"] = pool.pop("max_nodes")
+            del pool["min_nodes"]
 
     config = clusters.load(write_cluster("prod-nomad", mutate))
     assert config.nomad.existing_servers == tuple(servers)

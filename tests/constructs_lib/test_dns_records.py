@@ -25,10 +25,19 @@ def test_cname_points_at_the_hostname_with_its_ttl(records):
     assert (c["type"], c["name"], c["content"], c["ttl"]) == ("CNAME", "dashboards.prod.example.com", "tensorboard.prod.example.com", 300)
 
 
-def test_nomad_cluster_record_and_no_dns_without_a_dns_section(stack_json):
-    nomad = stack_json("prod-nomad")["resource"]["cloudflare_dns_record"]["dns_nomad_prod"]
-    assert (nomad["type"], nomad["content"]) == ("A", "${google_compute_forwarding_rule.nomad_api.ip_address}"), "review C11: the API's internal address"
-    assert "google_compute_address" not in stack_json("prod-nomad")["resource"], "no external address reserved for nothing"
+def test_nomad_api_name_resolves_inside_the_vpc_only_and_never_in_the_public_zone(stack_json):
+    """The internal load balancer's private address is not published in public Cloudflare DNS: a
+    Cloud DNS private zone of exactly that name, visible to the cluster's VPC, holds it."""
+    resources = stack_json("prod-nomad")["resource"]
+    public = resources.get("cloudflare_dns_record", {})
+    assert not [r for r in public.values() if "forwarding_rule" in r["content"]], "no private address in public DNS"
+    (zone,) = resources["google_dns_managed_zone"].values()
+    assert (zone["dns_name"], zone["visibility"]) == ("nomad.prod.example.com.", "private"), "the one name, not the whole domain"
+    assert zone["private_visibility_config"]["networks"] == [{"network_url": "${google_compute_network.vpc.id}"}]
+    (record,) = resources["google_dns_record_set"].values()
+    assert (record["name"], record["type"], record["rrdatas"]) == ("nomad.prod.example.com.", "A", ["${google_compute_forwarding_rule.nomad_api.ip_address}"])
+    assert record["managed_zone"] == "${google_dns_managed_zone.%s.name}" % next(iter(resources["google_dns_managed_zone"]))
+    assert "google_compute_address" not in resources, "no external address reserved for nothing"
     dev = stack_json("dev-gke")
     assert "cloudflare_dns_record" not in dev["resource"] and "cloudflare" not in dev["provider"]
 

@@ -16,6 +16,7 @@ from clusters.derive.pools import derive_gpu_pools
 from constructs_lib.nomad_autoscaler import demand_query, render_agent_config, render_policy
 from jobs.loader import load_all
 from jobs.nomad.render import render
+from tests.constructs_lib.autoscaler_rules import agent_errors, go_parse_duration, policy_errors, strategy_errors
 
 KEYS = json.loads((Path(__file__).parent / "vendor" / "nomad_autoscaler_keys.json").read_text())
 
@@ -120,52 +121,19 @@ def test_autoscaler_acl_policy_can_drain_nodes_and_hold_its_lock(stack_json):
     assert rules["namespace"]["default"]["variables"]["path"]["nomad-autoscaler/lock"]["capabilities"] == ["read", "write", "destroy"]
 
 
-# Go's time.ParseDuration grammar (src/time/format.go): a sequence of decimal numbers, each with a
-# unit; "0" alone is allowed.
-GO_DURATION = re.compile(r"^(0|([0-9]+(\.[0-9]*)?|\.[0-9]+)(ns|us|µs|μs|ms|s|m|h))+$")
-GO_BOOLS = {"1", "t", "T", "TRUE", "true", "True", "0", "f", "F", "FALSE", "false", "False"}  # strconv.ParseBool
-
-
-def policy_errors(doc: dict) -> list[str]:
-    """What hashicorp/nomad-autoscaler v0.4.9 refuses in a file policy, from the vendored extract:
-    decodePolicyDoc (policy/file/parse.go: durations via time.ParseDuration, empty type -> cluster),
-    ScalingPolicy.Validate (sdk/policy.go: type, on_check_error/on_error in fail|ignore, at least one
-    check, every check a strategy, no app-sizing strategy on cluster policies) and the gce-mig
-    target's parsing (sdk/helper/scaleutils: drain deadline a duration, purge/ignore flags booleans)."""
-    errors = []
-    for name, scaling in doc["scaling"].items():
-        kind = scaling.get("type") or "cluster"
-        if kind not in KEYS["policy_types"]:
-            errors.append(f"{name}: type {kind!r}")
-        if not isinstance(scaling.get("max"), int) or scaling.get("min", 0) > scaling["max"]:
-            errors.append(f"{name}: min/max")
-        body = scaling["policy"]
-        if body.get("on_check_error", "") not in ("", *KEYS["on_error_values"]):
-            errors.append(f"{name}: on_check_error {body['on_check_error']!r}")
-        checks = body.get("check", {})
-        if not checks:
-            errors.append(f"{name}: no checks")
-        for field in KEYS["duration_fields"]:
-            for where in [body, *checks.values()]:
-                if field in where and not GO_DURATION.match(where[field]):
-                    errors.append(f"{name}: {field} {where[field]!r}")
-        for check_name, check in checks.items():
-            strategies = check.get("strategy", {})
-            if len(strategies) != 1 or not next(iter(strategies)):
-                errors.append(f"{name}/{check_name}: strategy")
-            elif kind in ("cluster", "horizontal") and next(iter(strategies)).startswith("app-sizing"):
-                errors.append(f"{name}/{check_name}: app-sizing strategy")
-            if check.get("on_error", "") not in ("", *KEYS["on_error_values"]):
-                errors.append(f"{name}/{check_name}: on_error {check['on_error']!r}")
-        for target in body.get("target", {}).values():
-            errors += [f"{name}: target {k} {target[k]!r}" for k in KEYS["target_duration_keys"] if k in target and not GO_DURATION.match(target[k])]
-            errors += [f"{name}: target {k} {target[k]!r}" for k in KEYS["target_bool_keys"] if k in target and target[k] not in GO_BOOLS]
-    return errors
+@pytest.fixture(scope="module")
+def agent():
+    return hcl.loads(render_agent_config(nomad_region="global", prometheus_address="https://prom.example.com:9090", ca_file="/ca.pem",
+                                         cert_file="/c.pem", key_file="/k.pem"))
 
 
 @pytest.mark.parametrize("name", ["a100", "l4"])
-def test_policy_values_pass_the_autoscalers_own_validation(pools, name):
-    assert policy_errors(policy(pools, name)) == []
+def test_policy_values_pass_the_autoscalers_own_validation(pools, agent, name):
+    assert policy_errors(policy(pools, name), agent) == []
+
+
+def test_agent_config_values_pass_the_autoscalers_own_parsing(agent):
+    assert agent_errors(agent) == []
 
 
 @pytest.mark.parametrize(("path", "value"), [
@@ -174,18 +142,81 @@ def test_policy_values_pass_the_autoscalers_own_validation(pools, name):
     (("policy", "evaluation_interval"), "1"),
     (("policy", "target", "gce-mig", "node_drain_deadline"), "15"),
     (("policy", "target", "gce-mig", "node_purge"), "yes"),
+    (("policy", "target", "gce-mig", "node_selector_strategy"), "emptiest"),
+    (("policy", "target", "gce-mig", "retry_attempts"), "1_0"),
+    (("policy", "check", "gpu_demand", "strategy", "pass-through", "max_scale_up"), "2.5"),
+    (("policy", "check", "gpu_demand", "source"), "prom"),
     (("type",), "gce"),
+    (("min",), -1),
+    (("min",), 11),
 ])
-def test_the_validator_refuses_what_the_autoscaler_refuses(pools, path, value):
+def test_the_validator_refuses_what_the_autoscaler_refuses(pools, agent, path, value):
     doc = policy(pools, "l4")
     (scaling,) = doc["scaling"].values()
     where = scaling
     for key in path[:-1]:
         where = where[key]
     where[path[-1]] = value
-    assert policy_errors(doc), f"{path}={value!r} should be refused"
+    assert policy_errors(doc, agent), f"{path}={value!r} should be refused"
+
+
+@pytest.mark.parametrize("key", ["project", "mig_name", "region"])
+def test_the_validator_refuses_a_target_missing_what_gce_mig_requires(pools, agent, key):
+    doc = policy(pools, "l4")
+    del doc["scaling"]["prod-nomad-l4"]["policy"]["target"]["gce-mig"][key]
+    assert any("needs one of" in e for e in policy_errors(doc, agent))
+
+
+def test_the_validator_refuses_a_target_with_no_node_pool_identifier(pools, agent):
+    doc = policy(pools, "l4")
+    target = doc["scaling"]["prod-nomad-l4"]["policy"]["target"]["gce-mig"]
+    del target["node_pool"], target["node_class"]
+    assert policy_errors(doc, agent) == ["prod-nomad-l4/target gce-mig: needs one of ['datacenter', 'node_class', 'node_pool']"]
+
+
+def test_the_validator_refuses_strategy_configs_the_plugins_refuse():
+    assert strategy_errors("c", "target-value", {}) == ["c: needs any of ['target']"]
+    assert strategy_errors("c", "target-value", {"target": "0.8"}) == []
+    assert strategy_errors("c", "threshold", {"upper_bound": "10", "delta": "1", "value": "2"})
+    assert strategy_errors("c", "threshold", {"lower_bound": "x", "delta": "1"})
+
+
+def test_the_validator_refuses_prometheus_apm_config_the_plugin_refuses(agent):
+    bad = {**agent, "apm": {"prometheus": {"driver": "prometheus", "config": {"skip_verify": "yes", "client_cert": "/c.pem"}}}}
+    assert agent_errors(bad) == ["apm prometheus: address required", "apm prometheus: skip_verify 'yes' is not a Go bool",
+                                 "apm prometheus: client_cert is not a key the prometheus APM reads"]
+
+
+# Cases from go/src/time/time_test.go (parseDurationTests / parseDurationErrorTests).
+@pytest.mark.parametrize(("text", "ns"), [
+    ("0", 0), ("5s", 5 * 10**9), ("-5s", -5 * 10**9), ("+5s", 5 * 10**9), ("-0", 0), ("5.s", 5 * 10**9), (".5s", 5 * 10**8),
+    ("1.004s", 1_004_000_000), ("10ns", 10), ("11us", 11_000), ("12\u00b5s", 12_000), ("12\u03bcs", 12_000), ("15m", 15 * 60 * 10**9),
+    ("3h30m", 12_600 * 10**9), ("10.5s4m", 250_500_000_000), ("1h2m3s4ms5us6ns", 3_723_004_005_006),
+    ("9223372036854775807ns", (1 << 63) - 1), ("9223372036854775.807us", (1 << 63) - 1), ("-9223372036854775808ns", -(1 << 63)),
+])
+def test_go_duration_port_accepts_what_go_accepts(text, ns):
+    assert go_parse_duration(text) == ns
+
+
+@pytest.mark.parametrize("text", ["", "3", "-", "s", ".", "-.", ".s", "+.s", "1d", "5 m", "1.5 h", "15", "9223372036854775808ns",
+                                  "-9223372036854775809ns", "hello \xffff world"])
+def test_go_duration_port_refuses_what_go_refuses(text):
+    with pytest.raises(ValueError):
+        go_parse_duration(text)
 
 
 def test_vendored_value_rules_name_their_source():
-    assert KEYS["_provenance"]["tag"] == "v0.4.9" and "policy/file/parse.go" in KEYS["_provenance"]["files"]
+    assert KEYS["_provenance"]["tag"] == "v0.4.9" and KEYS["_provenance"]["commit"] == "82611d2f97df7736a8dbffeda55dfc715fe9cc72"
     assert KEYS["on_error_values"] == ["fail", "ignore"]
+    tables = {k for k in KEYS if not k.startswith("_")} | {"strategy_required.target-value", "strategy_required.threshold"}
+    assert all(re.fullmatch(r"[a-z0-9/_.-]+\.go:[0-9]+", w) for w in KEYS["_where"].values())
+    assert {t for t in tables if t not in ("strategy_config", "strategy_required")} <= set(KEYS["_where"])
+
+
+def test_every_policy_the_server_boot_script_writes_passes_with_the_config_it_writes(server_script):
+    """What the synthesized stack ships, not a re-render: each heredoc the boot script writes."""
+    config = hcl.loads(re.search(r"<<'GPUFLEET_AUTOSCALER_CONFIG'\n(.*?)GPUFLEET_AUTOSCALER_CONFIG", server_script, re.S).group(1))
+    policies = re.findall(r"<<'GPUFLEET_AUTOSCALER_POLICY'\n(.*?)GPUFLEET_AUTOSCALER_POLICY", server_script, re.S)
+    assert len(policies) == 2 and agent_errors(config) == []
+    for text in policies:
+        assert policy_errors(hcl.loads(text), config) == []

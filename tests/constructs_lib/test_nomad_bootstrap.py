@@ -8,7 +8,9 @@ and ``-key.pem``, command/tls_cert_create.go v1.10.5; ``gcloud secrets versions 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
+from datetime import UTC, date, datetime
 from pathlib import Path
 
 import pytest
@@ -26,6 +28,9 @@ case "$*" in
   *) exit 1 ;;
 esac
 """
+GPUFLEET_SHIM = r"""#!/bin/bash
+echo "gpufleet $* VAULT_ADDR=$VAULT_ADDR" >> "$SHIM_LOG"
+"""
 GCLOUD_SHIM = r"""#!/bin/bash
 file=$(printf '%s\n' "$@" | sed -n 's/^--data-file=//p')
 echo "gcloud $4 $(wc -c < "$file")" >> "$SHIM_LOG"
@@ -40,11 +45,12 @@ def prod_nomad(example_configs):
 def run(script: str, tmp_path: Path, keep: Path) -> subprocess.CompletedProcess[str]:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
-    for name, text in (("nomad", NOMAD_SHIM), ("gcloud", GCLOUD_SHIM)):
+    for name, text in (("nomad", NOMAD_SHIM), ("gcloud", GCLOUD_SHIM), ("gpufleet", GPUFLEET_SHIM)):
         (bin_dir / name).write_text(text)
         (bin_dir / name).chmod(0o755)
     (tmp_path / "bootstrap.sh").write_text(script)
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SHIM_LOG": str(tmp_path / "log"), "TMPDIR": str(tmp_path)}
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SHIM_LOG": str(tmp_path / "log"), "TMPDIR": str(tmp_path),
+           "VAULT_ADDR": "https://vault.example.com:8200"}
     return subprocess.run(["bash", str(tmp_path / "bootstrap.sh"), "10.50.0.9", str(keep)], env=env, capture_output=True, text=True,
                           check=False, cwd=tmp_path)
 
@@ -61,7 +67,12 @@ def test_bootstrap_stores_every_secret_and_keeps_only_the_ca_and_cli_cert(prod_n
     gossip = next(line for line in log if line.startswith("gcloud prod-nomad-nomad-gossip-key"))
     assert gossip.endswith(" 45"), "32 random bytes, base64 with newline"
     assert sorted(p.name for p in (tmp_path / "offline").iterdir()) == [
-        "global-cli-nomad-key.pem", "global-cli-nomad.pem", "nomad-agent-ca-key.pem", "nomad-agent-ca.pem"]
+        "global-cli-nomad-key.pem", "global-cli-nomad.pem", "nomad-agent-ca-key.pem", "nomad-agent-ca.pem", "prometheus-key.pem", "prometheus.pem"]
+    assert "nomad tls cert create -cli -region global -days 365 -ca ../nomad-agent-ca.pem -key ../nomad-agent-ca-key.pem" in log, \
+        "the autoscaler's Prometheus gets its own client certificate for the servers' verify_https_client"
+    assert "scrape job: gpufleet nomad scrape-config prod-nomad" in result.stdout
+    expires = re.search(r'record in clusters/prod-nomad.yaml: nomad.tls.static_expires: "(\d{4}-\d{2}-\d{2})"', result.stdout).group(1)
+    assert (date.fromisoformat(expires) - datetime.now(UTC).date()).days == 365, "what check warns about, 30 days ahead"
     assert not [p for p in tmp_path.iterdir() if p.name.startswith("tmp")], "the work dir with the agent keys is deleted"
 
 
@@ -71,3 +82,15 @@ def test_fails_when_the_offline_dir_is_inside_a_git_repository(prod_nomad, tmp_p
     result = run(script, tmp_path, tmp_path / "repo" / "keys")
     assert result.returncode == 2 and "is inside a git repository" in result.stderr
     assert not (tmp_path / "log").exists(), "nothing was generated"
+
+
+def test_a_vault_pki_cluster_imports_its_ca_into_the_pki_mount(prod_nomad, tmp_path):
+    script = render_bootstrap_script(cluster="prod-nomad", project="p", region="global", secrets=derive_nomad_secrets(prod_nomad), pki=True)
+    result = run(script, tmp_path, tmp_path / "offline")
+    assert result.returncode == 0, result.stderr
+    log = (tmp_path / "log").read_text().splitlines()
+    assert ("gpufleet nomad pki-apply prod-nomad --ca-cert nomad-agent-ca.pem --ca-key nomad-agent-ca-key.pem"
+            " VAULT_ADDR=https://vault.example.com:8200") in log
+    assert log.index(next(x for x in log if x.startswith("gpufleet"))) > log.index("nomad tls ca create")
+    static = render_bootstrap_script(cluster="prod-nomad", project="p", region="global", secrets=derive_nomad_secrets(prod_nomad))
+    assert "pki-apply" not in static

@@ -26,7 +26,7 @@ TYPES = (
     "compute_health_check", "compute_instance_group_manager", "compute_instance_template", "compute_network",
     "compute_region_autoscaler", "compute_region_backend_service", "compute_region_health_check",
     "compute_region_instance_group_manager", "compute_region_instance_template", "compute_router", "compute_router_nat",
-    "compute_subnetwork", "container_cluster", "container_node_pool", "project_iam_member", "secret_manager_secret",
+    "compute_subnetwork", "container_cluster", "container_node_pool", "dns_managed_zone", "dns_record_set", "project_iam_member", "secret_manager_secret",
     "secret_manager_secret_iam_member", "secret_manager_secret_version", "service_account", "service_account_iam_member",
 )
 # Data sources, stored as "data.google_<name>" (the reserved pools' reservation check, clusters.reservation).
