@@ -378,7 +378,8 @@ class NomadTls(Model):
     OpenBao/Vault PKI mount at boot and renews it from a systemd timer (docs/nomad.md)."""
 
     certificates: Literal["static", "vault-pki"] = "static"
-    static_expires: Annotated[str, Field(pattern=r"^[0-9]{4}-[0-9]{2}-[0-9]{2}$", description="a date such as '2027-12-04'")] | None = None
+    static_expires: Annotated[Annotated[str, Field(pattern=r"^[0-9]{4}-[0-9]{2}-[0-9]{2}$")] | None,
+                              Field(description="a date such as '2027-12-04'")] = None
     agent_cert_ttl_hours: Annotated[int, Field(ge=1, le=720)] = 72
 
 
