@@ -124,10 +124,12 @@ def gpudirect_min_gke_version(transport: GpuDirect, version: str) -> str | None:
 # Topology-aware scheduling (Kueue TAS). The node labels GKE puts on the families placed in
 # blocks / sub-blocks / hosts, outermost first, exactly as the Kueue Topology of the toolkit's
 # A3 Mega configuration lists them (cluster-toolkit examples/gke-a3-megagpu/
-# kueue-configuration.yaml.tftpl lines 16-24, Topology "gke-default"); google/xpk
-# src/xpk/core/kueue_manager.py sets topologyName "gke-default" only for H100 Mega, H200 (A3
-# Ultra) and B200 (A4) flavors, so those three are the families with the labels. A3 High,
-# A2, G2 and N1 nodes carry none: a Topology there would leave every pod unplaceable.
+# kueue-configuration.yaml.tftpl lines 16-24, Topology "gke-default"). The families: A3 Mega,
+# A3 Ultra and A4 (google/xpk src/xpk/core/kueue_manager.py sets topologyName "gke-default" for
+# H100 Mega, H200 and B200 flavors) and A3 High, whose toolkit v1.95.0 Kueue configuration
+# defines the same Topology and names it on the a3-high flavor (examples/gke-a3-highgpu/
+# kueue-configuration.yaml.tftpl:15-24 Topology, :33 topologyName). A2, G2 and N1 nodes carry
+# no block labels: a Topology there would leave every pod unplaceable.
 # Kueue v0.19.2 apis/kueue/v1beta2/topology_types.go:117 (CEL): kubernetes.io/hostname only as
 # the lowest level.
 TOPOLOGY_BLOCK = "cloud.google.com/gce-topology-block"
@@ -161,6 +163,7 @@ class TopologyFamily:
 
 TOPOLOGY_FAMILIES: tuple[TopologyFamily, ...] = (
     TopologyFamily(("a3-megagpu-8g",)),
+    TopologyFamily(("a3-highgpu-8g",)),
     TopologyFamily(("a3-ultragpu-8g",)),
     TopologyFamily(("a4-highgpu-8g",)),
 )

@@ -3,13 +3,15 @@
 What upstream does at the pinned versions, and why it is not enough: GKE's NVIDIA device plugin
 (container-engine-accelerators 992db812 pkg/gpu/nvidia/health_check/health_checker.go) marks a GPU
 Unhealthy on a critical XID, which lowers the node's allocatable ``nvidia.com/gpu`` (an 8-GPU rank no
-longer fits), and sets the node condition ``XidCriticalError``, which the scheduler ignores and the
-plugin resets when it restarts; the cluster-toolkit (1047080375afbb44) checks GPU count and uncorrected
+longer fits), and sets the node condition ``XidCriticalError``, which the scheduler ignores; on start the
+plugin removes that condition only when the node's boot ID differs from the one recorded with it (a
+repaired or rebooted node), and keeps it across a plain plugin restart (resetXIDCondition,
+health_checker.go:126-143); the cluster-toolkit (1047080375afbb44) checks GPU count and uncorrected
 ECC only in an init container before its workload (examples/gke-consumption-options/dws-flex-start/
 nccl-jobset-example.yaml, ``gpu-healthcheck``); Kueue v0.19.2 has no node health notion. Nothing there
 taints a node. gpufleet runs the toolkit's two checks plus the plugin's XID condition on every GPU node
-all the time and turns a failure into a sticky taint (``constructs_lib/gpu_health_check.py``, shipped in
-a ConfigMap), so one bad node is kept out of every later run instead of failing each run's pre-flight in turn.
+all the time and turns three consecutive failures into a taint that holds until the node reboots and
+passes (``constructs_lib/gpu_health_check.py``, shipped in a ConfigMap), so one bad node is kept out of every later run instead of failing each run's pre-flight in turn.
 
 Like upstream's check it runs privileged with the host's NVIDIA directory mounted (it must see every
 GPU of the node without requesting any) in ``kube-system``; it tolerates its pools' taints and its own,

@@ -71,6 +71,13 @@ class GpuNodePool(Construct):
                 if reservation else {"consume_reservation_type": "NO_RESERVATION"}
             ),
         }
+        if spec.queued_provisioning:
+            # DWS flex-start as the toolkit's dws-flex-start-queued-provisioning example runs it
+            # (gke-a3-ultragpu.yaml:163 enable_flex_start with enable_queued_provisioning; gke-node-pool/
+            # main.tf:165 -> node_config.flex_start). Its preconditions (main.tf:416-429: no auto-repair,
+            # no static node count, NO_RESERVATION, not spot) are what clusters.checks and derive_upgrade
+            # already require of a queued pool. ForceNew (provider 6.50.0 node_config.go:1020-1024): set at creation.
+            node_config["flex_start"] = True
         if spec.host_maintenance_interval:
             node_config["host_maintenance_policy"] = {"maintenance_interval": spec.host_maintenance_interval}
         if spec.local_ssd_count:

@@ -23,8 +23,10 @@ config/components/crd/bases/kueue.x-k8s.io_topologies.yaml lines 86-150) with GK
 those pools' flavors name it in ``topologyName``, as the toolkit's A3 Mega configuration does
 (examples/gke-a3-megagpu/kueue-configuration.yaml.tftpl). Adding ``topologyName`` to an existing
 flavor is an in-place update (the flavor CRD's CEL rules only freeze it once set); from then on the
-flavor's nodeLabels and tolerations are immutable too (resourceflavor_types.go:48-51 at v0.19.2),
-so a change to a pool's taints replaces that flavor.
+flavor's nodeLabels and tolerations are immutable too (resourceflavor_types.go:49-51 at v0.19.2).
+``kubernetes_manifest`` replaces only on a new apiVersion, kind, name or namespace
+(preview/forcenew/kubernetes.json), so a later change of such a pool's taints or labels is an update
+the API server refuses: it takes a new pool (docs/large-runs.md, "Changing a topology-aware pool").
 
 Pure builders return the manifests so tests check them without cdktf; ``KueueQueues`` declares
 them as ``kubernetes_manifest``.

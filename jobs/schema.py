@@ -110,11 +110,12 @@ IMAGE_PATTERN = r"^[a-z0-9][a-z0-9._/-]{0,254}(:[A-Za-z0-9_][A-Za-z0-9._-]{0,127
 
 class Preflight(Model):
     """GPU health gate before a multi-node GKE run's training command (jobs.k8s.render): every rank
-    first runs ``dcgmi diag -r <level>`` on its node's GPUs in ``image`` (one with DCGM and its
-    validation suite, e.g. NVIDIA's DCGM image); a failing rank fails the run at once, counted as
+    first starts a DCGM host engine and runs ``dcgmi diag -r <level>`` against it on its node's GPUs in
+    ``image`` (one with ``nv-hostengine``, ``dcgmi``, DCGM's validation suite and ``sh``, e.g. NVIDIA's
+    DCGM image), as the run's non-root user; a failing rank fails the run at once, counted as
     an infrastructure failure, before any rank starts training."""
 
-    image: Annotated[str, Field(pattern=IMAGE_PATTERN, description="an image reference with DCGM's dcgmi and its validation suite, DCGM's validation suite (NVVS) included")]
+    image: Annotated[str, Field(pattern=IMAGE_PATTERN, description="an image reference with DCGM's nv-hostengine, dcgmi and validation suite (NVVS), and sh")]
     # dcgmi diag run levels: 1 quick (seconds), 2 medium (about 2 minutes), 3 long (about 15 minutes).
     dcgm_diag_level: Literal[1, 2, 3] = 1
 

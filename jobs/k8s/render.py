@@ -210,8 +210,39 @@ def _container(spec: FinetuneSpec, run: str, meta: dict[str, str]) -> dict[str, 
     }
 
 
+# GKE's NVIDIA device plugin mounts the host's driver libraries here in every container that requests
+# nvidia.com/gpu; DCGM loads libnvidia-ml from it (the toolkit's GKE NCCL examples set the same LD_LIBRARY_PATH).
+GKE_DRIVER_LIB_DIR = "/usr/local/nvidia/lib64"
+# nv-hostengine's pid file and log: its defaults (/var/run, /var/log) are not writable by the run user.
+HOSTENGINE_PID = "/tmp/nv-hostengine.pid"
+HOSTENGINE_LOG = "/tmp/nv-hostengine.log"
+
+
+def preflight_command(level: int) -> list[str]:
+    """Start a DCGM host engine, run ``dcgmi diag -r <level>`` against it, stop it, exit with the diag's code.
+
+    dcgmi is only a client of ``nv-hostengine`` (NVIDIA DCGM reference, dcgmi: "sends management and
+    monitoring requests to an NVIDIA DCGM host engine"); a pod has none, so the pre-flight starts its own
+    exactly as cluster-toolkit v1.95.0 does in community/modules/scheduler/schedmd-slurm-gcp-v6-controller/
+    modules/slurm_files/scripts/tools/gpu-test (:39-40 require ``nv-hostengine``; :80-83 start it and wait a
+    second; :88 ``dcgmi diag -r 1``; :94-95 ``nv-hostengine -t``). The engine daemonizes (no ``-n``: in the foreground
+    it would never return) with its pid file under /tmp, and is stopped even when the diag fails; an
+    engine that does not start fails the check with its own exit code.
+    """
+    engine = f"nv-hostengine --pid {HOSTENGINE_PID} --log-filename {HOSTENGINE_LOG}"
+    return ["sh", "-c", f"{engine} && sleep 1 && dcgmi diag -r {int(level)}; rc=$?; nv-hostengine --term --pid {HOSTENGINE_PID}; exit $rc"]
+
+
 def preflight_container(spec: FinetuneSpec) -> dict[str, Any] | None:
-    """``dcgmi diag -r <level>`` on the rank's GPUs, as the training user with no privileges."""
+    """The DCGM diagnostic on the rank's GPUs, as the training user with no privileges.
+
+    Not root: NVIDIA's nv-hostengine reference says the binary "can run without root privileges" and only
+    "configuration management and portions of diagnostics can require root" (docs.nvidia.com/datacenter/dcgm/
+    latest/reference/command-line-reference/nv-hostengine.html, DESCRIPTION); the toolkit's gpu-test runs
+    as root only because it is a Slurm prolog, not because diag asks for it. A root init container would
+    widen every tenant's admission box for one check, so a root-only part of the diag is skipped instead
+    (docs/large-runs.md says so).
+    """
     if spec.preflight is None or spec.nodes < 2:
         return None
     image, level = spec.preflight
@@ -220,7 +251,8 @@ def preflight_container(spec: FinetuneSpec) -> dict[str, Any] | None:
         "name": PREFLIGHT_CONTAINER,
         "image": image,
         "imagePullPolicy": "IfNotPresent",
-        "command": ["dcgmi", "diag", "-r", str(level)],
+        "command": preflight_command(level),
+        "env": [{"name": "LD_LIBRARY_PATH", "value": GKE_DRIVER_LIB_DIR}],
         "resources": {"requests": {"cpu": "1", "memory": "2Gi", GPU_RESOURCE: gpus}, "limits": {"memory": "2Gi", GPU_RESOURCE: gpus}},
         "securityContext": {
             "allowPrivilegeEscalation": False,

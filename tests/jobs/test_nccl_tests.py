@@ -9,9 +9,11 @@ privilege policy accept.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pytest
+import yaml
 
 from clusters.families import GpuDirect, machine_family
 from jobs.k8s.render import manifests
@@ -94,6 +96,19 @@ def test_each_family_job_gates_between_a_fallback_and_upstreams_figure(specs, jo
     minimum = float(_arg(spec, "--min-busbw-gbps"))
     assert TCP_FALLBACK_CEILING_GBPS < minimum <= busbw
     assert f"{busbw:.2f}" in find(job).read_text()
+    # The pass mark is 80% of upstream's example output, rounded down, and the file says it is a heuristic.
+    assert minimum == math.floor(0.8 * busbw) and "80% of upstream's figure, a heuristic" in find(job).read_text()
+
+
+def test_the_nccl_jobs_keep_their_secret_because_the_job_schema_requires_one():
+    """Why the NCCL jobs pull a key they only check for: a job file without secrets is refused."""
+    from pydantic import ValidationError
+
+    from jobs.schema import JobFile
+
+    data = yaml.safe_load(find("nccl-test-a3high").read_text())
+    with pytest.raises(ValidationError, match="secrets"):
+        JobFile.model_validate({k: v for k, v in data.items() if k != "secrets"})
 
 
 @pytest.mark.parametrize("job", sorted(UPSTREAM))

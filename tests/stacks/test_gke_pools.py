@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import astuple
+from pathlib import Path
 
 import pytest
 
@@ -107,6 +108,32 @@ def test_dws_pool_never_auto_upgrades_or_repairs_and_is_labelled_queued(dws_flee
     assert pool["queued_provisioning"] == {"enabled": True}
     assert pool["management"] == {"auto_repair": False, "auto_upgrade": False}
     assert pool["node_config"]["labels"]["cloud.google.com/gke-queued"] == "true"
+
+
+def test_dws_pool_is_flex_start_as_the_toolkits_queued_provisioning_example(dws_fleet, stack_json):
+    """cluster-toolkit v1.95.0 examples/gke-consumption-options/dws-flex-start-queued-provisioning/gke-a3-ultragpu.yaml:163
+    sets enable_flex_start with queued provisioning, which gke-node-pool/main.tf:165 passes as node_config.flex_start;
+    main.tf:416-429 require no auto-repair, no static node count, NO_RESERVATION and no spot with it. The attribute is
+    a bool in node_config at google 6.50.0 (tests/schemas/google-6.50.0.json; node_config.go:1020-1024, ForceNew)."""
+    schema = json.loads((Path(__file__).resolve().parents[1] / "schemas" / "google-6.50.0.json").read_text())
+    assert "flex_start" in schema["google_container_node_pool"]["node_config"]
+    pools = dws_fleet["prod-gke"]["resource"]["google_container_node_pool"]
+    dws = pools["pool_l4_spot"]
+    assert dws["node_config"]["flex_start"] is True and dws["queued_provisioning"] == {"enabled": True}
+    assert dws["management"]["auto_repair"] is False and "node_count" not in dws and dws["node_config"]["spot"] is False
+    assert dws["node_config"]["reservation_affinity"] == {"consume_reservation_type": "NO_RESERVATION"}
+    assert "flex_start" not in pools["pool_h100"]["node_config"]  # only queued pools
+
+
+def test_flex_start_replaces_only_the_unprotected_dev_pool(stack_json):
+    """flex_start is ForceNew (preview/forcenew/google.json): adding it replaces dev-gke's l4-flex pool, a dev pool
+    without prevent_destroy; no protected pool is queued."""
+    forcenew = json.loads((Path(__file__).resolve().parents[2] / "preview" / "forcenew" / "google.json").read_text())
+    assert "node_config.flex_start" in forcenew["resources"]["google_container_node_pool"]
+    flex = {name: pool for stack in ("dev-gke", "prod-gke", "train-a3mega")
+            for name, pool in stack_json(stack)["resource"]["google_container_node_pool"].items() if pool["node_config"].get("flex_start")}
+    assert sorted(flex) == ["pool_l4_flex"]
+    assert all(pool["lifecycle"]["prevent_destroy"] is False for pool in flex.values())
 
 
 def test_dws_queues_carry_the_provisioning_admission_check(dws_fleet):

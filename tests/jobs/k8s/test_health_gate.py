@@ -55,12 +55,28 @@ def test_every_rank_runs_dcgm_diag_after_the_sidecars_and_before_training(config
     pod = job["spec"]["template"]["spec"]
     inits = pod["initContainers"]
     check = inits[-1]
-    assert check["name"] == PREFLIGHT_CONTAINER and check["command"] == ["dcgmi", "diag", "-r", "2"] and check["image"] == DCGM_IMAGE
+    assert check["name"] == PREFLIGHT_CONTAINER and check["image"] == DCGM_IMAGE
     assert all(c.get("restartPolicy") == "Always" for c in inits[:-1])  # the native sidecars start first
     assert "restartPolicy" not in check  # a regular init container: training waits for it to exit 0
     assert check["resources"]["limits"]["nvidia.com/gpu"] == pod["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "8"
     rule = job["spec"]["podFailurePolicy"]["rules"][-1]
     assert rule == {"action": "FailJob", "onExitCodes": {"containerName": PREFLIGHT_CONTAINER, "operator": "NotIn", "values": [0]}}
+
+
+def test_the_preflight_starts_its_own_dcgm_host_engine_and_stops_it(config: Any) -> None:
+    """dcgmi is a client of nv-hostengine, and a pod has none: start one, diag, stop it, keep the diag's exit code.
+
+    As cluster-toolkit v1.95.0 community/modules/scheduler/schedmd-slurm-gcp-v6-controller/modules/
+    slurm_files/scripts/tools/gpu-test does (:80-83 start, :88 ``dcgmi diag -r 1``, :94-95 ``nv-hostengine -t``);
+    the driver libraries at GKE's path as the toolkit's examples/gke-a3-highgpu/nccl-test.yaml:90-91 sets them.
+    """
+    check = job_manifest(_spec(config))["spec"]["template"]["spec"]["initContainers"][-1]
+    pid = "--pid /tmp/nv-hostengine.pid"
+    assert check["command"] == ["sh", "-c", f"nv-hostengine {pid} --log-filename /tmp/nv-hostengine.log && sleep 1 && dcgmi diag -r 2; "
+                                f"rc=$?; nv-hostengine --term {pid}; exit $rc"]
+    assert {"name": "LD_LIBRARY_PATH", "value": "/usr/local/nvidia/lib64"} in check["env"]
+    assert {"name": "tmp", "mountPath": "/tmp"} in check["volumeMounts"]  # the pid file and log are writable as uid 1000
+    assert check["securityContext"]["runAsNonRoot"] is True  # nv-hostengine runs without root (see preflight_container)
 
 
 def test_the_preflight_stays_inside_the_tenant_privilege_box(config: Any) -> None:

@@ -28,7 +28,7 @@ def case(cluster_configs: Any, vault_view: Any) -> tuple[dict[str, Any], dict[st
     assert lq is not None, f"no LocalQueue {job['metadata']['labels'][QUEUE_LABEL]} in {job['metadata']['namespace']}: {sorted(queues)}"
     cq = cluster_queue(tenant, spec.pool, config.name)
     assert cq["metadata"]["name"] == lq["spec"]["clusterQueue"]
-    return job, lq, cq, resource_flavor(spec.pool)
+    return job, lq, cq, resource_flavor(spec.pool, config.name)
 
 
 def test_cluster_queue_covers_every_requested_resource(case: Any) -> None:

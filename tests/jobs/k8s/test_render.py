@@ -225,8 +225,8 @@ def test_low_priority_jobs_get_the_class_that_never_preempts(single_spec: Finetu
 def test_tolerations_are_the_ones_kueue_flavor_gives_the_pool(gke_spec: FinetuneSpec) -> None:
     from constructs_lib.kueue import resource_flavor
 
-    assert _pod(gke_spec)["tolerations"] == resource_flavor(gke_spec.pool)["spec"]["tolerations"]
-    assert _pod(gke_spec)["nodeSelector"].items() <= resource_flavor(gke_spec.pool)["spec"]["nodeLabels"].items()
+    assert _pod(gke_spec)["tolerations"] == resource_flavor(gke_spec.pool, gke_spec.cluster)["spec"]["tolerations"]
+    assert _pod(gke_spec)["nodeSelector"].items() <= resource_flavor(gke_spec.pool, gke_spec.cluster)["spec"]["nodeLabels"].items()
 
 
 # Pod Security Standards, "restricted" profile (kubernetes/kubernetes

@@ -90,7 +90,34 @@ def test_multi_node_a3_mega_flavor_names_the_topology_and_updates_in_place(confi
         assert _cel(rule["rule"], self=flavor["spec"], oldSelf=old["spec"]), rule["message"]
 
 
-@pytest.mark.parametrize("machine", ["a3-highgpu-8g", "g2-standard-24"])
+def test_a3_high_is_topology_aware_as_in_the_toolkit(config: Any) -> None:
+    """cluster-toolkit v1.95.0 examples/gke-a3-highgpu/kueue-configuration.yaml.tftpl:15-24 defines the
+    gke-default Topology with these levels and :33 names it on the a3-high flavor. An applied A3 High
+    flavor without topologyName gains it in place: resourceflavor_types.go:51's rule starts
+    ``!has(oldSelf.topologyName) ||``, so only a flavor that already has one is frozen."""
+    a3high = config.model_copy(update={"gpu_pools": (config.gpu_pools[0].model_copy(update={"machine_type": "a3-highgpu-8g"}),)})
+    (pool,) = derive_gpu_pools(a3high)
+    assert pool.topology_aware
+    flavor = resource_flavor(pool, config.name)
+    assert flavor["spec"]["topologyName"] == topology_name(config.name) and problems(flavor) == []
+    old = resource_flavor(dataclasses.replace(pool, topology_aware=False))
+    for rule in SCHEMAS["ResourceFlavor"]["schema"]["properties"]["spec"]["x-kubernetes-validations"]:
+        assert _cel(rule["rule"], self=flavor["spec"], oldSelf=old["spec"]), rule["message"]
+
+
+def test_a_flavor_with_a_topology_refuses_later_changes_of_its_labels_and_tolerations(config: Any) -> None:
+    """Why docs/large-runs.md gives a blue/green path: once topologyName is set, the CRD's rules
+    (resourceflavor_types.go:49-51) refuse new nodeLabels, tolerations or another topologyName."""
+    (pool,) = derive_gpu_pools(config)
+    old = resource_flavor(pool, config.name)["spec"]
+    rules = {r["message"]: r["rule"] for r in SCHEMAS["ResourceFlavor"]["schema"]["properties"]["spec"]["x-kubernetes-validations"]}
+    changed = {**old, "tolerations": [*old.get("tolerations", []), {"key": "example.com/new", "operator": "Exists", "effect": "NoSchedule"}]}
+    assert not _cel(rules["tolerations are immutable when topologyName is set"], self=changed, oldSelf=old)
+    relabelled = {**old, "nodeLabels": {**old["nodeLabels"], "example.com/new": "x"}}
+    assert not _cel(rules["nodeLabels are immutable when topologyName is set"], self=relabelled, oldSelf=old)
+
+
+@pytest.mark.parametrize("machine", ["a2-highgpu-8g", "g2-standard-24"])
 def test_families_without_gce_topology_labels_get_no_topology(config: Any, machine: str) -> None:
     (pool,) = derive_gpu_pools(config)
     other = config.model_copy(update={"gpu_pools": (config.gpu_pools[0].model_copy(update={"machine_type": machine}),)})
@@ -129,7 +156,7 @@ def test_check_refuses_a_required_host_for_several_nodes(config: Any, vault_view
 
 
 def test_check_refuses_topology_on_a_pool_without_the_labels(config: Any, vault_view: Any) -> None:
-    other = config.model_copy(update={"gpu_pools": (config.gpu_pools[0].model_copy(update={"machine_type": "a3-highgpu-8g"}),)})
+    other = config.model_copy(update={"gpu_pools": (config.gpu_pools[0].model_copy(update={"machine_type": "a2-highgpu-8g"}),)})
     (message,) = _topology_findings(_job(topology="block"), other, vault_view)
     assert "has no GCE topology labels" in message and "a3-megagpu-8g" in message
 
