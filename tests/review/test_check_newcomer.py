@@ -18,3 +18,13 @@ def test_fails_once_when_a_cidr_has_host_bits_set(checkout, gpufleet_check):
     assert error_lines(done) == ["error: clusters/prod-gke.yaml:12: gcp.subnet_cidr: '10.10.0.1/20' is not a valid IPv4 CIDR"
                                  " (10.10.0.1/20 has host bits set); write it like '10.10.0.0/20' with host bits zero"]
     assert "skipped: job files; Vault operator policies vs clusters/: fix the errors above first" in done.stderr.splitlines()
+
+
+def test_fails_when_a_new_role_has_no_clusters_and_says_which_exist(checkout, gpufleet_check):
+    """Before: "required field is missing; add it", at line 1, with no word on what to write."""
+    edit(checkout / "vault_policies" / "roles.yaml", "roles:\n",
+         "roles:\n  newbie:\n    policies: [ml-keys-eval]\n    token_ttl: 5m\n    token_max_ttl: 4h\n    secret_id_ttl: 30m\n")
+    done = gpufleet_check(checkout, "--skip-checkov")
+    assert error_lines(done) == ["error: vault_policies/roles.yaml:11: roles.newbie.clusters: required field is missing; name the clusters"
+                                 " whose GPU nodes run this role's tasks (their subnets become the role's CIDR bindings); allowed: dev-gke,"
+                                 " prod-gke, prod-nomad, train-a3mega; add e.g. clusters: [dev-gke]"]
