@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+from datetime import datetime
 from collections import Counter
 from collections.abc import Iterator
 
@@ -16,12 +17,22 @@ from clusters.derive.addresses import dns_record_address, grant_address
 from clusters.derive.gke import SYSTEM_POOL_NAME, derive_control_plane
 from clusters.derive.pools import derive_gpu_pool, pool_gpudirect, kueue_queue_key, machine_accelerator
 from clusters.derive.tenants import tenant_account_id
-from clusters.families import GPUDIRECT_RANGE_MAX_PREFIX, GpuDirect, gpudirect_min_gke_version, machine_family
+from clusters.families import FAMILIES, GPUDIRECT_RANGE_MAX_PREFIX, GpuDirect, gpudirect_min_gke_version, machine_family
 from clusters.machines import MACHINE_GPUS, N1_ACCELERATOR, N1_GPU_CHOICES, is_n1
 from clusters.schema import ClusterConfig, DnsRecord, Environment, GpuPool, SchedulerKind
 from clusters.source import FieldPath, did_you_mean
 
 Finding = tuple[FieldPath, str]
+
+# The longest dated upgrade exclusion GKE can accept. A NO_MINOR(_OR_NODE)_UPGRADES exclusion may last
+# until the end of support of the cluster's minor version (the GKE API's ExclusionUntilEndOfSupport:
+# "the cluster control plane version's end of support time, or end of extended support time when the
+# cluster is on extended support channel", google.container.v1 NodePool.ExclusionUntilEndOfSupport.end_time),
+# and a minor version gets 14 months of standard support from its release (GKE versioning and support
+# docs); gpufleet's release channels (RAPID, REGULAR, STABLE: clusters/schema.py) have no extended
+# support. So even a minor released the day the exclusion starts is out of support after 14 months
+# (14 x 30.44 days); a 5-year exclusion is refused by GKE at apply, and here at review.
+MAX_EXCLUSION_DAYS = 426
 
 
 def cross_check(config: ClusterConfig, file_stem: str | None = None) -> list[Finding]:
@@ -93,13 +104,25 @@ def _gke_access(config: ClusterConfig) -> Iterator[Finding]:
             given, missing = ("start_time", "end_time") if exclusion.end_time is None else ("end_time", "start_time")
             yield (("gke", "upgrade_exclusion", given), f"{given} without {missing}: a dated exclusion needs both;"
                    " set both, or remove both and gpufleet renews the exclusion every calendar quarter")
-        elif exclusion is not None and exclusion.end_time is not None and exclusion.start_time is not None and exclusion.end_time <= exclusion.start_time:
-            yield (("gke", "upgrade_exclusion", "end_time"), f"{exclusion.end_time} is not after start_time {exclusion.start_time};"
-                   " set an end_time after the start (GKE allows NO_MINOR_OR_NODE_UPGRADES until the minor version's end of support)")
+        elif exclusion is not None and exclusion.end_time is not None and exclusion.start_time is not None:
+            days = (_instant(exclusion.end_time) - _instant(exclusion.start_time)).total_seconds() / 86400
+            if days <= 0:
+                yield (("gke", "upgrade_exclusion", "end_time"), f"{exclusion.end_time} is not after start_time {exclusion.start_time};"
+                       " set an end_time after the start (GKE allows NO_MINOR_OR_NODE_UPGRADES until the minor version's end of support)")
+            elif days > MAX_EXCLUSION_DAYS:
+                yield (("gke", "upgrade_exclusion", "end_time"), f"{exclusion.end_time} is {days:.0f} days after start_time {exclusion.start_time};"
+                       f" GKE refuses a {exclusion.scope} exclusion that outlasts the end of support of the cluster's minor version, at most"
+                       f" 14 months after its release on the {gke.release_channel} channel (allowed: up to {MAX_EXCLUSION_DAYS} days);"
+                       f" set end_time at most {MAX_EXCLUSION_DAYS} days after start_time, or remove both dates and gpufleet renews the"
+                       " exclusion every calendar quarter")
     grouped = [t.name for t in config.tenants if any(m.startswith("group:") for m in t.groups)]
     if grouped and (config.gke is None or config.gke.rbac_security_group is None):
         yield (("gke", "rbac_security_group"), f"tenants {', '.join(grouped)} bind Google groups, which GKE RBAC only matches with"
                " Google Groups for RBAC; set gke.rbac_security_group: gke-security-groups@<your domain> and nest the tenant groups in it")
+
+
+def _instant(rfc3339: str) -> datetime:
+    return datetime.fromisoformat(rfc3339.replace("Z", "+00:00"))
 
 
 def _gpudirect(config: ClusterConfig) -> Iterator[Finding]:
@@ -168,6 +191,10 @@ def _pool(pool: GpuPool, config: ClusterConfig) -> Iterator[Finding]:
         if pool.placement == "COMPACT":
             yield (("placement",), "queued provisioning (DWS) cannot use COMPACT placement (toolkit gke-node-pool precondition); remove placement")
     family = machine_family(pool.machine_type)
+    if pool.gpudirect is True and family.gpudirect == GpuDirect.NONE:
+        built = ", ".join(sorted(f"{f.prefixes[0]} ({f.gpudirect.value.upper()})" for f in FAMILIES if f.gpudirect != GpuDirect.NONE))
+        yield (("gpudirect",), f"true on {pool.machine_type}, which has no GPUDirect NICs (it would be silently ignored); allowed on: {built};"
+               " remove gpudirect (it is on by default where the machine has it) or pick one of those machine types")
     if pool.boot_disk_type is not None and pool.boot_disk_type.value not in family.boot_disk_types:
         yield (("boot_disk_type",), f"{pool.boot_disk_type.value} is not offered on {pool.machine_type}; allowed:"
                f" {', '.join(family.boot_disk_types)}; set boot_disk_type: {family.boot_disk_types[0]} or omit it")

@@ -28,8 +28,10 @@ class Problem:
 class ConfigError(Exception):
     """Raised with every problem found in one pass, so a reviewer fixes them all at once."""
 
-    def __init__(self, problems: list[Problem] | tuple[Problem, ...]) -> None:
+    def __init__(self, problems: list[Problem] | tuple[Problem, ...], skipped: tuple[str, ...] = ()) -> None:
         self.problems = tuple(problems)
+        # Checks not run because their input is among the problems (one root cause, one error line).
+        self.skipped = skipped
         super().__init__("\n".join(str(p) for p in self.problems))
 
 

@@ -157,7 +157,8 @@ def read_yaml(path: Path) -> YamlDocument:
         raw = YAML(typ="rt").load(text)
     except MarkedYAMLError as exc:
         line = exc.problem_mark.line + 1 if exc.problem_mark else None
-        raise ConfigError([Problem(str(path), line, "", f"invalid YAML: {exc.problem}; fix the syntax")]) from None
+        fix = "indent with spaces (YAML forbids tabs in indentation)" if "'\\t'" in str(exc.problem) else "fix the syntax"
+        raise ConfigError([Problem(str(path), line, "", f"invalid YAML: {exc.problem}; {fix}")]) from None
     except YAMLError as exc:  # e.g. ReaderError: control characters the YAML spec forbids
         raise ConfigError([Problem(str(path), None, "", f"invalid YAML: {str(exc).splitlines()[0]}; remove the offending characters")]) from None
     if not isinstance(raw, CommentedMap):

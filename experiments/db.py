@@ -14,6 +14,7 @@ from alembic import command
 from alembic.config import Config
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from clusters import repo
@@ -83,7 +84,17 @@ def _alembic(engine: Engine, action: str, target: str) -> None:
 
 
 def upgrade(engine: Engine, target: str = "head") -> None:
-    _alembic(engine, "upgrade", target)
+    """Migrate to ``target``. This is the first time a command touches the database, so a server that
+    cannot be reached (down, wrong host or port, bad credentials) is one line here, not a traceback
+    from deep inside the driver."""
+    try:
+        _alembic(engine, "upgrade", target)
+    except OperationalError as exc:
+        reason = str(exc.orig or exc).strip().splitlines()[0] if str(exc.orig or exc).strip() else type(exc.orig).__name__
+        shown = engine.url.render_as_string(hide_password=True).replace("postgresql+psycopg://", "postgresql://", 1)
+        raise UserError(f"--db {shown}: cannot reach the database ({reason}); start PostgreSQL"
+                        " there or fix the host, port, user or database name in the URL, or omit --db to use SQLite in"
+                        f" {DEFAULT_SQLITE}") from None
 
 
 def downgrade(engine: Engine, target: str = "-1") -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import click
@@ -17,7 +18,7 @@ import typer
 
 import clusters.repo
 
-from clusters.errors import ConfigError, UserError
+from clusters.errors import ConfigError, Problem, UserError
 from gpufleet import doctor_cmd, exp_cmd, fleet_cmd, jobs_cmd, nomad_cmd, ops_cmd, preview_cmd, serve_cmd, vault_cmd
 
 app = typer.Typer(
@@ -59,12 +60,24 @@ def _command() -> click.Command:
     return typer.main.get_command(app)
 
 
+def _relative(problem: Problem) -> Problem:
+    """The problem with its file relative to the repository root, as the docs show paths
+    (``clusters/prod-gke.yaml:33``); a file outside the repository keeps its path."""
+    root = clusters.repo.root_or_none()
+    path = Path(problem.file)
+    if root is None or not path.is_absolute() or not path.is_relative_to(root):
+        return problem
+    return replace(problem, file=str(path.relative_to(root)))
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
         rc = _command()(args=argv, standalone_mode=False)
     except ConfigError as exc:
         for problem in exc.problems:
-            print(f"error: {problem}", file=sys.stderr)
+            print(f"error: {_relative(problem)}", file=sys.stderr)
+        for step in exc.skipped:
+            print(f"skipped: {step}: fix the errors above first", file=sys.stderr)
         return EXIT_USER_ERROR
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)

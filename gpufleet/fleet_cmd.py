@@ -102,7 +102,7 @@ def cmd_check(
     require_state_files(state or ())
     with Stages(console) as stages:
         report = run_checks(_configs(clusters_dir) if clusters_dir else None, out=out, state_files=tuple(state or ()),
-                            checkov=not skip_checkov, on_stage=stages.step)
+                            checkov=not skip_checkov, on_stage=stages.step, clusters_dir=clusters_dir)
     report.print(console)
     raise typer.Exit(0 if report.ok else 1)
 

@@ -1,4 +1,4 @@
-"""Job commands: ``gpufleet jobs render | plan | submit | dispatch | status | stop | run-local``.
+"""Job commands: ``gpufleet jobs render | plan | submit | dispatch | status | cancel | run-local`` (``stop``: the old name of cancel).
 
 Job files live in ``jobs/<job>.yaml``; a job is named by its file stem. This module parses the
 arguments and routes each command to the scheduler the job file (or run id) names:
@@ -124,12 +124,12 @@ def cmd_status(
     jobs_nomad_cmd.status(job_id, namespace, watch=watch, interval=interval)
 
 
-def cmd_stop(
-    job_id: str = typer.Argument(..., help="Job or dispatched job id."),
-    namespace: str | None = NamespaceOption,
-    purge: bool = typer.Option(False, "--purge", help="Also purge it now instead of leaving it to garbage collection."),
-) -> None:
-    """Stop a run (or the parameterized job); --purge removes it from Nomad at once."""
+JobIdArgument = typer.Argument(..., help="Job or dispatched job id.")
+PurgeOption = typer.Option(False, "--purge", help="Also purge it now instead of leaving it to garbage collection.")
+
+
+def cmd_cancel(job_id: str = JobIdArgument, namespace: str | None = NamespaceOption, purge: bool = PurgeOption) -> None:
+    """Cancel a run (or the parameterized job); --purge removes it from Nomad at once. Same verb as `gpufleet exp cancel`."""
     from gpufleet import jobs_k8s_cmd, jobs_nomad_cmd
     from jobs.k8s.dispatch import resolve
 
@@ -137,6 +137,12 @@ def cmd_stop(
     if gke is not None:
         return jobs_k8s_cmd.stop(gke[0], gke[1])
     jobs_nomad_cmd.stop(job_id, namespace, purge=purge)
+
+
+def cmd_stop_deprecated(job_id: str = JobIdArgument, namespace: str | None = NamespaceOption, purge: bool = PurgeOption) -> None:
+    """The old name of `jobs cancel`, kept so scripts keep working; hidden from --help (one verb per action)."""
+    err.print("note: `gpufleet jobs stop` is now `gpufleet jobs cancel` (the verb of `gpufleet exp cancel`); `stop` still works for now")
+    cmd_cancel(job_id, namespace, purge)
 
 
 def cmd_run_local(
@@ -157,12 +163,14 @@ def cmd_run_local(
 
 
 def register(app: typer.Typer) -> None:
-    jobs = typer.Typer(help="Fine-tune jobs from jobs/*.yaml on Nomad or GKE: render, plan, submit, dispatch, status, stop, run-local.", no_args_is_help=True)
+    jobs = typer.Typer(help="The low-level path: fine-tune jobs from jobs/*.yaml straight to Nomad or GKE (render, plan, submit, dispatch,"
+                            " status, cancel, run-local). Day to day use `gpufleet exp`, through the control plane.", no_args_is_help=True)
     jobs.command("render")(cmd_render)
     jobs.command("plan")(cmd_plan)
     jobs.command("submit")(cmd_submit)
     jobs.command("dispatch")(cmd_dispatch)
     jobs.command("status")(cmd_status)
-    jobs.command("stop")(cmd_stop)
+    jobs.command("cancel")(cmd_cancel)
+    jobs.command("stop", hidden=True)(cmd_stop_deprecated)
     jobs.command("run-local")(cmd_run_local)
     app.add_typer(jobs, name="jobs")

@@ -81,7 +81,7 @@ def cmd_serve(
     runner = _runner(scheduler, vault_env(), nomad_cluster=nomad_cluster, gke_cluster=gke_cluster)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = ServiceSettings(db_url=database_url(db), worker=not no_worker, timing=Timing(poll_seconds=poll_seconds, log_tail_bytes=log_tail_kib * 1024),
-                               oidc=load_oidc_settings(oidc_config), sessions=sessions)
+                               oidc=load_oidc_settings(oidc_config, _fleet_tenants), sessions=sessions)
     app = create_app(settings, runner=runner)
     if worker_only:
         worker = app.state.worker  # the lifespan that would start it runs only under uvicorn
@@ -95,6 +95,14 @@ def cmd_serve(
     import uvicorn
 
     uvicorn.run(app, host=host, port=port, log_level="info", access_log=False)
+
+
+def _fleet_tenants() -> list[str]:
+    """Every tenant some cluster file defines (what an OIDC claim value may map to)."""
+    from clusters import load_all
+    from clusters.derive.tenants import derive_tenants
+
+    return [t.name for config in load_all() for t in derive_tenants(config)]
 
 
 def _runner(scheduler: str, environ: dict[str, str], *, nomad_cluster: str | None = None, gke_cluster: str | None = None):  # type: ignore[no-untyped-def]

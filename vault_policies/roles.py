@@ -274,6 +274,18 @@ def _rule_problems(doc: YamlDocument, name: str, role: RoleModel) -> list[Proble
     return problems
 
 
+def _missing_clusters(roles_path: Path) -> str:
+    """What a role without ``clusters:`` should say: the clusters there are (the files beside
+    vault_policies/ in clusters/) and the form, since "add it" alone leaves a newcomer guessing."""
+    from clusters.loader import cluster_files
+
+    names = [path.stem for path in cluster_files(roles_path.parent.parent / "clusters")]
+    example = names[0] if names else "<cluster>"
+    allowed = f"; allowed: {', '.join(names)}" if names else "; no cluster file exists yet: add one to clusters/ first"
+    return (f"required field is missing; name the clusters whose GPU nodes run this role's tasks (their subnets become the role's"
+            f" CIDR bindings){allowed}; add e.g. clusters: [{example}]")
+
+
 def _validate_roles(doc: YamlDocument) -> dict[str, RoleModel]:
     """Each role validated on its own node, so unknown-field hints list the role's fields."""
     names = validate_document(doc, RolesFile).roles
@@ -284,7 +296,10 @@ def _validate_roles(doc: YamlDocument) -> dict[str, RoleModel]:
         try:
             roles[name] = RoleModel.model_validate(sub.data)
         except ValidationError as exc:
-            problems += [Problem(p.file, p.line, f"roles.{name}.{p.field}" if p.field else f"roles.{name}", p.message) for p in problems_from_validation(sub, RoleModel, exc)]
+            # The role's own node starts below line 1: a line-1 answer means the field is absent, so point at the role.
+            problems += [Problem(p.file, p.line if p.line != 1 else doc.line_of(("roles", name)), f"roles.{name}.{p.field}" if p.field else f"roles.{name}",
+                                 _missing_clusters(doc.path) if p.field == "clusters" and "clusters" not in sub.data else p.message)
+                         for p in problems_from_validation(sub, RoleModel, exc)]
     if problems:
         raise ConfigError(problems)
     return roles

@@ -103,8 +103,11 @@ def _collect(repo_root: Path) -> tuple[VaultDefinitions, list[Problem]]:
                 # "does not exist" here would send the reader to the wrong file.
                 problems.append(doc.problem(("roles", name, "policies", index), f"policy {policy!r} does not exist{did_you_mean(policy, job_policies)}; allowed: {', '.join(job_policies)}; add {POLICIES_DIR}/{policy}.hcl or fix the name"))
     definitions = VaultDefinitions(policies, roles, retired_roles(doc))
-    problems.extend(pki_problems(repo_root, _pki_specs(loaded)))
-    if not problems:
+    # A cluster file that does not load renders without its CIDRs and PKI policies, so the rendered
+    # files would "differ" because of that file alone: its own error is the one to fix (no cascade).
+    if None not in clusters.values():
+        problems.extend(pki_problems(repo_root, _pki_specs(loaded)))
+    if not problems and None not in clusters.values():
         for name, text in definitions.operator_texts().items():
             if name in policies and policies[name].text != text:
                 problems.append(Problem(str(policies[name].file), _first_difference(policies[name].text, text), "", f"differs from what roles.yaml and clusters/ render (hand-edited or stale); {RENDER_HINT}"))

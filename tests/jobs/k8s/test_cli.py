@@ -80,7 +80,7 @@ def test_dispatch_delivers_one_wrapped_secret_id_per_rank_and_nothing_else(gke_e
     assert [k for k in gke_env.store.objects if k[0] == "jobs"] == [job_key]
 
 
-def test_submit_status_watch_and_stop(gke_env: Any, capsys: pytest.CaptureFixture[str]) -> None:
+def test_submit_status_watch_and_cancel(gke_env: Any, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["jobs", "submit", "finetune-llama-gke"]) == 0
     assert "GKE accepts finetune-llama-gke in namespace research (dry run of Job" in capsys.readouterr().out
     assert main(["jobs", "dispatch", "finetune-llama-gke", *META, "--idempotency-token", "gke-cli-2"]) == 0
@@ -98,10 +98,26 @@ def test_submit_status_watch_and_stop(gke_env: Any, capsys: pytest.CaptureFixtur
     threading.Thread(target=drive, daemon=True).start()
     assert main(["jobs", "status", run, "--watch", "--interval", "1"]) == 0
     assert "succeeded" in capsys.readouterr().out
-    assert main(["jobs", "stop", f"research/{run}"]) == 0
-    assert "deleted in the foreground" in capsys.readouterr().out
+    assert main(["jobs", "cancel", f"research/{run}"]) == 0
+    cancelled = capsys.readouterr()
+    assert "deleted in the foreground" in cancelled.out and cancelled.err == ""
     assert main(["jobs", "status", run]) == 0
     assert "stopped" in capsys.readouterr().out
+
+
+def test_jobs_stop_is_the_old_name_of_cancel(gke_env: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    """One verb per action (issue 27): `cancel`, as in `gpufleet exp cancel`; scripts that say `stop` keep working."""
+    assert main(["jobs", "dispatch", "finetune-llama-gke", *META, "--idempotency-token", "gke-cli-stop"]) == 0
+    run = next(k[2] for k in gke_env.store.objects if k[0] == "jobs")
+    capsys.readouterr()
+    assert main(["jobs", "stop", f"research/{run}"]) == 0
+    stopped = capsys.readouterr()
+    assert "deleted in the foreground" in stopped.out
+    assert stopped.err.strip().splitlines() == ["note: `gpufleet jobs stop` is now `gpufleet jobs cancel` (the verb of `gpufleet exp cancel`);"
+                                                " `stop` still works for now"]
+    assert main(["jobs", "--help"]) == 0
+    listed = capsys.readouterr().out
+    assert "cancel" in listed and " stop " not in listed
 
 
 @pytest.mark.parametrize(("argv", "message"), [
