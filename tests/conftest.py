@@ -13,6 +13,9 @@ from pathlib import Path
 import pytest
 
 os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
+# Production synthesis skips jsii's generated argument checks (constructs_lib/providers.py); the suite
+# keeps them, so a construct passing a wrong prop type fails here. Subprocesses inherit it.
+os.environ.setdefault("GPUFLEET_JSII_TYPE_CHECKS", "1")
 
 pytest_plugins = ["tests.openbao_fixture"]
 
