@@ -10,6 +10,10 @@ cdktf from that stack's constructs alone, and ``manifest.json`` is rebuilt from 
 entries and serialised the way cdktf writes it (``manifest_json``: keys sorted at every level,
 an empty list as ``[`` newline ``]``, no trailing newline). ``tests/stacks/test_parallel_synth.py`` compares every file of both trees.
 
+This process synthesizes one share itself while the others run in ``python -m stacks.parallel``
+workers (plain interpreters started with a job file: no ``fork`` of a process that may hold a
+jsii kernel, no re-import of the caller's ``__main__``), so N jobs means N-1 extra processes.
+
 Why a threshold: each worker pays jsii's start and its own provider loading (seconds), so a
 fleet of a few clusters is faster in one process; ``PARALLEL_MIN_CLUSTERS`` is where two workers
 started to win on 2 cores (``bench/synth_parallel.py``).
@@ -18,16 +22,18 @@ started to win on 2 cores (``bench/synth_parallel.py``).
 from __future__ import annotations
 
 import json
-import multiprocessing
 import os
+import pickle
 import shutil
-from concurrent.futures import ProcessPoolExecutor
+import subprocess
+import sys
 from pathlib import Path
 
 from clusters.errors import UserError
 from clusters.schema import ClusterConfig
 from stacks.layout import StackInfo, plan_stacks
 
+CODE_ROOT = Path(__file__).resolve().parent.parent
 JOBS_ENV = "GPUFLEET_SYNTH_JOBS"
 PARALLEL_MIN_CLUSTERS = 8
 
@@ -57,11 +63,20 @@ def requested_jobs(jobs: int | None = None) -> int | None:
     return jobs
 
 
+def idle_cores() -> int:
+    """Cores nobody else keeps busy (by the 1-minute load average): a worker on a busy core only adds
+    its jsii start-up to everyone's CPU time (measured: bench/synth_parallel.py on a loaded machine)."""
+    cores = available_cores()
+    return max(0, min(cores, cores - int(os.getloadavg()[0] + 0.5)))
+
+
 def worker_count(clusters: int, jobs: int | None = None) -> int:
-    """Processes to synthesize ``clusters`` clusters with: 1 (in-process) below the threshold unless asked."""
+    """Processes to synthesize ``clusters`` clusters with. Asked for (``--jobs``, ``GPUFLEET_SYNTH_JOBS``):
+    that many. Else 1 (this process) below ``PARALLEL_MIN_CLUSTERS``, and above it this process
+    plus one worker per idle core, at most one per core."""
     asked = requested_jobs(jobs)
     if asked is None:
-        asked = available_cores() if clusters >= PARALLEL_MIN_CLUSTERS else 1
+        asked = min(available_cores(), 1 + idle_cores()) if clusters >= PARALLEL_MIN_CLUSTERS else 1
     return max(1, min(asked, clusters))
 
 
@@ -76,37 +91,65 @@ def partition(info: tuple[StackInfo, ...], workers: int) -> list[tuple[str, ...]
     return [tuple(g) for g in groups if g]
 
 
-def synth_group(configs: tuple[ClusterConfig, ...], names: tuple[str, ...], outdir: str,
-                imported_dir: str | None) -> dict:
-    """Worker entry point: synthesize only ``names`` into ``outdir``; returns cdktf's manifest."""
+def synth_group(configs: tuple[ClusterConfig, ...], names: tuple[str, ...], outdir: Path,
+                imported_dir: Path | None) -> dict:
+    """Synthesize only ``names`` into ``outdir`` in this process's jsii kernel; returns cdktf's manifest."""
     from cdktf import App
 
     from stacks.fleet import build_fleet
 
-    app = App(outdir=outdir)
-    build_fleet(app, configs, imported_dir=Path(imported_dir) if imported_dir else None, only=names)
+    app = App(outdir=str(outdir))
+    build_fleet(app, configs, imported_dir=imported_dir, only=names)
     app.synth()
-    return json.loads((Path(outdir) / "manifest.json").read_text())
+    return json.loads((outdir / "manifest.json").read_text())
+
+
+def _start_worker(configs: tuple[ClusterConfig, ...], names: tuple[str, ...], part: Path,
+                  imported_dir: Path | None) -> subprocess.Popen:
+    """``python -m stacks.parallel <job>``: a plain interpreter, so it imports neither the caller's
+    ``__main__`` (``fork`` would copy a jsii kernel, ``spawn`` re-imports the CLI) nor anything else."""
+    job = part.with_name(f"{part.name}.job")
+    job.write_bytes(pickle.dumps((configs, names, part, imported_dir)))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, (str(CODE_ROOT), os.environ.get("PYTHONPATH")))))
+    return subprocess.Popen([sys.executable, "-m", "stacks.parallel", str(job)], env=env, stdin=subprocess.DEVNULL)
+
+
+def _finish_worker(proc: subprocess.Popen, part: Path) -> dict:
+    """The worker's manifest, or its exception raised here (a UserError stays a one-line error)."""
+    code = proc.wait()
+    result = part.with_name(f"{part.name}.result")
+    if not result.is_file():
+        raise RuntimeError(f"synthesis worker for {part.name} exited {code} without a result (killed or out of memory?)")
+    ok, value = pickle.loads(result.read_bytes())
+    if not ok:
+        raise value
+    return value
 
 
 def synthesize_parallel(configs: tuple[ClusterConfig, ...], tmp: Path, workers: int,
                         imported_dir: Path | None = None) -> tuple[str, ...]:
-    """Synthesize into ``tmp`` (a fresh staging dir) with ``workers`` processes; returns every stack name."""
+    """Synthesize into ``tmp`` (a fresh staging dir) over ``workers`` processes, this one included;
+    returns every stack name in ``plan_stacks`` order."""
     info = plan_stacks(configs)
     groups = partition(info, workers)
     parts = [tmp / f".part-{i}" for i in range(len(groups))]
-    context = multiprocessing.get_context("spawn")  # never fork a process that may hold a jsii kernel
-    with ProcessPoolExecutor(max_workers=len(groups), mp_context=context) as pool:
-        futures = [pool.submit(synth_group, configs, names, str(part), str(imported_dir) if imported_dir else None)
-                   for names, part in zip(groups, parts)]
-        manifests = [f.result() for f in futures]
+    started = [_start_worker(configs, names, part, imported_dir) for names, part in zip(groups[1:], parts[1:])]
+    try:
+        manifests = [synth_group(configs, groups[0], parts[0], imported_dir)]
+        manifests += [_finish_worker(proc, part) for proc, part in zip(started, parts[1:])]
+    finally:
+        for proc in started:  # after an error here, a worker still running has nothing left to do
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
     entries: dict[str, dict] = {}
     (tmp / "stacks").mkdir()
     for part, manifest in zip(parts, manifests):
         for name, entry in manifest["stacks"].items():
             entries[name] = entry
             os.replace(part / "stacks" / name, tmp / "stacks" / name)
-        shutil.rmtree(part)
+    for leftover in [p for p in tmp.iterdir() if p.name.startswith(".part-")]:
+        shutil.rmtree(leftover) if leftover.is_dir() else leftover.unlink()
     order = [s.name for s in info if s.name in entries]
     (tmp / "manifest.json").write_text(manifest_json({**manifests[0], "stacks": entries}), encoding="utf-8")
     return tuple(order)
@@ -122,3 +165,22 @@ def manifest_json(value: object, depth: int = 0) -> str:
         items = [inner + manifest_json(v, depth + 1) for v in value]
         return "[\n" + ",\n".join(items) + ("\n" if items else "") + pad + "]"
     return json.dumps(value, ensure_ascii=False)
+
+
+def _worker_main(job: Path) -> int:
+    """Run one job file written by ``_start_worker``; the outcome goes to ``<part>.result``."""
+    configs, names, part, imported_dir = pickle.loads(job.read_bytes())
+    try:
+        outcome = (True, synth_group(configs, names, part, imported_dir))
+    except Exception as exc:  # handed to the parent, which raises it
+        try:
+            pickle.dumps(exc)
+            outcome = (False, exc)
+        except Exception:
+            outcome = (False, RuntimeError(f"{type(exc).__name__}: {exc}"))
+    part.with_name(f"{part.name}.result").write_bytes(pickle.dumps(outcome))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_worker_main(Path(sys.argv[1])))

@@ -62,8 +62,13 @@ def test_partition_keeps_each_cluster_whole_and_the_fleet_stack_once(example_con
 def test_worker_count_follows_threshold_cores_and_overrides(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(parallel.JOBS_ENV, raising=False)
     monkeypatch.setattr(parallel, "available_cores", lambda: 2)
+    monkeypatch.setattr(parallel.os, "getloadavg", lambda: (0.2, 0.2, 0.2))
     assert parallel.worker_count(parallel.PARALLEL_MIN_CLUSTERS - 1) == 1
     assert parallel.worker_count(parallel.PARALLEL_MIN_CLUSTERS) == 2
+    monkeypatch.setattr(parallel.os, "getloadavg", lambda: (1.2, 0.2, 0.2))  # one core busy elsewhere
+    assert parallel.worker_count(200) == 2
+    monkeypatch.setattr(parallel.os, "getloadavg", lambda: (2.0, 0.2, 0.2))  # both busy: workers only add CPU
+    assert parallel.worker_count(200) == 1
     assert parallel.worker_count(4, jobs=3) == 3
     assert parallel.worker_count(2, jobs=8) == 2
     monkeypatch.setenv(parallel.JOBS_ENV, "1")
