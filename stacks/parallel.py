@@ -14,9 +14,13 @@ This process synthesizes one share itself while the others run in ``python -m st
 workers (plain interpreters started with a job file: no ``fork`` of a process that may hold a
 jsii kernel, no re-import of the caller's ``__main__``), so N jobs means N-1 extra processes.
 
-Why a threshold: each worker pays jsii's start and its own provider loading (seconds), so a
-fleet of a few clusters is faster in one process; ``PARALLEL_MIN_CLUSTERS`` is where two workers
-started to win on 2 cores (``bench/synth_parallel.py``).
+Why a threshold and a load check: each worker pays jsii's start and its own provider loading
+(about 3.7 CPU-seconds more than one process for a 50-cluster fleet, ``/usr/bin/time``), which
+a free core hides and a busy one does not: on a 2-core machine at load 8-10 two processes were
+slower than one for 4, 8 and 50 clusters (BENCHMARKS.md). So by default a fleet below
+``PARALLEL_MIN_CLUSTERS`` (an estimate for idle cores: half of 8 clusters' per-cluster time
+outweighs a worker's start latency; not confirmed on an idle machine here) and a machine without
+an idle core synthesize in one process.
 """
 
 from __future__ import annotations
@@ -149,7 +153,10 @@ def synthesize_parallel(configs: tuple[ClusterConfig, ...], tmp: Path, workers: 
             entries[name] = entry
             os.replace(part / "stacks" / name, tmp / "stacks" / name)
     for leftover in [p for p in tmp.iterdir() if p.name.startswith(".part-")]:
-        shutil.rmtree(leftover) if leftover.is_dir() else leftover.unlink()
+        if leftover.is_dir():
+            shutil.rmtree(leftover)
+        else:
+            leftover.unlink()
     order = [s.name for s in info if s.name in entries]
     (tmp / "manifest.json").write_text(manifest_json({**manifests[0], "stacks": entries}), encoding="utf-8")
     return tuple(order)

@@ -35,13 +35,15 @@ def test_parallel_synthesis_is_byte_identical_to_serial(serial_out: Path, exampl
     assert "tfc-workspaces" in names and not any(p.name.startswith(".part-") for p in out.iterdir())
 
 
-def test_a_failing_worker_leaves_the_previous_output_untouched(serial_out: Path, example_configs, tmp_path: Path) -> None:
+@pytest.mark.parametrize("share", [0, 1], ids=["in-process share", "worker process"])
+def test_a_failing_share_leaves_the_previous_output_untouched(example_configs, tmp_path: Path, share: int) -> None:
     out = tmp_path / "cdktf.out"
     synthesize(example_configs, out, jobs=1)
     before = _tree(out)
     imported = tmp_path / "imported"
     imported.mkdir()
-    (imported / "prod-nomad.json").write_text("[]")  # load_imports refuses it inside a worker
+    failing = parallel.partition(plan_stacks(example_configs), 2)[share][0]
+    (imported / f"{failing}.json").write_text("[]")  # load_imports refuses it
     with pytest.raises(UserError, match="must be a JSON object"):
         synthesize(example_configs, out, jobs=2, imported_dir=imported)
     assert _tree(out) == before
