@@ -28,7 +28,17 @@ the packaged tarball is used and only speed is lost.
 Last, every generated method re-derives ``typing.get_type_hints(<stub>)`` on each call to
 type-check its arguments (~17% of a 50-cluster synthesis here). The hints of a stub
 never change, so the submodules we import get a ``typing`` whose ``get_type_hints`` is
-memoised; the checks themselves still run (``python -O`` is what skips them).
+memoised.
+
+The checks themselves (typeguard, ~11% of a synthesis) guard values gpufleet's own typed code
+already produced, so production synthesis skips them. The bindings' only switch is
+``__debug__`` (``python -O``; jsii-pacmak emits ``if __debug__:`` before each ``check_type`` call,
+``packages/jsii-pacmak/lib/targets/python.ts`` of aws/jsii, and jsii's runtime says the same in
+``jsii/_type_checking.py``: "When running with python -O ... check_type is never called"); there
+is no environment variable. ``-O`` would also strip gpufleet's own asserts and cannot be
+turned on inside a running process, so instead the ``check_type`` name each generated module
+calls (a global of its ``_private`` module) is replaced by a no-op. ``GPUFLEET_JSII_TYPE_CHECKS=1``
+keeps the checks; the test suite sets it (``tests/conftest.py``) so a wrong prop type still fails.
 """
 
 from __future__ import annotations
@@ -212,6 +222,33 @@ def _memoise_type_hints(module: ModuleType) -> None:
         private.typing = _typing_with_memoised_hints
 
 
+TYPE_CHECKS_ENV = "GPUFLEET_JSII_TYPE_CHECKS"
+# Core jsii modules whose generated methods every construct calls.
+CORE_MODULES = ("constructs", "cdktf")
+
+
+def type_checks_enabled() -> bool:
+    return os.environ.get(TYPE_CHECKS_ENV, "") == "1"
+
+
+def _no_type_check(argname: str, value: object, expected_type: object) -> None:
+    """Stands in for the generated ``check_type``: production synthesis skips typeguard."""
+
+
+def _skip_type_checks(module_name: str) -> None:
+    private = sys.modules.get(f"{module_name}._private")
+    if private is not None and callable(getattr(private, "check_type", None)):
+        private.check_type = _no_type_check
+
+
+def apply_type_check_policy(module: ModuleType | None = None) -> None:
+    """Unless ``GPUFLEET_JSII_TYPE_CHECKS=1``, turn the generated checks of ``module`` and of cdktf's core off."""
+    if type_checks_enabled():
+        return
+    for name in (*CORE_MODULES, *((module.__name__,) if module is not None else ())):
+        _skip_type_checks(name)
+
+
 class ProviderPackage:
     """``package.<submodule>`` imports ``<package>.<submodule>`` on first use, and nothing else."""
 
@@ -227,6 +264,7 @@ class ProviderPackage:
         module = importlib.import_module(f"{self.package}.{submodule}")
         if not _loading["naive"]:
             _memoise_type_hints(module)
+            apply_type_check_policy(module)
         setattr(self, submodule, module)
         return module
 

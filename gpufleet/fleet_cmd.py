@@ -17,6 +17,8 @@ from review.checks import run_checks
 console = make_console()
 
 ClustersDir = typer.Option(None, "--clusters-dir", help="Directory of cluster files (default: clusters/).")
+Jobs = typer.Option(None, "--jobs", "-j", min=1,
+                    help="Synthesis worker processes (default: GPUFLEET_SYNTH_JOBS, else the cores for 8+ clusters, else 1).")
 OutDir = typer.Option(None, "--out", help="Where synthesized stacks go (default: cdktf.out in the repository root).")
 
 
@@ -72,6 +74,7 @@ def cmd_synth(
     stacks: list[str] = typer.Argument(None, help="Stacks to synthesize (default: all)."),
     out: Path | None = OutDir,
     clusters_dir: Path | None = ClustersDir,
+    jobs: int | None = Jobs,
 ) -> None:
     """Synthesize stacks into cdktf.out atomically; a bad cluster file leaves it untouched."""
     from clusters import outputs
@@ -83,7 +86,7 @@ def cmd_synth(
         stages.step("loading cluster files")
         configs = _configs(clusters_dir)
         stages.step(f"synthesizing {'the named' if stacks else 'every'} stack of {len(configs)} cluster(s)")
-        names = synthesize(configs, out, only=tuple(stacks or ()))
+        names = synthesize(configs, out, only=tuple(stacks or ()), jobs=jobs)
     console.print(f"synthesized {len(names)} stack(s) into {out}: {', '.join(names)}")
 
 

@@ -160,7 +160,13 @@ def default_workers(stacks: int) -> int:
 
 
 def run(stack_dirs: Iterable[Path], skip_ids: Iterable[str] | None = None, *, workers: int | None = None) -> CheckovSummary:
-    """Scan every stack directory, split over ``workers`` concurrent checkov processes (default: ``default_workers``)."""
+    """Scan every stack directory, split over ``workers`` concurrent checkov processes (default: ``default_workers``).
+
+    Stacks whose result is in ``safety.checkov_cache`` (same JSON bytes, checkov version, skips and
+    rules) are not scanned again.
+    """
+    from safety import checkov_cache
+
     if skip_ids is None:
         from safety.checkov_skips import load_skips
 
@@ -170,8 +176,22 @@ def run(stack_dirs: Iterable[Path], skip_ids: Iterable[str] | None = None, *, wo
     if not directories:
         return CheckovSummary((), skips)
     binary = checkov_binary()
-    count = max(1, min(len(directories), workers or default_workers(len(directories))))
-    groups = [tuple(directories[i::count]) for i in range(count)]
-    with ThreadPoolExecutor(max_workers=count) as pool:
-        results = [result for group in pool.map(lambda g: scan_group(g, skips, binary), groups) for result in group]
+    cache = checkov_cache.cache_dir()
+    keys: dict[Path, str] = {}
+    results: list[StackResult] = []
+    if cache is not None:
+        version = checkov_cache.checkov_version(binary)
+        keys = {d: checkov_cache.key(d, version, skips) for d in directories}
+        cached = {d: checkov_cache.load(cache, keys[d], d.name) for d in directories}
+        results = [r for r in cached.values() if r is not None]
+        directories = [d for d in directories if cached[d] is None]
+    if directories:
+        count = max(1, min(len(directories), workers or default_workers(len(directories))))
+        groups = [tuple(directories[i::count]) for i in range(count)]
+        with ThreadPoolExecutor(max_workers=count) as pool:
+            scanned = [result for group in pool.map(lambda g: scan_group(g, skips, binary), groups) for result in group]
+        if cache is not None:
+            for directory, result in zip([d for g in groups for d in g], scanned):
+                checkov_cache.store(cache, keys[directory], result)
+        results += scanned
     return CheckovSummary(tuple(sorted(results, key=lambda r: r.stack)), skips)

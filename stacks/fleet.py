@@ -21,14 +21,20 @@ class Fleet:
     info: tuple[StackInfo, ...]
 
 
-def build_fleet(app: App, configs: tuple[ClusterConfig, ...], *, imported_dir: Path | None = None) -> Fleet:
-    """Build every stack ``plan_stacks`` names, in its order, so synthesis is byte-identical run to run."""
-    info = plan_stacks(configs)
+def build_fleet(app: App, configs: tuple[ClusterConfig, ...], *, imported_dir: Path | None = None,
+                only: tuple[str, ...] | None = None) -> Fleet:
+    """Build every stack ``plan_stacks`` names, in its order, so synthesis is byte-identical run to run.
+
+    ``only`` builds just those stacks (a parallel worker's share, ``stacks.parallel``); it must hold
+    whole clusters, since a scheduler stack references its infra stack.
+    """
+    fleet_info = plan_stacks(configs)
+    info = fleet_info if only is None else tuple(s for s in fleet_info if s.name in only)
     by_name = {c.name: c for c in configs}
     stacks: dict[str, TerraformStack] = {}
     for entry in info:
         if entry.kind == "tfc-workspaces":
-            tfc = tfc_workspaces_stack(app, [(s.name, by_name[s.cluster]) for s in info if s.cluster])
+            tfc = tfc_workspaces_stack(app, [(s.name, by_name[s.cluster]) for s in fleet_info if s.cluster])
             if tfc is not None:
                 stacks[entry.name] = tfc
             continue

@@ -40,26 +40,28 @@ def _select(configs: tuple[ClusterConfig, ...], only: tuple[str, ...]) -> tuple[
 
 
 def synthesize(configs: tuple[ClusterConfig, ...], outdir: Path = DEFAULT_OUTDIR,
-               only: tuple[str, ...] = (), imported_dir: Path | None = None) -> tuple[str, ...]:
+               only: tuple[str, ...] = (), imported_dir: Path | None = None, jobs: int | None = None) -> tuple[str, ...]:
     """Synthesize the fleet, or only the named stacks, into ``outdir``; returns the stack names written.
 
     ``imported_dir`` holds the recorded imports (default ``stacks/imported``); ``gpufleet preview``
-    points it at another checkout's.
+    points it at another checkout's. ``jobs`` is the number of worker processes (default: from
+    ``GPUFLEET_SYNTH_JOBS``, else the cores for a fleet of ``stacks.parallel.PARALLEL_MIN_CLUSTERS``
+    clusters or more, else 1 = in this process); the output is the same bytes either way.
     """
-    from cdktf import App
-
-    from stacks.fleet import build_fleet
+    from stacks.parallel import synthesize_parallel, worker_count
 
     if only:
         configs, only = _select(configs, only)
+    workers = worker_count(len(configs), jobs)
     outdir = outputs.claim_dir(outdir)
     if only:
         outputs.refuse_symlinks(outdir, "manifest.json", *(f"stacks/{stack}" for stack in only))
     tmp = outputs.staging_dir(outdir)
     try:
-        app = App(outdir=str(tmp))
-        fleet = build_fleet(app, configs, imported_dir=imported_dir)
-        app.synth()
+        if workers > 1:
+            names = synthesize_parallel(configs, tmp, workers, imported_dir)
+        else:
+            names = _synthesize_here(configs, tmp, imported_dir)
         check_outdir(tmp, shown_as=outdir)
         if only:
             _merge(tmp, outdir, only)
@@ -67,7 +69,19 @@ def synthesize(configs: tuple[ClusterConfig, ...], outdir: Path = DEFAULT_OUTDIR
             outputs.replace_dir(tmp, outdir)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return only or tuple(fleet.stacks)
+    return only or names
+
+
+def _synthesize_here(configs: tuple[ClusterConfig, ...], tmp: Path, imported_dir: Path | None) -> tuple[str, ...]:
+    """The whole fleet in this process's jsii kernel."""
+    from cdktf import App
+
+    from stacks.fleet import build_fleet
+
+    app = App(outdir=str(tmp))
+    fleet = build_fleet(app, configs, imported_dir=imported_dir)
+    app.synth()
+    return tuple(fleet.stacks)
 
 
 def _swap(new: Path, target: Path) -> None:

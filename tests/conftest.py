@@ -6,13 +6,24 @@ synthesized once per session and every test reads the shared output.
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
 
 os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
+# Production synthesis skips jsii's generated argument checks (constructs_lib/providers.py); the suite
+# keeps them, so a construct passing a wrong prop type fails here. Subprocesses inherit it.
+os.environ.setdefault("GPUFLEET_JSII_TYPE_CHECKS", "1")
+# checkov results are cached per stack (safety/checkov_cache.py); the suite keeps its own, per session,
+# so no test reads a result stored by the user's runs or by an earlier session.
+_CHECKOV_CACHE = tempfile.mkdtemp(prefix="gpufleet-test-checkov-cache-")
+atexit.register(shutil.rmtree, _CHECKOV_CACHE, True)
+os.environ.setdefault("GPUFLEET_CHECKOV_CACHE", _CHECKOV_CACHE)
 
 pytest_plugins = ["tests.openbao_fixture"]
 

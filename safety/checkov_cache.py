@@ -1,0 +1,95 @@
+"""Per-stack checkov results kept between runs, so a one-cluster edit re-scans only its stacks.
+
+The key is a SHA-256 over everything a stack's result depends on: the stack's name and the
+bytes of its ``cdk.tf.json``, checkov's version, the skipped check ids (``.checkov-skips.yaml``)
+and the source of the code that turns checkov's report into a result (``checkov_scan.py``, and
+``checkov_exempt.py`` whose per-resource exemptions are derived from the stack). Any change to
+one of them is a different key, so a changed input is never served an old result; results with
+a checkov error are not stored. The cache lives outside the repository
+(``$GPUFLEET_CHECKOV_CACHE``, else ``$XDG_CACHE_HOME/gpufleet/checkov``, else
+``~/.cache/gpufleet/checkov``), holds one small JSON file per key, and is safe to delete at any
+time. ``GPUFLEET_CHECKOV_CACHE=off`` turns it off.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from safety import checkov_exempt
+from safety.checkov_scan import Failure, StackResult
+
+CACHE_ENV = "GPUFLEET_CHECKOV_CACHE"
+CACHE_VERSION = 1
+_RULES = (Path(__file__).with_name("checkov_scan.py"), Path(checkov_exempt.__file__))
+
+
+def cache_dir() -> Path | None:
+    """Where results are kept; None when turned off."""
+    configured = os.environ.get(CACHE_ENV, "").strip()
+    if configured.lower() == "off":
+        return None
+    if configured:
+        return Path(configured).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "gpufleet" / "checkov"
+
+
+def checkov_version(binary: str) -> str:
+    """The installed checkov's version: from package metadata when it is this interpreter's, else ``--version``."""
+    if Path(binary).parent == Path(sys.executable).parent:
+        try:
+            return importlib.metadata.version("checkov")
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    done = subprocess.run([binary, "--version"], capture_output=True, text=True, check=False)
+    return f"{binary}:{done.stdout.strip() or done.returncode}"
+
+
+def key(stack_dir: Path, version: str, skip_ids: tuple[str, ...]) -> str:
+    digest = hashlib.sha256()
+    rules = b"".join(hashlib.sha256(p.read_bytes()).digest() for p in _RULES)
+    data = (stack_dir / "cdk.tf.json").read_bytes()
+    for part in (str(CACHE_VERSION).encode(), stack_dir.name.encode(), version.encode(),
+                 "\n".join(sorted(skip_ids)).encode(), rules, data):
+        digest.update(len(part).to_bytes(8, "big") + part)
+    return digest.hexdigest()
+
+
+def _failure(stack: str, row: list) -> Failure:
+    return Failure(stack, row[0], row[1], row[2], row[3])
+
+
+def load(directory: Path, digest: str, stack: str) -> StackResult | None:
+    """The stored result, or None (absent, unreadable or not this stack's: a miss, never an error)."""
+    try:
+        data = json.loads((directory / digest[:2] / f"{digest}.json").read_text(encoding="utf-8"))
+        if data["key"] != digest or data["stack"] != stack:
+            return None
+        return StackResult(stack, int(data["passed"]), tuple(_failure(stack, r) for r in data["failures"]),
+                           exempted=tuple(_failure(stack, r) for r in data["exempted"]))
+    except (OSError, ValueError, KeyError, TypeError, IndexError):
+        return None
+
+
+def store(directory: Path, digest: str, result: StackResult) -> None:
+    """Write one result atomically; errors are never stored and a read-only cache only costs speed."""
+    if result.error is not None:
+        return
+    rows = lambda failures: [[f.check_id, f.check_name, f.resource, f.line] for f in failures]  # noqa: E731
+    payload = json.dumps({"key": digest, "stack": result.stack, "passed": result.passed,
+                          "failures": rows(result.failures), "exempted": rows(result.exempted)})
+    target = directory / digest[:2] / f"{digest}.json"
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        handle, partial = tempfile.mkstemp(prefix=".partial.", dir=target.parent)
+        with os.fdopen(handle, "w", encoding="utf-8") as out:
+            out.write(payload)
+        os.replace(partial, target)
+    except OSError:
+        pass

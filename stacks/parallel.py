@@ -1,0 +1,193 @@
+"""Synthesis split over worker processes, one jsii kernel each, merged into one ``cdktf.out`` layout.
+
+Why processes: a synthesis is mostly jsii messaging between one Python process and one Node
+process, so a single kernel keeps about one core busy. A cluster's stacks reference only each
+other (the scheduler stack reads its infra stack's outputs) and ``tfc-workspaces`` is derived
+from the cluster files alone, so stacks split by cluster synthesize independently.
+
+Why the merge is byte-identical to a serial synthesis: every stack directory is written by
+cdktf from that stack's constructs alone, and ``manifest.json`` is rebuilt from the workers'
+entries and serialised the way cdktf writes it (``manifest_json``: keys sorted at every level,
+an empty list as ``[`` newline ``]``, no trailing newline). ``tests/stacks/test_parallel_synth.py`` compares every file of both trees.
+
+This process synthesizes one share itself while the others run in ``python -m stacks.parallel``
+workers (plain interpreters started with a job file: no ``fork`` of a process that may hold a
+jsii kernel, no re-import of the caller's ``__main__``), so N jobs means N-1 extra processes.
+
+Why a threshold and a load check: each worker pays jsii's start and its own provider loading
+(about 3.7 CPU-seconds more than one process for a 50-cluster fleet, ``/usr/bin/time``), which
+a free core hides and a busy one does not: on a 2-core machine at load 8-10 two processes were
+slower than one for 4, 8 and 50 clusters (BENCHMARKS.md). So by default a fleet below
+``PARALLEL_MIN_CLUSTERS`` (an estimate for idle cores: half of 8 clusters' per-cluster time
+outweighs a worker's start latency; not confirmed on an idle machine here) and a machine without
+an idle core synthesize in one process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from clusters.errors import UserError
+from clusters.schema import ClusterConfig
+from stacks.layout import StackInfo, plan_stacks
+
+CODE_ROOT = Path(__file__).resolve().parent.parent
+JOBS_ENV = "GPUFLEET_SYNTH_JOBS"
+PARALLEL_MIN_CLUSTERS = 8
+
+
+def available_cores() -> int:
+    """Cores this process may run on (its affinity mask, not the machine's count)."""
+    counter = getattr(os, "process_cpu_count", None)  # Python 3.13+
+    if counter is not None:
+        return counter() or 1
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def requested_jobs(jobs: int | None = None) -> int | None:
+    """``--jobs`` if given, else ``GPUFLEET_SYNTH_JOBS``; None means "decide from the fleet and the cores"."""
+    if jobs is None:
+        raw = os.environ.get(JOBS_ENV, "").strip()
+        if not raw:
+            return None
+        if not raw.isdigit() or int(raw) < 1:
+            raise UserError(f"{JOBS_ENV}={raw!r}: not a positive integer; set it to a worker count such as 2, or unset it")
+        jobs = int(raw)
+    if jobs < 1:
+        raise UserError(f"--jobs {jobs}: not a positive integer; pass a worker count such as 2")
+    return jobs
+
+
+def idle_cores() -> int:
+    """Cores nobody else keeps busy (by the 1-minute load average): a worker on a busy core only adds
+    its jsii start-up to everyone's CPU time (measured: bench/synth_parallel.py on a loaded machine)."""
+    cores = available_cores()
+    return max(0, min(cores, cores - int(os.getloadavg()[0] + 0.5)))
+
+
+def worker_count(clusters: int, jobs: int | None = None) -> int:
+    """Processes to synthesize ``clusters`` clusters with. Asked for (``--jobs``, ``GPUFLEET_SYNTH_JOBS``):
+    that many. Else 1 (this process) below ``PARALLEL_MIN_CLUSTERS``, and above it this process
+    plus one worker per idle core, at most one per core."""
+    asked = requested_jobs(jobs)
+    if asked is None:
+        asked = min(available_cores(), 1 + idle_cores()) if clusters >= PARALLEL_MIN_CLUSTERS else 1
+    return max(1, min(asked, clusters))
+
+
+def partition(info: tuple[StackInfo, ...], workers: int) -> list[tuple[str, ...]]:
+    """Stack names per worker: whole clusters dealt round-robin in name order; ``tfc-workspaces`` to the
+    last worker, which deals with the fewest clusters when they do not divide evenly."""
+    clusters = sorted({s.cluster for s in info if s.cluster})
+    groups: list[list[str]] = [[] for _ in range(workers)]
+    for index, cluster in enumerate(clusters):
+        groups[index % workers].extend(s.name for s in info if s.cluster == cluster)
+    groups[-1].extend(s.name for s in info if not s.cluster)
+    return [tuple(g) for g in groups if g]
+
+
+def synth_group(configs: tuple[ClusterConfig, ...], names: tuple[str, ...], outdir: Path,
+                imported_dir: Path | None) -> dict:
+    """Synthesize only ``names`` into ``outdir`` in this process's jsii kernel; returns cdktf's manifest."""
+    from cdktf import App
+
+    from stacks.fleet import build_fleet
+
+    app = App(outdir=str(outdir))
+    build_fleet(app, configs, imported_dir=imported_dir, only=names)
+    app.synth()
+    return json.loads((outdir / "manifest.json").read_text())
+
+
+def _start_worker(configs: tuple[ClusterConfig, ...], names: tuple[str, ...], part: Path,
+                  imported_dir: Path | None) -> subprocess.Popen:
+    """``python -m stacks.parallel <job>``: a plain interpreter, so it imports neither the caller's
+    ``__main__`` (``fork`` would copy a jsii kernel, ``spawn`` re-imports the CLI) nor anything else."""
+    job = part.with_name(f"{part.name}.job")
+    job.write_bytes(pickle.dumps((configs, names, part, imported_dir)))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, (str(CODE_ROOT), os.environ.get("PYTHONPATH")))))
+    return subprocess.Popen([sys.executable, "-m", "stacks.parallel", str(job)], env=env, stdin=subprocess.DEVNULL)
+
+
+def _finish_worker(proc: subprocess.Popen, part: Path) -> dict:
+    """The worker's manifest, or its exception raised here (a UserError stays a one-line error)."""
+    code = proc.wait()
+    result = part.with_name(f"{part.name}.result")
+    if not result.is_file():
+        raise RuntimeError(f"synthesis worker for {part.name} exited {code} without a result (killed or out of memory?)")
+    ok, value = pickle.loads(result.read_bytes())
+    if not ok:
+        raise value
+    return value
+
+
+def synthesize_parallel(configs: tuple[ClusterConfig, ...], tmp: Path, workers: int,
+                        imported_dir: Path | None = None) -> tuple[str, ...]:
+    """Synthesize into ``tmp`` (a fresh staging dir) over ``workers`` processes, this one included;
+    returns every stack name in ``plan_stacks`` order."""
+    info = plan_stacks(configs)
+    groups = partition(info, workers)
+    parts = [tmp / f".part-{i}" for i in range(len(groups))]
+    started = [_start_worker(configs, names, part, imported_dir) for names, part in zip(groups[1:], parts[1:])]
+    try:
+        manifests = [synth_group(configs, groups[0], parts[0], imported_dir)]
+        manifests += [_finish_worker(proc, part) for proc, part in zip(started, parts[1:])]
+    finally:
+        for proc in started:  # after an error here, a worker still running has nothing left to do
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    entries: dict[str, dict] = {}
+    (tmp / "stacks").mkdir()
+    for part, manifest in zip(parts, manifests):
+        for name, entry in manifest["stacks"].items():
+            entries[name] = entry
+            os.replace(part / "stacks" / name, tmp / "stacks" / name)
+    for leftover in [p for p in tmp.iterdir() if p.name.startswith(".part-")]:
+        if leftover.is_dir():
+            shutil.rmtree(leftover)
+        else:
+            leftover.unlink()
+    order = [s.name for s in info if s.name in entries]
+    (tmp / "manifest.json").write_text(manifest_json({**manifests[0], "stacks": entries}), encoding="utf-8")
+    return tuple(order)
+
+
+def manifest_json(value: object, depth: int = 0) -> str:
+    """cdktf's ``manifest.json`` text: sorted keys, two-space indent, empty containers split over two lines."""
+    pad, inner = "  " * depth, "  " * (depth + 1)
+    if isinstance(value, dict):
+        items = [f"{inner}{json.dumps(k, ensure_ascii=False)}: {manifest_json(value[k], depth + 1)}" for k in sorted(value)]
+        return "{\n" + ",\n".join(items) + ("\n" if items else "") + pad + "}"
+    if isinstance(value, list):
+        items = [inner + manifest_json(v, depth + 1) for v in value]
+        return "[\n" + ",\n".join(items) + ("\n" if items else "") + pad + "]"
+    return json.dumps(value, ensure_ascii=False)
+
+
+def _worker_main(job: Path) -> int:
+    """Run one job file written by ``_start_worker``; the outcome goes to ``<part>.result``."""
+    configs, names, part, imported_dir = pickle.loads(job.read_bytes())
+    try:
+        outcome = (True, synth_group(configs, names, part, imported_dir))
+    except Exception as exc:  # handed to the parent, which raises it
+        try:
+            pickle.dumps(exc)
+            outcome = (False, exc)
+        except Exception:
+            outcome = (False, RuntimeError(f"{type(exc).__name__}: {exc}"))
+    part.with_name(f"{part.name}.result").write_bytes(pickle.dumps(outcome))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_worker_main(Path(sys.argv[1])))

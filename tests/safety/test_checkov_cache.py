@@ -1,0 +1,90 @@
+"""A cached checkov result is served only for the same input: JSON bytes, checkov version, skips, rules."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from safety import checkov_cache, checkov_scan
+
+STACKS = ("dev-gke", "dev-gke-scheduler")
+
+
+@pytest.fixture()
+def scans(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[str]:
+    """Stack names checkov really scanned (real checkov; the cache in a fresh directory)."""
+    monkeypatch.setenv(checkov_cache.CACHE_ENV, str(tmp_path / "cache"))
+    scanned: list[str] = []
+    real = checkov_scan.scan_group
+
+    def counting(directories, skip_ids, binary):
+        scanned.extend(d.name for d in directories)
+        return real(directories, skip_ids, binary)
+
+    monkeypatch.setattr(checkov_scan, "scan_group", counting)
+    return scanned
+
+
+@pytest.fixture()
+def stacks(fleet_out: Path, tmp_path: Path) -> list[Path]:
+    copies = []
+    for name in STACKS:
+        copies.append(tmp_path / "stacks" / name)
+        shutil.copytree(fleet_out / "stacks" / name, copies[-1])
+    return copies
+
+
+def test_unchanged_stacks_are_served_from_the_cache(scans: list[str], stacks: list[Path]) -> None:
+    first = checkov_scan.run(stacks, ["CKV_GCP_1"])
+    assert sorted(scans) == sorted(STACKS)
+    second = checkov_scan.run(stacks, ["CKV_GCP_1"])
+    assert sorted(scans) == sorted(STACKS)  # nothing scanned again
+    assert second == first
+
+
+def test_a_changed_stack_json_is_scanned_again_alone(scans: list[str], stacks: list[Path]) -> None:
+    first = checkov_scan.run(stacks, [])
+    path = stacks[0] / "cdk.tf.json"
+    path.write_bytes(path.read_bytes() + b"\n")  # one byte: same meaning, still a different input
+    again = checkov_scan.run(stacks, [])
+    assert scans == [*STACKS, STACKS[0]]
+    assert again == first
+
+
+def test_another_checkov_version_scans_everything_again(scans: list[str], stacks: list[Path],
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    checkov_scan.run(stacks, [])
+    monkeypatch.setattr(checkov_cache, "checkov_version", lambda binary: "0.0.0-other")
+    checkov_scan.run(stacks, [])
+    assert sorted(scans) == sorted(STACKS * 2)
+
+
+def test_other_skips_scan_everything_again(scans: list[str], stacks: list[Path]) -> None:
+    checkov_scan.run(stacks, [])
+    skipped = checkov_scan.run(stacks, ["CKV_GCP_1"])
+    assert sorted(scans) == sorted(STACKS * 2)
+    assert skipped.skipped_ids == ("CKV_GCP_1",)
+
+
+def test_changed_exemption_rules_scan_everything_again(scans: list[str], stacks: list[Path],
+                                                      monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    rules = tmp_path / "checkov_exempt.py"
+    rules.write_text(Path(checkov_cache._RULES[1]).read_text())
+    monkeypatch.setattr(checkov_cache, "_RULES", (checkov_cache._RULES[0], rules))
+    checkov_scan.run(stacks, [])
+    rules.write_text(rules.read_text() + "\n# an edited rule\n")
+    checkov_scan.run(stacks, [])
+    assert sorted(scans) == sorted(STACKS * 2)
+
+
+def test_a_damaged_entry_is_a_miss_and_off_means_off(scans: list[str], stacks: list[Path],
+                                                    monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    checkov_scan.run(stacks[:1], [])
+    for entry in (tmp_path / "cache").rglob("*.json"):
+        entry.write_text("{not json")
+    checkov_scan.run(stacks[:1], [])
+    monkeypatch.setenv(checkov_cache.CACHE_ENV, "off")
+    checkov_scan.run(stacks[:1], [])
+    assert scans == [STACKS[0]] * 3

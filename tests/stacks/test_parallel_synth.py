@@ -1,0 +1,80 @@
+"""Synthesis split over worker processes writes the same bytes as one process, atomically."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from clusters.errors import UserError
+from stacks import parallel
+from stacks.layout import plan_stacks
+from stacks.synth import synthesize
+
+
+def _tree(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def serial_out(tmp_path_factory, example_configs) -> Path:
+    out = tmp_path_factory.mktemp("serial") / "cdktf.out"
+    synthesize(example_configs, out, jobs=1)
+    return out
+
+
+@pytest.mark.parametrize("jobs", [2, 3])
+def test_parallel_synthesis_is_byte_identical_to_serial(serial_out: Path, example_configs, tmp_path: Path, jobs: int) -> None:
+    """Every file, manifest.json included; 3 workers over 4 clusters puts tfc-workspaces beside an uneven share."""
+    out = tmp_path / "cdktf.out"
+    names = synthesize(example_configs, out, jobs=jobs)
+    serial, merged = _tree(serial_out), _tree(out)
+    assert sorted(merged) == sorted(serial)
+    assert [name for name in serial if merged[name] != serial[name]] == []
+    assert names == tuple(s.name for s in plan_stacks(example_configs))
+    assert "tfc-workspaces" in names and not any(p.name.startswith(".part-") for p in out.iterdir())
+
+
+@pytest.mark.parametrize("share", [0, 1], ids=["in-process share", "worker process"])
+def test_a_failing_share_leaves_the_previous_output_untouched(example_configs, tmp_path: Path, share: int) -> None:
+    out = tmp_path / "cdktf.out"
+    synthesize(example_configs, out, jobs=1)
+    before = _tree(out)
+    imported = tmp_path / "imported"
+    imported.mkdir()
+    failing = parallel.partition(plan_stacks(example_configs), 2)[share][0]
+    (imported / f"{failing}.json").write_text("[]")  # load_imports refuses it
+    with pytest.raises(UserError, match="must be a JSON object"):
+        synthesize(example_configs, out, jobs=2, imported_dir=imported)
+    assert _tree(out) == before
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".cdktf.out.")] == []
+
+
+def test_partition_keeps_each_cluster_whole_and_the_fleet_stack_once(example_configs) -> None:
+    info = plan_stacks(example_configs)
+    for workers in (1, 2, 3, 4):
+        groups = parallel.partition(info, workers)
+        assert sorted(n for g in groups for n in g) == sorted(s.name for s in info)
+        for s in info:
+            if s.cluster:
+                owner = [g for g in groups if s.name in g]
+                assert all(t.name in owner[0] for t in info if t.cluster == s.cluster)
+
+
+def test_worker_count_follows_threshold_cores_and_overrides(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(parallel.JOBS_ENV, raising=False)
+    monkeypatch.setattr(parallel, "available_cores", lambda: 2)
+    monkeypatch.setattr(parallel.os, "getloadavg", lambda: (0.2, 0.2, 0.2))
+    assert parallel.worker_count(parallel.PARALLEL_MIN_CLUSTERS - 1) == 1
+    assert parallel.worker_count(parallel.PARALLEL_MIN_CLUSTERS) == 2
+    monkeypatch.setattr(parallel.os, "getloadavg", lambda: (1.2, 0.2, 0.2))  # one core busy elsewhere
+    assert parallel.worker_count(200) == 2
+    monkeypatch.setattr(parallel.os, "getloadavg", lambda: (2.0, 0.2, 0.2))  # both busy: workers only add CPU
+    assert parallel.worker_count(200) == 1
+    assert parallel.worker_count(4, jobs=3) == 3
+    assert parallel.worker_count(2, jobs=8) == 2
+    monkeypatch.setenv(parallel.JOBS_ENV, "1")
+    assert parallel.worker_count(200) == 1
+    monkeypatch.setenv(parallel.JOBS_ENV, "two")
+    with pytest.raises(UserError, match="GPUFLEET_SYNTH_JOBS='two': not a positive integer"):
+        parallel.worker_count(200)
