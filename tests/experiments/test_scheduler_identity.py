@@ -153,3 +153,60 @@ def test_after_the_upgrade_a_wrong_scheduler_that_starts_first_is_not_recorded(m
     assert back.client.get("/healthz").json()["status"] == "ok"
     with back.ctx.sessions() as session:
         assert session.get(SchedulerIdentity, "prod-nomad").identity.startswith(f"nomad region={nomad.region} servers=")
+
+
+def test_a_first_record_that_waits_on_a_slow_scheduler_holds_up_no_submission_or_dispatch(make_service, sqlite_url, nomad, nomad_runner, vault):
+    """The first record of a cluster's identity asks its scheduler about the cluster's recent runs,
+    each with the client's full timeout. On SQLite every transaction holds the write lock
+    (``BEGIN IMMEDIATE``), so asking inside one made every submission and dispatch claim wait
+    behind a scheduler that stalls on job reads (a Nomad without a leader still answers
+    ``/v1/agent/members``). The scheduler here is held on a latch, not a clock: while it is
+    held, a submission and a dispatch claim by another service on the same database finish."""
+    import threading
+
+    from sqlalchemy import delete
+
+    from experiments.background.dispatch import process_outbox
+    from experiments.background.worker import refresh_bindings
+    from experiments.models import SchedulerIdentity
+    from tests.jobs.nomad_double import Fault
+
+    prod = make_service(sqlite_url, ClusterRunners(nomad=("prod-nomad", nomad_runner)))
+    headers = prod.token("finetune")
+    prod.submit(headers).json()
+    prod.step()
+    nomad.finish(nomad.dispatched(PARENT)[0], client_status="running")
+    prod.step()
+    with prod.ctx.sessions() as session, session.begin():
+        session.execute(delete(SchedulerIdentity))  # as right after the upgrade that added the table
+
+    client = NomadClient(NomadSettings(address=nomad.address, token=nomad.acl_token, timeout_seconds=180.0, retries=0, backoff_seconds=0.01))
+    runner = ClusterRunners(nomad=("prod-nomad", NomadRunner(client, _vault_env(vault))))
+    nomad.inject("GET", "members", Fault(status=500))  # its start-up check fails: the check is due again
+    slow = make_service(sqlite_url, runner, clock=prod.clock)
+    assert "prod-nomad" in runner.blocked
+    reached, release = threading.Event(), threading.Event()
+    nomad.inject("GET", "job", Fault(reached=reached, release=release))
+    probe = threading.Thread(target=refresh_bindings, args=(slow.ctx,), daemon=True)
+    probe.start()
+    done = threading.Event()
+    outcome: dict[str, object] = {}
+
+    def others() -> None:
+        outcome["submitted"] = prod.submit(headers).status_code
+        outcome["dispatched"] = process_outbox(prod.ctx)
+        done.set()
+
+    try:
+        assert reached.wait(timeout=60), "the identity check never asked the scheduler about a run"
+        worker = threading.Thread(target=others, daemon=True)
+        worker.start()
+        finished = done.wait(timeout=20)  # busy_timeout is 30 s: held behind the probe, they would still wait
+        assert not release.is_set()
+        assert finished, "a submission or a dispatch claim waited on the identity check's scheduler call"
+        assert outcome == {"submitted": 202, "dispatched": 1}
+    finally:
+        release.set()
+        probe.join(timeout=60)
+        client.close()
+    assert "prod-nomad" not in runner.blocked
