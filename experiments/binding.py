@@ -7,8 +7,9 @@ failed every one as gone. Now each bound cluster's scheduler says who it is
 kube-system uid). The first service to reach a cluster name records that identity in the
 database, unless the cluster already has runs (from before identities were recorded) of which
 that scheduler knows none; every service compares what answers it with the record
-(``same_scheduler``: Nomad servers may be replaced one at a time, so one in common is the same
-cluster, and the record follows). Until a cluster's identity is confirmed, or when it differs, the cluster is *blocked*
+(``same_scheduler``: Nomad servers may be replaced one at a time, so most of the recorded
+servers in common is the same cluster, and the record follows a minority replaced at a time,
+``next_record``). Until a cluster's identity is confirmed, or when it differs, the cluster is *blocked*
 for this service: nothing of it is dispatched, polled, stopped, expired or freed from quota
 (``experiments.scheduler.not_bound``/``bound_clause``), its runs keep their state and quota and
 their reason starts with ``unobserved:``. Confirmed, it is re-checked every ``RECHECK_SECONDS``;
@@ -30,7 +31,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from clusters.schema import SchedulerKind
 from experiments.models import Experiment, SchedulerIdentity
 from experiments.states import ON_SCHEDULER
-from jobs.runner import RunNotFound, SchedulerUnavailable, same_scheduler
+from jobs.runner import RunNotFound, SchedulerUnavailable, next_record, same_scheduler
 
 RECHECK_SECONDS = 300.0
 # Runs a first record checks the answering scheduler knows (any one of them is enough).
@@ -101,7 +102,7 @@ def _compare(sessions: sessionmaker[Session], cluster: str, kind: str, answering
                 current = session.get(SchedulerIdentity, cluster)
                 if current is None or current.identity != row.identity:
                     continue  # changed by another service meanwhile: compare again with what it wrote
-                current.identity, current.confirmed_at = answering, now
+                current.identity, current.confirmed_at = next_record(row.identity, answering), now
             return None
         return (f"unobserved: the {kind} scheduler this service reaches as cluster {cluster} ({answering}) is not the one {cluster}'s "
                 f"runs were made on ({row.scheduler}: {row.identity}, recorded {row.recorded_at:%Y-%m-%d %H:%M}Z); nothing of {cluster} "

@@ -679,6 +679,18 @@ def same_scheduler(recorded: str, answering: str) -> bool:
     return False
 
 
+def next_record(recorded: str, answering: str) -> str:
+    """The identity to record after ``same_scheduler`` said yes: by the rule of its scheduler,
+    never more than a minority changed in one step (``jobs.nomad.identity.follow``)."""
+    from jobs.k8s import identity as k8s_identity
+    from jobs.nomad import identity as nomad_identity
+
+    for side in (nomad_identity, k8s_identity):
+        if recorded.startswith(f"{side.PREFIX} ") and answering.startswith(f"{side.PREFIX} "):
+            return side.follow(recorded, answering)
+    return recorded
+
+
 def poll(runner: Runner, run_ids: Sequence[str], known: Mapping[str, str]) -> dict[str, Polled]:
     """``runner.poll`` where the runner has one; else one ``status`` per run (never 'unchanged')."""
     batch = getattr(runner, "poll", None)
