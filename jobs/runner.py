@@ -35,7 +35,7 @@ from jobs.vault_mint import default_queue_seconds, mint_wrapped_secret_id
 
 if TYPE_CHECKING:
     from jobs.nomad.client import NomadClient
-    from jobs.k8s.client import K8sClient
+    from jobs.k8s.client import K8sClient, ListBudget
     from jobs.k8s.usage import PrometheusClient
 
 GKE_PREFIX = "gke:"
@@ -343,17 +343,25 @@ class NomadRunner:
 
 class GkeRunner:
     scheduler = "gke"
-    # Per namespace and reconcile pass: items its tracked lists may decode (per tracked run, plus
-    # a page), seconds they may take, and GETs for runs those lists did not reach.
+    # Per namespace and reconcile pass: items its tracked lists may decode and bytes they may
+    # read (per tracked run, plus a page), seconds they may take, and GETs for runs those lists
+    # did not reach. A namespace whose lists spent their budget is polled after the others next
+    # pass, within ``overrun_share`` of the budget, until its lists complete again.
     objects_per_run = 4
     objects_per_namespace = 200
+    bytes_per_run = 64 * 1024
+    bytes_per_namespace = 4 * 1024 * 1024
     namespace_seconds = 5.0
+    overrun_share = 0.5
     fallback_gets = 20
 
     def __init__(self, client: K8sClient, vault_env: Mapping[str, str], *, prometheus: PrometheusClient | None = None) -> None:
         self._client = client
         self._vault_env = dict(vault_env)
         self._prometheus = prometheus
+        self._overran: set[str] = set()
+        # What each namespace's lists cost in the last poll, in the order they were polled.
+        self.last_poll: dict[str, ListBudget] = {}
 
     @staticmethod
     def _split(run_id: str) -> tuple[str, str]:
@@ -410,8 +418,15 @@ class GkeRunner:
             wanted[namespace].append(run)
         out: dict[str, Polled] = {}
         failures: list[str] = []
-        for namespace, runs in wanted.items():
-            budget = ListBudget(max_objects=self.objects_per_run * len(runs) + self.objects_per_namespace, max_seconds=self.namespace_seconds)
+        self.last_poll = {}
+        overran, self._overran = self._overran, set()
+        for namespace in sorted(wanted, key=lambda ns: ns in overran):  # stable: the others first, in run order
+            runs = wanted[namespace]
+            share = self.overrun_share if namespace in overran else 1.0
+            budget = ListBudget(max_objects=int(share * (self.objects_per_run * len(runs) + self.objects_per_namespace)),
+                                max_seconds=share * self.namespace_seconds,
+                                max_bytes=int(share * (self.bytes_per_run * len(runs) + self.bytes_per_namespace)))
+            self.last_poll[namespace] = budget
             try:
                 listing = self._client.list_tracked(namespace, runs, budget)
             except K8sError as exc:  # this namespace only (e.g. no list RBAC there): its runs get no answer
@@ -419,9 +434,10 @@ class GkeRunner:
                 log.warning("poll of Kubernetes namespace %s failed; its %d runs get no answer this pass: %s", namespace, len(runs), exc)
                 continue
             if not (listing.jobs_complete and listing.workloads_complete):
-                log.warning("poll of Kubernetes namespace %s stopped at its budget (%d objects, %.1fs; objects labelled like gpufleet's?): "
-                            "runs it did not reach are read one by one, at most %d this pass", namespace, budget.objects,
-                            budget.clock() - budget.started, self.fallback_gets)
+                self._overran.add(namespace)
+                log.warning("poll of Kubernetes namespace %s stopped at its budget (%d objects, %d bytes, %.1fs; objects labelled like gpufleet's?): "
+                            "runs it did not reach are read one by one, at most %d this pass; it is polled after the others until its lists "
+                            "complete", namespace, budget.objects, budget.bytes, budget.clock() - budget.started, self.fallback_gets)
             by_uid: dict[str, list[dict[str, Any]]] = defaultdict(list)
             for workload in listing.workloads:
                 by_uid[(workload["metadata"].get("labels") or {}).get(JOB_UID_LABEL, "")].append(workload)
@@ -661,6 +677,18 @@ def same_scheduler(recorded: str, answering: str) -> bool:
         if recorded.startswith(f"{side.PREFIX} ") and answering.startswith(f"{side.PREFIX} "):
             return side.same(recorded, answering)
     return False
+
+
+def next_record(recorded: str, answering: str) -> str:
+    """The identity to record after ``same_scheduler`` said yes: by the rule of its scheduler,
+    never more than a minority changed in one step (``jobs.nomad.identity.follow``)."""
+    from jobs.k8s import identity as k8s_identity
+    from jobs.nomad import identity as nomad_identity
+
+    for side in (nomad_identity, k8s_identity):
+        if recorded.startswith(f"{side.PREFIX} ") and answering.startswith(f"{side.PREFIX} "):
+            return side.follow(recorded, answering)
+    return recorded
 
 
 def poll(runner: Runner, run_ids: Sequence[str], known: Mapping[str, str]) -> dict[str, Polled]:

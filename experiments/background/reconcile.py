@@ -29,6 +29,7 @@ from sqlalchemy.orm import Session
 
 from experiments.background.context import Context, log
 from experiments.background.usage import Candidate, sample_usage
+from experiments.background.vanished import hold_mass_vanishing
 from experiments.models import Experiment
 from experiments.scheduler import bound_clause, not_bound
 from experiments.services import logs as run_logs
@@ -56,7 +57,7 @@ def process_scheduled(ctx: Context) -> int:
     left as it was, not stamped as reconciled (so the lag metric shows it) and counted in
     ``gpufleet_reconcile_errors``."""
     started = time.monotonic()
-    query = (select(Experiment.id, Experiment.run_id, Experiment.state, Experiment.cancel_requested_at, Experiment.scheduler_refs)
+    query = (select(Experiment.id, Experiment.run_id, Experiment.state, Experiment.cancel_requested_at, Experiment.scheduler_refs, Experiment.cluster)
              .where(Experiment.state.in_([s.value for s in ON_SCHEDULER]), Experiment.run_id.is_not(None)))
     bound = bound_clause(ctx.runner, Experiment.cluster, Experiment.scheduler)
     if bound is not None:
@@ -83,6 +84,7 @@ def process_scheduled(ctx: Context) -> int:
         ctx.metrics.reconcile_errors.inc(len(tracked))
         log.warning("reconcile pass deferred (%d runs): %s", len(tracked), exc)
         return done
+    results = hold_mass_vanishing(ctx, tracked, results)
     moves: list[Move] = []
     fresh: dict[str, str] = {}
     answered: list[str] = []

@@ -37,26 +37,46 @@ Mint = Callable[[int], tuple[str, list[str]]]
 # Tracked lists: names (or uids) per set-based selector (a URL stays a few KiB), items per page.
 NAMES_PER_SELECTOR = 50
 PAGE_LIMIT = 200
+# Bytes read at a time from a list answer, between checks of its namespace's budget.
+READ_CHUNK = 64 * 1024
 
 
 @dataclass
 class ListBudget:
-    """What one namespace's tracked lists may cost in one reconcile pass: items decoded and
-    seconds. A tenant can make any number of objects carrying gpufleet's labels in its own
-    namespace (``edit``); the budget keeps that cost in that namespace's pass, never in the
-    others'. Spent, the lists stop and the answer says it is incomplete."""
+    """What one namespace's tracked lists may cost in one reconcile pass: items decoded, bytes
+    read and seconds. A tenant can make any number of objects carrying gpufleet's labels in its
+    own namespace (``edit``), each up to the API server's object size (annotations alone may
+    hold 256 KiB); the budget keeps that cost in that namespace's pass, never in the others'.
+    Pages ask for no more items than are left (``limit``), and an answer is read only up to the
+    bytes and the deadline left: past them it is dropped unread. Spent, the lists stop and the
+    answer says it is incomplete."""
 
     max_objects: int
     max_seconds: float
+    max_bytes: int = 8 * 1024 * 1024
     clock: Callable[[], float] = time.monotonic
     objects: int = 0
+    bytes: int = 0
     started: float = field(default=0.0)
 
     def __post_init__(self) -> None:
         self.started = self.clock()
 
     def spent(self) -> bool:
-        return self.objects >= self.max_objects or self.clock() - self.started >= self.max_seconds
+        return self.objects >= self.max_objects or self.bytes >= self.max_bytes or self.clock() - self.started >= self.max_seconds
+
+    def page_limit(self) -> int:
+        """Items the next page may ask for: a page never carries more than the budget has left."""
+        return max(1, min(PAGE_LIMIT, self.max_objects - self.objects))
+
+    def take(self, size: int) -> bool:
+        """Count ``size`` more bytes read; False once the bytes or the seconds are spent."""
+        self.bytes += size
+        return self.bytes <= self.max_bytes and self.clock() - self.started < self.max_seconds
+
+
+class _OverBudget(Exception):
+    """An answer read past its namespace's bytes or deadline: dropped, the list is incomplete."""
 
 
 @dataclass(frozen=True)
@@ -158,7 +178,7 @@ class K8sClient:
 
     # ---- one request, one error shape ------------------------------------------------------
     def _call(self, action: str, call: Callable[..., Any], *args: Any, missing_ok: bool = False, conflict_ok: bool = False, echo: bool = True,
-              expired_ok: bool = False, **kwargs: Any) -> dict[str, Any] | None:
+              expired_ok: bool = False, budget: ListBudget | None = None, **kwargs: Any) -> dict[str, Any] | None:
         import kubernetes
         import urllib3
 
@@ -170,7 +190,26 @@ class K8sClient:
             raise self._error(action, exc, echo) from None
         except urllib3.exceptions.HTTPError as exc:
             raise K8sError(f"{action}: cannot reach the Kubernetes API after {self.settings.retries + 1} attempts ({type(exc).__name__}); check the cluster endpoint, your network (master authorized networks) and KUBECONFIG") from None
-        return json.loads(response.data or b"{}")
+        if budget is None:
+            return json.loads(response.data or b"{}")
+        return json.loads(self._read_within(action, response, budget) or b"{}")
+
+    def _read_within(self, action: str, response: Any, budget: ListBudget) -> bytes:
+        """The answer's body, read in chunks while ``budget`` has bytes and seconds left; past
+        them the connection is closed with the rest unread (``_OverBudget``)."""
+        import urllib3
+
+        chunks: list[bytes] = []
+        try:
+            while chunk := response.read(READ_CHUNK):
+                chunks.append(chunk)
+                if not budget.take(len(chunk)):
+                    response.close()
+                    raise _OverBudget(action)
+        except urllib3.exceptions.HTTPError as exc:
+            raise K8sError(f"{action}: the Kubernetes API's answer broke off ({type(exc).__name__}); retry later or check the cluster") from None
+        response.release_conn()
+        return b"".join(chunks)
 
     def _error(self, action: str, exc: Any, echo: bool) -> K8sError:
         try:
@@ -250,8 +289,11 @@ class K8sClient:
         while True:
             if budget.spent():
                 return items, False
-            page = self._call(action, call, *args, label_selector=selector, limit=PAGE_LIMIT, expired_ok=True,
-                              **({"_continue": token} if token else {}))
+            try:
+                page = self._call(action, call, *args, label_selector=selector, limit=budget.page_limit(), expired_ok=True, budget=budget,
+                                  **({"_continue": token} if token else {}))
+            except _OverBudget:
+                return items, False
             if page is None:
                 if not token or restarts == 0:
                     return items, False

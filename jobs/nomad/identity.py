@@ -9,8 +9,13 @@ cluster saw none of the runs and failed every one as gone. Nomad does keep a clu
 ``region`` and ``id``, the server's node id, a random UUID kept in its data directory
 (``nomad/server.go`` ``setupSerf``). Another cluster has other servers even when its region has
 the same name (every cluster's default is ``global``). Servers are replaced one at a time, so
-the set recorded earlier and the set answering now of the same cluster share a server: that is
-what ``same`` checks (the caller then records the new set).
+the set recorded earlier and the set answering now of the same cluster share most servers: that
+is what ``same`` checks, a strict majority of the recorded servers among those answering. One
+server in common is not enough: servers built from one image with a pre-seeded
+``data_dir/server/node-id``, or a server moved between clusters, share an id with production.
+The record follows a replacement (``follow``) only while the servers in common are also a
+majority of the answering set, so one step adds or removes at most a minority and a cluster
+sharing a minority of servers can never walk the record over to itself.
 """
 
 from __future__ import annotations
@@ -38,6 +43,13 @@ def _parse(text: str) -> tuple[str, frozenset[str]]:
 
 
 def same(recorded: str, answering: str) -> bool:
-    """The same cluster: the same region name and at least one server in common."""
+    """The same cluster: the same region name and most of the recorded servers answering."""
     (region_a, servers_a), (region_b, servers_b) = _parse(recorded), _parse(answering)
-    return region_a == region_b and bool(servers_a & servers_b)
+    return region_a == region_b and 2 * len(servers_a & servers_b) > len(servers_a)
+
+
+def follow(recorded: str, answering: str) -> str:
+    """What to record after ``same``: the answering set when the servers in common are a majority
+    of it as well (a minority replaced), else the record as it was."""
+    servers_a, servers_b = _parse(recorded)[1], _parse(answering)[1]
+    return answering if same(recorded, answering) and 2 * len(servers_a & servers_b) > len(servers_b) else recorded

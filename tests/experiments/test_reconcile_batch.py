@@ -126,3 +126,29 @@ def test_a_gke_job_missing_from_the_list_is_confirmed_by_its_own_get(make_servic
     shown = svc.client.get(f"/api/v1/experiments/{exp['id']}", headers=headers).json()
     assert shown["status"] == "failed" and "no longer knows run" in shown["reason"]
     assert len([r for r in k8s.requests if r.method == "GET" and r.path.endswith(f"/jobs/{run}")]) == gets_before + 1
+
+
+def test_most_runs_of_a_cluster_vanishing_at_once_are_not_failed_in_that_pass(make_service, sqlite_url, nomad, nomad_runner):
+    """Defence in depth behind the identity check: one run the scheduler no longer knows is
+    failed as forgotten, but most of a cluster's polled runs unknown at once (3 of 3 here) means
+    another scheduler answered more likely than that they were all lost. The cluster counts as
+    unobserved for that pass: none is failed, their GPUs stay held, their reason says why."""
+    svc = make_service(sqlite_url, nomad_runner)
+    headers = svc.token("finetune")
+    ids = [svc.submit(headers, meta={**META, "run_id": f"v{i}"}).json()["id"] for i in range(4)]
+    svc.step()
+    jobs = nomad.dispatched(PARENT)
+    for job in jobs:
+        nomad.finish(job, client_status="running")
+    svc.step()
+    assert [s["status"] for s in _states(svc, ids, headers)] == ["running"] * 4
+    nomad.gc(jobs[0])  # one lost: failed as forgotten, as before
+    svc.step()
+    assert [s["status"] for s in _states(svc, ids, headers)] == ["failed"] + ["running"] * 3
+    for job in jobs[1:]:
+        nomad.gc(job)
+    for _ in range(2):
+        svc.step()
+        shown = _states(svc, ids[1:], headers)
+        assert [s["status"] for s in shown] == ["running"] * 3, shown
+        assert all(s["reason"].startswith("unobserved: 3 of the 3 runs of ") for s in shown)

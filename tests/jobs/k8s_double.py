@@ -21,7 +21,8 @@ selectors; after ``compact()`` an older token answers 410 ``Expired`` with etcd3
 inconsistent continue token in the Status's ``metadata``. Label selectors take the equality
 (``k=v``), existence (``k``) and set-based (``k in (a,b)``) forms of apimachinery
 ``labels.Parse``. ``listed`` counts the items each list answer carried per (resource, namespace):
-what a client had to decode. ``GET /api/v1/namespaces/<name>`` answers a core/v1 Namespace
+what a client had to decode; ``sent`` the body bytes per request path a client took before it
+closed the connection. ``GET /api/v1/namespaces/<name>`` answers a core/v1 Namespace
 (``kube-system`` always exists; its uid, ``cluster_uid``, is this API server's cluster identity,
 random per double like ``ObjectMeta.UID``).
 
@@ -187,6 +188,8 @@ class K8sDouble:
         self.requests: list[Recorded] = []
         self.faults: list[Fault] = []
         self.listed: Counter[tuple[str, str]] = Counter()
+        # request path -> body bytes the double wrote before the client stopped reading
+        self.sent: Counter[str] = Counter()
         self._lock = threading.Condition()
         self._server: ThreadingHTTPServer | None = None
 
@@ -243,14 +246,23 @@ class K8sDouble:
         self.faults.append(Fault(method, path_contains, status, times, after_commit))
 
     # ---- HTTP ------------------------------------------------------------------------------
-    def _send(self, handler: BaseHTTPRequestHandler, code: int, body: Any) -> None:
+    def _send(self, handler: BaseHTTPRequestHandler, code: int, body: Any) -> int:
+        """Write the answer in pieces, as a socket takes it; returns the body bytes the client
+        took before it closed the connection (a client that drops an answer unread takes less)."""
         data = json.dumps(body).encode()
         handler.send_response(code)
         handler.send_header("Content-Type", "application/json")
         handler.send_header("Content-Length", str(len(data)))
         handler.send_header("Connection", "close")
         handler.end_headers()
-        handler.wfile.write(data)
+        written = 0
+        try:
+            for start in range(0, len(data), 64 * 1024):
+                handler.wfile.write(data[start:start + 64 * 1024])
+                written += len(data[start:start + 64 * 1024])
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        return written
 
     def _fault(self, method: str, path: str) -> Fault | None:
         for fault in self.faults:
@@ -287,7 +299,9 @@ class K8sDouble:
         if isinstance(body, dict) and body.get("kind") == "Secret":
             body = {**body, "data": {key: "<redacted>" for key in body.get("data") or {}}}
         self.requests.append(Recorded(method, url.path, query, code, body))
-        self._send(handler, code, answer)
+        written = self._send(handler, code, answer)
+        with self._lock:
+            self.sent[url.path] += written
 
     def _parse(self, path: str) -> tuple[str, str, str | None, str | None] | None:
         """'/apis/batch/v1/namespaces/ns/jobs/x' -> ('batch/v1', 'jobs', 'ns', 'x')."""

@@ -76,6 +76,9 @@ class Recorded:
 class Fault:
     status: int = 0
     delay_seconds: float = 0.0
+    # A latch instead of a time: the request sets ``reached`` and is answered once ``release`` is set.
+    reached: threading.Event | None = None
+    release: threading.Event | None = None
 
 
 @dataclass
@@ -232,6 +235,10 @@ class NomadDouble:
                     status, answer = double._answer(method, route, job_id, recorded)
                 if fault.delay_seconds:
                     time.sleep(fault.delay_seconds)
+                if fault.reached is not None:
+                    fault.reached.set()
+                if fault.release is not None:
+                    fault.release.wait(timeout=120)
                 self._send(status, answer, text=isinstance(answer, str))
 
             def _send(self, status: int, answer: Any, *, text: bool = False) -> None:

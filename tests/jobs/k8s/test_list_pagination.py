@@ -108,12 +108,38 @@ def test_a_spent_budget_stops_the_list_and_says_so(k8s: Any, k8s_client_for: Any
 
 
 def test_a_namespace_that_takes_too_long_stops_at_its_time_budget(k8s: Any, k8s_client_for: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Seconds count too (a slow API server for one namespace): a clock that moves 0.4 s per
-    reading stops a 1 s budget after the second page."""
+    """Seconds count too (a slow API server for one namespace): a clock that moves 0.2 s per
+    reading (before each page, and after each piece of an answer read) stops a 1 s budget after
+    the second page."""
     monkeypatch.setattr(k8s_client, "PAGE_LIMIT", 2)
     for i in range(10):
         _put(k8s, f"run-{i}", f"run-{i}")
-    ticks = iter(i * 0.4 for i in range(100))
+    ticks = iter(i * 0.2 for i in range(100))
     listing = k8s_client_for(k8s).list_tracked(NS, [f"run-{i}" for i in range(10)],
                                                ListBudget(max_objects=10**6, max_seconds=1.0, clock=lambda: next(ticks)))
     assert not listing.jobs_complete and sorted(listing.jobs) == ["run-0", "run-1", "run-2", "run-3"]
+
+
+def test_a_page_asks_for_no_more_items_than_the_budget_has_left(k8s: Any, k8s_client_for: Any) -> None:
+    """``limit`` is what is left of the namespace's items, not a whole page: a budget of 3 asks
+    for 3, and the API server's answer carries no more than that."""
+    for i in range(10):
+        _put(k8s, f"junk-{i}", "run-0")
+    asked = len(k8s.requests)
+    listing = k8s_client_for(k8s).list_tracked(NS, ["run-0"], ListBudget(max_objects=3, max_seconds=60.0))
+    limits = [r.query.get("limit") for r in k8s.requests[asked:] if r.path.endswith("/jobs")]
+    assert limits == [["3"]] and not listing.jobs_complete and k8s.listed[("jobs", NS)] == 3
+
+
+def test_an_answer_past_the_namespace_bytes_is_dropped_unread_and_the_list_is_incomplete(k8s: Any, k8s_client_for: Any) -> None:
+    """Items are not the cost: 20 Jobs of 200 KB each (annotations may hold 256 KiB) are 4 MB in
+    one page. Read past its bytes, the answer is dropped with the rest unread, nothing of it is
+    kept, and the list says it is incomplete (so its runs are asked one by one, never gone)."""
+    for i in range(20):
+        _put(k8s, f"fat-{i}", "run-0")
+        k8s.store.objects[("jobs", NS, f"fat-{i}")]["metadata"]["annotations"] = {"x/pad": "a" * 200_000}
+    _put(k8s, "run-0", "run-0")
+    budget = ListBudget(max_objects=10**6, max_seconds=60.0, max_bytes=512 * 1024)
+    listing = k8s_client_for(k8s).list_tracked(NS, ["run-0"], budget)
+    assert not listing.jobs_complete and listing.jobs == {} and budget.objects == 0
+    assert 512 * 1024 < budget.bytes <= 512 * 1024 + k8s_client.READ_CHUNK
