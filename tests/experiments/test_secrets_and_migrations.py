@@ -69,9 +69,11 @@ def test_alembic_upgrades_from_empty_and_downgrades_one_step(db_url):
     try:
         assert db.current_revision(engine) is None
         db.upgrade(engine)
-        assert db.current_revision(engine) == "0007"
+        assert db.current_revision(engine) == "0008"
         assert {"experiments", "events", "outbox", "api_tokens", "run_logs", "scheduler_identities", "run_usage", "dashboard_sessions"} <= set(inspect(engine).get_table_names())
-        assert "scheduler_refs" in {c["name"] for c in inspect(engine).get_columns("experiments")}
+        assert {"scheduler_refs", "job_spec", "job_spec_sha256"} <= {c["name"] for c in inspect(engine).get_columns("experiments")}
+        db.downgrade(engine, "-1")
+        assert db.current_revision(engine) == "0007" and "job_spec" not in {c["name"] for c in inspect(engine).get_columns("experiments")}
         db.downgrade(engine, "-1")
         assert db.current_revision(engine) == "0006" and "dashboard_sessions" not in set(inspect(engine).get_table_names())
         db.downgrade(engine, "-1")
@@ -88,7 +90,7 @@ def test_alembic_upgrades_from_empty_and_downgrades_one_step(db_url):
         tables = set(inspect(engine).get_table_names())
         assert "api_tokens" not in tables and {"experiments", "events", "outbox"} <= tables
         db.upgrade(engine)
-        assert db.current_revision(engine) == "0007"
+        assert db.current_revision(engine) == "0008"
     finally:
         engine.dispose()
 
