@@ -118,7 +118,6 @@ def expiry_warnings(configs: tuple[ClusterConfig, ...], directory: Path | None =
     """One line per dated maintenance exclusion that ends within 30 days (or has ended): file, line, field, fix."""
     from clusters import clock
     from clusters.derive.gke import EXPIRY_WARNING_DAYS, exclusion_expiry
-    from clusters.source import read_yaml
 
     today = clock.today()
     lines = []
@@ -127,23 +126,54 @@ def expiry_warnings(configs: tuple[ClusterConfig, ...], directory: Path | None =
         if found is None:
             continue
         end, left = found
-        path = (directory or repo.clusters_dir()) / f"{config.name}.yaml"
         field = ("gke", "upgrade_exclusion", "end_time")
         when = f"ended {-left} day(s) ago" if left < 0 else f"ends in {left} day(s)"
         message = (f"the maintenance exclusion {when} ({end}; warned {EXPIRY_WARNING_DAYS} days ahead): node and minor upgrades resume"
                    " after it; remove start_time and end_time so gpufleet renews it every quarter, or move end_time")
-        try:
-            problem = read_yaml(path).problem(field, message)
-            lines.append(f"warning: {Path(problem.file).relative_to(repo.root()) if Path(problem.file).is_relative_to(repo.root()) else problem.file}"
-                         f":{problem.line}: {problem.field}: {message}")
-        except (OSError, ConfigError):
-            lines.append(f"warning: clusters/{config.name}.yaml: gke.upgrade_exclusion.end_time: {message}")
+        lines.append(_warning(config.name, field, message, directory))
+    return lines
+
+
+def _warning(cluster: str, field: tuple[str | int, ...], message: str, directory: Path | None) -> str:
+    """``warning: <file relative to the repository>:<line>: <field>: <message>``."""
+    from clusters.source import format_path, read_yaml
+
+    path = (directory or repo.clusters_dir()) / f"{cluster}.yaml"
+    try:
+        problem = read_yaml(path).problem(field, message)
+        return (f"warning: {Path(problem.file).relative_to(repo.root()) if Path(problem.file).is_relative_to(repo.root()) else problem.file}"
+                f":{problem.line}: {problem.field}: {message}")
+    except (OSError, ConfigError):
+        return f"warning: clusters/{cluster}.yaml: {format_path(field)}: {message}"
+
+
+# (accelerator, price kind, region) -> USD per GPU-hour; the CLI passes the control plane's price table
+# (experiments/prices.yaml), which this layer cannot import.
+GpuPrice = Callable[[str, str, str | None], float]
+
+
+def cold_reservation_warnings(configs: tuple[ClusterConfig, ...], price: GpuPrice, directory: Path | None = None) -> list[str]:
+    """One line per reserved pool whose file sets ``min_nodes`` below its reserved nodes: what the
+    reservation bills for the nodes left cold, an hour and a month (730 h, Infracost's month)."""
+    from clusters.derive.pools import cold_reservations
+
+    lines = []
+    for config in configs:
+        for cold in cold_reservations(config):
+            hourly = cold.cold_gpus * price(cold.accelerator, "reservation", config.gcp.region)
+            what = "scale-to-zero" if cold.min_nodes == 0 else f"min_nodes {cold.min_nodes}"
+            message = (f"{what} on reserved pool {cold.pool}: the reservation bills its {cold.reserved_nodes} node(s) whether or not they run, so"
+                       f" {cold.reserved_nodes - cold.min_nodes} cold node(s) x {cold.gpus_per_node} GPUs cost ${hourly:,.2f}/h"
+                       f" (${hourly * 730:,.0f}/month) and every run waits for a node to start; remove min_nodes (default: the"
+                       f" {cold.reserved_nodes} reserved nodes stay warm) or set min_nodes: {cold.reserved_nodes}")
+            lines.append(_warning(config.name, ("gpu_pools", cold.index, "min_nodes"), message, directory))
     return lines
 
 
 def run_checks(configs: tuple[ClusterConfig, ...] | None, *, out: Path, state_files: tuple[Path, ...] = (),
-               checkov: bool = True, on_stage: Callable[[str], None] = lambda _stage: None) -> CheckReport:
-    """``on_stage`` hears each step's name as it starts (the CLI shows it as progress)."""
+               checkov: bool = True, on_stage: Callable[[str], None] = lambda _stage: None, price: GpuPrice | None = None) -> CheckReport:
+    """``on_stage`` hears each step's name as it starts (the CLI shows it as progress); ``price``
+    (the CLI's price table) prices the reserved nodes a file leaves cold."""
     from safety import checkov_scan, secret_scan
     from jobs.outputs import write_rendered
     from stacks.synth import synthesize
@@ -155,6 +185,9 @@ def run_checks(configs: tuple[ClusterConfig, ...] | None, *, out: Path, state_fi
     report.add("inputs", True, f"{len(configs)} cluster file(s), {len(specs)} job file(s), Vault policies and roles")
     warnings = expiry_warnings(configs)
     report.add("expiry", True, f"{len(warnings)} warning(s)" if warnings else "no exclusion ends within 30 days", warnings)
+    if price is not None:
+        cold = cold_reservation_warnings(configs, price)
+        report.add("reservations", True, f"{len(cold)} warning(s)" if cold else "every reserved pool stays warm", cold)
     on_stage("synth")
     stacks = synthesize(configs, out)
     report.add("synth", True, f"{len(stacks)} stack(s) into {out}")
