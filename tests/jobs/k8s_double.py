@@ -592,7 +592,8 @@ class K8sDouble:
     def wait_for_quota(self, namespace: str, name: str, message: str) -> None:
         self._update(namespace, name, lambda j: None, lambda w: self._set_conditions(w["status"], self._condition("QuotaReserved", "False", "Pending", message)))
 
-    def admit(self, namespace: str, name: str, *, cluster_queue: str, flavor: str) -> None:
+    def admit(self, namespace: str, name: str, *, cluster_queue: str, flavor: str, at: str | None = None) -> None:
+        """``at``: the Job's status.startTime (RFC 3339) instead of the wall clock."""
         def workload(w: dict[str, Any]) -> None:
             count = w["spec"]["podSets"][0]["count"]
             w["status"]["admission"] = {"clusterQueue": cluster_queue, "podSetAssignments": [
@@ -602,7 +603,7 @@ class K8sDouble:
 
         def job(j: dict[str, Any]) -> None:
             j["spec"]["suspend"] = False
-            j["status"].update({"startTime": now(), "active": j["spec"].get("parallelism", 1), "ready": 0})
+            j["status"].update({"startTime": at or now(), "active": j["spec"].get("parallelism", 1), "ready": 0})
             self._set_conditions(j["status"], self._condition("Suspended", "False", "JobResumed", "Job resumed"))
 
         self._update(namespace, name, job, workload)
@@ -610,10 +611,12 @@ class K8sDouble:
     def pods_ready(self, namespace: str, name: str, ready: int) -> None:
         self._update(namespace, name, lambda j: j["status"].update({"ready": ready}), lambda w: None)
 
-    def succeed(self, namespace: str, name: str) -> None:
+    def succeed(self, namespace: str, name: str, *, at: str | None = None) -> None:
+        """``at``: the Job's status.completionTime (RFC 3339) instead of the wall clock."""
+
         def job(j: dict[str, Any]) -> None:
             n = j["spec"].get("completions", 1)
-            j["status"].update({"active": 0, "ready": 0, "succeeded": n, "completionTime": now()})
+            j["status"].update({"active": 0, "ready": 0, "succeeded": n, "completionTime": at or now()})
             self._set_conditions(j["status"], self._condition("SuccessCriteriaMet", "True", "CompletionsReached", "Reached expected number of succeeded pods"),
                                  self._condition("Complete", "True", "CompletionsReached", "Reached expected number of succeeded pods"))
 
