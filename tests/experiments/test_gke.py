@@ -63,7 +63,7 @@ def test_a_gke_experiment_goes_queued_running_succeeded_with_kueue_ids_and_cost(
     workload = k8s.workload(NS, run)["metadata"]["name"]
     assert shown["scheduler_ids"] == {"run": shown["run_id"], "job": f"{NS}/{run}", "workload": f"{NS}/{workload}"}
     k8s.admit(NS, run, cluster_queue=NS, flavor="h100")
-    svc.clock.advance(minutes=4)  # within the wrap TTL (375 s: the reserved pool stays warm, jobs.vault_mint): later, not-started ranks are stopped (reap)
+    svc.clock.advance(minutes=10)  # within the wrap TTL (25 min): later, not-started ranks are stopped (reap)
     svc.step()
     shown = _state(svc, exp["id"], headers)  # admitted: GPUs held, ranks starting
     assert shown["status"] == "provisioning" and "0/2 rank(s) ready" in shown["reason"]
