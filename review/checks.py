@@ -50,6 +50,11 @@ class CheckReport:
         console.print(table)
 
 
+# (accelerator, price kind, region) -> USD per GPU-hour; the CLI passes the control plane's price table
+# (experiments/prices.yaml), which this layer cannot import.
+GpuPrice = Callable[[str, str, str | None], float]
+
+
 def validate_inputs(configs: tuple[ClusterConfig, ...] | None = None) -> tuple[tuple[ClusterConfig, ...], tuple[FinetuneSpec, ...]]:
     """Clusters, Vault definitions and job files, cross-checked; raises one ConfigError with all problems."""
     import jobs.loader
@@ -118,6 +123,7 @@ def expiry_warnings(configs: tuple[ClusterConfig, ...], directory: Path | None =
     """One line per dated maintenance exclusion that ends within 30 days (or has ended): file, line, field, fix."""
     from clusters import clock
     from clusters.derive.gke import EXPIRY_WARNING_DAYS, exclusion_expiry
+    from clusters.source import read_yaml
 
     today = clock.today()
     lines = []
@@ -126,47 +132,17 @@ def expiry_warnings(configs: tuple[ClusterConfig, ...], directory: Path | None =
         if found is None:
             continue
         end, left = found
+        path = (directory or repo.clusters_dir()) / f"{config.name}.yaml"
         field = ("gke", "upgrade_exclusion", "end_time")
         when = f"ended {-left} day(s) ago" if left < 0 else f"ends in {left} day(s)"
         message = (f"the maintenance exclusion {when} ({end}; warned {EXPIRY_WARNING_DAYS} days ahead): node and minor upgrades resume"
                    " after it; remove start_time and end_time so gpufleet renews it every quarter, or move end_time")
-        lines.append(_warning(config.name, field, message, directory))
-    return lines
-
-
-def _warning(cluster: str, field: tuple[str | int, ...], message: str, directory: Path | None) -> str:
-    """``warning: <file relative to the repository>:<line>: <field>: <message>``."""
-    from clusters.source import format_path, read_yaml
-
-    path = (directory or repo.clusters_dir()) / f"{cluster}.yaml"
-    try:
-        problem = read_yaml(path).problem(field, message)
-        return (f"warning: {Path(problem.file).relative_to(repo.root()) if Path(problem.file).is_relative_to(repo.root()) else problem.file}"
-                f":{problem.line}: {problem.field}: {message}")
-    except (OSError, ConfigError):
-        return f"warning: clusters/{cluster}.yaml: {format_path(field)}: {message}"
-
-
-# (accelerator, price kind, region) -> USD per GPU-hour; the CLI passes the control plane's price table
-# (experiments/prices.yaml), which this layer cannot import.
-GpuPrice = Callable[[str, str, str | None], float]
-
-
-def cold_reservation_warnings(configs: tuple[ClusterConfig, ...], price: GpuPrice, directory: Path | None = None) -> list[str]:
-    """One line per reserved pool whose file sets ``min_nodes`` below its reserved nodes: what the
-    reservation bills for the nodes left cold, an hour and a month (730 h, Infracost's month)."""
-    from clusters.derive.pools import cold_reservations
-
-    lines = []
-    for config in configs:
-        for cold in cold_reservations(config):
-            hourly = cold.cold_gpus * price(cold.accelerator, "reservation", config.gcp.region)
-            what = "scale-to-zero" if cold.min_nodes == 0 else f"min_nodes {cold.min_nodes}"
-            message = (f"{what} on reserved pool {cold.pool}: the reservation bills its {cold.reserved_nodes} node(s) whether or not they run, so"
-                       f" {cold.reserved_nodes - cold.min_nodes} cold node(s) x {cold.gpus_per_node} GPUs cost ${hourly:,.2f}/h"
-                       f" (${hourly * 730:,.0f}/month) and every run waits for a node to start; remove min_nodes (default: the"
-                       f" {cold.reserved_nodes} reserved nodes stay warm) or set min_nodes: {cold.reserved_nodes}")
-            lines.append(_warning(config.name, ("gpu_pools", cold.index, "min_nodes"), message, directory))
+        try:
+            problem = read_yaml(path).problem(field, message)
+            lines.append(f"warning: {Path(problem.file).relative_to(repo.root()) if Path(problem.file).is_relative_to(repo.root()) else problem.file}"
+                         f":{problem.line}: {problem.field}: {message}")
+        except (OSError, ConfigError):
+            lines.append(f"warning: clusters/{config.name}.yaml: gke.upgrade_exclusion.end_time: {message}")
     return lines
 
 
@@ -185,12 +161,12 @@ def run_checks(configs: tuple[ClusterConfig, ...] | None, *, out: Path, state_fi
     report.add("inputs", True, f"{len(configs)} cluster file(s), {len(specs)} job file(s), Vault policies and roles")
     warnings = expiry_warnings(configs)
     report.add("expiry", True, f"{len(warnings)} warning(s)" if warnings else "no exclusion ends within 30 days", warnings)
-    if price is not None:
-        cold = cold_reservation_warnings(configs, price)
-        report.add("reservations", True, f"{len(cold)} warning(s)" if cold else "every reserved pool stays warm", cold)
     on_stage("synth")
     stacks = synthesize(configs, out)
     report.add("synth", True, f"{len(stacks)} stack(s) into {out}")
+    if price is not None:
+        cold = cold_reservation_warnings(configs, price)
+        report.add("reservations", True, f"{len(cold)} warning(s)" if cold else "every reserved pool stays warm", cold)
     if from_repo:
         _destroys(report, configs, out)
     on_stage("secrets scan")
@@ -206,3 +182,29 @@ def run_checks(configs: tuple[ClusterConfig, ...] | None, *, out: Path, state_fi
         result = checkov_scan.run([out / "stacks" / s for s in stacks])
         report.add("checkov", result.ok, result.summary_line, result.failure_lines)
     return report
+
+
+def cold_reservation_warnings(configs: tuple[ClusterConfig, ...], price: GpuPrice, directory: Path | None = None) -> list[str]:
+    """One line per reserved pool whose file sets ``min_nodes`` below its reserved nodes (file, line, field,
+    fix): what the reservation bills for the nodes left cold, an hour and a month (730 h, Infracost's month)."""
+    from clusters.derive.pools import cold_reservations
+    from clusters.source import format_path, read_yaml
+
+    lines = []
+    for config in configs:
+        path = (directory or repo.clusters_dir()) / f"{config.name}.yaml"
+        for cold in cold_reservations(config):
+            hourly = cold.cold_gpus * price(cold.accelerator, "reservation", config.gcp.region)
+            what = "scale-to-zero" if cold.min_nodes == 0 else f"min_nodes {cold.min_nodes}"
+            message = (f"{what} on reserved pool {cold.pool}: the reservation bills its {cold.reserved_nodes} node(s) whether or not they run, so"
+                       f" {cold.reserved_nodes - cold.min_nodes} cold node(s) x {cold.gpus_per_node} GPUs cost ${hourly:,.2f}/h"
+                       f" (${hourly * 730:,.0f}/month) and every run waits for a node to start; remove min_nodes (default: the"
+                       f" {cold.reserved_nodes} reserved nodes stay warm) or set min_nodes: {cold.reserved_nodes}")
+            field = ("gpu_pools", cold.index, "min_nodes")
+            try:
+                problem = read_yaml(path).problem(field, message)
+                shown = Path(problem.file).relative_to(repo.root()) if Path(problem.file).is_relative_to(repo.root()) else problem.file
+                lines.append(f"warning: {shown}:{problem.line}: {problem.field}: {message}")
+            except (OSError, ConfigError):
+                lines.append(f"warning: clusters/{config.name}.yaml: {format_path(field)}: {message}")
+    return lines

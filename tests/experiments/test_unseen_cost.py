@@ -1,7 +1,7 @@
 """Cost when the reconciler missed a state (issue 25): a run that went from queued to its end between
 two passes was never seen placed, and was recorded with 0 GPU-hours and 0 USD although it held GPUs.
 Its GPU time now comes from the scheduler's own clock, in the fields upstream writes (the doubles'
-``finish(times=...)`` and ``admit/succeed(at=...)`` say which), on real SQLite and PostgreSQL."""
+``stamp_times`` say which), on real SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
@@ -30,7 +30,8 @@ def test_a_nomad_run_that_ended_unseen_is_costed_from_its_allocation_times(make_
     start = svc.clock.now
     placed, started, finished = start + timedelta(seconds=10), start + timedelta(seconds=40), start + timedelta(seconds=10, minutes=3)
     (job_id,) = nomad.dispatched("finetune-llama")
-    nomad.finish(job_id, client_status="complete", events=[{"Type": "Terminated", "Time": 1, "ExitCode": 0}], times=(placed, started, finished))
+    nomad.finish(job_id, client_status="complete", events=[{"Type": "Terminated", "Time": 1, "ExitCode": 0}])
+    nomad.stamp_times(job_id, placed, started, finished)
     svc.clock.advance(minutes=4)
     svc.step()
     done = _shown(svc, exp["id"], headers)
@@ -51,8 +52,10 @@ def test_a_gke_run_that_ended_unseen_is_costed_from_its_job_times(make_service, 
     assert shown["status"] == "queued"
     run = shown["run_id"].rsplit("/", 1)[1]
     start: datetime = svc.clock.now
-    k8s.admit(GKE_NS, run, cluster_queue=GKE_NS, flavor="h100", at=f"{start + timedelta(seconds=30):%Y-%m-%dT%H:%M:%SZ}")
-    k8s.succeed(GKE_NS, run, at=f"{start + timedelta(seconds=30, minutes=2):%Y-%m-%dT%H:%M:%SZ}")
+    k8s.admit(GKE_NS, run, cluster_queue=GKE_NS, flavor="h100")
+    k8s.succeed(GKE_NS, run)
+    k8s.stamp_times(GKE_NS, run, start=f"{start + timedelta(seconds=30):%Y-%m-%dT%H:%M:%SZ}",
+                    completion=f"{start + timedelta(seconds=30, minutes=2):%Y-%m-%dT%H:%M:%SZ}")
     svc.clock.advance(minutes=3)
     svc.step()
     done = _shown(svc, exp["id"], headers)
@@ -72,8 +75,8 @@ def test_a_run_seen_placed_keeps_the_reconcilers_own_times(make_service, sqlite_
     (job_id,) = nomad.dispatched("finetune-llama")
     start = svc.clock.now
     svc.clock.advance(minutes=3)
-    nomad.finish(job_id, client_status="complete", events=[{"Type": "Terminated", "Time": 1, "ExitCode": 0}],
-                 times=(start - timedelta(hours=1), start, start + timedelta(minutes=1)))
+    nomad.finish(job_id, client_status="complete", events=[{"Type": "Terminated", "Time": 1, "ExitCode": 0}])
+    nomad.stamp_times(job_id, start - timedelta(hours=1), start, start + timedelta(minutes=1))
     svc.step()
     done = _shown(svc, exp["id"], headers)
     assert done["status"] == "succeeded" and done["gpu_hours"] == pytest.approx(3 / 60, abs=1e-4)

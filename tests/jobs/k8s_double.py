@@ -581,6 +581,12 @@ class K8sDouble:
         kept = [c for c in status.get("conditions", []) if c["type"] not in {n["type"] for n in conditions}]
         status["conditions"] = kept + list(conditions)
 
+    def stamp_times(self, namespace: str, name: str, *, start: str, completion: str | None = None) -> None:
+        """The Job's status.startTime (and completionTime) as the API server's clock wrote them (RFC 3339),
+        instead of this process's wall clock (k8s.io/api batch/v1 types.go JobStatus)."""
+        times = {"startTime": start, **({"completionTime": completion} if completion else {})}
+        self._update(namespace, name, lambda j: j["status"].update(times), lambda w: None)
+
     def _update(self, namespace: str, name: str, job_change: Any, workload_change: Any) -> None:
         with self._lock:
             job, workload = self.job(namespace, name), self.workload(namespace, name)
@@ -592,8 +598,7 @@ class K8sDouble:
     def wait_for_quota(self, namespace: str, name: str, message: str) -> None:
         self._update(namespace, name, lambda j: None, lambda w: self._set_conditions(w["status"], self._condition("QuotaReserved", "False", "Pending", message)))
 
-    def admit(self, namespace: str, name: str, *, cluster_queue: str, flavor: str, at: str | None = None) -> None:
-        """``at``: the Job's status.startTime (RFC 3339) instead of the wall clock."""
+    def admit(self, namespace: str, name: str, *, cluster_queue: str, flavor: str) -> None:
         def workload(w: dict[str, Any]) -> None:
             count = w["spec"]["podSets"][0]["count"]
             w["status"]["admission"] = {"clusterQueue": cluster_queue, "podSetAssignments": [
@@ -603,7 +608,7 @@ class K8sDouble:
 
         def job(j: dict[str, Any]) -> None:
             j["spec"]["suspend"] = False
-            j["status"].update({"startTime": at or now(), "active": j["spec"].get("parallelism", 1), "ready": 0})
+            j["status"].update({"startTime": now(), "active": j["spec"].get("parallelism", 1), "ready": 0})
             self._set_conditions(j["status"], self._condition("Suspended", "False", "JobResumed", "Job resumed"))
 
         self._update(namespace, name, job, workload)
@@ -611,12 +616,10 @@ class K8sDouble:
     def pods_ready(self, namespace: str, name: str, ready: int) -> None:
         self._update(namespace, name, lambda j: j["status"].update({"ready": ready}), lambda w: None)
 
-    def succeed(self, namespace: str, name: str, *, at: str | None = None) -> None:
-        """``at``: the Job's status.completionTime (RFC 3339) instead of the wall clock."""
-
+    def succeed(self, namespace: str, name: str) -> None:
         def job(j: dict[str, Any]) -> None:
             n = j["spec"].get("completions", 1)
-            j["status"].update({"active": 0, "ready": 0, "succeeded": n, "completionTime": at or now()})
+            j["status"].update({"active": 0, "ready": 0, "succeeded": n, "completionTime": now()})
             self._set_conditions(j["status"], self._condition("SuccessCriteriaMet", "True", "CompletionsReached", "Reached expected number of succeeded pods"),
                                  self._condition("Complete", "True", "CompletionsReached", "Reached expected number of succeeded pods"))
 
