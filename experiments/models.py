@@ -41,6 +41,10 @@ class Experiment(Base):
     run_id: Mapped[str | None] = mapped_column(String(255), default=None)
     # The scheduler's names for the run's pieces (Nomad job/allocation/node; GKE Job/Workload/ClusterQueue/flavor).
     scheduler_refs: Mapped[dict[str, str] | None] = mapped_column(JSON, default=None)
+    # The job file's document as admission checked it, and its SHA-256: dispatch runs this, never the
+    # file as edited later (issue 25). Vault references only; NULL for rows admitted before 0008.
+    job_spec: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
+    job_spec_sha256: Mapped[str | None] = mapped_column(String(64), default=None)
     submitted_by: Mapped[str] = mapped_column(String(255))
     idempotency_key: Mapped[str | None] = mapped_column(String(255), default=None)
     request_hash: Mapped[str] = mapped_column(String(64))

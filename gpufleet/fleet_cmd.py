@@ -98,6 +98,7 @@ def cmd_check(
 ) -> None:
     """Load and cross-check every file, synthesize, scan for secrets and run checkov; one summary."""
     from clusters import outputs
+    from experiments.services.cost import load_prices
     from safety.secret_scan import require_state_files
 
     out = _out(out)
@@ -105,7 +106,7 @@ def cmd_check(
     require_state_files(state or ())
     with Stages(console) as stages:
         report = run_checks(_configs(clusters_dir) if clusters_dir else None, out=out, state_files=tuple(state or ()),
-                            checkov=not skip_checkov, on_stage=stages.step, clusters_dir=clusters_dir)
+                            checkov=not skip_checkov, on_stage=stages.step, clusters_dir=clusters_dir, price=load_prices().price)
     report.print(console)
     raise typer.Exit(0 if report.ok else 1)
 

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 from pathlib import Path
+from typing import Any
 
 import clusters
 from clusters import repo
 from clusters.errors import ConfigError, Problem, UserError
 from clusters.schema import ClusterConfig
-from clusters.source import did_you_mean, read_yaml, validate_document
+from clusters.source import YamlDocument, did_you_mean, read_yaml, validate_document
 from jobs.checks import cross_check
 from jobs.schema import JobFile
 from jobs.spec import FinetuneSpec, derive_spec
@@ -26,8 +29,34 @@ def job_files(directory: Path | None = None) -> tuple[Path, ...]:
 
 def load(path: Path, *, cluster_configs: tuple[ClusterConfig, ...] | None = None, vault: VaultView | None = None) -> FinetuneSpec:
     """Parse, validate and cross-check one job file against clusters/ and vault_policies/."""
+    return load_admitted(path, cluster_configs=cluster_configs, vault=vault)[0]
+
+
+def load_admitted(path: Path, *, cluster_configs: tuple[ClusterConfig, ...] | None = None,
+                  vault: VaultView | None = None) -> tuple[FinetuneSpec, dict[str, Any]]:
+    """``load``, plus the checked document as JSON data: what the control plane freezes at admission
+    (both come from one read of the file, so the spec checked is the document kept)."""
     path = Path(path)
     doc = read_yaml(path)
+    spec = _checked(doc, cluster_configs, vault)
+    return spec, json.loads(json.dumps(doc.data, sort_keys=True, default=str))
+
+
+def load_frozen(data: dict[str, Any], source: Path, *, cluster_configs: tuple[ClusterConfig, ...] | None = None,
+                vault: VaultView | None = None) -> FinetuneSpec:
+    """The spec of a document frozen by ``load_admitted``, through the same checks (the cluster and
+    Vault files it is checked against are today's). ``source`` names the file it came from; it is
+    not read, so an edited or deleted file changes nothing."""
+    return _checked(YamlDocument(Path(source), data), cluster_configs, vault)
+
+
+def document_sha256(data: dict[str, Any]) -> str:
+    """The digest kept beside a frozen document: canonical JSON (sorted keys, no spaces)."""
+    return hashlib.sha256(json.dumps(data, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def _checked(doc: YamlDocument, cluster_configs: tuple[ClusterConfig, ...] | None, vault: VaultView | None) -> FinetuneSpec:
+    path = doc.path
     job = validate_document(doc, JobFile)
     configs = cluster_configs if cluster_configs is not None else clusters.load_all()
     by_name = {c.name: c for c in configs}

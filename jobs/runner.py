@@ -24,6 +24,7 @@ import uuid
 from collections import OrderedDict, defaultdict
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -66,6 +67,10 @@ class RunReport:
     refs: tuple[tuple[str, str], ...] = ()
     # The scheduler says a node failed the run (GKE's GPU health gate), not the job's own code.
     infrastructure: bool = False
+    # The scheduler's own placement and end times (naive UTC), for the cost of a run whose states
+    # the reconciler missed (jobs.nomad.status / jobs.k8s.status say which fields).
+    placed_at: datetime | None = None
+    ended_at: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -179,11 +184,11 @@ class NomadRunner:
         refs = _refs(job=f"{namespace}/{job_id}", allocation=status.alloc_id, node=status.node)
         placed = status.alloc_id is not None
         if status.detail.startswith("preempted"):  # Nomad evicted it for a higher-priority job: the run is over
-            return RunReport(Phase.FAILED, status.detail, placed, status.exit_code, refs)
+            return RunReport(Phase.FAILED, status.detail, placed, status.exit_code, refs, placed_at=status.placed_at, ended_at=status.ended_at)
         phase = {RunState.PENDING: Phase.PENDING, RunState.RUNNING: Phase.RUNNING, RunState.FAILED: Phase.FAILED, RunState.LOST: Phase.FAILED}.get(status.state)
         if phase is None:  # complete: a clean exit, or a stop
             phase = Phase.STOPPED if status.detail.startswith("stopped by request") else Phase.SUCCEEDED
-        return RunReport(phase, status.detail, placed, status.exit_code, refs)
+        return RunReport(phase, status.detail, placed, status.exit_code, refs, placed_at=status.placed_at, ended_at=status.ended_at)
 
     def poll(self, run_ids: Sequence[str], known: Mapping[str, str]) -> dict[str, Polled]:
         """Many runs at once: per namespace one ``GET /v1/allocations`` and per parent job one
@@ -399,7 +404,8 @@ class GkeRunner:
         phase = Phase(status.state.value)
         if phase == Phase.RUNNING and status.ready < status.ranks:
             phase = Phase.PENDING
-        return RunReport(phase, status.reason, status.placed, status.exit_code, refs, status.infrastructure)
+        return RunReport(phase, status.reason, status.placed, status.exit_code, refs, status.infrastructure,
+                         placed_at=status.placed_at, ended_at=status.ended_at)
 
     def poll(self, run_ids: Sequence[str], known: Mapping[str, str]) -> dict[str, Polled]:
         """Many runs at once: per namespace the Jobs of exactly these run names and their Kueue

@@ -30,8 +30,12 @@ def default_queue_seconds(pool: GpuPoolSpec) -> int:
     Too short a wrap TTL makes a run that waited for a fresh node find its wrapping token
     expired and exit 78 with a compromise alarm; too long only widens the window in which an
     intercepted token could be used, which the task would then report.
+
+    A reserved pool keeps its nodes warm (clusters.derive.pools.min_nodes_of) because it is sized
+    to its reservation, which its runs then fill: they wait for another run's GPUs in Kueue, not for
+    a node, so they keep the longer bound they had when the pool scaled from zero.
     """
-    return SCALE_FROM_ZERO_QUEUE_SECONDS if pool.min_nodes == 0 else WARM_POOL_QUEUE_SECONDS
+    return SCALE_FROM_ZERO_QUEUE_SECONDS if pool.min_nodes == 0 or pool.reservation else WARM_POOL_QUEUE_SECONDS
 
 
 def queue_seconds(pool: GpuPoolSpec, expected_queue_minutes: int | None) -> int:

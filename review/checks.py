@@ -53,6 +53,11 @@ class CheckReport:
         console.print(table)
 
 
+# (accelerator, price kind, region) -> USD per GPU-hour; the CLI passes the control plane's price table
+# (experiments/prices.yaml), which this layer cannot import.
+GpuPrice = Callable[[str, str, str | None], float]
+
+
 def validate_inputs(configs: tuple[ClusterConfig, ...] | None = None) -> tuple[tuple[ClusterConfig, ...], tuple[FinetuneSpec, ...]]:
     """Clusters, Vault definitions and job files, cross-checked; raises one ConfigError with all problems."""
     import jobs.loader
@@ -189,9 +194,11 @@ def _checkov_lines(result: checkov_scan.CheckovSummary, configs: tuple[ClusterCo
 
 
 def run_checks(configs: tuple[ClusterConfig, ...] | None, *, out: Path, state_files: tuple[Path, ...] = (),
-               checkov: bool = True, on_stage: Callable[[str], None] = lambda _stage: None, clusters_dir: Path | None = None) -> CheckReport:
+               checkov: bool = True, on_stage: Callable[[str], None] = lambda _stage: None, clusters_dir: Path | None = None,
+               price: GpuPrice | None = None) -> CheckReport:
     """``on_stage`` hears each step's name as it starts (the CLI shows it as progress); ``clusters_dir`` is where
-    ``configs`` were read (default clusters/), for the file and line of a checkov finding."""
+    ``configs`` were read (default clusters/), for the file and line of a checkov finding; ``price`` (the CLI's
+    price table) prices the reserved nodes a file leaves cold."""
     from safety import checkov_scan, secret_scan
     from jobs.outputs import write_rendered
     from stacks.synth import synthesize
@@ -206,6 +213,9 @@ def run_checks(configs: tuple[ClusterConfig, ...] | None, *, out: Path, state_fi
     on_stage("synth")
     stacks = synthesize(configs, out)
     report.add("synth", True, f"{len(stacks)} stack(s) into {out}")
+    if price is not None:
+        cold = cold_reservation_warnings(configs, price)
+        report.add("reservations", True, f"{len(cold)} warning(s)" if cold else "every reserved pool stays warm", cold)
     if from_repo:
         _destroys(report, configs, out)
     on_stage("secrets scan")
@@ -221,3 +231,29 @@ def run_checks(configs: tuple[ClusterConfig, ...] | None, *, out: Path, state_fi
         result = checkov_scan.run([out / "stacks" / s for s in stacks])
         report.add("checkov", result.ok, result.summary_line, _checkov_lines(result, configs, clusters_dir))
     return report
+
+
+def cold_reservation_warnings(configs: tuple[ClusterConfig, ...], price: GpuPrice, directory: Path | None = None) -> list[str]:
+    """One line per reserved pool whose file sets ``min_nodes`` below its reserved nodes (file, line, field,
+    fix): what the reservation bills for the nodes left cold, an hour and a month (730 h, Infracost's month)."""
+    from clusters.derive.pools import cold_reservations
+    from clusters.source import format_path, read_yaml
+
+    lines = []
+    for config in configs:
+        path = (directory or repo.clusters_dir()) / f"{config.name}.yaml"
+        for cold in cold_reservations(config):
+            hourly = cold.cold_gpus * price(cold.accelerator, "reservation", config.gcp.region)
+            what = "scale-to-zero" if cold.min_nodes == 0 else f"min_nodes {cold.min_nodes}"
+            message = (f"{what} on reserved pool {cold.pool}: the reservation bills its {cold.reserved_nodes} node(s) whether or not they run, so"
+                       f" {cold.reserved_nodes - cold.min_nodes} cold node(s) x {cold.gpus_per_node} GPUs cost ${hourly:,.2f}/h"
+                       f" (${hourly * 730:,.0f}/month) and every run waits for a node to start; remove min_nodes (default: the"
+                       f" {cold.reserved_nodes} reserved nodes stay warm) or set min_nodes: {cold.reserved_nodes}")
+            field = ("gpu_pools", cold.index, "min_nodes")
+            try:
+                problem = read_yaml(path).problem(field, message)
+                shown = Path(problem.file).relative_to(repo.root()) if Path(problem.file).is_relative_to(repo.root()) else problem.file
+                lines.append(f"warning: {shown}:{problem.line}: {problem.field}: {message}")
+            except (OSError, ConfigError):
+                lines.append(f"warning: clusters/{config.name}.yaml: {format_path(field)}: {message}")
+    return lines

@@ -133,6 +133,46 @@ def default_protected(pool: GpuPool, environment: Environment) -> bool:
     return pool.protected if pool.protected is not None else environment != Environment.DEV
 
 
+def min_nodes_of(pool: GpuPool, max_nodes: int) -> int:
+    """An autoscaling pool's minimum: the file's ``min_nodes``; unset, 0, except on a specific
+    reservation, which keeps its reserved nodes (``max_nodes``, what the reservation must hold:
+    clusters.reservation.precondition) warm. The reservation bills those nodes whether or not they
+    run, so scaling them to zero only adds a cold start to every run (issue 25). Google's cluster
+    toolkit sizes a reserved pool the same way: its reserved A3 blueprints give the pool the
+    reservation's node count (examples/gke-a3-megagpu/gke-a3-megagpu.yaml, vars ``static_node_count``
+    beside ``reservation`` and pool ``a3_megagpu_pool`` with SPECIFIC_RESERVATION, commit c3fbd48d1bf2).
+    """
+    if pool.min_nodes is not None:
+        return pool.min_nodes
+    return max_nodes if pool.reservation else 0
+
+
+@dataclass(frozen=True)
+class ColdReservation:
+    """A reserved autoscaling pool whose file asks for fewer warm nodes than it reserves."""
+
+    index: int
+    pool: str
+    accelerator: str
+    gpus_per_node: int
+    min_nodes: int
+    reserved_nodes: int
+
+    @property
+    def cold_gpus(self) -> int:
+        return (self.reserved_nodes - self.min_nodes) * self.gpus_per_node
+
+
+def cold_reservations(config: ClusterConfig) -> tuple[ColdReservation, ...]:
+    """The reserved pools whose ``min_nodes`` is set below their reserved nodes (``gpufleet check`` warns
+    with the price of the nodes paid for and left cold)."""
+    found = []
+    for index, (pool, spec) in enumerate(zip(config.gpu_pools, derive_gpu_pools(config))):
+        if pool.reservation and spec.autoscaling and spec.min_total_nodes < spec.max_total_nodes:
+            found.append(ColdReservation(index, spec.name, spec.accelerator, spec.gpus_per_node, spec.min_total_nodes, spec.max_total_nodes))
+    return tuple(found)
+
+
 def derive_gpu_pool(pool: GpuPool, config: ClusterConfig) -> GpuPoolSpec:
     derived = machine_accelerator(pool.machine_type, pool.accelerator, pool.gpus_per_node)
     if derived is None:
@@ -159,7 +199,7 @@ def derive_gpu_pool(pool: GpuPool, config: ClusterConfig) -> GpuPoolSpec:
         gpu_model=known.model if known else N1_MODEL,
         nvml=NVML_GPUS[accelerator],
         node_count=pool.node_count,
-        min_nodes=pool.node_count if static else (pool.min_nodes or 0),
+        min_nodes=pool.node_count if static else min_nodes_of(pool, max_nodes),
         max_nodes=max_nodes,
         spot=pool.spot,
         reservation=pool.reservation,

@@ -84,9 +84,9 @@ def dispatch_one(ctx: Context, experiment_id: str) -> bool:
         _end(ctx, experiment_id, State.CANCELLED, "cancelled before its dispatch completed")
         return False
     try:
-        spec = ctx.catalog.job(exp.job)
+        spec = ctx.catalog.frozen(exp.job, exp.job_spec, exp.job_spec_sha256)  # as admitted, never as edited since
     except ApiError as exc:
-        _end(ctx, experiment_id, State.FAILED, f"job file no longer passes the checks: {exc.error}")
+        _end(ctx, experiment_id, State.FAILED, f"job no longer passes the checks: {exc.error}")
         return False
     try:
         run_id = ctx.runner.submit(spec, exp.meta, idempotency_key=exp.id)
@@ -183,10 +183,10 @@ def settle_stop_debt(ctx: Context, experiment_id: str) -> bool:
     with ctx.sessions() as session:
         exp = session.get(Experiment, experiment_id)
         assert exp is not None
-        run_id, job, tenant = exp.run_id, exp.job, exp.tenant
+        run_id, job, tenant, document, digest = exp.run_id, exp.job, exp.tenant, exp.job_spec, exp.job_spec_sha256
     try:
         if run_id is None:
-            run_id = ctx.runner.find(ctx.catalog.job(job), experiment_id)
+            run_id = ctx.runner.find(ctx.catalog.frozen(job, document, digest), experiment_id)
         if run_id is not None:
             ctx.runner.stop(run_id)
     except Exception as exc:  # noqa: BLE001 - a debt is never dropped: any failure keeps it for a later pass

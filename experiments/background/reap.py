@@ -34,9 +34,10 @@ from vault_policies.orchestrator import wrap_ttl_for_queue
 ACTOR = "reaper"
 
 
-def _queue_bound_seconds(ctx: Context, job: str) -> int:
+def _queue_bound_seconds(ctx: Context, exp: Experiment) -> int:
+    """The wrap TTL dispatch used: from the pool the experiment was admitted on (its frozen spec)."""
     try:
-        return wrap_ttl_for_queue(default_queue_seconds(ctx.catalog.job(job).pool))
+        return wrap_ttl_for_queue(default_queue_seconds(ctx.catalog.frozen(exp.job, exp.job_spec, exp.job_spec_sha256).pool))
     except ApiError:
         return wrap_ttl_for_queue(SCALE_FROM_ZERO_QUEUE_SECONDS)
 
@@ -54,12 +55,13 @@ def process_overdue(ctx: Context) -> int:
     with ctx.sessions() as session:
         overdue = session.scalars(query).all()
     stopped = 0
-    ttls: dict[str, int] = {}  # per job, once per pass
+    ttls: dict[tuple[str, str | None], int] = {}  # per admitted job document, once per pass
     for exp in overdue:
         if exp.state in (State.QUEUED.value, State.PROVISIONING.value) and not (exp.deadline_at is not None and exp.deadline_at < now):
-            if exp.job not in ttls:
-                ttls[exp.job] = _queue_bound_seconds(ctx, exp.job)
-            ttl = timedelta(seconds=ttls[exp.job])
+            key = (exp.job, exp.job_spec_sha256)
+            if key not in ttls:
+                ttls[key] = _queue_bound_seconds(ctx, exp)
+            ttl = timedelta(seconds=ttls[key])
             minted = exp.queued_at or exp.dispatching_at or exp.created_at
             if now - minted < ttl or exp.reconciled_at is None or exp.reconciled_at - minted < ttl:
                 continue  # within the bound, or not seen by the scheduler since it passed

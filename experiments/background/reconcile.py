@@ -22,6 +22,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import ColumnElement, Row, not_, or_, select, update
@@ -33,7 +34,7 @@ from experiments.background.vanished import hold_mass_vanishing
 from experiments.models import Experiment
 from experiments.scheduler import bound_clause, not_bound
 from experiments.services import logs as run_logs
-from experiments.services.lifecycle import transition
+from experiments.services.lifecycle import record, transition
 from experiments.states import ON_SCHEDULER, TERMINAL, State, can_move
 from jobs.runner import Phase, RunNotFound, RunReport, SchedulerUnavailable, poll
 
@@ -48,6 +49,9 @@ class Move:
     reason: str
     exit_code: int | None = None
     refs: dict[str, str] | None = None
+    # The scheduler's own placement and end times: the cost of a run that ends unseen placed.
+    placed_at: datetime | None = None
+    ended_at: datetime | None = None
 
 
 def process_scheduled(ctx: Context) -> int:
@@ -166,7 +170,7 @@ def _decide(ctx: Context, experiment_id: str, run_id: str, state: str, report: R
         return Move(experiment_id, State.FAILED, f"lost its GPUs after it was placed ({report.detail}); stopped on the scheduler: "
                     "its single-use secret_id is spent, so it cannot resume; submit it again", None, refs)
     target, reason = _target(report, cancelling=False)
-    return Move(experiment_id, target, reason, report.exit_code if target in TERMINAL else None, refs)
+    return Move(experiment_id, target, reason, report.exit_code if target in TERMINAL else None, refs, report.placed_at, report.ended_at)
 
 
 def _apply_all(ctx: Context, moves: list[Move], reconciled: list[str]) -> set[str]:
@@ -253,5 +257,22 @@ def _apply(session: Session, exp: Experiment, move: Move, now) -> tuple[State, S
         exp.running_at = now
     if target in TERMINAL:
         exp.exit_code = move.exit_code if move.exit_code is not None else (0 if target == State.SUCCEEDED else None)
+    unseen = target in TERMINAL and exp.provisioning_at is None and exp.running_at is None and move.placed_at is not None
     transition(session, exp, target, actor=ACTOR, now=now, reason=move.reason)
+    if unseen:
+        _scheduler_times(session, exp, move, now)
     return current, target
+
+
+def _scheduler_times(session: Session, exp: Experiment, move: Move, now: datetime) -> None:
+    """A run that ended without the reconciler ever seeing it placed (it ran between two passes) held
+    GPUs all the same: its GPU-hours come from the scheduler's own placement and end times, bounded
+    by when it was dispatched and now (clock skew), and an event says so."""
+    assert move.placed_at is not None
+    floor = exp.dispatching_at or exp.created_at
+    placed = min(max(move.placed_at, floor), now)
+    ended = min(max(move.ended_at or now, placed), now)
+    exp.provisioning_at, exp.finished_at = placed, ended
+    record(session, experiment_id=exp.id, actor=ACTOR, kind="cost", now=now,
+           message=f"ended before gpufleet saw it placed: GPU time from the scheduler's own timestamps, placed {placed:%Y-%m-%d %H:%M:%S}Z,"
+                   f" ended {ended:%Y-%m-%d %H:%M:%S}Z")

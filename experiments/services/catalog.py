@@ -1,13 +1,15 @@
 """What admission checks against: the cluster files, the Vault view and the job files,
 through the same loader ``gpufleet check`` uses (``jobs.loader.load``: schema, cross-checks
 against clusters/ and vault_policies/). Cluster and Vault files are read once at start-up;
-a job file is re-read when it changes on disk."""
+a job file is re-read when it changes on disk. An admitted experiment keeps the document it was
+checked from (``admit``) and is dispatched from that (``frozen``), never from the file as edited later."""
 
 from __future__ import annotations
 
 import os
 import threading
 from pathlib import Path
+from typing import Any
 
 import clusters
 from clusters import repo
@@ -16,7 +18,7 @@ from clusters.errors import ConfigError, Problem
 from clusters.source import did_you_mean
 from clusters.schema import ClusterConfig
 from experiments.errors import ApiError
-from jobs.loader import job_files, load
+from jobs.loader import document_sha256, job_files, load_admitted, load_frozen
 from jobs.spec import FinetuneSpec
 from jobs.vault_refs import VaultView, load_vault_view
 
@@ -27,11 +29,16 @@ class Catalog:
         self.configs = configs if configs is not None else clusters.load_all()
         self.vault = vault if vault is not None else load_vault_view()
         self._by_name = {c.name: c for c in self.configs}
-        self._cache: dict[Path, tuple[float, FinetuneSpec]] = {}
+        self._cache: dict[Path, tuple[float, FinetuneSpec, dict[str, Any]]] = {}
         self._lock = threading.Lock()
 
     def job(self, name: str) -> FinetuneSpec:
-        """The checked spec of job ``name``; an unknown name or a bad file is a 422 on field ``job``.
+        """The checked spec of job ``name``; an unknown name or a bad file is a 422 on field ``job``."""
+        return self.admit(name)[0]
+
+    def admit(self, name: str) -> tuple[FinetuneSpec, dict[str, Any]]:
+        """The checked spec of job ``name`` and the document it was checked from (what an admitted
+        experiment freezes); an unknown name or a bad file is a 422 on field ``job``.
 
         The name is looked up among the job files' names, never joined into a path: a name with
         ``/`` or ``..``, or one of a file that exists outside ``jobs/``, gets the very same answer
@@ -46,15 +53,30 @@ class Catalog:
         with self._lock:
             cached = self._cache.get(path)
         if cached and cached[0] == mtime:
-            return cached[1]
+            return cached[1], cached[2]
         try:
-            spec = load(path, cluster_configs=self.configs, vault=self.vault)
+            spec, document = load_admitted(path, cluster_configs=self.configs, vault=self.vault)
         except ConfigError as exc:
             raise ApiError(422, f"job file {path.name} does not pass gpufleet check: {self._relative(exc.problems[0])}", field="job",
                            fix="fix the job file (gpufleet check lists every problem) and submit again") from None
         with self._lock:
-            self._cache[path] = (mtime, spec)
-        return spec
+            self._cache[path] = (mtime, spec, document)
+        return spec, document
+
+    def frozen(self, name: str, document: dict[str, Any] | None, sha256: str | None) -> FinetuneSpec:
+        """The spec an experiment was admitted with: its frozen document, checked again against
+        today's cluster and Vault files, never the job file as it reads now (edited or deleted, issue
+        25). A row admitted before documents were kept (``document`` None) reads the file."""
+        if document is None:
+            return self.job(name)
+        if sha256 != document_sha256(document):
+            raise ApiError(422, f"the admitted document of job {name} does not match its digest", field="job",
+                           fix="the database row was altered; submit the job again")
+        try:
+            return load_frozen(document, self.jobs_dir / f"{name}.yaml", cluster_configs=self.configs, vault=self.vault)
+        except ConfigError as exc:
+            raise ApiError(422, f"job {name} as admitted no longer passes gpufleet check: {self._relative(exc.problems[0])}", field="job",
+                           fix="the cluster or Vault files changed since admission; submit the job again") from None
 
     def _relative(self, problem: Problem) -> str:
         """The problem with paths relative to the repository (the parent of jobs/): an API answer never

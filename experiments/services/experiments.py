@@ -28,6 +28,7 @@ from experiments.services import admission, cost
 from experiments.services.catalog import Catalog
 from experiments.services.lifecycle import record, transition
 from experiments.states import NON_TERMINAL, TERMINAL, State
+from jobs.loader import document_sha256
 from jobs.quota import check_tenant_quota
 
 MAX_PAGE = 500
@@ -67,7 +68,7 @@ def submit(session: Session, catalog: Catalog, caller: Caller, *, job: str, meta
         raise ApiError(422, "Idempotency-Key is empty", field="Idempotency-Key", fix="send a key of your own (for example the CI build id), or no header")
     admission.refuse_credential("job", job)
     admission.refuse_credential("Idempotency-Key", idempotency_key)
-    spec = catalog.job(job)
+    spec, document = catalog.admit(job)
     if not caller.may_see(spec.namespace):
         raise ApiError(403, f"job {spec.name} belongs to tenant {spec.namespace}, not {caller.tenant}", field="job",
                        fix=f"submit a job of tenant {caller.tenant}, or use a token of tenant {spec.namespace}")
@@ -93,7 +94,7 @@ def submit(session: Session, catalog: Catalog, caller: Caller, *, job: str, meta
             exp = Experiment(
                 id=str(uuid.uuid4()), tenant=spec.namespace, job=spec.name, cluster=spec.cluster, pool=spec.pool.name, gpus=gpus,
                 meta=checked, state=State.PENDING.value, scheduler=scheduler, submitted_by=caller.subject, idempotency_key=idempotency_key,
-                request_hash=digest, deadline_hours=hours, price_per_gpu_hour=prices.price(spec.pool.accelerator, kind, catalog.region(spec.cluster)), price_kind=kind,
+                request_hash=digest, job_spec=document, job_spec_sha256=document_sha256(document), deadline_hours=hours, price_per_gpu_hour=prices.price(spec.pool.accelerator, kind, catalog.region(spec.cluster)), price_kind=kind,
                 created_at=now, updated_at=now,
             )
             session.add(exp)

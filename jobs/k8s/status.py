@@ -14,10 +14,12 @@ import re
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import datetime
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
 from jobs.k8s.render import DISPATCH_ANNOTATION, PREFLIGHT_CONTAINER
+from jobs.timestamps import rfc3339
 
 if TYPE_CHECKING:
     from jobs.k8s.client import K8sClient
@@ -60,6 +62,9 @@ class K8sRunStatus:
     ranks: int = 1
     # The run failed because of a node (the GPU health gate), not its own code.
     infrastructure: bool = False
+    # The API server's own clock: when the Job started (Kueue unsuspended it) and, once it ended, when.
+    placed_at: datetime | None = None
+    ended_at: datetime | None = None
 
 
 def _conditions(obj: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
@@ -91,6 +96,16 @@ def _failure(job: dict[str, Any], condition: dict[str, Any], evicted_before: boo
     return text
 
 
+def _ended_at(status: dict[str, Any], conditions: dict[str, dict[str, Any]]) -> datetime | None:
+    """``status.completionTime`` (set only when the Job succeeds), else the Complete/Failed condition's
+    ``lastTransitionTime`` (k8s.io/api batch/v1 types.go JobStatus.CompletionTime, JobCondition)."""
+    ended = rfc3339(status.get("completionTime"))
+    if ended is None:
+        ended = next((rfc3339(c.get("lastTransitionTime")) for kind in ("Complete", "Failed")
+                      if (c := _true(conditions, kind)) is not None), None)
+    return ended
+
+
 def summarize(job: dict[str, Any], workloads: list[dict[str, Any]]) -> K8sRunStatus:
     """Pure: the Job and its Workloads (as the API returns them) in, one status out."""
     meta, spec, status = job["metadata"], job.get("spec") or {}, job.get("status") or {}
@@ -107,8 +122,10 @@ def summarize(job: dict[str, Any], workloads: list[dict[str, Any]]) -> K8sRunSta
     placed = bool(status.get("startTime") or status.get("active") or status.get("succeeded") or status.get("failed"))
 
     def out(state: State, reason: str, exit_code: int | None = None) -> K8sRunStatus:
+        ended = _ended_at(status, jc) if state in TERMINAL else None
         return K8sRunStatus(run, state, reason, queue, flavor, placed, exit_code, (workload or {}).get("metadata", {}).get("name"),
-                            int(status.get("ready") or 0), int(spec.get("parallelism") or 1))
+                            int(status.get("ready") or 0), int(spec.get("parallelism") or 1), placed_at=rfc3339(status.get("startTime")),
+                            ended_at=ended)
 
     if meta.get("deletionTimestamp"):
         return out(State.STOPPED, "stopped by request; Kubernetes is terminating its pods")

@@ -11,11 +11,13 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import datetime
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
 from jobs.nomad.placement import explain
 from jobs.spec import GpuRequest
+from jobs.timestamps import rfc3339, unix_nanos
 
 if TYPE_CHECKING:
     from jobs.nomad.client import NomadClient
@@ -51,6 +53,9 @@ class RunStatus:
     node: str | None
     # The task's exit code from its last Terminated event (None while it runs or if unknown).
     exit_code: int | None = None
+    # Nomad's own clock: when the allocation was placed and, once it is terminal, when it ended.
+    placed_at: datetime | None = None
+    ended_at: datetime | None = None
 
 
 def _latest(items: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -78,6 +83,20 @@ def _exit_code(alloc: dict[str, Any]) -> int | None:
         return int(raw)
     except (TypeError, ValueError):
         return None
+
+
+def _times(alloc: dict[str, Any], state: RunState) -> tuple[datetime | None, datetime | None]:
+    """(placed, ended) from Nomad's own timestamps: the allocation's ``CreateTime`` (int64 Unix ns), and
+    for a terminal one the tasks' latest ``FinishedAt`` (time.Time), else its ``ModifyTime``
+    (hashicorp/nomad api/allocations.go AllocationListStub: TaskStates, CreateTime, ModifyTime; api/tasks.go
+    TaskState: StartedAt, FinishedAt). Placement falls back to the earliest task ``StartedAt``."""
+    tasks = (alloc.get("TaskStates") or {}).values()
+    started = [t for t in (rfc3339(s.get("StartedAt")) for s in tasks) if t is not None]
+    placed = unix_nanos(alloc.get("CreateTime")) or min(started, default=None)
+    if state not in TERMINAL:
+        return placed, None
+    finished = [t for t in (rfc3339(s.get("FinishedAt")) for s in tasks) if t is not None]
+    return placed, max(finished, default=None) or unix_nanos(alloc.get("ModifyTime"))
 
 
 def _failing_task(alloc: dict[str, Any]) -> str:
@@ -116,7 +135,7 @@ def summarize(
             detail = "stopped by request"
         else:
             detail = _failing_task(alloc) if state == RunState.COMPLETE else f"on {node}"
-        return RunStatus(job_id, state, detail, alloc.get("ID"), node, _exit_code(alloc))
+        return RunStatus(job_id, state, detail, alloc.get("ID"), node, _exit_code(alloc), *_times(alloc, state))
     evaluation = _latest(evaluations)
     if job.get("Stop"):
         return RunStatus(job_id, RunState.COMPLETE, "stopped by request before it was placed", None, None)

@@ -68,12 +68,25 @@ def test_limit_range_sets_default_requests_and_says_nothing_about_gpus(stack_jso
     assert set(limit) == {"type", "default_request"}
 
 
+# The values the API server accepts for preemptionPolicy: k8s.io/api core/v1/types.go ``PreemptionPolicy``
+# (PreemptLowerPriority, PreemptNever = "Never"), enforced by ValidatePreemptionPolicy in kubernetes/kubernetes
+# pkg/apis/core/validation/validation.go, which ValidatePriorityClass calls (pkg/apis/scheduling/validation/validation.go:48-49).
+UPSTREAM_PREEMPTION_POLICIES = {"PreemptLowerPriority", "Never"}
+
+
 def test_training_priority_classes(sched):
     classes = {v["metadata"]["name"]: v for v in sched["kubernetes_priority_class_v1"].values()}
     assert sorted(classes) == ["training-high", "training-low"]
     assert classes["training-high"]["value"] > classes["training-low"]["value"]
-    assert classes["training-low"]["preemption_policy"] == "Never"
     assert not any(c["global_default"] for c in classes.values())
+
+
+def test_no_tenant_priority_class_lets_kube_scheduler_evict_another_pod(sched):
+    """Issue 25: ``training-high`` with PreemptLowerPriority let kube-scheduler evict another tenant's admitted
+    run (and its FailJob rule then killed it). Preemption happens only through Kueue, within a cohort."""
+    policies = {v["metadata"]["name"]: v["preemption_policy"] for v in sched["kubernetes_priority_class_v1"].values()}
+    assert set(policies.values()) <= UPSTREAM_PREEMPTION_POLICIES
+    assert policies == {"training-high": "Never", "training-low": "Never"}
 
 
 def test_tenant_training_account_is_bound_to_its_gcp_account_by_cross_stack_reference(sched, stack_json):
@@ -112,3 +125,23 @@ def test_each_tenant_namespace_denies_ingress_from_other_namespaces(stack_json, 
     policy = stack_json(stack)["resource"]["kubernetes_network_policy_v1"][f"netpol_{tenant}"]
     assert policy["metadata"]["namespace"] == f"${{kubernetes_namespace_v1.ns_{tenant}.metadata[0].name}}"
     assert policy["spec"] == {"pod_selector": {}, "policy_types": ["Ingress"], "ingress": [{"from": [{"pod_selector": {}}]}]}
+
+
+def test_the_preemption_policy_change_replaces_the_class_and_preview_does_not_block_it(stack_json):
+    """``preemptionPolicy`` is immutable (kubernetes/kubernetes pkg/apis/scheduling/validation/validation.go:63-64,
+    ValidatePriorityClassUpdate) and ForceNew in the provider (preview/forcenew/kubernetes.json): a cluster applied
+    with the old ``training-high`` gets a replaced PriorityClass. It is no protected resource, so ``gpufleet preview``
+    names the replacement without blocking the upgrade (docs/survive.md says what the short gap means)."""
+    import copy
+
+    from preview.diff import ExitCode, Kind, preview
+    from preview.forcenew import load_tables
+
+    head = stack_json("prod-gke-scheduler")
+    base = copy.deepcopy(head)
+    base["resource"]["kubernetes_priority_class_v1"]["priority_training_high"]["preemption_policy"] = "PreemptLowerPriority"
+    result = preview({"prod-gke-scheduler": base}, {"prod-gke-scheduler": head}, load_tables())
+    (finding,) = result.findings
+    assert (finding.kind, finding.address) == (Kind.REPLACED, "kubernetes_priority_class_v1.priority_training_high")
+    assert [(c.path, c.old, c.new, c.forces_replacement) for c in finding.changes] == [("preemption_policy", "PreemptLowerPriority", "Never", True)]
+    assert not finding.blocking and result.exit_code != ExitCode.BLOCKED

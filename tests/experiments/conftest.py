@@ -167,10 +167,12 @@ class Service:
 def make_service(catalog: Catalog) -> Iterator[Callable[..., Service]]:
     opened: list[Service] = []
 
-    def make(db_url: str, runner: Runner, *, clock: FakeClock | None = None, timing: Timing | None = None, oidc: OidcSettings | None = None) -> Service:
+    def make(db_url: str, runner: Runner, *, clock: FakeClock | None = None, timing: Timing | None = None, oidc: OidcSettings | None = None,
+             jobs: Catalog | None = None) -> Service:
+        """``jobs``: a catalog of the test's own job files (one a test edits), else the session's."""
         clock = clock or FakeClock()
         settings = ServiceSettings(db_url=db_url, worker=False, timing=timing or Timing(), oidc=oidc)
-        app = create_app(settings, runner=runner, catalog=catalog, clock=clock)
+        app = create_app(settings, runner=runner, catalog=jobs or catalog, clock=clock)
         client = TestClient(app)
         client.__enter__()
         service = Service(client, app.state.ctx, clock, db_url)

@@ -735,6 +735,12 @@ class K8sDouble:
         kept = [c for c in status.get("conditions", []) if c["type"] not in {n["type"] for n in conditions}]
         status["conditions"] = kept + list(conditions)
 
+    def stamp_times(self, namespace: str, name: str, *, start: str, completion: str | None = None) -> None:
+        """The Job's status.startTime (and completionTime) as the API server's clock wrote them (RFC 3339),
+        instead of this process's wall clock (k8s.io/api batch/v1 types.go JobStatus)."""
+        times = {"startTime": start, **({"completionTime": completion} if completion else {})}
+        self._update(namespace, name, lambda j: j["status"].update(times), lambda w: None)
+
     def _update(self, namespace: str, name: str, job_change: Any, workload_change: Any) -> None:
         with self._lock:
             job, workload = self.job(namespace, name), self.workload(namespace, name)

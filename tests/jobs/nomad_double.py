@@ -42,6 +42,7 @@ import ssl
 import threading
 import time
 import uuid
+from datetime import UTC, datetime
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from collections.abc import Callable
@@ -167,6 +168,18 @@ class NomadDouble:
 
     def calls(self, method: str, route: str) -> list[Recorded]:
         return [r for r in self.requests if r.method == method and _route(r.path)[0] == route]
+
+    def stamp_times(self, job_id: str, placed: datetime, started: datetime, finished: datetime) -> None:
+        """What Nomad's own clock says of the run's allocation (UTC), in its fields: api/allocations.go
+        AllocationListStub CreateTime/ModifyTime (int64 Unix ns), api/tasks.go TaskState StartedAt/FinishedAt
+        (time.Time, RFC 3339 with nanoseconds). ModifyTime is a second after the task finished, as the
+        client's update reaches the servers later."""
+        alloc = self.state.allocations[job_id][-1]
+        placed, started, finished = (t.replace(tzinfo=UTC) for t in (placed, started, finished))
+        alloc["CreateTime"] = int(placed.timestamp()) * 1_000_000_000
+        alloc["ModifyTime"] = (int(finished.timestamp()) + 1) * 1_000_000_000
+        for task in (alloc.get("TaskStates") or {}).values():
+            task.update({"StartedAt": started.strftime("%Y-%m-%dT%H:%M:%S.123456789Z"), "FinishedAt": finished.strftime("%Y-%m-%dT%H:%M:%S.000000001Z")})
 
     def dispatched(self, parent: str) -> list[str]:
         return sorted(job_id for (_, job_id), job in self.state.jobs.items() if job.get("ParentID") == parent)
