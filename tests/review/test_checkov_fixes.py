@@ -21,17 +21,17 @@ CASES = {
         " gke.dns_endpoint: true with gke.private_endpoint: true (checkov CKV_GCP_18 on google_container_cluster.gke)"),
     "tenant-service-account-owner": (
         [OWNER],
-        "clusters/prod-gke.yaml:63: tenants[0].service_account.roles[0]: roles/owner is a basic role (owner, editor or viewer: nearly every"
+        "clusters/prod-gke.yaml:64: tenants[0].service_account.roles[0]: roles/owner is a basic role (owner, editor or viewer: nearly every"
         " permission in the project); allowed: predefined roles such as roles/storage.objectViewer; grant the narrowest predefined role"
         " that does the job (checkov CKV_GCP_117, CKV_GCP_49 on google_project_iam_member.tenant_role_research_owner)"),
     "node-service-account-user": (
         [("prod-gke", "  node_roles: [roles/storage.objectViewer]\n", "  node_roles: [roles/iam.serviceAccountUser]\n")],
-        "clusters/prod-gke.yaml:53: iam.node_roles[0]: roles/iam.serviceAccountUser lets its member act as every service account in the"
+        "clusters/prod-gke.yaml:54: iam.node_roles[0]: roles/iam.serviceAccountUser lets its member act as every service account in the"
         " project; allowed: roles that do not impersonate (node and tenant pods reach their own account without it); remove it"
         " (checkov CKV_GCP_41, CKV_GCP_49 on google_project_iam_member.node_role_iam_serviceAccountUser)"),
     "grant-service-account-admin": (
         [("prod-gke", "    - role: roles/container.developer\n", "    - role: roles/iam.serviceAccountAdmin\n")],
-        "clusters/prod-gke.yaml:55: iam.grants[0].role: roles/iam.serviceAccountAdmin can impersonate or manage the project's service"
+        "clusters/prod-gke.yaml:56: iam.grants[0].role: roles/iam.serviceAccountAdmin can impersonate or manage the project's service"
         " accounts; allowed: roles without iam.serviceAccounts.* permissions; remove it or pick a narrower predefined role (checkov"
         " CKV_GCP_49 on google_project_iam_member.grant_iam_serviceAccountAdmin_group_ml_platform_example_com)"),
     "rbac-without-google-groups": (
