@@ -6,6 +6,11 @@ session acts for its token, so the dashboard shows a tenant exactly what the API
 POST form (sign-in, sign-out) carries a CSRF token and must come from this service's own origin
 (routers.origin); otherwise it is refused with 403. The pages
 only read; cancelling stays an API/CLI action.
+
+A little plain JavaScript (inline, no build step) keeps the pages alive: tables marked
+``data-refresh`` are fetched again every few seconds, and a run's page reads its log tail from
+``/experiments/{id}/log-tail``, a session-authenticated twin of the API's logs read (the browser
+holds a session cookie, never the bearer token the API wants), until the run has ended.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from typing import Annotated, Any
 from urllib.parse import parse_qs, urlencode
 
 from fastapi import APIRouter, Depends, Request
-from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from fastapi.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from sqlalchemy import select
 from starlette.concurrency import run_in_threadpool
@@ -29,10 +34,11 @@ from experiments.models import Experiment
 from experiments.routers.deps import context
 from experiments.routers.origin import same_origin
 from experiments.services import experiments as service
+from experiments.services import logs as run_logs
 from experiments.services import usage as run_usage
 from experiments.services import sessions
 from experiments.services.sessions import SessionSettings
-from experiments.states import NON_TERMINAL, State
+from experiments.states import NON_TERMINAL, TERMINAL, State
 
 router = APIRouter()
 _templates = Environment(loader=FileSystemLoader(Path(__file__).resolve().parent.parent / "templates"), autoescape=select_autoescape(["html"]))
@@ -195,6 +201,30 @@ def detail(experiment_id: str, request: Request, ctx: Annotated[Context, Depends
     except ApiError as exc:
         return _page("error.html", status=exc.status, error=exc.error, fix=exc.fix)
     return _page("detail.html", who=who, item=item, events=events, usage=run_usage.summarize(points), chart=_chart(points))
+
+
+LOG_TAIL_LINES = 200  # what a run's page shows: the API and the CLI read more
+
+
+@router.get("/experiments/{experiment_id}/log-tail", response_class=PlainTextResponse)
+def log_tail(experiment_id: str, request: Request, ctx: Annotated[Context, Depends(context)]) -> Response:
+    """The run's last stdout lines of rank 0, masked (``services.logs.read`` passes every line
+    through the secret detector), as text for the run page's script; tenant-scoped like the page
+    (another tenant's run is a 404). ``X-Gpufleet-Run-Ended`` tells the script to stop following."""
+    signed_in = _session(request, ctx)
+    if signed_in is None:
+        return PlainTextResponse("sign in again\n", status_code=401, headers={"Cache-Control": "no-store"})
+    who, _raw = signed_in
+    query = run_logs.LogQuery(rank=0, stderr=False, tail_lines=LOG_TAIL_LINES, since_seconds=None, tail_bytes=ctx.timing.log_tail_bytes)
+    try:
+        with ctx.sessions() as session:
+            exp = service.get_visible(session, who, experiment_id)
+            answer = run_logs.read(session, ctx.runner, exp, query)
+            ended = State(exp.state) in TERMINAL
+    except ApiError as exc:
+        return PlainTextResponse(f"{exc.error}\n", status_code=exc.status, headers={"Cache-Control": "no-store"})
+    return PlainTextResponse("".join(f"{line}\n" for line in answer["lines"]), headers={
+        "Cache-Control": "no-store", "X-Gpufleet-Log-Source": answer["source"], "X-Gpufleet-Run-Ended": "true" if ended else "false"})
 
 
 CHART_WIDTH, CHART_HEIGHT = 320, 80

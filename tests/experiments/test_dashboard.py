@@ -197,3 +197,57 @@ def test_sign_out_ends_the_session_in_chromium(browser, live):
     page.wait_for_url(f"{base}/login")
     page.goto(f"{base}/")
     assert page.url.endswith("/login")
+
+
+def test_run_page_follows_the_masked_log_tail_and_the_list_refreshes_itself_in_chromium(browser, live, nomad):
+    """The run page reads its tail through the session (the browser never holds the API's bearer
+    token), shows a planted credential masked, follows new lines while the run runs and stops
+    when it ended; the list picks up a new experiment without a reload; empty tables say so."""
+    import random
+
+    import httpx
+
+    from experiments.background.worker import run_once
+    from tests.safety.test_secret_matrix import NEW_FORMATS
+
+    base, tokens = live["base"], live["tokens"]
+    auth = {"Authorization": f"Bearer {tokens['finetune']}"}
+    exp_id = httpx.post(f"{base}/api/v1/experiments", json={"job": "finetune-llama", "meta": META}, headers=auth).json()["id"]
+    run_once(live["ctx"])
+    job_id = nomad.dispatched("finetune-llama")[0]
+    alloc = nomad.start_task(job_id)
+    run_once(live["ctx"])
+    planted = NEW_FORMATS(random.Random(11))["groq"]
+    nomad.write_log(alloc, f"step 1 loss 2.0\nexport GROQ_API_KEY={planted}\n")
+
+    page = browser.new_page()
+    _sign_in(page, base, tokens["finetune"])
+    assert page.locator("#experiments tbody tr").count() == 1
+    page.goto(f"{base}/experiments/{exp_id}")
+    page.wait_for_function("document.getElementById('log-tail').textContent.includes('step 1 loss 2.0')", timeout=15_000)
+    assert page.locator("#log-tail").inner_text().splitlines() == ["step 1 loss 2.0", "[masked: groq-key]"]
+    assert planted not in page.content() and planted[-12:] not in page.content()
+    assert page.locator("#log-status").inner_text() == "following the run"
+    nomad.write_log(alloc, "step 2 loss 1.5\n")  # still running: the page follows
+    page.wait_for_function("document.getElementById('log-tail').textContent.includes('step 2 loss 1.5')", timeout=15_000)
+    nomad.write_log(alloc, "done\n")
+    nomad.finish(job_id, client_status="complete", events=[{"Type": "Terminated", "Time": 2, "ExitCode": 0, "Details": {"exit_code": "0"}}])
+    run_once(live["ctx"])
+    page.wait_for_function("document.getElementById('log-status').textContent.startsWith('the run has ended')", timeout=15_000)
+    assert page.locator("#log-tail").inner_text().splitlines()[-1] == "done"
+    page.wait_for_function("document.getElementById('state').textContent === 'succeeded'", timeout=15_000)  # the state refreshed too
+
+    assert page.request.get(f"{base}/experiments/{exp_id}/log-tail").text().splitlines()[-1] == "done"
+    other = browser.new_page()
+    _sign_in(other, base, tokens["eval"])
+    assert other.request.get(f"{base}/experiments/{exp_id}/log-tail").status == 404  # another tenant's run does not exist for them
+    assert other.request.get(f"{base}/experiments/{exp_id[:8]}/log-tail").status == 404
+    assert httpx.get(f"{base}/experiments/{exp_id}/log-tail").status_code == 401  # no session
+    assert other.locator("#no-experiments").inner_text() == "no experiments match"
+    assert other.locator("#no-cost-by-tenant").inner_text() == "no cost yet" and other.locator("#no-cost-by-job").count() == 1
+
+    page.goto(f"{base}/")
+    assert page.locator("#experiments tbody tr").count() == 1
+    httpx.post(f"{base}/api/v1/experiments", json={"job": "finetune-llama", "meta": {**META, "run_id": "r2"}}, headers=auth)
+    page.wait_for_function("document.querySelectorAll('#experiments tbody tr').length === 2", timeout=15_000)  # no reload
+    assert sorted(page.locator("#experiments td.state").all_inner_texts()) == ["pending", "succeeded"]
