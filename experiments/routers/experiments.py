@@ -59,8 +59,9 @@ async def no_duplicate_keys(request: Request, _who: Annotated[Caller, Depends(ca
 def submit(body: SubmitRequest, who: Annotated[Caller, Depends(caller)], ctx: Annotated[Context, Depends(context)],
            idempotency_key: Annotated[str | None, Header(max_length=255)] = None) -> JSONResponse:
     if (body.job is None) == (body.job_file is None):
-        raise ApiError(422, "give job or job_file" if body.job is None else "job and job_file together", field="job",
-                       fix="send job (the name of a file of jobs/) or job_file (an ad-hoc job file's text, gpufleet exp submit -f), not both")
+        what = "add it" if body.job is None else "send one of them, not both"
+        raise ApiError(422, "job: required field is missing" if body.job is None else "job and job_file together", field="job",
+                       fix=f"{what}: job names a file of jobs/; job_file is instead an ad-hoc job file's text (gpufleet exp submit -f)")
     with ctx.sessions() as session:
         exp, created = service.submit(session, ctx.catalog, who, job=body.job, job_file=body.job_file, meta=body.meta, deadline_hours=body.deadline_hours,
                                       idempotency_key=idempotency_key, scheduler=run_scheduler(ctx.runner), now=ctx.clock(),
