@@ -320,6 +320,8 @@ class Tenant(Model):
     groups: tuple[Member, ...] = ()
     gpu_quota: dict[DnsName, Annotated[int, Field(ge=0)]] = {}
     service_account: TenantServiceAccount | None = None
+    adhoc_jobs: Annotated[bool, Field(description="true lets this tenant submit a job file with its request (gpufleet exp submit -f job.yaml):"
+                                                  " checked like the files in jobs/ but not reviewed in this repository; default false")] = False
 
 
 class DnsRecord(Model):

@@ -150,6 +150,12 @@ def read_yaml(path: Path) -> YamlDocument:
         raise ConfigError([Problem(str(path), None, "", f"cannot read file: {exc.strerror}")]) from None
     except UnicodeDecodeError as exc:
         raise ConfigError([Problem(str(path), None, "", f"not UTF-8 text (byte {exc.start}); save the file as UTF-8")]) from None
+    return parse_yaml(path, text)
+
+
+def parse_yaml(path: Path, text: str) -> YamlDocument:
+    """``read_yaml`` of text already in hand (an ad-hoc job file sent to the API): the same parser, alias
+    bound and top-level check; ``path`` only names the source in errors and is never read."""
     try:
         expanded = _expansion(path, text)
         if expanded is not None:

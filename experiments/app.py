@@ -137,7 +137,7 @@ def create_app(settings: ServiceSettings, *, runner: Runner, catalog: Catalog | 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
         fix = (f"see GET {SCHEMA_PATH} (with your token) for the routes" if exc.status_code in (404, 405)
-               else "send a smaller body: a submission is a job name, meta and a deadline" if exc.status_code == 413 else "retry later")
+               else f"send a smaller body: a submission is a job name (or a job file of at most {settings.max_body_bytes // 1024} KiB), meta and a deadline" if exc.status_code == 413 else "retry later")
         return JSONResponse({"error": str(exc.detail).lower(), "field": None, "fix": fix}, status_code=exc.status_code)
 
     app.include_router(experiments.router)

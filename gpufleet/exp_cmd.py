@@ -96,8 +96,21 @@ def _usage_rows(usage: dict[str, Any]) -> list[tuple[str, str]]:
             ("peak GPU memory", known(usage["peak_memory_mib"], " MiB"))]
 
 
+def _job_file_text(path: str) -> str:
+    """The local job file to send as ``job_file``; a file that cannot be read is one line, no traceback."""
+    from pathlib import Path
+
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise UserError(f"{path}: cannot read the job file ({exc.strerror}); give the path of a job YAML file") from None
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{path}: not UTF-8 text (byte {exc.start}); save the job file as UTF-8") from None
+
+
 def cmd_submit(
-    job: str = typer.Argument(..., help="Job name (jobs/<job>.yaml on the server)."),
+    job: str | None = typer.Argument(None, help="Job name (jobs/<job>.yaml on the server); or give -f."),
+    job_file: str | None = typer.Option(None, "--file", "-f", help="An ad-hoc job file to send instead of a job name (the tenant needs adhoc_jobs: true)."),
     meta: list[str] | None = typer.Option(None, "--meta", help="key=value; repeat for each key the job declares."),
     deadline_hours: float | None = typer.Option(None, "--deadline-hours", help="Stop the run after this many hours (at most the job's max_run_hours)."),
     idempotency_key: str | None = typer.Option(None, "--idempotency-key", help="Retrying with the same key and body returns the same experiment."),
@@ -107,11 +120,19 @@ def cmd_submit(
     """Submit an experiment: checked like gpufleet check, then dispatched in the background."""
     from jobs.meta import parse_pairs
 
-    body: dict[str, Any] = {"job": job, "meta": parse_pairs(meta or [])}
+    if (job is None) == (job_file is None):
+        raise UserError("give a job name or -f job.yaml, one of them: a name is a file of the server's jobs/, -f sends a local file")
+    body: dict[str, Any] = {"meta": parse_pairs(meta or [])}
+    body.update({"job": job} if job is not None else {"job_file": _job_file_text(job_file or "")})
     if deadline_hours is not None:
         body["deadline_hours"] = deadline_hours
     headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
-    exp = _call("POST", "/api/v1/experiments", json=body, headers=headers)
+    try:
+        exp = _call("POST", "/api/v1/experiments", json=body, headers=headers)
+    except UserError as exc:
+        if job_file is None:
+            raise
+        raise UserError(str(exc).replace(": job_file:", f": {job_file}:", 1)) from None  # the server's line numbers are the local file's
     if watch:
         cmd_watch(exp["id"], interval=1.0, as_json=as_json)
         return

@@ -11,7 +11,7 @@ import clusters
 from clusters import repo
 from clusters.errors import ConfigError, Problem, UserError
 from clusters.schema import ClusterConfig
-from clusters.source import YamlDocument, did_you_mean, read_yaml, validate_document
+from clusters.source import YamlDocument, did_you_mean, parse_yaml, read_yaml, validate_document
 from jobs.checks import cross_check
 from jobs.schema import JobFile
 from jobs.spec import FinetuneSpec, derive_spec
@@ -42,6 +42,16 @@ def load_admitted(path: Path, *, cluster_configs: tuple[ClusterConfig, ...] | No
     return spec, json.loads(json.dumps(doc.data, sort_keys=True, default=str))
 
 
+def load_text(text: str, source: Path, *, cluster_configs: tuple[ClusterConfig, ...] | None = None,
+              vault: VaultView | None = None) -> tuple[FinetuneSpec, dict[str, Any]]:
+    """``load_admitted`` of a job file sent as text (``gpufleet exp submit -f``): the same parser, schema,
+    secret detector and cross-checks. ``source`` names it in errors; there is no file name for ``name``
+    to equal, so that one check is the only one not made."""
+    doc = parse_yaml(Path(source), text)
+    spec = _checked(doc, cluster_configs, vault, name_is_file=False)
+    return spec, json.loads(json.dumps(doc.data, sort_keys=True, default=str))
+
+
 def load_frozen(data: dict[str, Any], source: Path, *, cluster_configs: tuple[ClusterConfig, ...] | None = None,
                 vault: VaultView | None = None) -> FinetuneSpec:
     """The spec of a document frozen by ``load_admitted``, through the same checks (the cluster and
@@ -55,12 +65,13 @@ def document_sha256(data: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(data, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
-def _checked(doc: YamlDocument, cluster_configs: tuple[ClusterConfig, ...] | None, vault: VaultView | None) -> FinetuneSpec:
+def _checked(doc: YamlDocument, cluster_configs: tuple[ClusterConfig, ...] | None, vault: VaultView | None, *,
+             name_is_file: bool = True) -> FinetuneSpec:
     path = doc.path
     job = validate_document(doc, JobFile)
     configs = cluster_configs if cluster_configs is not None else clusters.load_all()
     by_name = {c.name: c for c in configs}
-    findings = cross_check(job, by_name, vault if vault is not None else load_vault_view(), file_stem=path.stem)
+    findings = cross_check(job, by_name, vault if vault is not None else load_vault_view(), file_stem=path.stem if name_is_file else None)
     if findings:
         raise ConfigError([doc.problem(field, message) for field, message in findings])
     return derive_spec(job, by_name[job.cluster], source=path)

@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from experiments.auth import Caller
 from experiments.background.context import Context
 from experiments.errors import ApiError
+from experiments.limits import MAX_BODY_BYTES
 from experiments.routers.deps import caller, context
 from experiments.scheduler import run_scheduler
 from experiments.services import experiments as service
@@ -26,7 +27,9 @@ router = APIRouter(prefix="/api/v1")
 class SubmitRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    job: str = Field(min_length=1, max_length=128)
+    job: str | None = Field(default=None, min_length=1, max_length=128)
+    job_file: str | None = Field(default=None, min_length=1, max_length=MAX_BODY_BYTES,
+                                 description="an ad-hoc job file's YAML text, instead of job (tenants with adhoc_jobs: true)")
     meta: dict[str, str] = Field(default_factory=dict)
     deadline_hours: float | None = None
 
@@ -55,8 +58,12 @@ async def no_duplicate_keys(request: Request, _who: Annotated[Caller, Depends(ca
 @router.post("/experiments", status_code=202, dependencies=[Depends(no_duplicate_keys)])
 def submit(body: SubmitRequest, who: Annotated[Caller, Depends(caller)], ctx: Annotated[Context, Depends(context)],
            idempotency_key: Annotated[str | None, Header(max_length=255)] = None) -> JSONResponse:
+    if (body.job is None) == (body.job_file is None):
+        what = "add it" if body.job is None else "send one of them, not both"
+        raise ApiError(422, "job: required field is missing" if body.job is None else "job and job_file together", field="job",
+                       fix=f"{what}: job names a file of jobs/; job_file is instead an ad-hoc job file's text (gpufleet exp submit -f)")
     with ctx.sessions() as session:
-        exp, created = service.submit(session, ctx.catalog, who, job=body.job, meta=body.meta, deadline_hours=body.deadline_hours,
+        exp, created = service.submit(session, ctx.catalog, who, job=body.job, job_file=body.job_file, meta=body.meta, deadline_hours=body.deadline_hours,
                                       idempotency_key=idempotency_key, scheduler=run_scheduler(ctx.runner), now=ctx.clock(),
                                       clusters=getattr(ctx.runner, "clusters", None))
     return JSONResponse(service.view(exp, now=ctx.clock()), status_code=202 if created else 200)

@@ -18,9 +18,13 @@ from clusters.errors import ConfigError, Problem
 from clusters.source import did_you_mean
 from clusters.schema import ClusterConfig
 from experiments.errors import ApiError
-from jobs.loader import document_sha256, job_files, load_admitted, load_frozen
+from jobs.loader import document_sha256, job_files, load_admitted, load_frozen, load_text
 from jobs.spec import FinetuneSpec
 from jobs.vault_refs import VaultView, load_vault_view
+
+
+# How an ad-hoc job file is named in errors: the request body's field, never a path on the server.
+ADHOC_SOURCE = Path("job_file")
 
 
 class Catalog:
@@ -62,6 +66,23 @@ class Catalog:
         with self._lock:
             self._cache[path] = (mtime, spec, document)
         return spec, document
+
+    def admit_text(self, text: str) -> tuple[FinetuneSpec, dict[str, Any]]:
+        """An ad-hoc job file sent in the request (``job_file``), checked by the loader exactly as a file of
+        jobs/ (schema, secret detector, cross-checks against the cluster and Vault files); a problem is a
+        422 naming ``job_file``, its line and field. Whether the tenant may send one is ``adhoc_allowed``."""
+        try:
+            return load_text(text, ADHOC_SOURCE, cluster_configs=self.configs, vault=self.vault)
+        except ConfigError as exc:
+            first = exc.problems[0]
+            more = f" (and {len(exc.problems) - 1} more)" if len(exc.problems) > 1 else ""
+            raise ApiError(422, f"{self._relative(first)}{more}", field=f"job_file.{first.field}" if first.field else "job_file",
+                           fix="fix that line of the job file (the same checks as gpufleet check) and submit again") from None
+
+    def adhoc_allowed(self, tenant: str, cluster: str | None = None) -> bool:
+        """Whether ``tenant`` has ``adhoc_jobs: true`` in the cluster file of ``cluster`` (None: in any cluster)."""
+        configs = self.configs if cluster is None else tuple(c for c in self.configs if c.name == cluster)
+        return any(t.adhoc_jobs for c in configs for t in c.tenants if t.name == tenant)
 
     def frozen(self, name: str, document: dict[str, Any] | None, sha256: str | None) -> FinetuneSpec:
         """The spec an experiment was admitted with: its frozen document, checked again against

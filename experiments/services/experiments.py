@@ -29,6 +29,7 @@ from experiments.services.catalog import Catalog
 from experiments.services.lifecycle import record, transition
 from experiments.states import NON_TERMINAL, TERMINAL, State
 from jobs.loader import document_sha256
+from jobs.spec import FinetuneSpec
 from jobs.quota import check_tenant_quota
 
 MAX_PAGE = 500
@@ -61,21 +62,43 @@ def gpus_in_use(session: Session, tenant: str, cluster: str, pool: str) -> int:
     return int(total or 0)
 
 
-def submit(session: Session, catalog: Catalog, caller: Caller, *, job: str, meta: dict[str, str], deadline_hours: float | None,
-           idempotency_key: str | None, scheduler: str, now: datetime, clusters: Mapping[str, str] | None = None) -> tuple[Experiment, bool]:
-    """Returns (experiment, created). Commits."""
+def _adhoc(catalog: Catalog, caller: Caller, job_file: str) -> tuple[FinetuneSpec, dict[str, Any]]:
+    """An ad-hoc job file, admitted only for a tenant whose cluster file says ``adhoc_jobs: true``. A
+    tenant allowed in no cluster is refused before its file is parsed; then the tenant and cluster the
+    file names must be one that allows it (an admin's token too: the flag is the tenant's policy)."""
+    if caller.tenant is not None and not catalog.adhoc_allowed(caller.tenant):
+        raise ApiError(403, f"tenant {caller.tenant} may not submit ad-hoc job files", field="job_file",
+                       fix=f"submit a job of jobs/ by name, or ask the platform team to set adhoc_jobs: true on tenant {caller.tenant} in its cluster file")
+    spec, document = catalog.admit_text(job_file)
+    if caller.may_see(spec.namespace) and not catalog.adhoc_allowed(spec.namespace, spec.cluster):
+        raise ApiError(403, f"tenant {spec.namespace} may not submit ad-hoc job files to cluster {spec.cluster}", field="job_file",
+                       fix=f"submit a job of jobs/ by name, or ask the platform team to set adhoc_jobs: true on tenant {spec.namespace} in {spec.cluster}'s cluster file")
+    return spec, document
+
+
+def submit(session: Session, catalog: Catalog, caller: Caller, *, job: str | None, meta: dict[str, str], deadline_hours: float | None,
+           idempotency_key: str | None, scheduler: str, now: datetime, clusters: Mapping[str, str] | None = None,
+           job_file: str | None = None) -> tuple[Experiment, bool]:
+    """Returns (experiment, created). Commits. ``job`` names a file of jobs/; ``job_file`` is instead an
+    ad-hoc job file's text (exactly one of them is given)."""
     if idempotency_key is not None and not idempotency_key.strip():
         raise ApiError(422, "Idempotency-Key is empty", field="Idempotency-Key", fix="send a key of your own (for example the CI build id), or no header")
     admission.refuse_credential("job", job)
     admission.refuse_credential("Idempotency-Key", idempotency_key)
-    spec, document = catalog.admit(job)
+    if job_file is not None:
+        spec, document = _adhoc(catalog, caller, job_file)
+        named = f"job_file:{document_sha256(document)}"  # the same file sent again is the same request
+    else:
+        spec, document = catalog.admit(job or "")
+        named = job or ""
+    field = "job" if job_file is None else "job_file"
     if not caller.may_see(spec.namespace):
-        raise ApiError(403, f"job {spec.name} belongs to tenant {spec.namespace}, not {caller.tenant}", field="job",
+        raise ApiError(403, f"job {spec.name} belongs to tenant {spec.namespace}, not {caller.tenant}", field=field,
                        fix=f"submit a job of tenant {caller.tenant}, or use a token of tenant {spec.namespace}")
     scheduler = admission.scheduler_for(spec, scheduler, clusters)
     checked = admission.checked_meta(spec, dict(meta))
     hours = admission.checked_deadline(spec, deadline_hours)
-    digest = request_hash(job, checked, deadline_hours)
+    digest = request_hash(named, checked, deadline_hours)
     tenant_spec = catalog.tenant(spec.cluster, spec.namespace)
     if tenant_spec is None:  # loader cross-checks guarantee it; a changed cluster file must not crash the API
         raise ApiError(422, f"tenant {spec.namespace} is not in cluster {spec.cluster}", field="job", fix="run gpufleet check")
@@ -100,7 +123,7 @@ def submit(session: Session, catalog: Catalog, caller: Caller, *, job: str, meta
             session.add(exp)
             session.flush()
             session.add(Outbox(experiment_id=exp.id, created_at=now, attempts=0, next_attempt_at=now))
-            record(session, experiment_id=exp.id, actor=caller.subject, kind="request", message=f"submitted job {spec.name} ({admission.gpus_text(spec)} on {spec.cluster}/{spec.pool.name} via {scheduler}, deadline {hours:g}h)",
+            record(session, experiment_id=exp.id, actor=caller.subject, kind="request", message=f"submitted {'ad-hoc job file' if job_file is not None else 'job'} {spec.name} ({admission.gpus_text(spec)} on {spec.cluster}/{spec.pool.name} via {scheduler}, deadline {hours:g}h)",
                    now=now, to_state=State.PENDING.value)
         return exp, True
     except IntegrityError:
