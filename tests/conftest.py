@@ -35,6 +35,22 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 FLEET_CLUSTERS = REPO_ROOT / "tests" / "fleet" / "clusters"
 
 
+def copy_checkout(dest: Path) -> Path:
+    """The files git tracks (and untracked ones it does not ignore) of this checkout, copied to ``dest``:
+    a throwaway repository for tests that run the CLI or the suite the way a user's clone would."""
+    import shutil
+    import subprocess
+
+    tracked = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO_ROOT,
+                             capture_output=True, check=True).stdout.decode().split("\0")
+    for name in filter(None, tracked):
+        src = REPO_ROOT / name
+        if src.is_file() and not src.is_symlink():
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / name)
+    return dest
+
+
 def load_fleet():
     """The suite's example fleet (``FLEET_CLUSTERS``), loaded as ``clusters.load_all`` loads clusters/."""
     import clusters

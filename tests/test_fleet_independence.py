@@ -11,12 +11,11 @@ cluster (so the file really was read by the tool).
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
-from tests.conftest import FLEET_CLUSTERS, REPO_ROOT
+from tests.conftest import FLEET_CLUSTERS, copy_checkout
 
 # The tests that failed on a fresh clone with one more file in clusters/.
 FLEET_SENSITIVE = (
@@ -27,19 +26,8 @@ FLEET_SENSITIVE = (
 )
 
 
-def _copy_of_the_repository(dest: Path) -> Path:
-    tracked = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO_ROOT,
-                             capture_output=True, check=True).stdout.decode().split("\0")
-    for name in filter(None, tracked):
-        src = REPO_ROOT / name
-        if src.is_file() and not src.is_symlink():
-            (dest / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(src, dest / name)
-    return dest
-
-
 def test_adding_a_cluster_file_leaves_the_suite_green(tmp_path: Path) -> None:
-    repo = _copy_of_the_repository(tmp_path / "gpufleet")
+    repo = copy_checkout(tmp_path / "gpufleet")
     example = (FLEET_CLUSTERS / "dev-gke.yaml").read_text()
     team = example.replace("name: dev-gke\n", "name: team-gke\n", 1).replace("ml-train-dev", "ml-train-team")
     for old, new in (("10.30.0.0/20", "10.31.0.0/20"), ("10.96.0.0/14", "10.100.0.0/14"), ("10.40.0.0/20", "10.41.0.0/20"),

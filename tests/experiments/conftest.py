@@ -7,8 +7,6 @@ from __future__ import annotations
 import itertools
 import shutil
 import tempfile
-import threading
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -16,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import uvicorn
 from fastapi.testclient import TestClient
 
 from experiments.app import ServiceSettings, create_app
@@ -204,21 +201,14 @@ def live(sqlite_url, catalog, fleet_runner) -> Iterator[dict]:
     """The service under uvicorn on 127.0.0.1 (a real socket: for the browser and the CLI),
     routing Nomad jobs to the Nomad double and GKE jobs to the Kubernetes double."""
     clock = FakeClock()
+    from tests.experiments.uvicorn_server import serve
+
     app = create_app(ServiceSettings(db_url=sqlite_url, worker=False), runner=fleet_runner, catalog=catalog, clock=clock)
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
-        time.sleep(0.05)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    tokens = {}
-    with app.state.ctx.sessions() as session, session.begin():
-        for who, tenant, admin in (("finetune", "finetune", False), ("eval", "eval", False), ("research", "research", False), ("admin", None, True)):
-            tokens[who] = create_token(session, tenant=tenant, admin=admin, name=who, now=clock())[1]
-    yield {"base": f"http://127.0.0.1:{port}", "tokens": tokens, "ctx": app.state.ctx, "clock": clock}
-    server.should_exit = True
-    thread.join(timeout=10)
+    with serve(app) as base:
+        tokens = {}
+        with app.state.ctx.sessions() as session, session.begin():
+            for who, tenant, admin in (("finetune", "finetune", False), ("eval", "eval", False), ("research", "research", False), ("admin", None, True)):
+                tokens[who] = create_token(session, tenant=tenant, admin=admin, name=who, now=clock())[1]
+        yield {"base": base, "tokens": tokens, "ctx": app.state.ctx, "clock": clock}
 
 

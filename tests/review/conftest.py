@@ -11,20 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import FLEET_CLUSTERS, REPO_ROOT
+from tests.conftest import FLEET_CLUSTERS, copy_checkout
 
 
 @pytest.fixture(scope="session")
 def _pristine_checkout(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tracked files of this checkout, with clusters/ holding the suite's fixture fleet (never the user's files)."""
-    dest = tmp_path_factory.mktemp("checkout") / "gpufleet"
-    tracked = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO_ROOT,
-                             capture_output=True, check=True).stdout.decode().split("\0")
-    for name in filter(None, tracked):
-        src = REPO_ROOT / name
-        if src.is_file() and not src.is_symlink():
-            (dest / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(src, dest / name)
+    dest = copy_checkout(tmp_path_factory.mktemp("checkout") / "gpufleet")
     for path in (dest / "clusters").glob("*.yaml"):
         path.unlink()
     for path in FLEET_CLUSTERS.glob("*.yaml"):
