@@ -30,6 +30,7 @@ from __future__ import annotations
 import base64
 import json
 import threading
+import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -40,6 +41,8 @@ from jobs.spec import TASK
 if TYPE_CHECKING:
     from jobs.nomad.client import NomadClient
 
+# The first window of a follow is gathered this long at most before it is shown.
+INITIAL_WINDOW_SECONDS = 0.5
 # A follow reads at most this long without a byte; Nomad's heartbeat comes every second.
 FOLLOW_READ_TIMEOUT_SECONDS = 30.0
 
@@ -110,7 +113,7 @@ def follow(client: NomadClient, alloc_id: str, *, stderr: bool, tail_bytes: int,
         response.close()
         _empty(response.status_code, text)
         return
-    first, burst = True, b""
+    first, burst, burst_until = True, b"", time.monotonic() + INITIAL_WINDOW_SECONDS
     try:
         for frame in _frames(response, stop):
             data = base64.b64decode(str(frame.get("Data") or ""))
@@ -118,12 +121,17 @@ def follow(client: NomadClient, alloc_id: str, *, stderr: bool, tail_bytes: int,
                 first = False
                 if int(frame.get("Offset") or 0) > len(data):  # began mid-file: drop the cut first line
                     data = data[data.find(b"\n") + 1:] if b"\n" in data else b""
-            if burst is not None and data:
-                burst += data  # the window Nomad sends at once, before its first heartbeat
-                continue
-            if burst is not None and not data:
+            if burst is not None:
+                # The window Nomad sends at once ends at its first heartbeat, at tail_bytes, or after a
+                # short bound: a task that prints without pause would otherwise never see a heartbeat
+                # and the follower would see nothing (bench/logs.py found 20 s of silence).
+                burst += data
+                if data and len(burst) < tail_bytes and time.monotonic() < burst_until:
+                    continue
                 yield last_lines(burst, tail_lines)
                 burst = None
+                if data:
+                    continue
             yield data
             if stop.is_set():
                 return

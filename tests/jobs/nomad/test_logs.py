@@ -112,3 +112,37 @@ def test_follow_with_tail_lines_starts_with_the_last_lines_of_the_window(nomad: 
     assert next(chunks) == b"b\nc\n"  # the burst Nomad sent before its first heartbeat, cut to 2 lines
     stop.set()
     assert b"".join(chunks) == b""
+
+
+def test_follow_shows_the_first_window_while_the_task_prints_without_pause(nomad: NomadDouble, placed) -> None:
+    """bench/logs.py: the first window waited for Nomad's first heartbeat; the double (like a quiet-only
+    heartbeat) sends none while the task prints every 0.1 s, so a follower saw nothing for 20 s."""
+    client, _, alloc = placed
+    nomad.heartbeat_seconds = 5.0
+    nomad.write_log(alloc, "a\nb\n")
+    done = threading.Event()
+
+    def printer() -> None:
+        for i in range(60):
+            if done.is_set():
+                return
+            nomad.write_log(alloc, f"step {i}\n")
+            done.wait(0.1)
+
+    writer = threading.Thread(target=printer, daemon=True)
+    writer.start()
+    stop = threading.Event()
+    got: list[bytes] = []
+
+    def read() -> None:
+        for chunk in nomad_logs.follow(client, alloc, stderr=False, tail_bytes=1024, tail_lines=None, stop=stop):
+            if chunk:
+                got.append(chunk)
+                return
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(timeout=4.0)
+    stop.set()
+    done.set()
+    assert got and got[0].startswith(b"a\nb\n"), got
