@@ -16,7 +16,7 @@ import re
 from experiments.scheduler import ClusterRunners
 from jobs.k8s.client import K8sClient, K8sSettings
 from jobs.runner import GkeRunner
-from tests.experiments.test_dispatch import PARENT
+from tests.experiments.test_dispatch import PARENT, running_on_nomad
 from tests.experiments.test_gke import NS, _jobs, _run, _state, _submit
 from tests.jobs.k8s_double import K8sDouble
 
@@ -79,12 +79,7 @@ def test_a_service_bound_to_another_gke_cluster_leaves_the_first_clusters_runs_a
 def test_a_service_bound_to_another_nomad_cluster_neither_polls_nor_stops_nor_expires_its_runs(make_service, sqlite_url, nomad, nomad_runner):
     prod = make_service(sqlite_url, ClusterRunners(nomad=("prod-nomad", nomad_runner)))
     headers = prod.token("finetune")
-    exp = prod.submit(headers, deadline_hours=1).json()
-    prod.step()
-    job_id = nomad.dispatched(PARENT)[0]
-    nomad.finish(job_id, client_status="running")
-    prod.step()
-    assert _state(prod, exp["id"], headers)["status"] == "running"
+    exp, job_id = running_on_nomad(prod, nomad, headers, deadline_hours=1)
     prod.close()
     other = make_service(sqlite_url, ClusterRunners(nomad=("other-nomad", nomad_runner)), clock=prod.clock)
     asked = len(nomad.requests)
@@ -203,12 +198,7 @@ def test_a_local_development_service_on_the_production_database_leaves_productio
 
     prod = make_service(db_url, ClusterRunners(nomad=("prod-nomad", nomad_runner)))
     headers = prod.token("finetune")
-    running = prod.submit(headers, deadline_hours=1).json()
-    prod.step()
-    job_id = nomad.dispatched(PARENT)[0]
-    nomad.finish(job_id, client_status="running")
-    prod.step()
-    assert _state(prod, running["id"], headers)["status"] == "running"
+    running, job_id = running_on_nomad(prod, nomad, headers, deadline_hours=1)
     waiting = prod.submit(headers, meta={"dataset_uri": "hf://datasets/acme/chat@v3", "run_id": "r2"}).json()  # in the outbox, not yet dispatched
     prod.close()
 

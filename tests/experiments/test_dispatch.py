@@ -24,6 +24,17 @@ def _state(svc, exp_id, headers):
     return svc.client.get(f"/api/v1/experiments/{exp_id}", headers=headers).json()
 
 
+def running_on_nomad(svc, nomad, headers, **submit) -> tuple[dict, str]:
+    """Submit, dispatch and let the Nomad double report the run running: (the experiment, its Nomad job id)."""
+    exp = svc.submit(headers, **submit).json()
+    svc.step()
+    job_id = nomad.dispatched(PARENT)[-1]
+    nomad.finish(job_id, client_status="running")
+    svc.step()
+    assert _state(svc, exp["id"], headers)["status"] == "running"
+    return exp, job_id
+
+
 def test_an_experiment_runs_to_succeeded_with_exit_code_and_cost(make_service, sqlite_url, nomad, nomad_runner):
     svc = make_service(sqlite_url, nomad_runner)
     headers = svc.token("finetune")

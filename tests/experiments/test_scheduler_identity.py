@@ -13,7 +13,7 @@ from jobs.k8s.client import K8sClient, K8sSettings
 from jobs.nomad.client import NomadClient, NomadSettings
 from jobs.runner import GkeRunner, NomadRunner
 from experiments.scheduler import ClusterRunners
-from tests.experiments.test_dispatch import PARENT
+from tests.experiments.test_dispatch import PARENT, running_on_nomad
 from tests.experiments.test_gke import NS, _run, _state, _submit
 from tests.jobs.conftest import a100_nodes
 from tests.jobs.k8s_double import K8sDouble
@@ -27,12 +27,7 @@ def _vault_env(vault):
 def test_a_service_reaching_another_nomad_under_the_right_name_leaves_production_alone(make_service, db_url, nomad, nomad_runner, vault):
     prod = make_service(db_url, ClusterRunners(nomad=("prod-nomad", nomad_runner)))
     headers = prod.token("finetune")
-    running = prod.submit(headers, deadline_hours=1).json()
-    prod.step()
-    job_id = nomad.dispatched(PARENT)[0]
-    nomad.finish(job_id, client_status="running")
-    prod.step()
-    assert _state(prod, running["id"], headers)["status"] == "running"
+    running, job_id = running_on_nomad(prod, nomad, headers, deadline_hours=1)
 
     wrong = NomadDouble(a100_nodes(), acl_token=nomad.acl_token, region=nomad.region).start()  # same region name, other servers
     client = NomadClient(NomadSettings(address=wrong.address, token=wrong.acl_token, timeout_seconds=2.0, retries=1, backoff_seconds=0.01))
