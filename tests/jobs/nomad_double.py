@@ -7,7 +7,8 @@ for the endpoints gpufleet uses (register, plan, dispatch, job, evaluations, all
 deregister, job list with ``prefix``, allocation list, and ``GET /v1/agent/members``: the
 region's servers as ``api.ServerMembers`` (api/agent.go) with the serf tags a server sets
 (nomad/server.go ``setupSerf``: role, region, dc, id = the server's node id, rpc_addr, port...),
-so a test can stand up a second "cluster" with the same region name and other servers). Also ``/v1/status/leader`` and an allocation's
+so a test can stand up a second "cluster" with the same region name and other servers). Also a node's own endpoints
+(``GET /v1/node/:id``, ``PUT .../eligibility``, ``PUT .../drain``: NomadDouble._node_answer), ``/v1/status/leader`` and an allocation's
 resource usage ``/v1/client/allocation/:id/stats``: an AllocResourceUsage whose DeviceStats are
 shaped as hashicorp/nomad api/tasks.go:58-78 and api/nodes.go:827-875 declare them and filled
 as hashicorp/nomad-device-nvidia stats.go:146-306 fills them: group Vendor "nvidia", Type "gpu",
@@ -62,6 +63,12 @@ class FakeNode:
     gpus: int
     gpus_used: int = 0
     datacenter: str = "europe-west4"
+    # GET /v1/node/:id, PUT .../eligibility and .../drain (see _node_answer): the fields of api.Node they touch.
+    node_id: str = field(default_factory=lambda: str(uuid.uuid4()))
+    eligibility: str = "eligible"
+    drain_strategy: dict[str, Any] | None = None
+    last_drain: dict[str, Any] | None = None
+    events: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -274,6 +281,9 @@ class NomadDouble:
             def do_DELETE(self) -> None:
                 self._serve("DELETE")
 
+            def do_PUT(self) -> None:
+                self._serve("PUT")
+
         return Handler
 
     def _logs(self, handler: BaseHTTPRequestHandler, alloc_id: str, req: Recorded) -> None:
@@ -396,6 +406,8 @@ class NomadDouble:
             return 200, json.dumps("10.0.0.2:4647")  # the leader's RPC address as a JSON string
         if (method, route) == ("GET", "alloc-stats"):
             return self._alloc_stats(job_id)
+        if route in ("node", "node-eligibility", "node-drain"):
+            return self._node_answer(method, route, job_id, req)
         job = self.state.jobs.get(key)
         if job is None:
             return 404, "job not found"
@@ -413,6 +425,59 @@ class NomadDouble:
                 job["Stop"] = True
             return 200, {"EvalID": f"eval-stop-{self._next()}", "EvalCreateIndex": self.state.index, "JobModifyIndex": self.state.index}
         return 404, f"no route {method} {req.path}"
+
+    def _node_answer(self, method: str, route: str, node_id: str, req: Recorded) -> tuple[int, Any]:
+        """The node endpoints as hashicorp/nomad v1.10.5 serves them: command/agent/node_endpoint.go
+        NodeSpecificRequest (:45-66) routes by suffix; ``/eligibility`` and ``/drain`` take PUT or POST only (405
+        otherwise, :116 and :152); the body is api.NodeUpdateEligibilityRequest {NodeID, Eligibility} (api/nodes.go:399-403)
+        or api.NodeUpdateDrainRequest {NodeID, DrainSpec {Deadline ns, IgnoreSystemJobs}, MarkEligible, Meta}
+        (api/nodes.go:76-90, :733-741). nomad/node_endpoint.go checks what the double checks: an eligibility other
+        than eligible/ineligible is refused (:789-793), eligible while draining is refused (:809-811), setting the
+        same eligibility writes nothing (:822); a drain sets ForceDeadline = now + Deadline (:717-719) and writes
+        the node event "Node drain strategy set" (subsystem Drain, :724-727, message :34), and the state store
+        marks the node ineligible and keeps Meta in LastDrain (nomad/state/state_store.go:1226-1248, status
+        "draining"). Errors of the RPC come back as 500 with the message, as the HTTP server answers them."""
+        node = next((n for n in self.nodes if n.node_id == node_id), None)
+        if route == "node":
+            if method != "GET":
+                return 405, "Invalid method"
+            if node is None:
+                return 404, "node not found"
+            return 200, {"ID": node.node_id, "Name": node.name, "NodeClass": node.node_class, "NodePool": node.node_pool,
+                         "Datacenter": node.datacenter, "Status": "ready", "SchedulingEligibility": node.eligibility,
+                         "Drain": node.drain_strategy is not None, "DrainStrategy": node.drain_strategy, "LastDrain": node.last_drain,
+                         "Events": node.events}
+        if method not in ("PUT", "POST"):
+            return 405, "Invalid method"
+        if node is None:
+            return 500, "node not found"
+        body = req.body or {}
+        index = self._next()
+        if route == "node-eligibility":
+            wanted = body.get("Eligibility")
+            if wanted not in ("eligible", "ineligible"):
+                return 500, f"invalid scheduling eligibility {wanted!r}"
+            if node.drain_strategy is not None and wanted == "eligible":
+                return 500, "can not set node's scheduling eligibility to eligible while it is draining"
+            if node.eligibility != wanted:
+                node.eligibility = wanted
+                node.events.append({"Subsystem": "Cluster", "Message": "Node marked as eligible for scheduling" if wanted == "eligible"
+                                    else "Node marked as ineligible for scheduling", "CreateIndex": index})
+            return 200, {"EvalIDs": None, "EvalCreateIndex": 0, "NodeModifyIndex": index, "Index": index}
+        spec = body.get("DrainSpec")
+        if spec is not None:
+            if not isinstance(spec.get("Deadline", 0), int):
+                return 400, "json: cannot unmarshal into Go struct field DrainSpec.Deadline of type time.Duration"
+            started = node.drain_strategy is None
+            node.drain_strategy = {"Deadline": spec.get("Deadline", 0), "IgnoreSystemJobs": bool(spec.get("IgnoreSystemJobs")),
+                                   "ForceDeadline": "deadline" if spec.get("Deadline", 0) > 0 else "0001-01-01T00:00:00Z"}
+            node.eligibility = "ineligible"
+            if started:
+                node.last_drain = {"Status": "draining", "Meta": body.get("Meta") or {}}
+                node.events.append({"Subsystem": "Drain", "Message": "Node drain strategy set", "CreateIndex": index})
+            elif body.get("Meta"):
+                node.last_drain = {**(node.last_drain or {}), "Meta": body["Meta"]}
+        return 200, {"EvalIDs": None, "EvalCreateIndex": 0, "NodeModifyIndex": index, "Index": index}
 
     def _members(self) -> dict[str, Any]:
         """``GET /v1/agent/members`` (command/agent/agent_endpoint.go AgentMembersRequest ->
@@ -570,6 +635,12 @@ def _route(path: str) -> tuple[str, str]:
         return "leader", ""
     if path.startswith("/v1/client/allocation/") and path.endswith("/stats"):
         return "alloc-stats", path.removeprefix("/v1/client/allocation/").removesuffix("/stats")
+    if path.startswith("/v1/node/"):
+        rest = path.removeprefix("/v1/node/")
+        for suffix in ("eligibility", "drain"):
+            if rest.endswith(f"/{suffix}"):
+                return f"node-{suffix}", rest[: -len(suffix) - 1]
+        return "node", rest
     rest = path.removeprefix("/v1/job/")
     for suffix in ("plan", "dispatch", "evaluations", "allocations"):
         if rest.endswith(f"/{suffix}"):
