@@ -17,7 +17,8 @@ from clusters.derive.addresses import dns_record_address, grant_address
 from clusters.derive.gke import SYSTEM_POOL_NAME, derive_control_plane
 from clusters.derive.pools import derive_gpu_pool, pool_gpudirect, kueue_queue_key, machine_accelerator
 from clusters.derive.tenants import tenant_account_id
-from clusters.families import FAMILIES, GPUDIRECT_RANGE_MAX_PREFIX, GpuDirect, gpudirect_min_gke_version, machine_family
+from clusters.families import (FAMILIES, GPUDIRECT_RANGE_MAX_PREFIX, IMAGE_DRIVER_BRANCH, MIN_DRIVER_BRANCH, GpuDirect, gpudirect_min_gke_version,
+                               image_driver_branch, machine_family)
 from clusters.machines import MACHINE_GPUS, N1_ACCELERATOR, N1_GPU_CHOICES, is_n1
 from clusters.schema import ClusterConfig, DnsRecord, Environment, GpuPool, SchedulerKind
 from clusters.source import FieldPath, did_you_mean
@@ -316,6 +317,10 @@ def _nomad(config: ClusterConfig) -> Iterator[Finding]:
             yield (("gpu_pools", i, "reservation"), "reservation blocks are targeted through GKE node pools only; name the whole reservation on Nomad pools")
         if pool.host_maintenance_interval is not None:
             yield (("gpu_pools", i, "host_maintenance_interval"), "host_maintenance_interval is a GKE node-pool setting; remove it from Nomad pools")
+        if pool.gpudirect is True:
+            yield (("gpu_pools", i, "gpudirect"), "true on a Nomad pool: GPUDirect NICs and their NCCL plugins are set up on GKE node pools"
+                   " only (Nomad clients get one gVNIC); remove gpudirect or use scheduler: gke")
+        yield from _nomad_driver_branch(config, i, pool)
     for t, tenant in enumerate(config.tenants):
         if tenant.service_account is not None:
             yield (("tenants", t, "service_account"), "tenant GCP service accounts are bound through GKE workload identity;"
@@ -330,6 +335,19 @@ def _nomad(config: ClusterConfig) -> Iterator[Finding]:
         elif not SERVER_ADDRESS.match(server):
             yield (("nomad", "existing_servers", s), f"{server!r} is not a Nomad server address; write 'host', 'host:4647' or a cloud auto-join string"
                    " such as 'provider=gce tag_value=nomad-server'")
+
+
+def _nomad_driver_branch(config: ClusterConfig, index: int, pool: GpuPool) -> Iterator[Finding]:
+    """A Nomad client runs the driver its image brings: refuse an image whose named branch is older than the GPU needs."""
+    derived = machine_accelerator(pool.machine_type, pool.accelerator, pool.gpus_per_node)
+    need = MIN_DRIVER_BRANCH.get(derived[0]) if derived else None
+    image = config.nomad.client_machine_image if config.nomad else ""
+    have = image_driver_branch(image)
+    if need is not None and have is not None and have < need:
+        fixed = IMAGE_DRIVER_BRANCH.sub(f"-with-nvidia-{need}", image.rsplit("/", 1)[-1])
+        yield (("gpu_pools", index, "machine_type"), f"{pool.machine_type} ({derived[0]}) needs NVIDIA driver branch {need} or newer;"
+               f" nomad.client_machine_image brings {have}; set nomad.client_machine_image to"
+               f" {image.rsplit('/', 1)[0]}/{fixed} (an image with that branch)")
 
 
 def _nomad_existing_servers_scaling(config: ClusterConfig) -> Iterator[Finding]:

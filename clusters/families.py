@@ -172,3 +172,30 @@ TOPOLOGY_FAMILIES: tuple[TopologyFamily, ...] = (
 def topology_family(machine_type: str) -> TopologyFamily | None:
     """The row for a machine type whose nodes carry GKE's topology labels, or None."""
     return next((f for f in TOPOLOGY_FAMILIES if machine_type.startswith(f.prefixes)), None)
+
+
+# NVSwitch: the full-host shapes of A3 High/Mega/Ultra and A4 pass all eight GPUs and the HGX
+# board's NVSwitches through to the VM, so the guest must run NVIDIA Fabric Manager before CUDA can
+# use the GPUs (NVIDIA Fabric Manager User Guide: "on NVSwitch-based systems ... FM must be running";
+# the R570 data center driver release notes ship "Fabric Manager: 570.133.20", the driver's own
+# version). The smaller a3-highgpu-1g/2g/4g shapes get a share of a host whose NVSwitches the
+# hypervisor manages, so no guest Fabric Manager is installed there.
+NVSWITCH_MACHINES = ("a3-highgpu-8g", "a3-megagpu-8g", "a3-ultragpu-8g", "a4-highgpu-8g")
+
+
+def needs_fabric_manager(machine_type: str) -> bool:
+    return machine_type in NVSWITCH_MACHINES
+
+
+# The oldest NVIDIA data center driver branch per accelerator that gpufleet lets a Nomad client image
+# bring (the image family names it: ubuntu-accelerator-2204-amd64-with-nvidia-<branch>). Blackwell
+# (B200) is supported from R570 on (the first production branch that lists it); the default image's
+# R550 supports H100 and H200. Accelerators not listed run on any branch the image ships.
+MIN_DRIVER_BRANCH: dict[str, int] = {"nvidia-b200": 570}
+IMAGE_DRIVER_BRANCH = re.compile(r"-with-nvidia-(\d+)(?=-|$)")
+
+
+def image_driver_branch(image: str) -> int | None:
+    """The NVIDIA driver branch an Ubuntu accelerator image family names, or None for another image."""
+    match = IMAGE_DRIVER_BRANCH.search(image.rsplit("/", 1)[-1])
+    return int(match.group(1)) if match else None

@@ -21,9 +21,6 @@ Finding = tuple[FieldPath, str]
 
 # Boot disk types per machine family (A3 Ultra / A4: Hyperdisk only) are checked from
 # clusters/families.py in clusters/checks.py, one rule for every family.
-# A3 and A4 machines need gVNIC; gpufleet's Nomad instance template does not set nic_type, so a
-# Nomad client on them would not boot its network (GKE node pools enable gVNIC).
-NEEDS_GVNIC = ("a3-", "a4-")
 
 
 def check(config: ClusterConfig) -> list[Finding]:
@@ -137,7 +134,3 @@ def _guard_rails(config: ClusterConfig) -> Iterator[Finding]:
     if config.nomad is not None and config.environment != Environment.DEV and config.nomad.vault_addr.startswith("http://"):
         yield (("nomad", "vault_addr"), f"{config.nomad.vault_addr!r} sends Vault tokens in clear text; plain http:// is allowed only"
                " in dev; write the https:// address of your Vault")
-    for p, pool in enumerate(config.gpu_pools):
-        if config.scheduler == SchedulerKind.NOMAD and pool.machine_type.startswith(NEEDS_GVNIC):
-            yield (("gpu_pools", p, "machine_type"), f"{pool.machine_type} needs gVNIC, which gpufleet's Nomad instance template does"
-                   " not set; allowed on Nomad: a2-*, g2-* or n1-* with a T4; use scheduler: gke for A3/A4 machines")

@@ -133,8 +133,10 @@ def pool_meta(spec: GpuPoolSpec, cluster: str) -> dict[str, str]:
     }
 
 
-def render_client_config(*, spec: GpuPoolSpec, cluster: str, datacenter: str, region: str, join: AgentJoin) -> str:
-    """The client agent of one GPU pool: its node class and node pool are the pool's name."""
+def render_client_config(*, spec: GpuPoolSpec, cluster: str, datacenter: str, region: str, join: AgentJoin,
+                         host_volumes: Mapping[str, Mapping[str, object]] | None = None) -> str:
+    """The client agent of one GPU pool: its node class and node pool are the pool's name; ``host_volumes``
+    are the client's ``host_volume "<name>"`` blocks (the local SSD volume of A3/A4 nodes)."""
     body = _common(datacenter=datacenter, region=region)
     body["plugin_dir"] = PLUGIN_DIR
     body["client"] = {
@@ -146,6 +148,7 @@ def render_client_config(*, spec: GpuPoolSpec, cluster: str, datacenter: str, re
         "reserved": dict(CLIENT_RESERVED),
         "server_join": {"retry_join": list(join.retry_join), "retry_interval": "15s"},
         "meta": pool_meta(spec, cluster),
+        **(host_volumes or {}),
     }
     body[f'plugin "{NVIDIA_PLUGIN}"'] = {"config": {"enabled": True, "fingerprint_period": "1m"}}
     body['plugin "docker"'] = {"config": {"allow_privileged": False}}
@@ -287,10 +290,13 @@ def _run_as(user: str) -> str:
 
 def render_startup_script(*, agent_config: str, gpu: bool, project: str, secrets: tuple[NomadSecretSpec, ...],
                           data_device: str | None = None, extra: str | None = None, run_as: str | None = None,
-                          certificates: str | None = None) -> str:
+                          certificates: str | None = None, gpu_setup: str | None = None) -> str:
     """Idempotent boot script: GPU driver and container toolkit (GPU nodes), Nomad, TLS material
     and gossip key from Secret Manager (or, with ``certificates``, the step that issues the agent's
     certificate from the cluster's PKI role: constructs_lib.nomad_cert_renewal), config, restart.
+
+    ``gpu_setup``: the GPU node's own steps after the driver (Fabric Manager, local SSD, telemetry and
+    health: constructs_lib.nomad_gpu_node), all before Nomad starts.
 
     It runs on every boot, so each step checks before it installs; the config is rewritten
     each time, so a new instance template version is the only way configuration changes.
@@ -300,6 +306,8 @@ def render_startup_script(*, agent_config: str, gpu: bool, project: str, secrets
     steps = ["#!/bin/bash", "# Rendered by gpufleet; edit the cluster file, not this script.", "set -euo pipefail", _INSTALL_NOMAD]
     if gpu:
         steps += [_INSTALL_GPU, render_plugin_install()]
+    if gpu_setup is not None:
+        steps.append(gpu_setup)
     steps.append(_secret_steps(project, secrets))
     if certificates is not None:
         steps.append(certificates)

@@ -91,6 +91,8 @@ def render_bootstrap_script(*, cluster: str, project: str, region: str, secrets:
         f'echo "stored {", ".join(s.secret_id for s in secrets if s.name in files)} in Secret Manager; CA and CLI certificate in $KEEP (keep it offline)"',
         *([f'echo "after nomad acl bootstrap: nomad acl token create -name autoscaler -policy gpufleet-autoscaler -t \'{{{{.SecretID}}}}\''
            f' | gcloud secrets versions add {s.secret_id} --project {project} --data-file=-"' for s in secrets if s.name == "autoscaler-token"]),
+        *([f'echo "after nomad acl bootstrap: nomad acl token create -name gpu-health -policy gpufleet-gpu-health -t \'{{{{.SecretID}}}}\''
+           f' | gcloud secrets versions add {s.secret_id} --project {project} --data-file=-"' for s in secrets if s.name == "gpu-health-token"]),
         *(['echo "Prometheus: install $KEEP/prometheus.pem, prometheus-key.pem and ' + CA_CERT + ' as /etc/prometheus/nomad/prometheus.pem,'
             f' prometheus-key.pem and ca.pem; scrape job: gpufleet nomad scrape-config {cluster}"'] if prometheus else []),
         # The certificates made here do not renew: check warns 30 days before the date the file records.

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from constructs import Construct
 
-from clusters.derive.nomad import NomadSecretSpec
+from clusters.derive.nomad import GPU_HEALTH_TOKEN, NomadSecretSpec
 from clusters.derive.pools import GpuPoolSpec
+from clusters.families import needs_fabric_manager
 from constructs_lib.naming import pin
-from constructs_lib.nomad_agent_config import AgentJoin, render_client_config, render_startup_script
+from constructs_lib.nomad_agent_config import (CA_FILE, CERT_FILE, DATA_DIR, HTTP_PORT, KEY_FILE, AgentJoin, render_client_config,
+                                               render_startup_script)
+from constructs_lib.nomad_gpu_node import host_volumes, render_fabric_manager, render_local_ssd, render_telemetry_and_health
 from constructs_lib.nomad_instance_template import Machine, nomad_instance_template
 from constructs_lib.providers import google
 
@@ -31,21 +34,37 @@ class NomadClientPool(Construct):
 
     ``certificates``: the boot step that issues the client certificate from the cluster's PKI role
     (``vault-pki`` clusters), instead of the bootstrap's certificate from Secret Manager.
+
+    GPU node setup (``constructs_lib.nomad_gpu_node``): NVIDIA Fabric Manager on NVSwitch shapes, the
+    family's bundled local SSDs (``spec.local_ssd_count``) as one RAID0 host volume, the DCGM exporter and
+    the GPU health checker on every client.
     """
 
     def __init__(self, scope: Construct, id_: str, *, spec: GpuPoolSpec, cluster: str, project: str, region: str,
                  subnetwork: str, service_account: str, datacenter: str, nomad_region: str,
                  join: AgentJoin, image: str, secrets: tuple[NomadSecretSpec, ...], certificates: str | None = None) -> None:
         super().__init__(scope, id_)
-        self.client_config = render_client_config(spec=spec, cluster=cluster, datacenter=datacenter, region=nomad_region, join=join)
+        local_ssds = spec.local_ssd_count or 0
+        self.client_config = render_client_config(spec=spec, cluster=cluster, datacenter=datacenter, region=nomad_region, join=join,
+                                                  host_volumes=host_volumes(local_ssds))
+        health_secret = next((s.secret_id for s in secrets if s.name == GPU_HEALTH_TOKEN), None)
+        if health_secret is None:
+            raise ValueError(f"pool {spec.name}: the clients' secrets lack {GPU_HEALTH_TOKEN}, which the GPU health checker reads")
+        gpu_setup = [render_fabric_manager()] if needs_fabric_manager(spec.machine_type) else []
+        if local_ssds:
+            gpu_setup.append(render_local_ssd(local_ssds))
+        gpu_setup.append(render_telemetry_and_health(
+            project=project, token_secret_id=health_secret, nomad_addr=f"https://localhost:{HTTP_PORT}",
+            node_id_file=f"{DATA_DIR}/client/client-id", ca_file=CA_FILE, cert_file=CERT_FILE, key_file=KEY_FILE))
         name = f"{cluster}-{spec.name}"
         self.template = nomad_instance_template(
             self, f"nomad_client_template_{spec.name}", name_prefix=f"{name}-",
             machine=Machine(machine_type=spec.machine_type, image=image, disk_gb=spec.boot_disk_gb, disk_type=spec.boot_disk_type,
-                            accelerator=spec.accelerator, gpus=spec.gpus_per_node, spot=spec.spot, reservation=spec.reservation),
+                            accelerator=spec.accelerator, gpus=spec.gpus_per_node, spot=spec.spot, reservation=spec.reservation,
+                            local_ssds=local_ssds),
             project=project, region=region, subnetwork=subnetwork, service_account=service_account,
             startup_script=render_startup_script(agent_config=self.client_config, gpu=True, project=project, secrets=secrets,
-                                                 certificates=certificates),
+                                                 certificates=certificates, gpu_setup="\n".join(gpu_setup)),
             tags=[client_tag(cluster)],
             labels={k.replace(".", "_").replace("/", "_"): v for k, v in spec.labels},
         )

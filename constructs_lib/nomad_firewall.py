@@ -5,6 +5,7 @@ from __future__ import annotations
 from constructs import Construct
 
 from constructs_lib.naming import pin
+from constructs_lib.nomad_gpu_node import DCGM_EXPORTER_PORT
 from constructs_lib.providers import google
 
 NOMAD_TCP_PORTS = "4646-4648"
@@ -25,10 +26,14 @@ class NomadFirewall(Construct):
     publishJobSummaryMetrics runs in establishLeadership), so one target behind the balancer would
     see the queue only when it lands on the leader. ``metrics_cidrs`` (``nomad.autoscaler.scrape_cidrs``)
     reach the servers' HTTP port; the scrape still needs a certificate of the cluster CA.
+
+    The same ranges reach the GPU clients' DCGM exporter (``gpu_metrics_tags``, TCP 9400,
+    constructs_lib.nomad_gpu_node), which the same Prometheus scrapes (``gpufleet nomad scrape-config``).
     """
 
     def __init__(self, scope: Construct, id_: str, *, cluster: str, vpc_id: str, subnet_cidr: str, target_tags: list[str],
-                 api_tags: list[str], api_cidrs: list[str], metrics_cidrs: tuple[str, ...] = ()) -> None:
+                 api_tags: list[str], api_cidrs: list[str], metrics_cidrs: tuple[str, ...] = (),
+                 gpu_metrics_tags: list[str] | None = None) -> None:
         super().__init__(scope, id_)
         fw = google.compute_firewall
         self.rule = pin(fw.ComputeFirewall(
@@ -54,3 +59,11 @@ class NomadFirewall(Construct):
                 allow=[fw.ComputeFirewallAllow(protocol="tcp", ports=[str(NOMAD_HTTP_PORT)])],
                 log_config={"metadata": "INCLUDE_ALL_METADATA"},
             ), "fw_allow_nomad_metrics")
+        self.gpu_metrics_rule = None
+        if metrics_cidrs and gpu_metrics_tags:
+            self.gpu_metrics_rule = pin(fw.ComputeFirewall(
+                self, "gpu_metrics", name=f"{cluster}-allow-gpu-metrics", network=vpc_id, direction="INGRESS", priority=900,
+                source_ranges=sorted(metrics_cidrs), target_tags=sorted(gpu_metrics_tags),
+                allow=[fw.ComputeFirewallAllow(protocol="tcp", ports=[str(DCGM_EXPORTER_PORT)])],
+                log_config={"metadata": "INCLUDE_ALL_METADATA"},
+            ), "fw_allow_gpu_metrics")

@@ -38,10 +38,19 @@ class Machine:
     spot: bool = False
     reservation: str | None = None
     data_disk: DataDisk | None = None
+    local_ssds: int = 0
 
 
-# GCE requires gVNIC on these families (A3, A4); the Ubuntu accelerator images support it.
+# GCE requires gVNIC on these families (A3, A4). The guest must support it too: Canonical's GCE
+# images (the Ubuntu accelerator images clients boot by default) declare the GVNIC guest OS feature.
+# nic_type values: google provider v6.50.0 resource_compute_instance_template.go:518-523
+# (StringInSlice GVNIC, VIRTIO_NET, MRDMA, IRDMA).
 GVNIC_FAMILIES = ("a3-", "a4-")
+# Local SSD on an instance template: a SCRATCH disk of disk_type local-ssd, 375 or 3000 GB, NVME
+# for 3000 (provider v6.50.0 resource_compute_instance_template.go:1238-1254, the scratch-disk diff
+# check; VALID_SCRATCH_DISK_SIZES_GB at :64).
+LOCAL_SSD_GB = 375
+LOCAL_SSD_INTERFACE = "NVME"
 
 
 def _nic(machine_type: str) -> dict[str, str]:
@@ -71,6 +80,11 @@ def nomad_instance_template(scope: Construct, id_: str, *, name_prefix: str, mac
         extras["reservation_affinity"] = {"type": "NO_RESERVATION"}
     disks = [tmpl.ComputeInstanceTemplateDisk(source_image=machine.image, boot=True, auto_delete=True,
                                               disk_size_gb=machine.disk_gb, disk_type=machine.disk_type)]
+    # The bundled local SSDs of A3/A4 shapes (clusters.families local_ssd_count), NVMe: the only
+    # interface these machine types attach local SSD with.
+    disks += [tmpl.ComputeInstanceTemplateDisk(type="SCRATCH", disk_type="local-ssd", disk_size_gb=LOCAL_SSD_GB,
+                                               interface=LOCAL_SSD_INTERFACE, auto_delete=True, boot=False)
+              for _ in range(machine.local_ssds)]
     if machine.data_disk is not None:
         data = machine.data_disk
         disks.append(tmpl.ComputeInstanceTemplateDisk(device_name=data.device_name, boot=False, auto_delete=False, type="PERSISTENT",

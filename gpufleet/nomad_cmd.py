@@ -37,23 +37,30 @@ def cmd_bootstrap_script(cluster: str = typer.Argument(..., help="Cluster name (
 
 
 def cmd_scrape_config(cluster: str = typer.Argument(..., help="Cluster name (clusters/<name>.yaml), with nomad.autoscaler.")) -> None:
-    """Print the Prometheus scrape job (YAML) that feeds the cluster's Nomad Autoscaler: every server, by GCE discovery."""
+    """Print the Prometheus scrape jobs (YAML): every server, by GCE discovery (the Nomad Autoscaler's queue signal), and
+    every GPU client's DCGM exporter (GPU telemetry)."""
     import io
 
     from ruamel.yaml import YAML
 
     from clusters.derive.nomad import derive_nomad_servers, server_tag
+    from clusters.derive.pools import derive_gpu_pools
     from constructs_lib.nomad_autoscaler import render_scrape_config
+    from constructs_lib.nomad_client_pool import client_tag
+    from constructs_lib.nomad_gpu_node import render_gpu_scrape_config
 
     config = _nomad_config(cluster)
     servers = derive_nomad_servers(config)
     if servers is None or config.nomad is None or config.nomad.autoscaler is None:
         raise UserError(f"clusters/{cluster}.yaml: nomad.autoscaler: {cluster} runs no Nomad Autoscaler (it joins existing servers or has no"
                         " autoscaler block); nothing to scrape for it")
+    pool_zones = tuple(dict.fromkeys(z for pool in derive_gpu_pools(config) for z in pool.zones))
     out = io.StringIO()
     yaml = YAML()
     yaml.dump({"scrape_configs": [render_scrape_config(cluster=config.name, project=config.gcp.project, zones=tuple(g.zone for g in servers.groups),
-                                                       server_tag=server_tag(config.name), nomad_region=config.nomad.region)]}, out)
+                                                       server_tag=server_tag(config.name), nomad_region=config.nomad.region),
+                                  render_gpu_scrape_config(cluster=config.name, project=config.gcp.project, zones=pool_zones,
+                                                           client_tag=client_tag(config.name))]}, out)
     typer.echo(out.getvalue(), nl=False)
 
 

@@ -28,7 +28,9 @@ from constructs_lib.gpudirect_runtime import GpuDirectRuntime
 from constructs_lib.k8s_queue_policy import TenantQueuePolicy
 from constructs_lib.k8s_tenancy import K8sTenant
 from constructs_lib.kueue import KueueQueues
+from constructs_lib.naming import pin
 from constructs_lib.nomad_agent_config import HTTP_PORT
+from constructs_lib.nomad_gpu_node import HEALTH_POLICY, HEALTH_RULES
 from constructs_lib.nomad_tenancy import NomadTenancy
 from constructs_lib.providers import kubernetes, nomad
 from stacks.backends import configure_backend
@@ -94,6 +96,12 @@ class NomadSchedulerStack(TerraformStack):
         self.provider = nomad.provider.NomadProvider(self, "nomad", address=self._address(config, infra), region=config.nomad.region)
         self.tenancy = NomadTenancy(self, "tenancy", cluster=config.name, pools=infra.pool_specs, tenants=derive_tenants(config),
                                     provider=self.provider)
+        # The GPU health checker's policy (node:write only); its token is made after the ACL bootstrap
+        # and stored as the clients' gpu-health-token secret (docs/nomad.md, GPU telemetry and health).
+        self.gpu_health_policy = pin(nomad.acl_policy.AclPolicy(
+            self, "acl_gpu_health", name=HEALTH_POLICY, provider=self.provider,
+            description="GPU health checker on every client: mark its own node ineligible and drain it on XID/ECC faults",
+            rules_hcl=HEALTH_RULES), "nomad_acl_gpu_health")
 
 
     def _address(self, config: ClusterConfig, infra: ClusterStack) -> str:

@@ -35,6 +35,9 @@ NOMAD_TLS_DIR = "/etc/nomad.d/tls"
 
 # Created after `nomad acl bootstrap` (README), so the TLS bootstrap script does not make it.
 AUTOSCALER_TOKEN = "autoscaler-token"
+# Also made after the ACL bootstrap; read by the GPU health checker on each run, never at boot
+# (constructs_lib.nomad_gpu_health_check), so a client boots and reports metrics before it exists.
+GPU_HEALTH_TOKEN = "gpu-health-token"
 
 
 NOMAD_GOSSIP_FILE = "/etc/nomad.d/gossip.hcl"
@@ -50,6 +53,8 @@ _NOMAD_SECRETS = (
     ("client-key", f"{NOMAD_TLS_DIR}/agent-key.pem", (NomadRole.CLIENT,), "client private key"),
     ("gossip-key", NOMAD_GOSSIP_FILE, (NomadRole.SERVER,), "gossip (Serf) encryption key, 32 random bytes base64"),
     ("autoscaler-token", "", (NomadRole.SERVER,), "ACL token (policy gpufleet-autoscaler) of the Nomad Autoscaler on the servers"),
+    ("gpu-health-token", "", (NomadRole.CLIENT,), "ACL token (policy gpufleet-gpu-health, node:write) the clients' GPU health checker"
+     " reads on each run to drain its own failing node"),
 )
 
 

@@ -215,7 +215,8 @@ def derive_gpu_pool(pool: GpuPool, config: ClusterConfig) -> GpuPoolSpec:
         node_count_per_zone=per_zone,
         gpu_driver_version=pool.gpu_driver_version,
         local_ssd_count=family.local_ssd_count,
-        gpudirect=pool_gpudirect(pool),
+        # GPUDirect NICs are a GKE node-pool feature (check refuses gpudirect: true on Nomad); Nomad clients get one gVNIC.
+        gpudirect=pool_gpudirect(pool) if per_zone else GpuDirect.NONE,
         upgrade=derive_upgrade(pool.reservation is not None, pool.queued_provisioning),
         # ANY fills unused reservations first and takes spot/DWS capacity wherever it is
         # (toolkit gke-node-pool/main.tf:120 always uses ANY); BALANCED spreads on-demand pools.

@@ -39,7 +39,12 @@ CASES = [
      "gpu_pools[0].boot_disk_type", "set boot_disk_type: hyperdisk-balanced"),
     ("a3-ultra-on-pd-balanced", "prod-gke", _pool(0, machine_type="a3-ultragpu-8g", zones=["us-central1-b"], boot_disk_type="pd-balanced"),
      "gpu_pools[0].boot_disk_type", "hyperdisk-balanced"),
-    ("a3-on-nomad", "prod-nomad", _pool(0, machine_type="a3-highgpu-2g"), "gpu_pools[0].machine_type", "use scheduler: gke"),
+    # A3/A4 run on Nomad (gVNIC, Fabric Manager, local SSD: constructs_lib.nomad_gpu_node); only what Nomad clients cannot do is refused.
+    ("a3-on-nomad-loads", "prod-nomad", _pool(0, machine_type="a3-highgpu-8g", gpus_per_node=8, zones=["europe-west4-b"]), None, None),
+    ("gpudirect-on-nomad", "prod-nomad", _pool(0, machine_type="a3-highgpu-8g", zones=["europe-west4-b"], gpudirect=True),
+     "gpu_pools[0].gpudirect", "remove gpudirect or use scheduler: gke"),
+    ("b200-on-r550-image", "prod-nomad", _pool(0, machine_type="a4-highgpu-8g", zones=["europe-west4-b"], boot_disk_type="hyperdisk-balanced"),
+     "gpu_pools[0].machine_type", "ubuntu-accelerator-2204-amd64-with-nvidia-570"),
     ("dns-label-too-long", "prod-gke", lambda d: d["dns"]["records"][0].update(name="a" * 64 + ".prod"), "dns.records[0].name",
      "DNS allows 63 per label"),
 ]

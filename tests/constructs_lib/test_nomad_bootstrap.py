@@ -62,8 +62,9 @@ def test_bootstrap_stores_every_secret_and_keeps_only_the_ca_and_cli_cert(prod_n
     log = (tmp_path / "log").read_text().splitlines()
     assert "nomad tls cert create -server -region global -days 365 -additional-ipaddress 10.50.0.9" in log
     stored = [line.split()[1] for line in log if line.startswith("gcloud")]
-    assert stored == [s.secret_id for s in derive_nomad_secrets(prod_nomad) if s.name != "autoscaler-token"]
+    assert stored == [s.secret_id for s in derive_nomad_secrets(prod_nomad) if s.name not in ("autoscaler-token", "gpu-health-token")]
     assert "nomad acl token create -name autoscaler -policy gpufleet-autoscaler" in result.stdout, "made after the ACL bootstrap"
+    assert "nomad acl token create -name gpu-health -policy gpufleet-gpu-health" in result.stdout, "made after the ACL bootstrap"
     gossip = next(line for line in log if line.startswith("gcloud prod-nomad-nomad-gossip-key"))
     assert gossip.endswith(" 45"), "32 random bytes, base64 with newline"
     assert sorted(p.name for p in (tmp_path / "offline").iterdir()) == [
