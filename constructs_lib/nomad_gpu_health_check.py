@@ -48,6 +48,7 @@ import ssl
 import sys
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -141,7 +142,7 @@ def already_taken_out(node: dict[str, Any]) -> bool:
     return node.get("DrainStrategy") is not None or REASON_KEY in last
 
 
-def check_once(metrics_text: str, node_id: str, api_for: Any) -> str:
+def check_once(metrics_text: str, node_id: str, api_for: Callable[[], NomadApi]) -> str:
     """One run: judge the GPUs; on a fault take the node out. ``api_for()`` gives the NomadApi (it reads the
     token), called only when there is something to do. Returns what it did, for the journal."""
     found, notes = faults(parse_metrics(metrics_text))

@@ -171,7 +171,6 @@ HEALTH_POLICY = "gpufleet-gpu-health"
 # node:write is what eligibility and drain need (nomad/node_endpoint.go:674 and :778 at v1.10.5,
 # AllowNodeWrite); it also reads the node (GetNode: AllowNodeRead, :943). Nothing else.
 HEALTH_RULES = 'node {\n  policy = "write"\n}\n'
-HEALTH_TOKEN_SECRET = "gpu-health-token"
 
 
 def checker_source() -> str:

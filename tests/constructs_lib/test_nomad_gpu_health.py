@@ -10,7 +10,6 @@ README.md:16-25 shows (HELP/TYPE, one sample per GPU labelled gpu and UUID), inc
 
 from __future__ import annotations
 
-import json
 import urllib.error
 from pathlib import Path
 
@@ -144,7 +143,7 @@ def client_script(stack_json, pool: str = "l4") -> str:
 def test_every_client_runs_the_pinned_exporter_and_the_shipped_checker_before_nomad(stack_json):
     for pool in ("a100", "l4"):
         script = client_script(stack_json, pool)
-        assert f"--gpus all --cap-add SYS_ADMIN -p 9400:9400" in script and DCGM_EXPORTER_IMAGE in script
+        assert "--gpus all --cap-add SYS_ADMIN -p 9400:9400" in script and DCGM_EXPORTER_IMAGE in script
         assert DCGM_EXPORTER_IMAGE.endswith(":4.2.3-4.1.3-ubuntu22.04")
         shipped = script.split("<<'GPUFLEET_HEALTH_SCRIPT'\n", 1)[1].split("GPUFLEET_HEALTH_SCRIPT", 1)[0]
         assert shipped == checker_source()
@@ -173,4 +172,3 @@ def test_scrape_config_has_a_job_for_every_clients_exporter(capsys):
     assert main(["nomad", "scrape-config", "prod-nomad"]) == 0
     out = capsys.readouterr().out
     assert "job_name: nomad-gpu-clients-prod-nomad" in out and "port: 9400" in out and "prod-nomad-nomad-client" in out
-    assert json.dumps(job)  # plain data, as the command dumps it
