@@ -187,6 +187,13 @@ def needs_fabric_manager(machine_type: str) -> bool:
     return machine_type in NVSWITCH_MACHINES
 
 
+# A Nomad client's bundled local SSDs, as one volume: mounted here on the host (the boot script), offered
+# as the client host volume of this name, and mounted at the same path in every task on such a pool
+# (jobs/nomad/render.py), so a job finds its scratch space at one path on every A3/A4 node.
+LOCAL_SSD_VOLUME = "localssd"
+LOCAL_SSD_MOUNT = "/mnt/localssd"
+
+
 # The oldest NVIDIA data center driver branch per accelerator that gpufleet lets a Nomad client image
 # bring (the image family names it: ubuntu-accelerator-2204-amd64-with-nvidia-<branch>). Blackwell
 # (B200) is supported from R570 on (the first production branch that lists it); the default image's

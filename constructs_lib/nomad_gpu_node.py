@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from clusters.families import LOCAL_SSD_MOUNT, LOCAL_SSD_VOLUME
 from constructs_lib import nomad_gpu_health_check
 
 # --- Fabric Manager -------------------------------------------------------------------------------------
@@ -50,8 +51,6 @@ def render_fabric_manager() -> str:
 
 
 # --- Local SSD ------------------------------------------------------------------------------------------
-LOCAL_SSD_MOUNT = "/mnt/localssd"
-LOCAL_SSD_VOLUME = "localssd"
 LOCAL_SSD_LABEL = "localssd"
 # GCE names NVMe local SSDs google-local-nvme-ssd-<n> under /dev/disk/by-id (guest environment udev rules).
 LOCAL_SSD_GLOB = "/dev/disk/by-id/google-local-nvme-ssd-*"

@@ -5,6 +5,7 @@ from __future__ import annotations
 from constructs import Construct
 
 from clusters.derive.pools import GpuPoolSpec
+from clusters.families import LOCAL_SSD_VOLUME
 from clusters.derive.tenants import TenantSpec
 from constructs_lib.naming import pin
 from constructs_lib.nomad_agent_config import pool_meta
@@ -54,10 +55,14 @@ def tenant_acl_rules(namespace: str) -> str:
 DISPATCHER_NODE_RULE = 'node {\n  policy = "read"\n}\n'
 
 
-def dispatcher_acl_rules(namespaces: list[str]) -> str:
+def dispatcher_acl_rules(namespaces: list[str], host_volumes: tuple[str, ...] = ()) -> str:
     """HCL rules of the dispatcher's policy: the job capabilities in each tenant namespace, and
-    reading nodes and servers (to confirm which cluster answers); nothing else."""
-    return _namespace_rules(namespaces, DISPATCHER_CAPABILITIES) + DISPATCHER_NODE_RULE
+    reading nodes and servers (to confirm which cluster answers); with ``host_volumes`` (pools with
+    local SSD) mounting those client host volumes read-write, which registering a job that mounts one
+    requires (nomad v1.10.5 nomad/job_endpoint.go:163-176, ``write`` expands to mount-readonly and
+    mount-readwrite: acl/policy.go:350-362); nothing else."""
+    volumes = "".join(f'host_volume "{v}" {{\n  policy = "write"\n}}\n' for v in sorted(set(host_volumes)))
+    return _namespace_rules(namespaces, DISPATCHER_CAPABILITIES) + DISPATCHER_NODE_RULE + volumes
 
 
 class NomadTenancy(Construct):
@@ -98,5 +103,6 @@ class NomadTenancy(Construct):
             self.dispatcher_policy = pin(nomad.acl_policy.AclPolicy(
                 self, "acl_dispatcher", name=DISPATCHER_POLICY, provider=provider,
                 description="gpufleet dispatcher: register and dispatch tenant jobs after its GPU quota check",
-                rules_hcl=dispatcher_acl_rules([t.namespace for t in tenants]),
+                rules_hcl=dispatcher_acl_rules([t.namespace for t in tenants],
+                                               (LOCAL_SSD_VOLUME,) if any(p.local_ssd_count for p in pools) else ()),
                 depends_on=list(self.namespaces.values())), "nomad_acl_dispatcher")

@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from clusters.families import LOCAL_SSD_MOUNT, LOCAL_SSD_VOLUME
 from jobs.durations import NS_PER_SECOND
 from jobs.spec import TASK, FinetuneSpec, exec_argv
 from vault_policies.layout import (
@@ -87,6 +88,8 @@ def _task(spec: FinetuneSpec) -> dict[str, Any]:
         "Resources": {"CPU": spec.cpu_mhz, "MemoryMB": spec.memory_mb, "Devices": [_device(spec)]},
         "KillTimeout": spec.kill_timeout_ns,
         "KillSignal": "SIGTERM",
+        **({"VolumeMounts": [{"Volume": LOCAL_SSD_VOLUME, "Destination": LOCAL_SSD_MOUNT, "ReadOnly": False}]}
+           if spec.pool.local_ssd_count else {}),
     }
 
 
@@ -106,6 +109,11 @@ def _group(spec: FinetuneSpec) -> dict[str, Any]:
             "Unlimited": reschedule.unlimited,
         },
         "EphemeralDisk": {"SizeMB": spec.disk_mb, "Sticky": False, "Migrate": False},
+        # Pools with local SSD (A3/A4): the client's host volume, read-write, mounted by the task
+        # (api/tasks.go VolumeRequest :453-464, VolumeMount :474-480 at v1.10.5); registering it needs the
+        # dispatcher's host_volume write grant (nomad/job_endpoint.go:163-176).
+        **({"Volumes": {LOCAL_SSD_VOLUME: {"Name": LOCAL_SSD_VOLUME, "Type": "host", "Source": LOCAL_SSD_VOLUME, "ReadOnly": False}}}
+           if spec.pool.local_ssd_count else {}),
         # No MaxRunDuration: api.TaskGroup has it only from Nomad 2.0.3 and the fleet runs 1.10,
         # which drops it; gpufleet-exec enforces max_run_hours (GPUFLEET_MAX_RUN_SECONDS).
         "Tasks": [_task(spec)],

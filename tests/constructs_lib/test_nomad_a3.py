@@ -146,3 +146,29 @@ def test_fixture_passes_checkov_with_only_the_reviewed_skips(train_out):
     uncovered = [f for s in summary.stacks for f in s.failures if f.check_id not in skipped]
     assert not uncovered, "\n".join(str(f) for f in uncovered)
     assert next(s for s in summary.stacks if s.stack == "train-nomad").passed > 50
+
+
+def test_jobs_on_a_local_ssd_pool_mount_the_host_volume_and_the_dispatcher_may_register_them(train_out):
+    """The job side of the host volume: api/tasks.go VolumeRequest (:453-464) and VolumeMount (:474-480) at Nomad
+    v1.10.5; registering a job with a read-write host volume needs ``mount-readwrite`` on it (nomad/job_endpoint.go
+    :163-176), which ``host_volume "localssd" { policy = "write" }`` grants (acl/policy.go:350-362)."""
+    import dataclasses
+
+    from clusters.derive.pools import derive_gpu_pools
+    from jobs.loader import JOBS_DIR, load
+    from jobs.nomad.render import render
+    from tests.conftest import load_fleet
+
+    train = clusters.load_all(FIXTURES)[0]
+    pools = {p.name: p for p in derive_gpu_pools(train)}
+    base = load(JOBS_DIR / "finetune-llama.yaml", cluster_configs=load_fleet())
+    h100 = render(dataclasses.replace(base, pool=pools["h100"]))["Job"]["TaskGroups"][0]
+    assert h100["Volumes"] == {"localssd": {"Name": "localssd", "Type": "host", "Source": "localssd", "ReadOnly": False}}
+    assert h100["Tasks"][0]["VolumeMounts"] == [{"Volume": "localssd", "Destination": "/mnt/localssd", "ReadOnly": False}]
+    small = render(dataclasses.replace(base, pool=pools["h100-small"]))["Job"]["TaskGroups"][0]
+    assert "Volumes" not in small and "VolumeMounts" not in small["Tasks"][0], "no local SSD, no host volume to ask for"
+    assert "Volumes" not in render(base)["Job"]["TaskGroups"][0]
+    scheduler = json.loads((train_out / "stacks" / "train-nomad-scheduler" / "cdk.tf.json").read_text())["resource"]
+    rules = hcl.loads(scheduler["nomad_acl_policy"]["nomad_acl_dispatcher"]["rules_hcl"])
+    assert rules["host_volume"] == {"localssd": {"policy": "write"}}
+    assert rules["namespace"] == {"pretrain": {"capabilities": ["dispatch-job", "list-jobs", "parse-job", "read-job", "submit-job"]}}
