@@ -14,6 +14,8 @@ Provider rules, hashicorp/terraform-provider-google v6.50.0 google/services/comp
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 from pathlib import Path
 
 import hcl
@@ -172,3 +174,103 @@ def test_jobs_on_a_local_ssd_pool_mount_the_host_volume_and_the_dispatcher_may_r
     rules = hcl.loads(scheduler["nomad_acl_policy"]["nomad_acl_dispatcher"]["rules_hcl"])
     assert rules["host_volume"] == {"localssd": {"policy": "write"}}
     assert rules["namespace"] == {"pretrain": {"capabilities": ["dispatch-job", "list-jobs", "parse-job", "read-job", "submit-job"]}}
+
+
+# Stubs for the Fabric Manager step: nvidia-smi reports the running driver; apt-cache madison lists what the apt
+# sources hold (Ubuntu's archive version format, as `apt-cache madison` prints: package | version | source).
+_FM_STUBS = {
+    "nvidia-smi": 'echo "570.133.20"\n',
+    "dpkg": "exit 1\n",
+    "apt-cache": 'printf " %s | 570.148.08-0ubuntu0.22.04.1 | http://archive.ubuntu.com jammy-updates/restricted amd64 Packages\\n'
+                 ' %s | 570.133.20-0ubuntu0.22.04.1 | http://archive.ubuntu.com jammy-security/restricted amd64 Packages\\n" "$2" "$2"\n',
+    "systemctl": 'echo "systemctl $*" >> "$STUB_LOG"; [ "$1" != is-active ] || exit 3\n',
+    "apt-get": 'echo "apt-get $*" >> "$STUB_LOG"\n',
+    "apt-mark": 'echo "apt-mark $*" >> "$STUB_LOG"\n',
+}
+
+
+def run_fabric_manager(tmp_path: Path, madison_versions_for_driver: bool = True) -> tuple[subprocess.CompletedProcess[str], str]:
+    from constructs_lib.nomad_gpu_node import render_fabric_manager
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, body in _FM_STUBS.items():
+        if name == "nvidia-smi" and not madison_versions_for_driver:
+            body = 'echo "575.51.03"\n'
+        (bin_dir / name).write_text("#!/bin/bash\n" + body)
+        (bin_dir / name).chmod(0o755)
+    # The step's only files are the systemd drop-in; the test points them into tmp_path.
+    script = "set -euo pipefail\n" + render_fabric_manager().replace("/etc/systemd/system", str(tmp_path / "systemd"))
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "STUB_LOG": str(tmp_path / "log")}
+    result = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, check=False)
+    return result, (tmp_path / "log").read_text() if (tmp_path / "log").exists() else ""
+
+
+def test_fabric_manager_step_installs_the_running_drivers_exact_version_before_nomad(tmp_path):
+    result, log = run_fabric_manager(tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "apt-get install -yq nvidia-fabricmanager-570=570.133.20-0ubuntu0.22.04.1" in log, "the driver's version, not the newest"
+    assert "apt-mark hold nvidia-fabricmanager-570" in log and "systemctl enable nvidia-fabricmanager.service" in log
+    drop_in = (tmp_path / "systemd" / "nomad.service.d" / "gpufleet-fabricmanager.conf").read_text()
+    assert drop_in == "[Unit]\nAfter=nvidia-fabricmanager.service\nRequires=nvidia-fabricmanager.service\n"
+
+
+def test_fabric_manager_step_stops_the_boot_when_no_build_matches_the_driver(tmp_path):
+    result, log = run_fabric_manager(tmp_path, madison_versions_for_driver=False)
+    assert result.returncode == 1 and "no nvidia-fabricmanager-575 for driver 575.51.03" in result.stderr
+    assert "apt-get install" not in log
+
+
+def test_every_a3_a4_boot_script_is_valid_bash(infra):
+    for pool in POOLS:
+        check = subprocess.run(["bash", "-n"], input=template(infra, pool)["metadata_startup_script"], capture_output=True, text=True)
+        assert check.returncode == 0, (pool, check.stderr)
+
+
+_SSD_STUBS = {
+    "blkid": 'echo "blkid $*" >> "$STUB_LOG"; [ -f "$FS_MADE" ]\n',  # no filesystem of the label until mkfs ran
+    "mdadm": 'echo "mdadm $*" >> "$STUB_LOG"; [ "$1" != --assemble ]\n',
+    "mkfs.ext4": 'echo "mkfs.ext4 $*" >> "$STUB_LOG"; touch "$FS_MADE"\n',
+    "mountpoint": "exit 1\n",
+    "mount": 'echo "mount $*" >> "$STUB_LOG"\n',
+    "systemctl": 'echo "systemctl $*" >> "$STUB_LOG"\n',
+}
+
+
+def run_local_ssd(tmp_path: Path, disks: int, expected: int) -> tuple[subprocess.CompletedProcess[str], str]:
+    from constructs_lib.nomad_gpu_node import LOCAL_SSD_GLOB, render_local_ssd
+
+    bin_dir, dev = tmp_path / "bin", tmp_path / "dev"
+    bin_dir.mkdir(exist_ok=True)
+    dev.mkdir(exist_ok=True)
+    for name, body in _SSD_STUBS.items():
+        (bin_dir / name).write_text("#!/bin/bash\n" + body)
+        (bin_dir / name).chmod(0o755)
+    for i in range(disks):
+        (dev / f"google-local-nvme-ssd-{i}").touch()
+    # The step's host paths, pointed into tmp_path; everything else runs as rendered.
+    script = "set -euo pipefail\n" + (render_local_ssd(expected).replace(LOCAL_SSD_GLOB, f"{dev}/google-local-nvme-ssd-*")
+                                      .replace("/etc/fstab", str(tmp_path / "fstab")).replace("/etc/systemd/system", str(tmp_path / "systemd"))
+                                      .replace("mkdir -p /mnt/localssd", f"mkdir -p {tmp_path}/mnt"))
+    (tmp_path / "fstab").touch()
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "STUB_LOG": str(tmp_path / "log"), "FS_MADE": str(tmp_path / "fs")}
+    result = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, check=False)
+    return result, (tmp_path / "log").read_text() if (tmp_path / "log").exists() else ""
+
+
+def test_local_ssd_step_makes_one_raid0_of_every_disk_once_and_mounts_it(tmp_path):
+    result, log = run_local_ssd(tmp_path, 16, 16)
+    assert result.returncode == 0, result.stderr
+    create = next(line for line in log.splitlines() if line.startswith("mdadm --create"))
+    assert create.split()[2:7] == ["/dev/md/localssd", "--run", "--force", "--level=0", "--raid-devices=16"]
+    assert create.split()[7:] == sorted(str(tmp_path / "dev" / f"google-local-nvme-ssd-{i}") for i in range(16))
+    assert "mkfs.ext4 -q -F -L localssd /dev/md/localssd" in log and "mount /mnt/localssd" in log
+    again, log2 = run_local_ssd(tmp_path, 0, 16)  # a reboot: the filesystem exists, nothing is made again
+    assert again.returncode == 0 and log2.count("mdadm --create") == 1 and log2.count("mkfs.ext4") == 1
+    assert (tmp_path / "fstab").read_text() == "LABEL=localssd /mnt/localssd ext4 discard,defaults,nofail 0 2\n"
+
+
+def test_local_ssd_step_stops_the_boot_when_disks_are_missing(tmp_path):
+    result, log = run_local_ssd(tmp_path, 15, 16)
+    assert result.returncode == 1 and "expected 16 local NVMe SSDs, found 15" in result.stderr
+    assert "mdadm --create" not in log and "mkfs" not in log
