@@ -55,6 +55,10 @@ LOCAL_SSD_LABEL = "localssd"
 # GCE names NVMe local SSDs google-local-nvme-ssd-<n> under /dev/disk/by-id (guest environment udev rules).
 LOCAL_SSD_GLOB = "/dev/disk/by-id/google-local-nvme-ssd-*"
 LOCAL_SSD_ARRAY = "/dev/md/localssd"
+# The guest's udev rules make the by-id links as the NVMe namespaces are probed, which can still be going on
+# when the startup script runs: the step settles udev and counts again, every 5 s for up to this many tries,
+# before it gives up on a VM that lacks disks. (Counting once stopped healthy VMs whose last links came late.)
+LOCAL_SSD_WAIT_TRIES = 30
 
 
 def render_local_ssd(count: int) -> str:
@@ -71,9 +75,14 @@ if ! blkid -L {LOCAL_SSD_LABEL} >/dev/null 2>&1; then
   mdadm --assemble --scan >/dev/null 2>&1 || true
 fi
 if ! blkid -L {LOCAL_SSD_LABEL} >/dev/null 2>&1; then
-  ssds=$(ls {LOCAL_SSD_GLOB} 2>/dev/null | sort)
-  found=$(echo "$ssds" | grep -c . || true)
+  for _ in $(seq {LOCAL_SSD_WAIT_TRIES}); do
+    udevadm settle --timeout=10 || true
+    found=$( (ls {LOCAL_SSD_GLOB} 2>/dev/null || true) | wc -l)
+    [ "$found" -lt {count} ] || break
+    sleep 5
+  done
   if [ "$found" -ne {count} ]; then echo "gpufleet: expected {count} local NVMe SSDs, found $found" >&2; exit 1; fi
+  ssds=$(ls {LOCAL_SSD_GLOB} | sort)
   mdadm --create {LOCAL_SSD_ARRAY} --run --force --level=0 --raid-devices={count} $ssds
   mkfs.ext4 -q -F -L {LOCAL_SSD_LABEL} {LOCAL_SSD_ARRAY}
 fi

@@ -234,16 +234,19 @@ _SSD_STUBS = {
     "mountpoint": "exit 1\n",
     "mount": 'echo "mount $*" >> "$STUB_LOG"\n',
     "systemctl": 'echo "systemctl $*" >> "$STUB_LOG"\n',
+    "udevadm": 'echo "udevadm $*" >> "$STUB_LOG"\n',
+    "sleep": "exit 0\n",  # the step's wait for late disks: no wall-clock wait in tests
 }
 
 
-def run_local_ssd(tmp_path: Path, disks: int, expected: int) -> tuple[subprocess.CompletedProcess[str], str]:
+def run_local_ssd(tmp_path: Path, disks: int, expected: int,
+                  stubs: dict[str, str] | None = None) -> tuple[subprocess.CompletedProcess[str], str]:
     from constructs_lib.nomad_gpu_node import LOCAL_SSD_GLOB, render_local_ssd
 
     bin_dir, dev = tmp_path / "bin", tmp_path / "dev"
     bin_dir.mkdir(exist_ok=True)
     dev.mkdir(exist_ok=True)
-    for name, body in _SSD_STUBS.items():
+    for name, body in {**_SSD_STUBS, **(stubs or {})}.items():
         (bin_dir / name).write_text("#!/bin/bash\n" + body)
         (bin_dir / name).chmod(0o755)
     for i in range(disks):
@@ -274,3 +277,23 @@ def test_local_ssd_step_stops_the_boot_when_disks_are_missing(tmp_path):
     result, log = run_local_ssd(tmp_path, 15, 16)
     assert result.returncode == 1 and "expected 16 local NVMe SSDs, found 15" in result.stderr
     assert "mdadm --create" not in log and "mkfs" not in log
+
+
+def test_local_ssd_step_says_why_when_no_disk_is_there_at_all(tmp_path):
+    """No disk at all: the boot stops with the step's own message (under ``set -o pipefail`` a bare
+    ``ls <glob> | sort`` that matches nothing ended the script with ls's status 2 and no word why)."""
+    result, log = run_local_ssd(tmp_path, 0, 16)
+    assert result.returncode == 1 and "expected 16 local NVMe SSDs, found 0" in result.stderr
+    assert "mdadm --create" not in log
+
+
+def test_local_ssd_step_waits_for_disks_whose_links_udev_makes_late(tmp_path):
+    """The guest's udev rules make the google-local-nvme-ssd-* links as the NVMe namespaces are probed; a boot
+    script that counts once stops a healthy 16-disk VM when it runs before the last links exist. Here udev
+    (the stub ``udevadm settle``) adds one link per call, and the step must wait for all 16 (``sleep`` is a
+    no-op stub: no wall-clock wait in the test)."""
+    dev = tmp_path / "dev"
+    udevadm = f'echo "udevadm $*" >> "$STUB_LOG"; n=$(ls {dev} | wc -l); touch "{dev}/google-local-nvme-ssd-$n"\n'
+    result, log = run_local_ssd(tmp_path, 14, 16, stubs={"udevadm": udevadm})
+    assert result.returncode == 0, result.stderr
+    assert "--raid-devices=16" in log and log.count("udevadm settle") >= 2
