@@ -26,18 +26,27 @@ FABRIC_MANAGER_SERVICE = "nvidia-fabricmanager.service"
 # run against another driver version; the R570 release notes list "Fabric Manager: 570.133.20" beside
 # driver 570.133.20). Ubuntu's archive, which the accelerator images' drivers come from, ships it as
 # nvidia-fabricmanager-<branch>; apt-cache madison lists every version the sources hold, and the one
-# starting with "<driver version>-" is taken. No match: the boot stops before Nomad starts.
+# starting with "<driver version>-" is taken. No match: the boot stops before Nomad starts. An installed
+# package of another version (held by an earlier boot while the driver moved on: a rebuilt image, or
+# unattended-upgrades updating the driver that the next reboot loads) is replaced, not just started.
 _FABRIC_MANAGER = f"""# NVSwitch host: NVIDIA Fabric Manager of the driver's own version, running before Nomad.
 if ! systemctl is-active --quiet {FABRIC_MANAGER_SERVICE}; then
   drv=$(nvidia-smi -i 0 --query-gpu=driver_version --format=csv,noheader | tr -d ' ')
   branch=$(echo "$drv" | cut -d. -f1)
-  if ! dpkg -s "nvidia-fabricmanager-$branch" >/dev/null 2>&1; then
-    apt-get update -q
-    fm=$(apt-cache madison "nvidia-fabricmanager-$branch" | awk -v v="$drv-" '{{ if (index($3, v) == 1) {{ print $3; exit }} }}')
-    if [ -z "$fm" ]; then echo "gpufleet: no nvidia-fabricmanager-$branch for driver $drv in the apt sources" >&2; exit 1; fi
-    apt-get install -yq "nvidia-fabricmanager-$branch=$fm"
-    apt-mark hold "nvidia-fabricmanager-$branch"
+  have=""
+  if dpkg -s "nvidia-fabricmanager-$branch" >/dev/null 2>&1; then
+    have=$(dpkg-query -W "nvidia-fabricmanager-$branch" | cut -f2)
   fi
+  case "$have" in
+    "$drv"-*) ;;
+    *)
+      apt-get update -q
+      fm=$(apt-cache madison "nvidia-fabricmanager-$branch" | awk -v v="$drv-" '{{ if (index($3, v) == 1) {{ print $3; exit }} }}')
+      if [ -z "$fm" ]; then echo "gpufleet: no nvidia-fabricmanager-$branch for driver $drv in the apt sources" >&2; exit 1; fi
+      apt-get install -yq --allow-change-held-packages "nvidia-fabricmanager-$branch=$fm"
+      apt-mark hold "nvidia-fabricmanager-$branch"
+      ;;
+  esac
   systemctl enable {FABRIC_MANAGER_SERVICE}
   systemctl start {FABRIC_MANAGER_SERVICE}
 fi

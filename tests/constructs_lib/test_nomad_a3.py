@@ -189,12 +189,13 @@ _FM_STUBS = {
 }
 
 
-def run_fabric_manager(tmp_path: Path, madison_versions_for_driver: bool = True) -> tuple[subprocess.CompletedProcess[str], str]:
+def run_fabric_manager(tmp_path: Path, madison_versions_for_driver: bool = True,
+                       stubs: dict[str, str] | None = None) -> tuple[subprocess.CompletedProcess[str], str]:
     from constructs_lib.nomad_gpu_node import render_fabric_manager
 
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    for name, body in _FM_STUBS.items():
+    for name, body in {**_FM_STUBS, **(stubs or {})}.items():
         if name == "nvidia-smi" and not madison_versions_for_driver:
             body = 'echo "575.51.03"\n'
         (bin_dir / name).write_text("#!/bin/bash\n" + body)
@@ -209,7 +210,7 @@ def run_fabric_manager(tmp_path: Path, madison_versions_for_driver: bool = True)
 def test_fabric_manager_step_installs_the_running_drivers_exact_version_before_nomad(tmp_path):
     result, log = run_fabric_manager(tmp_path)
     assert result.returncode == 0, result.stderr
-    assert "apt-get install -yq nvidia-fabricmanager-570=570.133.20-0ubuntu0.22.04.1" in log, "the driver's version, not the newest"
+    assert "apt-get install -yq --allow-change-held-packages nvidia-fabricmanager-570=570.133.20-0ubuntu0.22.04.1" in log, "the driver's version, not the newest"
     assert "apt-mark hold nvidia-fabricmanager-570" in log and "systemctl enable nvidia-fabricmanager.service" in log
     drop_in = (tmp_path / "systemd" / "nomad.service.d" / "gpufleet-fabricmanager.conf").read_text()
     assert drop_in == "[Unit]\nAfter=nvidia-fabricmanager.service\nRequires=nvidia-fabricmanager.service\n"
@@ -219,6 +220,26 @@ def test_fabric_manager_step_stops_the_boot_when_no_build_matches_the_driver(tmp
     result, log = run_fabric_manager(tmp_path, madison_versions_for_driver=False)
     assert result.returncode == 1 and "no nvidia-fabricmanager-575 for driver 575.51.03" in result.stderr
     assert "apt-get install" not in log
+
+
+def test_fabric_manager_of_an_older_driver_is_replaced_by_the_running_drivers_version(tmp_path):
+    """Fabric Manager refuses to start against another driver version, and the package stays installed (and held)
+    while the driver moves on: an image rebuilt with a newer driver, or unattended-upgrades updating the driver
+    and the reboot loading it. The step must then install the running driver's build, not just start the
+    installed one (which fails, and Nomad, which requires it, never starts)."""
+    # dpkg-query -W prints "<package>\t<version>" (its default format, ${Package}\t${Version}).
+    installed_old = {"dpkg": "exit 0\n", "dpkg-query": 'printf "%s\\t570.124.06-0ubuntu0.22.04.1\\n" "$2"\n'}
+    result, log = run_fabric_manager(tmp_path, stubs=installed_old)
+    assert result.returncode == 0, result.stderr
+    assert ("apt-get install -yq --allow-change-held-packages nvidia-fabricmanager-570=570.133.20-0ubuntu0.22.04.1" in log), log
+    assert "apt-mark hold nvidia-fabricmanager-570" in log
+
+
+def test_fabric_manager_of_the_running_drivers_version_is_not_reinstalled(tmp_path):
+    result, log = run_fabric_manager(tmp_path, stubs={"dpkg": "exit 0\n",
+                                                       "dpkg-query": 'printf "%s\\t570.133.20-0ubuntu0.22.04.1\\n" "$2"\n'})
+    assert result.returncode == 0, result.stderr
+    assert "apt-get" not in log and "systemctl start nvidia-fabricmanager.service" in log
 
 
 def test_every_a3_a4_boot_script_is_valid_bash(infra):
