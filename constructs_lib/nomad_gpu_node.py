@@ -75,6 +75,9 @@ def render_local_ssd(count: int) -> str:
 
     Local SSD keeps its data across a reboot but not across a stop or a host error, so the array is made
     when no filesystem of its label exists (a new or a stopped-and-started VM) and only mounted otherwise.
+    Disks that already carry md superblocks are never made into a new array (``--create --force`` and
+    ``mkfs -F`` would wipe what the reboot kept): when ``--assemble --scan`` left the array unassembled, it is
+    assembled from its members; an array without any filesystem (a boot cut short before mkfs) is formatted.
     The mount is in fstab (``nofail``) and Nomad requires it: after a reboot Nomad starts before this script,
     and a task must never write its scratch data to the boot disk instead.
     """
@@ -92,8 +95,19 @@ if ! blkid -L {LOCAL_SSD_LABEL} >/dev/null 2>&1; then
   done
   if [ "$found" -ne {count} ]; then echo "gpufleet: expected {count} local NVMe SSDs, found $found" >&2; exit 1; fi
   ssds=$(ls {LOCAL_SSD_GLOB} | sort)
-  mdadm --create {LOCAL_SSD_ARRAY} --run --force --level=0 --raid-devices={count} $ssds
-  mkfs.ext4 -q -F -L {LOCAL_SSD_LABEL} {LOCAL_SSD_ARRAY}
+  members=""
+  for d in $ssds; do if mdadm --examine "$d" >/dev/null 2>&1; then members="$members $d"; fi; done
+  if [ -n "$members" ]; then
+    mdadm --assemble {LOCAL_SSD_ARRAY} $ssds || {{ echo "gpufleet: the local SSDs carry an md array that does not assemble; not making a new one over its data" >&2; exit 1; }}
+    udevadm settle --timeout=10 || true
+    if ! blkid -L {LOCAL_SSD_LABEL} >/dev/null 2>&1; then
+      if blkid -p {LOCAL_SSD_ARRAY} >/dev/null 2>&1; then echo "gpufleet: {LOCAL_SSD_ARRAY} holds a filesystem not labelled {LOCAL_SSD_LABEL}; not formatting it" >&2; exit 1; fi
+      mkfs.ext4 -q -F -L {LOCAL_SSD_LABEL} {LOCAL_SSD_ARRAY}
+    fi
+  else
+    mdadm --create {LOCAL_SSD_ARRAY} --run --force --level=0 --raid-devices={count} $ssds
+    mkfs.ext4 -q -F -L {LOCAL_SSD_LABEL} {LOCAL_SSD_ARRAY}
+  fi
 fi
 mkdir -p {LOCAL_SSD_MOUNT}
 grep -q '^LABEL={LOCAL_SSD_LABEL} ' /etc/fstab || echo 'LABEL={LOCAL_SSD_LABEL} {LOCAL_SSD_MOUNT} ext4 discard,defaults,nofail 0 2' >> /etc/fstab

@@ -248,10 +248,20 @@ def test_every_a3_a4_boot_script_is_valid_bash(infra):
         assert check.returncode == 0, (pool, check.stderr)
 
 
+# Stubs for the local SSD step, with the disks' state as files in $MD_STATE: "md" once the disks carry the array's
+# superblocks (mdadm --create), "up" while it is assembled, "fs" once it holds the labelled ext4 (mkfs.ext4).
+# `mdadm --assemble --scan` assembles nothing here: the case where it did not (a VM whose udev has not run the
+# incremental assembly yet, or any other reason), which the step must survive without wiping the array.
 _SSD_STUBS = {
-    "blkid": 'echo "blkid $*" >> "$STUB_LOG"; [ -f "$FS_MADE" ]\n',  # no filesystem of the label until mkfs ran
-    "mdadm": 'echo "mdadm $*" >> "$STUB_LOG"; [ "$1" != --assemble ]\n',
-    "mkfs.ext4": 'echo "mkfs.ext4 $*" >> "$STUB_LOG"; touch "$FS_MADE"\n',
+    "blkid": 'echo "blkid $*" >> "$STUB_LOG"; if [ "$1" = -p ]; then [ -f "$MD_STATE/fs" ]; '
+             'else [ -f "$MD_STATE/fs" ] && [ -f "$MD_STATE/up" ]; fi\n',
+    "mdadm": 'echo "mdadm $*" >> "$STUB_LOG"\ncase "$1 $2" in\n'
+             '  "--create "*) touch "$MD_STATE/md" "$MD_STATE/up" ;;\n'
+             '  "--assemble --scan") exit 1 ;;\n'
+             '  "--assemble "*) [ -f "$MD_STATE/md" ] && touch "$MD_STATE/up" ;;\n'
+             '  "--examine "*) [ -f "$MD_STATE/md" ] ;;\n'
+             'esac\n',
+    "mkfs.ext4": 'echo "mkfs.ext4 $*" >> "$STUB_LOG"; touch "$MD_STATE/fs"\n',
     "mountpoint": "exit 1\n",
     "mount": 'echo "mount $*" >> "$STUB_LOG"\n',
     "systemctl": 'echo "systemctl $*" >> "$STUB_LOG"\n',
@@ -264,9 +274,9 @@ def run_local_ssd(tmp_path: Path, disks: int, expected: int,
                   stubs: dict[str, str] | None = None) -> tuple[subprocess.CompletedProcess[str], str]:
     from constructs_lib.nomad_gpu_node import LOCAL_SSD_GLOB, render_local_ssd
 
-    bin_dir, dev = tmp_path / "bin", tmp_path / "dev"
-    bin_dir.mkdir(exist_ok=True)
-    dev.mkdir(exist_ok=True)
+    bin_dir, dev, state = tmp_path / "bin", tmp_path / "dev", tmp_path / "md"
+    for folder in (bin_dir, dev, state):
+        folder.mkdir(exist_ok=True)
     for name, body in {**_SSD_STUBS, **(stubs or {})}.items():
         (bin_dir / name).write_text("#!/bin/bash\n" + body)
         (bin_dir / name).chmod(0o755)
@@ -277,7 +287,7 @@ def run_local_ssd(tmp_path: Path, disks: int, expected: int,
                                       .replace("/etc/fstab", str(tmp_path / "fstab")).replace("/etc/systemd/system", str(tmp_path / "systemd"))
                                       .replace("mkdir -p /mnt/localssd", f"mkdir -p {tmp_path}/mnt"))
     (tmp_path / "fstab").touch()
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "STUB_LOG": str(tmp_path / "log"), "FS_MADE": str(tmp_path / "fs")}
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "STUB_LOG": str(tmp_path / "log"), "MD_STATE": str(state)}
     result = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, check=False)
     return result, (tmp_path / "log").read_text() if (tmp_path / "log").exists() else ""
 
@@ -298,6 +308,30 @@ def test_local_ssd_step_stops_the_boot_when_disks_are_missing(tmp_path):
     result, log = run_local_ssd(tmp_path, 15, 16)
     assert result.returncode == 1 and "expected 16 local NVMe SSDs, found 15" in result.stderr
     assert "mdadm --create" not in log and "mkfs" not in log
+
+
+def test_a_reboot_whose_array_was_not_assembled_assembles_it_and_never_wipes_it(tmp_path):
+    """Local SSD data survives a reboot (docs/nomad.md). When the array's label is not found at boot because the
+    array is not assembled, the disks still carry its superblocks: the step must assemble it from its members and
+    mount it, never run ``mdadm --create --force`` and ``mkfs.ext4 -F`` over it, which wipes the scratch data."""
+    first, _ = run_local_ssd(tmp_path, 16, 16)
+    assert first.returncode == 0, first.stderr
+    (tmp_path / "log").unlink()
+    (tmp_path / "md" / "up").unlink()  # the reboot: superblocks and filesystem stay, nothing is assembled yet
+    again, log = run_local_ssd(tmp_path, 16, 16)
+    assert again.returncode == 0, again.stderr
+    assert "mdadm --create" not in log and "mkfs.ext4" not in log, log
+    assert any(line.startswith("mdadm --assemble /dev/md/localssd ") for line in log.splitlines()) and "mount /mnt/localssd" in log
+
+
+def test_an_array_made_but_never_formatted_is_formatted_not_made_again(tmp_path):
+    """A boot cut short between ``mdadm --create`` and ``mkfs.ext4``: the array holds no filesystem at all, so the
+    next boot formats it (nothing to lose) instead of stopping."""
+    (tmp_path / "md").mkdir()
+    (tmp_path / "md" / "md").touch()
+    result, log = run_local_ssd(tmp_path, 16, 16)
+    assert result.returncode == 0, result.stderr
+    assert "mdadm --create" not in log and "mkfs.ext4 -q -F -L localssd /dev/md/localssd" in log
 
 
 def test_local_ssd_step_says_why_when_no_disk_is_there_at_all(tmp_path):
