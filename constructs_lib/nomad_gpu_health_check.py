@@ -33,7 +33,8 @@ What does not act:
 
 - no exporter answer (not started yet, restarting): the run says so and changes nothing;
 - a node that is already ineligible and draining (or was drained) with gpufleet's reason is left alone, so a
-  timer firing every minute does not restart the drain's deadline;
+  timer firing every minute does not restart the drain's deadline (a drain of someone else's, which may have no
+  deadline at all, is replaced by the checker's own);
 - the checker never makes a node eligible again: a GPU that failed is suspect until an operator has looked
   (``nomad node eligibility -enable``) or the instance group has replaced the VM.
 """
@@ -135,11 +136,14 @@ class NomadApi:
 
 
 def already_taken_out(node: dict[str, Any]) -> bool:
-    """Ineligible, and draining or drained by this checker: nothing left to do."""
+    """Ineligible, and the last drain (running, done or cancelled) is this checker's: nothing left to do.
+
+    Someone else's drain does not count: an operator's maintenance drain may have no deadline, so the jobs on
+    the failed GPU would keep running; the checker's drain replaces its deadline and its reason (Nomad replaces
+    ``LastDrain.Meta`` when a drain update carries Meta), after which this holds."""
     if node.get("SchedulingEligibility") != "ineligible":
         return False
-    last = ((node.get("LastDrain") or {}).get("Meta") or {})
-    return node.get("DrainStrategy") is not None or REASON_KEY in last
+    return REASON_KEY in ((node.get("LastDrain") or {}).get("Meta") or {})
 
 
 def check_once(metrics_text: str, node_id: str, api_for: Callable[[], NomadApi]) -> str:

@@ -84,6 +84,23 @@ def test_a_drained_node_is_not_drained_again_on_the_next_run(nomad):
     assert len(double.calls("PUT", "node-drain")) == 1 and len(double.calls("GET", "node")) == 2
 
 
+def test_someone_elses_drain_is_replaced_by_the_checkers_deadline_and_reason(nomad):
+    """A node already draining for another reason (an operator's maintenance drain without deadline, ``nomad node drain
+    -enable -no-deadline``, Deadline -1: DrainSpec at api/nodes.go) is not "taken out" by the checker: its jobs would
+    keep running on the failed GPU for as long as that drain lets them. The checker sets its own drain, whose one-hour
+    deadline and reason replace the other's (updating a drain replaces LastDrain.Meta when Meta is given: hashicorp/nomad
+    v1.10.5 nomad/state/state_store.go, updateNodeDrainImpl, "if len(drainMeta) != 0")."""
+    double, node = nomad
+    api = checker.NomadApi(double.address, TOKEN)
+    api._call("PUT", f"/v1/node/{node.node_id}/drain", {"NodeID": node.node_id, "DrainSpec": {"Deadline": -1, "IgnoreSystemJobs": False},
+                                                        "Meta": {"message": "rack maintenance"}})
+    line, _ = run(double, node, "xid79.txt")
+    assert "marked ineligible and draining" in line, line
+    assert node.drain_strategy["Deadline"] == 3600 * 10**9 and node.last_drain["Meta"]["gpufleet_gpu_health"] == "GPU 3 last XID 79"
+    again, _ = run(double, node, "xid79.txt")
+    assert "already ineligible and drained" in again and len(double.calls("PUT", "node-drain")) == 2
+
+
 @pytest.mark.parametrize(("fixture", "note"), [("xid13.txt", "GPU 5 last XID 13"), ("xid_blank.txt", None)])
 def test_application_xids_and_blank_values_do_not_drain(nomad, fixture, note):
     double, node = nomad
