@@ -22,16 +22,12 @@ import hvac
 import hvac.exceptions
 import requests
 
+from clusters.derive.nomad import management_token_path as token_path
 from clusters.errors import UserError
 from vault_policies.layout import KV_MOUNT
 
 ALREADY_DONE = "ACL bootstrap already done"
 RETRY_SECONDS = 5.0
-
-
-def token_path(cluster: str) -> str:
-    """KV v2 path (under the ``secret`` mount) of the cluster's management token, key ``secret_id``."""
-    return f"gpufleet/nomad/{cluster}/management-token"
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,12 @@ NOMAD_TLS_DIR = "/etc/nomad.d/tls"
 AUTOSCALER_TOKEN = "autoscaler-token"
 
 
+def management_token_path(cluster: str) -> str:
+    """KV v2 path (under the ``secret`` mount) where ``gpufleet nomad acl-bootstrap`` keeps the cluster's
+    Nomad management token (key ``secret_id``); never in a secret Terraform creates, so never in state."""
+    return f"gpufleet/nomad/{cluster}/management-token"
+
+
 NOMAD_GOSSIP_FILE = "/etc/nomad.d/gossip.hcl"
 
 

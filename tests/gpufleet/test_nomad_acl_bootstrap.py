@@ -17,7 +17,8 @@ import pytest
 
 from clusters.errors import UserError
 from gpufleet import nomad_acl
-from gpufleet.nomad_acl import NomadApi, bootstrap, token_path
+from clusters.derive.nomad import management_token_path as token_path
+from gpufleet.nomad_acl import NomadApi, bootstrap
 from tests.gpufleet.nomad_acl_double import NomadAclDouble
 from vault_policies.layout import KV_MOUNT
 
