@@ -28,6 +28,9 @@ def _files(region: str) -> dict[str, str]:
         "client-cert": f"{region}-client-nomad.pem",
         "client-key": f"{region}-client-nomad-key.pem",
         "gossip-key": "gossip.key",
+        "autoscaler-cert": "autoscaler/autoscaler.pem",
+        "autoscaler-key": "autoscaler/autoscaler-key.pem",
+        "prometheus-ca": "$PROMETHEUS_CA",
     }
 
 
@@ -76,6 +79,14 @@ def render_bootstrap_script(*, cluster: str, project: str, region: str, secrets:
         # create` refuses to overwrite the operator's.
         lines.append(f"(mkdir prometheus && cd prometheus && nomad tls cert create -cli -region {region} -days {CERT_DAYS}"
                      f" -ca ../{CA_CERT} -key ../{CA_KEY} && mv {region}-cli-nomad.pem prometheus.pem && mv {region}-cli-nomad-key.pem prometheus-key.pem)")
+    if "autoscaler-cert" in names:
+        # The Nomad Autoscaler's own client certificate: the servers' key is not lent to another program.
+        lines.append(f"(mkdir autoscaler && cd autoscaler && nomad tls cert create -cli -region {region} -days {CERT_DAYS}"
+                     f" -ca ../{CA_CERT} -key ../{CA_KEY} && mv {region}-cli-nomad.pem autoscaler.pem && mv {region}-cli-nomad-key.pem autoscaler-key.pem)")
+    if "prometheus-ca" in names:
+        at = lines.index("umask 077")
+        lines[at:at] = [': "${PROMETHEUS_CA:?set PROMETHEUS_CA to the CA certificate file that signed the https Prometheus certificate}"',
+                        'PROMETHEUS_CA="$(cd "$(dirname "$PROMETHEUS_CA")" && pwd)/$(basename "$PROMETHEUS_CA")"']
     for secret in secrets:
         if secret.name not in files:
             continue

@@ -220,3 +220,31 @@ def test_every_policy_the_server_boot_script_writes_passes_with_the_config_it_wr
     assert len(policies) == 2 and agent_errors(config) == []
     for text in policies:
         assert policy_errors(hcl.loads(text), config) == []
+
+
+def test_the_autoscaler_authenticates_with_its_own_certificate_and_verifies_the_https_prometheus(server_script):
+    """Issue 23: not the servers' certificate and key; ``ca_cert`` (a path, nomad-autoscaler v0.4.9
+    plugins/builtin/apm/prometheus/plugin/plugin.go:45-47,173-187) because the example's Prometheus is https."""
+    from clusters.derive.nomad import AUTOSCALER_CERT_FILE, AUTOSCALER_KEY_FILE, PROMETHEUS_CA_FILE
+    from constructs_lib.nomad_agent_config import CERT_FILE, KEY_FILE
+
+    script = server_script
+    config = script.split("<<'GPUFLEET_AUTOSCALER_CONFIG'\n", 1)[1].split("GPUFLEET_AUTOSCALER_CONFIG", 1)[0]
+    assert f'client_cert = "{AUTOSCALER_CERT_FILE}"' in config and f'client_key = "{AUTOSCALER_KEY_FILE}"' in config
+    assert CERT_FILE not in config and KEY_FILE not in config, "the servers' own key is not lent to the autoscaler"
+    assert f'ca_cert = "{PROMETHEUS_CA_FILE}"' in config
+    for path, secret in ((AUTOSCALER_CERT_FILE, "autoscaler-cert"), (AUTOSCALER_KEY_FILE, "autoscaler-key"), (PROMETHEUS_CA_FILE, "prometheus-ca")):
+        assert f"gpufleet_secret prod-nomad-nomad-{secret} {path}" in script
+
+
+def test_the_autoscaler_acl_policy_grants_what_v0_4_9_calls_and_nothing_more():
+    """Derived in constructs_lib/nomad_tenancy.py from the autoscaler's and Nomad's source (cited there)."""
+    import hcl
+
+    from constructs_lib.nomad_tenancy import AUTOSCALER_RULES
+
+    rules = hcl.loads(AUTOSCALER_RULES)
+    assert rules["node"] == {"policy": "write"}
+    assert rules["namespace"]["*"] == {"capabilities": ["read-job", "list-scaling-policies", "read-scaling-policy"]}
+    assert rules["namespace"]["default"] == {"variables": {"path": {"nomad-autoscaler/lock": {"capabilities": ["read", "write", "destroy"]}}}}
+    assert set(rules) == {"node", "namespace"}, "no agent, operator or plugin access"

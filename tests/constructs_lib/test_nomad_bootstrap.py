@@ -49,8 +49,9 @@ def run(script: str, tmp_path: Path, keep: Path) -> subprocess.CompletedProcess[
         (bin_dir / name).write_text(text)
         (bin_dir / name).chmod(0o755)
     (tmp_path / "bootstrap.sh").write_text(script)
+    (tmp_path / "prometheus-ca.pem").write_text("-----BEGIN CERTIFICATE-----\nprometheus-ca\n-----END CERTIFICATE-----\n")
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("NOMAD_")}, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SHIM_LOG": str(tmp_path / "log"), "TMPDIR": str(tmp_path),
-           "VAULT_ADDR": "https://vault.example.com:8200"}
+           "VAULT_ADDR": "https://vault.example.com:8200", "PROMETHEUS_CA": "prometheus-ca.pem"}
     return subprocess.run(["bash", str(tmp_path / "bootstrap.sh"), "10.50.0.9", str(keep)], env=env, capture_output=True, text=True,
                           check=False, cwd=tmp_path)
 
@@ -71,6 +72,10 @@ def test_bootstrap_stores_every_secret_and_keeps_only_the_ca_and_cli_cert(prod_n
     assert "nomad tls cert create -cli -region global -days 365 -ca ../nomad-agent-ca.pem -key ../nomad-agent-ca-key.pem" in log, \
         "the autoscaler's Prometheus gets its own client certificate for the servers' verify_https_client"
     assert "scrape job: gpufleet nomad scrape-config prod-nomad" in result.stdout
+    assert log.count("nomad tls cert create -cli -region global -days 365 -ca ../nomad-agent-ca.pem -key ../nomad-agent-ca-key.pem") == 2, \
+        "Prometheus and the autoscaler each get their own client certificate, not the servers'"
+    sizes = {line.split()[1]: line.split()[2] for line in log if line.startswith("gcloud")}
+    assert sizes["prod-nomad-nomad-prometheus-ca"] == "68", "the https Prometheus' CA, from the file PROMETHEUS_CA names (relative to where it ran)"
     expires = re.search(r'record in clusters/prod-nomad.yaml: nomad.tls.static_expires: "(\d{4}-\d{2}-\d{2})"', result.stdout).group(1)
     assert (date.fromisoformat(expires) - datetime.now(UTC).date()).days == 365, "what check warns about, 30 days ahead"
     assert not [p for p in tmp_path.iterdir() if p.name.startswith("tmp")], "the work dir with the agent keys is deleted"
