@@ -8,7 +8,10 @@ Behaviour read from hashicorp/nomad v1.10.5:
 - ``GET /v1/acl/token/self`` with ``X-Nomad-Token``: the token, or 403 "ACL token not found"
   (``command/agent/http.go:704-706``).
 - Before a leader is elected the servers answer 500 "No cluster leader" (``nomad/structs/errors.go``
-  ``errNoLeader``): ``no_leader`` answers that many requests so.
+  ``errNoLeader``): ``no_leader`` answers that many requests so, ``self_no_leader`` that many token-self
+  lookups (a leader election between two requests).
+- ``lose_bootstrap_answers``: that many bootstraps are applied but their connection drops before the
+  answer (a timeout or reset the client sees as an error, though Raft committed the token).
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ from typing import Any
 
 class NomadAclDouble:
     def __init__(self, *, no_leader: int = 0) -> None:
+        self.self_no_leader = 0
+        self.lose_bootstrap_answers = 0
         self.tokens: dict[str, dict[str, Any]] = {}  # SecretID -> ACLToken
         self.reset_index = 0
         self.no_leader = no_leader
@@ -69,8 +74,15 @@ class NomadAclDouble:
                 uuid.UUID(secret)
             except ValueError:
                 return 400, "invalid acl token"
-            return 200, self._bootstrap(secret)
+            token = self._bootstrap(secret)
+            if self.lose_bootstrap_answers > 0:
+                self.lose_bootstrap_answers -= 1
+                return None, None
+            return 200, token
         if (method, path) == ("GET", "/v1/acl/token/self"):
+            if self.self_no_leader > 0:
+                self.self_no_leader -= 1
+                return 500, "No cluster leader"
             token = self.tokens.get(headers.get("X-Nomad-Token", ""))
             return (200, token) if token else (403, "ACL token not found")
         return 404, f"no route {method} {path}"
@@ -89,6 +101,9 @@ class NomadAclDouble:
                 with double._lock:
                     double.requests.append((method, self.path, headers, body))
                     status, answer = double._answer(method, self.path, headers, body)
+                if status is None:
+                    self.close_connection = True
+                    return
                 data = (answer if isinstance(answer, str) else json.dumps(answer)).encode()
                 self.send_response(status)
                 self.send_header("Content-Type", "text/plain" if isinstance(answer, str) else "application/json")

@@ -91,7 +91,7 @@ def test_waits_for_a_leader_then_bootstraps(nomad, bao, monkeypatch):
 def test_fails_when_no_leader_answers_in_time_and_keeps_the_stored_token_for_the_rerun(nomad, bao, monkeypatch):
     monkeypatch.setattr(nomad_acl, "RETRY_SECONDS", 0.01)
     nomad.no_leader = 10_000
-    with pytest.raises(UserError, match="did not answer the ACL bootstrap within 0 s"):
+    with pytest.raises(UserError, match="did not answer POST /v1/acl/bootstrap within 0 s"):
         run(nomad, bao, "acl-d", [])
     token, _ = stored(bao, "acl-d")
     nomad.no_leader = 0
@@ -109,3 +109,16 @@ def test_the_cli_never_prints_the_token(nomad, openbao, bao):
     token, _ = stored(bao, "prod-nomad")
     assert all(token not in r.stdout + r.stderr for r in results)
     assert "already bootstrapped" in results[1].stdout
+
+
+def test_a_lost_bootstrap_answer_then_a_leader_election_keeps_the_token_that_is_the_clusters(nomad, bao, monkeypatch):
+    """The bootstrap committed but its answer was lost, so the rerun of the POST hears "already done"; the
+    token-self check then meets a leader election (500). Only a definitive 403 "ACL token not found" proves
+    the stored token is not the cluster's: deleting it on a 500 would lose the only management token."""
+    monkeypatch.setattr(nomad_acl, "RETRY_SECONDS", 0.01)
+    nomad.lose_bootstrap_answers = 1
+    nomad.self_no_leader = 2
+    said: list[str] = []
+    assert run(nomad, bao, "acl-a", said, wait=30) == "already bootstrapped"
+    token, _ = stored(bao, "acl-a")
+    assert nomad.tokens[token]["Type"] == "management", "the stored token is the cluster's management token"
