@@ -70,7 +70,7 @@ cdktf-cli: package-lock.json
 clean:
 	rm -rf cdktf.out jobs/out .gpufleet .pytest_cache
 
-# What plan.yml's preview job runs: the working tree against the last release (newest tag v*),
+# What plan.yml's preview job runs: the working tree against the last release (newest final version tag vX.Y.Z),
 # failing on a protected resource destroyed, replaced or renamed without a migration (docs/nomad.md).
 preview-release: $(STAMP)
 	GPUFLEET=$(CURDIR)/$(BIN)/gpufleet tools/preview_last_release.sh

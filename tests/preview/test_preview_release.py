@@ -79,3 +79,21 @@ def test_the_preview_job_runs_the_release_preview_and_fails_on_it():
     assert "continue-on-error" not in step and "if" not in step
     checkout = next(s for s in steps if str(s.get("uses", "")).startswith("actions/checkout"))
     assert checkout["with"]["fetch-depth"] == 0, "all history and tags: the release tag must be there"
+
+
+def test_the_last_release_is_the_newest_final_version_tag_not_a_release_candidate_or_another_v_tag(tmp_path):
+    """git's version sort puts v1.2.0-rc1 above v1.2.0 and any tag starting with v (vault-pin) above both; the
+    release an operator runs is v1.2.0."""
+    repo = tmp_path / "tags"
+    (repo / "tools").mkdir(parents=True)
+    script = Path(__file__).resolve().parents[2] / "tools" / "preview_last_release.sh"
+    (repo / "tools" / script.name).write_text(script.read_text())
+    (repo / "tools" / script.name).chmod(0o755)
+    git(repo, "init", "-q", "-b", "main")
+    git(repo, "add", "-A")
+    for tag in ("v1.1.0", "v1.2.0-rc1", "v1.2.0", "vault-pin"):
+        git(repo, "commit", "-q", "--allow-empty", "-m", tag)
+        git(repo, "tag", tag)
+    result = subprocess.run(["tools/preview_last_release.sh"], cwd=repo, capture_output=True, text=True, check=False,
+                            env={**os.environ, "GPUFLEET": "true"})
+    assert result.returncode == 0 and "previewing against the last release: v1.2.0\n" in result.stderr, result.stderr
