@@ -31,7 +31,9 @@ DISPATCHER_POLICY = "gpufleet-dispatcher"
 #   (agent/config/config.go:457-460; policy/nomad/source.go:63-68), and Nomad accepts those two
 #   capabilities for it (nomad/scaling_endpoint.go:49-51,118-120); no list-jobs is needed;
 # - its high-availability lock, a variable at nomad-autoscaler/lock (agent/config/config.go:401,
-#   command/agent.go:411-418) in the default namespace.
+#   command/agent.go:411-418) in the default namespace. That block repeats the "*" capabilities: Nomad takes an
+#   exact namespace's block alone, never its union with a glob (acl/acl.go:572-581 matchingNamespaceCapabilitySet),
+#   so a variables-only "default" block would leave "default" (where a job with no tenant runs) without read-job.
 # Nothing else: no submit-job, no scale-job (the nomad target is not used), no operator or agent access.
 AUTOSCALER_POLICY = "gpufleet-autoscaler"
 AUTOSCALER_RULES = """node {
@@ -41,6 +43,7 @@ namespace "*" {
   capabilities = ["read-job", "list-scaling-policies", "read-scaling-policy"]
 }
 namespace "default" {
+  capabilities = ["read-job", "list-scaling-policies", "read-scaling-policy"]
   variables {
     path "nomad-autoscaler/lock" {
       capabilities = ["read", "write", "destroy"]

@@ -4,6 +4,7 @@ agent/config/config.go, sdk/policy.go, sdk/target.go, gce-mig plugin.go)."""
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import re
 import subprocess
@@ -246,5 +247,29 @@ def test_the_autoscaler_acl_policy_grants_what_v0_4_9_calls_and_nothing_more():
     rules = hcl.loads(AUTOSCALER_RULES)
     assert rules["node"] == {"policy": "write"}
     assert rules["namespace"]["*"] == {"capabilities": ["read-job", "list-scaling-policies", "read-scaling-policy"]}
-    assert rules["namespace"]["default"] == {"variables": {"path": {"nomad-autoscaler/lock": {"capabilities": ["read", "write", "destroy"]}}}}
+    assert rules["namespace"]["default"] == {"capabilities": ["read-job", "list-scaling-policies", "read-scaling-policy"],
+                                             "variables": {"path": {"nomad-autoscaler/lock": {"capabilities": ["read", "write", "destroy"]}}}}
     assert set(rules) == {"node", "namespace"}, "no agent, operator or plugin access"
+
+
+def _namespace_capabilities(rules: dict, namespace: str) -> set[str]:
+    """The capabilities Nomad v1.10.5 grants a token in ``namespace``: acl/acl.go NewACL (:106-170) keeps one set per
+    namespace block, a block with only ``variables`` an empty one, and matchingNamespaceCapabilitySet (:572-581)
+    takes the exact namespace's set when there is one, a glob's only otherwise (never the union)."""
+    blocks = rules["namespace"]
+    chosen = blocks.get(namespace)
+    if chosen is None:
+        chosen = next((blocks[name] for name in blocks if fnmatch.fnmatchcase(namespace, name)), {})
+    return set(chosen.get("capabilities", ()))
+
+
+@pytest.mark.parametrize("namespace", ["default", "team-a"])
+def test_the_autoscaler_reads_jobs_and_scaling_policies_in_every_namespace_including_default(namespace):
+    """A job without a tenant runs in "default" (jobs/nomad/dispatch.py); without read-job there, Nomad hides its
+    allocations from Node.GetAllocs, the empty-node selector takes its busy node for empty and scale-in drains it."""
+    import hcl
+
+    from constructs_lib.nomad_tenancy import AUTOSCALER_RULES
+
+    granted = _namespace_capabilities(hcl.loads(AUTOSCALER_RULES), namespace)
+    assert {"read-job", "list-scaling-policies", "read-scaling-policy"} <= granted
