@@ -34,7 +34,8 @@ def planned_from(config: ClusterConfig) -> Iterator[Finding]:
             yield (at, f"GitHub-hosted runners cannot reach this cluster's Nomad API: {reason}; {FIX}")
         return
     labels = planned.github_runner_labels
-    if labels is not None and SELF_HOSTED not in labels:
+    # Runner labels are case-insensitive (GitHub docs, "Using labels with self-hosted runners").
+    if labels is not None and SELF_HOSTED not in {label.lower() for label in labels}:
         yield ((*at, "github_runner_labels"), f"labels {list(labels)} select GitHub-hosted runners, which cannot reach the Nomad API;"
                f" allowed: a set containing {SELF_HOSTED!r}; add {SELF_HOSTED!r} and the label of your runners in the VPC")
     if planned.tfc_agent_pool is not None and not isinstance(config.state, TfcState):

@@ -199,3 +199,13 @@ def test_a_tfc_agent_pool_puts_the_nomad_workspace_in_agent_mode_with_its_pool_a
     token = variables["NOMAD_TOKEN"]
     assert token["value"] == "" and token["sensitive"] is True and token["lifecycle"] == {"ignore_changes": ["value"]}
     assert all(v["category"] == "env" for v in variables.values())
+
+
+def test_runner_labels_are_matched_without_case_as_github_does():
+    """GitHub docs, "Using labels with self-hosted runners": labels are case-insensitive, so
+    [Self-Hosted, gpufleet-vpc] selects the same runners as [self-hosted, gpufleet-vpc]."""
+    from clusters.plan_reach import planned_from
+
+    nomad = {c.name: c for c in load_fleet()}["prod-nomad"]
+    planned = nomad.nomad.planned_from.model_copy(update={"github_runner_labels": ("Self-Hosted", "gpufleet-vpc")})
+    assert list(planned_from(nomad.model_copy(update={"nomad": nomad.nomad.model_copy(update={"planned_from": planned})}))) == []
