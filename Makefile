@@ -9,7 +9,7 @@ export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 export CHECKPOINT_DISABLE := 1
 export BC_SKIP_MAPPING := TRUE
 
-.PHONY: demo test bench install browser cdktf-cli clean
+.PHONY: demo test bench install browser cdktf-cli clean preview-release
 
 install: $(STAMP)
 
@@ -69,3 +69,8 @@ cdktf-cli: package-lock.json
 
 clean:
 	rm -rf cdktf.out jobs/out .gpufleet .pytest_cache
+
+# What plan.yml's preview job runs: the working tree against the last release (newest final version tag vX.Y.Z),
+# failing on a protected resource destroyed, replaced or renamed without a migration (docs/nomad.md).
+preview-release: $(STAMP)
+	GPUFLEET=$(CURDIR)/$(BIN)/gpufleet tools/preview_last_release.sh

@@ -13,6 +13,7 @@ from collections import Counter
 from collections.abc import Iterator
 
 from clusters import rules
+from clusters.plan_reach import planned_from
 from clusters.derive.addresses import dns_record_address, grant_address
 from clusters.derive.gke import SYSTEM_POOL_NAME, derive_control_plane
 from clusters.derive.pools import derive_gpu_pool, pool_gpudirect, kueue_queue_key, machine_accelerator
@@ -50,6 +51,7 @@ def cross_check(config: ClusterConfig, file_stem: str | None = None) -> list[Fin
     findings += _iam(config)
     findings += _tenant_names(config)
     findings += _nomad(config)
+    findings += planned_from(config)
     if not any(path[0] == "gpu_pools" for path, _ in findings):
         findings += _tenants(config)
     findings += _static_ips(config)

@@ -361,6 +361,24 @@ class NomadApiAccess(Model):
     cidrs: tuple[AuthorizedNetwork, ...] = ()
 
 
+# A GitHub Actions runner label: letters, digits, '.', '_', '-' (GitHub's own labels such as
+# 'ubuntu-latest', 'self-hosted', 'linux', 'x64' all fit).
+RUNNER_LABEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+
+
+class NomadPlannedFrom(Model):
+    """Where the ``<cluster>-scheduler`` stack is planned from: a machine that can reach the Nomad
+    API. Exactly one of: ``github_runner_labels`` (self-hosted GitHub Actions runners inside the VPC
+    or on its VPN; the CI plan job for this stack ``runs-on`` them and writes the mTLS files from CI
+    secrets) or ``tfc_agent_pool`` (a Terraform Cloud agent pool in the VPC, by name: the stack's
+    workspace runs in ``agent`` execution mode). Unset: GitHub-hosted ``ubuntu-latest`` (docs/nomad.md,
+    "Where CI plans from")."""
+
+    github_runner_labels: Annotated[tuple[Annotated[str, _charset(RUNNER_LABEL, "a runner label (letters, digits, '.', '_', '-')", "gpufleet-vpc")], ...],
+                                    Field(min_length=1)] | None = None
+    tfc_agent_pool: Annotated[str, _charset(TFC_NAME, "a Terraform Cloud agent pool name (letters, digits, '_', '-')", "gpufleet-vpc")] | None = None
+
+
 class NomadAutoscaler(Model):
     """The Nomad Autoscaler's metrics source: a Prometheus that scrapes every server's
     ``/v1/metrics?format=prometheus`` (with a client certificate from the cluster CA) from
@@ -394,6 +412,7 @@ class NomadConfig(Model):
     api_access: NomadApiAccess = NomadApiAccess()
     autoscaler: NomadAutoscaler | None = None
     tls: NomadTls = NomadTls()
+    planned_from: NomadPlannedFrom | None = None
     client_machine_image: Annotated[str, _charset(IMAGE, "a GCE image (projects/<project>/global/images/[family/]<name>)", "projects/ubuntu-os-accelerator-images/global/images/family/ubuntu-accelerator-2204-amd64-with-nvidia-550")] = "projects/ubuntu-os-accelerator-images/global/images/family/ubuntu-accelerator-2204-amd64-with-nvidia-550"
 
 

@@ -113,16 +113,20 @@ def render_policy(*, spec: GpuPoolSpec, cluster: str, project: str, region: str)
     return "\n".join(lines) + "\n"
 
 
-def render_agent_config(*, nomad_region: str, prometheus_address: str, ca_file: str, cert_file: str, key_file: str) -> str:
-    """The autoscaler agent on a server: local Nomad API over mTLS (token from NOMAD_TOKEN in its
-    environment file, never here), HA lock, file policies, and the three plugins it uses."""
+def render_agent_config(*, nomad_region: str, prometheus_address: str, ca_file: str, cert_file: str, key_file: str,
+                        prometheus_ca_file: str | None = None) -> str:
+    """The autoscaler agent on a server: local Nomad API over mTLS with its own client certificate
+    (``cert_file``/``key_file``, never the server's; token from NOMAD_TOKEN in its environment file,
+    never here), HA lock, file policies, and the three plugins it uses; an https Prometheus is
+    verified against ``prometheus_ca_file`` (the APM's ``ca_cert``)."""
     lines: list[str] = ["log_level = \"INFO\"", f'plugin_dir = "{CONFIG_DIR}/plugins"']
     _block(lines, 0, "nomad", {"address": "https://127.0.0.1:4646", "region": nomad_region, "ca_cert": ca_file,
                                "client_cert": cert_file, "client_key": key_file, "tls_server_name": f"server.{nomad_region}.nomad"})
     _block(lines, 0, "high_availability", {"enabled": True})
     _block(lines, 0, "policy", {"dir": POLICY_DIR, "default_evaluation_interval": EVALUATION_INTERVAL, "default_cooldown": COOLDOWN})
     # ``config`` is an attribute (map[string]string), not a block.
-    lines += ['apm "prometheus" {', '  driver = "prometheus"', f"  config = {{ address = {_hcl(prometheus_address)} }}", "}"]
+    apm = f"address = {_hcl(prometheus_address)}" + (f", ca_cert = {_hcl(prometheus_ca_file)}" if prometheus_ca_file else "")
+    lines += ['apm "prometheus" {', '  driver = "prometheus"', f"  config = {{ {apm} }}", "}"]
     _block(lines, 0, 'target "gce-mig"', {"driver": "gce-mig"})
     _block(lines, 0, 'strategy "pass-through"', {"driver": "pass-through"})
     return "\n".join(lines) + "\n"

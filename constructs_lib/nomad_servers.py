@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from constructs import Construct
 
-from clusters.derive.nomad import AUTOSCALER_TOKEN, NomadPkiSpec, NomadSecretSpec, NomadServersSpec, nomad_server_account_id, server_tag
+from clusters.derive.nomad import AUTOSCALER_CERT_FILE, AUTOSCALER_KEY_FILE, AUTOSCALER_TOKEN, NomadPkiSpec, NomadSecretSpec, NomadServersSpec, nomad_server_account_id, server_tag
 from clusters.derive.pools import GpuPoolSpec
 from constructs_lib.naming import pin
 from constructs_lib.nomad_agent_config import (
-    CA_FILE, CERT_FILE, DATA_DIR, HTTP_PORT, KEY_FILE, AgentJoin, render_server_config, render_startup_script,
+    CA_FILE, DATA_DIR, HTTP_PORT, AgentJoin, render_server_config, render_startup_script,
 )
 from constructs_lib.nomad_autoscaler import UNIT as AUTOSCALER_UNIT
 from constructs_lib.nomad_autoscaler import render_agent_config, render_autoscaler_boot, render_policy
@@ -61,8 +61,11 @@ class NomadServers(Construct):
         self.autoscaler_config, self.policies, autoscaler_boot = None, {}, None
         token = next((s for s in secrets if s.name == AUTOSCALER_TOKEN), None)
         if prometheus_address is not None and token is not None:
+            # Its own client certificate, not the server's (the bootstrap script makes one for it alone).
+            prometheus_ca = next((s.path for s in secrets if s.name == "prometheus-ca"), None)
             self.autoscaler_config = render_agent_config(nomad_region=nomad_region, prometheus_address=prometheus_address,
-                                                         ca_file=CA_FILE, cert_file=CERT_FILE, key_file=KEY_FILE)
+                                                         ca_file=CA_FILE, cert_file=AUTOSCALER_CERT_FILE, key_file=AUTOSCALER_KEY_FILE,
+                                                         prometheus_ca_file=prometheus_ca)
             self.policies = {f"{cluster}-{p.name}": render_policy(spec=p, cluster=cluster, project=project, region=region)
                              for p in pools if p.autoscaling}
             autoscaler_boot = render_autoscaler_boot(config=self.autoscaler_config, policies=self.policies, token_secret=token.secret_id)
@@ -70,7 +73,7 @@ class NomadServers(Construct):
         if pki is not None:
             role = next(r for r in pki.roles if r.name == "server")
             # The forwarding rule is named here, not referenced: the balancer is built on the groups this template feeds.
-            # The autoscaler's Nomad client reads the same certificate only when it starts.
+            # The autoscaler's Nomad client reads the CA (which a PKI issuer change may replace) only when it starts.
             reload = f"{RELOAD}; systemctl try-restart {AUTOSCALER_UNIT}" if self.autoscaler_config else RELOAD
             certificates = render_renewal_boot(env=render_env(spec=pki, role=role, vault_addr=vault_addr, owner="nomad:nomad", reload=reload,
                                                               api_forwarding_rule=f"projects/{project}/regions/{region}/forwardingRules/{name}-api"))

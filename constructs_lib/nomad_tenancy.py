@@ -20,16 +20,31 @@ TENANT_CAPABILITIES = ("list-jobs", "parse-job", "read-job", "read-logs")
 # The dispatcher's token: register, dispatch, stop and read jobs in every tenant namespace.
 DISPATCHER_CAPABILITIES = ("dispatch-job", "list-jobs", "parse-job", "read-job", "submit-job")
 DISPATCHER_POLICY = "gpufleet-dispatcher"
-# The Nomad Autoscaler: drain and purge the nodes it removes, read allocations on them, and hold
-# its high-availability lock (a variable at nomad-autoscaler/lock in the default namespace).
+# The Nomad Autoscaler v0.4.9 with file policies, the prometheus APM and the gce-mig target needs, read
+# from its source and Nomad v1.10.5's ACL checks:
+# - node write: the cluster target lists, reads, drains (UpdateDrain), marks eligible and purges nodes
+#   (nomad-autoscaler sdk/helper/scaleutils/cluster.go:200,263,350, node_drain.go:180); Nomad checks
+#   AllowNodeWrite for drain, eligibility and purge (nomad/node_endpoint.go:674,778,881);
+# - read-job in every namespace: the empty-node selector lists a node's allocations
+#   (scaleutils/nodeselector/empty.go:73), which Nomad filters by read-job per namespace
+#   (node_endpoint.go GetAllocs, :1004-1019), so without it a busy node would look empty;
+# - list-scaling-policies and read-scaling-policy: the Nomad policy source is on by default
+#   (agent/config/config.go:457-460; policy/nomad/source.go:63-68), and Nomad accepts those two
+#   capabilities for it (nomad/scaling_endpoint.go:49-51,118-120); no list-jobs is needed;
+# - its high-availability lock, a variable at nomad-autoscaler/lock (agent/config/config.go:401,
+#   command/agent.go:411-418) in the default namespace. That block repeats the "*" capabilities: Nomad takes an
+#   exact namespace's block alone, never its union with a glob (acl/acl.go:572-581 matchingNamespaceCapabilitySet),
+#   so a variables-only "default" block would leave "default" (where a job with no tenant runs) without read-job.
+# Nothing else: no submit-job, no scale-job (the nomad target is not used), no operator or agent access.
 AUTOSCALER_POLICY = "gpufleet-autoscaler"
 AUTOSCALER_RULES = """node {
   policy = "write"
 }
 namespace "*" {
-  capabilities = ["list-jobs", "read-job", "list-scaling-policies", "read-scaling-policy"]
+  capabilities = ["read-job", "list-scaling-policies", "read-scaling-policy"]
 }
 namespace "default" {
+  capabilities = ["read-job", "list-scaling-policies", "read-scaling-policy"]
   variables {
     path "nomad-autoscaler/lock" {
       capabilities = ["read", "write", "destroy"]

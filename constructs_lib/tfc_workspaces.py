@@ -15,14 +15,22 @@ through ``terraform_remote_state``, so each infra workspace names exactly those 
 organization can read a cluster's state.
 
 Execution mode: infra stacks run ``remote`` (TFC's shared runners); every scheduler stack runs
-``local``. A Nomad scheduler stack's provider talks to the servers' internal load balancer
-inside the VPC, which shared runners cannot reach. A GKE scheduler stack reaches the cluster
+``local`` unless its cluster file names a TFC agent pool (``nomad.planned_from.tfc_agent_pool``).
+A Nomad scheduler stack's provider talks to the servers' internal load balancer
+inside the VPC, which shared runners cannot reach: it is planned in CI on the self-hosted runners
+the file names, or on that agent pool (``agent`` mode, the pool found by name through the
+``tfe_agent_pool`` data source; terraform-provider-tfe v0.71.0
+``internal/provider/resource_tfe_workspace_settings.go:300-316``: ``execution_mode`` one of
+agent/local/remote, ``agent_pool_id`` required exactly when it is agent, ``:109-115``). An agent run
+starts with a clean environment (HCP Terraform docs, "Install and run agents"), so such a workspace
+gets its own env variables: ``NOMAD_CACERT``/``NOMAD_CLIENT_CERT``/``NOMAD_CLIENT_KEY`` naming files
+the agent host holds (``AGENT_TLS_DIR``; paths, not secrets) and ``NOMAD_TOKEN``, sensitive, its
+value set by an administrator. A GKE scheduler stack reaches the cluster
 over its DNS endpoint, but its kubernetes provider authenticates by running
 ``gke-gcloud-auth-plugin``, which shared runners do not have (and a ``google_client_config``
 token instead would land in state). So those plans run in CI, which installs the plugin
 (``.github/workflows/plan.yml``, ``drift.yml``), and the workspace only stores state. An
-``agent`` pool would also work but needs a per-organization ``agent_pool_id`` the cluster files
-do not carry. That is also why the credentials variable set is attached to remote workspaces
+That is also why the credentials variable set is attached to remote workspaces
 only and holds no Nomad token: a local-execution workspace never reads it.
 """
 
@@ -36,6 +44,7 @@ from cdktf import CloudBackend, NamedCloudWorkspace, TerraformResourceLifecycle,
 from constructs import Construct
 
 from clusters.derive.addresses import tfc_workspace
+from clusters.derive.ci import derive_plan_runner
 from clusters.schema import ClusterConfig, TfcState
 from constructs_lib.naming import pin, tf_id
 from constructs_lib.providers import tfe
@@ -66,6 +75,23 @@ CLOUDFLARE_TOKEN = CredentialVariable("CLOUDFLARE_API_TOKEN", True, "Cloudflare 
 class ExecutionMode(StrEnum):
     REMOTE = "remote"
     LOCAL = "local"
+    AGENT = "agent"
+
+
+# Where an agent host keeps a cluster's Nomad mTLS files (docs/nomad.md, "Where CI plans from").
+AGENT_TLS_DIR = "/etc/gpufleet/nomad"
+
+
+def agent_variables(cluster: str) -> tuple[CredentialVariable, ...]:
+    """A Nomad scheduler workspace's env variables on an agent pool: the provider's file defaults
+    (terraform-provider-nomad v2.5.2 ``nomad/provider.go:44-75``) and its token (``:86``, NOMAD_TOKEN)."""
+    base = f"{AGENT_TLS_DIR}/{cluster}"
+    return (
+        CredentialVariable("NOMAD_CACERT", False, "Nomad CA on the agent host", f"{base}/ca.pem", admin_set=False),
+        CredentialVariable("NOMAD_CLIENT_CERT", False, "Nomad client certificate on the agent host", f"{base}/client.pem", admin_set=False),
+        CredentialVariable("NOMAD_CLIENT_KEY", False, "Nomad client key on the agent host (mode 0600)", f"{base}/client-key.pem", admin_set=False),
+        CredentialVariable("NOMAD_TOKEN", True, "Nomad ACL token that may plan this stack; set in Terraform Cloud, never in the repo"),
+    )
 
 
 @dataclass(frozen=True)
@@ -78,6 +104,9 @@ class WorkspaceSpec:
     execution_mode: ExecutionMode
     state_consumers: tuple[str, ...]
     """Stacks whose workspaces may read this workspace's state (``terraform_remote_state``)."""
+    agent_pool: str | None = None
+    """The agent pool's name when ``execution_mode`` is agent."""
+    cluster: str = ""
 
 
 def derive_workspaces(stacks: Iterable[tuple[str, ClusterConfig]]) -> tuple[WorkspaceSpec, ...]:
@@ -94,9 +123,11 @@ def derive_workspaces(stacks: Iterable[tuple[str, ClusterConfig]]) -> tuple[Work
             continue
         infra = stack == config.name
         consumers = tuple(s for s, c in pairs if c.name == config.name and s != stack) if infra else ()
-        mode = ExecutionMode.REMOTE if infra else ExecutionMode.LOCAL
+        pool = None if infra else derive_plan_runner(config, scheduler_stack=True).tfc_agent_pool
+        mode = ExecutionMode.REMOTE if infra else ExecutionMode.AGENT if pool else ExecutionMode.LOCAL
         tags = (("cluster", config.name), ("environment", config.environment.value), ("scheduler", config.scheduler.value))
-        specs.append(WorkspaceSpec(tfc_workspace(config, stack), stack, state.organization, state.project, tags, mode, consumers))
+        specs.append(WorkspaceSpec(tfc_workspace(config, stack), stack, state.organization, state.project, tags, mode, consumers,
+                                   pool, config.name))
     return tuple(specs)
 
 
@@ -161,13 +192,26 @@ class TfcWorkspaces(Construct):
                     ),
                     f"credentials_{spec.stack}",
                 )
+        pools: dict[tuple[str, str], tfe.data_tfe_agent_pool.DataTfeAgentPool] = {}
         for spec in workspaces:
+            agent_pool_id = None
+            if spec.execution_mode is ExecutionMode.AGENT and spec.agent_pool:
+                key = (spec.organization, spec.agent_pool)
+                if key not in pools:
+                    pools[key] = pin(tfe.data_tfe_agent_pool.DataTfeAgentPool(
+                        self, f"agent-pool-{tf_id(spec.organization)}-{tf_id(spec.agent_pool)}", name=spec.agent_pool, organization=spec.organization,
+                    ), f"agent_pool_{spec.organization}_{spec.agent_pool}")
+                agent_pool_id = pools[key].id
+                for var in agent_variables(spec.cluster):
+                    self._variable(f"var-{spec.stack}-{var.key}", f"var_{spec.stack}_{var.key.lower()}", var,
+                                   workspace_id=self.workspaces[spec.stack].id)
             pin(
                 tfe.workspace_settings.WorkspaceSettings(
                     self,
                     f"settings-{spec.stack}",
                     workspace_id=self.workspaces[spec.stack].id,
                     execution_mode=spec.execution_mode.value,
+                    agent_pool_id=agent_pool_id,
                     global_remote_state=False,
                     remote_state_consumer_ids=[self.workspaces[s].id for s in spec.state_consumers] or None,
                 ),
@@ -183,21 +227,18 @@ class TfcWorkspaces(Construct):
             f"credentials_{org}",
         )
         for var in variables:
-            pin(
-                tfe.variable.Variable(
-                    self,
-                    f"var-{org}-{var.key}",
-                    key=var.key,
-                    value=var.value,
-                    category="env",
-                    sensitive=var.sensitive,
-                    description=var.description,
-                    variable_set_id=varset.id,
-                    lifecycle=TerraformResourceLifecycle(ignore_changes=["value"]) if var.admin_set else None,
-                ),
-                f"var_{org}_{var.key.lower()}",
-            )
+            self._variable(f"var-{org}-{var.key}", f"var_{org}_{var.key.lower()}", var, variable_set_id=varset.id)
         return varset
+
+    def _variable(self, id_: str, address: str, var: CredentialVariable, **owner: object) -> tfe.variable.Variable:
+        """An env variable of a variable set or a workspace; an admin-set value is never written by gpufleet."""
+        return pin(
+            tfe.variable.Variable(
+                self, id_, key=var.key, value=var.value, category="env", sensitive=var.sensitive, description=var.description,
+                lifecycle=TerraformResourceLifecycle(ignore_changes=["value"]) if var.admin_set else None, **owner,
+            ),
+            address,
+        )
 
 
 def tfc_workspaces_stack(app: Construct, stacks: Iterable[tuple[str, ClusterConfig]]) -> TerraformStack | None:

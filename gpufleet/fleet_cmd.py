@@ -59,7 +59,8 @@ def cmd_stacks(
 
     info = plan_stacks(_configs(clusters_dir))
     if as_json:
-        rows = [{"stack": s.name, "cluster": s.cluster, "kind": s.kind, "depends_on": list(s.depends_on)} for s in info]
+        rows = [{"stack": s.name, "cluster": s.cluster, "kind": s.kind, "depends_on": list(s.depends_on),
+                 "runs_on": list(s.runs_on), "nomad_tls": s.nomad_tls} for s in info]
         typer.echo(json.dumps(rows, indent=2))
         return
     table = Table(title="gpufleet stacks")

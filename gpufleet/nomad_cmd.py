@@ -89,9 +89,28 @@ def cmd_pki_apply(cluster: str = typer.Argument(..., help="Cluster name, with no
     typer.echo(f"{spec.mount}: roles {', '.join(r.name for r in spec.roles)}, login roles {', '.join(r.auth_role for r in spec.roles)}, CA imported")
 
 
+def cmd_acl_bootstrap(cluster: str = typer.Argument(..., help="Cluster name (clusters/<name>.yaml), scheduler nomad."),
+                      wait_seconds: float = typer.Option(600, "--wait-seconds", min=0, help="How long to wait for the servers' leader.")) -> None:
+    """Bootstrap the cluster's Nomad ACLs once; the management token goes to OpenBao/Vault KV only (safe to repeat).
+
+    Nomad: NOMAD_ADDR, NOMAD_CACERT, NOMAD_CLIENT_CERT, NOMAD_CLIENT_KEY. OpenBao/Vault: VAULT_ADDR, VAULT_TOKEN."""
+    import os
+
+    from gpufleet.nomad_acl import NomadApi, bootstrap
+    from gpufleet.vault_cmd import _client_from_env
+
+    config = _nomad_config(cluster)
+    address = os.environ.get("NOMAD_ADDR")
+    if not address:
+        raise UserError("NOMAD_ADDR is not set; set it to the cluster's API, e.g. https://<nomad_address output>:4646 (the bootstrap script does)")
+    api = NomadApi(address, os.environ.get("NOMAD_CACERT"), os.environ.get("NOMAD_CLIENT_CERT"), os.environ.get("NOMAD_CLIENT_KEY"))
+    bootstrap(cluster=config.name, api=api, vault=_client_from_env(), wait_seconds=wait_seconds, say=typer.echo)
+
+
 def register(app: typer.Typer) -> None:
     nomad = typer.Typer(help="Nomad cluster operations: TLS/gossip bootstrap, PKI setup, the autoscaler's Prometheus scrape job.", no_args_is_help=True)
     nomad.command("bootstrap-script")(cmd_bootstrap_script)
     nomad.command("scrape-config")(cmd_scrape_config)
     nomad.command("pki-apply")(cmd_pki_apply)
+    nomad.command("acl-bootstrap")(cmd_acl_bootstrap)
     app.add_typer(nomad, name="nomad")

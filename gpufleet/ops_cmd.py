@@ -161,6 +161,28 @@ def cmd_ci_comment(
 _CLUSTERS = typer.Option(None, "--clusters-dir", help="Directory of cluster files (default: clusters/).")
 
 
+def cmd_ci_nomad_tls(
+    stack: str = typer.Argument(..., help="The Nomad scheduler stack the job plans (its cluster's entry of NOMAD_PLAN_TLS)."),
+    directory: Path = typer.Option(..., "--dir", help="Where the files go (the workflow uses $RUNNER_TEMP/nomad-tls and removes it)."),
+    clusters_dir: Path | None = _CLUSTERS,
+) -> None:
+    """Write the Nomad CA, client certificate and key from the NOMAD_PLAN_TLS secret (masked, 0600) and export their paths."""
+    import os
+
+    import clusters
+    from gpufleet.ci_nomad_tls import SECRET, write_nomad_tls
+    from stacks.layout import plan_stacks
+
+    rows = {s.name: s for s in plan_stacks(clusters.load_all(clusters_dir))}
+    row = rows.get(stack)
+    if row is None or not row.nomad_tls:
+        allowed = ", ".join(sorted(n for n, r in rows.items() if r.nomad_tls)) or "(none)"
+        raise UserError(f"stack {stack!r} is not a Nomad scheduler stack planned in CI; allowed: {allowed}")
+    env = os.environ.get("GITHUB_ENV")
+    write_nomad_tls(cluster=row.cluster, raw=os.environ.get(SECRET, ""), directory=directory,
+                    github_env=Path(env) if env else None, emit=typer.echo)
+
+
 def cmd_import_generate(
     stack: str = typer.Argument(..., help="Stack the resources belong to."),
     ids: Path = typer.Option(..., "--ids", help='JSON object {"<terraform address>": "<provider id>"}.'),
@@ -204,6 +226,7 @@ def register(app: typer.Typer) -> None:
     app.command("scan")(cmd_scan)
     ci = typer.Typer(help="Helpers for the CI workflows.", no_args_is_help=True)
     ci.command("comment")(cmd_ci_comment)
+    ci.command("nomad-tls")(cmd_ci_nomad_tls)
     app.add_typer(ci, name="ci")
     importer = typer.Typer(help="Reviewed import of resources that already exist in the cloud.", no_args_is_help=True)
     importer.command("generate")(cmd_import_generate)

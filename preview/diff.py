@@ -215,6 +215,43 @@ def moves(stack: dict[str, Any]) -> dict[str, str]:
     return {m["from"]: m["to"] for m in stack.get("moved") or () if isinstance(m, dict) and "from" in m and "to" in m}
 
 
+def unmoved(value: Any, moved: dict[str, str]) -> Any:
+    """``value`` with references to a moved resource spelled with its old address: after a ``moved``
+    block, ``${<new address>.id}`` is the very value ``${<old address>.id}`` was, so a resource that
+    only follows the move (an IAM member naming a moved secret) does not change."""
+    if not moved:
+        return value
+    if isinstance(value, str):
+        if "${" not in value:
+            return value
+        for old, new in moved.items():
+            value = value.replace(f"{new}.", f"{old}.")
+        return value
+    if isinstance(value, dict):
+        return {k: unmoved(v, moved) for k, v in value.items()}
+    if isinstance(value, list):
+        return [unmoved(v, moved) for v in value]
+    return value
+
+
+def _kept_moves(old: dict[str, tuple[str, dict[str, Any]]], new: dict[str, tuple[str, dict[str, Any]]], moved: dict[str, str],
+                tables: Tables) -> dict[str, str]:
+    """The moves whose resource keeps its identity. A moved resource that is also replaced gets a new id, so a
+    resource referencing it really changes (a protected one naming it in a forcing attribute is replaced):
+    its references keep their new spelling and the diff sees that change. Repeated until no move drops, as a
+    move's own body may reference another, replaced one."""
+    kept = dict(moved)
+    while True:
+        replaced = {
+            source for source, target in kept.items() if source in old and target in new and any(
+                c.forces_replacement for c in attribute_changes(old[source][1], unmoved(new[target][1], kept), tables.rules(old[source][0]),
+                                                                _ignore_changes(new[target][1])))
+        }
+        if not replaced:
+            return kept
+        kept = {source: target for source, target in kept.items() if source not in replaced}
+
+
 def _protection(address: str, rtype: str, body: dict[str, Any], imported: frozenset[str], protected_types: frozenset[str]) -> str:
     if address in imported:
         return "reviewed import"
@@ -271,6 +308,8 @@ def preview_stack(name: str, base: dict[str, Any] | None, head: dict[str, Any] |
     new = resources(head or {})
     imported = imports(base or {})
     moved = moves(head or {})
+    kept = _kept_moves(old, new, moved, tables)
+    new = {address: (rtype, unmoved(body, kept)) for address, (rtype, body) in new.items()}
     findings: list[Finding] = []
     counts = {"created": 0, "updated_in_place": 0, "replaced": 0, "destroyed": 0}
     no_table: set[str] = set()

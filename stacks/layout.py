@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from clusters.derive.ci import GITHUB_HOSTED, derive_plan_runner
 from clusters.schema import ClusterConfig, TfcState
 
 TFC_WORKSPACES_STACK = "tfc-workspaces"
@@ -21,6 +22,10 @@ class StackInfo:
     cluster: str
     kind: str
     depends_on: tuple[str, ...]
+    runs_on: tuple[str, ...] = GITHUB_HOSTED
+    """Labels of the CI job that plans it (``nomad.planned_from``, ``clusters.derive.ci``)."""
+    nomad_tls: bool = False
+    """The CI plan job writes the Nomad CA, client certificate and key before planning it."""
 
 
 def scheduler_stack_name(cluster: str) -> str:
@@ -37,7 +42,8 @@ def plan_stacks(configs: tuple[ClusterConfig, ...]) -> tuple[StackInfo, ...]:
     for c in sorted(configs, key=lambda c: c.name):
         needs_workspace = (TFC_WORKSPACES_STACK,) if isinstance(c.state, TfcState) else ()
         rows.append(StackInfo(c.name, c.name, "infra", needs_workspace))
-        rows.append(StackInfo(scheduler_stack_name(c.name), c.name, "scheduler", (*needs_workspace, c.name)))
+        runner = derive_plan_runner(c, scheduler_stack=True)
+        rows.append(StackInfo(scheduler_stack_name(c.name), c.name, "scheduler", (*needs_workspace, c.name), runner.runs_on, runner.nomad_tls))
     if any(isinstance(c.state, TfcState) for c in configs):
         # The workspaces must exist before the stacks whose state they hold; it belongs to no one cluster.
         rows.insert(0, StackInfo(TFC_WORKSPACES_STACK, "", "tfc-workspaces", ()))

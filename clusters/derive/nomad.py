@@ -40,7 +40,23 @@ AUTOSCALER_TOKEN = "autoscaler-token"
 GPU_HEALTH_TOKEN = "gpu-health-token"
 
 
+def management_token_path(cluster: str) -> str:
+    """KV v2 path (under the ``secret`` mount) where ``gpufleet nomad acl-bootstrap`` keeps the cluster's
+    Nomad management token (key ``secret_id``); never in a secret Terraform creates, so never in state."""
+    return f"gpufleet/nomad/{cluster}/management-token"
+
+
 NOMAD_GOSSIP_FILE = "/etc/nomad.d/gossip.hcl"
+
+
+# The Nomad Autoscaler's own identity: a client certificate of the cluster CA made for it alone by the
+# bootstrap script (the servers' key stays the servers'), and the CA that signed an https Prometheus
+# (the prometheus APM's ``ca_cert``, a file path: nomad-autoscaler v0.4.9
+# plugins/builtin/apm/prometheus/plugin/plugin.go:45-47 and :173-187, read with os.ReadFile).
+AUTOSCALER_CERT_FILE = f"{NOMAD_TLS_DIR}/autoscaler.pem"
+AUTOSCALER_KEY_FILE = f"{NOMAD_TLS_DIR}/autoscaler-key.pem"
+PROMETHEUS_CA_FILE = f"{NOMAD_TLS_DIR}/prometheus-ca.pem"
+AUTOSCALER_SECRETS = frozenset({AUTOSCALER_TOKEN, "autoscaler-cert", "autoscaler-key", "prometheus-ca"})
 
 
 # (name, file on the agent, who reads it, what it is). The CA key is never among them: it
@@ -55,6 +71,9 @@ _NOMAD_SECRETS = (
     ("autoscaler-token", "", (NomadRole.SERVER,), "ACL token (policy gpufleet-autoscaler) of the Nomad Autoscaler on the servers"),
     ("gpu-health-token", "", (NomadRole.CLIENT,), "ACL token (policy gpufleet-gpu-health, node:write) the clients' GPU health checker"
      " reads on each run to drain its own failing node"),
+    ("autoscaler-cert", AUTOSCALER_CERT_FILE, (NomadRole.SERVER,), "the Nomad Autoscaler's own client certificate (not the server's)"),
+    ("autoscaler-key", AUTOSCALER_KEY_FILE, (NomadRole.SERVER,), "the Nomad Autoscaler's client key"),
+    ("prometheus-ca", PROMETHEUS_CA_FILE, (NomadRole.SERVER,), "CA certificate of the https Prometheus the autoscaler queries (public material)"),
 )
 
 
@@ -67,11 +86,14 @@ PKI_ISSUED = frozenset({"ca-cert", "server-cert", "server-key", "client-cert", "
 def derive_nomad_secrets(config: ClusterConfig) -> tuple[NomadSecretSpec, ...]:
     """The secrets of a Nomad cluster; with ``existing_servers`` only what its clients read."""
     has_servers = config.nomad is not None and not config.nomad.existing_servers
-    autoscaled = has_servers and config.nomad is not None and config.nomad.autoscaler is not None
+    autoscaler = config.nomad.autoscaler if has_servers and config.nomad is not None else None
+    wanted = {AUTOSCALER_TOKEN, "autoscaler-cert", "autoscaler-key"} if autoscaler is not None else set()
+    if autoscaler is not None and autoscaler.prometheus_address.startswith("https://"):
+        wanted.add("prometheus-ca")
     return tuple(
         NomadSecretSpec(name, f"{config.name}-nomad-{name}", path, readers, purpose)
         for name, path, readers, purpose in _NOMAD_SECRETS
-        if (has_servers or NomadRole.CLIENT in readers) and (name != AUTOSCALER_TOKEN or autoscaled)
+        if (has_servers or NomadRole.CLIENT in readers) and (name not in AUTOSCALER_SECRETS or name in wanted)
     )
 
 

@@ -44,7 +44,7 @@ EXTRAS: dict[str, dict[str, Any]] = {
         "dns": {"zone_id": "0123456789abcdef0123456789abcdef", "zone_name": "example.com",
                 "records": [{"name": "nomad.prod", "hostname": "nomad.corp.example.com"}]},
         "nomad": {"datacenter": "europe-west4", "vault_addr": "https://vault.example.com:8200", "region": "global",
-                  "existing_servers": ["10.0.0.2:4647"], "servers": {"count": 3, "machine_type": "e2-standard-4", "zones": ["europe-west4-a", "europe-west4-b", "europe-west4-c"],
+                  "existing_servers": ["10.0.0.2:4647"], "planned_from": {"tfc_agent_pool": "gpufleet-vpc"}, "servers": {"count": 3, "machine_type": "e2-standard-4", "zones": ["europe-west4-a", "europe-west4-b", "europe-west4-c"],
                                                      "fewer_zones_reason": "staging cluster: one zone is enough"},
                   "client_machine_image": "projects/ubuntu-os-accelerator-images/global/images/family/ubuntu-accelerator-2204-amd64-with-nvidia-550"},
     },

@@ -120,7 +120,9 @@ def test_agents_fetch_their_own_tls_material_and_never_carry_it(a100, secrets):
                                       ("prod-nomad-nomad-client-cert", "/etc/nomad.d/tls/agent.pem"),
                                       ("prod-nomad-nomad-client-key", "/etc/nomad.d/tls/agent-key.pem")]
     assert [s for s, _ in fetched(server_script)] == ["prod-nomad-nomad-ca-cert", "prod-nomad-nomad-server-cert",
-                                                      "prod-nomad-nomad-server-key", "prod-nomad-nomad-gossip-key"]
+                                                      "prod-nomad-nomad-server-key", "prod-nomad-nomad-gossip-key",
+                                                      "prod-nomad-nomad-autoscaler-cert", "prod-nomad-nomad-autoscaler-key",
+                                                      "prod-nomad-nomad-prometheus-ca"]
     assert "gossip" not in client_script and "server-key" not in client_script, "clients run tenant code: no server secrets"
     assert f"> {NOMAD_GOSSIP_FILE}" in server_script and "encrypt" not in render_server_config(
         count=3, datacenter="dc1", region="global", join=AUTO_JOIN), "the gossip key is written at boot, never rendered"

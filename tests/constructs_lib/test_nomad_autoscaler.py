@@ -4,6 +4,7 @@ agent/config/config.go, sdk/policy.go, sdk/target.go, gce-mig plugin.go)."""
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import re
 import subprocess
@@ -220,3 +221,55 @@ def test_every_policy_the_server_boot_script_writes_passes_with_the_config_it_wr
     assert len(policies) == 2 and agent_errors(config) == []
     for text in policies:
         assert policy_errors(hcl.loads(text), config) == []
+
+
+def test_the_autoscaler_authenticates_with_its_own_certificate_and_verifies_the_https_prometheus(server_script):
+    """Issue 23: not the servers' certificate and key; ``ca_cert`` (a path, nomad-autoscaler v0.4.9
+    plugins/builtin/apm/prometheus/plugin/plugin.go:45-47,173-187) because the example's Prometheus is https."""
+    from clusters.derive.nomad import AUTOSCALER_CERT_FILE, AUTOSCALER_KEY_FILE, PROMETHEUS_CA_FILE
+    from constructs_lib.nomad_agent_config import CERT_FILE, KEY_FILE
+
+    script = server_script
+    config = script.split("<<'GPUFLEET_AUTOSCALER_CONFIG'\n", 1)[1].split("GPUFLEET_AUTOSCALER_CONFIG", 1)[0]
+    assert f'client_cert = "{AUTOSCALER_CERT_FILE}"' in config and f'client_key = "{AUTOSCALER_KEY_FILE}"' in config
+    assert CERT_FILE not in config and KEY_FILE not in config, "the servers' own key is not lent to the autoscaler"
+    assert f'ca_cert = "{PROMETHEUS_CA_FILE}"' in config
+    for path, secret in ((AUTOSCALER_CERT_FILE, "autoscaler-cert"), (AUTOSCALER_KEY_FILE, "autoscaler-key"), (PROMETHEUS_CA_FILE, "prometheus-ca")):
+        assert f"gpufleet_secret prod-nomad-nomad-{secret} {path}" in script
+
+
+def test_the_autoscaler_acl_policy_grants_what_v0_4_9_calls_and_nothing_more():
+    """Derived in constructs_lib/nomad_tenancy.py from the autoscaler's and Nomad's source (cited there)."""
+    import hcl
+
+    from constructs_lib.nomad_tenancy import AUTOSCALER_RULES
+
+    rules = hcl.loads(AUTOSCALER_RULES)
+    assert rules["node"] == {"policy": "write"}
+    assert rules["namespace"]["*"] == {"capabilities": ["read-job", "list-scaling-policies", "read-scaling-policy"]}
+    assert rules["namespace"]["default"] == {"capabilities": ["read-job", "list-scaling-policies", "read-scaling-policy"],
+                                             "variables": {"path": {"nomad-autoscaler/lock": {"capabilities": ["read", "write", "destroy"]}}}}
+    assert set(rules) == {"node", "namespace"}, "no agent, operator or plugin access"
+
+
+def _namespace_capabilities(rules: dict, namespace: str) -> set[str]:
+    """The capabilities Nomad v1.10.5 grants a token in ``namespace``: acl/acl.go NewACL (:106-170) keeps one set per
+    namespace block, a block with only ``variables`` an empty one, and matchingNamespaceCapabilitySet (:572-581)
+    takes the exact namespace's set when there is one, a glob's only otherwise (never the union)."""
+    blocks = rules["namespace"]
+    chosen = blocks.get(namespace)
+    if chosen is None:
+        chosen = next((blocks[name] for name in blocks if fnmatch.fnmatchcase(namespace, name)), {})
+    return set(chosen.get("capabilities", ()))
+
+
+@pytest.mark.parametrize("namespace", ["default", "team-a"])
+def test_the_autoscaler_reads_jobs_and_scaling_policies_in_every_namespace_including_default(namespace):
+    """A job without a tenant runs in "default" (jobs/nomad/dispatch.py); without read-job there, Nomad hides its
+    allocations from Node.GetAllocs, the empty-node selector takes its busy node for empty and scale-in drains it."""
+    import hcl
+
+    from constructs_lib.nomad_tenancy import AUTOSCALER_RULES
+
+    granted = _namespace_capabilities(hcl.loads(AUTOSCALER_RULES), namespace)
+    assert {"read-job", "list-scaling-policies", "read-scaling-policy"} <= granted

@@ -29,7 +29,7 @@ case "$*" in
 esac
 """
 GPUFLEET_SHIM = r"""#!/bin/bash
-echo "gpufleet $* VAULT_ADDR=$VAULT_ADDR" >> "$SHIM_LOG"
+echo "gpufleet $* VAULT_ADDR=$VAULT_ADDR${NOMAD_ADDR:+ NOMAD_ADDR=$NOMAD_ADDR}${NOMAD_CLIENT_KEY:+ key=$(test -s "$NOMAD_CLIENT_KEY" && echo present)}" >> "$SHIM_LOG"
 """
 GCLOUD_SHIM = r"""#!/bin/bash
 file=$(printf '%s\n' "$@" | sed -n 's/^--data-file=//p')
@@ -49,8 +49,9 @@ def run(script: str, tmp_path: Path, keep: Path) -> subprocess.CompletedProcess[
         (bin_dir / name).write_text(text)
         (bin_dir / name).chmod(0o755)
     (tmp_path / "bootstrap.sh").write_text(script)
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SHIM_LOG": str(tmp_path / "log"), "TMPDIR": str(tmp_path),
-           "VAULT_ADDR": "https://vault.example.com:8200"}
+    (tmp_path / "prometheus-ca.pem").write_text("-----BEGIN CERTIFICATE-----\nprometheus-ca\n-----END CERTIFICATE-----\n")
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("NOMAD_")}, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SHIM_LOG": str(tmp_path / "log"), "TMPDIR": str(tmp_path),
+           "VAULT_ADDR": "https://vault.example.com:8200", "PROMETHEUS_CA": "prometheus-ca.pem"}
     return subprocess.run(["bash", str(tmp_path / "bootstrap.sh"), "10.50.0.9", str(keep)], env=env, capture_output=True, text=True,
                           check=False, cwd=tmp_path)
 
@@ -72,6 +73,10 @@ def test_bootstrap_stores_every_secret_and_keeps_only_the_ca_and_cli_cert(prod_n
     assert "nomad tls cert create -cli -region global -days 365 -ca ../nomad-agent-ca.pem -key ../nomad-agent-ca-key.pem" in log, \
         "the autoscaler's Prometheus gets its own client certificate for the servers' verify_https_client"
     assert "scrape job: gpufleet nomad scrape-config prod-nomad" in result.stdout
+    assert log.count("nomad tls cert create -cli -region global -days 365 -ca ../nomad-agent-ca.pem -key ../nomad-agent-ca-key.pem") == 2, \
+        "Prometheus and the autoscaler each get their own client certificate, not the servers'"
+    sizes = {line.split()[1]: line.split()[2] for line in log if line.startswith("gcloud")}
+    assert sizes["prod-nomad-nomad-prometheus-ca"] == "68", "the https Prometheus' CA, from the file PROMETHEUS_CA names (relative to where it ran)"
     expires = re.search(r'record in clusters/prod-nomad.yaml: nomad.tls.static_expires: "(\d{4}-\d{2}-\d{2})"', result.stdout).group(1)
     assert (date.fromisoformat(expires) - datetime.now(UTC).date()).days == 365, "what check warns about, 30 days ahead"
     assert not [p for p in tmp_path.iterdir() if p.name.startswith("tmp")], "the work dir with the agent keys is deleted"
@@ -95,3 +100,17 @@ def test_a_vault_pki_cluster_imports_its_ca_into_the_pki_mount(prod_nomad, tmp_p
     assert log.index(next(x for x in log if x.startswith("gpufleet"))) > log.index("nomad tls ca create")
     static = render_bootstrap_script(cluster="prod-nomad", project="p", region="global", secrets=derive_nomad_secrets(prod_nomad))
     assert "pki-apply" not in static
+
+
+def test_the_acl_bootstrap_runs_once_the_secrets_are_stored_with_the_cli_certificate(prod_nomad, tmp_path):
+    """gpufleet nomad acl-bootstrap (tests/gpufleet/test_nomad_acl_bootstrap.py) reaches the API by the
+    load balancer's address with the CLI certificate, after the agents' secrets exist (servers wait for them)."""
+    script = render_bootstrap_script(cluster="prod-nomad", project="p", region="global", secrets=derive_nomad_secrets(prod_nomad))
+    result = run(script, tmp_path, tmp_path / "offline")
+    assert result.returncode == 0, result.stderr
+    log = (tmp_path / "log").read_text().splitlines()
+    call = "gpufleet nomad acl-bootstrap prod-nomad VAULT_ADDR=https://vault.example.com:8200 NOMAD_ADDR=https://10.50.0.9:4646 key=present"
+    assert call in log
+    assert log.index(call) > max(i for i, line in enumerate(log) if line.startswith("gcloud"))
+    assert 'NOMAD_TOKEN="$(bao kv get -field=secret_id secret/gpufleet/nomad/prod-nomad/management-token)"' in result.stdout
+    assert "bao" not in result.stderr, "the hint is printed, never run: the management token stays out of the terminal"

@@ -105,7 +105,8 @@ def test_three_servers_in_three_zones_with_raft_on_stateful_disks(nomad):
 def test_secrets_exist_empty_and_only_the_right_role_reads_each(nomad, stack_json):
     secrets = nomad["google_secret_manager_secret"]
     assert sorted(s["secret_id"] for s in secrets.values()) == [f"prod-nomad-nomad-{n}" for n in (
-        "autoscaler-token", "ca-cert", "client-cert", "client-key", "gossip-key", "gpu-health-token", "server-cert", "server-key")]
+        "autoscaler-cert", "autoscaler-key", "autoscaler-token", "ca-cert", "client-cert", "client-key", "gossip-key", "gpu-health-token",
+        "prometheus-ca", "server-cert", "server-key")]
     assert "google_secret_manager_secret_version" not in nomad, "values are added by the bootstrap, never through state"
     assert all(s["lifecycle"] == {"prevent_destroy": True} for s in secrets.values()), "prod: losing a secret loses the cluster identity"
     readers = {(g["secret_id"].split(".")[1], g["member"]) for g in nomad["google_secret_manager_secret_iam_member"].values()}
@@ -113,7 +114,8 @@ def test_secrets_exist_empty_and_only_the_right_role_reads_each(nomad, stack_jso
     assert {s for s, m in readers if m == client} == {"nomad_secret_ca_cert", "nomad_secret_client_cert", "nomad_secret_client_key",
                                                      "nomad_secret_gpu_health_token"}
     assert {s for s, m in readers if m == server} == {"nomad_secret_ca_cert", "nomad_secret_server_cert", "nomad_secret_server_key",
-                                                     "nomad_secret_gossip_key", "nomad_secret_autoscaler_token"}
+                                                     "nomad_secret_gossip_key", "nomad_secret_autoscaler_token", "nomad_secret_autoscaler_cert",
+                                                     "nomad_secret_autoscaler_key", "nomad_secret_prometheus_ca"}, "the clients never read the autoscaler's key"
     assert all(g["role"] == "roles/secretmanager.secretAccessor" for g in nomad["google_secret_manager_secret_iam_member"].values())
 
 

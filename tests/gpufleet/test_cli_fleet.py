@@ -57,7 +57,7 @@ def test_stacks_json_lists_every_stack_for_the_ci_matrix():
     assert result.returncode == 0, result.stderr
     rows = json.loads(result.stdout)
     assert {r["stack"] for r in rows} >= {"dev-gke", "prod-gke", "prod-nomad"}
-    assert all(set(r) == {"stack", "cluster", "kind", "depends_on"} for r in rows)
+    assert all(set(r) == {"stack", "cluster", "kind", "depends_on", "runs_on", "nomad_tls"} for r in rows)
 
 
 def test_clusters_table_shows_pools_and_gpu_ranges():

@@ -200,3 +200,25 @@ def test_changing_a_static_ips_use_is_a_blocked_destroy_not_a_silent_swap(stack_
     result = preview(*_edit(stack_json, "prod-gke", edit), TABLES)
     assert result.exit_code == ExitCode.BLOCKED
     assert "prod-gke/google_compute_global_address.ip_ingress" in {f.qualified for f in result.blocking}
+
+
+FOLLOW = Tables({"test": Table("test", "1", {"t_pool": rules(name="attribute", tags="attribute"), "t_secret": rules(secret_id="attribute")})})
+
+
+def test_a_resource_referencing_a_purely_moved_one_does_not_change():
+    base = {"s": stack(t_secret__old={"secret_id": "a"}, t_pool__p={"name": "${t_secret.old.id}"})}
+    head = {"s": {**stack(t_secret__new={"secret_id": "a"}, t_pool__p={"name": "${t_secret.new.id}"}),
+                  "moved": [{"from": "t_secret.old", "to": "t_secret.new"}]}}
+    assert preview(base, head, FOLLOW, protected_types=frozenset({"t_pool"})).findings == ()
+
+
+def test_a_protected_resource_referencing_a_moved_one_that_is_replaced_still_counts_as_replaced():
+    """The moved secret is itself replaced (its secret_id forces it), so its id is new and the protected pool
+    whose name interpolates it is replaced too: the move must not make that reference look unchanged."""
+    base = {"s": stack(t_secret__old={"secret_id": "a"}, t_pool__p={"name": "${t_secret.old.id}"})}
+    head = {"s": {**stack(t_secret__new={"secret_id": "b"}, t_pool__p={"name": "${t_secret.new.id}"}),
+                  "moved": [{"from": "t_secret.old", "to": "t_secret.new"}]}}
+    result = preview(base, head, FOLLOW, protected_types=frozenset({"t_pool"}))
+    blocked = [(f.kind, f.address) for f in result.findings if f.protected]
+    assert blocked == [(Kind.REPLACED, "t_pool.p")], result.findings
+    assert (Kind.REPLACED, "t_secret.old") in [(f.kind, f.address) for f in result.findings], "the moved secret's own replacement"

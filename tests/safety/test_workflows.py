@@ -58,7 +58,7 @@ def test_plan_matrix_comes_from_gpufleet_stacks_and_every_stack_is_checked_gated
     workflow = load("plan.yml")
     assert "gpufleet stacks --json" in " ".join(s.get("run", "") for s in workflow["jobs"]["stacks"]["steps"])
     runs = " ".join(s.get("run", "") for s in workflow["jobs"]["plan"]["steps"])
-    assert workflow["jobs"]["plan"]["strategy"]["matrix"]["stack"] == "${{ fromJson(needs.stacks.outputs.matrix) }}"
+    assert workflow["jobs"]["plan"]["strategy"]["matrix"] == {"include": "${{ fromJson(needs.stacks.outputs.matrix) }}"}
     assert "gpufleet check" in runs and "--summary-out" in runs and "--no-lock" in runs
     comment = " ".join(s.get("run", "") for s in workflow["jobs"]["comment"]["steps"])
     assert "gpufleet ci comment" in comment and "--expected" in comment
