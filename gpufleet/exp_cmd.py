@@ -1,4 +1,4 @@
-"""``gpufleet exp submit|list|show|cancel|watch|events|logs``: the control plane's API from a shell.
+"""``gpufleet exp submit|list|show|cancel|watch|events|logs|costs``: the control plane's API from a shell.
 
 GPUFLEET_API (default http://127.0.0.1:8080) and GPUFLEET_API_TOKEN (a token from
 ``gpufleet api token create`` or a CI workload identity's OIDC token). ``--json`` prints
@@ -216,6 +216,21 @@ def cmd_logs(experiment_id: str = typer.Argument(..., help="The experiment id, o
         console.print(f"[dim]({answer['stream']} {where}{'; ' + answer['note'] if answer.get('note') else ''})[/]", highlight=False)
 
 
+def cmd_costs(as_json: bool = JsonOption) -> None:
+    """GPU-hours and estimated cost per tenant and per job, over every experiment you may see."""
+    answer = _call("GET", "/api/v1/costs")
+    if as_json:
+        _print_json(answer)
+        return
+    for key, title in (("by_tenant", "tenant"), ("by_job", "tenant/job")):
+        table = Table(title=f"cost by {title} ({answer['currency']}, prices: {answer['price_source']}, {answer['price_date']})")
+        for column in (title, "GPU-hours", "estimated cost"):
+            table.add_column(column)
+        for name, row in answer[key].items():
+            table.add_row(name, f"{row['gpu_hours']:.4f}", f"{row['estimated_cost_usd']:.4f}")
+        console.print(table)
+
+
 def _stream(path: str, params: dict[str, Any]) -> None:
     """Print a text/plain answer as it arrives (the API's follow=true) until the server ends it."""
     import sys
@@ -255,7 +270,9 @@ def cmd_watch(experiment_id: str = typer.Argument(...), interval: float = typer.
 
 
 def register(app: typer.Typer) -> None:
-    exp = typer.Typer(help="Experiments on the control plane (GPUFLEET_API, GPUFLEET_API_TOKEN): submit, list, show, cancel, watch, events, logs.", no_args_is_help=True)
-    for name, command in (("submit", cmd_submit), ("list", cmd_list), ("show", cmd_show), ("cancel", cmd_cancel), ("watch", cmd_watch), ("events", cmd_events), ("logs", cmd_logs)):
+    exp = typer.Typer(help="Experiments on the control plane (GPUFLEET_API, GPUFLEET_API_TOKEN): submit, list, show, cancel, watch, events,"
+                           " logs, costs. The day-to-day way to run a job.", no_args_is_help=True)
+    for name, command in (("submit", cmd_submit), ("list", cmd_list), ("show", cmd_show), ("cancel", cmd_cancel), ("watch", cmd_watch),
+                          ("events", cmd_events), ("logs", cmd_logs), ("costs", cmd_costs)):
         exp.command(name)(command)
     app.add_typer(exp, name="exp")

@@ -56,7 +56,7 @@ def cmd_render(
     for spec in specs:
         path = write_rendered(spec, out_dir)
         gpus = spec.gpu.describe(free=False) + (f" x {spec.nodes} nodes" if spec.nodes > 1 else "")
-        table.add_row(spec.name, spec.cluster, spec.scheduler.value, spec.namespace, spec.pool.name, gpus, spec.vault_role, os.path.relpath(path))
+        table.add_row(spec.name, spec.cluster, spec.scheduler.value, spec.namespace, spec.pool.name, gpus, spec.vault_role or "- (no secrets)", os.path.relpath(path))
     console.print(table)
 
 

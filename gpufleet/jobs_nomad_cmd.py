@@ -55,6 +55,9 @@ def dispatch(spec: FinetuneSpec, meta: dict[str, str], token: str, expected_queu
     console.print(f"dispatched {result.dispatched_job_id} (namespace {result.namespace}, evaluation {result.eval_id or '-'}, idempotency token {token})")
     console.print(f"follow it: gpufleet jobs status {result.dispatched_job_id} --watch")
     source = "--expected-queue-minutes" if expected_queue_minutes is not None else f"pool {spec.pool.name}, min_nodes {spec.pool.min_nodes}"
+    if done.wrap_ttl_seconds is None:
+        console.print("a job without secrets: no Vault role, nothing was minted")
+        return
     console.print(f"the wrapped secret_id expires in {done.wrap_ttl_seconds}s (queue wait {queue_seconds // 60} min, from {source}): a run still queued then must be re-dispatched")
 
 

@@ -146,7 +146,8 @@ class JobFile(Model):
     disk_mb: Annotated[int, Field(ge=100, le=16_777_216)] = 20480
     meta_required: tuple[str, ...] = ()
     meta_optional: tuple[str, ...] = ()
-    secrets: Secrets
+    # Optional: a job that needs no API keys gets no Vault role, no wrapped secret_id and no login.
+    secrets: Secrets | None = None
     max_run_hours: Annotated[float, Field(gt=0, le=168)]
     kill_timeout: DurationNs = parse_duration_ns("2m")
     restart: Restart = Restart()

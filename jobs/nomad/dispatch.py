@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class Dispatched:
     result: DispatchResult
-    wrap_ttl_seconds: int
+    wrap_ttl_seconds: int | None  # None: a job without secrets, nothing was minted
 
 
 @dataclass(frozen=True)
@@ -96,5 +96,6 @@ def dispatch(spec: FinetuneSpec, meta: Mapping[str, str], *, idempotency_token: 
     if not decision.allowed:
         raise UserError(f"not dispatching {spec.name}: {decision.reason}")
     wrapped = mint_wrapped_secret_id(spec, env, expected_queue_seconds=queue_seconds)
-    result = nomad.dispatch(spec, meta, role_id=wrapped.role_id, wrapping_token=wrapped.wrapping_token, idempotency_token=idempotency_token)
-    return Dispatched(result, wrapped.wrap_ttl_seconds)
+    result = nomad.dispatch(spec, meta, role_id=wrapped.role_id if wrapped else None,
+                            wrapping_token=wrapped.wrapping_token if wrapped else None, idempotency_token=idempotency_token)
+    return Dispatched(result, wrapped.wrap_ttl_seconds if wrapped else None)
