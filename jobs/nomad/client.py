@@ -233,7 +233,7 @@ class NomadClient:
         without secrets passes no role_id and no wrapping token (its job declares neither key)."""
         vault = {META_ROLE_ID: role_id, META_WRAPPED_SECRET_ID: wrapping_token} if role_id is not None and wrapping_token is not None else {}
         body = {"Meta": {**meta, **vault}}
-        on_404 = f"register it first: gpufleet jobs submit {spec.name}"
+        on_404 = f"register it first: gpufleet jobs register {spec.name}"
         with self._errors("dispatch", spec.name, spec.namespace, on_404):
             response = self._api(spec.namespace).job.request(
                 quote(spec.name, safe=""), "dispatch", method="post", json=body, params={"idempotency_token": idempotency_token}
