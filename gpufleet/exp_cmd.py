@@ -18,7 +18,7 @@ from gpufleet.progress import Stages
 from rich.table import Table
 
 from clusters.errors import UserError
-from experiments.states import TERMINAL
+from experiments.states import TERMINAL, State
 
 console = make_console()
 JsonOption = typer.Option(False, "--json", help="Print the API's JSON.")
@@ -143,8 +143,11 @@ def cmd_submit(
 
 
 def cmd_list(
-    status: str | None = typer.Option(None, "--status"), tenant: str | None = typer.Option(None, "--tenant"), job: str | None = typer.Option(None, "--job"),
-    limit: int = typer.Option(50, "--limit", min=1, max=500), offset: int = typer.Option(0, "--offset", min=0), as_json: bool = JsonOption,
+    status: str | None = typer.Option(None, "--status", help="Only this state: " + ", ".join(State) + "."),
+    tenant: str | None = typer.Option(None, "--tenant", help="Only this tenant's (admin tokens; a tenant sees only its own)."),
+    job: str | None = typer.Option(None, "--job", help="Only experiments of this job."),
+    limit: int = typer.Option(50, "--limit", min=1, max=500, help="At most this many, newest first."),
+    offset: int = typer.Option(0, "--offset", min=0, help="Skip this many (the next page)."), as_json: bool = JsonOption,
 ) -> None:
     """Experiments you may see, newest first, with GPU-hours and cost."""
     params = {k: v for k, v in {"status": status, "tenant": tenant, "job": job, "limit": limit, "offset": offset}.items() if v is not None}
@@ -250,7 +253,8 @@ def _stream(path: str, params: dict[str, Any]) -> None:
         raise UserError(f"the log stream from {base} broke off ({type(exc).__name__}); run the same command again") from None
 
 
-def cmd_watch(experiment_id: str = typer.Argument(...), interval: float = typer.Option(1.0, "--interval", min=0.2), as_json: bool = JsonOption) -> None:
+def cmd_watch(experiment_id: str = typer.Argument(..., help="The experiment id, or a unique prefix of it (6+ characters)."),
+              interval: float = typer.Option(1.0, "--interval", min=0.2, help="Seconds between polls."), as_json: bool = JsonOption) -> None:
     """Print each state change until the experiment ends; exit 1 unless it succeeded."""
     seen = None
     with Stages(console, terminal_only=True) as stages:
