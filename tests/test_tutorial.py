@@ -102,6 +102,8 @@ def test_the_tutorials_runnable_blocks_run(tmp_path: Path):
     text = TUTORIAL.read_text()
     blocks = [m.group("body") for m in BLOCK.finditer(text) if m.group("mark")]
     assert len(blocks) >= 5 and text.count(MARK) == len(blocks), "every runs-here mark must sit right above a ```sh block"
+    part1 = text[text.index("## Part 1"):text.index("## Part 2")]
+    assert part1.count("```sh") == part1.count(MARK), "the page says every block of part 1 runs here"
     repo = copy_checkout(tmp_path / "gpufleet")
     shutil.rmtree(repo / "clusters")
     shutil.copytree(FLEET_CLUSTERS, repo / "clusters")
