@@ -22,7 +22,11 @@ the same uid, cannot read the live token from ``/proc/<ppid>/mem``; the child ge
 wrapper is SIGKILLed the child and its keys die with it, and the role's short token TTL
 (renewed at least every minute) lets the orphaned token expire within minutes.
 
-Exit codes (README "Training side"): the child's own; 128+N child killed by signal N;
+A job without ``secrets:`` is rendered with ``GPUFLEET_NO_VAULT=1`` and no Vault variable: the
+wrapper then skips the login (there is no role and no wrap) and keeps everything else, the run limit
+and the signal handling; that variable beside a role_id, a wrap or ``GPUFLEET_SECRETS`` is refused.
+
+Exit codes (docs/training-side.md, docs/reference/exit-codes.md): the child's own; 128+N child killed by signal N;
 2 usage or malformed environment (nothing sent to Vault, the wrap is not spent);
 69 Vault unreachable or a server error; 78 Vault refused (denied path, missing key, host
 outside the role's CIDRs); 79 POSSIBLE INTERCEPTION (wrap already used, swapped, or login
@@ -58,6 +62,7 @@ from vault_policies.layout import (
     ENV_MAX_RUN_SECONDS,
     ENV_NO_VAULT,
     ENV_ROLE_ID,
+    ENV_SECRETS,
     ENV_WRAPPED_SECRET_ID,
     ENV_WRAPPED_SECRET_ID_FILE,
     META_WRAPPED_SECRET_ID,
@@ -154,7 +159,7 @@ def without_vault(environ: Mapping[str, str]) -> bool:
         return False
     if environ[ENV_NO_VAULT] != "1":
         raise UsageError(f"{ENV_NO_VAULT}={environ[ENV_NO_VAULT]!r}; the jobs layer sets it to 1 for a job without secrets, so re-render the job (gpufleet jobs render)")
-    mixed = [name for name in (ENV_ROLE_ID, ENV_WRAPPED_SECRET_ID, ENV_WRAPPED_SECRET_ID_FILE) if environ.get(name)]
+    mixed = [name for name in (ENV_ROLE_ID, ENV_WRAPPED_SECRET_ID, ENV_WRAPPED_SECRET_ID_FILE, ENV_SECRETS) if environ.get(name)]
     if mixed:
         raise UsageError(f"{ENV_NO_VAULT}=1 (a job without secrets) but {', '.join(mixed)} also set; re-render the job (gpufleet jobs render)")
     return True

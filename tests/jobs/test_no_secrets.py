@@ -153,5 +153,7 @@ def test_fails_when_no_vault_is_mixed_with_a_wrap_or_misspelt() -> None:
     """A job with keys never gets GPUFLEET_NO_VAULT; seeing it beside a wrap is a mixed-up environment: exit 2, nothing run."""
     mixed = _exec({"GPUFLEET_NO_VAULT": "1", "GPUFLEET_VAULT_WRAPPED_SECRET_ID": "w", "GPUFLEET_VAULT_ROLE_ID": "r"}, "sh", "-c", "echo ran")
     assert mixed.returncode == 2 and "ran" not in mixed.stdout and "GPUFLEET_VAULT_ROLE_ID" in mixed.stderr, mixed.stderr
+    keys = _exec({"GPUFLEET_NO_VAULT": "1", "GPUFLEET_SECRETS": "HF_TOKEN=ml-api-keys/huggingface#token"}, "sh", "-c", "echo ran")
+    assert keys.returncode == 2 and "ran" not in keys.stdout and "GPUFLEET_SECRETS" in keys.stderr, "keys asked for, none would arrive"
     wrong = _exec({"GPUFLEET_NO_VAULT": "yes"}, "sh", "-c", "echo ran")
     assert wrong.returncode == 2 and "ran" not in wrong.stdout, wrong.stderr
