@@ -56,7 +56,7 @@ def _check(words: list[str], command: Any, where: str) -> list[str]:
     problems = []
     path = ["gpufleet"]
     rest = list(words)
-    while rest and hasattr(command, "commands") and not rest[0].startswith("-"):
+    while rest and hasattr(command, "commands") and not rest[0].startswith(("-", "<", "$", "...")):  # options, placeholders
         word = rest.pop(0).strip("[]")
         alternatives = re.split(r"[|/]", word)  # `exp list|show`, `jobs dispatch/status/cancel`: each must exist
         shown = sorted(name for name, sub in command.commands.items() if not sub.hidden)
