@@ -43,3 +43,17 @@ def test_generated_pages_name_what_the_code_has() -> None:
     assert "## `gpufleet jobs cancel`" in cli and "## `gpufleet jobs stop`" not in cli, "the hidden deprecated alias stays out of the docs"
     assert "## `GET /api/v1/experiments/{experiment_id}/logs`" in (CHECKED_IN / "http-api.md").read_text()
     assert "| 79 | `EXIT_INTERCEPTED` |" in (CHECKED_IN / "exit-codes.md").read_text()
+
+
+def test_placeholders_outside_code_survive_githubs_html_filter() -> None:
+    """``jobs/<job>.yaml`` in a table cell is an unknown HTML tag to GitHub's renderer, which drops it
+    (the reader sees ``jobs/.yaml``): the generator writes ``&lt;job>`` outside code, never inside."""
+    sys.path.insert(0, str(REPO_ROOT / "tools"))
+    try:
+        from gen_reference import escape_placeholders
+    finally:
+        sys.path.remove(str(REPO_ROOT / "tools"))
+    page = "<!-- header -->\n| Job name (jobs/<job>.yaml) | `gpufleet exp show <id>` | ``diag -r <level>`` |\n```sh\nplan <stack>\n```\n"
+    assert escape_placeholders(page) == ("<!-- header -->\n| Job name (jobs/&lt;job>.yaml) | `gpufleet exp show <id>` | ``diag -r <level>`` |\n"
+                                         "```sh\nplan <stack>\n```\n")
+    assert "Job name (jobs/&lt;job>.yaml)" in (CHECKED_IN / "cli.md").read_text()

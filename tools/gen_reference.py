@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import enum
 import inspect
+import re
 import sys
 import tempfile
 import types
@@ -373,12 +374,30 @@ def pages() -> dict[str, Callable[[], str]]:
     }
 
 
+_TAG_LIKE = re.compile(r"<(?=[A-Za-z])")
+_CODE_SPAN = re.compile(r"((`+).*?(?<!`)\2(?!`))")  # a code span closes with as many backticks as it opened
+
+
+def escape_placeholders(page: str) -> str:
+    """``<job>``, ``<stack>/<address>`` outside code: GitHub's renderer takes them for HTML tags and
+    drops them (``jobs/<job>.yaml`` shows as ``jobs/.yaml``), so they are written ``&lt;job>``."""
+    lines, fenced = [], False
+    for line in page.split("\n"):
+        if line.startswith("```"):
+            fenced = not fenced
+        if not fenced:
+            parts = _CODE_SPAN.split(line)  # text, span, its backticks, text, ...
+            line = "".join(part if i % 3 == 1 else _TAG_LIKE.sub("&lt;", part) for i, part in enumerate(parts) if i % 3 != 2)
+        lines.append(line)
+    return "\n".join(lines)
+
+
 def generate(out: Path) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     written = []
     for name, make in pages().items():
         path = out / name
-        path.write_text(make())
+        path.write_text(escape_placeholders(make()))
         written.append(path)
     return written
 
