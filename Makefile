@@ -9,7 +9,7 @@ export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 export CHECKPOINT_DISABLE := 1
 export BC_SKIP_MAPPING := TRUE
 
-.PHONY: demo test bench install browser cdktf-cli clean preview-release
+.PHONY: demo test docs bench install browser cdktf-cli clean preview-release
 
 install: $(STAMP)
 
@@ -56,6 +56,10 @@ test: $(STAMP) browser
 	@command -v terraform >/dev/null || { echo "error: terraform is not on PATH; install terraform 1.11 (plan-gate tests run it)"; exit 2; }
 	@command -v node >/dev/null || { echo "error: node is not on PATH; install Node.js 20 (jsii runs cdktf on it)"; exit 2; }
 	$(BIN)/python -m pytest -q
+
+# The reference pages in docs/reference/ from the code (schemas, CLI, OpenAPI, exit codes); no network.
+docs: $(STAMP)
+	$(BIN)/python tools/gen_reference.py
 
 bench: $(STAMP)
 	$(BIN)/python bench/synth.py --write

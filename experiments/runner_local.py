@@ -28,8 +28,7 @@ from jobs.local import REPO_ROOT, local_argv, task_environment
 from jobs.logs import DEFAULT_TAIL_BYTES, tail_text
 from jobs.runner import Phase, RunNotFound, RunReport
 from jobs.spec import TASK, FinetuneSpec
-from jobs.vault_mint import mint_wrapped_secret_id
-from vault_policies.layout import META_ROLE_ID, META_WRAPPED_SECRET_ID
+from jobs.vault_mint import mint_wrapped_secret_id, platform_meta
 
 
 RUNS_DIR = REPO_ROOT / ".gpufleet" / "runs"
@@ -73,7 +72,7 @@ class LocalRunner:
         run_id = f"local/{job.name}/dispatch-{secrets.token_hex(4)}"
         RUNS_DIR.mkdir(parents=True, exist_ok=True)
         root = Path(tempfile.mkdtemp(prefix=f"{job.name}-", dir=RUNS_DIR))
-        platform = {META_ROLE_ID: wrapped.role_id, META_WRAPPED_SECRET_ID: wrapped.wrapping_token}
+        platform = platform_meta(wrapped)
         env = task_environment(job, {**meta, **platform}, job_id=run_id.removeprefix("local/"), alloc_id=str(uuid.uuid4()), alloc_root=root, environ=self._environ)
         logs = root / "alloc" / "logs"
         with (logs / f"{TASK}.stdout.0").open("ab") as out, (logs / f"{TASK}.stderr.0").open("ab") as err:

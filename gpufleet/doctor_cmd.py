@@ -64,7 +64,7 @@ def _vault(env: Mapping[str, str]) -> list[str]:
 
     addr = (env.get("VAULT_ADDR") or "").rstrip("/")
     if not addr:
-        return ["VAULT_ADDR is not set; set it to the Vault (OpenBao) address, e.g. https://vault.example.com:8200 (make dev starts a local one)"]
+        return ["VAULT_ADDR is not set; set it to the Vault (OpenBao) address, e.g. https://vault.example.com:8200 (gpufleet dev up starts a local one)"]
     try:
         # Every status code answers here (standby, sealed...): 200 asked for, the JSON says which.
         answer = httpx.get(f"{addr}/v1/sys/health", params={"standbyok": "true", "sealedcode": "200", "uninitcode": "200"}, timeout=TIMEOUT_SECONDS)
@@ -146,9 +146,9 @@ CHECKS: tuple[tuple[str, Check], ...] = (("control plane", _api), ("vault", _vau
                                          ("kubernetes", _kube))
 
 
+# The docstring is one line: typer keeps its line breaks in `gpufleet --help`'s command list.
 def cmd_doctor() -> None:
-    """Check this environment (GPUFLEET_API and token, VAULT_ADDR, NOMAD_ADDR, kube context, the
-    control plane's clusters): one line per problem with its fix; exit 1 if any."""
+    """Check this environment (GPUFLEET_API and token, VAULT_ADDR, NOMAD_ADDR, kube context, the control plane's clusters): one line per problem with its fix; exit 1 if any."""
     _fleet_schedulers.cache_clear()
     env = dict(os.environ)
     problems = 0

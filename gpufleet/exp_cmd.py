@@ -1,4 +1,4 @@
-"""``gpufleet exp submit|list|show|cancel|watch|events|logs``: the control plane's API from a shell.
+"""``gpufleet exp submit|list|show|cancel|watch|events|logs|costs``: the control plane's API from a shell.
 
 GPUFLEET_API (default http://127.0.0.1:8080) and GPUFLEET_API_TOKEN (a token from
 ``gpufleet api token create`` or a CI workload identity's OIDC token). ``--json`` prints
@@ -18,7 +18,7 @@ from gpufleet.progress import Stages
 from rich.table import Table
 
 from clusters.errors import UserError
-from experiments.states import TERMINAL
+from experiments.states import TERMINAL, State
 
 console = make_console()
 JsonOption = typer.Option(False, "--json", help="Print the API's JSON.")
@@ -143,8 +143,11 @@ def cmd_submit(
 
 
 def cmd_list(
-    status: str | None = typer.Option(None, "--status"), tenant: str | None = typer.Option(None, "--tenant"), job: str | None = typer.Option(None, "--job"),
-    limit: int = typer.Option(50, "--limit", min=1, max=500), offset: int = typer.Option(0, "--offset", min=0), as_json: bool = JsonOption,
+    status: str | None = typer.Option(None, "--status", help="Only this state: " + ", ".join(State) + "."),
+    tenant: str | None = typer.Option(None, "--tenant", help="Only this tenant's (admin tokens; a tenant sees only its own)."),
+    job: str | None = typer.Option(None, "--job", help="Only experiments of this job."),
+    limit: int = typer.Option(50, "--limit", min=1, max=500, help="At most this many, newest first."),
+    offset: int = typer.Option(0, "--offset", min=0, help="Skip this many (the next page)."), as_json: bool = JsonOption,
 ) -> None:
     """Experiments you may see, newest first, with GPU-hours and cost."""
     params = {k: v for k, v in {"status": status, "tenant": tenant, "job": job, "limit": limit, "offset": offset}.items() if v is not None}
@@ -216,6 +219,21 @@ def cmd_logs(experiment_id: str = typer.Argument(..., help="The experiment id, o
         console.print(f"[dim]({answer['stream']} {where}{'; ' + answer['note'] if answer.get('note') else ''})[/]", highlight=False)
 
 
+def cmd_costs(as_json: bool = JsonOption) -> None:
+    """GPU-hours and estimated cost per tenant and per job, over every experiment you may see."""
+    answer = _call("GET", "/api/v1/costs")
+    if as_json:
+        _print_json(answer)
+        return
+    for key, title in (("by_tenant", "tenant"), ("by_job", "tenant/job")):
+        table = Table(title=f"cost by {title} ({answer['currency']}, prices: {answer['price_source']}, {answer['price_date']})")
+        for column in (title, "GPU-hours", "estimated cost"):
+            table.add_column(column)
+        for name, row in answer[key].items():
+            table.add_row(name, f"{row['gpu_hours']:.4f}", f"{row['estimated_cost_usd']:.4f}")
+        console.print(table)
+
+
 def _stream(path: str, params: dict[str, Any]) -> None:
     """Print a text/plain answer as it arrives (the API's follow=true) until the server ends it."""
     import sys
@@ -235,7 +253,8 @@ def _stream(path: str, params: dict[str, Any]) -> None:
         raise UserError(f"the log stream from {base} broke off ({type(exc).__name__}); run the same command again") from None
 
 
-def cmd_watch(experiment_id: str = typer.Argument(...), interval: float = typer.Option(1.0, "--interval", min=0.2), as_json: bool = JsonOption) -> None:
+def cmd_watch(experiment_id: str = typer.Argument(..., help="The experiment id, or a unique prefix of it (6+ characters)."),
+              interval: float = typer.Option(1.0, "--interval", min=0.2, help="Seconds between polls."), as_json: bool = JsonOption) -> None:
     """Print each state change until the experiment ends; exit 1 unless it succeeded."""
     seen = None
     with Stages(console, terminal_only=True) as stages:
@@ -255,7 +274,9 @@ def cmd_watch(experiment_id: str = typer.Argument(...), interval: float = typer.
 
 
 def register(app: typer.Typer) -> None:
-    exp = typer.Typer(help="Experiments on the control plane (GPUFLEET_API, GPUFLEET_API_TOKEN): submit, list, show, cancel, watch, events, logs.", no_args_is_help=True)
-    for name, command in (("submit", cmd_submit), ("list", cmd_list), ("show", cmd_show), ("cancel", cmd_cancel), ("watch", cmd_watch), ("events", cmd_events), ("logs", cmd_logs)):
+    exp = typer.Typer(help="Experiments on the control plane (GPUFLEET_API, GPUFLEET_API_TOKEN): submit, list, show, cancel, watch, events,"
+                           " logs, costs. The day-to-day way to run a job.", no_args_is_help=True)
+    for name, command in (("submit", cmd_submit), ("list", cmd_list), ("show", cmd_show), ("cancel", cmd_cancel), ("watch", cmd_watch),
+                          ("events", cmd_events), ("logs", cmd_logs), ("costs", cmd_costs)):
         exp.command(name)(command)
     app.add_typer(exp, name="exp")

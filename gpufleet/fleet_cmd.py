@@ -33,8 +33,26 @@ def _configs(path: Path | None) -> tuple[clusters.ClusterConfig, ...]:
     return clusters.load_all(path)
 
 
-def cmd_clusters(clusters_dir: Path | None = ClustersDir) -> None:
+JsonList = typer.Option(False, "--json", help="Print a JSON list instead of the table (for scripts).")
+
+
+def _cluster_row(config: clusters.ClusterConfig) -> dict[str, object]:
+    specs = derive_gpu_pools(config)
+    low, high = total_gpus(specs)
+    return {
+        "cluster": config.name, "environment": config.environment.value, "scheduler": config.scheduler.value,
+        "state": config.state.backend, "gpus_min": low, "gpus_max": high,
+        "pools": [{"name": s.name, "machine_type": s.machine_type, "min_nodes": s.min_nodes, "max_nodes": s.max_nodes,
+                   "gpus_per_node": s.gpus_per_node, "accelerator": s.accelerator} for s in specs],
+        "tenants": [{"name": t.name, "gpu_quota": dict(sorted(t.gpu_quota.items()))} for t in config.tenants],
+    }
+
+
+def cmd_clusters(clusters_dir: Path | None = ClustersDir, as_json: bool = JsonList) -> None:
     """Show every cluster: environment, scheduler, GPU pools, GPU range, tenants and quotas."""
+    if as_json:
+        typer.echo(json.dumps([_cluster_row(c) for c in _configs(clusters_dir)], indent=2))
+        return
     table = Table(title="gpufleet clusters")
     for column in ("cluster", "env", "scheduler", "state", "pools", "GPUs min/max", "tenants (GPU quota)"):
         table.add_column(column, overflow="fold")

@@ -56,7 +56,7 @@ def cmd_render(
     for spec in specs:
         path = write_rendered(spec, out_dir)
         gpus = spec.gpu.describe(free=False) + (f" x {spec.nodes} nodes" if spec.nodes > 1 else "")
-        table.add_row(spec.name, spec.cluster, spec.scheduler.value, spec.namespace, spec.pool.name, gpus, spec.vault_role, os.path.relpath(path))
+        table.add_row(spec.name, spec.cluster, spec.scheduler.value, spec.namespace, spec.pool.name, gpus, spec.vault_role or "- (no secrets)", os.path.relpath(path))
     console.print(table)
 
 
@@ -72,19 +72,19 @@ def cmd_plan(job: str = typer.Argument(..., help="Job name (jobs/<job>.yaml)."))
     jobs_nomad_cmd.plan(spec)
 
 
-def cmd_submit(
-    job: str = typer.Argument(..., help="Job name (jobs/<job>.yaml)."),
-    allow_unplaceable: bool = typer.Option(False, "--allow-unplaceable", help="Register even if no client fits now (e.g. the pool scales up from zero)."),
-) -> None:
-    """Plan, then register the parameterized job (runs nothing until a dispatch)."""
+AllowUnplaceable = typer.Option(False, "--allow-unplaceable", help="Register even if no client fits now (e.g. the pool scales up from zero).")
+
+
+def cmd_register(job: str = typer.Argument(..., help="Job name (jobs/<job>.yaml)."), allow_unplaceable: bool = AllowUnplaceable) -> None:
+    """Plan, then register the parameterized job (runs nothing until a dispatch; GKE: a server-side dry run)."""
     spec = _spec(job)
     if _is_gke(spec):
         from gpufleet import jobs_k8s_cmd
 
-        return jobs_k8s_cmd.submit(spec)
+        return jobs_k8s_cmd.register(spec)
     from gpufleet import jobs_nomad_cmd
 
-    jobs_nomad_cmd.submit(spec, allow_unplaceable=allow_unplaceable)
+    jobs_nomad_cmd.register(spec, allow_unplaceable=allow_unplaceable)
 
 
 def cmd_dispatch(
@@ -135,8 +135,14 @@ def cmd_cancel(job_id: str = JobIdArgument, namespace: str | None = NamespaceOpt
 
     gke = resolve(job_id, namespace)
     if gke is not None:
-        return jobs_k8s_cmd.stop(gke[0], gke[1])
-    jobs_nomad_cmd.stop(job_id, namespace, purge=purge)
+        return jobs_k8s_cmd.cancel(gke[0], gke[1])
+    jobs_nomad_cmd.cancel(job_id, namespace, purge=purge)
+
+
+def cmd_submit_deprecated(job: str = typer.Argument(..., help="Job name (jobs/<job>.yaml)."), allow_unplaceable: bool = AllowUnplaceable) -> None:
+    """The old name of `jobs register`: `submit` is the verb that runs a job (`gpufleet exp submit`), which this does not."""
+    err.print("note: `gpufleet jobs submit` is now `gpufleet jobs register` (it runs nothing; `gpufleet exp submit` runs a job); `submit` still works for now")
+    cmd_register(job, allow_unplaceable)
 
 
 def cmd_stop_deprecated(job_id: str = JobIdArgument, namespace: str | None = NamespaceOption, purge: bool = PurgeOption) -> None:
@@ -163,11 +169,12 @@ def cmd_run_local(
 
 
 def register(app: typer.Typer) -> None:
-    jobs = typer.Typer(help="The low-level path: fine-tune jobs from jobs/*.yaml straight to Nomad or GKE (render, plan, submit, dispatch,"
+    jobs = typer.Typer(help="The low-level path: fine-tune jobs from jobs/*.yaml straight to Nomad or GKE (render, plan, register, dispatch,"
                             " status, cancel, run-local). Day to day use `gpufleet exp`, through the control plane.", no_args_is_help=True)
     jobs.command("render")(cmd_render)
     jobs.command("plan")(cmd_plan)
-    jobs.command("submit")(cmd_submit)
+    jobs.command("register")(cmd_register)
+    jobs.command("submit", hidden=True)(cmd_submit_deprecated)
     jobs.command("dispatch")(cmd_dispatch)
     jobs.command("status")(cmd_status)
     jobs.command("cancel")(cmd_cancel)

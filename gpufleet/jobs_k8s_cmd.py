@@ -1,4 +1,4 @@
-"""The Kubernetes (GKE) half of ``gpufleet jobs``: submit (server-side dry run), dispatch, status [--watch], stop.
+"""The Kubernetes (GKE) half of ``gpufleet jobs``: register (server-side dry run), dispatch, status [--watch], cancel.
 
 ``gpufleet.jobs_cmd`` hands a command here when the job file names a GKE cluster, or when a
 run id is ``<job>-<10 hex>`` of a GKE job file (what dispatch prints). The Kubernetes API is
@@ -31,7 +31,7 @@ def client() -> K8sClient:
     return make_client()
 
 
-def submit(spec: FinetuneSpec) -> None:
+def register(spec: FinetuneSpec) -> None:
     """Nothing is registered on GKE (each dispatch creates its own Job); check instead that the
     cluster would take one: the LocalQueue exists and the API server (with Kueue's webhooks)
     accepts the Job in a server-side dry run."""
@@ -82,10 +82,10 @@ def status(namespace: str, run: str, *, watch: bool, interval: float) -> None:
         err.print("stopped watching; the run goes on")
 
 
-def stop(namespace: str, run: str) -> None:
+def cancel(namespace: str, run: str) -> None:
     client().stop(namespace, run)
     console.print(f"stopping {run} in namespace {namespace}: its Job is deleted in the foreground (pods get their grace period); its Secret and Service go with it")
 
 
 def refuse_nomad_only(command: str, spec: FinetuneSpec) -> UserError:
-    return UserError(f"{command} is Nomad's; {spec.name} runs on GKE cluster {spec.cluster}: use gpufleet jobs submit (a dry run) or dispatch")
+    return UserError(f"{command} is Nomad's; {spec.name} runs on GKE cluster {spec.cluster}: use gpufleet jobs register (a dry run) or dispatch")

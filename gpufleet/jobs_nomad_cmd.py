@@ -1,4 +1,4 @@
-"""The Nomad half of ``gpufleet jobs``: plan, submit, dispatch, status [--watch], stop.
+"""The Nomad half of ``gpufleet jobs``: plan, register, dispatch, status [--watch], cancel.
 
 ``gpufleet.jobs_cmd`` hands a command here when the job file names a Nomad cluster, or when a
 run id is not a GKE run. Nomad is reached through NOMAD_ADDR / NOMAD_TOKEN / NOMAD_NAMESPACE /
@@ -36,7 +36,7 @@ def plan(spec: FinetuneSpec) -> None:
     raise typer.Exit(1)
 
 
-def submit(spec: FinetuneSpec, *, allow_unplaceable: bool) -> None:
+def register(spec: FinetuneSpec, *, allow_unplaceable: bool) -> None:
     from jobs.nomad import dispatch as nomad_dispatch
 
     done = nomad_dispatch.submit(spec, allow_unplaceable=allow_unplaceable)
@@ -55,6 +55,9 @@ def dispatch(spec: FinetuneSpec, meta: dict[str, str], token: str, expected_queu
     console.print(f"dispatched {result.dispatched_job_id} (namespace {result.namespace}, evaluation {result.eval_id or '-'}, idempotency token {token})")
     console.print(f"follow it: gpufleet jobs status {result.dispatched_job_id} --watch")
     source = "--expected-queue-minutes" if expected_queue_minutes is not None else f"pool {spec.pool.name}, min_nodes {spec.pool.min_nodes}"
+    if done.wrap_ttl_seconds is None:
+        console.print("a job without secrets: no Vault role, nothing was minted")
+        return
     console.print(f"the wrapped secret_id expires in {done.wrap_ttl_seconds}s (queue wait {queue_seconds // 60} min, from {source}): a run still queued then must be re-dispatched")
 
 
@@ -87,7 +90,7 @@ def status(job_id: str, namespace: str | None, *, watch: bool, interval: float) 
         err.print("stopped watching; the run goes on")
 
 
-def stop(job_id: str, namespace: str | None, *, purge: bool) -> None:
+def cancel(job_id: str, namespace: str | None, *, purge: bool) -> None:
     from jobs.nomad.dispatch import client, resolve
 
     chosen, _ = resolve(job_id, namespace)

@@ -141,11 +141,19 @@ def cmd_token_create(
     print(token)
 
 
-def cmd_token_list(db: str | None = DbOption) -> None:
+def cmd_token_list(db: str | None = DbOption,
+                   as_json: bool = typer.Option(False, "--json", help="Print a JSON list instead of the table (for scripts).")) -> None:
     """Tokens by id, tenant and state (never the tokens themselves)."""
+    import json
+
     from experiments.db import database_url
     from experiments.services.tokens import list_tokens
 
+    if as_json:
+        rows = [{"id": row.id, "tenant": row.tenant, "admin": row.admin, "name": row.name, "created_at": row.created_at.isoformat(),
+                 "revoked_at": row.revoked_at.isoformat() if row.revoked_at else None} for row in list_tokens(database_url(db))]
+        typer.echo(json.dumps(rows, indent=2))
+        return
     table = Table(title="API tokens")
     for column in ("id", "tenant", "admin", "name", "created", "revoked"):
         table.add_column(column)

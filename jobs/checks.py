@@ -70,7 +70,7 @@ def _hygiene(job: JobFile) -> Iterator[Finding]:
     for field, value in (("command", job.command), ("image", job.image), ("gpu", job.gpu.model)):
         if value is not None and detect(value, field):
             yield ((field, "model") if field == "gpu" else (field,), "this looks like a credential (not shown); delete it, rotate it, and read it from a variable listed in secrets.env")
-    for name, ref in sorted(job.secrets.env.items()):
+    for name, ref in sorted(_secret_env(job).items()):
         at = ("secrets", "env", name)
         if not ENV_NAME.match(name) or name.startswith(RESERVED_ENV_PREFIXES) or name in WRAPPER_ENV_NAMES or name.startswith(WRAPPER_ENV_PREFIXES):
             yield (at, f"secret env name {name!r} is not allowed; use upper-case letters, digits and '_' without the prefixes {', '.join(RESERVED_ENV_PREFIXES)}, e.g. 'HF_TOKEN'")
@@ -89,7 +89,7 @@ def _hygiene(job: JobFile) -> Iterator[Finding]:
 
 
 def _collisions(job: JobFile) -> Iterator[Finding]:
-    for name in sorted(set(job.env) & set(job.secrets.env)):
+    for name in sorted(set(job.env) & set(_secret_env(job))):
         yield (("secrets", "env", name), f"{name} is also set under env; a variable has one source: delete env.{name} and keep it here")
     for key in sorted(set(job.meta_required) & set(job.meta_optional)):
         yield (("meta_optional",), f"{key!r} is also in meta_required; keep each key in one list")
@@ -253,7 +253,15 @@ def _resources_fit(job: JobFile, pool: GpuPoolSpec) -> Iterator[Finding]:
                f" allowed: <= {disk_mb}; lower disk_mb or raise boot_disk_gb on the pool")
 
 
+def _secret_env(job: JobFile) -> dict[str, str]:
+    """The job's Vault-backed variables; none for a job without ``secrets:``."""
+    return dict(job.secrets.env) if job.secrets else {}
+
+
 def _vault(job: JobFile, vault: VaultView) -> Iterator[Finding]:
+    """A job without ``secrets:`` has no role to check: it is dispatched with no wrap and no login."""
+    if job.secrets is None:
+        return
     role = vault.roles.get(job.secrets.role)
     if role is None:
         yield (("secrets", "role"), f"Vault role {job.secrets.role!r} does not exist in vault_policies/roles.yaml{did_you_mean(job.secrets.role, vault.roles)}; allowed: {', '.join(sorted(vault.roles))}; add the role or pick one")

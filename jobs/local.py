@@ -34,8 +34,7 @@ from clusters.errors import UserError
 from jobs.meta import validate_meta
 from jobs.nomad.render import JOB_META_ROLE, render, task_env
 from jobs.spec import TASK, FinetuneSpec, exec_argv
-from jobs.vault_mint import mint_wrapped_secret_id
-from vault_policies.layout import META_ROLE_ID, META_WRAPPED_SECRET_ID
+from jobs.vault_mint import mint_wrapped_secret_id, platform_meta
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 # What a container would inherit from its image; everything else comes from the task.
@@ -114,6 +113,8 @@ def task_environment(
         env[f"NOMAD_META_{key.upper()}"] = value
     for name, value in task_env(spec).items():
         env[name] = _interpolate(value, env, job_meta)
+    if spec.vault_role is None:  # a job without secrets: the task gets no Vault variable at all
+        return env
     env["VAULT_ADDR"] = environ["VAULT_ADDR"]
     for name in LOCAL_VAULT:
         if environ.get(name):
@@ -138,12 +139,13 @@ def run_local(spec: FinetuneSpec, meta: Mapping[str, str], *, environ: Mapping[s
     checked = validate_meta(spec, dict(meta))
     wrapped = mint_wrapped_secret_id(spec, environ, expected_queue_seconds=0)
     job_id = f"{spec.name}/dispatch-{int(time.time())}-{secrets.token_hex(4)}"
-    platform = {META_ROLE_ID: wrapped.role_id, META_WRAPPED_SECRET_ID: wrapped.wrapping_token}
+    platform = platform_meta(wrapped)
     root = Path(tempfile.mkdtemp(prefix=f"gpufleet-{spec.name}-"))
     try:
         env = task_environment(spec, {**checked, **platform}, job_id=job_id, alloc_id=str(uuid.uuid4()), alloc_root=root, environ=environ)
         argv = local_argv(spec)
-        print(f"run-local {job_id} (role {render(spec)['Job']['Meta'][JOB_META_ROLE]}, alloc dir {root})", file=sys.stderr, flush=True)
+        role = render(spec)["Job"]["Meta"].get(JOB_META_ROLE, "none: a job without secrets")
+        print(f"run-local {job_id} (role {role}, alloc dir {root})", file=sys.stderr, flush=True)
         code = subprocess.run(argv, cwd=REPO_ROOT, env=env, check=False).returncode
     finally:
         if not keep_alloc_dir:

@@ -149,7 +149,8 @@ class NomadRunner:
         try:
             self._ensure_registered(job)
             wrapped = mint_wrapped_secret_id(job, self._vault_env, expected_queue_seconds=default_queue_seconds(job.pool))
-            result = self._client.dispatch(job, meta, role_id=wrapped.role_id, wrapping_token=wrapped.wrapping_token,
+            result = self._client.dispatch(job, meta, role_id=wrapped.role_id if wrapped else None,
+                                           wrapping_token=wrapped.wrapping_token if wrapped else None,
                                            idempotency_token=idempotency_key or str(uuid.uuid4()))
         except NomadError as exc:
             raise SchedulerUnavailable(str(exc)) from None

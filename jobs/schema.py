@@ -62,10 +62,15 @@ class DelayFunction(StrEnum):
 
 
 class Gpu(Model):
+    # A GPU pool of the job's cluster on which its tenant has gpu_quota.
     pool: Annotated[str, Field(min_length=1)]
+    # GPUs per node of one run; at most the pool's gpus_per_node.
     count: Annotated[int, Field(ge=1, le=16)] = 1
+    # Nomad: a device constraint on GPU memory as NVML reports it; checked against the pool's GPU.
     min_memory_gib: Annotated[int, Field(ge=1, le=1024)] | None = None
+    # Nomad: a device affinity (preferred, not required); checked against the pool's GPU.
     prefer_memory_gib: Annotated[int, Field(ge=1, le=1024)] | None = None
+    # Nomad: a regular expression on the GPU model as NVML names it, e.g. 'A100'; checked against the pool's GPU.
     model: Annotated[str, Field(min_length=1, max_length=64)] | None = None
 
     @field_validator("model")
@@ -102,9 +107,12 @@ class Reschedule(Model):
 
 
 class Secrets(Model):
+    # An AppRole role of vault_policies/roles.yaml that names the job's cluster.
     role: Annotated[str, Field(min_length=1)]
+    # Environment variable: `<path under secret/>#<field>`, e.g. `HF_TOKEN: ml-api-keys/huggingface#token`; read from Vault at start.
     env: Annotated[dict[str, str], Field(min_length=1)]
 
+# Lengths from distribution/reference: a name is at most 255 characters, a tag 128 (plus ':' and '@sha256:<64>').
 IMAGE_PATTERN = r"^[a-z0-9][a-z0-9._/-]{0,254}(:[A-Za-z0-9_][A-Za-z0-9._-]{0,127})?(@sha256:[0-9a-f]{64})?$"
 
 
@@ -121,16 +129,20 @@ class Preflight(Model):
 
 
 class JobFile(Model):
+    # The file's own name: `jobs/<name>.yaml`.
     name: Annotated[str, AfterValidator(_job_name)]
+    # A cluster of clusters/ (its file name).
     cluster: Annotated[str, Field(min_length=1)]
+    # A tenant of that cluster: the job runs in its namespace and counts against its gpu_quota.
     tenant: Annotated[str, Field(min_length=1)]
     gpu: Gpu
-    # Lengths from distribution/reference: a name is at most 255 characters, a tag 128 (plus ':' and '@sha256:<64>').
-    image: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9._/-]{0,254}(:[A-Za-z0-9_][A-Za-z0-9._-]{0,127})?(@sha256:[0-9a-f]{64})?$",
+    image: Annotated[str, Field(pattern=IMAGE_PATTERN,
                                 description="an image reference: a lowercase registry/path of at most 255 characters, optional"
                                             " ':tag' (at most 128) and '@sha256:<64 hex>', e.g. 'ghcr.io/acme/train:1.4'")]
+    # Run in the image as `gpufleet-exec -- <command> <args>` (gpufleet-exec logs in to Vault and sets secrets.env first).
     command: Annotated[str, Field(min_length=1)]
     args: tuple[str, ...] = ()
+    # Plain settings only: a value or name that looks like a credential is refused; keys go in secrets.env.
     env: dict[str, str] = {}
     # Nodes of one run (multi-node fine-tunes; GKE only for now): each gets gpu.count GPUs.
     nodes: Annotated[int, Field(ge=1, le=64)] = 1
@@ -144,11 +156,18 @@ class JobFile(Model):
     cpu_cores: Annotated[float, Field(ge=0.1, le=512)] | None = None
     memory_mb: Annotated[int, Field(ge=128, le=4_194_304)] = 16384
     disk_mb: Annotated[int, Field(ge=100, le=16_777_216)] = 20480
+    # Keys every run must give (`--meta key=value`); the task reads them as `NOMAD_META_<key>` (GKE: `GPUFLEET_META_<key>`).
+    # In either list, `dataset_uri` must be gs://, s3:// or hf:// with a version, e.g. `hf://datasets/acme/chat@v3`;
+    # `run_id` is 1-63 lowercase letters, digits, '.', '_' or '-'.
     meta_required: tuple[str, ...] = ()
+    # Keys a run may give.
     meta_optional: tuple[str, ...] = ()
-    secrets: Secrets
+    # Optional: a job that needs no API keys gets no Vault role, no wrapped secret_id and no login.
+    secrets: Secrets | None = None
+    # A run is stopped after this long and marked expired; `exp submit --deadline-hours` may only shorten it.
     max_run_hours: Annotated[float, Field(gt=0, le=168)]
     kill_timeout: DurationNs = parse_duration_ns("2m")
     restart: Restart = Restart()
     reschedule: Reschedule = Reschedule()
+    # Nomad job priority; GKE: 70 and above gets the priority class that may preempt lower ones.
     priority: Annotated[int, Field(ge=1, le=100)] = 50

@@ -75,7 +75,8 @@ class FinetuneSpec:
     disk_mb: int
     meta_required: tuple[str, ...]
     meta_optional: tuple[str, ...]
-    vault_role: str
+    # None for a job without ``secrets:``: no role, no wrap minted, gpufleet-exec skips Vault.
+    vault_role: str | None
     secrets: tuple[tuple[str, str], ...]
     max_run_ns: int
     kill_timeout_ns: int
@@ -144,8 +145,8 @@ def derive_spec(job: JobFile, config: ClusterConfig, *, source: Path) -> Finetun
         disk_mb=job.disk_mb,
         meta_required=tuple(sorted(job.meta_required)),
         meta_optional=tuple(sorted(job.meta_optional)),
-        vault_role=job.secrets.role,
-        secrets=tuple(sorted(job.secrets.env.items())),
+        vault_role=job.secrets.role if job.secrets else None,
+        secrets=tuple(sorted(job.secrets.env.items())) if job.secrets else (),
         max_run_ns=int(job.max_run_hours * 3600) * NS_PER_SECOND,
         kill_timeout_ns=job.kill_timeout,
         restart=job.restart,

@@ -43,7 +43,11 @@ def queue_seconds(pool: GpuPoolSpec, expected_queue_minutes: int | None) -> int:
     return expected_queue_minutes * 60 if expected_queue_minutes is not None else default_queue_seconds(pool)
 
 
-def mint_wrapped_secret_id(spec: FinetuneSpec, environ: Mapping[str, str], *, expected_queue_seconds: int) -> WrappedSecretId:
+def mint_wrapped_secret_id(spec: FinetuneSpec, environ: Mapping[str, str], *, expected_queue_seconds: int) -> WrappedSecretId | None:
+    """One wrapped single-use secret_id for the job's role; None for a job without ``secrets:``,
+    which has no role: nothing is minted and Vault is not contacted (no VAULT_TOKEN needed)."""
+    if spec.vault_role is None:
+        return None
     from vault_policies.client import VaultClientError, make_client
     from vault_policies.orchestrator import issue_wrapped_secret_id, wrap_ttl_for_queue
 
@@ -60,3 +64,10 @@ def mint_wrapped_secret_id(spec: FinetuneSpec, environ: Mapping[str, str], *, ex
         raise UserError(f"cannot reach Vault at {addr}; check VAULT_ADDR (locally: gpufleet dev up)") from None
     except VaultClientError as exc:
         raise UserError(str(exc)) from None
+
+
+def platform_meta(wrapped: WrappedSecretId | None) -> dict[str, str]:
+    """The dispatch meta the platform adds: role_id and wrapping token, or nothing for a job without secrets."""
+    from vault_policies.layout import META_ROLE_ID, META_WRAPPED_SECRET_ID
+
+    return {} if wrapped is None else {META_ROLE_ID: wrapped.role_id, META_WRAPPED_SECRET_ID: wrapped.wrapping_token}

@@ -1,6 +1,6 @@
 """No import points up: every project module imports only packages of its own or a lower layer.
 
-The order is the one the README's layout section states (read from it here, so the two cannot
+The order is the one docs/layout.md states (read from it here, so the two cannot
 disagree); imports inside functions count too, because a lazy import is still a dependency, and
 so do ``importlib.import_module("...")`` / ``__import__("...")`` with a literal name. Relative
 imports are resolved against the importing file's package; one that climbs out of it is refused. ``main``,
@@ -24,10 +24,10 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def layers() -> list[str]:
-    text = (ROOT / "README.md").read_text()
+    text = (ROOT / "docs" / "layout.md").read_text()
     section = text[text.index("## Layout") :]
     match = re.search(r"Layers, bottom to top[^:]*\):\s*(.+?)\.\s", section, re.S)
-    assert match, "README's layout section lost its 'Layers, bottom to top' line"
+    assert match, "docs/layout.md lost its 'Layers, bottom to top' line"
     return re.findall(r"`(\w+)` ?<?", match.group(1).replace("\n", " "))
 
 

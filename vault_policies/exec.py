@@ -22,7 +22,11 @@ the same uid, cannot read the live token from ``/proc/<ppid>/mem``; the child ge
 wrapper is SIGKILLed the child and its keys die with it, and the role's short token TTL
 (renewed at least every minute) lets the orphaned token expire within minutes.
 
-Exit codes (README "Training side"): the child's own; 128+N child killed by signal N;
+A job without ``secrets:`` is rendered with ``GPUFLEET_NO_VAULT=1`` and no Vault variable: the
+wrapper then skips the login (there is no role and no wrap) and keeps everything else, the run limit
+and the signal handling; that variable beside a role_id, a wrap or ``GPUFLEET_SECRETS`` is refused.
+
+Exit codes (docs/training-side.md, docs/reference/exit-codes.md): the child's own; 128+N child killed by signal N;
 2 usage or malformed environment (nothing sent to Vault, the wrap is not spent);
 69 Vault unreachable or a server error; 78 Vault refused (denied path, missing key, host
 outside the role's CIDRs); 79 POSSIBLE INTERCEPTION (wrap already used, swapped, or login
@@ -53,7 +57,16 @@ from vault_policies.client import (
     VaultUnavailable,
     start_task,
 )
-from vault_policies.layout import ENV_KILL_GRACE_SECONDS, ENV_MAX_RUN_SECONDS, ENV_WRAPPED_SECRET_ID, META_WRAPPED_SECRET_ID
+from vault_policies.layout import (
+    ENV_KILL_GRACE_SECONDS,
+    ENV_MAX_RUN_SECONDS,
+    ENV_NO_VAULT,
+    ENV_ROLE_ID,
+    ENV_SECRETS,
+    ENV_WRAPPED_SECRET_ID,
+    ENV_WRAPPED_SECRET_ID_FILE,
+    META_WRAPPED_SECRET_ID,
+)
 
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 EXIT_USAGE = 2
@@ -139,6 +152,19 @@ def run_limits(environ: Mapping[str, str]) -> tuple[int | None, int]:
     return _seconds(environ, ENV_MAX_RUN_SECONDS), _seconds(environ, ENV_KILL_GRACE_SECONDS) or DEFAULT_KILL_GRACE_SECONDS
 
 
+def without_vault(environ: Mapping[str, str]) -> bool:
+    """True for a job without ``secrets:`` (ENV_NO_VAULT=1): no login, no keys, nothing to revoke.
+    Vault variables beside it mean a mixed-up environment, refused before anything starts."""
+    if environ.get(ENV_NO_VAULT, "") == "":
+        return False
+    if environ[ENV_NO_VAULT] != "1":
+        raise UsageError(f"{ENV_NO_VAULT}={environ[ENV_NO_VAULT]!r}; the jobs layer sets it to 1 for a job without secrets, so re-render the job (gpufleet jobs render)")
+    mixed = [name for name in (ENV_ROLE_ID, ENV_WRAPPED_SECRET_ID, ENV_WRAPPED_SECRET_ID_FILE, ENV_SECRETS) if environ.get(name)]
+    if mixed:
+        raise UsageError(f"{ENV_NO_VAULT}=1 (a job without secrets) but {', '.join(mixed)} also set; re-render the job (gpufleet jobs render)")
+    return True
+
+
 def _signal_group(child: subprocess.Popen[bytes], signum: int) -> None:
     """Signal the command's process group (the command and whatever it started)."""
     try:
@@ -212,6 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     _not_dumpable()
     try:
         max_run, grace = run_limits(os.environ)
+        no_vault = without_vault(os.environ)
     except UsageError as exc:
         _say(f"error: {exc}")
         return EXIT_USAGE
@@ -226,27 +253,31 @@ def main(argv: list[str] | None = None) -> int:
         lost.set()
 
     try:
-        session = start_task(TaskConfig.from_env(os.environ), on_renewal_failure=on_renewal_failure)
+        session = None if no_vault else start_task(TaskConfig.from_env(os.environ), on_renewal_failure=on_renewal_failure)
     except VaultClientError as exc:
         code = _exit_code(exc)
         _say(f"error: {exc} (exit {code})")
         return code
+    keys = session.secrets if session is not None else {}
     try:
         if signals.pending:
             _say(f"received signal {signals.pending[0]} before the command started; not starting it")
             return 128 + signals.pending[0]
-        _say(f"logged in (policies {', '.join(session.policies)}); passing {', '.join(sorted(session.secrets)) or 'no keys'} to {args[0]}")
+        if session is None:
+            _say(f"job without secrets: no Vault login; starting {args[0]}")
+        else:
+            _say(f"logged in (policies {', '.join(session.policies)}); passing {', '.join(sorted(keys)) or 'no keys'} to {args[0]}")
         # The interpreter running this wrapper, by its magic link (its path may not be
         # traversable for the task's uid); -I -S: no site, no PYTHON* from the environment.
         interpreter = "/proc/self/exe" if os.path.exists("/proc/self/exe") else sys.executable
         launcher = [interpreter, "-I", "-S", "-c", _LAUNCHER, str(os.getpid()), *args]
         # Its own process group, so stop signals reach the command's children too.
-        signals.child = subprocess.Popen(launcher, env=child_env(dict(os.environ), session.secrets), process_group=0)
+        signals.child = subprocess.Popen(launcher, env=child_env(dict(os.environ), keys), process_group=0)
         for signum in signals.pending:
             _signal_group(signals.child, signum)
         return _wait(signals.child, max_run, grace, lost, lost_code)
     finally:
         if signals.child is not None:
             _signal_group(signals.child, signal.SIGKILL)  # leftovers of the command hold its keys
-        if session.close():
+        if session is not None and session.close():
             _say("token revoked")

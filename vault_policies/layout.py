@@ -47,6 +47,10 @@ ENV_WRAPPED_SECRET_ID = "GPUFLEET_VAULT_WRAPPED_SECRET_ID"
 # environment variable of the pod spec; gpufleet-exec reads it when ENV_WRAPPED_SECRET_ID is unset.
 ENV_WRAPPED_SECRET_ID_FILE = "GPUFLEET_VAULT_WRAPPED_SECRET_ID_FILE"
 ENV_SECRETS = "GPUFLEET_SECRETS"
+# Set to "1" for a job without ``secrets:``: gpufleet-exec then never talks to Vault (there is no
+# role and no wrap to spend) and only enforces the run limit and forwards signals. Explicit, so a
+# job with keys whose Vault variables went missing still fails as a malformed environment.
+ENV_NO_VAULT = "GPUFLEET_NO_VAULT"
 # The job's max_run_hours in seconds, and how long gpufleet-exec waits after SIGTERM before
 # SIGKILL (the job's kill_timeout): Nomad clients before 2.0.3 ignore MaxRunDuration.
 ENV_MAX_RUN_SECONDS = "GPUFLEET_MAX_RUN_SECONDS"

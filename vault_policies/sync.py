@@ -224,6 +224,9 @@ def apply(client: hvac.Client, definitions: VaultDefinitions) -> tuple[Change, .
                 if change.name not in OPERATOR_POLICIES:
                     raise
                 changes[index] = Change(change.kind, change.name, "skip", f"not written; {OPERATOR_HINT}")
+            else:
+                if change.name in OPERATOR_POLICIES:  # written: the diff's "needs a root token" hint no longer applies
+                    changes[index] = Change(change.kind, change.name, change.action, "operator policy")
         elif change.kind == "role":
             client.write_data(f"auth/{APPROLE_MOUNT}/role/{change.name}", data=role_params(definitions.roles[change.name]))
     return tuple(changes)

@@ -406,7 +406,8 @@ class K8sClient:
             return doc
 
         try:
-            self._ensure_owned("Secret", self._core, "secret", namespace, vault_secret_name(run), job, secret, echo=False)
+            if spec.vault_role is not None:  # a job without secrets gets no run Secret and no secret_id
+                self._ensure_owned("Secret", self._core, "secret", namespace, vault_secret_name(run), job, secret, echo=False)
             for doc in docs[:-1]:
                 self._ensure_owned(doc["kind"], self._core, "service", namespace, doc["metadata"]["name"], job, lambda doc=doc: _owned(doc, job))
         except UserError:

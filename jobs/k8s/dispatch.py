@@ -36,7 +36,10 @@ class RankMinter:
     def __call__(self, ranks: int) -> tuple[str, list[str]]:
         from jobs.vault_mint import mint_wrapped_secret_id
 
-        wrapped = [mint_wrapped_secret_id(self._spec, self._environ, expected_queue_seconds=self._queue_seconds) for _ in range(ranks)]
+        minted = [mint_wrapped_secret_id(self._spec, self._environ, expected_queue_seconds=self._queue_seconds) for _ in range(ranks)]
+        wrapped = [w for w in minted if w is not None]
+        if len(wrapped) != ranks:
+            raise ValueError(f"job {self._spec.name} has no secrets, so its run gets no Vault Secret; nothing to mint")
         self.wrap_ttl_seconds = wrapped[0].wrap_ttl_seconds
         return wrapped[0].role_id, [w.wrapping_token for w in wrapped]
 

@@ -29,7 +29,7 @@ from clusters.families import TOPOLOGY_LEVEL_NAMES
 from jobs.durations import NS_PER_SECOND
 from jobs.k8s.gpudirect import PodNetworking, pod_networking
 from jobs.spec import EXEC, TASK, FinetuneSpec
-from vault_policies.layout import ENV_KILL_GRACE_SECONDS, ENV_MAX_RUN_SECONDS, ENV_ROLE, ENV_ROLE_ID, ENV_SECRETS, ENV_WRAPPED_SECRET_ID_FILE
+from vault_policies.layout import ENV_KILL_GRACE_SECONDS, ENV_MAX_RUN_SECONDS, ENV_NO_VAULT, ENV_ROLE, ENV_ROLE_ID, ENV_SECRETS, ENV_WRAPPED_SECRET_ID_FILE
 
 # kubernetes-sigs/kueue pkg/controller/constants/constants.go (v0.19.2): QueueLabel.
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
@@ -158,12 +158,17 @@ def _env(spec: FinetuneSpec, run: str, meta: dict[str, str]) -> list[dict[str, A
         wrapped_file = f"{VAULT_DIR}/{wrapped_key(0).removesuffix('0')}$(NODE_RANK)"
     else:
         wrapped_file = f"{VAULT_DIR}/{wrapped_key(0)}"
+    if spec.vault_role is None:  # a job without secrets: no role, no run Secret, no Vault variables
+        env += [{"name": ENV_NO_VAULT, "value": "1"}]
+    else:
+        env += [
+            {"name": "VAULT_ADDR", "value": spec.vault_addr},
+            {"name": ENV_ROLE, "value": spec.vault_role},
+            {"name": ENV_ROLE_ID, "valueFrom": {"secretKeyRef": {"name": vault_secret_name(run), "key": ROLE_ID_KEY}}},
+            {"name": ENV_WRAPPED_SECRET_ID_FILE, "value": wrapped_file},
+            {"name": ENV_SECRETS, "value": spec.secrets_env},
+        ]
     env += [
-        {"name": "VAULT_ADDR", "value": spec.vault_addr},
-        {"name": ENV_ROLE, "value": spec.vault_role},
-        {"name": ENV_ROLE_ID, "valueFrom": {"secretKeyRef": {"name": vault_secret_name(run), "key": ROLE_ID_KEY}}},
-        {"name": ENV_WRAPPED_SECRET_ID_FILE, "value": wrapped_file},
-        {"name": ENV_SECRETS, "value": spec.secrets_env},
         {"name": ENV_MAX_RUN_SECONDS, "value": str(spec.max_run_ns // NS_PER_SECOND)},
         {"name": ENV_KILL_GRACE_SECONDS, "value": str(_grace_seconds(spec))},
         {"name": "TMPDIR", "value": "/tmp"},
@@ -201,7 +206,7 @@ def _container(spec: FinetuneSpec, run: str, meta: dict[str, str]) -> dict[str, 
             "seccompProfile": {"type": "RuntimeDefault"},
         },
         "volumeMounts": [
-            {"name": "vault", "mountPath": VAULT_DIR, "readOnly": True},
+            *([{"name": "vault", "mountPath": VAULT_DIR, "readOnly": True}] if spec.vault_role else []),
             {"name": "scratch", "mountPath": SCRATCH_DIR},
             {"name": "tmp", "mountPath": "/tmp"},
             {"name": "dshm", "mountPath": "/dev/shm"},
@@ -294,7 +299,8 @@ def _pod_spec(spec: FinetuneSpec, run: str, meta: dict[str, str]) -> dict[str, A
         # them (GKE ephemeral-storage-local-ssd), else the boot disk; the container's
         # ephemeral-storage limit caps both. /dev/shm in memory for data-loader workers.
         "volumes": [
-            {"name": "vault", "secret": {"secretName": vault_secret_name(run), "defaultMode": 0o440, "optional": False}},
+            *([{"name": "vault", "secret": {"secretName": vault_secret_name(run), "defaultMode": 0o440, "optional": False}}]
+              if spec.vault_role else []),
             {"name": "scratch", "emptyDir": {}},
             {"name": "tmp", "emptyDir": {}},
             {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{max(64, spec.memory_mb // 4)}Mi"}},
@@ -343,7 +349,7 @@ def job_manifest(spec: FinetuneSpec, *, dispatch_id: str | None = None, meta: di
     if spec.gke is None:
         raise ValueError(f"job {spec.name} targets a Nomad cluster; render it with jobs.nomad.render")
     run = run_name(spec.name, dispatch_id)
-    annotations = {ROLE_ANNOTATION: spec.vault_role}
+    annotations = {ROLE_ANNOTATION: spec.vault_role} if spec.vault_role else {}
     if dispatch_id is not None:
         annotations[DISPATCH_ANNOTATION] = dispatch_id
     if spec.pool.queued_provisioning:
@@ -434,6 +440,8 @@ def write_manifests(spec: FinetuneSpec, out_dir: Path | None = None) -> Path:
     docs = manifests(spec)
     require_valid(docs)
     header = (f"# gpufleet: rendered from jobs/{spec.source.name}; the pods wait for the Secret {vault_secret_name(spec.name)}\n"
-              f"# (role id + wrapped secret_id) that only `gpufleet jobs dispatch` creates. Nothing secret is in this file.\n")
+              f"# (role id + wrapped secret_id) that only `gpufleet jobs dispatch` creates. Nothing secret is in this file.\n"
+              if spec.vault_role else
+              f"# gpufleet: rendered from jobs/{spec.source.name}; a job without secrets: no Vault role, no wrapped secret_id.\n")
     directory = outputs.ensure_dir(out_dir or repo.jobs_out_dir(), option="--out-dir")
     return outputs.write_file(directory / f"{spec.name}.yaml", header + to_yaml(docs), option="--out-dir")

@@ -226,11 +226,14 @@ class NomadClient:
             answer = self._api(spec.namespace).jobs.register_job(render(spec))
         return int(answer.get("JobModifyIndex", 0))
 
-    def dispatch(self, spec: FinetuneSpec, meta: Mapping[str, str], *, role_id: str, wrapping_token: str, idempotency_token: str) -> DispatchResult:
+    def dispatch(self, spec: FinetuneSpec, meta: Mapping[str, str], *, role_id: str | None, wrapping_token: str | None,
+                 idempotency_token: str) -> DispatchResult:
         """One child run. The token goes in the query string (Nomad reads it only there);
-        the wrapping token goes in Meta, and no error message ever echoes the body."""
-        body = {"Meta": {**meta, META_ROLE_ID: role_id, META_WRAPPED_SECRET_ID: wrapping_token}}
-        on_404 = f"register it first: gpufleet jobs submit {spec.name}"
+        the wrapping token goes in Meta, and no error message ever echoes the body. A job
+        without secrets passes no role_id and no wrapping token (its job declares neither key)."""
+        vault = {META_ROLE_ID: role_id, META_WRAPPED_SECRET_ID: wrapping_token} if role_id is not None and wrapping_token is not None else {}
+        body = {"Meta": {**meta, **vault}}
+        on_404 = f"register it first: gpufleet jobs register {spec.name}"
         with self._errors("dispatch", spec.name, spec.namespace, on_404):
             response = self._api(spec.namespace).job.request(
                 quote(spec.name, safe=""), "dispatch", method="post", json=body, params={"idempotency_token": idempotency_token}

@@ -1,4 +1,4 @@
-"""Nomad side of an operator's submit and dispatch (``gpufleet jobs submit|dispatch|status|stop``):
+"""Nomad side of an operator's submit and dispatch (``gpufleet jobs register|dispatch|status|cancel``):
 the register rule (plan first, refuse what cannot be placed unless allowed), what must hold
 before a single-use secret_id is minted, the tenant-quota rule, the mint and the dispatch, and
 which namespace a run id lives in.
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class Dispatched:
     result: DispatchResult
-    wrap_ttl_seconds: int
+    wrap_ttl_seconds: int | None  # None: a job without secrets, nothing was minted
 
 
 @dataclass(frozen=True)
@@ -65,7 +65,7 @@ def submit(spec: FinetuneSpec, *, allow_unplaceable: bool, env: Mapping[str, str
     nomad = client(env)
     plan = nomad.plan(spec)
     if not plan.placeable and not allow_unplaceable:
-        raise UserError(f"not submitting {spec.name}: {plan.reason}; pass --allow-unplaceable if the pool will scale up")
+        raise UserError(f"not registering {spec.name}: {plan.reason}; pass --allow-unplaceable if the pool will scale up")
     return Submitted(nomad.register(spec), plan)
 
 
@@ -79,7 +79,7 @@ def preflight(spec: FinetuneSpec, env: Mapping[str, str] = os.environ) -> NomadC
     try:
         nomad.status(spec.name, spec.namespace, spec, on_404="")
     except NomadError as exc:
-        raise UserError(f"not dispatching, nothing was minted: {exc}; if the job is not registered yet: gpufleet jobs submit {spec.name}") from None
+        raise UserError(f"not dispatching, nothing was minted: {exc}; if the job is not registered yet: gpufleet jobs register {spec.name}") from None
     return nomad
 
 
@@ -96,5 +96,6 @@ def dispatch(spec: FinetuneSpec, meta: Mapping[str, str], *, idempotency_token: 
     if not decision.allowed:
         raise UserError(f"not dispatching {spec.name}: {decision.reason}")
     wrapped = mint_wrapped_secret_id(spec, env, expected_queue_seconds=queue_seconds)
-    result = nomad.dispatch(spec, meta, role_id=wrapped.role_id, wrapping_token=wrapped.wrapping_token, idempotency_token=idempotency_token)
-    return Dispatched(result, wrapped.wrap_ttl_seconds)
+    result = nomad.dispatch(spec, meta, role_id=wrapped.role_id if wrapped else None,
+                            wrapping_token=wrapped.wrapping_token if wrapped else None, idempotency_token=idempotency_token)
+    return Dispatched(result, wrapped.wrap_ttl_seconds if wrapped else None)

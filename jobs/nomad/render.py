@@ -20,6 +20,7 @@ from jobs.spec import TASK, FinetuneSpec, exec_argv
 from vault_policies.layout import (
     ENV_KILL_GRACE_SECONDS,
     ENV_MAX_RUN_SECONDS,
+    ENV_NO_VAULT,
     ENV_ROLE,
     ENV_ROLE_ID,
     ENV_SECRETS,
@@ -66,6 +67,12 @@ def _device(spec: FinetuneSpec) -> dict[str, Any]:
 def task_env(spec: FinetuneSpec) -> dict[str, str]:
     """The task's environment: user env, Vault address, the dispatch meta interpolated in, and
     the run limit gpufleet-exec enforces (the fleet's Nomad 1.10 has no MaxRunDuration)."""
+    limits = {
+        ENV_MAX_RUN_SECONDS: str(spec.max_run_ns // NS_PER_SECOND),
+        ENV_KILL_GRACE_SECONDS: str(max(1, spec.kill_timeout_ns // NS_PER_SECOND)),
+    }
+    if spec.vault_role is None:  # a job without secrets: no Vault variables at all
+        return {**dict(spec.env), ENV_NO_VAULT: "1", **limits}
     return {
         **dict(spec.env),
         "VAULT_ADDR": spec.vault_addr,
@@ -73,8 +80,7 @@ def task_env(spec: FinetuneSpec) -> dict[str, str]:
         ENV_ROLE_ID: f"${{NOMAD_META_{META_ROLE_ID}}}",
         ENV_WRAPPED_SECRET_ID: f"${{NOMAD_META_{META_WRAPPED_SECRET_ID}}}",
         ENV_SECRETS: spec.secrets_env,
-        ENV_MAX_RUN_SECONDS: str(spec.max_run_ns // NS_PER_SECOND),
-        ENV_KILL_GRACE_SECONDS: str(max(1, spec.kill_timeout_ns // NS_PER_SECOND)),
+        **limits,
     }
 
 
@@ -132,10 +138,11 @@ def render(spec: FinetuneSpec) -> dict[str, Any]:
             "Datacenters": [spec.datacenter],
             "NodePool": spec.pool.name,
             "Priority": spec.priority,
-            "Meta": {JOB_META_ROLE: spec.vault_role, "gpufleet_cluster": spec.cluster, "gpufleet_gpu_pool": spec.pool.name},
+            "Meta": {**({JOB_META_ROLE: spec.vault_role} if spec.vault_role else {}),
+                     "gpufleet_cluster": spec.cluster, "gpufleet_gpu_pool": spec.pool.name},
             "ParameterizedJob": {
                 "Payload": "forbidden",
-                "MetaRequired": sorted({*spec.meta_required, *PLATFORM_META}),
+                "MetaRequired": sorted({*spec.meta_required, *(PLATFORM_META if spec.vault_role else ())}),
                 "MetaOptional": list(spec.meta_optional),
             },
             "TaskGroups": [_group(spec)],

@@ -65,6 +65,7 @@ def test_doctor_finds_each_planted_problem_with_its_fix(good_env, nomad, monkeyp
                 "VAULT_ADDR is not set", "cannot reach Nomad at http://127.0.0.1:", "kube context 'no-such-context'"]
     for line, wanted in zip(errors, expected, strict=True):
         assert wanted in line and ";" in line, line  # each problem names its fix after the semicolon
+    assert "gpufleet dev up starts a local one" in errors[2]  # a command that exists (there is no `make dev`)
 
 
 def test_doctor_says_when_the_control_plane_is_unreachable(good_env, monkeypatch, capsys):

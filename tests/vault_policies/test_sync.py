@@ -145,3 +145,16 @@ def test_fails_when_secret_mount_is_kv_version_1(tmp_path: Path) -> None:
         assert root.sys.list_acl_policies()["data"]["keys"] == ["default", "root"], "nothing may be written before the refusal"
     finally:
         server.stop()
+
+
+def test_a_root_apply_does_not_tell_the_reader_to_find_a_root_token(tmp_path: Path) -> None:
+    """`gpufleet dev up` (and a root bootstrap) wrote the operator policies: the row says so, not the
+    diff's hint that only a root token may write them."""
+    server = start_dev_server(tmp_path / "bao.log")
+    try:
+        root = hvac.Client(url=server.addr, token=server.root_token)
+        rows = {c.name: c for c in sync.apply(root, load_definitions(REPO_ROOT)) if c.kind == "policy"}
+        for name in ("gpufleet-admin", "orchestrator"):
+            assert (rows[name].action, rows[name].detail) == ("create", "operator policy")
+    finally:
+        server.stop()

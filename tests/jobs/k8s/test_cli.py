@@ -81,7 +81,7 @@ def test_dispatch_delivers_one_wrapped_secret_id_per_rank_and_nothing_else(gke_e
 
 
 def test_submit_status_watch_and_cancel(gke_env: Any, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["jobs", "submit", "finetune-llama-gke"]) == 0
+    assert main(["jobs", "register", "finetune-llama-gke"]) == 0
     assert "GKE accepts finetune-llama-gke in namespace research (dry run of Job" in capsys.readouterr().out
     assert main(["jobs", "dispatch", "finetune-llama-gke", *META, "--idempotency-token", "gke-cli-2"]) == 0
     run = next(k[2] for k in gke_env.store.objects if k[0] == "jobs")

@@ -37,7 +37,7 @@ def nomad_env(monkeypatch: pytest.MonkeyPatch, nomad: NomadDouble) -> NomadDoubl
         (["jobs", "dispatch", "finetune-llama", "--meta", "run_id"], r"--meta 'run_id' is not key=value"),
         (["jobs", "dispatch", "finetune-llama", "--meta", "run_id=x"], r"needs --meta dataset_uri=\.\.\."),
         (["jobs", "dispatch", "finetune-llama", "--meta", "run_id=x", "--meta", "dataset_uri=hf://d/x"], r"names no version"),
-        (["jobs", "dispatch", "finetune-llama", *META], r"not dispatching, nothing was minted: status: Nomad has no job 'finetune-llama' in namespace finetune \(404: [^)]*\); if the job is not registered yet: gpufleet jobs submit finetune-llama$"),
+        (["jobs", "dispatch", "finetune-llama", *META], r"not dispatching, nothing was minted: status: Nomad has no job 'finetune-llama' in namespace finetune \(404: [^)]*\); if the job is not registered yet: gpufleet jobs register finetune-llama$"),
         (["jobs", "run-local", "finetune-llama", *META], r"VAULT_ADDR and VAULT_TOKEN not set"),
         (["jobs", "status", "finetune-llama/dispatch-1-0"], r"status: Nomad has no job 'finetune-llama/dispatch-1-0' in namespace finetune \(404"),
     ],
@@ -61,11 +61,11 @@ def test_render_writes_the_golden_json(tmp_path: Path, capsys: pytest.CaptureFix
         assert (tmp_path / f"{name}.json").read_text() == (GOLDEN / f"{name}.json").read_text()
 
 
-def test_submit_then_dispatch_passes_a_real_wrapped_secret_id(nomad_env: NomadDouble, vault: VaultHandle, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def test_register_then_dispatch_passes_a_real_wrapped_secret_id(nomad_env: NomadDouble, vault: VaultHandle, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setenv("VAULT_ADDR", vault.addr)
     monkeypatch.setenv("VAULT_TOKEN", vault.orchestrator.token)
     assert main(["jobs", "plan", "finetune-llama"]) == 0
-    assert main(["jobs", "submit", "finetune-llama"]) == 0
+    assert main(["jobs", "register", "finetune-llama"]) == 0
     assert main(["jobs", "dispatch", "finetune-llama", *META, "--idempotency-token", "cli-token-1"]) == 0
     out = capsys.readouterr().out
     (child,) = nomad_env.dispatched("finetune-llama")
@@ -82,8 +82,8 @@ def test_submit_then_dispatch_passes_a_real_wrapped_secret_id(nomad_env: NomadDo
     assert "pending" in capsys.readouterr().out
 
 
-def test_submit_refuses_an_unplaceable_job_unless_allowed(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    """submit plans first (jobs.nomad.dispatch.submit): a job no client can place now is refused and
+def test_register_refuses_an_unplaceable_job_unless_allowed(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """register plans first (jobs.nomad.dispatch.submit): a job no client can place now is refused and
     nothing is registered, unless --allow-unplaceable, which registers it and warns with the reason."""
     busy = NomadDouble(a100_nodes(count=3, used=2)).start()
     try:
@@ -91,10 +91,10 @@ def test_submit_refuses_an_unplaceable_job_unless_allowed(monkeypatch: pytest.Mo
             monkeypatch.delenv(name, raising=False)
         monkeypatch.setenv("NOMAD_ADDR", busy.address)
         reason = "no client in pool a100 has 1 free GPU with >= 40 GiB matching model 'A100' (3 clients busy); wait for running jobs to finish or ask for fewer GPUs"
-        assert main(["jobs", "submit", "finetune-llama"]) == 2
-        assert capsys.readouterr().err.strip() == f"error: not submitting finetune-llama: {reason}; pass --allow-unplaceable if the pool will scale up"
+        assert main(["jobs", "register", "finetune-llama"]) == 2
+        assert capsys.readouterr().err.strip() == f"error: not registering finetune-llama: {reason}; pass --allow-unplaceable if the pool will scale up"
         assert busy.calls("POST", "register") == []
-        assert main(["jobs", "submit", "finetune-llama", "--allow-unplaceable"]) == 0
+        assert main(["jobs", "register", "finetune-llama", "--allow-unplaceable"]) == 0
         captured = capsys.readouterr()
         assert captured.err.strip() == f"warning: {reason}"
         assert "registered finetune-llama in namespace finetune (job modify index" in captured.out
@@ -113,3 +113,16 @@ def test_status_watch_refreshes_until_the_run_ends(nomad_env: NomadDouble, clien
     assert main(["jobs", "status", child, "--watch", "--interval", "0.2"]) == 0
     assert len(nomad_env.calls("GET", "allocations")) == 3
     assert "complete" in capsys.readouterr().out
+
+
+def test_jobs_submit_is_the_old_name_of_register(nomad_env: NomadDouble, capsys: pytest.CaptureFixture[str]) -> None:
+    """One meaning per verb (issue 27): `submit` runs a job (`gpufleet exp submit`); registering the
+    parameterized job, which runs nothing, is `jobs register`. Scripts that say `jobs submit` keep working."""
+    assert main(["jobs", "submit", "finetune-llama"]) == 0
+    captured = capsys.readouterr()
+    assert "registered finetune-llama in namespace finetune" in captured.out
+    assert captured.err.strip().splitlines() == ["note: `gpufleet jobs submit` is now `gpufleet jobs register` (it runs nothing;"
+                                                 " `gpufleet exp submit` runs a job); `submit` still works for now"]
+    assert main(["jobs", "--help"]) == 0
+    listed = capsys.readouterr().out
+    assert "register" in listed and " submit " not in listed

@@ -105,7 +105,7 @@ def test_fails_when_token_is_refused(nomad: NomadDouble, client_for: ClientFor, 
 
 
 def test_fails_when_dispatching_an_unregistered_job(nomad: NomadDouble, client_for: ClientFor, llama: FinetuneSpec) -> None:
-    with pytest.raises(NomadError, match=r"dispatch: Nomad has no job 'finetune-llama' in namespace finetune \(404: parameterized job not found\); register it first: gpufleet jobs submit finetune-llama") as caught:
+    with pytest.raises(NomadError, match=r"dispatch: Nomad has no job 'finetune-llama' in namespace finetune \(404: parameterized job not found\); register it first: gpufleet jobs register finetune-llama") as caught:
         _dispatch(client_for(nomad), llama)
     assert WRAP not in str(caught.value)
 
