@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import subprocess
+from pathlib import Path
+
+import pytest
+
 from tests.safety.test_workflows import load
 
 
@@ -17,6 +22,19 @@ def test_preview_job_runs_before_every_plan_with_no_credentials() -> None:
     assert '--base "$BASE_SHA"' in run["run"] and "--json-out preview-report/preview.json" in run["run"]
     assert run["env"]["BASE_SHA"] == "${{ github.event.pull_request.base.sha }}"
     assert "preview" in workflow["jobs"]["plan"]["needs"]
+
+
+@pytest.mark.parametrize(("preview_exit", "step_passes"), [(0, True), (3, True), (4, False), (2, False), (1, False)])
+def test_preview_step_passes_changes_and_fails_a_blocked_preview(tmp_path: Path, preview_exit: int, step_passes: bool) -> None:
+    """The step's own shell (GitHub runs ``bash -e``) with a stand-in gpufleet that exits as preview does: a PR that
+    changes the fleet (exit 3) must not fail the job, a blocked one (4) and errors must."""
+    run = next(s for s in load("plan.yml")["jobs"]["preview"]["steps"] if "gpufleet preview" in s.get("run", ""))
+    fake = tmp_path / "gpufleet"
+    fake.write_text(f"#!/bin/sh\nexit {preview_exit}\n")
+    fake.chmod(0o755)
+    env = {"PATH": f"{tmp_path}:/usr/bin:/bin", "BASE_SHA": "0" * 40}
+    done = subprocess.run(["bash", "--noprofile", "--norc", "-e", "-o", "pipefail", "-c", run["run"]], env=env, cwd=tmp_path, check=False)
+    assert (done.returncode == 0) is step_passes
 
 
 def test_comment_puts_the_preview_on_top() -> None:
