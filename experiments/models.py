@@ -123,6 +123,9 @@ class RunLog(Base):
     stream: Mapped[str] = mapped_column(String(8), primary_key=True)
     text: Mapped[str] = mapped_column(Text)
     captured_at: Mapped[datetime] = mapped_column(DateTime)
+    # When this tail last differed from the one captured before it (the idle policy's "no log output
+    # since"); NULL on rows kept before 0010.
+    changed_at: Mapped[datetime | None] = mapped_column(DateTime, default=None)
 
 
 class SchedulerIdentity(Base):
@@ -153,6 +156,9 @@ class RunUsage(Base):
     util_mean_pct: Mapped[float | None] = mapped_column(Float, default=None)
     util_peak_pct: Mapped[float | None] = mapped_column(Float, default=None)
     memory_peak_mib: Mapped[float | None] = mapped_column(Float, default=None)
+    # The busiest single GPU of the run in this bucket (util_peak_pct is the run's mean's peak):
+    # below the idle threshold means every GPU of every rank was. NULL where unknown or before 0010.
+    util_max_pct: Mapped[float | None] = mapped_column(Float, default=None)
 
 
 class DashboardSession(Base):
