@@ -117,6 +117,7 @@ class RunLog(Base):
     why it died. Masked by jobs.logs before it is written."""
 
     __tablename__ = "run_logs"
+    __table_args__ = (Index("ix_run_logs_captured_at", "captured_at"),)  # the idle policy reads only what changed
 
     experiment_id: Mapped[str] = mapped_column(String(36), ForeignKey("experiments.id", ondelete="CASCADE"), primary_key=True)
     rank: Mapped[int] = mapped_column(Integer, primary_key=True, default=0)
@@ -149,6 +150,7 @@ class RunUsage(Base):
     row's mean when rows merge; a value nobody reported stays NULL (unknown), never 0."""
 
     __tablename__ = "run_usage"
+    __table_args__ = (Index("ix_run_usage_at", "at"),)  # the idle policy reads only what changed
 
     experiment_id: Mapped[str] = mapped_column(String(36), ForeignKey("experiments.id", ondelete="CASCADE"), primary_key=True)
     at: Mapped[datetime] = mapped_column(DateTime, primary_key=True)

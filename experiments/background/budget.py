@@ -10,7 +10,7 @@ tenant's ``budget_policy`` says:
 - ``warn``: a ``budget`` event on it, once a month, and it runs on.
 
 Runs not yet dispatched are left to the dispatcher: they hold nothing, and the next pass stops them
-once the scheduler has them. One aggregate read per budgeted tenant a pass.
+once the scheduler has them. One read per budgeted tenant, at most every ``Timing.policy_seconds``.
 """
 
 from __future__ import annotations
@@ -30,11 +30,12 @@ KIND = "budget"
 
 
 def process_budgets(ctx: Context) -> int:
-    """One pass over every budgeted tenant; returns how many runs it stopped."""
+    """One pass over every budgeted tenant (when due); returns how many runs it stopped."""
     found = budgets.budgets_of(ctx.catalog.configs)
-    if not found:
-        return 0
     now = ctx.clock()
+    if not found or not ctx.policy.due(ctx.policy.budget_at, now, ctx.timing.policy_seconds):
+        return 0
+    ctx.policy.budget_at = now
     stopped = 0
     for budget in found.values():
         with ctx.sessions() as session:

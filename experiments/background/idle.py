@@ -12,22 +12,28 @@ never from a per-run poll:
   (``run_logs.changed_at`` to the capture that saw it unchanged). Before a stop the run's tails
   are read again, so a run that just printed is not stopped on an old capture.
 
-A run that meets a signal first gets an ``idle-warning`` event; it is stopped at a later pass only
+The step runs at most every ``Timing.policy_seconds`` (a minute by default), so "a pass" below is
+one of its passes. A run that meets a signal first gets an ``idle-warning`` event; it is stopped at a later pass only
 if it still meets one (an ``idle-cleared`` event marks a warned run that worked again, so the next
 stop needs a new warning). The stop ends it ``idle`` with the evidence (signal, since when, the
 values) as its reason. A run past a window with no utilization samples, or no kept logs, cannot be
 judged on that signal: one ``idle-unknown-util`` / ``idle-unknown-logs`` event says so, and that
 signal never fires for it.
 
-Cost: three aggregate queries a pass over all running runs (grouped in SQL, not per run), plus
-one log read per run about to be stopped.
+Cost: the evidence of each run is kept in memory (``PolicyMemory``) and re-aggregated only for the
+runs whose samples or log tails changed since the last pass (found through the indexes on
+``run_usage.at`` and ``run_logs.captured_at``, with ``SLACK`` for a transaction another worker
+committed late); after a restart the first pass aggregates every running run once. Each pass
+also reads the running runs and their idle events, and reads the logs of a run about to be stopped.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import threading
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 from sqlalchemy import and_, case, func, or_, select
 from sqlalchemy.orm import Session
@@ -42,6 +48,10 @@ from experiments.states import State
 from jobs.runner import SchedulerUnavailable
 
 ACTOR = "idle-policy"
+# Changes committed up to this long after their timestamp (a slow transaction of another worker) are still seen.
+SLACK = timedelta(seconds=30)
+# More runs to refresh than this: one aggregate over all running runs instead of an IN list.
+FULL_REFRESH = 500
 WARNING, CLEARED, UNKNOWN_UTIL, UNKNOWN_LOGS = "idle-warning", "idle-cleared", "idle-unknown-util", "idle-unknown-logs"
 _KINDS = (WARNING, CLEARED, UNKNOWN_UTIL, UNKNOWN_LOGS)
 
@@ -52,7 +62,6 @@ class Tracked:
     run_id: str
     cluster: str
     tenant: str
-    running_at: datetime
     policy: IdleSpec
 
 
@@ -73,6 +82,22 @@ class LogEvidence:
     observed_until: datetime
 
 
+class PolicyMemory:
+    """Per process: each running run's idle evidence as of the last pass that read it, and when the
+    idle and budget steps last ran. A run missing here is read in full at the next pass (after a
+    restart: all of them, once)."""
+
+    def __init__(self) -> None:
+        self.util: dict[str, UtilEvidence | None] = {}
+        self.logs: dict[str, LogEvidence | None] = {}
+        self.read_at: datetime | None = None
+        self.budget_at: datetime | None = None
+        self.lock = threading.Lock()
+
+    def due(self, last: datetime | None, now: datetime, every_seconds: float) -> bool:
+        return last is None or (now - last).total_seconds() >= every_seconds
+
+
 def _stamp(at: datetime) -> str:
     return f"{at:%Y-%m-%d %H:%M}Z"
 
@@ -81,18 +106,22 @@ def _tracked(ctx: Context, session: Session) -> list[Tracked]:
     policies = {(c.name, tenant): spec for c in ctx.catalog.configs for tenant, spec in derive_idle_policies(c).items()}
     if not any(p.enabled for p in policies.values()):
         return []
-    query = select(Experiment.id, Experiment.run_id, Experiment.cluster, Experiment.tenant, Experiment.running_at).where(
-        Experiment.state == State.RUNNING.value, Experiment.run_id.is_not(None), Experiment.running_at.is_not(None))
+    shortest = min(m for p in policies.values() for m in (p.low_util_minutes, p.no_logs_minutes) if m > 0)
+    # A run younger than the shortest window cannot meet a signal or be unknown on one yet.
+    query = select(Experiment.id, Experiment.run_id, Experiment.cluster, Experiment.tenant).where(
+        Experiment.state == State.RUNNING.value, Experiment.run_id.is_not(None),
+        Experiment.running_at <= ctx.clock() - timedelta(minutes=shortest))
     if (bound := bound_clause(ctx.runner, Experiment.cluster, Experiment.scheduler)) is not None:
         query = query.where(bound)
-    return [Tracked(r.id, r.run_id, r.cluster, r.tenant, r.running_at, policy) for r in session.execute(query)
+    rows = session.connection().execute(query).all()  # Core rows: 5,000 of them without ORM overhead
+    return [Tracked(r.id, r.run_id, r.cluster, r.tenant, policy) for r in rows
             if (policy := policies.get((r.cluster, r.tenant))) is not None and policy.enabled]
 
 
-def _utilization(session: Session, tracked: Sequence[Tracked]) -> dict[str, UtilEvidence]:
-    """Per running run: its newest sample, how many had a measured busiest GPU, and the streak of
-    low samples since the last one at or over the threshold (or unmeasured). One statement per
-    distinct threshold (one in most fleets)."""
+def _utilization(session: Session, tracked: Sequence[Tracked], only: Collection[str] | None = None) -> dict[str, UtilEvidence]:
+    """Per running run (of ``only`` where given): its newest sample, how many had a measured busiest
+    GPU, and the streak of low samples since the last one at or over the threshold (or unmeasured).
+    One statement per distinct threshold (one in most fleets)."""
     found: dict[str, UtilEvidence] = {}
     by_threshold: dict[float, set[tuple[str, str]]] = {}
     for t in tracked:
@@ -105,9 +134,11 @@ def _utilization(session: Session, tracked: Sequence[Tracked]) -> dict[str, Util
                    .join(Experiment, Experiment.id == RunUsage.experiment_id).where(Experiment.state == State.RUNNING.value))
         if len(by_threshold) > 1:
             per_run = per_run.where(or_(*(and_(Experiment.cluster == c, Experiment.tenant == t) for c, t in sorted(owners))))
+        if only is not None:
+            per_run = per_run.where(RunUsage.experiment_id.in_(sorted(only)))
         agg = per_run.group_by(RunUsage.experiment_id).subquery()
         streak = RunUsage.__table__.alias("streak")
-        rows = session.execute(
+        rows = session.connection().execute(
             select(agg.c.eid, agg.c.last_at, agg.c.known, agg.c.last_busy, func.min(streak.c.at), func.max(streak.c.util_max_pct),
                    func.coalesce(func.sum(streak.c.samples), 0))
             .select_from(agg).outerjoin(streak, and_(streak.c.experiment_id == agg.c.eid, or_(agg.c.last_busy.is_(None), streak.c.at > agg.c.last_busy)))
@@ -117,12 +148,12 @@ def _utilization(session: Session, tracked: Sequence[Tracked]) -> dict[str, Util
     return found
 
 
-def _logs(session: Session, only: str | None = None) -> dict[str, LogEvidence]:
+def _logs(session: Session, only: Collection[str] | None = None) -> dict[str, LogEvidence]:
     query = (select(RunLog.experiment_id, func.count(), func.count(RunLog.changed_at), func.max(RunLog.changed_at), func.min(RunLog.captured_at))
              .join(Experiment, Experiment.id == RunLog.experiment_id).where(Experiment.state == State.RUNNING.value))
     if only is not None:
-        query = query.where(RunLog.experiment_id == only)
-    rows = session.execute(query.group_by(RunLog.experiment_id))
+        query = query.where(RunLog.experiment_id.in_(sorted(only)))
+    rows = session.connection().execute(query.group_by(RunLog.experiment_id))
     return {eid: LogEvidence(int(n), int(known), quiet, seen) for eid, n, known, quiet, seen in rows}
 
 
@@ -153,12 +184,24 @@ def no_logs_evidence(t: Tracked, logs: LogEvidence | None) -> str | None:
             f"({int((logs.observed_until - logs.quiet_since).total_seconds() // 60)} min to the capture at {_stamp(logs.observed_until)})")
 
 
-def _unknowns(t: Tracked, util: UtilEvidence | None, logs: LogEvidence | None, now: datetime) -> list[tuple[str, str]]:
+def _blind(t: Tracked, util: UtilEvidence | None, logs: LogEvidence | None) -> bool:
+    """Whether a signal of ``t``'s policy has nothing to go on (no measured sample, or no kept tail)."""
+    return (t.policy.low_util_minutes > 0 and (util is None or util.known == 0)) or (t.policy.no_logs_minutes > 0 and logs is None)
+
+
+def _running_since(session: Session, ids: Collection[str]) -> dict[str, datetime]:
+    """When these runs started running: read only for the few that ``_blind`` picks."""
+    if not ids:
+        return {}
+    return dict(session.connection().execute(select(Experiment.id, Experiment.running_at).where(Experiment.id.in_(sorted(ids)))).all())
+
+
+def _unknowns(t: Tracked, running_at: datetime, util: UtilEvidence | None, logs: LogEvidence | None, now: datetime) -> list[tuple[str, str]]:
     notes = []
-    if t.policy.low_util_minutes > 0 and now - t.running_at >= timedelta(minutes=t.policy.low_util_minutes) and (util is None or util.known == 0):
+    if t.policy.low_util_minutes > 0 and now - running_at >= timedelta(minutes=t.policy.low_util_minutes) and (util is None or util.known == 0):
         notes.append((UNKNOWN_UTIL, f"idle policy: GPU utilization of this run is unknown (no measured sample in {t.policy.low_util_minutes} min of running);"
                                     " the low-utilization signal does not fire for it until samples arrive"))
-    if t.policy.no_logs_minutes > 0 and now - t.running_at >= timedelta(minutes=t.policy.no_logs_minutes) and logs is None:
+    if t.policy.no_logs_minutes > 0 and now - running_at >= timedelta(minutes=t.policy.no_logs_minutes) and logs is None:
         notes.append((UNKNOWN_LOGS, f"idle policy: no log tail of this run was kept in {t.policy.no_logs_minutes} min of running;"
                                     " the no-log-output signal does not fire for it until one is"))
     return notes
@@ -173,20 +216,52 @@ def _evidence(t: Tracked, util: UtilEvidence | None, logs: LogEvidence | None, n
     return "; ".join(found) or None
 
 
+def _changed(session: Session, column: Any, since: datetime | None) -> set[str] | None:
+    """Runs with a usage sample (or log capture) at or after ``since``; None: all (no earlier pass)."""
+    if since is None:
+        return None
+    return set(session.connection().execute(select(column.table.c.experiment_id).where(column >= since).distinct()).scalars())
+
+
+def _refresh(session: Session, memory: PolicyMemory, tracked: Sequence[Tracked], now: datetime) -> tuple[dict[str, UtilEvidence | None], dict[str, LogEvidence | None]]:
+    """The evidence of every tracked run: from memory, re-read for runs that changed or are new."""
+    ids = {t.id for t in tracked}
+    since = memory.read_at - SLACK if memory.read_at is not None else None
+    for cache, column, read in ((memory.util, RunUsage.at, lambda only: _utilization(session, tracked, only)),
+                                (memory.logs, RunLog.captured_at, lambda only: _logs(session, only))):
+        for gone in [k for k in cache if k not in ids]:
+            del cache[gone]
+        changed = _changed(session, column, since)
+        stale = ids if changed is None else (ids - cache.keys()) | (changed & ids)
+        if not stale:
+            continue
+        found = read(None if len(stale) > FULL_REFRESH else stale)
+        cache.update((k, found.get(k)) for k in stale)
+    memory.read_at = now
+    return memory.util, memory.logs
+
+
 def process_idle(ctx: Context) -> int:
-    """One pass; returns how many runs it stopped."""
+    """One pass, at most every ``Timing.policy_seconds`` (the windows are tens of minutes); returns
+    how many runs it stopped."""
     now = ctx.clock()
+    if not ctx.policy.due(ctx.policy.read_at, now, ctx.timing.policy_seconds):
+        return 0
     with ctx.sessions() as session:
         tracked = _tracked(ctx, session)
         if not tracked:
             return 0
-        util, logs, marks = _utilization(session, tracked), _logs(session), _marks(session)
+        with ctx.policy.lock:
+            util, logs = (dict(d) for d in _refresh(session, ctx.policy, tracked, now))
+        marks = _marks(session)
+        started = _running_since(session, [t.id for t in tracked if _blind(t, util.get(t.id), logs.get(t.id))])
     notes: list[tuple[str, str, str]] = []
     to_stop: list[Tracked] = []
     for t in tracked:
         kinds = marks.get(t.id, [])
         warned = [k for k in kinds if k in (WARNING, CLEARED)][-1:] == [WARNING]
-        notes += [(t.id, kind, message) for kind, message in _unknowns(t, util.get(t.id), logs.get(t.id), now) if kind not in kinds]
+        if t.id in started:
+            notes += [(t.id, kind, message) for kind, message in _unknowns(t, started[t.id], util.get(t.id), logs.get(t.id), now) if kind not in kinds]
         evidence = _evidence(t, util.get(t.id), logs.get(t.id), now)
         if evidence and warned:
             to_stop.append(t)
@@ -206,7 +281,7 @@ def _stop(ctx: Context, t: Tracked, util: UtilEvidence | None) -> int:
     run_logs.keep(ctx.sessions, ctx.runner, [t.id], now=ctx.clock(), tail_bytes=ctx.timing.log_tail_bytes)
     now = ctx.clock()
     with ctx.sessions() as session:
-        logs = _logs(session, only=t.id).get(t.id)
+        logs = _logs(session, only=[t.id]).get(t.id)
     evidence = _evidence(t, util, logs, now)
     if evidence is None:
         with ctx.sessions() as session, session.begin():

@@ -81,7 +81,7 @@ def _hours(start: datetime | None, end: datetime) -> float:
 def standing(session: Session, budget: BudgetSpec, *, now: datetime) -> Standing:
     """Spent and committed of ``budget``'s tenant this month, from the runs' own rows (one query)."""
     start = month_start(now)
-    rows = session.execute(
+    rows = session.connection().execute(  # Core rows: a tenant may have thousands of runs this month
         select(Experiment.state, Experiment.gpus, Experiment.price_per_gpu_hour, Experiment.deadline_hours, Experiment.deadline_at,
                Experiment.provisioning_at, Experiment.running_at, Experiment.finished_at)
         .where(Experiment.cluster == budget.cluster, Experiment.tenant == budget.tenant,
