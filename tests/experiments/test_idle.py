@@ -1,4 +1,5 @@
-"""Idle and hung runs stop on the admin's terms (issue 25), over the Nomad API double with a clock
+"""Idle and hung runs stop on the admin's terms (issue 25), over the Nomad API double (and the
+Kubernetes and Prometheus doubles for GKE) with a clock
 the test moves: a run with no new log output for the window, or with every GPU below the threshold
 for the window, gets a warning event, then ends ``idle`` with the evidence at the next pass and is
 stopped on Nomad. A run whose mean is low but one GPU works, a run that prints, and a run whose
@@ -12,6 +13,7 @@ from typing import Any
 
 from experiments.background.idle import CLEARED, UNKNOWN_UTIL, WARNING
 from experiments.models import Event
+from tests.experiments.test_usage import GKE_META, gke_with_metrics, prometheus  # noqa: F401 - fixtures
 
 META = {"dataset_uri": "hf://datasets/acme/chat@v3"}
 
@@ -122,3 +124,27 @@ def test_a_warned_run_that_prints_again_is_not_stopped(make_service, sqlite_url,
     svc.step()
     assert _shown(svc, exp_id)["status"] == "running" and _kinds(svc, exp_id)[-1] == CLEARED
     assert not _stopped_on_nomad(nomad, job)
+
+
+def test_a_two_rank_gke_run_idle_on_all_16_gpus_ends_idle_and_its_job_is_deleted(make_service, sqlite_url, k8s, gke_with_metrics, prometheus):
+    """GKE: DCGM utilization from the Prometheus double (one query a pass); prod-gke has the default policy."""
+    svc = make_service(sqlite_url, gke_with_metrics)
+    headers = svc.token("research")
+    exp_id = svc.client.post("/api/v1/experiments", json={"job": "finetune-llama-gke", "meta": {**GKE_META, "run_id": "g1"}}, headers=headers).json()["id"]
+    svc.step()
+    run = svc.client.get(f"/api/v1/experiments/{exp_id}", headers=headers).json()["run_id"].rsplit("/", 1)[1]
+    k8s.admit("research", run, cluster_queue="research", flavor="h100")
+    k8s.pods_ready("research", run, 2)
+    for rank in range(2):
+        for gpu in range(8):
+            prometheus.gpu(namespace="research", pod=f"{run}-{rank}-x{gpu}q", gpu=gpu, util=4.0 if (rank, gpu) == (1, 7) else 0.0, fb_used_mib=1_000)
+    for minutes in (0, 5, 15, 16):  # running at 08:00; samples 08:00, 08:05, 08:20, 08:36
+        svc.clock.advance(minutes=minutes)
+        svc.step()
+    assert _kinds(svc, exp_id).count(WARNING) == 1 and _shown(svc, exp_id)["status"] == "running"
+    svc.clock.advance(minutes=1)
+    svc.step()
+    shown = _shown(svc, exp_id)
+    assert shown["status"] == "idle", shown
+    assert shown["reason"].startswith("idle: GPU utilization below 5% on every GPU since 2026-12-03 08:0") and "busiest GPU 4.0%" in shown["reason"]
+    assert [r for r in k8s.requests if r.method == "DELETE" and r.path.endswith(f"/jobs/{run}")], "the Job must be deleted"
