@@ -22,8 +22,9 @@ from __future__ import annotations
 import zlib
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
-from sqlalchemy import or_, select, text
+from sqlalchemy import DateTime, case, func, literal, or_, select, text
 from sqlalchemy.orm import Session
 
 from clusters.derive.runpolicy import BudgetSpec, derive_budgets
@@ -74,29 +75,43 @@ def lock(session: Session, cluster: str, tenant: str) -> None:
         session.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": zlib.crc32(f"budget:{cluster}/{tenant}".encode())})
 
 
-def _hours(start: datetime | None, end: datetime) -> float:
-    return max(0.0, (end - start).total_seconds()) / 3600 if start is not None else 0.0
+class _Sql:
+    """Hours between two timestamps, and the larger/smaller of two values, on each dialect: SQLite has
+    julianday() and scalar max()/min(); PostgreSQL has EXTRACT(EPOCH FROM interval) and GREATEST/LEAST."""
+
+    def __init__(self, dialect: str) -> None:
+        self.pg = dialect == "postgresql"
+
+    def hours(self, start: Any, end: Any) -> Any:
+        if self.pg:
+            return func.extract("epoch", end - start) / 3600.0
+        return (func.julianday(end) - func.julianday(start)) * 24.0
+
+    def larger(self, a: Any, b: Any) -> Any:
+        return func.greatest(a, b) if self.pg else func.max(a, b)
+
+    def smaller(self, a: Any, b: Any) -> Any:
+        return func.least(a, b) if self.pg else func.min(a, b)
 
 
 def standing(session: Session, budget: BudgetSpec, *, now: datetime) -> Standing:
-    """Spent and committed of ``budget``'s tenant this month, from the runs' own rows (one query)."""
+    """Spent and committed of ``budget``'s tenant this month, summed by the database in one query
+    (admission runs it under the tenant's lock: its cost must not grow with the month's runs in Python)."""
     start = month_start(now)
-    rows = session.connection().execute(  # Core rows: a tenant may have thousands of runs this month
-        select(Experiment.state, Experiment.gpus, Experiment.price_per_gpu_hour, Experiment.deadline_hours, Experiment.deadline_at,
-               Experiment.provisioning_at, Experiment.running_at, Experiment.finished_at)
-        .where(Experiment.cluster == budget.cluster, Experiment.tenant == budget.tenant,
-               or_(Experiment.state.in_(_LIVE), Experiment.finished_at >= start))).all()
-    spent = committed = 0.0
-    live = 0
-    for row in rows:
-        placed = row.provisioning_at or row.running_at
-        if placed is not None:
-            spent += _hours(max(placed, start), min(row.finished_at or now, now)) * row.gpus * row.price_per_gpu_hour
-        if row.state in _LIVE:
-            live += 1
-            left = row.deadline_hours if placed is None or row.deadline_at is None else _hours(now, row.deadline_at)
-            committed += left * row.gpus * row.price_per_gpu_hour
-    return Standing(budget, f"{start:%Y-%m}", spent, committed, live)
+    sql = _Sql(session.get_bind().dialect.name)
+    at_now, at_start = literal(now, DateTime), literal(start, DateTime)
+    placed = func.coalesce(Experiment.provisioning_at, Experiment.running_at)
+    rate = Experiment.gpus * Experiment.price_per_gpu_hour
+    held = sql.larger(0.0, sql.hours(sql.larger(placed, at_start), sql.smaller(func.coalesce(Experiment.finished_at, at_now), at_now)))
+    live = Experiment.state.in_(_LIVE)
+    left = case((or_(placed.is_(None), Experiment.deadline_at.is_(None)), Experiment.deadline_hours),
+                else_=sql.larger(0.0, sql.hours(at_now, Experiment.deadline_at)))
+    row = session.connection().execute(
+        select(func.coalesce(func.sum(case((placed.is_not(None), held * rate), else_=0.0)), 0.0),
+               func.coalesce(func.sum(case((live, left * rate), else_=0.0)), 0.0),
+               func.coalesce(func.sum(case((live, 1), else_=0)), 0))
+        .where(Experiment.cluster == budget.cluster, Experiment.tenant == budget.tenant, or_(live, Experiment.finished_at >= start))).one()
+    return Standing(budget, f"{start:%Y-%m}", float(row[0]), float(row[1]), int(row[2]))
 
 
 def worst_case(*, gpus: int, deadline_hours: float, price_per_gpu_hour: float) -> float:
