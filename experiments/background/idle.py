@@ -13,9 +13,9 @@ never from a per-run poll:
   are read again, so a run that just printed is not stopped on an old capture.
 
 The step runs at most every ``Timing.policy_seconds`` (a minute by default), so "a pass" below is
-one of its passes. A run that meets a signal first gets an ``idle-warning`` event; it is stopped at a later pass only
-if it still meets one (an ``idle-cleared`` event marks a warned run that worked again, so the next
-stop needs a new warning). The stop ends it ``idle`` with the evidence (signal, since when, the
+one of its passes. A run that meets a signal first gets an ``idle-warning`` event; it is stopped at
+a later pass only if it still meets one (an ``idle-cleared`` event marks a warned run that worked
+again, so the next stop needs a new warning). The stop ends it ``idle`` with the evidence (signal, since when, the
 values) as its reason. A run past a window with no utilization samples, or no kept logs, cannot be
 judged on that signal: one ``idle-unknown-util`` / ``idle-unknown-logs`` event says so, and that
 signal never fires for it.
