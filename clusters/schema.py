@@ -315,10 +315,26 @@ class TenantServiceAccount(Model):
                      Field(description="a predefined IAM role such as 'roles/storage.objectViewer'")] = ()
 
 
+class IdlePolicy(Model):
+    """When the control plane stops a run as idle (experiments.background.idle): every GPU of the
+    run below ``gpu_util_below_pct`` for ``low_util_minutes``, or no new log output on any rank for
+    ``no_logs_minutes``. 0 minutes turns that signal off. Set by the platform team in the cluster
+    file (per cluster, and per tenant under ``tenants[].idle``); a job file cannot change it."""
+
+    gpu_util_below_pct: Annotated[float, Field(ge=0, le=100, description="a percentage, 0-100, such as 5")] = 5.0
+    low_util_minutes: Annotated[int, Field(ge=0, le=10080, description="minutes, 0 (signal off) to 10080 (a week), such as 30")] = 30
+    no_logs_minutes: Annotated[int, Field(ge=0, le=10080, description="minutes, 0 (signal off) to 10080 (a week), such as 60")] = 60
+
+
 class Tenant(Model):
     name: DnsName
     groups: tuple[Member, ...] = ()
     gpu_quota: dict[DnsName, Annotated[int, Field(ge=0)]] = {}
+    budget_usd_month: Annotated[float, Field(gt=0, le=100_000_000, description="US dollars per calendar month (UTC), more than 0, such as 20000;"
+                                                                              " omit the field for no budget")] | None = None
+    budget_policy: Annotated[Literal["stop", "warn"], Field(description="what the reaper does once the month's spend crosses the budget:"
+                                                                       " 'stop' its runs (default) or 'warn' (an event on each)")] = "stop"
+    idle: IdlePolicy | None = None
     service_account: TenantServiceAccount | None = None
     adhoc_jobs: Annotated[bool, Field(description="true lets this tenant submit a job file with its request (gpufleet exp submit -f job.yaml):"
                                                   " checked like the files in jobs/ but not reviewed in this repository; default false")] = False
@@ -485,4 +501,5 @@ class ClusterConfig(Model):
     gpu_pools: Annotated[tuple[GpuPool, ...], Field(min_length=1)]
     iam: IamConfig = IamConfig()
     tenants: tuple[Tenant, ...] = ()
+    idle: IdlePolicy = IdlePolicy()
     dns: DnsConfig | None = None

@@ -117,12 +117,16 @@ class RunLog(Base):
     why it died. Masked by jobs.logs before it is written."""
 
     __tablename__ = "run_logs"
+    __table_args__ = (Index("ix_run_logs_captured_at", "captured_at"),)  # the idle policy reads only what changed
 
     experiment_id: Mapped[str] = mapped_column(String(36), ForeignKey("experiments.id", ondelete="CASCADE"), primary_key=True)
     rank: Mapped[int] = mapped_column(Integer, primary_key=True, default=0)
     stream: Mapped[str] = mapped_column(String(8), primary_key=True)
     text: Mapped[str] = mapped_column(Text)
     captured_at: Mapped[datetime] = mapped_column(DateTime)
+    # When this tail last differed from the one captured before it (the idle policy's "no log output
+    # since"); NULL on rows kept before 0010.
+    changed_at: Mapped[datetime | None] = mapped_column(DateTime, default=None)
 
 
 class SchedulerIdentity(Base):
@@ -146,6 +150,7 @@ class RunUsage(Base):
     row's mean when rows merge; a value nobody reported stays NULL (unknown), never 0."""
 
     __tablename__ = "run_usage"
+    __table_args__ = (Index("ix_run_usage_at", "at"),)  # the idle policy reads only what changed
 
     experiment_id: Mapped[str] = mapped_column(String(36), ForeignKey("experiments.id", ondelete="CASCADE"), primary_key=True)
     at: Mapped[datetime] = mapped_column(DateTime, primary_key=True)
@@ -153,6 +158,9 @@ class RunUsage(Base):
     util_mean_pct: Mapped[float | None] = mapped_column(Float, default=None)
     util_peak_pct: Mapped[float | None] = mapped_column(Float, default=None)
     memory_peak_mib: Mapped[float | None] = mapped_column(Float, default=None)
+    # The busiest single GPU of the run in this bucket (util_peak_pct is the run's mean's peak):
+    # below the idle threshold means every GPU of every rank was. NULL where unknown or before 0010.
+    util_max_pct: Mapped[float | None] = mapped_column(Float, default=None)
 
 
 class DashboardSession(Base):

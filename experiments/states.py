@@ -4,6 +4,7 @@ pending (accepted, in the outbox) -> dispatching (claimed by a dispatcher) -> qu
 scheduler has it, no GPU yet) -> provisioning (placed, starting) -> running -> succeeded /
 failed; cancelled and expired can end any non-terminal state. The scheduler may skip states
 between two reconcile passes (a short run goes queued -> succeeded), so forward jumps are allowed.
+``idle`` ends a running run the admin's idle/hang policy stopped (experiments.background.idle).
 """
 
 from __future__ import annotations
@@ -21,9 +22,10 @@ class State(StrEnum):
     FAILED = "failed"
     CANCELLED = "cancelled"
     EXPIRED = "expired"
+    IDLE = "idle"
 
 
-TERMINAL = frozenset({State.SUCCEEDED, State.FAILED, State.CANCELLED, State.EXPIRED})
+TERMINAL = frozenset({State.SUCCEEDED, State.FAILED, State.CANCELLED, State.EXPIRED, State.IDLE})
 NON_TERMINAL = frozenset(State) - TERMINAL
 # States in which the scheduler holds a run the reconciler must follow.
 ON_SCHEDULER = frozenset({State.QUEUED, State.PROVISIONING, State.RUNNING})
@@ -34,7 +36,7 @@ ALLOWED: dict[State, frozenset[State]] = {
     State.DISPATCHING: frozenset({State.QUEUED, State.PROVISIONING, State.RUNNING, State.SUCCEEDED}) | _ENDS,
     State.QUEUED: frozenset({State.PROVISIONING, State.RUNNING, State.SUCCEEDED}) | _ENDS,
     State.PROVISIONING: frozenset({State.RUNNING, State.SUCCEEDED}) | _ENDS,
-    State.RUNNING: frozenset({State.SUCCEEDED}) | _ENDS,
+    State.RUNNING: frozenset({State.SUCCEEDED, State.IDLE}) | _ENDS,
     **{state: frozenset() for state in TERMINAL},
 }
 

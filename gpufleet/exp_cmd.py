@@ -1,4 +1,4 @@
-"""``gpufleet exp submit|list|show|cancel|watch|events|logs|costs``: the control plane's API from a shell.
+"""``gpufleet exp submit|list|show|cancel|watch|events|logs|costs|budget``: the control plane's API from a shell.
 
 GPUFLEET_API (default http://127.0.0.1:8080) and GPUFLEET_API_TOKEN (a token from
 ``gpufleet api token create`` or a CI workload identity's OIDC token). ``--json`` prints
@@ -22,7 +22,7 @@ from experiments.states import TERMINAL, State
 
 console = make_console()
 JsonOption = typer.Option(False, "--json", help="Print the API's JSON.")
-COLOURS = {"succeeded": "green", "failed": "red", "expired": "red", "cancelled": "dim", "running": "cyan", "provisioning": "cyan"}
+COLOURS = {"succeeded": "green", "failed": "red", "expired": "red", "idle": "red", "cancelled": "dim", "running": "cyan", "provisioning": "cyan"}
 
 
 def _target() -> tuple[str, dict[str, str]]:
@@ -273,10 +273,25 @@ def cmd_watch(experiment_id: str = typer.Argument(..., help="The experiment id, 
         raise typer.Exit(1)
 
 
+def cmd_budget(as_json: bool = JsonOption) -> None:
+    """Monthly money budgets of the tenants you may see: budget, spent, committed by live runs, left."""
+    costs = _call("GET", "/api/v1/costs")
+    if as_json:
+        _print_json(costs["budgets"])
+        return
+    table = Table(title=f"budgets ({costs['currency']}, this month, UTC)")
+    for column in ("cluster/tenant", "month", "budget", "spent", "committed", "left", "live runs", "policy"):
+        table.add_column(column)
+    for b in costs["budgets"]:
+        table.add_row(f"{b['cluster']}/{b['tenant']}", b["month"], f"{b['budget_usd_month']:,.2f}", f"{b['spent_usd']:,.2f}", f"{b['committed_usd']:,.2f}",
+                      f"{b['left_usd']:,.2f}", str(b["live_runs"]), b["policy"])
+    console.print(table if costs["budgets"] else "no budget set for your tenants (tenants[].budget_usd_month in the cluster files)")
+
+
 def register(app: typer.Typer) -> None:
     exp = typer.Typer(help="Experiments on the control plane (GPUFLEET_API, GPUFLEET_API_TOKEN): submit, list, show, cancel, watch, events,"
-                           " logs, costs. The day-to-day way to run a job.", no_args_is_help=True)
+                           " logs, costs, budget. The day-to-day way to run a job.", no_args_is_help=True)
     for name, command in (("submit", cmd_submit), ("list", cmd_list), ("show", cmd_show), ("cancel", cmd_cancel), ("watch", cmd_watch),
-                          ("events", cmd_events), ("logs", cmd_logs), ("costs", cmd_costs)):
+                          ("events", cmd_events), ("logs", cmd_logs), ("costs", cmd_costs), ("budget", cmd_budget)):
         exp.command(name)(command)
     app.add_typer(exp, name="exp")

@@ -26,6 +26,8 @@ class Usage:
     util_pct: float | None
     memory_mib: float | None
     gpus: int
+    # The busiest single GPU (percent): what the idle policy needs to say "every GPU was below".
+    util_max_pct: float | None = None
 
 
 def combine(per_gpu: Iterable[tuple[float | None, float | None]]) -> Usage | None:
@@ -35,4 +37,4 @@ def combine(per_gpu: Iterable[tuple[float | None, float | None]]) -> Usage | Non
     memory = [m for _, m in rows if m is not None]
     if not utils and not memory:
         return None
-    return Usage(sum(utils) / len(utils) if utils else None, max(memory) if memory else None, len(rows))
+    return Usage(sum(utils) / len(utils) if utils else None, max(memory) if memory else None, len(rows), max(utils) if utils else None)

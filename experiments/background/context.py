@@ -1,6 +1,6 @@
 """What every background step needs, passed in (no globals): sessions, runner, catalog, clock,
-metrics, and the reconciler's memory of what each run looked like last time and when its GPU
-utilization was last sampled."""
+metrics, and the reconciler's memory of what each run looked like last time, when its GPU
+utilization was last sampled, and the idle policy's evidence of each run."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from jobs.logs import DEFAULT_TAIL_BYTES
 from jobs.runner import Runner
 
 if TYPE_CHECKING:
+    from experiments.background.idle import PolicyMemory
     from experiments.background.usage import SampledAt
 
 log = logging.getLogger("gpufleet.experiments")
@@ -29,6 +30,12 @@ def _sampled_at() -> SampledAt:
     from experiments.background.usage import SampledAt
 
     return SampledAt()
+
+
+def _policy_memory() -> PolicyMemory:
+    from experiments.background.idle import PolicyMemory
+
+    return PolicyMemory()
 
 
 class Fingerprints:
@@ -78,6 +85,8 @@ class Timing:
     usage_nomad_per_pass: int = 25
     # ...and only while those GETs have taken less than this share of the pass (at least a few a pass).
     usage_budget: float = 0.15
+    # The budget and idle-policy steps run at most this often (0: every pass); their windows are minutes to hours.
+    policy_seconds: float = 60.0
 
 
 @dataclass(frozen=True)
@@ -90,3 +99,4 @@ class Context:
     timing: Timing
     fingerprints: Fingerprints = field(default_factory=Fingerprints)
     sampled: SampledAt = field(default_factory=lambda: _sampled_at())
+    policy: PolicyMemory = field(default_factory=lambda: _policy_memory())

@@ -176,7 +176,7 @@ def index(request: Request, ctx: Annotated[Context, Depends(context)], status: s
         with ctx.sessions() as session:
             rows, total = service.list_visible(session, who, state=state, tenant=tenant or None, job=job or None, limit=100, offset=max(0, offset))
             items = [service.view(e, now=now) for e in rows]
-            costs = service.cost_totals(session, who, now=now)
+            costs = service.cost_totals(session, who, now=now, configs=ctx.catalog.configs)
     except ApiError as exc:
         return _page("error.html", status=exc.status, error=exc.error, fix=exc.fix)
     for item, exp in zip(items, rows, strict=True):

@@ -146,6 +146,6 @@ def cancel(experiment_id: str, who: Annotated[Caller, Depends(caller)], ctx: Ann
 
 @router.get("/costs")
 def costs(who: Annotated[Caller, Depends(caller)], ctx: Annotated[Context, Depends(context)]) -> dict[str, Any]:
-    """GPU-hours and estimated cost per tenant and per job, over every visible experiment."""
+    """GPU-hours and estimated cost per tenant and per job, over every visible experiment, and each visible tenant's budget this month."""
     with ctx.sessions() as session:
-        return service.cost_totals(session, who, now=ctx.clock())
+        return service.cost_totals(session, who, now=ctx.clock(), configs=ctx.catalog.configs)

@@ -21,10 +21,11 @@ from sqlalchemy import func, select, text
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from clusters.schema import ClusterConfig
 from experiments.auth import Caller
 from experiments.errors import ApiError
 from experiments.models import Event, Experiment, Outbox
-from experiments.services import admission, cost
+from experiments.services import admission, budgets, cost
 from experiments.services.catalog import Catalog
 from experiments.services.lifecycle import record, transition
 from experiments.states import NON_TERMINAL, TERMINAL, State
@@ -104,8 +105,12 @@ def submit(session: Session, catalog: Catalog, caller: Caller, *, job: str | Non
         raise ApiError(422, f"tenant {spec.namespace} is not in cluster {spec.cluster}", field="job", fix="run gpufleet check")
     prices = cost.load_prices()
     kind = cost.price_kind(spec.pool)
+    price = prices.price(spec.pool.accelerator, kind, catalog.region(spec.cluster))
+    budget = budgets.budgets_of(catalog.configs).get((spec.cluster, spec.namespace))
     try:
         with session.begin():
+            if budget is not None:
+                budgets.lock(session, spec.cluster, spec.namespace)  # before the pool's lock, always in this order
             _lock_quota(session, spec.namespace, spec.cluster, spec.pool.name)
             found = _existing(session, spec.namespace, idempotency_key, digest)
             if found is not None:
@@ -114,10 +119,11 @@ def submit(session: Session, catalog: Catalog, caller: Caller, *, job: str | Non
             decision = check_tenant_quota(tenant_spec, pool=spec.pool.name, requested_gpus=gpus,
                                           in_use_gpus=gpus_in_use(session, spec.namespace, spec.cluster, spec.pool.name))
             admission.quota_or_409(decision)
+            budgets.check_or_409(session, budget, gpus=gpus, deadline_hours=hours, price_per_gpu_hour=price, now=now)
             exp = Experiment(
                 id=str(uuid.uuid4()), tenant=spec.namespace, job=spec.name, cluster=spec.cluster, pool=spec.pool.name, gpus=gpus,
                 meta=checked, state=State.PENDING.value, scheduler=scheduler, submitted_by=caller.subject, idempotency_key=idempotency_key,
-                request_hash=digest, job_spec=document, job_spec_sha256=document_sha256(document), deadline_hours=hours, price_per_gpu_hour=prices.price(spec.pool.accelerator, kind, catalog.region(spec.cluster)), price_kind=kind,
+                request_hash=digest, job_spec=document, job_spec_sha256=document_sha256(document), deadline_hours=hours, price_per_gpu_hour=price, price_kind=kind,
                 created_at=now, updated_at=now,
             )
             session.add(exp)
@@ -241,7 +247,7 @@ def totals(items: list[dict[str, Any]]) -> dict[str, float]:
     return {"gpu_hours": round(sum(i["gpu_hours"] for i in items), 4), "estimated_cost_usd": round(sum(i["estimated_cost_usd"] for i in items), 4)}
 
 
-def cost_totals(session: Session, caller: Caller, *, now: datetime) -> dict[str, Any]:
+def cost_totals(session: Session, caller: Caller, *, now: datetime, configs: tuple[ClusterConfig, ...]) -> dict[str, Any]:
     query = select(Experiment).where(Experiment.provisioning_at.is_not(None) | Experiment.running_at.is_not(None))
     if not caller.admin:
         query = query.where(Experiment.tenant == caller.tenant)
@@ -255,4 +261,10 @@ def cost_totals(session: Session, caller: Caller, *, now: datetime) -> dict[str,
             row["estimated_cost_usd"] = round(row["estimated_cost_usd"] + item["estimated_cost_usd"], 4)
     prices = cost.load_prices()
     return {"by_tenant": dict(sorted(by_tenant.items())), "by_job": dict(sorted(by_job.items())),
+            "budgets": budget_views(session, caller, configs, now=now),
             "price_source": prices.source, "price_date": prices.date, "currency": prices.currency}
+
+
+def budget_views(session: Session, caller: Caller, configs: tuple[ClusterConfig, ...], *, now: datetime) -> list[dict[str, Any]]:
+    """Budget, spent, committed and left of each visible tenant that has a budget, this month."""
+    return [budgets.standing(session, b, now=now).view() for (_, tenant), b in sorted(budgets.budgets_of(configs).items()) if caller.may_see(tenant)]

@@ -82,8 +82,12 @@ def keep(sessions: sessionmaker[Session], runner: Any, experiment_ids: Iterable[
                     log.info("logs of %s (rank %d, %s) not kept: %s", experiment_id, rank, stream, exc)
                     continue
                 with sessions() as session, session.begin():
+                    before = session.execute(select(RunLog.text, RunLog.changed_at).where(
+                        RunLog.experiment_id == experiment_id, RunLog.rank == rank, RunLog.stream == stream)).first()
+                    # Unchanged text keeps when it last changed: the idle policy's "no log output since".
+                    changed = before.changed_at if before is not None and before.text == text and before.changed_at is not None else now
                     session.execute(delete(RunLog).where(RunLog.experiment_id == experiment_id, RunLog.rank == rank, RunLog.stream == stream))
-                    session.add(RunLog(experiment_id=experiment_id, rank=rank, stream=stream, text=text, captured_at=now))
+                    session.add(RunLog(experiment_id=experiment_id, rank=rank, stream=stream, text=text, captured_at=now, changed_at=changed))
 
 
 def keep_running(sessions: sessionmaker[Session], runner: Any, *, bound: ColumnElement[bool] | None, now: datetime, limit: int,

@@ -25,7 +25,7 @@ def record(session: Session, samples: Mapping[str, Usage], *, now: datetime) -> 
     """Append one sample per experiment (inside the caller's transaction), then downsample those over MAX_POINTS."""
     for experiment_id, usage in sorted(samples.items()):
         session.merge(RunUsage(experiment_id=experiment_id, at=now, samples=1, util_mean_pct=usage.util_pct,
-                               util_peak_pct=usage.util_pct, memory_peak_mib=usage.memory_mib))
+                               util_peak_pct=usage.util_pct, memory_peak_mib=usage.memory_mib, util_max_pct=usage.util_max_pct))
     session.flush()
     counts = session.execute(select(RunUsage.experiment_id, func.count()).where(RunUsage.experiment_id.in_(list(samples)))
                              .group_by(RunUsage.experiment_id)).all()
@@ -43,15 +43,18 @@ def _halve(session: Session, experiment_id: str) -> None:
     merged = []
     for first, second in zip(rows[::2], [*rows[1::2], None], strict=False):
         if second is None:
-            merged.append((first.at, first.samples, first.util_mean_pct, first.util_peak_pct, first.memory_peak_mib))
+            merged.append((first.at, first.samples, first.util_mean_pct, first.util_peak_pct, first.memory_peak_mib, first.util_max_pct))
             continue
         weights = [(r.util_mean_pct, r.samples) for r in (first, second) if r.util_mean_pct is not None]
         mean = sum(v * n for v, n in weights) / sum(n for _, n in weights) if weights else None
+        # The busiest GPU of a merged bucket is unknown if either half's was: the idle policy must not
+        # read "every GPU low" into a half nobody measured.
+        busiest = None if None in (first.util_max_pct, second.util_max_pct) else max(first.util_max_pct, second.util_max_pct)
         merged.append((first.at, first.samples + second.samples, mean, _max(first.util_peak_pct, second.util_peak_pct),
-                       _max(first.memory_peak_mib, second.memory_peak_mib)))
+                       _max(first.memory_peak_mib, second.memory_peak_mib), busiest))
     session.execute(delete(RunUsage).where(RunUsage.experiment_id == experiment_id))
-    session.add_all(RunUsage(experiment_id=experiment_id, at=at, samples=n, util_mean_pct=mean, util_peak_pct=peak, memory_peak_mib=memory)
-                    for at, n, mean, peak, memory in merged)
+    session.add_all(RunUsage(experiment_id=experiment_id, at=at, samples=n, util_mean_pct=mean, util_peak_pct=peak, memory_peak_mib=memory,
+                             util_max_pct=busiest) for at, n, mean, peak, memory, busiest in merged)
 
 
 def _stamp(at: datetime | None) -> str | None:

@@ -49,6 +49,21 @@ def test_exp_commands_submit_list_show_events_cancel(live, monkeypatch, capsys):
     assert code == 1 and "cancelled" in out  # watch exits 1 unless the experiment succeeded
 
 
+def test_exp_budget_shows_budget_spent_committed_and_left_of_your_tenants(live, monkeypatch, capsys):
+    """prod-nomad's example file: finetune has $50,000 a month (stop), eval $20,000 (warn)."""
+    monkeypatch.setenv("GPUFLEET_API", live["base"])
+    monkeypatch.setenv("GPUFLEET_API_TOKEN", live["tokens"]["finetune"])
+    assert _run(capsys, "exp", "submit", "finetune-llama", *META)[0] == 0
+    code, out, _ = _run(capsys, "exp", "budget", "--json")
+    assert code == 0 and json.loads(out) == [{"cluster": "prod-nomad", "tenant": "finetune", "month": "2026-12", "budget_usd_month": 50000.0,
+                                              "policy": "stop", "spent_usd": 0.0, "committed_usd": 35.16, "left_usd": 49964.84, "live_runs": 1}]
+    code, out, _ = _run(capsys, "exp", "budget")
+    assert code == 0 and "prod-nomad/finetune" in out and "50,000.00" in out and "49,964.84" in out and "eval" not in out
+    monkeypatch.setenv("GPUFLEET_API_TOKEN", live["tokens"]["research"])  # prod-gke's tenants have no budget
+    code, out, _ = _run(capsys, "exp", "budget")
+    assert code == 0 and "no budget set for your tenants" in out
+
+
 def test_fails_with_one_line_and_exit_2_on_api_errors(live, monkeypatch, capsys):
     monkeypatch.setenv("GPUFLEET_API", live["base"])
     monkeypatch.setenv("GPUFLEET_API_TOKEN", live["tokens"]["finetune"])

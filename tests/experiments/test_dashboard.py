@@ -68,6 +68,10 @@ def test_dashboard_lists_filters_and_shows_the_timeline_in_chromium(browser, liv
     assert any("a100" in row and "\t8\t2" in row for row in capacity), capacity  # quota 8, 2 GPUs held
     assert all("eval" not in row for row in capacity)
     assert page.locator("#cost-by-tenant").inner_text().count("finetune") == 1
+    budgets = page.locator("#budgets tbody tr").all_inner_texts()  # prod-nomad's example file: finetune has $50,000 a month
+    assert len(budgets) == 1 and budgets[0].startswith("prod-nomad\tfinetune\t2026-12\t50000.00\t") and budgets[0].endswith("\tstop"), budgets
+    spent, committed = (float(v) for v in budgets[0].split("\t")[4:6])
+    assert spent > 0 and committed > 0  # two runs placed an hour ago, with most of their deadline left
     page.screenshot(path=str(tmp_path / "dashboard.png"), full_page=True)
 
     page.select_option("#filter-status", "cancelled")
