@@ -62,12 +62,10 @@ def synthesize(configs: tuple[ClusterConfig, ...], outdir: Path = DEFAULT_OUTDIR
     try:
         cache = synth_cache.cache_dir()
         if cache is not None:
-            names = _synthesize_cached(configs, tmp, imported_dir, jobs, cache)
-        elif workers > 1:
-            names = synthesize_parallel(configs, tmp, workers, imported_dir)
+            names = _synthesize_cached(configs, tmp, imported_dir, jobs, cache, shown_as=outdir)
         else:
-            names = _synthesize_here(configs, tmp, imported_dir)
-        check_outdir(tmp, shown_as=outdir)
+            names = synthesize_parallel(configs, tmp, workers, imported_dir) if workers > 1 else _synthesize_here(configs, tmp, imported_dir)
+            check_outdir(tmp, shown_as=outdir)
         if only:
             _merge(tmp, outdir, only)
         else:
@@ -101,10 +99,12 @@ def _units(configs: tuple[ClusterConfig, ...]) -> list[tuple[tuple[ClusterConfig
 
 
 def _synthesize_cached(configs: tuple[ClusterConfig, ...], tmp: Path, imported_dir: Path | None, jobs: int | None,
-                       cache: Path) -> tuple[str, ...]:
+                       cache: Path, shown_as: Path) -> tuple[str, ...]:
     """Cached units are written from the cache; the others are synthesized (over worker processes
-    when there are enough of them) and stored. ``manifest.json`` is rebuilt from every stack's
-    entry exactly as ``stacks.parallel`` merges workers' manifests, so the tree is a cold synthesis's bytes."""
+    when there are enough of them), checked for template sequences (``check_outdir``) and only then
+    stored, so every cached stack passed that check with the code its key names and is not checked
+    again. ``manifest.json`` is rebuilt from every stack's entry exactly as ``stacks.parallel``
+    merges workers' manifests, so the tree is a cold synthesis's bytes."""
     from stacks.imported import imported_dir as default_imported_dir
     from stacks.parallel import manifest_json, synth_group, synthesize_parallel, worker_count
 
@@ -133,6 +133,7 @@ def _synthesize_cached(configs: tuple[ClusterConfig, ...], tmp: Path, imported_d
             manifest = json.loads((fresh / "manifest.json").read_text())
         else:
             manifest = synth_group(configs, build, fresh, imported_dir)
+        check_outdir(fresh, shown_as=shown_as, stacks=build)
         for key, names in missing:
             unit = synth_cache.read_unit(fresh, manifest, names)
             synth_cache.store(cache, key, unit)

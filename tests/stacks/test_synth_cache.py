@@ -219,3 +219,18 @@ def test_every_file_a_synthesis_reads_is_keyed(tmp_path: Path) -> None:
     assert unkeyed == []
     assert any(p.is_relative_to(fleet.resolve()) for p in read)  # the audit saw the cluster files being read
     assert str((root / "constructs_lib" / "gpu_health_check.py").resolve()) in {str(p) for p in read}
+
+
+def test_a_synthesis_refused_by_the_template_check_stores_nothing(example_configs, cache: Path, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Cached stacks are not checked again (stacks.interpolation.check_outdir), so what fails that check must never be stored."""
+    import stacks.synth
+    from clusters.errors import UserError
+
+    def refuse(outdir, shown_as=None, stacks=None):
+        raise UserError(f"{shown_as}/stacks/dev-gke/cdk.tf.json: $.x: ${{file(...)}} is not a template sequence gpufleet generates")
+
+    monkeypatch.setattr(stacks.synth, "check_outdir", refuse)
+    with pytest.raises(UserError, match="not a template sequence"):
+        synthesize(example_configs, tmp_path / "out", jobs=1)
+    assert not [p for p in cache.rglob("*.json")] and not (tmp_path / "out").exists()
