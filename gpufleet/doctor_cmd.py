@@ -3,7 +3,8 @@ with its fix (the project's ``error: <what>; <fix>`` style), exit 1 if any.
 
 Checked: GPUFLEET_API answers and GPUFLEET_API_TOKEN is accepted there; the control plane's own
 schedulers answer (its /healthz, per bound cluster); VAULT_ADDR is set, answers and is unsealed;
-the cluster files load; for a fleet with Nomad clusters NOMAD_ADDR is set and the servers answer;
+the cluster files load; for a fleet with Nomad clusters NOMAD_ADDR is set, the servers answer and accept NOMAD_TOKEN
+(``GET /v1/acl/token/self``; servers without ACLs are noted, not counted as a problem);
 for a fleet with GKE clusters the kubeconfig context loads and its API server answers. Each check has a short timeout
 and no check stops the others.
 """
@@ -20,6 +21,7 @@ import typer
 from clusters.errors import UserError
 
 TIMEOUT_SECONDS = 5.0
+NOTE = "note: "  # a check's line that informs and is no problem (printed on stdout, not counted)
 Check = Callable[[Mapping[str, str]], list[str]]
 
 
@@ -115,11 +117,15 @@ def _nomad(env: Mapping[str, str]) -> list[str]:
     try:
         client = NomadClient(replace(NomadSettings.from_env(env), timeout_seconds=TIMEOUT_SECONDS, retries=0))
         try:
+            token = client.token_self()  # first: a refused token is named as such, not as a refused status call
             client.leader()
         finally:
             client.close()
     except UserError as exc:
         return [str(exc)]
+    if token is None:
+        return [f"{NOTE}the Nomad servers at {env['NOMAD_ADDR']} run without ACLs (GET /v1/acl/token/self: ACL support disabled), "
+                "so NOMAD_TOKEN is not checked; production clusters should enable ACLs (acl { enabled = true })"]
     return []
 
 
@@ -153,11 +159,15 @@ def cmd_doctor() -> None:
     env = dict(os.environ)
     problems = 0
     for name, check in CHECKS:
-        found = check(env)
+        lines = check(env)
+        found = [line for line in lines if not line.startswith(NOTE)]
         for line in found:
             print(f"error: {line}", file=sys.stderr)
         if not found:
             print(f"ok: {name}")
+        for line in lines:
+            if line.startswith(NOTE):
+                print(line)
         problems += len(found)
     if problems:
         print(f"{problems} problem(s) found", file=sys.stderr)

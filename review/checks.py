@@ -199,7 +199,7 @@ def run_checks(configs: tuple[ClusterConfig, ...] | None, *, out: Path, state_fi
     """``on_stage`` hears each step's name as it starts (the CLI shows it as progress); ``clusters_dir`` is where
     ``configs`` were read (default clusters/), for the file and line of a checkov finding; ``price`` (the CLI's
     price table) prices the reserved nodes a file leaves cold."""
-    from safety import checkov_scan, secret_scan
+    from safety import checkov_scan, scan_cache, secret_scan
     from jobs.outputs import write_rendered
     from stacks.synth import synthesize
 
@@ -223,7 +223,7 @@ def run_checks(configs: tuple[ClusterConfig, ...] | None, *, out: Path, state_fi
         # Scan the jobs as they render now; jobs/out may be stale or absent (it is not committed).
         for spec in specs:
             write_rendered(spec, Path(rendered))
-        findings = secret_scan.scan_paths([out, Path(rendered), *state_files])
+        findings = secret_scan.scan_paths([out, Path(rendered), *state_files], cache=scan_cache.cache_dir())
     report.add("secrets", not findings, f"{len(findings)} finding(s)" if findings else "no secret values found",
                [f"secret: {f}" for f in findings])
     if checkov:

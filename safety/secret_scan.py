@@ -136,7 +136,11 @@ def scan_text(text: str, file: str) -> list[Finding]:
 
 
 def scan_file(path: Path) -> list[Finding]:
-    text = Path(path).read_text(encoding="utf-8", errors="replace")
+    return _scan(Path(path).read_bytes(), path)
+
+
+def _scan(data: bytes, path: Path) -> list[Finding]:
+    text = data.decode("utf-8", errors="replace")
     try:
         data = json.loads(text)
     except json.JSONDecodeError:
@@ -153,13 +157,27 @@ def _files(paths: Iterable[Path]) -> Iterator[Path]:
             yield path
 
 
-def scan_paths(paths: Iterable[Path]) -> list[Finding]:
+def scan_paths(paths: Iterable[Path], cache: Path | None = None) -> list[Finding]:
     """Scan files and directories (every ``*.json`` below, skipping ``.terraform``); missing paths are skipped.
 
     Missing paths are not an error because ``check`` passes the default locations
-    (``cdktf.out``, ``jobs/out``) whether or not they were generated yet.
+    (``cdktf.out``, ``jobs/out``) whether or not they were generated yet. ``cache``
+    (``safety.scan_cache``, what ``check`` passes) skips files whose exact bytes this detector
+    found clean before and remembers the clean ones; a file with a finding is always scanned.
     """
-    return [finding for file in _files(paths) for finding in scan_file(file)]
+    from safety import scan_cache
+
+    findings: list[Finding] = []
+    for file in _files(paths):
+        data = file.read_bytes()
+        digest = scan_cache.key(data) if cache is not None else ""
+        if cache is not None and scan_cache.is_clean(cache, digest):
+            continue
+        found = _scan(data, file)
+        if cache is not None and not found:
+            scan_cache.mark_clean(cache, digest)
+        findings += found
+    return findings
 
 
 def require_state_files(files: Iterable[Path]) -> None:

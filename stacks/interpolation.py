@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -151,10 +151,13 @@ def find(node: Any, file: str, path: str = "$") -> Iterator[Interpolation]:
                 yield Interpolation(file, path, marker, expression)
 
 
-def check_outdir(outdir: Path, shown_as: Path | None = None) -> None:
-    """Refuse a synthesis whose Terraform JSON holds a template sequence gpufleet did not generate."""
+def check_outdir(outdir: Path, shown_as: Path | None = None, stacks: Iterable[str] | None = None) -> None:
+    """Refuse a synthesis whose Terraform JSON holds a template sequence gpufleet did not generate.
+    ``stacks``: only those (the synthesis cache checks what it synthesized before storing it)."""
     found: list[Interpolation] = []
-    for file in sorted(Path(outdir).glob("stacks/*/cdk.tf.json")):
+    files = sorted(Path(outdir).glob("stacks/*/cdk.tf.json")) if stacks is None else \
+        [Path(outdir) / "stacks" / name / "cdk.tf.json" for name in sorted(stacks)]
+    for file in files:
         name = str((shown_as or outdir) / file.relative_to(outdir))
         found.extend(find(json.loads(file.read_text()), name))
     if found:

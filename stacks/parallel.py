@@ -131,10 +131,13 @@ def _finish_worker(proc: subprocess.Popen, part: Path) -> dict:
 
 
 def synthesize_parallel(configs: tuple[ClusterConfig, ...], tmp: Path, workers: int,
-                        imported_dir: Path | None = None) -> tuple[str, ...]:
+                        imported_dir: Path | None = None, names: tuple[str, ...] | None = None) -> tuple[str, ...]:
     """Synthesize into ``tmp`` (a fresh staging dir) over ``workers`` processes, this one included;
-    returns every stack name in ``plan_stacks`` order."""
+    returns every stack name in ``plan_stacks`` order. ``names`` (whole clusters, as the synthesis
+    cache asks) builds only those stacks, still from every config."""
     info = plan_stacks(configs)
+    if names is not None:
+        info = tuple(s for s in info if s.name in names)
     groups = partition(info, workers)
     parts = [tmp / f".part-{i}" for i in range(len(groups))]
     started = [_start_worker(configs, names, part, imported_dir) for names, part in zip(groups[1:], parts[1:])]

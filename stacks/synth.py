@@ -15,10 +15,11 @@ import tempfile
 from pathlib import Path
 
 from clusters.errors import UserError
-from clusters.schema import ClusterConfig
+from clusters.schema import ClusterConfig, TfcState
 from clusters import outputs
+from stacks import synth_cache
 from stacks.interpolation import check_outdir
-from stacks.layout import plan_stacks
+from stacks.layout import TFC_WORKSPACES_STACK, StackInfo, plan_stacks
 
 DEFAULT_OUTDIR = Path("cdktf.out")
 # jsii prints a banner on every start under Node 20; gpufleet pins Node 20 knowingly.
@@ -46,7 +47,8 @@ def synthesize(configs: tuple[ClusterConfig, ...], outdir: Path = DEFAULT_OUTDIR
     ``imported_dir`` holds the recorded imports (default ``stacks/imported``); ``gpufleet preview``
     points it at another checkout's. ``jobs`` is the number of worker processes (default: from
     ``GPUFLEET_SYNTH_JOBS``, else the cores for a fleet of ``stacks.parallel.PARALLEL_MIN_CLUSTERS``
-    clusters or more, else 1 = in this process); the output is the same bytes either way.
+    clusters or more, else 1 = in this process); the output is the same bytes either way. Stacks
+    whose inputs did not change since a synthesis stored them come from ``stacks.synth_cache``.
     """
     from stacks.parallel import synthesize_parallel, worker_count
 
@@ -58,11 +60,12 @@ def synthesize(configs: tuple[ClusterConfig, ...], outdir: Path = DEFAULT_OUTDIR
         outputs.refuse_symlinks(outdir, "manifest.json", *(f"stacks/{stack}" for stack in only))
     tmp = outputs.staging_dir(outdir)
     try:
-        if workers > 1:
-            names = synthesize_parallel(configs, tmp, workers, imported_dir)
+        cache = synth_cache.cache_dir()
+        if cache is not None:
+            names = _synthesize_cached(configs, tmp, imported_dir, jobs, cache, shown_as=outdir)
         else:
-            names = _synthesize_here(configs, tmp, imported_dir)
-        check_outdir(tmp, shown_as=outdir)
+            names = synthesize_parallel(configs, tmp, workers, imported_dir) if workers > 1 else _synthesize_here(configs, tmp, imported_dir)
+            check_outdir(tmp, shown_as=outdir)
         if only:
             _merge(tmp, outdir, only)
         else:
@@ -82,6 +85,66 @@ def _synthesize_here(configs: tuple[ClusterConfig, ...], tmp: Path, imported_dir
     fleet = build_fleet(app, configs, imported_dir=imported_dir)
     app.synth()
     return tuple(fleet.stacks)
+
+
+def _units(configs: tuple[ClusterConfig, ...]) -> list[tuple[tuple[ClusterConfig, ...], tuple[StackInfo, ...]]]:
+    """What each cached entry holds: one cluster's stacks (built from its config alone; the scheduler
+    stack references its infra stack), and ``tfc-workspaces`` on its own, built from the configs of
+    every cluster that keeps state in Terraform Cloud (``constructs_lib.tfc_workspaces`` skips the others)."""
+    info = plan_stacks(configs)
+    by_name = {c.name: c for c in configs}
+    tfc = tuple(c for c in sorted(configs, key=lambda c: c.name) if isinstance(c.state, TfcState))
+    clusters = sorted({s.cluster for s in info})
+    return [((by_name[cluster],) if cluster else tfc, tuple(s for s in info if s.cluster == cluster)) for cluster in clusters]
+
+
+def _synthesize_cached(configs: tuple[ClusterConfig, ...], tmp: Path, imported_dir: Path | None, jobs: int | None,
+                       cache: Path, shown_as: Path) -> tuple[str, ...]:
+    """Cached units are written from the cache; the others are synthesized (over worker processes
+    when there are enough of them), checked for template sequences (``check_outdir``) and only then
+    stored, so every cached stack passed that check with the code its key names and is not checked
+    again. ``manifest.json`` is rebuilt from every stack's entry exactly as ``stacks.parallel``
+    merges workers' manifests, so the tree is a cold synthesis's bytes."""
+    from stacks.imported import imported_dir as default_imported_dir
+    from stacks.parallel import manifest_json, synth_group, synthesize_parallel, worker_count
+
+    imports = Path(imported_dir) if imported_dir is not None else default_imported_dir()
+    top: dict | None = None
+    entries: dict[str, dict] = {}
+    missing: list[tuple[str, tuple[str, ...]]] = []
+    (tmp / "stacks").mkdir()
+    for unit_configs, stacks in _units(configs):
+        key = synth_cache.unit_key(unit_configs, stacks, imports)
+        names = tuple(s.name for s in stacks)
+        hit = synth_cache.load(cache, key, names)
+        if hit is None:
+            missing.append((key, names))
+            continue
+        synth_cache.write_unit(hit, tmp)
+        top = hit["top"]
+        entries.update({name: hit["stacks"][name]["manifest"] for name in names})
+    if missing:
+        build = tuple(name for _, names in missing for name in names)
+        fresh = tmp / ".fresh"
+        fresh.mkdir()
+        workers = worker_count(max(1, sum(1 for _, names in missing if names[0] != TFC_WORKSPACES_STACK)), jobs)
+        if workers > 1:
+            synthesize_parallel(configs, fresh, workers, imported_dir, names=build)
+            manifest = json.loads((fresh / "manifest.json").read_text())
+        else:
+            manifest = synth_group(configs, build, fresh, imported_dir)
+        check_outdir(fresh, shown_as=shown_as, stacks=build)
+        for key, names in missing:
+            unit = synth_cache.read_unit(fresh, manifest, names)
+            synth_cache.store(cache, key, unit)
+            for name in names:
+                os.replace(fresh / "stacks" / name, tmp / "stacks" / name)
+            top = unit["top"]
+            entries.update({name: unit["stacks"][name]["manifest"] for name in names})
+        shutil.rmtree(fresh)
+    order = tuple(s.name for s in plan_stacks(configs))
+    (tmp / "manifest.json").write_text(manifest_json({**(top or {}), "stacks": entries}), encoding="utf-8")
+    return order
 
 
 def _swap(new: Path, target: Path) -> None:

@@ -24,6 +24,11 @@ os.environ.setdefault("GPUFLEET_JSII_TYPE_CHECKS", "1")
 _CHECKOV_CACHE = tempfile.mkdtemp(prefix="gpufleet-test-checkov-cache-")
 atexit.register(shutil.rmtree, _CHECKOV_CACHE, True)
 os.environ.setdefault("GPUFLEET_CHECKOV_CACHE", _CHECKOV_CACHE)
+# Synthesized stacks are cached per cluster (stacks/synth_cache.py). The suite synthesizes cold, so a test
+# of synthesis always runs the constructs; tests/stacks/test_synth_cache.py turns the cache on in a temp dir.
+os.environ.setdefault("GPUFLEET_SYNTH_CACHE", "off")
+# Likewise the secret scan's memory of clean files (safety/scan_cache.py): tests/safety/test_scan_cache.py turns it on.
+os.environ.setdefault("GPUFLEET_SECRET_SCAN_CACHE", "off")
 
 pytest_plugins = ["tests.openbao_fixture"]
 

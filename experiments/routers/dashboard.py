@@ -3,9 +3,10 @@
 The browser signs in by pasting an API token once; it gets a server-side session (a random id in
 an HttpOnly, SameSite=Strict, Secure cookie; see services.sessions), never the token itself. The
 session acts for its token, so the dashboard shows a tenant exactly what the API would. Every
-POST form (sign-in, sign-out) carries a CSRF token and must come from this service's own origin
-(routers.origin); otherwise it is refused with 403. The pages
-only read; cancelling stays an API/CLI action.
+POST form (sign-in, sign-out, a run's cancel button) carries a CSRF token and must come from this
+service's own origin (routers.origin); otherwise it is refused with 403. Cancelling from a run's
+page is the API's cancel (``services.experiments.cancel``) for the session's caller: another
+tenant's run is a 404 there as everywhere.
 
 A little plain JavaScript (inline, no build step) keeps the pages alive: tables marked
 ``data-refresh`` are fetched again every few seconds, and a run's page reads its log tail from
@@ -200,7 +201,36 @@ def detail(experiment_id: str, request: Request, ctx: Annotated[Context, Depends
             points = run_usage.series(session, exp.id)
     except ApiError as exc:
         return _page("error.html", status=exc.status, error=exc.error, fix=exc.fix)
-    return _page("detail.html", who=who, item=item, events=events, usage=run_usage.summarize(points), chart=_chart(points))
+    return _page("detail.html", who=who, item=item, events=events, usage=run_usage.summarize(points), chart=_chart(points),
+                 csrf=sessions.form_token(_raw, "session"), cancellable=State(item["status"]) not in TERMINAL)
+
+
+@router.post("/experiments/{experiment_id}/cancel")
+async def cancel(experiment_id: str, request: Request, ctx: Annotated[Context, Depends(context)]) -> Response:
+    """The run page's cancel button: the session's own form token (the one sign-out uses) and this
+    service's origin, else 403 before anything is read; then the API's cancel for the session's caller."""
+    settings = _settings(request)
+    form = parse_qs((await request.body()).decode(errors="replace"))  # first: an oversized body is a 413 (limits.BodyLimit)
+    fix = "cancel with the button on the run's page (reload it first)"
+    if not same_origin(request, settings.public_origin):
+        return _page("error.html", status=403, error="cancel refused: the form was not posted from this service's own page", fix=fix)
+    raw = request.cookies.get(settings.session_cookie)
+    if raw is None or not sessions.form_token_ok(raw, "session", _field(form, "csrf")):
+        return _page("error.html", status=403, error="cancel refused: the form's CSRF token is missing or not this session's", fix=fix)
+
+    def cancel_as_caller() -> Response:
+        signed_in = _session(request, ctx)
+        if signed_in is None:
+            return RedirectResponse("/login", status_code=303)
+        who, _ = signed_in
+        with ctx.sessions() as session:
+            exp = service.cancel(session, who, experiment_id, now=ctx.clock())
+            return RedirectResponse(f"/experiments/{exp.id}", status_code=303)
+
+    try:
+        return await run_in_threadpool(cancel_as_caller)
+    except ApiError as exc:
+        return _page("error.html", status=exc.status, error=exc.error, fix=exc.fix)
 
 
 LOG_TAIL_LINES = 200  # what a run's page shows: the API and the CLI read more

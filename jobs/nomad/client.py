@@ -319,6 +319,33 @@ class NomadClient:
         with self._errors("status", "(leader)", self.settings.namespace or "default", "check NOMAD_ADDR"):
             return str(self._api(None).status.leader.request(method="get").json())
 
+    def token_self(self) -> dict[str, Any] | None:
+        """``GET /v1/acl/token/self``: the ACL token NOMAD_TOKEN names, or None when the servers run without ACLs.
+
+        hashicorp/nomad command/agent/acl_endpoint.go ``aclTokenSelf`` resolves the request's own
+        secret through the ``ACL.ResolveToken`` RPC; nomad/acl_endpoint.go answers
+        ``aclDisabled`` (``NewErrRPCCoded(400, "ACL support disabled")``) when ACLs are off and the
+        handler a 404 "ACL token not found" for an unknown secret; a token the RPC layer refuses is a
+        403 (command/agent/http.go ``errCodeFromHandler``: "Permission denied", "ACL token not found").
+        """
+        import nomad.api.exceptions as exc
+
+        fix = ("set NOMAD_TOKEN to the SecretID of a valid ACL token (an operator creates one with "
+               "`nomad acl token create -policy <policy>`; `nomad acl token self` shows the one in use)")
+        try:
+            return dict(self._api(None).acl.get_self_token())
+        except exc.BadRequestNomadException as error:
+            if "ACL support disabled" in error.nomad_resp.text:
+                return None
+            raise NomadError(f"Nomad at {self.settings.address} rejected the token lookup (400: {_first_line(error.nomad_resp.text)}); {fix}") from None
+        except (exc.URLNotAuthorizedNomadException, exc.URLNotFoundNomadException) as error:
+            what = "is not set" if not self.settings.token else "is not a token Nomad knows"
+            raise NomadError(f"NOMAD_TOKEN {what}: Nomad at {self.settings.address} refused it "
+                             f"({error.nomad_resp.status_code}: {_first_line(error.nomad_resp.text)}); {fix}") from None
+        except exc.BaseNomadException:
+            with self._errors("token", "(self)", self.settings.namespace or "default", "check NOMAD_ADDR"):
+                raise
+
     def status(self, job_id: str, namespace: str, spec: FinetuneSpec | None = None, *, on_404: str = STATUS_ON_404) -> RunStatus:
         """The run's state; ``on_404`` is the advice a missing job's error ends with ("" for none)."""
         path = quote(job_id, safe="")

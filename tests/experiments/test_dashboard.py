@@ -255,3 +255,47 @@ def test_run_page_follows_the_masked_log_tail_and_the_list_refreshes_itself_in_c
     httpx.post(f"{base}/api/v1/experiments", json={"job": "finetune-llama", "meta": {**META, "run_id": "r2"}}, headers=auth)
     page.wait_for_function("document.querySelectorAll('#experiments tbody tr').length === 2", timeout=15_000)  # no reload
     assert sorted(page.locator("#experiments td.state").all_inner_texts()) == ["pending", "succeeded"]
+
+
+def test_run_page_cancels_with_the_sessions_csrf_token_and_refuses_forged_posts_in_chromium(browser, live):
+    """The cancel button posts the session's form token; a post of the same session without it, with
+    another token or from another origin is a 403 that cancels nothing, and another tenant's session,
+    with its own valid token, gets a 404 for the run (tenant-scoped like every read)."""
+    import re
+
+    import httpx
+
+    base, tokens = live["base"], live["tokens"]
+    auth = {"Authorization": f"Bearer {tokens['finetune']}"}
+    first, second = (httpx.post(f"{base}/api/v1/experiments", json={"job": "finetune-llama", "meta": {**META, "run_id": f"c{i}"}},
+                                headers=auth).json()["id"] for i in range(2))
+
+    def state(exp_id: str) -> str:
+        return httpx.get(f"{base}/api/v1/experiments/{exp_id}", headers=auth).json()["status"]
+
+    page = browser.new_page()
+    _sign_in(page, base, tokens["finetune"])
+    page.goto(f"{base}/experiments/{first}")
+    page.click("#cancel")
+    page.wait_for_function("document.getElementById('state').textContent === 'cancelled'", timeout=15_000)
+    assert page.url == f"{base}/experiments/{first}" and state(first) == "cancelled"
+    assert any("cancel requested" in row for row in page.locator("#events tbody tr").all_inner_texts())
+    assert page.locator("#cancel").count() == 0  # an ended run has no button
+
+    page.goto(f"{base}/experiments/{second}")
+    csrf = page.locator("#cancel-form input[name=csrf]").get_attribute("value")
+    url, own = f"{base}/experiments/{second}/cancel", {"Origin": base}
+    assert page.request.post(url, form={}, headers=own, max_redirects=0).status == 403  # no token
+    assert page.request.post(url, form={"csrf": "0" * 64}, headers=own, max_redirects=0).status == 403  # not this session's
+    forged = page.request.post(url, form={"csrf": csrf}, headers={"Origin": "http://127.0.0.1:1"}, max_redirects=0)
+    assert forged.status == 403  # the right token from another origin
+    assert "CSRF token is missing" in page.request.post(url, form={"csrf": ""}, headers=own, max_redirects=0).text()
+    assert state(second) == "pending"
+
+    other = browser.new_page()
+    _sign_in(other, base, tokens["eval"])
+    other_csrf = re.search(r'name="csrf" value="([0-9a-f]{64})"', other.content()).group(1)
+    refused = other.request.post(url, form={"csrf": other_csrf}, headers=own, max_redirects=0)
+    assert refused.status == 404 and state(second) == "pending"
+    assert page.request.post(url, form={"csrf": csrf}, headers=own, max_redirects=0).status == 303  # the same post, with the token
+    assert state(second) == "cancelled"

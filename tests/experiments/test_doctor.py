@@ -91,3 +91,38 @@ def test_doctor_names_a_broken_cluster_file_and_still_runs_the_other_checks(good
     errors = [line for line in out.err.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1 and "prod-gke.yaml" in errors[0] and "gpus_per_node" in errors[0] and "run gpufleet check" in errors[0]
     assert out.out.splitlines() == ["ok: control plane", "ok: vault", "ok: nomad", "ok: kubernetes"]
+
+
+@pytest.mark.parametrize("token, shown", [("not-the-token", "403: Permission denied"), (None, "404: ACL token not found")],
+                         ids=["wrong token", "no token"])
+def test_doctor_names_a_nomad_token_the_servers_refuse(good_env, monkeypatch, capsys, token, shown):
+    """``GET /v1/acl/token/self`` against the double (answered as hashicorp/nomad's aclTokenSelf does):
+    one line that names NOMAD_TOKEN, the status and the fix; the token itself is never printed."""
+    if token is None:
+        monkeypatch.delenv("NOMAD_TOKEN")
+    else:
+        monkeypatch.setenv("NOMAD_TOKEN", token)
+    assert main(["doctor"]) == 1
+    out = capsys.readouterr()
+    errors = [line for line in out.err.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1, errors
+    assert errors[0].startswith("error: NOMAD_TOKEN is not") and shown in errors[0] and "; set NOMAD_TOKEN to the SecretID" in errors[0]
+    assert "not-the-token" not in out.err + out.out
+    assert "ok: nomad" not in out.out and "ok: kubernetes" in out.out
+
+
+def test_doctor_says_when_nomad_runs_without_acls(good_env, monkeypatch, capsys):
+    from tests.jobs.conftest import a100_nodes
+    from tests.jobs.nomad_double import NomadDouble
+
+    open_nomad = NomadDouble(a100_nodes()).start()  # no acl_token: the servers answer "ACL support disabled"
+    try:
+        monkeypatch.setenv("NOMAD_ADDR", open_nomad.address)
+        assert main(["doctor"]) == 0
+        out = capsys.readouterr().out.splitlines()
+        assert "ok: nomad" in out
+        assert any(line.startswith("note: the Nomad servers at") and "run without ACLs" in line and "NOMAD_TOKEN is not checked" in line
+                   for line in out), out
+        assert any(r.path == "/v1/acl/token/self" for r in open_nomad.requests)
+    finally:
+        open_nomad.stop()

@@ -247,6 +247,9 @@ class NomadDouble:
                         action()
                 if fault.status:
                     return self._send(fault.status, {"error": f"injected {fault.status}"}, text=True)
+                if route == "acl-token-self":
+                    status, answer, text = double._token_self(self.headers.get("X-Nomad-Token"))
+                    return self._send(status, answer, text=text)
                 if double.acl_token and self.headers.get("X-Nomad-Token") != double.acl_token:
                     return self._send(403, "Permission denied", text=True)
                 if route == "fs-logs":
@@ -489,6 +492,23 @@ class NomadDouble:
                    for i, server_id in enumerate(self.server_ids)]
         return {"ServerName": members[0]["Name"], "ServerRegion": self.region, "ServerDC": "dc1", "Members": members}
 
+    def _token_self(self, sent: str | None) -> tuple[int, Any, bool]:
+        """``GET /v1/acl/token/self`` as hashicorp/nomad answers it: command/agent/acl_endpoint.go
+        ``aclTokenSelf`` resolves the caller's own secret through the ``ACL.ResolveToken`` RPC, which
+        (nomad/acl_endpoint.go) returns ``aclDisabled`` = ``NewErrRPCCoded(400, "ACL support disabled")``
+        when the servers run without ACLs (here: no ``acl_token``), a missing token as ``CodedError(404,
+        "ACL token not found")``; an RPC-refused token is a 403 "Permission denied" (command/agent/http.go
+        ``errCodeFromHandler``). Errors are plain text; the token is the api.ACLToken JSON (api/acl.go)."""
+        if not self.acl_token:
+            return 400, "ACL support disabled", True
+        if sent is None:
+            return 404, "ACL token not found", True
+        if sent != self.acl_token:
+            return 403, "Permission denied", True
+        return 200, {"AccessorID": "b780e702-98ce-521f-2e5f-c6b87de05b24", "SecretID": self.acl_token, "Name": "gpufleet dispatcher",
+                     "Type": "client", "Policies": ["gpufleet-dispatcher"], "Roles": [], "Global": False,
+                     "CreateTime": "2026-12-01T10:00:00Z", "ExpirationTime": None, "CreateIndex": 7, "ModifyIndex": 7}, False
+
     def _alloc_stats(self, alloc_id: str) -> tuple[int, Any]:
         """AllocResourceUsage of a known allocation (404 "Unknown allocation" otherwise, as the client says)."""
         alloc = next((a for allocs in self.state.allocations.values() for a in allocs if a["ID"] == alloc_id), None)
@@ -623,6 +643,8 @@ class NomadDouble:
 
 def _route(path: str) -> tuple[str, str]:
     """(route, job id) the way Nomad's HTTP server splits /v1/job/<id>/<suffix>."""
+    if path == "/v1/acl/token/self":
+        return "acl-token-self", ""
     if path.startswith("/v1/client/fs/logs/"):
         return "fs-logs", path.removeprefix("/v1/client/fs/logs/")
     if path == "/v1/jobs":

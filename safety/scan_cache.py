@@ -1,0 +1,62 @@
+"""Files the secret scan found clean, remembered between runs, so ``gpufleet check`` after a
+one-cluster edit walks only the stacks that changed instead of every stack of the fleet.
+
+Only "no finding" is remembered: a file with a finding is scanned again every time, so a cached
+answer can never hide or alter a report. The key is a SHA-256 of the file's bytes and of the
+detector's code (``clusters/secrets.py``, the one detector, and ``safety/secret_scan.py``, which
+walks the JSON): a changed file or a changed detector is another key. An entry is an empty file
+named by its key. The cache lives outside the repository (``$GPUFLEET_SECRET_SCAN_CACHE``, else
+``$XDG_CACHE_HOME/gpufleet/secret-scan``, else ``~/.cache/gpufleet/secret-scan``), is safe to
+delete at any time, and ``GPUFLEET_SECRET_SCAN_CACHE=off`` turns it off.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+from pathlib import Path
+
+CACHE_ENV = "GPUFLEET_SECRET_SCAN_CACHE"
+CACHE_VERSION = 1
+DETECTOR_FILES = (Path(__file__).resolve().parent.parent / "clusters" / "secrets.py", Path(__file__).resolve().with_name("secret_scan.py"))
+
+
+def cache_dir() -> Path | None:
+    """Where clean files are remembered; None when turned off."""
+    configured = os.environ.get(CACHE_ENV, "").strip()
+    if configured.lower() == "off":
+        return None
+    if configured:
+        return Path(configured).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "gpufleet" / "secret-scan"
+
+
+@functools.cache
+def detector_digest() -> bytes:
+    digest = hashlib.sha256(str(CACHE_VERSION).encode())
+    for path in DETECTOR_FILES:
+        digest.update(hashlib.sha256(path.read_bytes()).digest())
+    return digest.digest()
+
+
+def key(data: bytes) -> str:
+    return hashlib.sha256(detector_digest() + hashlib.sha256(data).digest()).hexdigest()
+
+
+def _path(directory: Path, digest: str) -> Path:
+    return directory / digest[:2] / digest
+
+
+def is_clean(directory: Path, digest: str) -> bool:
+    return _path(directory, digest).is_file()
+
+
+def mark_clean(directory: Path, digest: str) -> None:
+    """Remember one clean file; a read-only or full cache only costs speed."""
+    target = _path(directory, digest)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.touch()
+    except OSError:
+        pass
