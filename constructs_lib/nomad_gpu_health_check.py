@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 import os
 import re
 import ssl
@@ -90,7 +91,8 @@ def parse_metrics(text: str) -> list[Sample]:
             number = float(match.group("value"))
         except ValueError:
             number = None
-        value = None if number is None or number != number or number >= DCGM_INT64_BLANK else int(number)
+        # NaN and ±Inf (valid exposition values) are no count either, and int() of an infinity would raise.
+        value = None if number is None or not math.isfinite(number) or number >= DCGM_INT64_BLANK else int(number)
         samples.append(Sample(match.group("name"), labels.get("gpu", "?"), value))
     return samples
 

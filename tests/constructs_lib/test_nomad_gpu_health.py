@@ -109,6 +109,19 @@ def test_application_xids_and_blank_values_do_not_drain(nomad, fixture, note):
     assert (note in line) if note else ("noted" not in line)
 
 
+def test_non_numbers_are_no_value_and_never_stop_the_judgement_of_the_other_gpus():
+    """Prometheus text exposition allows NaN, +Inf and -Inf as sample values (Go's strconv.FormatFloat, as the
+    exporter's client library writes them). None of them is a count: no fault from them, and one odd sample must not
+    end the run (int(-inf) raised OverflowError, which main() does not catch: the checker died each minute and judged
+    no GPU at all), so the critical XID of another GPU in the same exposition is still acted on."""
+    text = ('DCGM_FI_DEV_ECC_DBE_VOL_TOTAL{gpu="0",UUID="GPU-0"} NaN\n'
+            'DCGM_FI_DEV_ECC_DBE_VOL_TOTAL{gpu="1",UUID="GPU-1"} +Inf\n'
+            'DCGM_FI_DEV_ROW_REMAP_FAILURE{gpu="2",UUID="GPU-2"} -Inf\n'
+            'DCGM_FI_DEV_XID_ERRORS{gpu="3",UUID="GPU-3"} 79\n')
+    found, notes = checker.faults(checker.parse_metrics(text))
+    assert found == ["GPU 3 last XID 79"] and notes == []
+
+
 def test_a_token_nomad_refuses_changes_nothing_and_fails_the_run(nomad):
     double, node = nomad
     with pytest.raises(urllib.error.HTTPError) as err:
