@@ -127,9 +127,11 @@ def host_volumes(local_ssds: int) -> dict[str, dict[str, object]]:
 
 # --- DCGM exporter --------------------------------------------------------------------------------------
 DCGM_EXPORTER_VERSION = "4.2.3-4.1.3"
-# NVIDIA/dcgm-exporter at tag 4.2.3-4.1.3: README.md:14 runs this image; its Makefile builds the
-# ubuntu22.04 flavour on nvcr.io/nvidia/cuda:12.8.1-base-ubuntu22.04, whose CUDA requirement still admits
-# the R550 data center driver of the default client image (the 4.4+ images are built on CUDA 13).
+# NVIDIA/dcgm-exporter at tag 4.2.3-4.1.3: README.md:14 runs this image. Pinned so that the counters
+# gpufleet writes are checked against that tag's own default-counters.csv (vendored in the tests). The CUDA
+# version of the base image does not gate the host's driver: every flavour of the exporter's Dockerfiles sets
+# NVIDIA_DISABLE_REQUIRE=true (docker/Dockerfile, docker/Dockerfile.ubuntu22.04), so the container toolkit
+# checks no CUDA requirement, and the exporter talks to the driver through DCGM/NVML only.
 DCGM_EXPORTER_IMAGE = f"nvcr.io/nvidia/k8s/dcgm-exporter:{DCGM_EXPORTER_VERSION}-ubuntu22.04"
 DCGM_EXPORTER_PORT = 9400
 DCGM_EXPORTER_UNIT = "gpufleet-dcgm-exporter"
