@@ -83,6 +83,7 @@ def render_local_ssd(count: int) -> str:
     """
     return f"""# {count} local NVMe SSDs as one RAID0 volume at {LOCAL_SSD_MOUNT}.
 command -v mdadm >/dev/null 2>&1 || {{ apt-get update -q && apt-get install -yq mdadm; }}
+udevadm settle --timeout=30 || true  # udev's own assembly and label probing of the array, after a reboot
 if ! blkid -L {LOCAL_SSD_LABEL} >/dev/null 2>&1; then
   mdadm --assemble --scan >/dev/null 2>&1 || true
 fi
