@@ -212,12 +212,13 @@ def checker_source() -> str:
 
 
 def render_telemetry_and_health(*, project: str, token_secret_id: str, nomad_addr: str, node_id_file: str,
-                                ca_file: str, cert_file: str, key_file: str) -> str:
+                                ca_file: str, cert_file: str, key_file: str, expected_gpus: int) -> str:
     """Boot steps: the counters file, the exporter unit, the checker script with its environment and its
     minute timer. The checker's token stays in Secret Manager (read per run), never in these files."""
     env = {"GPUFLEET_PROJECT": project, "GPUFLEET_HEALTH_SECRET_NAME": token_secret_id, "GPUFLEET_NOMAD_ADDR": nomad_addr,
            "GPUFLEET_NODE_ID_FILE": node_id_file, "GPUFLEET_NOMAD_CA_FILE": ca_file, "GPUFLEET_NOMAD_CERT_FILE": cert_file,
-           "GPUFLEET_NOMAD_KEY_FILE": key_file, "GPUFLEET_DCGM_URL": f"http://127.0.0.1:{DCGM_EXPORTER_PORT}/metrics"}
+           "GPUFLEET_NOMAD_KEY_FILE": key_file, "GPUFLEET_DCGM_URL": f"http://127.0.0.1:{DCGM_EXPORTER_PORT}/metrics",
+           "GPUFLEET_EXPECTED_GPUS": str(expected_gpus)}
     service = f"""[Unit]
 Description=gpufleet GPU health check: XID/ECC faults mark this Nomad node ineligible and drain it
 After=nomad.service {DCGM_EXPORTER_UNIT}.service
