@@ -55,7 +55,8 @@ class NomadClientPool(Construct):
             gpu_setup.append(render_local_ssd(local_ssds))
         gpu_setup.append(render_telemetry_and_health(
             project=project, token_secret_id=health_secret, nomad_addr=f"https://localhost:{HTTP_PORT}",
-            node_id_file=f"{DATA_DIR}/client/client-id", ca_file=CA_FILE, cert_file=CERT_FILE, key_file=KEY_FILE))
+            node_id_file=f"{DATA_DIR}/client/client-id", ca_file=CA_FILE, cert_file=CERT_FILE, key_file=KEY_FILE,
+            expected_gpus=spec.gpus_per_node))
         name = f"{cluster}-{spec.name}"
         self.template = nomad_instance_template(
             self, f"nomad_client_template_{spec.name}", name_prefix=f"{name}-",

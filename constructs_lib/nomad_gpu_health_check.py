@@ -15,6 +15,9 @@ judges every GPU on three fields of NVIDIA/dcgm-exporter's counters at 4.2.3-4.1
 - ``DCGM_FI_DEV_ROW_REMAP_FAILURE`` (gauge, "Whether remapping of rows has failed"): a fault above 0; the
   GPU's memory can no longer hide its bad rows.
 
+A GPU missing from the exposition (fewer GPUs than the machine type has: one that fell off the bus and did not
+come back) is a fault too; an exposition without any GPU is no verdict.
+
 DCGM reports a field it has no value for as a "blank" sentinel at the top of int64 (``DCGM_INT64_BLANK``
 0x7ffffffffffffff0 and the values above it; the exporter's README shows 9223372036854775794 for a memory
 temperature): those are no value, never a count.
@@ -43,6 +46,7 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 import os
 import re
 import ssl
@@ -90,9 +94,22 @@ def parse_metrics(text: str) -> list[Sample]:
             number = float(match.group("value"))
         except ValueError:
             number = None
-        value = None if number is None or number != number or number >= DCGM_INT64_BLANK else int(number)
+        # NaN and ±Inf (valid exposition values) are no count either, and int() of an infinity would raise.
+        value = None if number is None or not math.isfinite(number) or number >= DCGM_INT64_BLANK else int(number)
         samples.append(Sample(match.group("name"), labels.get("gpu", "?"), value))
     return samples
+
+
+def gpus_seen(text: str) -> set[str]:
+    """The ``gpu`` label of every DCGM sample in the exposition: the GPUs DCGM sees, whatever their values."""
+    seen = set()
+    for line in text.splitlines():
+        match = SAMPLE.match(line.strip())
+        if match is not None and match.group("name").startswith("DCGM_FI_"):
+            gpu = dict(LABEL.findall(match.group("labels") or "")).get("gpu")
+            if gpu is not None:
+                seen.add(gpu)
+    return seen
 
 
 def faults(samples: list[Sample]) -> tuple[list[str], list[str]]:
@@ -146,10 +163,17 @@ def already_taken_out(node: dict[str, Any]) -> bool:
     return REASON_KEY in ((node.get("LastDrain") or {}).get("Meta") or {})
 
 
-def check_once(metrics_text: str, node_id: str, api_for: Callable[[], NomadApi]) -> str:
+def check_once(metrics_text: str, node_id: str, api_for: Callable[[], NomadApi], *, expected_gpus: int) -> str:
     """One run: judge the GPUs; on a fault take the node out. ``api_for()`` gives the NomadApi (it reads the
-    token), called only when there is something to do. Returns what it did, for the journal."""
+    token), called only when there is something to do. ``expected_gpus``: the machine type's GPU count; fewer
+    GPUs in DCGM's answer is a fault (a GPU lost from the bus has no value left to judge), none at all is the
+    exporter's state and no verdict. Returns what it did, for the journal."""
+    seen = gpus_seen(metrics_text)
+    if not seen:
+        return f"node {node_id}: not judged this run, the DCGM exporter reported no GPU"
     found, notes = faults(parse_metrics(metrics_text))
+    if len(seen) < expected_gpus:
+        found.insert(0, f"{len(seen)} of the machine's {expected_gpus} GPUs report to DCGM")
     if not found:
         return f"node {node_id}: GPUs healthy" + (f" (noted, not acted on: {'; '.join(notes)})" if notes else "")
     reason = "; ".join(found)
@@ -195,7 +219,7 @@ def main() -> int:
         return NomadApi(env["GPUFLEET_NOMAD_ADDR"], secret_token(env["GPUFLEET_PROJECT"], env["GPUFLEET_HEALTH_SECRET_NAME"]), context)
 
     try:
-        print(check_once(metrics, node_id, api_for), flush=True)
+        print(check_once(metrics, node_id, api_for, expected_gpus=int(env["GPUFLEET_EXPECTED_GPUS"])), flush=True)
     except (OSError, urllib.error.URLError, ValueError, KeyError) as exc:
         print(f"{CHECKER}: could not take node {node_id} out, next run retries: {exc}", file=sys.stderr, flush=True)
         return 1

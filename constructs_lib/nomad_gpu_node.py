@@ -83,6 +83,7 @@ def render_local_ssd(count: int) -> str:
     """
     return f"""# {count} local NVMe SSDs as one RAID0 volume at {LOCAL_SSD_MOUNT}.
 command -v mdadm >/dev/null 2>&1 || {{ apt-get update -q && apt-get install -yq mdadm; }}
+udevadm settle --timeout=30 || true  # udev's own assembly and label probing of the array, after a reboot
 if ! blkid -L {LOCAL_SSD_LABEL} >/dev/null 2>&1; then
   mdadm --assemble --scan >/dev/null 2>&1 || true
 fi
@@ -127,9 +128,11 @@ def host_volumes(local_ssds: int) -> dict[str, dict[str, object]]:
 
 # --- DCGM exporter --------------------------------------------------------------------------------------
 DCGM_EXPORTER_VERSION = "4.2.3-4.1.3"
-# NVIDIA/dcgm-exporter at tag 4.2.3-4.1.3: README.md:14 runs this image; its Makefile builds the
-# ubuntu22.04 flavour on nvcr.io/nvidia/cuda:12.8.1-base-ubuntu22.04, whose CUDA requirement still admits
-# the R550 data center driver of the default client image (the 4.4+ images are built on CUDA 13).
+# NVIDIA/dcgm-exporter at tag 4.2.3-4.1.3: README.md:14 runs this image. Pinned so that the counters
+# gpufleet writes are checked against that tag's own default-counters.csv (vendored in the tests). The CUDA
+# version of the base image does not gate the host's driver: every flavour of the exporter's Dockerfiles sets
+# NVIDIA_DISABLE_REQUIRE=true (docker/Dockerfile, docker/Dockerfile.ubuntu22.04), so the container toolkit
+# checks no CUDA requirement, and the exporter talks to the driver through DCGM/NVML only.
 DCGM_EXPORTER_IMAGE = f"nvcr.io/nvidia/k8s/dcgm-exporter:{DCGM_EXPORTER_VERSION}-ubuntu22.04"
 DCGM_EXPORTER_PORT = 9400
 DCGM_EXPORTER_UNIT = "gpufleet-dcgm-exporter"
@@ -209,12 +212,13 @@ def checker_source() -> str:
 
 
 def render_telemetry_and_health(*, project: str, token_secret_id: str, nomad_addr: str, node_id_file: str,
-                                ca_file: str, cert_file: str, key_file: str) -> str:
+                                ca_file: str, cert_file: str, key_file: str, expected_gpus: int) -> str:
     """Boot steps: the counters file, the exporter unit, the checker script with its environment and its
     minute timer. The checker's token stays in Secret Manager (read per run), never in these files."""
     env = {"GPUFLEET_PROJECT": project, "GPUFLEET_HEALTH_SECRET_NAME": token_secret_id, "GPUFLEET_NOMAD_ADDR": nomad_addr,
            "GPUFLEET_NODE_ID_FILE": node_id_file, "GPUFLEET_NOMAD_CA_FILE": ca_file, "GPUFLEET_NOMAD_CERT_FILE": cert_file,
-           "GPUFLEET_NOMAD_KEY_FILE": key_file, "GPUFLEET_DCGM_URL": f"http://127.0.0.1:{DCGM_EXPORTER_PORT}/metrics"}
+           "GPUFLEET_NOMAD_KEY_FILE": key_file, "GPUFLEET_DCGM_URL": f"http://127.0.0.1:{DCGM_EXPORTER_PORT}/metrics",
+           "GPUFLEET_EXPECTED_GPUS": str(expected_gpus)}
     service = f"""[Unit]
 Description=gpufleet GPU health check: XID/ECC faults mark this Nomad node ineligible and drain it
 After=nomad.service {DCGM_EXPORTER_UNIT}.service

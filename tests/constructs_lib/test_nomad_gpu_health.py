@@ -36,15 +36,17 @@ def nomad():
     double.stop()
 
 
-def run(double: NomadDouble, node: FakeNode, fixture: str, token: str = TOKEN) -> tuple[str, list[str]]:
-    """One checker run on ``fixture``; returns its log line and whether it asked for the API (token read)."""
+def run(double: NomadDouble, node: FakeNode, fixture: str, token: str = TOKEN, text: str | None = None) -> tuple[str, list[str]]:
+    """One checker run on ``fixture`` (or ``text``) of an 8-GPU machine; returns its log line and whether it asked for
+    the API (token read)."""
     asked: list[str] = []
 
     def api_for() -> checker.NomadApi:
         asked.append("token")
         return checker.NomadApi(double.address, token)
 
-    return checker.check_once((DCGM / fixture).read_text(), node.node_id, api_for), asked
+    metrics = text if text is not None else (DCGM / fixture).read_text()
+    return checker.check_once(metrics, node.node_id, api_for, expected_gpus=8), asked
 
 
 def test_healthy_node_is_left_alone_and_its_token_never_read(nomad):
@@ -109,6 +111,39 @@ def test_application_xids_and_blank_values_do_not_drain(nomad, fixture, note):
     assert (note in line) if note else ("noted" not in line)
 
 
+def test_a_gpu_missing_from_dcgm_takes_the_node_out(nomad):
+    """A GPU that fell off the bus (XID 79) and did not come back after the reboot docs/nomad.md prescribes is not
+    in DCGM's exposition at all: it has no XID, no ECC count, nothing to judge, and the node stayed eligible with 7
+    GPUs. The checker compares the GPUs the exporter reports with the machine's count, as the toolkit's check that
+    gpufleet's GKE checker follows does (constructs_lib/gpu_health_check.py, "fewer GPUs than expected")."""
+    double, node = nomad
+    seven = "".join(line for line in (DCGM / "healthy.txt").read_text().splitlines(keepends=True) if 'gpu="7"' not in line)
+    line, _ = run(double, node, "", text=seven)
+    assert "marked ineligible and draining" in line and "7 of the machine's 8 GPUs report to DCGM" in line, line
+    assert node.last_drain["Meta"]["gpufleet_gpu_health"].startswith("7 of the machine's 8 GPUs")
+
+
+def test_an_exposition_without_any_gpu_is_no_verdict(nomad):
+    """No GPU at all in an answer is the exporter's state (starting, DCGM not attached), not proof of eight lost
+    GPUs: no verdict, like no answer."""
+    double, node = nomad
+    line, asked = run(double, node, "", text="# HELP DCGM_FI_DEV_GPU_TEMP GPU temperature (in C).\n")
+    assert "not judged" in line and asked == [] and double.requests == []
+
+
+def test_non_numbers_are_no_value_and_never_stop_the_judgement_of_the_other_gpus():
+    """Prometheus text exposition allows NaN, +Inf and -Inf as sample values (Go's strconv.FormatFloat, as the
+    exporter's client library writes them). None of them is a count: no fault from them, and one odd sample must not
+    end the run (int(-inf) raised OverflowError, which main() does not catch: the checker died each minute and judged
+    no GPU at all), so the critical XID of another GPU in the same exposition is still acted on."""
+    text = ('DCGM_FI_DEV_ECC_DBE_VOL_TOTAL{gpu="0",UUID="GPU-0"} NaN\n'
+            'DCGM_FI_DEV_ECC_DBE_VOL_TOTAL{gpu="1",UUID="GPU-1"} +Inf\n'
+            'DCGM_FI_DEV_ROW_REMAP_FAILURE{gpu="2",UUID="GPU-2"} -Inf\n'
+            'DCGM_FI_DEV_XID_ERRORS{gpu="3",UUID="GPU-3"} 79\n')
+    found, notes = checker.faults(checker.parse_metrics(text))
+    assert found == ["GPU 3 last XID 79"] and notes == []
+
+
 def test_a_token_nomad_refuses_changes_nothing_and_fails_the_run(nomad):
     double, node = nomad
     with pytest.raises(urllib.error.HTTPError) as err:
@@ -165,7 +200,8 @@ def test_every_client_runs_the_pinned_exporter_and_the_shipped_checker_before_no
         shipped = script.split("<<'GPUFLEET_HEALTH_SCRIPT'\n", 1)[1].split("GPUFLEET_HEALTH_SCRIPT", 1)[0]
         assert shipped == checker_source()
         assert "OnUnitActiveSec=1min" in script and "GPUFLEET_HEALTH_SECRET_NAME=prod-nomad-nomad-gpu-health-token" in script
-        assert "GPUFLEET_NODE_ID_FILE=/opt/nomad/data/client/client-id" in script  # nomad client/client.go:1489, StateDir/client-id
+        assert "GPUFLEET_NODE_ID_FILE=/opt/nomad/data/client/client-id" in script
+        assert f"GPUFLEET_EXPECTED_GPUS={ {'a100': 2, 'l4': 1}[pool] }" in script, "the machine's GPU count (clusters/machines.py)"  # nomad client/client.go:1489, StateDir/client-id
         assert script.index("systemctl restart gpufleet-dcgm-exporter.service") < script.index("systemctl restart nomad")
         assert TOKEN not in script and "hvs." not in script
 
