@@ -1,9 +1,11 @@
 """Submit, read and cancel experiments: the logic behind the routers.
 
-Submit is one transaction: the idempotency lookup, the quota count, the experiment row, its
-outbox row and its event. Counting and inserting under one lock (SQLite: BEGIN IMMEDIATE;
-PostgreSQL: an advisory lock per tenant and pool) is what makes 50 clients racing for the
-last GPUs of a quota admit exactly as many as fit.
+Submit is one transaction: the idempotency lookup (the unique index on tenant and key), the
+experiment row, its outbox row and its event, then the quota check against the tenant's
+``pool_usage`` row for the pool, locked (PostgreSQL: ``SELECT ... FOR UPDATE``; SQLite: the
+write lock BEGIN IMMEDIATE took) and incremented before the commit. Checking and adding under
+that one row's lock is what makes 50 clients racing for the last GPUs of a quota admit exactly
+as many as fit; the locked step reads and writes one row, however many runs are live.
 """
 
 from __future__ import annotations
@@ -12,19 +14,18 @@ import hashlib
 import json
 import re
 import uuid
-import zlib
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import func, select, text
+from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from experiments.auth import Caller
 from experiments.errors import ApiError
 from experiments.models import Event, Experiment, Outbox
-from experiments.services import admission, cost
+from experiments.services import admission, cost, pool_usage
 from experiments.services.catalog import Catalog
 from experiments.services.lifecycle import record, transition
 from experiments.states import NON_TERMINAL, TERMINAL, State
@@ -40,12 +41,6 @@ def request_hash(job: str, meta: dict[str, str], deadline_hours: float | None) -
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
-def _lock_quota(session: Session, tenant: str, cluster: str, pool: str) -> None:
-    if session.get_bind().dialect.name == "postgresql":
-        key = zlib.crc32(f"{cluster}/{tenant}/{pool}".encode())
-        session.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": key})
-
-
 def _existing(session: Session, tenant: str, key: str | None, digest: str) -> Experiment | None:
     if key is None:
         return None
@@ -57,6 +52,7 @@ def _existing(session: Session, tenant: str, key: str | None, digest: str) -> Ex
 
 
 def gpus_in_use(session: Session, tenant: str, cluster: str, pool: str) -> int:
+    """The sum over live experiments (what ``pool_usage`` counts; tests and repairs compare the two)."""
     total = session.scalar(select(func.coalesce(func.sum(Experiment.gpus), 0)).where(
         Experiment.tenant == tenant, Experiment.cluster == cluster, Experiment.pool == pool, Experiment.state.in_([s.value for s in NON_TERMINAL])))
     return int(total or 0)
@@ -106,14 +102,10 @@ def submit(session: Session, catalog: Catalog, caller: Caller, *, job: str | Non
     kind = cost.price_kind(spec.pool)
     try:
         with session.begin():
-            _lock_quota(session, spec.namespace, spec.cluster, spec.pool.name)
             found = _existing(session, spec.namespace, idempotency_key, digest)
             if found is not None:
                 return found, False
             gpus = admission.gpus_of(spec)
-            decision = check_tenant_quota(tenant_spec, pool=spec.pool.name, requested_gpus=gpus,
-                                          in_use_gpus=gpus_in_use(session, spec.namespace, spec.cluster, spec.pool.name))
-            admission.quota_or_409(decision)
             exp = Experiment(
                 id=str(uuid.uuid4()), tenant=spec.namespace, job=spec.name, cluster=spec.cluster, pool=spec.pool.name, gpus=gpus,
                 meta=checked, state=State.PENDING.value, scheduler=scheduler, submitted_by=caller.subject, idempotency_key=idempotency_key,
@@ -121,10 +113,16 @@ def submit(session: Session, catalog: Catalog, caller: Caller, *, job: str | Non
                 created_at=now, updated_at=now,
             )
             session.add(exp)
-            session.flush()
+            session.flush()  # no relationship() orders the inserts: the experiment row first, for its outbox and event rows
             session.add(Outbox(experiment_id=exp.id, created_at=now, attempts=0, next_attempt_at=now))
             record(session, experiment_id=exp.id, actor=caller.subject, kind="request", message=f"submitted {'ad-hoc job file' if job_file is not None else 'job'} {spec.name} ({admission.gpus_text(spec)} on {spec.cluster}/{spec.pool.name} via {scheduler}, deadline {hours:g}h)",
                    now=now, to_state=State.PENDING.value)
+            session.flush()  # the inserts before the lock: the locked step is only the check and the counter
+            usage = pool_usage.lock(session, cluster=spec.cluster, tenant=spec.namespace, pool=spec.pool.name, now=now)
+            decision = check_tenant_quota(tenant_spec, pool=spec.pool.name, requested_gpus=gpus, in_use_gpus=usage.gpus_committed)
+            admission.quota_or_409(decision)
+            usage.gpus_committed += gpus
+            usage.updated_at = now
         return exp, True
     except IntegrityError:
         # A concurrent retry with the same key won the insert: answer with its experiment.
