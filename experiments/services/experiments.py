@@ -197,12 +197,13 @@ def cancel(session: Session, caller: Caller, experiment_id: str, *, now: datetim
     """
     with session.begin():
         exp = get_visible(session, caller, experiment_id)
+        # The outbox row before the experiment's, the order every dispatcher takes them in (no deadlock).
+        outbox = session.get(Outbox, exp.id, with_for_update=True, populate_existing=True)
         session.refresh(exp, with_for_update=True)
         if State(exp.state) in TERMINAL:
             raise ApiError(409, f"experiment {exp.id} is already {exp.state}", field="id", fix="nothing to cancel; submit a new experiment to run it again")
         if exp.cancel_requested_at is not None:
             return exp
-        outbox = session.get(Outbox, exp.id, with_for_update=True)
         record(session, experiment_id=exp.id, actor=caller.subject, kind="request", message="cancel requested", now=now)
         if exp.state == State.PENDING.value and outbox is not None and outbox.attempts == 0 and outbox.lease_until is None:
             session.delete(outbox)
