@@ -51,12 +51,15 @@ DISPATCH_STEPS: tuple[Step, ...] = (process_outbox,)
 FOLLOW_STEPS: tuple[Step, ...] = (refresh_bindings, _timed_reconcile, process_overdue, check_pool_usage)
 
 
-def _run(ctx: Context, steps: tuple[Step, ...]) -> None:
+def _run(ctx: Context, steps: tuple[Step, ...]) -> int:
+    """The steps in order; returns the work they reported (a failing step counts 0)."""
+    done = 0
     for step in steps:
         try:
-            step(ctx)
+            done += step(ctx)
         except Exception:  # noqa: BLE001 - the loop must survive a bad pass; the next pass retries
             log.exception("background step %s failed", step.__name__)
+    return done
 
 
 def run_once(ctx: Context) -> None:
@@ -114,6 +117,8 @@ class Worker:
 
     def _loop(self, name: str, steps: tuple[Step, ...]) -> None:
         while not self._stop.is_set():
-            _run(self._ctx, steps)
+            dispatched = _run(self._ctx, steps)
             self._beats[name] = time.monotonic()
+            if name == "dispatch" and dispatched:
+                continue  # a burst is drained pass after pass, not one batch per poll interval
             self._stop.wait(self._ctx.timing.poll_seconds)
