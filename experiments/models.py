@@ -109,9 +109,9 @@ class Outbox(Base):
 class PoolUsage(Base):
     """GPUs a tenant's live runs hold or wait for on one pool: the sum of ``experiments.gpus``
     over its non-terminal experiments, kept as one row so admission locks and reads one row
-    instead of summing every live run under a lock (issue 28). A submit adds under ``SELECT ...
-    FOR UPDATE`` in its own transaction; the transition that ends a run subtracts in the same
-    transaction (``services.pool_usage``); ``background.pool_usage`` checks it against the sum."""
+    instead of summing every live run under a lock (issue 28). A submit adds with one ``UPDATE
+    ... RETURNING`` (the row stays locked until its commit) in its own transaction; the transition
+    that ends a run subtracts in the same transaction (``services.pool_usage``); ``background.pool_usage`` checks it against the sum."""
 
     __tablename__ = "pool_usage"
 

@@ -1,10 +1,10 @@
 """Submit, read and cancel experiments: the logic behind the routers.
 
 Submit is one transaction: the idempotency lookup (the unique index on tenant and key), the
-experiment row, its outbox row and its event, then the quota check against the tenant's
-``pool_usage`` row for the pool, locked (PostgreSQL: ``SELECT ... FOR UPDATE``; SQLite: the
-write lock BEGIN IMMEDIATE took) and incremented before the commit. Checking and adding under
-that one row's lock is what makes 50 clients racing for the last GPUs of a quota admit exactly
+experiment row, its outbox row and its event, then the tenant's ``pool_usage`` row for the
+pool incremented (one ``UPDATE ... RETURNING``, which locks the row until the commit on
+PostgreSQL; SQLite: the write lock BEGIN IMMEDIATE took) and the quota checked against what it
+held before. Checking and adding under that one row's lock is what makes 50 clients racing for the last GPUs of a quota admit exactly
 as many as fit; the locked step reads and writes one row, however many runs are live.
 """
 
@@ -117,12 +117,10 @@ def submit(session: Session, catalog: Catalog, caller: Caller, *, job: str | Non
             session.add(Outbox(experiment_id=exp.id, created_at=now, attempts=0, next_attempt_at=now))
             record(session, experiment_id=exp.id, actor=caller.subject, kind="request", message=f"submitted {'ad-hoc job file' if job_file is not None else 'job'} {spec.name} ({admission.gpus_text(spec)} on {spec.cluster}/{spec.pool.name} via {scheduler}, deadline {hours:g}h)",
                    now=now, to_state=State.PENDING.value)
-            session.flush()  # the inserts before the lock: the locked step is only the check and the counter
-            usage = pool_usage.lock(session, cluster=spec.cluster, tenant=spec.namespace, pool=spec.pool.name, now=now)
-            decision = check_tenant_quota(tenant_spec, pool=spec.pool.name, requested_gpus=gpus, in_use_gpus=usage.gpus_committed)
-            admission.quota_or_409(decision)
-            usage.gpus_committed += gpus
-            usage.updated_at = now
+            session.flush()  # the inserts before the lock: the locked step is only the counter, the check and the commit
+            in_use = pool_usage.take(session, cluster=spec.cluster, tenant=spec.namespace, pool=spec.pool.name, gpus=gpus, now=now)
+            decision = check_tenant_quota(tenant_spec, pool=spec.pool.name, requested_gpus=gpus, in_use_gpus=in_use)
+            admission.quota_or_409(decision)  # a refusal rolls back the experiment and the counter's increment
         return exp, True
     except IntegrityError:
         # A concurrent retry with the same key won the insert: answer with its experiment.

@@ -3,11 +3,12 @@
 Invariant: ``pool_usage.gpus_committed`` equals the sum of ``experiments.gpus`` over the
 non-terminal experiments of its key. Two writers keep it:
 
-- ``lock`` (submit): ``SELECT ... FOR UPDATE`` of the one row (SQLite: the transaction already
-  holds the database's write lock, BEGIN IMMEDIATE), so racing submissions of one tenant and
-  pool queue on that row; the caller checks the quota against it and adds its GPUs in the same
-  transaction as the experiment and its outbox row. The locked step is a row read and a row
-  write, whatever the number of live runs.
+- ``take`` (submit): one ``UPDATE ... RETURNING`` adds the run's GPUs to the row and locks it
+  until the transaction ends (SQLite: the transaction already holds the database's write lock,
+  BEGIN IMMEDIATE), so racing submissions of one tenant and pool queue on that row; the caller
+  checks the quota against the GPUs held before (a refusal rolls the addition back) in the same
+  transaction as the experiment and its outbox row. The locked step is one statement and the
+  commit, whatever the number of live runs.
 - ``note_transition`` (``lifecycle.transition``, the one place a state changes): a run leaving
   the live states gives its GPUs back in the same transaction. The changes are collected on the
   session and written just before it commits, in key order: a reconcile batch ending 500 runs
@@ -35,14 +36,32 @@ Key = tuple[str, str, str]  # (cluster, tenant, pool)
 _PENDING = "gpufleet_pool_usage_deltas"
 
 
+def take(session: Session, *, cluster: str, tenant: str, pool: str, gpus: int, now: datetime) -> int:
+    """Add ``gpus`` to the key's counter, locking its row until the caller's transaction ends;
+    returns the GPUs held before (what the quota is checked against). The row is created at 0
+    the first time a key is used."""
+    key = (PoolUsage.cluster == cluster, PoolUsage.tenant == tenant, PoolUsage.pool == pool)
+    statement = (update(PoolUsage).where(*key).values(gpus_committed=PoolUsage.gpus_committed + gpus, updated_at=now)
+                 .returning(PoolUsage.gpus_committed).execution_options(synchronize_session=False))
+    held = session.execute(statement).scalar_one_or_none()
+    if held is None:
+        _create(session, cluster=cluster, tenant=tenant, pool=pool, now=now)
+        held = session.execute(statement).scalar_one()
+    return held - gpus
+
+
+def _create(session: Session, *, cluster: str, tenant: str, pool: str, now: datetime) -> None:
+    insert = pg_insert if session.get_bind().dialect.name == "postgresql" else sqlite_insert
+    session.execute(insert(PoolUsage).values(cluster=cluster, tenant=tenant, pool=pool, gpus_committed=0, updated_at=now).on_conflict_do_nothing())
+
+
 def lock(session: Session, *, cluster: str, tenant: str, pool: str, now: datetime) -> PoolUsage:
     """The key's counter row, locked until the caller's transaction ends (created at 0 if new)."""
     key = {"cluster": cluster, "tenant": tenant, "pool": pool}
     query = select(PoolUsage).filter_by(**key).with_for_update().execution_options(populate_existing=True)
     row = session.scalars(query).one_or_none()
     if row is None:
-        insert = pg_insert if session.get_bind().dialect.name == "postgresql" else sqlite_insert
-        session.execute(insert(PoolUsage).values(**key, gpus_committed=0, updated_at=now).on_conflict_do_nothing())
+        _create(session, cluster=cluster, tenant=tenant, pool=pool, now=now)
         row = session.scalars(query).one()
     return row
 

@@ -352,3 +352,50 @@ def test_a_stopped_worker_leaves_and_its_share_passes_on_at_once(make_service, d
     with other.sessions() as session:
         assert other.share(session, Experiment.id) is None  # the only live worker now
 
+
+
+def test_gpufleet_serve_worker_only_joins_the_workers_and_leaves_on_sigterm(tmp_path, pg_url):
+    """The real CLI, API-less: its heartbeat row appears while it runs, and SIGTERM (how systemd
+    and Kubernetes stop it) removes the row at once instead of leaving it to go stale."""
+    import shutil
+
+    from experiments import db
+    from experiments.db import database_url
+    from experiments.models import WorkerBeat
+    from tests.conftest import FLEET_CLUSTERS
+
+    repo = tmp_path / "repo"
+    (repo / "clusters").mkdir(parents=True)
+    shutil.copy(REPO_ROOT / "cdktf.json", repo / "cdktf.json")
+    for path in FLEET_CLUSTERS.glob("*.yaml"):
+        shutil.copy(path, repo / "clusters" / path.name)
+    for tree in ("jobs", "vault_policies"):  # the job catalog and the roles it checks jobs against
+        shutil.copytree(REPO_ROOT / tree, repo / tree, ignore=shutil.ignore_patterns("out", "__pycache__"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "GPUFLEET_"))}
+    process = subprocess.Popen([sys.executable, "-m", "gpufleet.cli", "--repo", str(repo), "serve", "--worker-only", "--scheduler", "local",
+                                "--db", pg_url], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    engine = db.make_engine(database_url(pg_url))
+    try:
+        deadline = time.monotonic() + 120  # a hang guard, not a speed bound
+        rows: list[WorkerBeat] = []
+        while not rows:
+            assert process.poll() is None and time.monotonic() < deadline, "the worker never wrote its heartbeat"
+            time.sleep(0.1)
+            with db.session_factory(engine)() as session:
+                rows = list(session.scalars(select(WorkerBeat)).all()) if "workers" in _tables(engine) else []
+        assert rows[0].pid == process.pid
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=60) == 0, process.stdout.read() if process.stdout else ""
+        with db.session_factory(engine)() as session:
+            assert session.scalars(select(WorkerBeat)).all() == []
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(timeout=30)
+        engine.dispose()
+
+
+def _tables(engine) -> set[str]:
+    from sqlalchemy import inspect
+
+    return set(inspect(engine).get_table_names())
