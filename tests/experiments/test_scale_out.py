@@ -399,3 +399,27 @@ def _tables(engine) -> set[str]:
     from sqlalchemy import inspect
 
     return set(inspect(engine).get_table_names())
+
+
+def test_the_idempotency_lookup_reads_the_unique_index_not_the_table(make_service, db_url, nomad_runner):
+    """Submit's lookup of (tenant, Idempotency-Key) is answered by the unique index of 0001
+    (``uq_experiments_tenant_idempotency_key``), not by the tenant's rows: with 2,000 of them
+    (and the planner's statistics) the plan names that index."""
+    from sqlalchemy import text
+
+    svc = make_service(db_url, nomad_runner)
+    now = svc.clock()
+    with svc.ctx.sessions() as session, session.begin():
+        session.execute(Experiment.__table__.insert(), [
+            {"id": f"x{i}", "tenant": "finetune", "job": "finetune-llama", "cluster": "prod-nomad", "pool": "a100", "gpus": 1, "meta": {},
+             "state": "running", "scheduler": "nomad", "submitted_by": "t", "idempotency_key": f"k{i}", "request_hash": "-", "deadline_hours": 1,
+             "price_per_gpu_hour": 1.0, "price_kind": "list", "created_at": now, "updated_at": now} for i in range(2000)])
+        session.execute(text("ANALYZE experiments" if session.get_bind().dialect.name == "postgresql" else "ANALYZE"))
+    query = "SELECT id FROM experiments WHERE tenant = 'finetune' AND idempotency_key = 'k1'"
+    with svc.ctx.sessions() as session:
+        if session.get_bind().dialect.name == "postgresql":
+            plan = "\n".join(session.scalars(text(f"EXPLAIN {query}")).all())
+            assert "uq_experiments_tenant_idempotency_key" in plan and "Seq Scan" not in plan, plan
+        else:
+            plan = "\n".join(row[-1] for row in session.execute(text(f"EXPLAIN QUERY PLAN {query}")).all())
+            assert "USING INDEX" in plan and "autoindex_experiments" in plan, plan
