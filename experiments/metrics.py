@@ -61,5 +61,7 @@ class Metrics:
                                         registry=self.registry)
         self.usage_errors = Counter("gpufleet_usage_errors", "Reconcile passes whose GPU utilization source (Nomad allocation stats, Prometheus) did not answer",
                                     registry=self.registry)
+        self.pool_usage_repairs = Counter("gpufleet_pool_usage_repairs", "Quota counters (pool_usage) found to differ from their live runs and corrected",
+                                          registry=self.registry)
         self.reconcile_seconds = Histogram("gpufleet_reconcile_pass_seconds", "Duration of one reconcile pass", registry=self.registry)
         self.registry.register(_DatabaseCollector(sessions, clock, runner))

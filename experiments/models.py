@@ -62,6 +62,12 @@ class Experiment(Base):
     cancel_requested_at: Mapped[datetime | None] = mapped_column(DateTime, default=None)
     reconciled_at: Mapped[datetime | None] = mapped_column(DateTime, default=None)
 
+    # Every ORM UPDATE of a row says ``AND state = <the state it was read in>`` (the application sets
+    # the new state itself): two workers that both read a run as running and both end it cannot
+    # both commit; the second flush raises StaleDataError and its transaction, with its release of
+    # the run's GPUs from ``pool_usage``, rolls back (docs/control-plane.md, "Several workers").
+    __mapper_args__ = {"version_id_col": state, "version_id_generator": False}
+
 
 class Event(Base):
     """The audit trail: every state change and every request that changed something."""
@@ -94,7 +100,41 @@ class Outbox(Base):
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     next_attempt_at: Mapped[datetime] = mapped_column(DateTime)
     lease_until: Mapped[datetime | None] = mapped_column(DateTime, default=None)
+    # The worker holding the claim (``workers.id``); NULL when unclaimed or claimed by a pass
+    # without a heartbeat (tests, tools), whose claim only its lease ends.
+    claimed_by: Mapped[str | None] = mapped_column(String(36), default=None)
     last_error: Mapped[str | None] = mapped_column(Text, default=None)
+
+
+class PoolUsage(Base):
+    """GPUs a tenant's live runs hold or wait for on one pool: the sum of ``experiments.gpus``
+    over its non-terminal experiments, kept as one row so admission locks and reads one row
+    instead of summing every live run under a lock (issue 28). A submit adds with one ``UPDATE
+    ... RETURNING`` (the row stays locked until its commit) in its own transaction; the transition
+    that ends a run subtracts in the same transaction (``services.pool_usage``); ``background.pool_usage`` checks it against the sum."""
+
+    __tablename__ = "pool_usage"
+
+    cluster: Mapped[str] = mapped_column(String(64), primary_key=True)
+    tenant: Mapped[str] = mapped_column(String(64), primary_key=True)
+    pool: Mapped[str] = mapped_column(String(64), primary_key=True)
+    gpus_committed: Mapped[int] = mapped_column(Integer, default=0)
+    updated_at: Mapped[datetime] = mapped_column(DateTime)
+
+
+class WorkerBeat(Base):
+    """One row per running worker (``gpufleet serve`` with its worker, or ``--worker-only``): its
+    heartbeat. Outbox claims carry the claimant's id, so a claim of a worker whose heartbeat is
+    older than the TTL is taken over at once instead of after the claim's lease; reconcile and
+    reap split the runs among the workers whose heartbeat is fresh (``background.membership``)."""
+
+    __tablename__ = "workers"
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    host: Mapped[str] = mapped_column(String(255))
+    pid: Mapped[int] = mapped_column(Integer)
+    started_at: Mapped[datetime] = mapped_column(DateTime)
+    heartbeat_at: Mapped[datetime] = mapped_column(DateTime)
 
 
 class ApiToken(Base):

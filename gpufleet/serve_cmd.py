@@ -84,8 +84,11 @@ def cmd_serve(
                                oidc=load_oidc_settings(oidc_config, _fleet_tenants), sessions=sessions)
     app = create_app(settings, runner=runner)
     if worker_only:
+        import signal
+
         worker = app.state.worker  # the lifespan that would start it runs only under uvicorn
         console.print("worker only: dispatch in one loop, reconcile and reap in another (Ctrl-C stops)")
+        signal.signal(signal.SIGTERM, _interrupt)  # systemd and Kubernetes stop with SIGTERM: leave cleanly, as Ctrl-C does
         worker.start()
         try:
             worker.wait()
@@ -95,6 +98,10 @@ def cmd_serve(
     import uvicorn
 
     uvicorn.run(app, host=host, port=port, log_level="info", access_log=False)
+
+
+def _interrupt(_signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 def _fleet_tenants() -> list[str]:

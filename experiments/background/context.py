@@ -12,8 +12,10 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy import ColumnElement
+from sqlalchemy.orm import InstrumentedAttribute, Session, sessionmaker
 
+from experiments.background.membership import Membership, share
 from experiments.metrics import Metrics
 from experiments.services.catalog import Catalog
 from jobs.logs import DEFAULT_TAIL_BYTES
@@ -71,8 +73,14 @@ class Timing:
     log_tail_bytes: int = DEFAULT_TAIL_BYTES
     log_captures_per_pass: int = 4
     log_capture_every_seconds: float = 300.0
-    # A claimed dispatch whose process died is retried after this (longer than the Nomad client's retries).
+    # A claimed dispatch is retried by another pass after this even while its worker lives (longer than the
+    # Nomad client's retries); a worker whose heartbeat is older than worker_ttl_seconds loses its claims at once.
     dispatch_lease_seconds: int = 120
+    # Workers write a heartbeat this often; one silent for worker_ttl_seconds is dead to the others (background.membership).
+    heartbeat_seconds: float = 2.0
+    worker_ttl_seconds: float = 10.0
+    # How often the pool_usage counters are compared with the sum over live runs (background.pool_usage).
+    pool_usage_check_seconds: float = 300.0
     # An accepted experiment not handed to the scheduler within this fails with the last error.
     dispatch_stuck_seconds: int = 900
     # Runs per reconcile pass (the schedulers are asked in list calls, so a pass can be large).
@@ -100,3 +108,14 @@ class Context:
     fingerprints: Fingerprints = field(default_factory=Fingerprints)
     sampled: SampledAt = field(default_factory=lambda: _sampled_at())
     policy: PolicyMemory = field(default_factory=lambda: _policy_memory())
+    membership: Membership = field(default_factory=Membership)
+    usage_checked: list[datetime] = field(default_factory=list)  # when background.pool_usage last ran (at most one entry)
+
+    def fenced(self) -> bool:
+        """This worker's heartbeat may look dead to the others: claim and submit nothing."""
+        return self.membership.fenced(ttl_seconds=self.timing.worker_ttl_seconds, heartbeat_seconds=self.timing.heartbeat_seconds)
+
+    def share(self, session: Session, experiment_id: InstrumentedAttribute[str]) -> ColumnElement[bool] | None:
+        """The runs this worker follows this pass (None: all), see background.membership."""
+        return share(self.membership, session, experiment_id, now=self.clock(), ttl_seconds=self.timing.worker_ttl_seconds,
+                     heartbeat_seconds=self.timing.heartbeat_seconds)

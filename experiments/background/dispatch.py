@@ -1,13 +1,22 @@
 """process_outbox: hand accepted experiments to the scheduler, exactly once.
 
-1. claim: one conditional UPDATE takes the outbox row's lease (any number of dispatchers,
-   on SQLite or PostgreSQL, get each row once per lease) and moves pending -> dispatching;
+1. claim: the oldest due row, locked ``FOR UPDATE SKIP LOCKED`` (PostgreSQL; SQLite's write
+   lock serializes the claim), gets this worker's id, a lease and the next attempt number (the
+   fencing token) and moves pending -> dispatching. A row is due when unclaimed, past its lease,
+   or held by a worker whose heartbeat is older than the TTL (``background.membership``): a
+   crashed worker's claims are taken over within seconds, a live worker's only after the lease;
 2. call ``runner.submit`` with the experiment id as the idempotency key (it mints the
    wrapped secret_id and dispatches);
-3. record: the run id, the outbox row deleted and dispatching -> queued, in one transaction.
+3. record: the run id, the outbox row deleted and dispatching -> queued, in one transaction,
+   only while the claim is still this worker's (same claimant and attempt); a worker whose claim
+   was taken over during its submit leaves the record to the new holder.
 
-A crash between 2 and 3 leaves the row; once its lease lapses the next pass submits again
-with the same key and the scheduler answers with the run it already has. A scheduler error
+A crash between 2 and 3 leaves the row; once its claim is due again the next holder submits
+with the same key and the scheduler answers with the run it already has (Nomad's dispatch
+idempotency token, the Kubernetes Job named from the key). Nomad checks the token against its
+state before it commits a new child, so two submits of one key must never be in flight at once:
+a takeover waits for the TTL, and a worker whose own heartbeat may have lapsed submits nothing
+(``Context.fenced``). A scheduler error
 (503, timeout, Vault unreachable) releases the row with a backoff; past
 ``dispatch_stuck_seconds`` the experiment fails with the last error instead of waiting forever.
 
@@ -20,12 +29,15 @@ scheduler cannot settle yet is retried with backoff and shown in the experiment'
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import or_, select, update
+from sqlalchemy import or_, select
 
 from clusters.errors import UserError
 from experiments.background.context import Context, log
+from experiments.background.membership import dead_workers
 from experiments.errors import ApiError
 from experiments.models import Experiment, Outbox
 from jobs.runner import SchedulerUnavailable
@@ -36,74 +48,119 @@ ACTOR = "dispatcher"
 MAX_BACKOFF_SECONDS = 60
 
 
+@dataclass(frozen=True)
+class Claim:
+    """A claimed outbox row and its fencing token: the claimant and the attempt number it set.
+    Only the holder of the current token records a run id or a retry for the row."""
+
+    experiment_id: str
+    worker: str
+    attempt: int
+    exp: Experiment
+
+    def holds(self, outbox: Outbox | None) -> bool:
+        return outbox is not None and outbox.claimed_by == self.worker and outbox.attempts == self.attempt
+
+
 def process_outbox(ctx: Context, *, batch: int = 50) -> int:
-    """One pass; returns how many experiments were handed to the scheduler."""
+    """One pass: claim due rows one at a time (``FOR UPDATE SKIP LOCKED`` on PostgreSQL, so several
+    workers each take different rows without waiting on each other) and dispatch each; returns
+    how many experiments were handed to the scheduler."""
+    dispatched = 0
+    seen: list[str] = []  # each row at most once a pass: a debt released for "now" waits for the next pass
+    for _ in range(batch):
+        if ctx.fenced():
+            break
+        claim = _claim(ctx, None, skip=seen)
+        if claim is None:
+            break
+        seen.append(claim.experiment_id)
+        dispatched += _dispatch_claimed(ctx, claim)
+    return dispatched
+
+
+def _claim(ctx: Context, experiment_id: str | None, *, skip: Sequence[str] = ()) -> Claim | None:
+    """Claim ``experiment_id``'s row, or the oldest due one: not leased, or leased past its lease,
+    or held by a worker whose heartbeat is older than the TTL (taken over, with an event saying so)."""
     from experiments.scheduler import bound_clause
 
     now = ctx.clock()
-    query = (select(Outbox.experiment_id)
-             .where(Outbox.next_attempt_at <= now, or_(Outbox.lease_until.is_(None), Outbox.lease_until < now))
-             .order_by(Outbox.created_at)
-             .limit(batch))
+    me = ctx.membership.worker_id
+    dead = dead_workers(now, ctx.timing.worker_ttl_seconds)
+    query = (select(Outbox).where(Outbox.next_attempt_at <= now,
+                                  or_(Outbox.lease_until.is_(None), Outbox.lease_until < now, Outbox.claimed_by.in_(dead)))
+             .order_by(Outbox.created_at).limit(1).with_for_update(skip_locked=True, of=Outbox)
+             .execution_options(populate_existing=True))
+    if experiment_id is not None:
+        query = query.where(Outbox.experiment_id == experiment_id)
+    if skip:
+        query = query.where(Outbox.experiment_id.not_in(skip))
     bound = bound_clause(ctx.runner, Experiment.cluster, Experiment.scheduler)
     if bound is not None:
         # Services bound to different clusters may share one database: each takes only its own
         # clusters' rows, so none fails another's dispatch as stuck.
         query = query.join(Experiment, Experiment.id == Outbox.experiment_id).where(bound)
-    with ctx.sessions() as session:
-        ids = session.scalars(query).all()
-    return sum(1 for experiment_id in ids if dispatch_one(ctx, experiment_id))
-
-
-def _claim(ctx: Context, experiment_id: str) -> Experiment | None:
-    now = ctx.clock()
     with ctx.sessions() as session, session.begin():
-        claimed = session.execute(
-            update(Outbox)
-            .where(Outbox.experiment_id == experiment_id, Outbox.next_attempt_at <= now, or_(Outbox.lease_until.is_(None), Outbox.lease_until < now))
-            .values(lease_until=now + timedelta(seconds=ctx.timing.dispatch_lease_seconds), attempts=Outbox.attempts + 1)
-        ).rowcount
-        if claimed != 1:
+        outbox = session.scalars(query).first()
+        if outbox is None:
             return None
-        exp = session.get(Experiment, experiment_id)
+        taken_from = outbox.claimed_by if outbox.lease_until is not None and outbox.lease_until >= now else None
+        outbox.lease_until = now + timedelta(seconds=ctx.timing.dispatch_lease_seconds)
+        outbox.attempts += 1
+        outbox.claimed_by = me
+        exp = session.get(Experiment, outbox.experiment_id, with_for_update=True, populate_existing=True)
         assert exp is not None
+        if taken_from is not None:
+            record(session, experiment_id=exp.id, actor=ACTOR, kind="takeover", now=now,
+                   message=f"dispatch claim taken over from worker {taken_from}, whose heartbeat is older than {ctx.timing.worker_ttl_seconds:g}s")
+            log.warning("experiment %s: dispatch claim taken over from dead worker %s", exp.id, taken_from)
         if exp.state == State.PENDING.value:
             transition(session, exp, State.DISPATCHING, actor=ACTOR, now=now)
-        return exp
+        return Claim(exp.id, me, outbox.attempts, exp)
 
 
 def dispatch_one(ctx: Context, experiment_id: str) -> bool:
-    exp = _claim(ctx, experiment_id)
-    if exp is None:
-        return False
+    claim = _claim(ctx, experiment_id)
+    return claim is not None and _dispatch_claimed(ctx, claim)
+
+
+def _dispatch_claimed(ctx: Context, claim: Claim) -> bool:
+    experiment_id, exp = claim.experiment_id, claim.exp
     if State(exp.state) in TERMINAL:
         settle_stop_debt(ctx, experiment_id)
         return False
     if exp.cancel_requested_at is not None:
         # Cancelled while a dispatch was being retried: never submit again.
-        _end(ctx, experiment_id, State.CANCELLED, "cancelled before its dispatch completed")
+        _end(ctx, claim, State.CANCELLED, "cancelled before its dispatch completed")
         return False
     try:
         spec = ctx.catalog.frozen(exp.job, exp.job_spec, exp.job_spec_sha256)  # as admitted, never as edited since
     except ApiError as exc:
-        _end(ctx, experiment_id, State.FAILED, f"job no longer passes the checks: {exc.error}")
+        _end(ctx, claim, State.FAILED, f"job no longer passes the checks: {exc.error}")
         return False
+    if ctx.fenced():
+        return False  # the others may be taking this claim over: only one of us may call the scheduler
     try:
         run_id = ctx.runner.submit(spec, exp.meta, idempotency_key=exp.id)
     except (SchedulerUnavailable, UserError) as exc:
-        _retry_later(ctx, experiment_id, str(exc))
+        _retry_later(ctx, claim, str(exc))
         return False
     except Exception as exc:  # noqa: BLE001 - an unforeseen error must still count toward the stuck bound
         log.exception("dispatch of experiment %s raised", experiment_id)
-        _retry_later(ctx, experiment_id, f"unexpected {type(exc).__name__} (details in the service log)")
+        _retry_later(ctx, claim, f"unexpected {type(exc).__name__} (details in the service log)")
         return False
     now = ctx.clock()
     with ctx.sessions() as session, session.begin():
-        exp = session.get(Experiment, experiment_id)
+        outbox = session.get(Outbox, experiment_id, with_for_update=True, populate_existing=True)
+        exp = session.get(Experiment, experiment_id, with_for_update=True, populate_existing=True)
         assert exp is not None
-        exp.run_id = run_id
         orphan = State(exp.state) in TERMINAL
-        outbox = session.get(Outbox, experiment_id)
+        if not orphan and not claim.holds(outbox):
+            # Taken over while this submit was in flight: the new holder submits with the same key,
+            # gets this same run from the scheduler and records it; recording here too would race it.
+            log.warning("experiment %s: dispatch claim taken over while submitting; the new holder records run %s", experiment_id, run_id)
+            return False
+        exp.run_id = run_id
         if outbox is not None and not orphan:
             session.delete(outbox)
         if exp.state == State.DISPATCHING.value:
@@ -120,13 +177,17 @@ def dispatch_one(ctx: Context, experiment_id: str) -> bool:
     return True
 
 
-def _retry_later(ctx: Context, experiment_id: str, error: str) -> None:
+def _retry_later(ctx: Context, claim: Claim, error: str) -> None:
+    experiment_id = claim.experiment_id
     ctx.metrics.dispatch_errors.inc()
     now = ctx.clock()
     with ctx.sessions() as session, session.begin():
-        outbox = session.get(Outbox, experiment_id)
-        exp = session.get(Experiment, experiment_id)
-        assert outbox is not None and exp is not None
+        outbox = session.get(Outbox, experiment_id, with_for_update=True, populate_existing=True)
+        exp = session.get(Experiment, experiment_id, with_for_update=True, populate_existing=True)
+        assert exp is not None
+        if outbox is None or not claim.holds(outbox):
+            return  # taken over meanwhile: the new holder decides
+
         waited = (now - exp.created_at).total_seconds()
         if waited >= ctx.timing.dispatch_stuck_seconds:
             # Any of the attempts may have reached the scheduler (an answer lost): keep the row as a stop debt.
@@ -147,6 +208,7 @@ def _release(outbox: Outbox, now: datetime, error: str, *, backoff: int | None =
     attempts, capped); returns the wait."""
     wait = min(MAX_BACKOFF_SECONDS, 2 ** min(outbox.attempts, 6)) if backoff is None else backoff
     outbox.lease_until = None
+    outbox.claimed_by = None
     outbox.next_attempt_at = now + timedelta(seconds=wait)
     outbox.last_error = error
     return wait
@@ -156,15 +218,17 @@ def _keep_as_debt(outbox: Outbox, now: datetime, error: str) -> None:
     _release(outbox, now, f"stop debt: {error}", backoff=0)
 
 
-def _end(ctx: Context, experiment_id: str, state: State, reason: str) -> None:
+def _end(ctx: Context, claim: Claim, state: State, reason: str) -> None:
     """End an experiment that has no run id. The claim counted this pass as an attempt, so
     ``attempts > 1`` means an earlier submit ran and may have reached the scheduler: the row
     stays as a stop debt and is settled at once; otherwise it is deleted."""
-    now = ctx.clock()
+    experiment_id, now = claim.experiment_id, ctx.clock()
     with ctx.sessions() as session, session.begin():
-        exp = session.get(Experiment, experiment_id)
-        outbox = session.get(Outbox, experiment_id)
+        outbox = session.get(Outbox, experiment_id, with_for_update=True, populate_existing=True)
+        exp = session.get(Experiment, experiment_id, with_for_update=True, populate_existing=True)
         assert exp is not None
+        if not claim.holds(outbox):
+            return  # taken over meanwhile: the new holder decides
         debt = outbox is not None and outbox.attempts > 1
         if outbox is not None:
             if debt:

@@ -53,6 +53,8 @@ def process_overdue(ctx: Context) -> int:
     if (bound := bound_clause(ctx.runner, Experiment.cluster, Experiment.scheduler)) is not None:
         query = query.where(bound)  # another cluster's runs: this runner cannot stop them (the reconciler notes why)
     with ctx.sessions() as session:
+        if (mine := ctx.share(session, Experiment.id)) is not None:
+            query = query.where(mine)  # several workers: this one's buckets (background.membership)
         overdue = session.scalars(query).all()
     stopped = 0
     ttls: dict[tuple[str, str | None], int] = {}  # per admitted job document, once per pass
@@ -77,7 +79,7 @@ def process_overdue(ctx: Context) -> int:
             log.warning("could not stop overdue experiment %s yet: %s", exp.id, exc)
             continue
         with ctx.sessions() as session, session.begin():
-            fresh = session.get(Experiment, exp.id)
+            fresh = session.get(Experiment, exp.id, with_for_update=True, populate_existing=True)
             assert fresh is not None
             if fresh.state == exp.state:
                 transition(session, fresh, target, actor=ACTOR, now=ctx.clock(), reason=reason)

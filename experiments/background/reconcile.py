@@ -68,6 +68,9 @@ def process_scheduled(ctx: Context) -> int:
         query = query.where(bound)
         _note_not_bound(ctx, bound)
     with ctx.sessions() as session:
+        if (mine := ctx.share(session, Experiment.id)) is not None:
+            query = query.where(mine)  # several workers: this one's buckets (background.membership)
+            bound = mine if bound is None else bound & mine
         rows = session.execute(query.order_by(Experiment.reconciled_at.is_not(None), Experiment.reconciled_at)
                                .limit(ctx.timing.reconcile_batch)).all()
     done = 0
@@ -185,7 +188,10 @@ def _apply_all(ctx: Context, moves: list[Move], reconciled: list[str]) -> set[st
         chunk = moves[start:start + COMMIT_BATCH]
         changed = []
         with ctx.sessions() as session, session.begin():
-            loaded = {e.id: e for e in session.scalars(select(Experiment).where(Experiment.id.in_([m.experiment_id for m in chunk])))}
+            # Locked in id order (two workers' batches never wait on each other in a cycle) and read
+            # fresh: a run another worker ended meanwhile is seen ended, not ended twice.
+            loaded = {e.id: e for e in session.scalars(select(Experiment).where(Experiment.id.in_([m.experiment_id for m in chunk]))
+                                                       .order_by(Experiment.id).with_for_update().execution_options(populate_existing=True))}
             for move in chunk:
                 exp = loaded.get(move.experiment_id)
                 if exp is not None and (moved := _apply(session, exp, move, now)) is not None:
@@ -236,7 +242,7 @@ def reconcile_one(ctx: Context, experiment_id: str) -> None:
 def _move(ctx: Context, experiment_id: str, target: State, reason: str, *, exit_code: int | None, refs: dict[str, str] | None = None) -> None:
     now = ctx.clock()
     with ctx.sessions() as session, session.begin():
-        exp = session.get(Experiment, experiment_id)
+        exp = session.get(Experiment, experiment_id, with_for_update=True, populate_existing=True)
         assert exp is not None
         moved = _apply(session, exp, Move(experiment_id, target, reason, exit_code, refs), now)
     if moved is not None:

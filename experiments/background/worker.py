@@ -8,6 +8,11 @@ and ``runner.submit``/``find``/``stop`` for its own rows, so a slow pass never d
 submission; the follow loop cannot be starved by a burst of dispatches either. Both share the
 runner (its clients are thread-safe connection pools) and claim rows with conditional UPDATEs,
 so they never act on one row twice.
+
+A third thread writes this worker's heartbeat (``background.membership``): several workers on
+one database split dispatch (row claims), reconcile and reap (buckets of runs) among the
+live ones, and take over a dead one's share once its heartbeat is older than the TTL. The
+heartbeat has its own thread so a long reconcile pass never makes a live worker look dead.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from experiments.binding import confirm
 from experiments.background.dispatch import process_outbox
 from experiments.background.budget import process_budgets
 from experiments.background.idle import process_idle
+from experiments.background.pool_usage import check_pool_usage
 from experiments.background.reap import process_overdue
 from experiments.background.reconcile import process_scheduled
 
@@ -45,15 +51,18 @@ def refresh_bindings(ctx: Context) -> int:
 # its client's timeouts, which must never hold up dispatch to the other clusters.
 DISPATCH_STEPS: tuple[Step, ...] = (process_outbox,)
 # Budgets and the idle policy act after the reconcile pass has refreshed states, usage and log tails.
-FOLLOW_STEPS: tuple[Step, ...] = (refresh_bindings, _timed_reconcile, process_overdue, process_budgets, process_idle)
+FOLLOW_STEPS: tuple[Step, ...] = (refresh_bindings, _timed_reconcile, process_overdue, process_budgets, process_idle, check_pool_usage)
 
 
-def _run(ctx: Context, steps: tuple[Step, ...]) -> None:
+def _run(ctx: Context, steps: tuple[Step, ...]) -> int:
+    """The steps in order; returns the work they reported (a failing step counts 0)."""
+    done = 0
     for step in steps:
         try:
-            step(ctx)
+            done += step(ctx)
         except Exception:  # noqa: BLE001 - the loop must survive a bad pass; the next pass retries
             log.exception("background step %s failed", step.__name__)
+    return done
 
 
 def run_once(ctx: Context) -> None:
@@ -79,13 +88,30 @@ class Worker:
         return None if None in beats else min(b for b in beats if b is not None)
 
     def start(self) -> None:
+        """Register (the first heartbeat, so the loops start with their share), then run."""
+        self._ctx.membership.beat(self._ctx.sessions, self._ctx.clock())
+        self._threads.append(threading.Thread(target=self._heartbeat, name="gpufleet-heartbeat", daemon=True))
         for thread in self._threads:
             thread.start()
 
     def stop(self) -> None:
+        """Stop the loops; once they are done, leave the membership (the others re-split at once).
+        A loop still busy after 30 s keeps the row, which then goes stale: its claims pass on after the TTL."""
         self._stop.set()
         for thread in self._threads:
             thread.join(timeout=30)
+        if not any(thread.is_alive() for thread in self._threads):
+            try:
+                self._ctx.membership.leave(self._ctx.sessions)
+            except Exception:  # noqa: BLE001 - the row then goes stale instead, with the same effect after the TTL
+                log.exception("could not remove this worker's heartbeat row")
+
+    def _heartbeat(self) -> None:
+        while not self._stop.wait(self._ctx.timing.heartbeat_seconds):
+            try:
+                self._ctx.membership.beat(self._ctx.sessions, self._ctx.clock())
+            except Exception:  # noqa: BLE001 - a missed beat fences this worker after the TTL; the next one may succeed
+                log.exception("heartbeat failed")
 
     def wait(self) -> None:
         """Block until ``stop`` (``gpufleet serve --worker-only``)."""
@@ -94,6 +120,8 @@ class Worker:
 
     def _loop(self, name: str, steps: tuple[Step, ...]) -> None:
         while not self._stop.is_set():
-            _run(self._ctx, steps)
+            dispatched = _run(self._ctx, steps)
             self._beats[name] = time.monotonic()
+            if name == "dispatch" and dispatched:
+                continue  # a burst is drained pass after pass, not one batch per poll interval
             self._stop.wait(self._ctx.timing.poll_seconds)

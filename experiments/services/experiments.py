@@ -1,9 +1,11 @@
 """Submit, read and cancel experiments: the logic behind the routers.
 
-Submit is one transaction: the idempotency lookup, the quota count, the experiment row, its
-outbox row and its event. Counting and inserting under one lock (SQLite: BEGIN IMMEDIATE;
-PostgreSQL: an advisory lock per tenant and pool) is what makes 50 clients racing for the
-last GPUs of a quota admit exactly as many as fit.
+Submit is one transaction: the idempotency lookup (the unique index on tenant and key), the
+experiment row, its outbox row and its event, then the tenant's ``pool_usage`` row for the
+pool incremented (one ``UPDATE ... RETURNING``, which locks the row until the commit on
+PostgreSQL; SQLite: the write lock BEGIN IMMEDIATE took) and the quota checked against what it
+held before. Checking and adding under that one row's lock is what makes 50 clients racing for the last GPUs of a quota admit exactly
+as many as fit; the locked step reads and writes one row, however many runs are live.
 """
 
 from __future__ import annotations
@@ -12,12 +14,11 @@ import hashlib
 import json
 import re
 import uuid
-import zlib
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import func, select, text
+from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -25,7 +26,7 @@ from clusters.schema import ClusterConfig
 from experiments.auth import Caller
 from experiments.errors import ApiError
 from experiments.models import Event, Experiment, Outbox
-from experiments.services import admission, budgets, cost
+from experiments.services import admission, budgets, cost, pool_usage
 from experiments.services.catalog import Catalog
 from experiments.services.lifecycle import record, transition
 from experiments.states import NON_TERMINAL, TERMINAL, State
@@ -41,12 +42,6 @@ def request_hash(job: str, meta: dict[str, str], deadline_hours: float | None) -
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
-def _lock_quota(session: Session, tenant: str, cluster: str, pool: str) -> None:
-    if session.get_bind().dialect.name == "postgresql":
-        key = zlib.crc32(f"{cluster}/{tenant}/{pool}".encode())
-        session.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": key})
-
-
 def _existing(session: Session, tenant: str, key: str | None, digest: str) -> Experiment | None:
     if key is None:
         return None
@@ -58,6 +53,7 @@ def _existing(session: Session, tenant: str, key: str | None, digest: str) -> Ex
 
 
 def gpus_in_use(session: Session, tenant: str, cluster: str, pool: str) -> int:
+    """The sum over live experiments (what ``pool_usage`` counts; tests and repairs compare the two)."""
     total = session.scalar(select(func.coalesce(func.sum(Experiment.gpus), 0)).where(
         Experiment.tenant == tenant, Experiment.cluster == cluster, Experiment.pool == pool, Experiment.state.in_([s.value for s in NON_TERMINAL])))
     return int(total or 0)
@@ -110,15 +106,13 @@ def submit(session: Session, catalog: Catalog, caller: Caller, *, job: str | Non
     try:
         with session.begin():
             if budget is not None:
-                budgets.lock(session, spec.cluster, spec.namespace)  # before the pool's lock, always in this order
-            _lock_quota(session, spec.namespace, spec.cluster, spec.pool.name)
+                # Before the pool's counter row, always in this order. The budget's standing sums the tenant's live
+                # runs, so it is checked before this experiment is inserted (it would count itself).
+                budgets.lock(session, spec.cluster, spec.namespace)
             found = _existing(session, spec.namespace, idempotency_key, digest)
             if found is not None:
                 return found, False
             gpus = admission.gpus_of(spec)
-            decision = check_tenant_quota(tenant_spec, pool=spec.pool.name, requested_gpus=gpus,
-                                          in_use_gpus=gpus_in_use(session, spec.namespace, spec.cluster, spec.pool.name))
-            admission.quota_or_409(decision)
             budgets.check_or_409(session, budget, gpus=gpus, deadline_hours=hours, price_per_gpu_hour=price, now=now)
             exp = Experiment(
                 id=str(uuid.uuid4()), tenant=spec.namespace, job=spec.name, cluster=spec.cluster, pool=spec.pool.name, gpus=gpus,
@@ -127,10 +121,14 @@ def submit(session: Session, catalog: Catalog, caller: Caller, *, job: str | Non
                 created_at=now, updated_at=now,
             )
             session.add(exp)
-            session.flush()
+            session.flush()  # no relationship() orders the inserts: the experiment row first, for its outbox and event rows
             session.add(Outbox(experiment_id=exp.id, created_at=now, attempts=0, next_attempt_at=now))
             record(session, experiment_id=exp.id, actor=caller.subject, kind="request", message=f"submitted {'ad-hoc job file' if job_file is not None else 'job'} {spec.name} ({admission.gpus_text(spec)} on {spec.cluster}/{spec.pool.name} via {scheduler}, deadline {hours:g}h)",
                    now=now, to_state=State.PENDING.value)
+            session.flush()  # the inserts before the lock: the locked step is only the counter, the check and the commit
+            in_use = pool_usage.take(session, cluster=spec.cluster, tenant=spec.namespace, pool=spec.pool.name, gpus=gpus, now=now)
+            decision = check_tenant_quota(tenant_spec, pool=spec.pool.name, requested_gpus=gpus, in_use_gpus=in_use)
+            admission.quota_or_409(decision)  # a refusal rolls back the experiment and the counter's increment
         return exp, True
     except IntegrityError:
         # A concurrent retry with the same key won the insert: answer with its experiment.
@@ -205,12 +203,13 @@ def cancel(session: Session, caller: Caller, experiment_id: str, *, now: datetim
     """
     with session.begin():
         exp = get_visible(session, caller, experiment_id)
+        # The outbox row before the experiment's, the order every dispatcher takes them in (no deadlock).
+        outbox = session.get(Outbox, exp.id, with_for_update=True, populate_existing=True)
         session.refresh(exp, with_for_update=True)
         if State(exp.state) in TERMINAL:
             raise ApiError(409, f"experiment {exp.id} is already {exp.state}", field="id", fix="nothing to cancel; submit a new experiment to run it again")
         if exp.cancel_requested_at is not None:
             return exp
-        outbox = session.get(Outbox, exp.id, with_for_update=True)
         record(session, experiment_id=exp.id, actor=caller.subject, kind="request", message="cancel requested", now=now)
         if exp.state == State.PENDING.value and outbox is not None and outbox.attempts == 0 and outbox.lease_until is None:
             session.delete(outbox)

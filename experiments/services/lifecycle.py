@@ -1,6 +1,7 @@
 """The one place an experiment changes state: ``transition`` checks the move against
-``states.ALLOWED``, stamps the state's timestamp and writes the event row in the caller's
-transaction, so the state and its audit record commit (or vanish) together."""
+``states.ALLOWED``, stamps the state's timestamp, writes the event row and moves the run's GPUs
+in or out of its tenant's ``pool_usage`` counter, all in the caller's transaction, so the state,
+its audit record and the quota count commit (or vanish) together."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from datetime import datetime, timedelta
 from sqlalchemy.orm import Session
 
 from experiments.models import Event, Experiment
+from experiments.services import pool_usage
 from experiments.states import TERMINAL, State, can_move
 
 _STAMP = {
@@ -32,6 +34,7 @@ def transition(session: Session, exp: Experiment, target: State, *, actor: str, 
     current = State(exp.state)
     if not can_move(current, target):
         raise IllegalTransition(f"{exp.id}: {current} -> {target}")
+    pool_usage.note_transition(session, exp, current, target)
     exp.state = target.value
     exp.updated_at = now
     if reason is not None:

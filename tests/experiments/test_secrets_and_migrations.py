@@ -69,7 +69,12 @@ def test_alembic_upgrades_from_empty_and_downgrades_one_step(db_url):
     try:
         assert db.current_revision(engine) is None
         db.upgrade(engine)
-        assert db.current_revision(engine) == "0010_budgets"
+        assert db.current_revision(engine) == "0011_pool_usage"
+        assert {"experiments", "events", "outbox", "api_tokens", "run_logs", "scheduler_identities", "run_usage", "dashboard_sessions",
+                "pool_usage", "workers"} <= set(inspect(engine).get_table_names())
+        db.downgrade(engine, "-1")
+        assert db.current_revision(engine) == "0010_budgets" and not {"pool_usage", "workers"} & set(inspect(engine).get_table_names())
+        assert "claimed_by" not in {c["name"] for c in inspect(engine).get_columns("outbox")}
         assert "util_max_pct" in {c["name"] for c in inspect(engine).get_columns("run_usage")}
         assert "changed_at" in {c["name"] for c in inspect(engine).get_columns("run_logs")}
         db.downgrade(engine, "-1")
@@ -97,7 +102,7 @@ def test_alembic_upgrades_from_empty_and_downgrades_one_step(db_url):
         tables = set(inspect(engine).get_table_names())
         assert "api_tokens" not in tables and {"experiments", "events", "outbox"} <= tables
         db.upgrade(engine)
-        assert db.current_revision(engine) == "0010_budgets"
+        assert db.current_revision(engine) == "0011_pool_usage"
     finally:
         engine.dispose()
 

@@ -1,0 +1,424 @@
+"""Issue 28, the control plane: one counter row per tenant and pool instead of a sum over live
+runs under a lock, and several workers on one database (real SQLite and PostgreSQL; the Nomad
+API double and the session's real OpenBao; worker processes killed with SIGKILL).
+
+Exactly once is checked where Nomad would see it: the dispatched children of the parent job in
+the double, one per experiment, each carrying its experiment id as idempotency token.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from datetime import datetime
+
+import pytest
+from sqlalchemy import select, update
+from sqlalchemy.orm.exc import StaleDataError
+
+from experiments.auth import Caller
+from experiments.background.dispatch import _claim, _dispatch_claimed, process_outbox
+from experiments.background.membership import BUCKETS, buckets_of
+from experiments.background.pool_usage import check_pool_usage
+from experiments.errors import ApiError
+from experiments.models import Event, Experiment, Outbox, PoolUsage
+from experiments.services import experiments as service
+from experiments.services import pool_usage
+from experiments.services.catalog import Catalog
+from experiments.services.lifecycle import transition
+from experiments.states import State
+from tests.conftest import REPO_ROOT
+from tests.experiments.test_dispatch import PARENT
+from tests.experiments.worker_process import TIMING
+
+META = {"dataset_uri": "hf://datasets/acme/chat@v3"}
+QUOTA = 8  # finetune's a100 quota in tests/fleet/clusters/prod-nomad.yaml; finetune-llama asks for 1 GPU
+
+
+def _submit(ctx, i: int, *, tenant: str = "finetune", job: str = "finetune-llama", catalog: Catalog | None = None):
+    with ctx.sessions() as session:
+        return service.submit(session, catalog or ctx.catalog, Caller("test", tenant, False), job=job, meta={**META, "run_id": f"r{i}"},
+                              deadline_hours=None, idempotency_key=f"k{i}", scheduler="nomad", now=ctx.clock())[0]
+
+
+def _counters_match(ctx) -> None:
+    with ctx.sessions() as session:
+        sums, held = pool_usage.live_sums(session), pool_usage.counters(session)
+    assert {k: v for k, v in held.items() if v} == sums, (held, sums)
+
+
+def _roomy(catalog: Catalog) -> Catalog:
+    """The suite's fleet with every quota raised: a burst of dispatches, not the quota, is the point."""
+    configs = tuple(c.model_copy(update={"tenants": [t.model_copy(update={"gpu_quota": {p: 10_000 for p in t.gpu_quota}}) for t in c.tenants]})
+                    for c in catalog.configs)
+    return Catalog(configs=configs)
+
+
+def test_racing_submissions_never_overshoot_the_quota(make_service, db_url, nomad_runner):
+    """40 clients race for the 8 GPUs of finetune's a100 quota: exactly 8 are admitted, the rest
+    get 409, and the counter says 8 (PostgreSQL: the row lock; without FOR UPDATE this admits more)."""
+    svc = make_service(db_url, nomad_runner)
+    barrier = threading.Barrier(40)
+    outcomes: list[str] = []
+
+    def client(i: int) -> None:
+        barrier.wait()
+        try:
+            _submit(svc.ctx, i)
+            outcomes.append("admitted")
+        except ApiError as exc:
+            outcomes.append(str(exc.status))
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(40)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert outcomes.count("admitted") == QUOTA and outcomes.count("409") == 40 - QUOTA, outcomes
+    with svc.ctx.sessions() as session:
+        assert session.get(PoolUsage, ("prod-nomad", "finetune", "a100")).gpus_committed == QUOTA
+        assert service.gpus_in_use(session, "finetune", "prod-nomad", "a100") == QUOTA
+    _counters_match(svc.ctx)
+
+
+def test_the_counter_equals_the_live_sum_after_random_workloads(make_service, db_url, nomad, nomad_runner):
+    """Submissions, cancels before and after dispatch, runs that succeed, fail, are lost by the
+    scheduler, expire past their deadline and get stuck in dispatch, in a seeded random order:
+    after every step the counters equal the GPUs of the live experiments, and a freed quota admits again."""
+    from tests.jobs.nomad_double import Fault, FakeNode
+
+    nomad.nodes.extend(FakeNode(f"a100-extra-{i}", "a100", "a100", "NVIDIA A100-SXM4-40GB", 40960, 2) for i in range(40))  # the double never frees GPUs
+    svc = make_service(db_url, nomad_runner)
+    headers = svc.token("finetune")
+    admin = svc.token(None, admin=True)
+    rng = random.Random(28)
+    submitted = 0
+    actions = ["submit"] * 6 + ["step", "cancel", "cancel"] + ["finish"] * 4 + ["fail", "fail", "forget", "expire", "stuck"]
+    for _ in range(100):
+        action = rng.choice(actions)
+        live = [e for e in svc.client.get("/api/v1/experiments?limit=500", headers=admin).json()["items"]
+                if e["status"] not in ("succeeded", "failed", "cancelled", "expired")]
+        on_nomad = [e for e in live if e["run_id"] and e["status"] in ("queued", "provisioning", "running")]
+        placed = [e for e in on_nomad if nomad.state.allocations.get(e["run_id"].split("/", 1)[1])]
+        if action == "submit":
+            try:
+                _submit(svc.ctx, submitted)
+            except ApiError as exc:
+                assert exc.status == 409
+            submitted += 1
+        elif action == "cancel" and live:
+            svc.client.post(f"/api/v1/experiments/{rng.choice(live)['id']}/cancel", headers=admin)
+        elif action in ("finish", "fail") and placed:
+            job_id = rng.choice(placed)["run_id"].split("/", 1)[1]
+            if action == "finish":
+                nomad.finish(job_id, client_status="complete", events=[{"Type": "Terminated", "Time": 2, "ExitCode": 0}])
+            else:
+                nomad.finish(job_id, client_status="failed", failed=True, events=[{"Type": "Terminated", "Time": 2, "ExitCode": 1}])
+        elif action == "forget" and on_nomad:
+            victim = rng.choice(on_nomad)["run_id"]
+            namespace, job_id = victim.split("/", 1)
+            del nomad.state.jobs[(namespace, job_id)]
+        elif action == "expire":
+            svc.clock.advance(hours=13)  # past finetune-llama's 12 h deadline for everything placed
+        elif action == "stuck":
+            try:
+                _submit(svc.ctx, submitted)
+            except ApiError as exc:
+                assert exc.status == 409
+            submitted += 1
+            nomad.inject("POST", "dispatch", *[Fault(status=503)] * 3)  # every try of one dispatch
+            svc.step()
+            nomad.faults.clear()
+            svc.clock.advance(seconds=901)  # past the stuck bound: the next pass fails it
+        svc.step()
+        _counters_match(svc.ctx)
+    assert submitted >= 8
+    with svc.ctx.sessions() as session:
+        ended = session.scalars(select(Experiment.state).where(Experiment.state.in_(["succeeded", "failed", "cancelled", "expired"]))).all()
+    assert {"succeeded", "failed", "cancelled", "expired"} <= set(ended), set(ended)
+
+
+def test_a_drifted_counter_is_corrected_by_the_periodic_check(make_service, db_url, nomad_runner):
+    svc = make_service(db_url, nomad_runner)
+    for i in range(3):
+        _submit(svc.ctx, i)
+    with svc.ctx.sessions() as session, session.begin():
+        session.execute(update(PoolUsage).values(gpus_committed=7))  # edited by hand, or restored from an older backup
+    assert check_pool_usage(svc.ctx) == 1
+    _counters_match(svc.ctx)
+    assert svc.ctx.metrics.pool_usage_repairs._value.get() == 1
+    assert check_pool_usage(svc.ctx) == 0  # not due again until Timing.pool_usage_check_seconds
+
+
+def test_the_migration_backfills_the_counter_from_live_experiments(db_url):
+    from experiments import db
+
+    engine = db.make_engine(db_url)
+    try:
+        db.upgrade(engine, "0009")
+        now = datetime(2026, 12, 3, 8)
+        with engine.begin() as connection:
+            for i, (state, gpus) in enumerate([("running", 2), ("pending", 1), ("succeeded", 4), ("queued", 3)]):
+                connection.execute(Experiment.__table__.insert().values(
+                    id=f"e{i}", tenant="finetune", job="finetune-llama", cluster="prod-nomad", pool="a100", gpus=gpus, meta={}, state=state,
+                    scheduler="nomad", submitted_by="t", request_hash="-", deadline_hours=1, price_per_gpu_hour=1.0, price_kind="list",
+                    created_at=now, updated_at=now))
+        db.upgrade(engine)
+        with engine.connect() as connection:
+            assert connection.execute(select(PoolUsage.gpus_committed)).scalars().all() == [6]
+    finally:
+        engine.dispose()
+
+
+def test_two_workers_ending_one_run_at_once_release_its_gpus_once(make_service, pg_url, nomad_runner):
+    """Two workers read the same run as running and both end it: the second commit fails on the
+    state-guarded UPDATE and its release of the GPUs rolls back with it."""
+    from experiments.db import database_url
+
+    svc = make_service(database_url(pg_url), nomad_runner)
+    exp = _submit(svc.ctx, 1)
+    first, second = svc.ctx.sessions(), svc.ctx.sessions()
+    try:
+        a, b = first.get(Experiment, exp.id), second.get(Experiment, exp.id)
+        transition(first, a, State.CANCELLED, actor="a", now=svc.clock())
+        transition(second, b, State.FAILED, actor="b", now=svc.clock())
+        first.commit()
+        with pytest.raises(StaleDataError):
+            second.commit()
+    finally:
+        first.close()
+        second.close()
+    with svc.ctx.sessions() as session:
+        assert session.get(PoolUsage, ("prod-nomad", "finetune", "a100")).gpus_committed == 0
+        assert session.get(Experiment, exp.id).state == "cancelled"
+    _counters_match(svc.ctx)
+
+
+def _worker(svc, clock, timing=TIMING):
+    """Another worker's context on the same database, registered with a heartbeat at ``clock``."""
+    from experiments.background.context import Context
+
+    ctx = Context(svc.ctx.sessions, svc.ctx.runner, svc.ctx.catalog, clock, svc.ctx.metrics, timing)
+    ctx.membership.beat(ctx.sessions, clock())
+    return ctx
+
+
+def test_a_dead_workers_claim_is_taken_over_after_the_ttl_not_the_lease(make_service, db_url, nomad, nomad_runner):
+    """Worker A claims a dispatch and goes silent. While its heartbeat is younger than the TTL its
+    claim holds; past the TTL, B takes it over (the 600 s lease notwithstanding) with an event
+    saying so. A, waking up, submits with the same key, gets the same Nomad run and records
+    nothing: its fencing token is stale. One child job in Nomad."""
+    svc = make_service(db_url, nomad_runner)
+    exp = _submit(svc.ctx, 1)
+    a, b = _worker(svc, svc.clock), _worker(svc, svc.clock)
+    claim_a = _claim(a, None)
+    assert claim_a is not None and claim_a.attempt == 1
+    svc.clock.advance(seconds=TIMING.worker_ttl_seconds - 0.5)
+    b.membership.beat(b.sessions, svc.clock())
+    assert _claim(b, None) is None  # A's heartbeat is still within the TTL
+    svc.clock.advance(seconds=1)
+    b.membership.beat(b.sessions, svc.clock())
+    claim_b = _claim(b, None)
+    assert claim_b is not None and claim_b.attempt == 2 and claim_b.worker == b.membership.worker_id
+    assert not _dispatch_claimed(a, claim_a)  # submitted (same key, same run), but not recorded
+    assert len(nomad.dispatched(PARENT)) == 1
+    with svc.ctx.sessions() as session:
+        assert session.get(Experiment, exp.id).state == "dispatching" and session.get(Outbox, exp.id).claimed_by == b.membership.worker_id
+    assert _dispatch_claimed(b, claim_b)
+    with svc.ctx.sessions() as session:
+        done = session.get(Experiment, exp.id)
+        kinds = session.scalars(select(Event.kind).where(Event.experiment_id == exp.id)).all()
+    assert done.state == "queued" and done.run_id == f"finetune/{nomad.dispatched(PARENT)[0]}" and "takeover" in kinds
+    tokens = [call.query["idempotency_token"][0] for call in nomad.calls("POST", "dispatch")]
+    assert tokens == [exp.id, exp.id] and len(nomad.dispatched(PARENT)) == 1
+
+
+def test_a_live_workers_claim_is_not_taken_over(make_service, db_url, nomad_runner):
+    svc = make_service(db_url, nomad_runner)
+    _submit(svc.ctx, 1)
+    a, b = _worker(svc, svc.clock), _worker(svc, svc.clock)
+    assert _claim(a, None) is not None
+    for _ in range(5):
+        svc.clock.advance(seconds=TIMING.worker_ttl_seconds / 2)
+        a.membership.beat(a.sessions, svc.clock())
+        b.membership.beat(b.sessions, svc.clock())
+        assert _claim(b, None) is None
+
+
+def test_a_worker_whose_own_heartbeat_lapsed_claims_and_submits_nothing(make_service, db_url, nomad, nomad_runner):
+    svc = make_service(db_url, nomad_runner)
+    _submit(svc.ctx, 1)
+    a = _worker(svc, svc.clock)
+    a.membership._last_beat -= TIMING.worker_ttl_seconds  # its heartbeat thread has not written for a TTL
+    assert a.fenced()
+    assert process_outbox(a) == 0 and not nomad.calls("POST", "dispatch")
+    with svc.ctx.sessions() as session:
+        assert a.share(session, Experiment.id) is not None  # follows nothing either
+        assert session.scalars(select(Experiment.id).where(a.share(session, Experiment.id))).all() == []
+
+
+def test_live_workers_split_the_runs_and_a_dead_ones_share_passes_on(make_service, db_url, nomad_runner, catalog):
+    assert sorted(b for i in range(3) for b in buckets_of(i, 3)) == [f"{b:02x}" for b in range(BUCKETS)]
+    svc = make_service(db_url, nomad_runner, jobs=_roomy(catalog))
+    ids = {_submit(svc.ctx, i).id for i in range(40)}
+    a, b = _worker(svc, svc.clock), _worker(svc, svc.clock)
+
+    def followed(ctx) -> set[str]:
+        with ctx.sessions() as session:
+            return set(session.scalars(select(Experiment.id).where(ctx.share(session, Experiment.id))).all())
+
+    mine_a, mine_b = followed(a), followed(b)
+    assert mine_a and mine_b and not mine_a & mine_b and mine_a | mine_b == ids
+    svc.clock.advance(seconds=TIMING.worker_ttl_seconds + 1)
+    b.membership.beat(b.sessions, svc.clock())  # A stays silent
+    with b.sessions() as session:
+        assert b.share(session, Experiment.id) is None  # B alone: every run
+
+
+def test_two_worker_processes_dispatch_exactly_once_through_a_kill_9(make_service, pg_url, nomad, vault, catalog, tmp_path):
+    """Two worker processes on PostgreSQL and a burst of 24 dispatches. Worker A's fourth submit
+    reaches Nomad, then A hangs before it records the run (its heartbeat thread still beats).
+    Worker B starts and dispatches the rest of the burst, leaving A's live claim alone; mid-burst A
+    is killed with SIGKILL. B takes A's claim over once A's heartbeat is older than the TTL (1.5 s;
+    the lease is 600 s, so nothing else could end the claim in this test) and Nomad holds exactly
+    one child per experiment."""
+    from experiments.db import database_url
+    from tests.experiments.conftest import UnusedRunner
+
+    url = database_url(pg_url)
+    svc = make_service(url, UnusedRunner(), jobs=_roomy(catalog))
+    burst = [_submit(svc.ctx, i).id for i in range(24)]
+    env = {**os.environ, "VAULT_ADDR": vault.addr, "VAULT_TOKEN": vault.orchestrator.token, "NOMAD_TOKEN": nomad.acl_token}
+    marker = tmp_path / "in-flight"
+    command = [sys.executable, "-m", "tests.experiments.worker_process", url, nomad.address]
+
+    def recorded() -> set[str]:
+        with svc.ctx.sessions() as session:
+            return set(session.scalars(select(Experiment.id).where(Experiment.id.in_(burst), Experiment.run_id.is_not(None))).all())
+
+    def takeovers() -> list[str]:
+        with svc.ctx.sessions() as session:
+            return list(session.scalars(select(Event.experiment_id).where(Event.kind == "takeover")).all())
+
+    deadline = time.monotonic() + 120  # a hang guard, not a speed bound
+    doomed = subprocess.Popen([*command, "--hang-after", "3", "--marker", str(marker)], cwd=REPO_ROOT, env=env)
+    survivor = None
+    try:
+        while not marker.exists():
+            assert doomed.poll() is None and time.monotonic() < deadline, "worker A never reached its fourth dispatch"
+            time.sleep(0.05)
+        in_flight = marker.read_text()
+        survivor = subprocess.Popen(command, cwd=REPO_ROOT, env=env)
+        while len(recorded()) < 8:
+            assert survivor.poll() is None and time.monotonic() < deadline, "worker B never dispatched"
+            time.sleep(0.05)
+        assert in_flight not in recorded() and not takeovers()  # A lives: its claim holds, whatever B does
+        os.kill(doomed.pid, signal.SIGKILL)
+        doomed.wait(timeout=30)
+        while len(recorded()) < len(burst):
+            assert survivor.poll() is None and time.monotonic() < deadline, f"{len(burst) - len(recorded())} experiments never dispatched"
+            time.sleep(0.1)
+    finally:
+        for process in (doomed, survivor):
+            if process is not None and process.poll() is None:
+                process.kill()
+                process.wait(timeout=30)
+    children = {job_id: nomad.state.jobs[("finetune", job_id)]["DispatchIdempotencyToken"] for job_id in nomad.dispatched(PARENT)}
+    assert sorted(children.values()) == sorted(burst), "each experiment exactly one Nomad child, none twice"
+    with svc.ctx.sessions() as session:
+        runs = dict(session.execute(select(Experiment.id, Experiment.run_id).where(Experiment.id.in_(burst))).all())
+    assert {runs[token] for token in children.values()} == {f"finetune/{job_id}" for job_id in children}
+    assert takeovers() == [in_flight]
+    tokens = [call.query["idempotency_token"][0] for call in nomad.calls("POST", "dispatch")]
+    assert tokens.count(in_flight) == 2  # A's dispatch and B's retry with the same key
+    _counters_match(svc.ctx)
+
+
+def test_a_stopped_worker_leaves_and_its_share_passes_on_at_once(make_service, db_url, nomad_runner):
+    from experiments.background.worker import Worker
+
+    svc = make_service(db_url, nomad_runner)
+    clock = svc.clock
+    worker = Worker(_worker(svc, clock))
+    other = _worker(svc, clock)
+    worker.start()
+    worker.stop()
+    with other.sessions() as session:
+        assert other.share(session, Experiment.id) is None  # the only live worker now
+
+
+
+def test_gpufleet_serve_worker_only_joins_the_workers_and_leaves_on_sigterm(tmp_path, pg_url):
+    """The real CLI, API-less: its heartbeat row appears while it runs, and SIGTERM (how systemd
+    and Kubernetes stop it) removes the row at once instead of leaving it to go stale."""
+    import shutil
+
+    from experiments import db
+    from experiments.db import database_url
+    from experiments.models import WorkerBeat
+    from tests.conftest import FLEET_CLUSTERS
+
+    repo = tmp_path / "repo"
+    (repo / "clusters").mkdir(parents=True)
+    shutil.copy(REPO_ROOT / "cdktf.json", repo / "cdktf.json")
+    for path in FLEET_CLUSTERS.glob("*.yaml"):
+        shutil.copy(path, repo / "clusters" / path.name)
+    for tree in ("jobs", "vault_policies"):  # the job catalog and the roles it checks jobs against
+        shutil.copytree(REPO_ROOT / tree, repo / tree, ignore=shutil.ignore_patterns("out", "__pycache__"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "GPUFLEET_"))}
+    process = subprocess.Popen([sys.executable, "-m", "gpufleet.cli", "--repo", str(repo), "serve", "--worker-only", "--scheduler", "local",
+                                "--db", pg_url], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    engine = db.make_engine(database_url(pg_url))
+    try:
+        deadline = time.monotonic() + 120  # a hang guard, not a speed bound
+        rows: list[WorkerBeat] = []
+        while not rows:
+            assert process.poll() is None and time.monotonic() < deadline, "the worker never wrote its heartbeat"
+            time.sleep(0.1)
+            with db.session_factory(engine)() as session:
+                rows = list(session.scalars(select(WorkerBeat)).all()) if "workers" in _tables(engine) else []
+        assert rows[0].pid == process.pid
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=60) == 0, process.stdout.read() if process.stdout else ""
+        with db.session_factory(engine)() as session:
+            assert session.scalars(select(WorkerBeat)).all() == []
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(timeout=30)
+        engine.dispose()
+
+
+def _tables(engine) -> set[str]:
+    from sqlalchemy import inspect
+
+    return set(inspect(engine).get_table_names())
+
+
+def test_the_idempotency_lookup_reads_the_unique_index_not_the_table(make_service, db_url, nomad_runner):
+    """Submit's lookup of (tenant, Idempotency-Key) is answered by the unique index of 0001
+    (``uq_experiments_tenant_idempotency_key``), not by the tenant's rows: with 2,000 of them
+    (and the planner's statistics) the plan names that index."""
+    from sqlalchemy import text
+
+    svc = make_service(db_url, nomad_runner)
+    now = svc.clock()
+    with svc.ctx.sessions() as session, session.begin():
+        session.execute(Experiment.__table__.insert(), [
+            {"id": f"x{i}", "tenant": "finetune", "job": "finetune-llama", "cluster": "prod-nomad", "pool": "a100", "gpus": 1, "meta": {},
+             "state": "running", "scheduler": "nomad", "submitted_by": "t", "idempotency_key": f"k{i}", "request_hash": "-", "deadline_hours": 1,
+             "price_per_gpu_hour": 1.0, "price_kind": "list", "created_at": now, "updated_at": now} for i in range(2000)])
+        session.execute(text("ANALYZE experiments" if session.get_bind().dialect.name == "postgresql" else "ANALYZE"))
+    query = "SELECT id FROM experiments WHERE tenant = 'finetune' AND idempotency_key = 'k1'"
+    with svc.ctx.sessions() as session:
+        if session.get_bind().dialect.name == "postgresql":
+            plan = "\n".join(session.scalars(text(f"EXPLAIN {query}")).all())
+            assert "uq_experiments_tenant_idempotency_key" in plan and "Seq Scan" not in plan, plan
+        else:
+            plan = "\n".join(row[-1] for row in session.execute(text(f"EXPLAIN QUERY PLAN {query}")).all())
+            assert "USING INDEX" in plan and "autoindex_experiments" in plan, plan
