@@ -46,6 +46,8 @@ def process_budgets(ctx: Context) -> int:
                 Experiment.cluster == budget.cluster, Experiment.tenant == budget.tenant, Experiment.state.in_([s.value for s in ON_SCHEDULER]))
             if (bound := bound_clause(ctx.runner, Experiment.cluster, Experiment.scheduler)) is not None:
                 query = query.where(bound)
+            if (mine := ctx.share(session, Experiment.id)) is not None:
+                query = query.where(mine)  # several workers: this one's buckets (background.membership), one warning per run
             live = session.execute(query.order_by(Experiment.id)).all()
             warned = set(session.scalars(select(Event.experiment_id).where(
                 Event.kind == KIND, Event.at >= budgets.month_start(now), Event.experiment_id.in_([r.id for r in live])))) if live else set()
@@ -72,7 +74,7 @@ def _stop(ctx: Context, experiment_id: str, run_id: str | None, state: str, reas
         log.warning("could not stop over-budget experiment %s yet: %s", experiment_id, exc)
         return 0
     with ctx.sessions() as session, session.begin():
-        fresh = session.get(Experiment, experiment_id)
+        fresh = session.get(Experiment, experiment_id, with_for_update=True, populate_existing=True)
         if fresh is None or fresh.state != state:
             return 0
         transition(session, fresh, State.CANCELLED, actor=ACTOR, now=ctx.clock(), reason=reason)

@@ -113,6 +113,8 @@ def _tracked(ctx: Context, session: Session) -> list[Tracked]:
         Experiment.running_at <= ctx.clock() - timedelta(minutes=shortest))
     if (bound := bound_clause(ctx.runner, Experiment.cluster, Experiment.scheduler)) is not None:
         query = query.where(bound)
+    if (mine := ctx.share(session, Experiment.id)) is not None:
+        query = query.where(mine)  # several workers: this one's buckets (background.membership), no double warnings
     rows = session.connection().execute(query).all()  # Core rows: 5,000 of them without ORM overhead
     return [Tracked(r.id, r.run_id, r.cluster, r.tenant, policy) for r in rows
             if (policy := policies.get((r.cluster, r.tenant))) is not None and policy.enabled]
@@ -295,7 +297,7 @@ def _stop(ctx: Context, t: Tracked, util: UtilEvidence | None) -> int:
         return 0
     reason = f"idle: {evidence}; stopped on the scheduler by the idle policy of cluster {t.cluster} for tenant {t.tenant}"
     with ctx.sessions() as session, session.begin():
-        fresh = session.get(Experiment, t.id)
+        fresh = session.get(Experiment, t.id, with_for_update=True, populate_existing=True)
         if fresh is None or fresh.state != State.RUNNING.value:
             return 0
         transition(session, fresh, State.IDLE, actor=ACTOR, now=ctx.clock(), reason=reason)
