@@ -29,6 +29,7 @@ from experiments.background.context import Context, log
 from experiments.errors import ApiError
 from experiments.models import Experiment, Outbox
 from jobs.runner import SchedulerUnavailable
+from jobs.spec import EXPERIMENT_META
 from experiments.services.lifecycle import record, transition
 from experiments.states import TERMINAL, State
 
@@ -89,7 +90,8 @@ def dispatch_one(ctx: Context, experiment_id: str) -> bool:
         _end(ctx, experiment_id, State.FAILED, f"job no longer passes the checks: {exc.error}")
         return False
     try:
-        run_id = ctx.runner.submit(spec, exp.meta, idempotency_key=exp.id)
+        # The experiment id in the run's meta names its checkpoint directory (GPUFLEET_CHECKPOINT_URI) on every attempt.
+        run_id = ctx.runner.submit(spec, {**exp.meta, EXPERIMENT_META: exp.id}, idempotency_key=exp.id)
     except (SchedulerUnavailable, UserError) as exc:
         _retry_later(ctx, experiment_id, str(exc))
         return False

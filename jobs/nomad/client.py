@@ -24,7 +24,7 @@ from urllib.parse import quote
 from clusters.errors import UserError
 from jobs.nomad.placement import explain
 from jobs.nomad.render import META_ROLE_ID, META_WRAPPED_SECRET_ID, placement_probe, render
-from jobs.spec import FinetuneSpec
+from jobs.spec import EXPERIMENT_META, FinetuneSpec
 from jobs.nomad.status import RunStatus, summarize
 
 if TYPE_CHECKING:
@@ -229,7 +229,8 @@ class NomadClient:
     def dispatch(self, spec: FinetuneSpec, meta: Mapping[str, str], *, role_id: str, wrapping_token: str, idempotency_token: str) -> DispatchResult:
         """One child run. The token goes in the query string (Nomad reads it only there);
         the wrapping token goes in Meta, and no error message ever echoes the body."""
-        body = {"Meta": {**meta, META_ROLE_ID: role_id, META_WRAPPED_SECRET_ID: wrapping_token}}
+        # The experiment a run belongs to: the caller's (the control plane passes its id), else this dispatch's token.
+        body = {"Meta": {EXPERIMENT_META: idempotency_token, **meta, META_ROLE_ID: role_id, META_WRAPPED_SECRET_ID: wrapping_token}}
         on_404 = f"register it first: gpufleet jobs submit {spec.name}"
         with self._errors("dispatch", spec.name, spec.namespace, on_404):
             response = self._api(spec.namespace).job.request(
