@@ -479,3 +479,6 @@ class ClusterConfig(Model):
     tenants: tuple[Tenant, ...] = ()
     dns: DnsConfig | None = None
     checkpoints: Checkpoints = Checkpoints()
+    # GPU-holding Nomad allocations or Kubernetes pods gpufleet made that no live experiment owns
+    # (docs/release.md): 'report' (an event and the gpufleet_orphans metric) or 'stop' (report, then stop them).
+    orphans: Literal["report", "stop"] = "report"

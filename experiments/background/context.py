@@ -20,6 +20,7 @@ from jobs.logs import DEFAULT_TAIL_BYTES
 from jobs.runner import Runner
 
 if TYPE_CHECKING:
+    from experiments.background.orphans import OrphanMemory
     from experiments.background.usage import SampledAt
 
 log = logging.getLogger("gpufleet.experiments")
@@ -53,6 +54,12 @@ class Fingerprints:
         with self._lock:
             for run_id in run_ids:
                 self._seen.pop(run_id, None)
+
+
+def _orphan_memory() -> OrphanMemory:
+    from experiments.background.orphans import OrphanMemory
+
+    return OrphanMemory()
 
 
 @dataclass(frozen=True)
@@ -90,3 +97,4 @@ class Context:
     timing: Timing
     fingerprints: Fingerprints = field(default_factory=Fingerprints)
     sampled: SampledAt = field(default_factory=lambda: _sampled_at())
+    orphans: OrphanMemory = field(default_factory=lambda: _orphan_memory())

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from experiments.background.context import Context, log
 from experiments.binding import confirm
 from experiments.background.dispatch import process_outbox
+from experiments.background.orphans import process_holders
 from experiments.background.reap import process_overdue
 from experiments.background.reconcile import process_scheduled
 
@@ -42,7 +43,8 @@ def refresh_bindings(ctx: Context) -> int:
 # Identities are checked in the follow loop only: asking a scheduler that does not answer takes
 # its client's timeouts, which must never hold up dispatch to the other clusters.
 DISPATCH_STEPS: tuple[Step, ...] = (process_outbox,)
-FOLLOW_STEPS: tuple[Step, ...] = (refresh_bindings, _timed_reconcile, process_overdue)
+# process_holders after the reconcile: it proves the release of the runs that pass saw end, and lists orphans.
+FOLLOW_STEPS: tuple[Step, ...] = (refresh_bindings, _timed_reconcile, process_overdue, process_holders)
 
 
 def _run(ctx: Context, steps: tuple[Step, ...]) -> None:

@@ -60,6 +60,10 @@ DWS_MAX_RUN_ANNOTATION = "provreq.kueue.x-k8s.io/maxRunDurationSeconds"
 COMPLETION_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
 JOB_LABEL = "gpufleet.dev/job"
 RUN_LABEL = "gpufleet.dev/run"
+# The experiment a run belongs to (dispatch meta gpufleet_experiment), on the Job and its pods: the orphan
+# scan (experiments.background.orphans) tells an attempt whose run id is not recorded yet from a stray.
+EXPERIMENT_LABEL = "gpufleet.dev/experiment"
+_LABEL_VALUE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?$")
 DISPATCH_ANNOTATION = "gpufleet.dev/dispatch-id"
 ROLE_ANNOTATION = "gpufleet.dev/vault-role"
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -370,6 +374,11 @@ def _labels(spec: FinetuneSpec, run: str) -> dict[str, str]:
     return {JOB_LABEL: spec.name, RUN_LABEL: run}
 
 
+def _experiment_label(meta: dict[str, str]) -> dict[str, str]:
+    experiment = meta.get(EXPERIMENT_META)
+    return {EXPERIMENT_LABEL: experiment} if experiment and _LABEL_VALUE.match(experiment) else {}
+
+
 def job_manifest(spec: FinetuneSpec, *, dispatch_id: str | None = None, meta: dict[str, str] | None = None) -> dict[str, Any]:
     """The suspended, Kueue-labelled Job; a pure function of the spec, dispatch id and meta."""
     if spec.gke is None:
@@ -387,7 +396,7 @@ def job_manifest(spec: FinetuneSpec, *, dispatch_id: str | None = None, meta: di
         "metadata": {
             "name": run,
             "namespace": spec.namespace,
-            "labels": {**_labels(spec, run), QUEUE_LABEL: spec.gke.local_queue, "gpufleet.dev/cluster": spec.cluster},
+            "labels": {**_labels(spec, run), **_experiment_label(meta or {}), QUEUE_LABEL: spec.gke.local_queue, "gpufleet.dev/cluster": spec.cluster},
             "annotations": annotations,
         },
         "spec": {
@@ -406,7 +415,7 @@ def job_manifest(spec: FinetuneSpec, *, dispatch_id: str | None = None, meta: di
             "activeDeadlineSeconds": spec.max_run_ns // NS_PER_SECOND,
             "ttlSecondsAfterFinished": TTL_AFTER_FINISHED_SECONDS,
             "template": {
-                "metadata": {"labels": _labels(spec, run), **({"annotations": a} if (a := _template_annotations(spec)) else {})},
+                "metadata": {"labels": {**_labels(spec, run), **_experiment_label(meta or {})}, **({"annotations": a} if (a := _template_annotations(spec)) else {})},
                 "spec": _pod_spec(spec, run, meta or {}),
             },
         },
