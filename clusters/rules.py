@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from clusters import gcp_zones, names
+from clusters.derive.checkpoints import bucket_name
 from clusters.derive.pools import CLUSTER_LABEL, POOL_LABEL
 from clusters.derive.tenants import tenant_account_id
 from clusters.machines import machine_series
@@ -93,6 +94,12 @@ def _derived_names(config: ClusterConfig) -> Iterator[Finding]:
             if reason and len(account) < names.ACCOUNT_ID_MIN:
                 yield (("tenants", t, "service_account"), f"the tenant's GCP service account id {account!r} is too short: {reason};"
                        " use a longer tenant or cluster name")
+    checkpoints = bucket_name(config)
+    reason = names.bucket(checkpoints) or ("a dotted bucket name needs a verified domain" if "." in checkpoints else None)
+    if reason:
+        field = ("checkpoints", "bucket") if config.checkpoints.bucket else ("name",)
+        yield (field, f"the checkpoint bucket name {checkpoints!r} is not a valid Cloud Storage bucket name: {reason};"
+               " set checkpoints: {bucket: <3-63 lowercase letters, digits, '-'>}, e.g. 'ml-train-ckpt'")
     if config.dns is not None:
         for r, record in enumerate(config.dns.records):
             full = config.dns.zone_name if record.name == "@" else f"{record.name}.{config.dns.zone_name}"

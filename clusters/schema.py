@@ -490,6 +490,17 @@ class GkeConfig(Model):
     vault_addr: Annotated[str, _charset(URL, "a Vault address (http(s)://host[:port][/path], no credentials or query)", "https://vault.example.com:8200")] | None = None
 
 
+class Checkpoints(Model):
+    """The cluster's checkpoint bucket (docs/checkpoints.md): one per cluster, a prefix per tenant."""
+
+    # Objects older than this are deleted by the bucket's lifecycle rule: a run resumes from its
+    # newest checkpoint, so old ones only cost storage. 1..3650 days.
+    retention_days: Annotated[int, Field(ge=1, le=3650, description="days a checkpoint object is kept, e.g. 30")] = 30
+    # Unset: '<project>-<cluster>-ckpt' (clusters.derive.checkpoints.bucket_name). Bucket names are
+    # global: set one when the derived name is taken or too long.
+    bucket: Annotated[str, _charset(BUCKET, "a GCS bucket name (3-63 lowercase letters, digits, '.', '_', '-')", "ml-train-prod-ckpt")] | None = None
+
+
 class ClusterConfig(Model):
     name: DnsName
     environment: Environment
@@ -503,3 +514,7 @@ class ClusterConfig(Model):
     tenants: tuple[Tenant, ...] = ()
     idle: IdlePolicy = IdlePolicy()
     dns: DnsConfig | None = None
+    checkpoints: Checkpoints = Checkpoints()
+    # GPU-holding Nomad allocations or Kubernetes pods gpufleet made that no live experiment owns
+    # (docs/release.md): 'report' (an event and the gpufleet_orphans metric) or 'stop' (report, then stop them).
+    orphans: Literal["report", "stop"] = "report"

@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator
 from datetime import datetime
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 from sqlalchemy import func, not_, select
@@ -36,6 +36,8 @@ class _DatabaseCollector(Collector):
             elsewhere = [] if bound is None else session.execute(
                 select(Experiment.cluster, func.count()).where(on_scheduler, not_(bound)).group_by(Experiment.cluster)).all()
             oldest_outbox = session.scalar(select(func.min(Outbox.created_at)))
+            held = session.scalar(select(func.count()).select_from(Experiment).where(
+                Experiment.released_at.is_(None), Experiment.release_held.is_not(None), *([bound] if bound is not None else [])))
         by_state = GaugeMetricFamily("gpufleet_experiments", "Experiments by state", labels=["state"])
         for state in State:
             by_state.add_metric([state.value], counts.get(state.value, 0))
@@ -47,6 +49,7 @@ class _DatabaseCollector(Collector):
         for cluster, count in elsewhere:
             not_bound.add_metric([cluster], count)
         yield not_bound
+        yield GaugeMetricFamily("gpufleet_runs_not_released", "Ended runs the scheduler still shows holding GPUs (docs/release.md)", value=held or 0)
         yield GaugeMetricFamily("gpufleet_outbox_oldest_seconds", "Age of the oldest accepted experiment not yet dispatched",
                                 value=(now - oldest_outbox).total_seconds() if oldest_outbox else 0.0)
 
@@ -64,4 +67,10 @@ class Metrics:
         self.pool_usage_repairs = Counter("gpufleet_pool_usage_repairs", "Quota counters (pool_usage) found to differ from their live runs and corrected",
                                           registry=self.registry)
         self.reconcile_seconds = Histogram("gpufleet_reconcile_pass_seconds", "Duration of one reconcile pass", registry=self.registry)
+        self.orphans = Gauge("gpufleet_orphans", "GPU-holding allocations or pods gpufleet made that no live experiment owns, at the last scan",
+                             ["cluster", "scheduler"], registry=self.registry)
+        self.orphans_stopped = Counter("gpufleet_orphans_stopped", "Orphaned runs stopped under the cluster's 'orphans: stop' policy",
+                                       ["cluster"], registry=self.registry)
+        self.holder_scan_errors = Counter("gpufleet_holder_scan_errors", "Scans for GPU holders (release proof, orphans) a scheduler did not answer",
+                                          registry=self.registry)
         self.registry.register(_DatabaseCollector(sessions, clock, runner))

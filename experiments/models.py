@@ -61,6 +61,10 @@ class Experiment(Base):
     deadline_at: Mapped[datetime | None] = mapped_column(DateTime, default=None)
     cancel_requested_at: Mapped[datetime | None] = mapped_column(DateTime, default=None)
     reconciled_at: Mapped[datetime | None] = mapped_column(DateTime, default=None)
+    # Proof of release (experiments.background.orphans): when the scheduler showed nothing of the ended run
+    # holding GPUs, and what it last showed still held until then.
+    released_at: Mapped[datetime | None] = mapped_column(DateTime, default=None)
+    release_held: Mapped[str | None] = mapped_column(Text, default=None)
 
     # Every ORM UPDATE of a row says ``AND state = <the state it was read in>`` (the application sets
     # the new state itself): two workers that both read a run as running and both end it cannot

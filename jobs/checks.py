@@ -24,6 +24,9 @@ from jobs.schema import ENV_NAME, META_KEY, PLATFORM_ENV, RESERVED_ENV_PREFIXES,
 from jobs.spec import cpu_millicores
 from jobs.vault_refs import VaultView, readable_paths
 
+# What the GKE renderer mounts in the training container (jobs.k8s.render): a checkpoint mount may not overlap them.
+RESERVED_MOUNTS = ("/tmp", "/scratch", "/dev/shm", "/var/run/gpufleet")
+
 Finding = tuple[FieldPath, str]
 
 
@@ -143,6 +146,9 @@ def _nomad_only(job: JobFile, clusters: dict[str, ClusterConfig]) -> Iterator[Fi
         yield (("preflight",), f"preflight gates multi-node GKE runs; Nomad runs one node: remove preflight or pick a GKE cluster: {gke}")
     if job.nodes == 1 and job.topology is not None:
         yield (("topology",), f"topology places the ranks of a multi-node GKE run; Nomad runs one node: remove topology or pick a GKE cluster: {gke}")
+    if job.checkpoint is not None:
+        yield (("checkpoint", "mount"), f"checkpoint.mount uses GKE's GCS FUSE CSI driver; Nomad tasks read and write GPUFLEET_CHECKPOINT_URI"
+               f" with a Cloud Storage client: remove checkpoint or pick a GKE cluster: {gke}")
     if job.cpu_cores is not None:
         yield (("cpu_cores",), f"cpu_cores is read on GKE only; Nomad reserves CPU in MHz: delete cpu_cores and set cpu_mhz, or pick a GKE cluster: {gke}")
 
@@ -151,6 +157,9 @@ def _gke(job: JobFile, config: ClusterConfig) -> Iterator[Finding]:
     """What a GKE node and the cluster file must offer for this Job to be admitted and scheduled."""
     for name in sorted(set(job.env) & set(PLATFORM_ENV)):
         yield (("env", name), f"{name} is set by the platform on GKE (rendezvous and rank for torchrun); remove it")
+    if job.checkpoint is not None and any(job.checkpoint.mount.rstrip("/") == d or job.checkpoint.mount.startswith(d + "/") or d.startswith(job.checkpoint.mount.rstrip("/") + "/")
+                                          for d in RESERVED_MOUNTS):
+        yield (("checkpoint", "mount"), f"{job.checkpoint.mount} overlaps a directory the platform mounts ({', '.join(RESERVED_MOUNTS)}); pick another path, e.g. /ckpt")
     if config.gke is None or config.gke.vault_addr is None:
         yield (("cluster",), f"cluster {config.name} has no gke.vault_addr, so its pods cannot reach Vault for their keys; add gke: {{vault_addr: https://vault.example.com:8200}} to clusters/{config.name}.yaml")
     pool = next((p for p in derive_gpu_pools(config) if p.name == job.gpu.pool), None)

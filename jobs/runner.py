@@ -29,6 +29,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Protocol
 
 from clusters.schema import SchedulerKind
+from jobs.holders import Holder
 from jobs.logs import DEFAULT_TAIL_BYTES, LogsFilterRefused, LogsUnavailable
 from jobs.spec import FinetuneSpec
 from jobs.usage import Usage
@@ -292,6 +293,27 @@ class NomadRunner:
             raise SchedulerUnavailable(str(exc)) from None
         return f"{job.namespace}/{child}" if child else None
 
+    def holders(self, cluster: str, namespaces: Sequence[str]) -> list[Holder]:
+        """Allocations of gpufleet's runs of ``cluster`` holding GPUs now, every namespace in two list calls (jobs.nomad.holders)."""
+        from jobs.nomad.client import NomadError
+        from jobs.nomad.holders import holders
+
+        try:
+            return holders(self._client, cluster)
+        except NomadError as exc:
+            raise SchedulerUnavailable(str(exc)) from None
+
+    def ours(self, run_id: str, cluster: str) -> bool:
+        """Read again right before a stop: the run is a dispatched child of a gpufleet job of ``cluster``."""
+        from jobs.nomad.client import NomadError
+        from jobs.nomad.holders import ours
+
+        namespace, _, job_id = run_id.partition("/")
+        try:
+            return ours(self._client.read_job(job_id, namespace), cluster)
+        except NomadError as exc:
+            raise SchedulerUnavailable(str(exc)) from None
+
     def ranks(self, run_id: str) -> tuple[int, ...]:
         """One: Nomad runs are single-node (jobs.checks refuses nodes > 1 on Nomad)."""
         return (0,)
@@ -526,6 +548,26 @@ class GkeRunner:
             raise SchedulerUnavailable(str(exc)) from None
         return f"{GKE_PREFIX}{job.namespace}/{name}" if found is not None and dispatch_id(found) == idempotency_key else None
 
+    def holders(self, cluster: str, namespaces: Sequence[str]) -> list[Holder]:
+        """Pods of gpufleet's runs holding GPUs now, one pod list per namespace (jobs.k8s.holders)."""
+        from jobs.k8s.client import K8sError
+        from jobs.k8s.holders import holders
+
+        try:
+            return holders(self._client, list(namespaces), GKE_PREFIX)
+        except K8sError as exc:
+            raise SchedulerUnavailable(str(exc)) from None
+
+    def ours(self, run_id: str, cluster: str) -> bool:
+        """Read again right before a stop: the Job exists with gpufleet's dispatch annotation and ``cluster``'s label."""
+        from jobs.k8s.client import K8sError
+        from jobs.k8s.holders import owned_job
+
+        try:
+            return owned_job(self._client, *self._split(run_id), cluster)
+        except K8sError as exc:
+            raise SchedulerUnavailable(str(exc)) from None
+
     def ranks(self, run_id: str) -> tuple[int, ...]:
         """The completion indexes of the run's pods (one list call); before its pods exist,
         0 .. completions-1 of its Job (RunNotFound once the Job is gone)."""
@@ -642,6 +684,12 @@ class Runners:
         if failures and not out:
             raise failures[0]
         return out
+
+    def holders(self, cluster: str, namespaces: Sequence[str], *, gke: bool) -> list[Holder]:
+        return self._pick(gke).holders(cluster, namespaces)  # type: ignore[attr-defined, no-any-return]
+
+    def ours(self, run_id: str, cluster: str) -> bool:
+        return self._pick(run_id.startswith(GKE_PREFIX)).ours(run_id, cluster)  # type: ignore[attr-defined, no-any-return]
 
     def health(self) -> dict[str, str | None]:
         """Scheduler kind -> None if it answers, else why not."""

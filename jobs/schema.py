@@ -128,6 +128,14 @@ class Preflight(Model):
     dcgm_diag_level: Literal[1, 2, 3] = 1
 
 
+class Checkpoint(Model):
+    """GKE: mount the run's checkpoint directory (``GPUFLEET_CHECKPOINT_URI``) at ``mount`` through the
+    GCS FUSE CSI driver (docs/checkpoints.md). Every run gets the URI; the mount is optional."""
+
+    mount: Annotated[str, Field(pattern=r"^/[A-Za-z0-9._/-]{1,200}$",
+                                description="an absolute path inside the container, e.g. '/ckpt'")]
+
+
 class JobFile(Model):
     # The file's own name: `jobs/<name>.yaml`.
     name: Annotated[str, AfterValidator(_job_name)]
@@ -151,6 +159,7 @@ class JobFile(Model):
     topology: Literal["block", "subblock", "host"] | None = None
     # GKE, nodes > 1: a GPU health pre-flight on every node before the training command starts.
     preflight: Preflight | None = None
+    checkpoint: Checkpoint | None = None
     cpu_mhz: Annotated[int, Field(ge=100, le=512_000)] = 4000
     # GKE requests CPU in cores; unset, it is cpu_mhz / 1000 (one core per GHz of the Nomad share).
     cpu_cores: Annotated[float, Field(ge=0.1, le=512)] | None = None

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from clusters.derive.checkpoints import bucket_name
 from clusters.derive.gpudirect import derive_gpudirect
 from clusters.derive.nomad import nomad_task_group_name
 from clusters.derive.pools import GpuPoolSpec, derive_gpu_pools, kueue_local_queue_name
@@ -21,6 +22,10 @@ TASK = "train"
 # Every task command runs behind this wrapper on both schedulers (and run-local), so keys arrive
 # only at run time: it unwraps the secret_id, logs in with AppRole and exports GPUFLEET_SECRETS.
 EXEC = "gpufleet-exec"
+# Dispatch meta naming the experiment a run belongs to (the control plane's id; an operator dispatch
+# uses its idempotency token). Every attempt of one experiment carries the same value, so its
+# GPUFLEET_CHECKPOINT_URI is the same directory (jobs.nomad.render, jobs.k8s.render).
+EXPERIMENT_META = "gpufleet_experiment"
 
 
 @dataclass(frozen=True)
@@ -90,6 +95,10 @@ class FinetuneSpec:
     topology: str | None = None
     # jobs.schema.Preflight as (image, dcgm diag level), or None.
     preflight: tuple[str, int] | None = None
+    # The cluster's checkpoint bucket (clusters.derive.checkpoints); runs write under <tenant>/<experiment>/.
+    checkpoint_bucket: str | None = None
+    # jobs.schema.Checkpoint.mount (GKE): where the run's checkpoint directory is mounted, or None.
+    checkpoint_mount: str | None = None
 
     @property
     def total_gpus(self) -> int:
@@ -157,6 +166,8 @@ def derive_spec(job: JobFile, config: ClusterConfig, *, source: Path) -> Finetun
         gke=gke,
         topology=job.topology,
         preflight=(job.preflight.image, job.preflight.dcgm_diag_level) if job.preflight else None,
+        checkpoint_bucket=bucket_name(config),
+        checkpoint_mount=job.checkpoint.mount if job.checkpoint else None,
     )
 
 

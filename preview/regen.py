@@ -49,7 +49,7 @@ class Provider:
 PROVIDERS: dict[str, Provider] = {
     "google": Provider(
         repo="hashicorp/terraform-provider-google", tag="v6.50.0", registry="google",
-        dirs=("google/services/container", "google/services/compute", "google/services/dns", "google/services/resourcemanager", "google/services/secretmanager",
+        dirs=("google/services/container", "google/services/compute", "google/services/dns", "google/services/resourcemanager", "google/services/secretmanager", "google/services/storage",
               "google/tpgresource",
               "google/tpgiamresource", "google/verify"),
         registration=("google/provider",),
@@ -61,7 +61,7 @@ PROVIDERS: dict[str, Provider] = {
             "google_compute_router_nat", "google_compute_subnetwork", "google_container_cluster", "google_container_node_pool",
             "google_dns_managed_zone", "google_dns_record_set",
             "google_project_iam_member", "google_secret_manager_secret", "google_secret_manager_secret_iam_member",
-            "google_service_account", "google_service_account_iam_member",
+            "google_service_account", "google_service_account_iam_member", "google_storage_bucket", "google_storage_bucket_iam_member",
         ),
     ),
     "nomad": Provider(

@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+from clusters.derive.checkpoints import CHECKPOINT_LABEL
+
 DWS = (
     "a DWS (queued_provisioning) node pool must have auto-repair and auto-upgrade off; GKE refuses "
     "the pool otherwise (GKE 'Deploy GPUs with flex-start / queued provisioning'; cluster-toolkit "
@@ -28,6 +30,13 @@ ROCE_SUBNET = (
     "sets neither it nor flow logs; GCP refuses a feature the profile does not support"
 )
 
+CHECKPOINTS = (
+    "the checkpoint bucket (constructs_lib.checkpoint_bucket) writes no usage logs to a second bucket: Google "
+    "recommends Cloud Audit Logs over usage logs for tracking Cloud Storage API operations "
+    "(cloud.google.com/storage/docs/access-logs), and IAM already limits each tenant to its prefix; enable Data "
+    "Access audit logs for storage.googleapis.com in the project to record object reads"
+)
+
 
 def _first(value: Any) -> dict[str, Any]:
     if isinstance(value, list):
@@ -42,6 +51,9 @@ def exemptions(stack: dict[str, Any]) -> Iterator[tuple[str, str, str]]:
         if _first(pool.get("queued_provisioning")).get("enabled") is True:
             for check in ("CKV_GCP_9", "CKV_GCP_10"):
                 yield check, f"google_container_node_pool.{name}", DWS
+    for name, bucket in resources.get("google_storage_bucket", {}).items():
+        if (bucket.get("labels") or {}).get(CHECKPOINT_LABEL[0]) == CHECKPOINT_LABEL[1] and "logging" not in bucket:
+            yield "CKV_GCP_62", f"google_storage_bucket.{name}", CHECKPOINTS
     roce = {name for name, network in resources.get("google_compute_network", {}).items() if str(network.get("network_profile", "")).endswith("-vpc-roce")}
     for name in sorted(roce):
         yield "CKV2_GCP_18", f"google_compute_network.{name}", ROCE

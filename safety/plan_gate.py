@@ -29,6 +29,7 @@ DEFAULT_PROTECTED_TYPES: frozenset[str] = frozenset(
         "google_compute_instance_group_manager",
         "google_compute_address",
         "google_compute_global_address",
+        "google_storage_bucket",
         "nomad_node_pool",
         "tfe_workspace",
     }

@@ -5,12 +5,14 @@ from __future__ import annotations
 from cdktf import TerraformOutput, TerraformStack
 from constructs import Construct
 
+from clusters.derive.checkpoints import derive_checkpoint_bucket
 from clusters.derive.gke import derive_control_plane, derive_system_pool
 from clusters.derive.gpudirect import derive_gpudirect
 from clusters.derive.nomad import NomadRole, derive_nomad_pki, derive_nomad_secrets, derive_nomad_servers, nomad_secrets_for
 from clusters.derive.pools import derive_gpu_pools
 from clusters.derive.tenants import derive_tenants
 from clusters.schema import ClusterConfig, Environment, NomadConfig, SchedulerKind
+from constructs_lib.checkpoint_bucket import CheckpointBucket
 from constructs_lib.dns_records import DnsRecords
 from constructs_lib.gke_cluster import GkeCluster
 from constructs_lib.gpu_node_pool import GpuNodePool
@@ -75,6 +77,9 @@ class ClusterStack(TerraformStack):
         self.nomad_address: str | None = None
         if config.scheduler == SchedulerKind.NOMAD and config.nomad is not None:
             self._nomad(config, config.nomad, node_sa)
+        self.checkpoints = CheckpointBucket(
+            self, "checkpoints", spec=derive_checkpoint_bucket(config), cluster=config.name, node_service_account=node_sa,
+            tenant_service_accounts={name: identity.service_account.email for name, identity in self.tenant_identities.items()})
         self.dns = DnsRecords(self, "dns", cluster=config.name, dns=config.dns,
                               static_ips={n: a.address for n, a in self.static_ips.addresses.items()}) if config.dns else None
         nomad_api_records = tuple(r for r in config.dns.records if r.nomad_api) if config.dns else ()
@@ -127,6 +132,7 @@ class ClusterStack(TerraformStack):
         self._output("subnetwork", self.network.subnet.name)
         self._output("gpu_pools", sorted(s.name for s in self.pool_specs))
         self._output("node_service_account", self.identity.service_account.email)
+        self._output("checkpoint_bucket", self.checkpoints.bucket.name)
         for name, address in self.static_ips.addresses.items():
             self._output(f"static_ip_{name}", address.address)
         if self.gke is not None:

@@ -23,6 +23,7 @@ from jobs.runner import Runner
 
 if TYPE_CHECKING:
     from experiments.background.idle import PolicyMemory
+    from experiments.background.orphans import OrphanMemory
     from experiments.background.usage import SampledAt
 
 log = logging.getLogger("gpufleet.experiments")
@@ -62,6 +63,12 @@ class Fingerprints:
         with self._lock:
             for run_id in run_ids:
                 self._seen.pop(run_id, None)
+
+
+def _orphan_memory() -> OrphanMemory:
+    from experiments.background.orphans import OrphanMemory
+
+    return OrphanMemory()
 
 
 @dataclass(frozen=True)
@@ -119,3 +126,4 @@ class Context:
         """The runs this worker follows this pass (None: all), see background.membership."""
         return share(self.membership, session, experiment_id, now=self.clock(), ttl_seconds=self.timing.worker_ttl_seconds,
                      heartbeat_seconds=self.timing.heartbeat_seconds)
+    orphans: OrphanMemory = field(default_factory=lambda: _orphan_memory())

@@ -41,6 +41,7 @@ from experiments.background.membership import dead_workers
 from experiments.errors import ApiError
 from experiments.models import Experiment, Outbox
 from jobs.runner import SchedulerUnavailable
+from jobs.spec import EXPERIMENT_META
 from experiments.services.lifecycle import record, transition
 from experiments.states import TERMINAL, State
 
@@ -141,7 +142,8 @@ def _dispatch_claimed(ctx: Context, claim: Claim) -> bool:
     if ctx.fenced():
         return False  # the others may be taking this claim over: only one of us may call the scheduler
     try:
-        run_id = ctx.runner.submit(spec, exp.meta, idempotency_key=exp.id)
+        # The experiment id in the run's meta names its checkpoint directory (GPUFLEET_CHECKPOINT_URI) on every attempt.
+        run_id = ctx.runner.submit(spec, {**exp.meta, EXPERIMENT_META: exp.id}, idempotency_key=exp.id)
     except (SchedulerUnavailable, UserError) as exc:
         _retry_later(ctx, claim, str(exc))
         return False

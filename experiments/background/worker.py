@@ -27,6 +27,7 @@ from experiments.background.dispatch import process_outbox
 from experiments.background.budget import process_budgets
 from experiments.background.idle import process_idle
 from experiments.background.pool_usage import check_pool_usage
+from experiments.background.orphans import process_holders
 from experiments.background.reap import process_overdue
 from experiments.background.reconcile import process_scheduled
 
@@ -50,8 +51,10 @@ def refresh_bindings(ctx: Context) -> int:
 # Identities are checked in the follow loop only: asking a scheduler that does not answer takes
 # its client's timeouts, which must never hold up dispatch to the other clusters.
 DISPATCH_STEPS: tuple[Step, ...] = (process_outbox,)
-# Budgets and the idle policy act after the reconcile pass has refreshed states, usage and log tails.
-FOLLOW_STEPS: tuple[Step, ...] = (refresh_bindings, _timed_reconcile, process_overdue, process_budgets, process_idle, check_pool_usage)
+# Budgets and the idle policy act after the reconcile pass has refreshed states, usage and log tails;
+# process_holders after the reconcile: it proves the release of the runs that pass saw end, and lists orphans.
+FOLLOW_STEPS: tuple[Step, ...] = (refresh_bindings, _timed_reconcile, process_overdue, process_holders, process_budgets, process_idle,
+                                  check_pool_usage)
 
 
 def _run(ctx: Context, steps: tuple[Step, ...]) -> int:

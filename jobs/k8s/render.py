@@ -28,7 +28,8 @@ from clusters.derive.pools import POOL_LABEL
 from clusters.families import TOPOLOGY_LEVEL_NAMES
 from jobs.durations import NS_PER_SECOND
 from jobs.k8s.gpudirect import PodNetworking, pod_networking
-from jobs.spec import EXEC, TASK, FinetuneSpec
+from clusters.derive.checkpoints import ENV_CHECKPOINT_URI, checkpoint_uri, tenant_prefix
+from jobs.spec import EXEC, EXPERIMENT_META, TASK, FinetuneSpec
 from vault_policies.layout import ENV_KILL_GRACE_SECONDS, ENV_MAX_RUN_SECONDS, ENV_NO_VAULT, ENV_ROLE, ENV_ROLE_ID, ENV_SECRETS, ENV_WRAPPED_SECRET_ID_FILE
 
 # kubernetes-sigs/kueue pkg/controller/constants/constants.go (v0.19.2): QueueLabel.
@@ -59,9 +60,20 @@ DWS_MAX_RUN_ANNOTATION = "provreq.kueue.x-k8s.io/maxRunDurationSeconds"
 COMPLETION_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
 JOB_LABEL = "gpufleet.dev/job"
 RUN_LABEL = "gpufleet.dev/run"
+# The experiment a run belongs to (dispatch meta gpufleet_experiment), on the Job and its pods: the orphan
+# scan (experiments.background.orphans) tells an attempt whose run id is not recorded yet from a stray.
+EXPERIMENT_LABEL = "gpufleet.dev/experiment"
+_LABEL_VALUE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?$")
 DISPATCH_ANNOTATION = "gpufleet.dev/dispatch-id"
 ROLE_ANNOTATION = "gpufleet.dev/vault-role"
 GPU_RESOURCE = "nvidia.com/gpu"
+# GoogleCloudPlatform/gcs-fuse-csi-driver v1.24.4: the webhook injects its sidecar into pods carrying
+# this annotation set to "true" (pkg/webhook/mutatingwebhook.go:49 GcsFuseVolumeEnableAnnotation); the
+# driver's name (pkg/csi_driver/gcs_fuse_driver.go:40 DefaultName); the inline volume's attributes
+# (pkg/csi_driver/utils.go:81 bucketName, :55 mountOptions, split on ',' at :261).
+GCSFUSE_ANNOTATION = "gke-gcsfuse/volumes"
+GCSFUSE_DRIVER = "gcsfuse.csi.storage.gke.io"
+CHECKPOINT_VOLUME = "checkpoints"
 TAINT_EFFECTS = {"NO_SCHEDULE": "NoSchedule", "PREFER_NO_SCHEDULE": "PreferNoSchedule", "NO_EXECUTE": "NoExecute"}
 
 # The Secret's mount; gpufleet-exec reads the rank's wrapping token from ENV_WRAPPED_SECRET_ID_FILE.
@@ -174,8 +186,28 @@ def _env(spec: FinetuneSpec, run: str, meta: dict[str, str]) -> list[dict[str, A
         {"name": "TMPDIR", "value": "/tmp"},
         {"name": "GPUFLEET_SCRATCH", "value": SCRATCH_DIR},
     ]
-    env += [{"name": f"{META_ENV_PREFIX}{key}", "value": value} for key, value in sorted(meta.items())]
+    if spec.checkpoint_bucket is not None:
+        env.append({"name": ENV_CHECKPOINT_URI, "value": checkpoint_uri(spec.checkpoint_bucket, spec.tenant.name, checkpoint_run(run, meta))})
+    env += [{"name": f"{META_ENV_PREFIX}{key}", "value": value} for key, value in sorted(meta.items()) if key != EXPERIMENT_META]
     return env
+
+
+def checkpoint_run(run: str, meta: dict[str, str]) -> str:
+    """The directory name of a run's checkpoints: its experiment (dispatch meta ``gpufleet_experiment``,
+    the same for every attempt), else the run's own name (a rendered file applied by hand)."""
+    return meta.get(EXPERIMENT_META) or run
+
+
+def checkpoint_volume(spec: FinetuneSpec, run: str, meta: dict[str, str]) -> dict[str, Any]:
+    """The run's checkpoint directory as a GCS FUSE CSI inline volume: only ``<tenant>/<experiment>`` of
+    the bucket (``only-dir``), with directories written by other clients visible (``implicit-dirs``).
+    The driver sets ``gid`` to the pod's fsGroup and file/dir modes 664/775 (pkg/csi_driver/utils.go:373-377),
+    so the run's uid 1000 (group 1000) can write. The sidecar authenticates as the pod's KSA: the same
+    identity the bucket's IAM grants the tenant's prefix to."""
+    assert spec.checkpoint_bucket is not None
+    directory = f"{tenant_prefix(spec.tenant.name)}{checkpoint_run(run, meta)}"
+    return {"name": CHECKPOINT_VOLUME, "csi": {"driver": GCSFUSE_DRIVER, "volumeAttributes": {
+        "bucketName": spec.checkpoint_bucket, "mountOptions": f"implicit-dirs,only-dir={directory}"}}}
 
 
 def _grace_seconds(spec: FinetuneSpec) -> int:
@@ -320,6 +352,9 @@ def _pod_spec(spec: FinetuneSpec, run: str, meta: dict[str, str]) -> dict[str, A
             pod["initContainers"] = wiring.sidecars
     if (check := preflight_container(spec)) is not None:
         pod["initContainers"] = [*pod.get("initContainers", []), check]
+    if spec.checkpoint_mount is not None and spec.checkpoint_bucket is not None:
+        pod["containers"][0]["volumeMounts"].append({"name": CHECKPOINT_VOLUME, "mountPath": spec.checkpoint_mount})
+        pod["volumes"].append(checkpoint_volume(spec, run, meta))
     return pod
 
 
@@ -337,11 +372,17 @@ def topology_annotations(spec: FinetuneSpec) -> dict[str, str]:
 
 def _template_annotations(spec: FinetuneSpec) -> dict[str, str]:
     wiring = networking(spec)
-    return {**(wiring.annotations if wiring else {}), **topology_annotations(spec)}
+    mount = {GCSFUSE_ANNOTATION: "true"} if spec.checkpoint_mount is not None and spec.checkpoint_bucket is not None else {}
+    return {**(wiring.annotations if wiring else {}), **topology_annotations(spec), **mount}
 
 
 def _labels(spec: FinetuneSpec, run: str) -> dict[str, str]:
     return {JOB_LABEL: spec.name, RUN_LABEL: run}
+
+
+def _experiment_label(meta: dict[str, str]) -> dict[str, str]:
+    experiment = meta.get(EXPERIMENT_META)
+    return {EXPERIMENT_LABEL: experiment} if experiment and _LABEL_VALUE.match(experiment) else {}
 
 
 def job_manifest(spec: FinetuneSpec, *, dispatch_id: str | None = None, meta: dict[str, str] | None = None) -> dict[str, Any]:
@@ -361,7 +402,7 @@ def job_manifest(spec: FinetuneSpec, *, dispatch_id: str | None = None, meta: di
         "metadata": {
             "name": run,
             "namespace": spec.namespace,
-            "labels": {**_labels(spec, run), QUEUE_LABEL: spec.gke.local_queue, "gpufleet.dev/cluster": spec.cluster},
+            "labels": {**_labels(spec, run), **_experiment_label(meta or {}), QUEUE_LABEL: spec.gke.local_queue, "gpufleet.dev/cluster": spec.cluster},
             "annotations": annotations,
         },
         "spec": {
@@ -380,7 +421,7 @@ def job_manifest(spec: FinetuneSpec, *, dispatch_id: str | None = None, meta: di
             "activeDeadlineSeconds": spec.max_run_ns // NS_PER_SECOND,
             "ttlSecondsAfterFinished": TTL_AFTER_FINISHED_SECONDS,
             "template": {
-                "metadata": {"labels": _labels(spec, run), **({"annotations": a} if (a := _template_annotations(spec)) else {})},
+                "metadata": {"labels": {**_labels(spec, run), **_experiment_label(meta or {})}, **({"annotations": a} if (a := _template_annotations(spec)) else {})},
                 "spec": _pod_spec(spec, run, meta or {}),
             },
         },

@@ -24,7 +24,7 @@ from urllib.parse import quote
 from clusters.errors import UserError
 from jobs.nomad.placement import explain
 from jobs.nomad.render import META_ROLE_ID, META_WRAPPED_SECRET_ID, placement_probe, render
-from jobs.spec import FinetuneSpec
+from jobs.spec import EXPERIMENT_META, FinetuneSpec
 from jobs.nomad.status import RunStatus, summarize
 
 if TYPE_CHECKING:
@@ -232,7 +232,8 @@ class NomadClient:
         the wrapping token goes in Meta, and no error message ever echoes the body. A job
         without secrets passes no role_id and no wrapping token (its job declares neither key)."""
         vault = {META_ROLE_ID: role_id, META_WRAPPED_SECRET_ID: wrapping_token} if role_id is not None and wrapping_token is not None else {}
-        body = {"Meta": {**meta, **vault}}
+        # The experiment a run belongs to: the caller's (the control plane passes its id), else this dispatch's token.
+        body = {"Meta": {EXPERIMENT_META: idempotency_token, **meta, **vault}}
         on_404 = f"register it first: gpufleet jobs register {spec.name}"
         with self._errors("dispatch", spec.name, spec.namespace, on_404):
             response = self._api(spec.namespace).job.request(
@@ -299,13 +300,22 @@ class NomadClient:
                 return str(stub["ID"])
         return None
 
-    def list_allocations(self, namespace: str) -> list[dict[str, Any]]:
+    def list_allocations(self, namespace: str, *, task_states: bool = True) -> list[dict[str, Any]]:
         """``GET /v1/allocations?namespace=&task_states=true``: every AllocationListStub of the
         namespace (api/allocations.go: JobID, ClientStatus, DesiredStatus, NodeName, TaskStates
         with their events, PreemptedByAllocation, CreateIndex, ModifyIndex...): the same stubs
-        ``/v1/job/<id>/allocations`` returns, for all runs in one call."""
+        ``/v1/job/<id>/allocations`` returns, for all runs in one call. ``task_states=False`` leaves
+        the task events out (a much smaller answer when only the statuses matter)."""
         with self._errors("list allocations", "(all)", namespace, "check the namespace"):
-            stubs = self._api(namespace).allocations.request(method="get", params={"namespace": namespace, "task_states": "true"}).json()
+            stubs = self._api(namespace).allocations.request(
+                method="get", params={"namespace": namespace, "task_states": "true" if task_states else "false"}).json()
+        return list(stubs or [])
+
+    def list_jobs_with_meta(self, namespace: str) -> list[dict[str, Any]]:
+        """``GET /v1/jobs?namespace=&meta=true``: every JobListStub of the namespace with its Meta
+        (command/agent/job_endpoint.go jobListRequest parses ``meta``; api JobListStub.Meta)."""
+        with self._errors("list jobs", "(all)", namespace, "check the namespace"):
+            stubs = self._api(namespace).jobs.request(method="get", params={"namespace": namespace, "meta": "true"}).json()
         return list(stubs or [])
 
     def allocation_stats(self, alloc_id: str, namespace: str) -> dict[str, Any]:
@@ -356,6 +366,16 @@ class NomadClient:
             allocations = api.request(path, "allocations", method="get").json()
         pool, gpu = (spec.pool.name, spec.gpu) if spec else (None, None)
         return summarize(job_id, job, evaluations or [], allocations or [], pool=pool, gpu=gpu)
+
+    def read_job(self, job_id: str, namespace: str) -> dict[str, Any] | None:
+        """``GET /v1/job/:id``: the Job (Meta, ParentID...), or None when Nomad has no such job."""
+        try:
+            with self._errors("read job", job_id, namespace, ""):
+                return dict(self._api(namespace).job.request(quote(job_id, safe=""), method="get").json())
+        except NomadError as exc:
+            if "(404" in str(exc):
+                return None
+            raise
 
     def stop(self, job_id: str, namespace: str, *, purge: bool) -> str:
         """Stop (and optionally purge) a job; returns the evaluation id Nomad created."""

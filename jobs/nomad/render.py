@@ -16,7 +16,8 @@ from typing import Any
 
 from clusters.families import LOCAL_SSD_MOUNT, LOCAL_SSD_VOLUME
 from jobs.durations import NS_PER_SECOND
-from jobs.spec import TASK, FinetuneSpec, exec_argv
+from clusters.derive.checkpoints import ENV_CHECKPOINT_URI, checkpoint_uri
+from jobs.spec import EXPERIMENT_META, TASK, FinetuneSpec, exec_argv
 from vault_policies.layout import (
     ENV_KILL_GRACE_SECONDS,
     ENV_MAX_RUN_SECONDS,
@@ -30,7 +31,7 @@ from vault_policies.layout import (
 )
 
 # Dispatch meta the platform fills in; declared as required so a dispatch without them is refused by Nomad.
-PLATFORM_META = (META_ROLE_ID, META_WRAPPED_SECRET_ID)
+PLATFORM_META = (META_ROLE_ID, META_WRAPPED_SECRET_ID, EXPERIMENT_META)
 # Static job meta: which role the dispatcher must mint for (a name, not a credential).
 JOB_META_ROLE = "gpufleet_vault_role"
 GPU_DEVICE = "nvidia/gpu"
@@ -84,13 +85,23 @@ def task_env(spec: FinetuneSpec) -> dict[str, str]:
     }
 
 
+def checkpoint_env(spec: FinetuneSpec) -> dict[str, str]:
+    """``GPUFLEET_CHECKPOINT_URI``: the run's directory in the cluster's checkpoint bucket, named by the
+    experiment (dispatch meta ``gpufleet_experiment``, interpolated by Nomad at run time), so every
+    attempt of one experiment resumes from the same place. A task reads and writes it with a Cloud
+    Storage client as the client VM's service account (clusters.derive.checkpoints)."""
+    if spec.checkpoint_bucket is None:
+        return {}
+    return {ENV_CHECKPOINT_URI: checkpoint_uri(spec.checkpoint_bucket, spec.tenant.name, f"${{NOMAD_META_{EXPERIMENT_META}}}")}
+
+
 def _task(spec: FinetuneSpec) -> dict[str, Any]:
     argv = exec_argv(spec)
     return {
         "Name": TASK,
         "Driver": "docker",
         "Config": {"image": spec.image, "command": argv[0], "args": argv[1:]},
-        "Env": task_env(spec),
+        "Env": {**task_env(spec), **checkpoint_env(spec)},
         "Resources": {"CPU": spec.cpu_mhz, "MemoryMB": spec.memory_mb, "Devices": [_device(spec)]},
         "KillTimeout": spec.kill_timeout_ns,
         "KillSignal": "SIGTERM",

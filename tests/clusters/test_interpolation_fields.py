@@ -37,6 +37,7 @@ Path_ = tuple[str | int, ...]
 EXTRAS: dict[str, dict[str, Any]] = {
     "prod-nomad": {
         "state": {"backend": "tfc", "organization": "gpufleet", "workspace": "prod-nomad", "project": "gpufleet"},
+        "checkpoints": {"retention_days": 14, "bucket": "acme-prod-nomad-ckpt"},
         # existing_servers: no internal load balancer here, so the UI record names the servers' host,
         # and no autoscaler of gpufleet's, so pools have fixed sizes.
         "gpu_pools": [{"name": "a100", "machine_type": "a2-highgpu-2g", "node_count": 6, "boot_disk_gb": 300},

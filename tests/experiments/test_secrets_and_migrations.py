@@ -69,7 +69,10 @@ def test_alembic_upgrades_from_empty_and_downgrades_one_step(db_url):
     try:
         assert db.current_revision(engine) is None
         db.upgrade(engine)
-        assert db.current_revision(engine) == "0011_pool_usage"
+        assert db.current_revision(engine) == "0012_release"
+        assert {"released_at", "release_held"} <= {c["name"] for c in inspect(engine).get_columns("experiments")}
+        db.downgrade(engine, "-1")
+        assert db.current_revision(engine) == "0011_pool_usage" and "released_at" not in {c["name"] for c in inspect(engine).get_columns("experiments")}
         assert {"experiments", "events", "outbox", "api_tokens", "run_logs", "scheduler_identities", "run_usage", "dashboard_sessions",
                 "pool_usage", "workers"} <= set(inspect(engine).get_table_names())
         db.downgrade(engine, "-1")
@@ -102,7 +105,7 @@ def test_alembic_upgrades_from_empty_and_downgrades_one_step(db_url):
         tables = set(inspect(engine).get_table_names())
         assert "api_tokens" not in tables and {"experiments", "events", "outbox"} <= tables
         db.upgrade(engine)
-        assert db.current_revision(engine) == "0011_pool_usage"
+        assert db.current_revision(engine) == "0012_release"
     finally:
         engine.dispose()
 

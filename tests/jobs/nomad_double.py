@@ -4,7 +4,9 @@ It is a double, not Nomad: no Nomad binary is available on these machines (none 
 and none can be downloaded), so the client is tested against this instead: a small ``http.server`` on
 127.0.0.1 in a thread of the test process, speaking the JSON of Nomad's documented HTTP API
 for the endpoints gpufleet uses (register, plan, dispatch, job, evaluations, allocations,
-deregister, job list with ``prefix``, allocation list, and ``GET /v1/agent/members``: the
+deregister, job list with ``prefix`` and ``meta=true`` (JobListStub.Meta, command/agent/job_endpoint.go:45-52),
+allocation list, both lists across namespaces with ``namespace=*`` (structs.AllNamespacesSentinel,
+nomad/structs/structs.go:187; nomad/alloc_endpoint.go:82, nomad/job_endpoint.go:1444), and ``GET /v1/agent/members``: the
 region's servers as ``api.ServerMembers`` (api/agent.go) with the serf tags a server sets
 (nomad/server.go ``setupSerf``: role, region, dc, id = the server's node id, rpc_addr, port...),
 so a test can stand up a second "cluster" with the same region name and other servers). Also a node's own endpoints
@@ -394,15 +396,18 @@ class NomadDouble:
         if (method, route) == ("POST", "dispatch"):
             return self._dispatch(namespace, job_id, req)
         if (method, route) == ("GET", "register"):
-            # GET /v1/jobs?namespace=&prefix=: JobListStubs of the namespace whose ID starts with prefix.
+            # GET /v1/jobs?namespace=&prefix=&meta=: JobListStubs of the namespace ("*": every namespace,
+            # structs.AllNamespacesSentinel) whose ID starts with prefix; meta=true adds each job's Meta.
             prefix = (req.query.get("prefix") or [""])[0]
-            return 200, [self._stub(job) for (ns, job_id), job in sorted(self.state.jobs.items()) if ns == namespace and job_id.startswith(prefix)]
+            with_meta = (req.query.get("meta") or ["false"])[0] == "true"
+            return 200, [self._stub(job, meta=with_meta) for (ns, job_id), job in sorted(self.state.jobs.items())
+                         if namespace in (ns, "*") and job_id.startswith(prefix)]
         if (method, route) == ("GET", "allocation-list"):
-            # GET /v1/allocations?namespace=&task_states=: AllocationListStubs of the namespace; TaskStates
-            # are included unless task_states=false (api-docs/allocations).
+            # GET /v1/allocations?namespace=&task_states=: AllocationListStubs of the namespace ("*": every
+            # namespace); TaskStates are included unless task_states=false (api-docs/allocations).
             with_states = (req.query.get("task_states") or ["true"])[0] != "false"
             return 200, [alloc if with_states else {k: v for k, v in alloc.items() if k != "TaskStates"}
-                         for (ns, job_id) in sorted(self.state.jobs) if ns == namespace for alloc in self.state.allocations.get(job_id, [])]
+                         for (ns, job_id) in sorted(self.state.jobs) if namespace in (ns, "*") for alloc in self.state.allocations.get(job_id, [])]
         if (method, route) == ("GET", "members"):
             return 200, self._members()
         if (method, route) == ("GET", "leader"):
@@ -556,7 +561,7 @@ class NomadDouble:
             summary[group["Name"]] = counts
         return {"JobID": job["ID"], "Namespace": job.get("Namespace", "default"), "Summary": summary, "Children": None, "CreateIndex": 0, "ModifyIndex": 0}
 
-    def _stub(self, job: dict[str, Any]) -> dict[str, Any]:
+    def _stub(self, job: dict[str, Any], *, meta: bool = False) -> dict[str, Any]:
         """JobListStub (api/jobs.go): status 'dead' once nothing is queued or active."""
         summary = self._summary(job)
         active = sum(c["Queued"] + c["Starting"] + c["Running"] + c["Unknown"] for c in summary["Summary"].values())
@@ -566,7 +571,8 @@ class NomadDouble:
         return {"ID": job["ID"], "ParentID": job.get("ParentID", ""), "Name": job.get("Name", job["ID"]), "Namespace": job.get("Namespace", "default"),
                 "Datacenters": job.get("Datacenters"), "Type": job.get("Type"), "Priority": job.get("Priority", 50), "Periodic": False,
                 "ParameterizedJob": bool(job.get("ParameterizedJob")), "Stop": bool(job.get("Stop")), "Status": status, "StatusDescription": "",
-                "JobSummary": summary, "CreateIndex": 0, "ModifyIndex": 0, "JobModifyIndex": 0, "SubmitTime": 0}
+                "JobSummary": summary, "CreateIndex": 0, "ModifyIndex": 0, "JobModifyIndex": 0, "SubmitTime": 0,
+                **({"Meta": job["Meta"]} if meta and job.get("Meta") else {})}
 
     def _dispatch(self, namespace: str, parent_id: str, req: Recorded) -> tuple[int, Any]:
         parent = self.state.jobs.get((namespace, parent_id))

@@ -182,7 +182,8 @@ def test_tenant_added_is_not_destructive(repo, cache_dir, tmp_path):
     edit(repo / "clusters/prod-gke.yaml", "dns:\n", "  - name: evals\n    groups: [group:ml-evals@example.com]\n    gpu_quota: {}\ndns:\n")
     rc, report = run(repo, cache_dir, tmp_path)
     assert rc == 3 and findings(report) == []
-    assert {s["stack"] for s in report["stacks"] if s["created"]} == {"prod-gke-scheduler"}
+    # The scheduler stack gets the tenant's namespace and queues; the infra stack its checkpoint prefix grant.
+    assert {s["stack"] for s in report["stacks"] if s["created"]} == {"prod-gke", "prod-gke-scheduler"}
 
 
 def test_cluster_file_deleted_destroys_every_protected_resource_of_its_stacks(repo, cache_dir, tmp_path, stack_json):

@@ -98,6 +98,7 @@ def test_required_findings_are_exempted_per_resource_not_per_check(example_confi
     assert all(subnet.get("private_ip_google_access") is True for name, subnet in subnets.items() if name not in rdma)
     pool = f"google_container_node_pool.pool_{dws.name.replace('-', '_')}"
     assert exempted == sorted([("CKV2_GCP_18", "google_compute_network.rdma"), ("CKV_GCP_10", pool), ("CKV_GCP_9", pool),
+                               ("CKV_GCP_62", "google_storage_bucket.checkpoint_bucket"),
                                *((check, f"google_compute_subnetwork.{n}") for n in rdma for check in ("CKV_GCP_26", "CKV_GCP_74"))]), exempted
     # The same settings on resources that do not require them are not exempted.
     plain = json.loads(json.dumps(infra))
@@ -105,5 +106,7 @@ def test_required_findings_are_exempted_per_resource_not_per_check(example_confi
         pool.pop("queued_provisioning", None)
     for network in plain["resource"]["google_compute_network"].values():
         network.pop("network_profile", None)
+    for bucket in plain["resource"]["google_storage_bucket"].values():
+        bucket["labels"].pop("gpufleet-purpose")  # a bucket that is not the checkpoint bucket
     assert "rdma" in plain["resource"]["google_compute_network"]
     assert list(exemptions(plain)) == []

@@ -28,9 +28,11 @@ TYPES = (
     "compute_region_instance_group_manager", "compute_region_instance_template", "compute_router", "compute_router_nat",
     "compute_subnetwork", "container_cluster", "container_node_pool", "dns_managed_zone", "dns_record_set", "project_iam_member", "secret_manager_secret",
     "secret_manager_secret_iam_member", "secret_manager_secret_version", "service_account", "service_account_iam_member",
+    "storage_bucket", "storage_bucket_iam_member",
 )
-# Data sources, stored as "data.google_<name>" (the reserved pools' reservation check, clusters.reservation).
-DATA_TYPES = ("compute_reservation",)
+# Data sources, stored as "data.google_<name>" (the reserved pools' reservation check, clusters.reservation;
+# the project number of the checkpoint bucket's KSA principals, constructs_lib.checkpoint_bucket).
+DATA_TYPES = ("compute_reservation", "project")
 META = {"scope", "id", "connection", "count", "depends_on", "for_each", "lifecycle", "provider", "provisioners", "return"}
 
 
@@ -67,7 +69,7 @@ def main() -> None:
         "provider": "hashicorp/google", "provider_version": "6.50.0",
         "source": f"{DISTRIBUTION}=={metadata.version(DISTRIBUTION)} (prebuilt cdktf bindings generated from the provider schema)",
         "cross_checked": "hashicorp/terraform-provider-google tag v6.50.0 (956f5109), google/services/container/*.go,"
-                         " google/services/compute/resource_compute_reservation.go (data source)",
+                         " google/services/compute/resource_compute_reservation.go (data source), google/services/storage/resource_storage_bucket.go",
         "regenerate": ".venv/bin/python tests/schemas/regen_google.py",
         "format": "resource type -> {attribute: null (argument) | {nested block attributes}}",
     }}

@@ -142,7 +142,7 @@ def test_job_is_parameterized_batch_pinned_to_the_pool(specs: dict[str, Finetune
             {"LTarget": "${device.model}", "Operand": "regexp", "RTarget": "A100"},
         ],
     }]
-    assert job["ParameterizedJob"]["MetaRequired"] == ["dataset_uri", "gpufleet_vault_role_id", "gpufleet_vault_wrapped_secret_id", "run_id"]
+    assert job["ParameterizedJob"]["MetaRequired"] == ["dataset_uri", "gpufleet_experiment", "gpufleet_vault_role_id", "gpufleet_vault_wrapped_secret_id", "run_id"]
     assert job["Meta"]["gpufleet_vault_role"] == "finetune"
     assert task["Config"]["command"] == "gpufleet-exec" and task["Config"]["args"][:2] == ["--", "python"]
     assert task["Env"][ENV_ROLE_ID] == "${NOMAD_META_gpufleet_vault_role_id}"
