@@ -71,5 +71,7 @@ bench: $(STAMP)
 cdktf-cli: package-lock.json
 	npm ci --ignore-scripts --no-audit --no-fund
 
+# Keeps .gpufleet/state: the Terraform state of state.backend: local clusters (stacks/backends.py).
 clean:
-	rm -rf cdktf.out jobs/out .gpufleet .pytest_cache
+	rm -rf cdktf.out jobs/out .pytest_cache
+	test ! -d .gpufleet || find .gpufleet -mindepth 1 -maxdepth 1 ! -name state -exec rm -rf {} +
