@@ -476,11 +476,11 @@ class ClusterConfig(Model):
     name: DnsName
     # dev: GPU pools unprotected by default; a Vault role serves dev clusters or the others, never both.
     environment: Environment
-    # gke: a GKE cluster with Kueue (needs the gke: section's vault_addr); nomad: Nomad servers and GPU
+    # gke: a GKE cluster with Kueue (its jobs need gke.vault_addr); nomad: Nomad servers and GPU
     # clients on GCE (needs a nomad: section).
     scheduler: SchedulerKind
-    # Where Terraform state lives: local (files under cdktf.out/), gcs (a bucket that must already
-    # exist) or tfc (Terraform Cloud workspaces, created by the tfc-workspaces stack).
+    # Where Terraform state lives: local (files in .gpufleet/state/, kept by `make clean`), gcs (a bucket
+    # that must already exist) or tfc (Terraform Cloud workspaces, created by the tfc-workspaces stack).
     state: State = LocalState(backend="local")
     gcp: GcpConfig
     # Only with scheduler: gke.
