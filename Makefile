@@ -71,8 +71,10 @@ bench: $(STAMP)
 cdktf-cli: package-lock.json
 	npm ci --ignore-scripts --no-audit --no-fund
 
+# Keeps .gpufleet/state: the Terraform state of state.backend: local clusters (stacks/backends.py).
 clean:
-	rm -rf cdktf.out jobs/out .gpufleet .pytest_cache
+	rm -rf cdktf.out jobs/out .pytest_cache
+	test ! -d .gpufleet || find .gpufleet -mindepth 1 -maxdepth 1 ! -name state -exec rm -rf {} +
 
 # What plan.yml's preview job runs: the working tree against the last release (newest final version tag vX.Y.Z),
 # failing on a protected resource destroyed, replaced or renamed without a migration (docs/nomad.md).

@@ -267,13 +267,23 @@ class DiskType(StrEnum):
 
 
 class GpuPool(Model):
+    # What job files name in `gpu.pool` and tenants in `gpu_quota`; part of the pool's addresses, so
+    # renaming it destroys the pool (docs/howto/change-a-pool.md).
     name: DnsName
+    # Decides the GPU model and count (a2/a3/a4/g2 machine types); an n1 machine takes T4s through
+    # accelerator and gpus_per_node.
     machine_type: Annotated[str, _charset(GCE_NAME, "a GCE machine type name", "a2-highgpu-8g")]
+    # Derived from machine_type; set it for an n1 machine (nvidia-tesla-t4), otherwise it must match.
     accelerator: Annotated[str, _charset(GCE_NAME, "a GCE accelerator type name", "nvidia-tesla-t4")] | None = None
+    # Derived from machine_type; set it for an n1 machine, otherwise it must match.
     gpus_per_node: Annotated[int, Field(ge=1, le=16)] | None = None
+    # A fixed size, no autoscaling: excludes min_nodes and max_nodes.
     node_count: Annotated[int, Field(ge=0, le=1000)] | None = None
+    # The autoscaler's floor; 0 scales to zero (a run then waits for its first node).
     min_nodes: Annotated[int, Field(ge=0, le=1000)] | None = None
+    # The autoscaler's ceiling; required unless node_count is set.
     max_nodes: Annotated[int, Field(ge=1, le=1000)] | None = None
+    # Spot VMs: cheaper, and preempted whenever GCE needs the capacity back.
     spot: bool = False
     reservation: Annotated[str, _charset(RESERVATION, "a GCE reservation name (optionally projects/<project>/reservations/<name>, optionally ending /reservationBlocks/<block>)", "h100-reservation-2026")] | None = None
     queued_provisioning: bool = False
@@ -293,7 +303,10 @@ class GpuPool(Model):
     host_maintenance_interval: Literal["PERIODIC", "AS_NEEDED"] | None = None
     labels: dict[LabelKey, Annotated[str, _charset(POOL_LABEL_VALUE, "a label value GKE and GCE both accept (up to 63 lowercase letters, digits, '_', '-')", "pretrain")]] = {}
     taints: tuple[Taint, ...] = ()
+    # true lets the tenants' gpu_quota on this pool add up to more than it can hold (max_nodes x gpus_per_node).
     overcommit: bool = False
+    # The plan gate and preview refuse destroying or replacing the pool unless named with --allow-destroy.
+    # Unset: protected unless environment is dev.
     protected: bool | None = None
 
 
@@ -327,8 +340,11 @@ class IdlePolicy(Model):
 
 
 class Tenant(Model):
+    # A team: also its namespace on the cluster, and what job files name in `tenant:` and API tokens in --tenant.
     name: DnsName
+    # GKE: members bound to Kubernetes' edit role in the tenant's namespace, e.g. group:ml-vision@example.com.
     groups: tuple[Member, ...] = ()
+    # GPUs per pool (`pool: count`) the tenant's runs may hold at once; a pool missing here is refused at admission.
     gpu_quota: dict[DnsName, Annotated[int, Field(ge=0)]] = {}
     budget_usd_month: Annotated[float, Field(gt=0, le=100_000_000, description="US dollars per calendar month (UTC), more than 0, such as 20000;"
                                                                               " omit the field for no budget")] | None = None
@@ -502,12 +518,20 @@ class Checkpoints(Model):
 
 
 class ClusterConfig(Model):
+    # Must equal the file name (`clusters/<name>.yaml`); the stacks are `<name>` and `<name>-scheduler`.
     name: DnsName
+    # dev: GPU pools unprotected by default; a Vault role serves dev clusters or the others, never both.
     environment: Environment
+    # gke: a GKE cluster with Kueue (its jobs need gke.vault_addr); nomad: Nomad servers and GPU
+    # clients on GCE (needs a nomad: section).
     scheduler: SchedulerKind
+    # Where Terraform state lives: local (files in .gpufleet/state/, kept by `make clean`), gcs (a bucket
+    # that must already exist) or tfc (Terraform Cloud workspaces, created by the tfc-workspaces stack).
     state: State = LocalState(backend="local")
     gcp: GcpConfig
+    # Only with scheduler: gke.
     gke: GkeConfig | None = None
+    # Only with scheduler: nomad.
     nomad: NomadConfig | None = None
     gpu_pools: Annotated[tuple[GpuPool, ...], Field(min_length=1)]
     iam: IamConfig = IamConfig()

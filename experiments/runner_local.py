@@ -21,6 +21,7 @@ import threading
 import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
 from jobs.logs import LogsFilterRefused, last_lines
@@ -50,6 +51,14 @@ class _Run:
     process: subprocess.Popen[bytes]
     root: Path
     stopped: bool = False
+    # Naive UTC, like the other schedulers' placement and end times: a run that ends between two
+    # reconciler passes (the tutorial's takes about a second) is still charged its GPU time.
+    started_at: datetime | None = None
+    ended_at: datetime | None = None
+
+
+def _utcnow() -> datetime:
+    return datetime.now(UTC).replace(tzinfo=None)
 
 
 class LocalRunner:
@@ -76,9 +85,10 @@ class LocalRunner:
         env = task_environment(job, {**meta, **platform}, job_id=run_id.removeprefix("local/"), alloc_id=str(uuid.uuid4()), alloc_root=root, environ=self._environ)
         logs = root / "alloc" / "logs"
         with (logs / f"{TASK}.stdout.0").open("ab") as out, (logs / f"{TASK}.stderr.0").open("ab") as err:
+            started_at = _utcnow()
             process = subprocess.Popen(local_argv(job), cwd=REPO_ROOT, env=env, stdout=out, stderr=err)
         with self._lock:
-            self._runs[run_id] = _Run(process, root)
+            self._runs[run_id] = _Run(process, root, started_at=started_at)
             self._by_key[idempotency_key] = run_id
         return run_id
 
@@ -91,11 +101,14 @@ class LocalRunner:
         if code is None:
             return RunReport(Phase.RUNNING, f"pid {run.process.pid} on this machine", True, None)
         _drop_secrets(run.root)
+        if run.ended_at is None:
+            run.ended_at = _utcnow()  # at most one pass late: the process exited before this poll
+        times = {"placed_at": run.started_at, "ended_at": run.ended_at}
         if run.stopped:
-            return RunReport(Phase.STOPPED, "stopped by request", True, code)
+            return RunReport(Phase.STOPPED, "stopped by request", True, code, **times)
         if code == 0:
-            return RunReport(Phase.SUCCEEDED, "exited 0", True, 0)
-        return RunReport(Phase.FAILED, f"task train: Terminated: Exit Code: {code}", True, code)
+            return RunReport(Phase.SUCCEEDED, "exited 0", True, 0, **times)
+        return RunReport(Phase.FAILED, f"task train: Terminated: Exit Code: {code}", True, code, **times)
 
     def logs(self, run_id: str, *, rank: int = 0, stderr: bool = False, tail_bytes: int = DEFAULT_TAIL_BYTES, tail_lines: int | None = None,
              since_seconds: int | None = None, follow: bool = False, stop: threading.Event | None = None) -> Iterator[bytes]:

@@ -102,8 +102,9 @@ def stack_dir(out_dir: Path, stack: str) -> Path:
     if not (directory / STACK_FILE).is_file():
         found = stacks_root.glob("*") if stacks_root.is_dir() else ()
         known = sorted(p.name for p in found if (p / STACK_FILE).is_file() and not p.name.startswith(LIFTED_PREFIX))
-        listing = ", ".join(known) if known else "none (run `gpufleet synth` first)"
-        raise UserError(f"unknown stack {stack!r}{did_you_mean(stack, known)}; synthesized stacks in {stacks_root}: {listing}")
+        listing = ", ".join(known) if known else "none"
+        raise UserError(f"unknown stack {stack!r}{did_you_mean(stack, known)}; synthesized stacks in {stacks_root}: {listing}"
+                        " (a cluster file added or renamed since: run `gpufleet synth` or `gpufleet check` first)")
     return directory
 
 

@@ -130,7 +130,8 @@ def test_fails_when_stack_is_unknown(stack_out: Path, tmp_path: Path, capsys: py
     summary = tmp_path / "s.json"
     assert main(["plan", "dem", "--out-dir", str(stack_out), "--summary-out", str(summary)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == [f"error: unknown stack 'dem' (did you mean 'demo'?); synthesized stacks in {stack_out / 'stacks'}: demo"]
+    assert err == [f"error: unknown stack 'dem' (did you mean 'demo'?); synthesized stacks in {stack_out / 'stacks'}: demo"
+                   " (a cluster file added or renamed since: run `gpufleet synth` or `gpufleet check` first)"]
     assert json.loads(summary.read_text())["status"] == "error"
 
 
