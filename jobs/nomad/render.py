@@ -153,7 +153,8 @@ def render(spec: FinetuneSpec) -> dict[str, Any]:
                      "gpufleet_cluster": spec.cluster, "gpufleet_gpu_pool": spec.pool.name},
             "ParameterizedJob": {
                 "Payload": "forbidden",
-                "MetaRequired": sorted({*spec.meta_required, *(PLATFORM_META if spec.vault_role else ())}),
+                # Every run names its experiment (its checkpoint prefix); only a job with secrets takes the Vault keys.
+                "MetaRequired": sorted({*spec.meta_required, *(PLATFORM_META if spec.vault_role else (EXPERIMENT_META,))}),
                 "MetaOptional": list(spec.meta_optional),
             },
             "TaskGroups": [_group(spec)],
