@@ -35,7 +35,7 @@ from jobs.meta import validate_meta
 from jobs.nomad.render import JOB_META_ROLE, render, task_env
 from jobs.spec import TASK, FinetuneSpec, exec_argv
 from jobs.vault_mint import mint_wrapped_secret_id
-from vault_policies.layout import META_ROLE_ID, META_WRAPPED_SECRET_ID
+from vault_policies.layout import META_ATTEMPT, META_ROLE_ID, META_WRAPPED_SECRET_ID
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 # What a container would inherit from its image; everything else comes from the task.
@@ -138,7 +138,7 @@ def run_local(spec: FinetuneSpec, meta: Mapping[str, str], *, environ: Mapping[s
     checked = validate_meta(spec, dict(meta))
     wrapped = mint_wrapped_secret_id(spec, environ, expected_queue_seconds=0)
     job_id = f"{spec.name}/dispatch-{int(time.time())}-{secrets.token_hex(4)}"
-    platform = {META_ROLE_ID: wrapped.role_id, META_WRAPPED_SECRET_ID: wrapped.wrapping_token}
+    platform = {META_ROLE_ID: wrapped.role_id, META_WRAPPED_SECRET_ID: wrapped.wrapping_token, META_ATTEMPT: "1"}
     root = Path(tempfile.mkdtemp(prefix=f"gpufleet-{spec.name}-"))
     try:
         env = task_environment(spec, {**checked, **platform}, job_id=job_id, alloc_id=str(uuid.uuid4()), alloc_root=root, environ=environ)

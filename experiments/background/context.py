@@ -78,6 +78,9 @@ class Timing:
     usage_nomad_per_pass: int = 25
     # ...and only while those GETs have taken less than this share of the pass (at least a few a pass).
     usage_budget: float = 0.15
+    # A retried run's next attempt waits this, doubled per attempt, at most the max (experiments.attempts).
+    retry_backoff_seconds: float = 30.0
+    retry_backoff_max_seconds: float = 600.0
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,12 @@
 3. record: the run id, the outbox row deleted and dispatching -> queued, in one transaction.
 
 A crash between 2 and 3 leaves the row; once its lease lapses the next pass submits again
-with the same key and the scheduler answers with the run it already has. A scheduler error
+with the same key and the scheduler answers with the run it already has.
+
+A retried experiment (``retrying``, experiments.attempts) comes through here again as its next
+attempt: the claim moves it to dispatching, the previous attempt's run is stopped first (the
+whole gang), and the submit uses the attempt's own key (``attempts.attempt_key``), so it mints new
+secret_ids and makes a new scheduler run exactly once, whatever crashes in between. A scheduler error
 (503, timeout, Vault unreachable) releases the row with a backoff; past
 ``dispatch_stuck_seconds`` the experiment fails with the last error instead of waiting forever.
 
@@ -25,9 +30,10 @@ from datetime import datetime, timedelta
 from sqlalchemy import or_, select, update
 
 from clusters.errors import UserError
+from experiments.attempts import attempt_key
 from experiments.background.context import Context, log
 from experiments.errors import ApiError
-from experiments.models import Experiment, Outbox
+from experiments.models import Experiment, Outbox, RunAttempt
 from jobs.runner import SchedulerUnavailable
 from experiments.services.lifecycle import record, transition
 from experiments.states import TERMINAL, State
@@ -67,7 +73,7 @@ def _claim(ctx: Context, experiment_id: str) -> Experiment | None:
             return None
         exp = session.get(Experiment, experiment_id)
         assert exp is not None
-        if exp.state == State.PENDING.value:
+        if exp.state in (State.PENDING.value, State.RETRYING.value):
             transition(session, exp, State.DISPATCHING, actor=ACTOR, now=now)
         return exp
 
@@ -79,6 +85,8 @@ def dispatch_one(ctx: Context, experiment_id: str) -> bool:
     if State(exp.state) in TERMINAL:
         settle_stop_debt(ctx, experiment_id)
         return False
+    if exp.attempt > 1 and not _stop_previous(ctx, exp):
+        return False
     if exp.cancel_requested_at is not None:
         # Cancelled while a dispatch was being retried: never submit again.
         _end(ctx, experiment_id, State.CANCELLED, "cancelled before its dispatch completed")
@@ -89,7 +97,7 @@ def dispatch_one(ctx: Context, experiment_id: str) -> bool:
         _end(ctx, experiment_id, State.FAILED, f"job no longer passes the checks: {exc.error}")
         return False
     try:
-        run_id = ctx.runner.submit(spec, exp.meta, idempotency_key=exp.id)
+        run_id = ctx.runner.submit(spec, exp.meta, idempotency_key=attempt_key(exp.id, exp.attempt), attempt=exp.attempt)
     except (SchedulerUnavailable, UserError) as exc:
         _retry_later(ctx, experiment_id, str(exc))
         return False
@@ -107,7 +115,8 @@ def dispatch_one(ctx: Context, experiment_id: str) -> bool:
         if outbox is not None and not orphan:
             session.delete(outbox)
         if exp.state == State.DISPATCHING.value:
-            transition(session, exp, State.QUEUED, actor=ACTOR, now=now, reason=f"dispatched to {exp.scheduler} as {run_id}")
+            transition(session, exp, State.QUEUED, actor=ACTOR, now=now, reason=f"dispatched to {exp.scheduler} as {run_id}"
+                       + (f" (attempt {exp.attempt})" if exp.attempt > 1 else ""))
         latency = (now - exp.created_at).total_seconds()
     if orphan:
         # Ended (failed as stuck, or cancelled) while this submit was in flight: nothing may run
@@ -127,7 +136,7 @@ def _retry_later(ctx: Context, experiment_id: str, error: str) -> None:
         outbox = session.get(Outbox, experiment_id)
         exp = session.get(Experiment, experiment_id)
         assert outbox is not None and exp is not None
-        waited = (now - exp.created_at).total_seconds()
+        waited = (now - outbox.created_at).total_seconds()  # this attempt's row: a retry's clock starts at its own
         if waited >= ctx.timing.dispatch_stuck_seconds:
             # Any of the attempts may have reached the scheduler (an answer lost): keep the row as a stop debt.
             _keep_as_debt(outbox, now, error)
@@ -140,6 +149,23 @@ def _retry_later(ctx: Context, experiment_id: str, error: str) -> None:
         exp.updated_at = now
         record(session, experiment_id=exp.id, actor=ACTOR, kind="dispatch-error", message=exp.reason, now=now)
     log.warning("dispatch of experiment %s failed (attempt will be retried): %s", experiment_id, error)
+
+
+def _stop_previous(ctx: Context, exp: Experiment) -> bool:
+    """Before attempt N is submitted, whatever is left of attempt N-1 on the scheduler is stopped (all
+    of its ranks: a multi-node run restarts as a whole gang). Stopping a stopped run is a no-op, so a
+    re-claimed row repeats it safely; a scheduler error releases the row for a later pass."""
+    with ctx.sessions() as session:
+        previous = session.get(RunAttempt, (exp.id, exp.attempt - 1))
+        run_id = previous.run_id if previous is not None else None
+    if run_id is None:
+        return True
+    try:
+        ctx.runner.stop(run_id)
+    except SchedulerUnavailable as exc:
+        _retry_later(ctx, exp.id, f"attempt {exp.attempt - 1}'s run {run_id} is not confirmed stopped: {exc}")
+        return False
+    return True
 
 
 def _release(outbox: Outbox, now: datetime, error: str, *, backoff: int | None = None) -> int:
@@ -183,10 +209,15 @@ def settle_stop_debt(ctx: Context, experiment_id: str) -> bool:
     with ctx.sessions() as session:
         exp = session.get(Experiment, experiment_id)
         assert exp is not None
-        run_id, job, tenant, document, digest = exp.run_id, exp.job, exp.tenant, exp.job_spec, exp.job_spec_sha256
+        run_id, job, tenant, document, digest, attempt = exp.run_id, exp.job, exp.tenant, exp.job_spec, exp.job_spec_sha256, exp.attempt
+    if attempt > 1 and run_id is not None:
+        with ctx.sessions() as session:
+            previous = session.get(RunAttempt, (experiment_id, attempt - 1))
+        if previous is not None and previous.run_id == run_id:
+            run_id = None  # the previous attempt's run (stopped before this attempt's submit): look for this attempt's
     try:
         if run_id is None:
-            run_id = ctx.runner.find(ctx.catalog.frozen(job, document, digest), experiment_id)
+            run_id = ctx.runner.find(ctx.catalog.frozen(job, document, digest), attempt_key(experiment_id, attempt))
         if run_id is not None:
             ctx.runner.stop(run_id)
     except Exception as exc:  # noqa: BLE001 - a debt is never dropped: any failure keeps it for a later pass

@@ -29,7 +29,7 @@ from clusters.families import TOPOLOGY_LEVEL_NAMES
 from jobs.durations import NS_PER_SECOND
 from jobs.k8s.gpudirect import PodNetworking, pod_networking
 from jobs.spec import EXEC, TASK, FinetuneSpec
-from vault_policies.layout import ENV_KILL_GRACE_SECONDS, ENV_MAX_RUN_SECONDS, ENV_ROLE, ENV_ROLE_ID, ENV_SECRETS, ENV_WRAPPED_SECRET_ID_FILE
+from vault_policies.layout import ENV_ATTEMPT, ENV_KILL_GRACE_SECONDS, ENV_MAX_RUN_SECONDS, ENV_ROLE, ENV_ROLE_ID, ENV_SECRETS, ENV_WRAPPED_SECRET_ID_FILE
 
 # kubernetes-sigs/kueue pkg/controller/constants/constants.go (v0.19.2): QueueLabel.
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
@@ -142,7 +142,7 @@ def priority_class(priority: int) -> str:
     return PRIORITY_CLASS_HIGH if priority >= HIGH_PRIORITY else PRIORITY_CLASS_LOW
 
 
-def _env(spec: FinetuneSpec, run: str, meta: dict[str, str]) -> list[dict[str, Any]]:
+def _env(spec: FinetuneSpec, run: str, meta: dict[str, str], attempt: int) -> list[dict[str, Any]]:
     """Ordered: Kubernetes expands ``$(NODE_RANK)`` only from variables defined before it."""
     env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in spec.env]
     if spec.nodes > 1:
@@ -168,6 +168,7 @@ def _env(spec: FinetuneSpec, run: str, meta: dict[str, str]) -> list[dict[str, A
         {"name": ENV_KILL_GRACE_SECONDS, "value": str(_grace_seconds(spec))},
         {"name": "TMPDIR", "value": "/tmp"},
         {"name": "GPUFLEET_SCRATCH", "value": SCRATCH_DIR},
+        {"name": ENV_ATTEMPT, "value": str(attempt)},
     ]
     env += [{"name": f"{META_ENV_PREFIX}{key}", "value": value} for key, value in sorted(meta.items())]
     return env
@@ -177,7 +178,7 @@ def _grace_seconds(spec: FinetuneSpec) -> int:
     return max(1, spec.kill_timeout_ns // NS_PER_SECOND)
 
 
-def _container(spec: FinetuneSpec, run: str, meta: dict[str, str]) -> dict[str, Any]:
+def _container(spec: FinetuneSpec, run: str, meta: dict[str, str], attempt: int) -> dict[str, Any]:
     gpus = str(spec.gpu.count)
     memory, disk = f"{spec.memory_mb}Mi", f"{spec.disk_mb}Mi"
     return {
@@ -186,7 +187,7 @@ def _container(spec: FinetuneSpec, run: str, meta: dict[str, str]) -> dict[str, 
         "imagePullPolicy": "IfNotPresent",
         "command": [EXEC, "--", spec.command],
         "args": list(spec.args),
-        "env": _env(spec, run, meta),
+        "env": _env(spec, run, meta, attempt),
         # No CPU limit (throttling slows data loading); memory and disk limits equal the
         # requests so a run cannot take what the scheduler gave another pod.
         "resources": {
@@ -272,7 +273,7 @@ def networking(spec: FinetuneSpec) -> PodNetworking | None:
     return pod_networking(spec.pool.gpudirect, spec.gke.networks)
 
 
-def _pod_spec(spec: FinetuneSpec, run: str, meta: dict[str, str]) -> dict[str, Any]:
+def _pod_spec(spec: FinetuneSpec, run: str, meta: dict[str, str], attempt: int) -> dict[str, Any]:
     assert spec.gke is not None
     pod: dict[str, Any] = {
         "restartPolicy": "Never",
@@ -289,7 +290,7 @@ def _pod_spec(spec: FinetuneSpec, run: str, meta: dict[str, str]) -> dict[str, A
             "fsGroup": RUN_USER,
             "seccompProfile": {"type": "RuntimeDefault"},
         },
-        "containers": [_container(spec, run, meta)],
+        "containers": [_container(spec, run, meta, attempt)],
         # emptyDir lives on the node's ephemeral storage: the local SSDs on pools that have
         # them (GKE ephemeral-storage-local-ssd), else the boot disk; the container's
         # ephemeral-storage limit caps both. /dev/shm in memory for data-loader workers.
@@ -338,8 +339,9 @@ def _labels(spec: FinetuneSpec, run: str) -> dict[str, str]:
     return {JOB_LABEL: spec.name, RUN_LABEL: run}
 
 
-def job_manifest(spec: FinetuneSpec, *, dispatch_id: str | None = None, meta: dict[str, str] | None = None) -> dict[str, Any]:
-    """The suspended, Kueue-labelled Job; a pure function of the spec, dispatch id and meta."""
+def job_manifest(spec: FinetuneSpec, *, dispatch_id: str | None = None, meta: dict[str, str] | None = None, attempt: int = 1) -> dict[str, Any]:
+    """The suspended, Kueue-labelled Job; a pure function of the spec, dispatch id, meta and attempt
+    (GPUFLEET_ATTEMPT: each attempt of an experiment is its own Job, named from its own dispatch id)."""
     if spec.gke is None:
         raise ValueError(f"job {spec.name} targets a Nomad cluster; render it with jobs.nomad.render")
     run = run_name(spec.name, dispatch_id)
@@ -375,7 +377,7 @@ def job_manifest(spec: FinetuneSpec, *, dispatch_id: str | None = None, meta: di
             "ttlSecondsAfterFinished": TTL_AFTER_FINISHED_SECONDS,
             "template": {
                 "metadata": {"labels": _labels(spec, run), **({"annotations": a} if (a := _template_annotations(spec)) else {})},
-                "spec": _pod_spec(spec, run, meta or {}),
+                "spec": _pod_spec(spec, run, meta or {}, attempt),
             },
         },
     }
@@ -397,10 +399,10 @@ def rendezvous_service(spec: FinetuneSpec, *, dispatch_id: str | None = None) ->
     }
 
 
-def manifests(spec: FinetuneSpec, *, dispatch_id: str | None = None, meta: dict[str, str] | None = None) -> list[dict[str, Any]]:
+def manifests(spec: FinetuneSpec, *, dispatch_id: str | None = None, meta: dict[str, str] | None = None, attempt: int = 1) -> list[dict[str, Any]]:
     """Service first (so rank DNS exists when pods start), then the Job."""
     out = [rendezvous_service(spec, dispatch_id=dispatch_id)] if spec.nodes > 1 else []
-    return out + [job_manifest(spec, dispatch_id=dispatch_id, meta=meta)]
+    return out + [job_manifest(spec, dispatch_id=dispatch_id, meta=meta, attempt=attempt)]
 
 
 def _sorted(node: Any) -> Any:

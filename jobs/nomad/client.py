@@ -23,7 +23,7 @@ from urllib.parse import quote
 
 from clusters.errors import UserError
 from jobs.nomad.placement import explain
-from jobs.nomad.render import META_ROLE_ID, META_WRAPPED_SECRET_ID, placement_probe, render
+from jobs.nomad.render import META_ATTEMPT, META_ROLE_ID, META_WRAPPED_SECRET_ID, placement_probe, render
 from jobs.spec import FinetuneSpec
 from jobs.nomad.status import RunStatus, summarize
 
@@ -226,10 +226,12 @@ class NomadClient:
             answer = self._api(spec.namespace).jobs.register_job(render(spec))
         return int(answer.get("JobModifyIndex", 0))
 
-    def dispatch(self, spec: FinetuneSpec, meta: Mapping[str, str], *, role_id: str, wrapping_token: str, idempotency_token: str) -> DispatchResult:
+    def dispatch(self, spec: FinetuneSpec, meta: Mapping[str, str], *, role_id: str, wrapping_token: str, idempotency_token: str,
+                 attempt: int = 1) -> DispatchResult:
         """One child run. The token goes in the query string (Nomad reads it only there);
-        the wrapping token goes in Meta, and no error message ever echoes the body."""
-        body = {"Meta": {**meta, META_ROLE_ID: role_id, META_WRAPPED_SECRET_ID: wrapping_token}}
+        the wrapping token goes in Meta, and no error message ever echoes the body. The attempt
+        number rides in Meta too (the task's GPUFLEET_ATTEMPT, jobs.nomad.render.task_env)."""
+        body = {"Meta": {**meta, META_ROLE_ID: role_id, META_WRAPPED_SECRET_ID: wrapping_token, META_ATTEMPT: str(attempt)}}
         on_404 = f"register it first: gpufleet jobs submit {spec.name}"
         with self._errors("dispatch", spec.name, spec.namespace, on_404):
             response = self._api(spec.namespace).job.request(

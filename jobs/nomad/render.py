@@ -17,18 +17,20 @@ from typing import Any
 from jobs.durations import NS_PER_SECOND
 from jobs.spec import TASK, FinetuneSpec, exec_argv
 from vault_policies.layout import (
+    ENV_ATTEMPT,
     ENV_KILL_GRACE_SECONDS,
     ENV_MAX_RUN_SECONDS,
     ENV_ROLE,
     ENV_ROLE_ID,
     ENV_SECRETS,
     ENV_WRAPPED_SECRET_ID,
+    META_ATTEMPT,
     META_ROLE_ID,
     META_WRAPPED_SECRET_ID,
 )
 
 # Dispatch meta the platform fills in; declared as required so a dispatch without them is refused by Nomad.
-PLATFORM_META = (META_ROLE_ID, META_WRAPPED_SECRET_ID)
+PLATFORM_META = (META_ATTEMPT, META_ROLE_ID, META_WRAPPED_SECRET_ID)
 # Static job meta: which role the dispatcher must mint for (a name, not a credential).
 JOB_META_ROLE = "gpufleet_vault_role"
 GPU_DEVICE = "nvidia/gpu"
@@ -71,6 +73,7 @@ def task_env(spec: FinetuneSpec) -> dict[str, str]:
         ENV_ROLE: spec.vault_role,
         ENV_ROLE_ID: f"${{NOMAD_META_{META_ROLE_ID}}}",
         ENV_WRAPPED_SECRET_ID: f"${{NOMAD_META_{META_WRAPPED_SECRET_ID}}}",
+        ENV_ATTEMPT: f"${{NOMAD_META_{META_ATTEMPT}}}",
         ENV_SECRETS: spec.secrets_env,
         ENV_MAX_RUN_SECONDS: str(spec.max_run_ns // NS_PER_SECOND),
         ENV_KILL_GRACE_SECONDS: str(max(1, spec.kill_timeout_ns // NS_PER_SECOND)),

@@ -69,10 +69,15 @@ def test_alembic_upgrades_from_empty_and_downgrades_one_step(db_url):
     try:
         assert db.current_revision(engine) is None
         db.upgrade(engine)
-        assert db.current_revision(engine) == "0009"
-        assert {"experiments", "events", "outbox", "api_tokens", "run_logs", "scheduler_identities", "run_usage", "dashboard_sessions"} <= set(inspect(engine).get_table_names())
-        assert {"scheduler_refs", "job_spec", "job_spec_sha256"} <= {c["name"] for c in inspect(engine).get_columns("experiments")}
+        assert db.current_revision(engine) == "0010_attempts"
+        assert {"experiments", "events", "outbox", "api_tokens", "run_logs", "scheduler_identities", "run_usage", "dashboard_sessions",
+                "run_attempts"} <= set(inspect(engine).get_table_names())
+        assert {"scheduler_refs", "job_spec", "job_spec_sha256", "attempt", "failure_class", "prior_gpu_hours"} <= {c["name"] for c in inspect(engine).get_columns("experiments")}
+        assert "attempt" in {c["name"] for c in inspect(engine).get_columns("events")}
         assert inspect(engine).get_pk_constraint("run_logs")["constrained_columns"] == ["experiment_id", "rank", "stream"]
+        db.downgrade(engine, "-1")
+        assert db.current_revision(engine) == "0009" and "run_attempts" not in set(inspect(engine).get_table_names())
+        assert "attempt" not in {c["name"] for c in inspect(engine).get_columns("experiments")}
         db.downgrade(engine, "-1")
         assert db.current_revision(engine) == "0008" and "job_spec" not in {c["name"] for c in inspect(engine).get_columns("experiments")}
         db.downgrade(engine, "-1")
@@ -93,7 +98,7 @@ def test_alembic_upgrades_from_empty_and_downgrades_one_step(db_url):
         tables = set(inspect(engine).get_table_names())
         assert "api_tokens" not in tables and {"experiments", "events", "outbox"} <= tables
         db.upgrade(engine)
-        assert db.current_revision(engine) == "0009"
+        assert db.current_revision(engine) == "0010_attempts"
     finally:
         engine.dispose()
 

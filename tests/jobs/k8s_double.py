@@ -793,6 +793,27 @@ class K8sDouble:
 
         self._update(namespace, name, job, lambda w: self._set_conditions(w["status"], self._condition("Finished", "True", "Failed", message)))
 
+    def disrupt(self, namespace: str, name: str, *, reason: str, rank: int = 0) -> None:
+        """A rank's pod is taken away by the fleet: it gets the ``DisruptionTarget`` condition with one of
+        kubernetes' reasons (staging/src/k8s.io/api/core/v1/types.go PodReasonPreemptionByScheduler,
+        DeletionByTaintManager, EvictionByEvictionAPI, DeletionByPodGC, TerminationByKubelet) and fails;
+        the Job's ``DisruptionTarget -> FailJob`` rule fails the Job with the Job controller's message
+        (pkg/controller/job/pod_failure_policy.go: "Pod %s/%s has condition %v matching %v rule at index %d")."""
+        pod_name = self.pods(namespace, name)[rank]
+        rule = next(i for i, r in enumerate(self.job(namespace, name)["spec"]["podFailurePolicy"]["rules"]) if r.get("onPodConditions"))
+        message = f"Pod {namespace}/{pod_name} has condition DisruptionTarget matching FailJob rule at index {rule}"
+
+        def job(j: dict[str, Any]) -> None:
+            pod = self.store.objects[("pods", namespace, pod_name)]
+            pod["status"]["phase"] = "Failed"
+            pod["status"].setdefault("conditions", []).append(self._condition("DisruptionTarget", "True", reason, f"{reason}: taken away by the fleet"))
+            self._bump("pods", "MODIFIED", pod)
+            j["status"].update({"active": 0, "ready": 0, "failed": 1})
+            self._set_conditions(j["status"], self._condition("FailureTarget", "True", "PodFailurePolicy", message),
+                                 self._condition("Failed", "True", "PodFailurePolicy", message))
+
+        self._update(namespace, name, job, lambda w: self._set_conditions(w["status"], self._condition("Finished", "True", "Failed", message)))
+
     def evict(self, namespace: str, name: str, *, reason: str = "Preempted", preempted_reason: str = "InClusterQueue", message: str = "Preempted to accommodate a workload due to prioritization in the ClusterQueue") -> None:
         def workload(w: dict[str, Any]) -> None:
             w["status"].pop("admission", None)

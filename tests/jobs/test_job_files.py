@@ -43,6 +43,9 @@ def _delete(path: tuple[Any, ...]) -> Callable[[Any], None]:
 BAD = [
     ("unknown-field", _set(("gpus",), 1), "gpus", r"unknown field \(did you mean 'gpu'\?\); allowed: .*remove or rename it"),
     ("missing-required", _delete(("max_run_hours",)), "max_run_hours", r"required field is missing; add it"),
+    ("retries-negative", _set(("retries",), {"max_attempts": -1}), "retries.max_attempts", r"-1: too small; allowed: >= 0; raise the value"),
+    ("retries-exit-code-0", _set(("retries",), {"on_exit_codes": [0]}), "retries.on_exit_codes[0]", r"0: too small; allowed: >= 1"),
+    ("retries-typo", _set(("retries",), {"on_exit": [3]}), "retries.on_exit", r"unknown field \(did you mean 'on_exit_codes'\?\); allowed: max_attempts, on_exit_codes"),
     ("cluster-typo", _set(("cluster",), "prod-nomd"), "cluster", r"'prod-nomd' does not exist \(did you mean 'prod-nomad'\?\); allowed: dev-gke, prod-gke, prod-nomad"),
     ("gke-cluster-other-tenants", _set(("cluster",), "prod-gke"), "tenant", r"tenant 'finetune' does not exist in cluster prod-gke; allowed: applied, research"),
     ("multi-node-on-nomad", _set(("nodes",), 2), "nodes", r"2 nodes: multi-node runs are built on GKE only .* not on Nomad yet; set nodes: 1 or pick a GKE cluster: dev-gke, prod-gke"),

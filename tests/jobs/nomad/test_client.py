@@ -45,7 +45,7 @@ def test_plan_register_dispatch_send_exactly_these_requests(nomad: NomadDouble, 
     assert (register.method, register.path, register.query, register.body) == ("POST", "/v1/jobs", {"namespace": ["finetune"]}, render(llama))
     assert (dispatch.method, dispatch.path) == ("POST", "/v1/job/finetune-llama/dispatch")
     assert dispatch.query == {"idempotency_token": ["idem-1"], "namespace": ["finetune"]}
-    assert dispatch.body == {"Meta": {**META, "gpufleet_vault_role_id": "role-id-1", "gpufleet_vault_wrapped_secret_id": WRAP}}
+    assert dispatch.body == {"Meta": {**META, "gpufleet_vault_role_id": "role-id-1", "gpufleet_vault_wrapped_secret_id": WRAP, "gpufleet_attempt": "1"}}
     for request in nomad.requests:
         assert request.headers["X-Nomad-Token"] == "nomad-acl-test-token"
         assert request.headers["User-Agent"] == "gpufleet-jobs/0.1"

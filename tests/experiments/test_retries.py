@@ -1,0 +1,267 @@
+"""Retries with fresh secrets (issue 25): a run the fleet lost is dispatched again as the next attempt
+of the same experiment, with new single-use wrapped secret_ids for every rank, a new scheduler run,
+the tenant's quota held once; a run that failed on its own is not.
+
+Proved where the schedulers and Vault see it: the Nomad double's dispatch calls (their meta carries
+the wrapping token), the Kubernetes double's created Jobs and Secrets, and the real OpenBao, which
+says of each wrapping token whether it is a live, unused wrap of an AppRole secret_id. The failures
+are made the way upstream writes them (tests/jobs/nomad_double.py lose_node/preempt/drain,
+tests/jobs/k8s_double.py disrupt/evict cite the fields). SQLite and PostgreSQL (``db_url``).
+"""
+
+from __future__ import annotations
+
+import base64
+import shutil
+from pathlib import Path
+
+import pytest
+import requests
+from sqlalchemy import select
+
+from experiments.background.context import Timing
+from experiments.background.dispatch import process_outbox
+from experiments.models import Event, Experiment, RunAttempt
+from experiments.services.catalog import Catalog
+from experiments.services.experiments import gpus_in_use
+from jobs.k8s.render import ROLE_ID_KEY
+from jobs.loader import JOBS_DIR
+from tests.experiments.test_dispatch import Crash, CrashAfterSubmit
+
+PARENT, NOMAD_NS = "finetune-llama", "finetune"
+GKE_JOB, GKE_NS = "finetune-llama-gke", "research"
+GKE_META = {"dataset_uri": "gs://acme-data/chat/v3/", "run_id": "llama-chat-gke-1"}
+BACKOFF = Timing().retry_backoff_seconds
+
+
+def _state(svc, exp_id, headers):
+    return svc.client.get(f"/api/v1/experiments/{exp_id}", headers=headers).json()
+
+
+def _nomad_wraps(nomad) -> list[str]:
+    """The wrapping token of each dispatch call Nomad received, in order."""
+    return [call.body["Meta"]["gpufleet_vault_wrapped_secret_id"] for call in nomad.calls("POST", "dispatch")]
+
+
+def _unused_secret_id_wrap(vault, token: str, role: str) -> bool:
+    """OpenBao's own word (sys/wrapping/lookup needs no token and does not consume the wrap)."""
+    answer = requests.post(f"{vault.addr}/v1/sys/wrapping/lookup", json={"token": token}, timeout=5)
+    return answer.status_code == 200 and answer.json()["data"]["creation_path"] == f"auth/approle/role/{role}/secret-id"
+
+
+def _gke_wraps(k8s, run: str) -> list[str]:
+    secret = k8s.store.objects[("secrets", GKE_NS, f"{run}-vault")]
+    return [base64.b64decode(v).decode() for k, v in sorted(secret["data"].items()) if k != ROLE_ID_KEY]
+
+
+def _gke_jobs(k8s) -> list[str]:
+    return [r.body["metadata"]["name"] for r in k8s.created("jobs")]
+
+
+def _events(svc, exp_id):
+    with svc.ctx.sessions() as session:
+        return session.scalars(select(Event).where(Event.experiment_id == exp_id).order_by(Event.id)).all()
+
+
+def _quota(svc, tenant, cluster, pool):
+    with svc.ctx.sessions() as session:
+        return gpus_in_use(session, tenant, cluster, pool)
+
+
+def _nomad_running(svc, nomad, headers):
+    exp = svc.submit(headers).json()
+    svc.step()
+    job_id = nomad.dispatched(PARENT)[0]
+    nomad.start_task(job_id)
+    svc.step()
+    assert _state(svc, exp["id"], headers)["status"] == "running"
+    return exp, job_id
+
+
+def test_a_lost_node_under_a_2_rank_run_makes_exactly_one_second_attempt_with_two_new_secret_ids(make_service, db_url, k8s, fleet_runner, vault):
+    svc = make_service(db_url, fleet_runner)
+    headers = svc.token(GKE_NS)
+    exp = svc.client.post("/api/v1/experiments", json={"job": GKE_JOB, "meta": GKE_META}, headers=headers).json()
+    svc.step()
+    (first,) = _gke_jobs(k8s)
+    first_wraps = _gke_wraps(k8s, first)
+    k8s.admit(GKE_NS, first, cluster_queue=GKE_NS, flavor="h100")
+    k8s.pods_ready(GKE_NS, first, 2)
+    svc.step()
+    assert _state(svc, exp["id"], headers)["status"] == "running" and _quota(svc, GKE_NS, "prod-gke", "h100") == 16
+    for token in first_wraps:  # the ranks of attempt 1 unwrap theirs
+        requests.post(f"{vault.addr}/v1/sys/wrapping/unwrap", headers={"X-Vault-Token": token}, timeout=5).raise_for_status()
+
+    k8s.disrupt(GKE_NS, first, reason="DeletionByTaintManager", rank=1)  # rank 1's node went NotReady: the taint manager deleted its pod
+    svc.step()
+    shown = _state(svc, exp["id"], headers)
+    assert shown["status"] == "retrying" and shown["attempt"] == 2 and shown["failure_class"] == "infrastructure"
+    assert "disruption-DeletionByTaintManager" in shown["reason"] and "attempt 2 of at most 4" in shown["reason"]
+    assert _quota(svc, GKE_NS, "prod-gke", "h100") == 16  # held once, while it waits out the backoff
+    svc.step()
+    assert _gke_jobs(k8s) == [first]  # nothing before the backoff
+
+    svc.clock.advance(seconds=BACKOFF + 1)
+    svc.step()
+    svc.step()
+    jobs = _gke_jobs(k8s)
+    assert len(jobs) == 2 and jobs[0] == first and jobs[1] != first  # one new Job, under its own name
+    assert k8s.job(GKE_NS, first)["metadata"].get("deletionTimestamp")  # the whole old gang stopped
+    second_wraps = _gke_wraps(k8s, jobs[1])
+    assert len(second_wraps) == 2 and not set(second_wraps) & set(first_wraps)
+    assert all(_unused_secret_id_wrap(vault, t, "finetune") for t in second_wraps)  # live, never unwrapped
+    env = {e["name"]: e.get("value") for e in k8s.job(GKE_NS, jobs[1])["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["GPUFLEET_ATTEMPT"] == "2"
+    shown = _state(svc, exp["id"], headers)
+    assert shown["id"] == exp["id"] and shown["status"] == "queued" and shown["attempt"] == 2 and jobs[1] in shown["run_id"]
+    assert [a["attempt"] for a in shown["attempts"]] == [1, 2] and shown["attempts"][0]["cause"] == "disruption-DeletionByTaintManager"
+    assert _quota(svc, GKE_NS, "prod-gke", "h100") == 16
+    assert {e.attempt for e in _events(svc, exp["id"])} == {1, 2}
+
+    k8s.admit(GKE_NS, jobs[1], cluster_queue=GKE_NS, flavor="h100")
+    k8s.pods_ready(GKE_NS, jobs[1], 2)
+    svc.step()
+    svc.clock.advance(hours=1)
+    k8s.succeed(GKE_NS, jobs[1])
+    svc.step()
+    done = _state(svc, exp["id"], headers)
+    assert done["status"] == "succeeded" and len(_gke_jobs(k8s)) == 2
+    # GPU-hours add up: attempt 1 held 16 GPUs for 0 s of fake time, attempt 2 for an hour.
+    assert done["gpu_hours"] == pytest.approx(16.0, abs=0.01) and done["attempts"][1]["gpu_hours"] == pytest.approx(16.0, abs=0.01)
+
+
+def test_a_lost_nomad_node_retries_with_a_new_dispatch_and_a_new_secret_id(make_service, db_url, nomad, nomad_runner, vault):
+    svc = make_service(db_url, nomad_runner)
+    headers = svc.token("finetune")
+    exp, first = _nomad_running(svc, nomad, headers)
+    nomad.lose_node(first)
+    svc.step()
+    shown = _state(svc, exp["id"], headers)
+    assert shown["status"] == "retrying" and "node-lost" in shown["reason"] and "alloc is lost since its node is down" in shown["reason"]
+    svc.clock.advance(seconds=BACKOFF + 1)
+    svc.step()
+    children = nomad.dispatched(PARENT)
+    assert len(children) == 2 and first in children
+    assert nomad.state.jobs[(NOMAD_NS, first)].get("Stop") is True  # the old attempt's job stopped before the new dispatch
+    tokens = [call.query["idempotency_token"][0] for call in nomad.calls("POST", "dispatch")]
+    assert tokens == [exp["id"], f"{exp['id']}.attempt-2"]
+    wraps = _nomad_wraps(nomad)
+    assert len(set(wraps)) == 2 and _unused_secret_id_wrap(vault, wraps[1], "finetune")
+    assert [c.body["Meta"]["gpufleet_attempt"] for c in nomad.calls("POST", "dispatch")] == ["1", "2"]
+    assert _state(svc, exp["id"], headers)["attempt"] == 2
+
+
+@pytest.mark.parametrize("fault", ["preempt", "drain", "hardware"])
+def test_nomad_preemption_drain_and_the_hardware_exit_are_infrastructure(make_service, sqlite_url, nomad, nomad_runner, fault):
+    svc = make_service(sqlite_url, nomad_runner)
+    headers = svc.token("finetune")
+    exp, first = _nomad_running(svc, nomad, headers)
+    if fault == "preempt":
+        nomad.preempt(first, by="alloc-ffff")
+    elif fault == "drain":
+        nomad.drain(first)
+    else:
+        nomad.finish(first, client_status="failed", failed=True, events=[{"Type": "Terminated", "Time": 1, "ExitCode": 75, "Details": {"exit_code": "75"}}])
+    svc.step()
+    shown = _state(svc, exp["id"], headers)
+    assert shown["status"] == "retrying" and shown["failure_class"] == "infrastructure"
+    assert {"preempt": "preempted", "drain": "rescheduled", "hardware": "hardware-exit"}[fault] in shown["reason"]
+
+
+def test_a_user_exit_1_is_not_retried(make_service, db_url, nomad, nomad_runner):
+    svc = make_service(db_url, nomad_runner)
+    headers = svc.token("finetune")
+    exp, first = _nomad_running(svc, nomad, headers)
+    nomad.finish(first, client_status="failed", failed=True, events=[{"Type": "Terminated", "Time": 1, "ExitCode": 1, "Details": {"exit_code": "1"}}])
+    svc.step()
+    svc.clock.advance(hours=1)
+    svc.step()
+    shown = _state(svc, exp["id"], headers)
+    assert shown["status"] == "failed" and shown["failure_class"] == "user" and shown["exit_code"] == 1 and shown["attempt"] == 1
+    assert "not retried" in shown["reason"] and len(nomad.dispatched(PARENT)) == 1
+
+
+def _jobs_with(tmp_path: Path, catalog: Catalog, retries: str) -> Catalog:
+    directory = tmp_path / "jobs"
+    directory.mkdir()
+    shutil.copy(JOBS_DIR / f"{PARENT}.yaml", directory / f"{PARENT}.yaml")
+    with (directory / f"{PARENT}.yaml").open("a") as handle:
+        handle.write(retries)
+    return Catalog(directory, configs=catalog.configs, vault=catalog.vault)
+
+
+def test_max_attempts_0_never_retries(make_service, db_url, nomad, nomad_runner, catalog, tmp_path):
+    svc = make_service(db_url, nomad_runner, jobs=_jobs_with(tmp_path, catalog, "retries:\n  max_attempts: 0\n"))
+    headers = svc.token("finetune")
+    exp, first = _nomad_running(svc, nomad, headers)
+    nomad.lose_node(first)
+    svc.step()
+    svc.clock.advance(hours=1)
+    svc.step()
+    shown = _state(svc, exp["id"], headers)
+    assert shown["status"] == "failed" and shown["failure_class"] == "infrastructure" and "max_attempts: 0" in shown["reason"]
+    assert len(nomad.dispatched(PARENT)) == 1
+
+
+def test_a_listed_exit_code_is_retried_until_max_attempts_is_spent(make_service, sqlite_url, nomad, nomad_runner, catalog, tmp_path):
+    svc = make_service(sqlite_url, nomad_runner, jobs=_jobs_with(tmp_path, catalog, "retries:\n  max_attempts: 1\n  on_exit_codes: [42]\n"))
+    headers = svc.token("finetune")
+    exp, first = _nomad_running(svc, nomad, headers)
+    exit42 = [{"Type": "Terminated", "Time": 1, "ExitCode": 42, "Details": {"exit_code": "42"}}]
+    nomad.finish(first, client_status="failed", failed=True, events=exit42)
+    svc.step()
+    svc.clock.advance(seconds=BACKOFF + 1)
+    svc.step()
+    second = next(j for j in nomad.dispatched(PARENT) if j != first)
+    nomad.start_task(second)
+    svc.step()
+    nomad.finish(second, client_status="failed", failed=True, events=exit42)
+    svc.step()
+    shown = _state(svc, exp["id"], headers)
+    assert shown["status"] == "failed" and shown["attempt"] == 2 and "all 1 retries" in shown["reason"] and len(nomad.dispatched(PARENT)) == 2
+
+
+def test_a_kill_9_during_a_retry_dispatches_that_attempt_exactly_once(make_service, db_url, nomad, nomad_runner):
+    svc = make_service(db_url, nomad_runner)
+    headers = svc.token("finetune")
+    exp, first = _nomad_running(svc, nomad, headers)
+    nomad.lose_node(first)
+    svc.step()
+    svc.close()
+    doomed = make_service(db_url, CrashAfterSubmit(nomad_runner), clock=svc.clock)
+    doomed.clock.advance(seconds=BACKOFF + 1)
+    with pytest.raises(Crash):  # Nomad accepted attempt 2, the process died before recording it
+        process_outbox(doomed.ctx)
+    doomed.close()
+    restarted = make_service(db_url, nomad_runner, clock=doomed.clock)
+    restarted.step()
+    assert _state(restarted, exp["id"], headers)["status"] == "dispatching"  # the dead dispatcher's lease holds
+    restarted.clock.advance(seconds=Timing().dispatch_lease_seconds + 1)
+    restarted.step()
+    restarted.step()
+    children = nomad.dispatched(PARENT)
+    assert len(children) == 2  # attempt 1 and exactly one attempt 2
+    shown = _state(restarted, exp["id"], headers)
+    assert shown["attempt"] == 2 and shown["status"] == "provisioning" and shown["run_id"] == f"{NOMAD_NS}/{next(c for c in children if c != first)}"
+    with restarted.ctx.sessions() as session:
+        assert [a.attempt for a in session.scalars(select(RunAttempt).where(RunAttempt.experiment_id == exp["id"]))] == [1]
+        assert session.get(Experiment, exp["id"]).attempt == 2
+
+
+def test_a_kueue_preemption_becomes_attempt_2_not_a_failure(make_service, db_url, k8s, fleet_runner):
+    svc = make_service(db_url, fleet_runner)
+    headers = svc.token(GKE_NS)
+    exp = svc.client.post("/api/v1/experiments", json={"job": GKE_JOB, "meta": GKE_META}, headers=headers).json()
+    svc.step()
+    (first,) = _gke_jobs(k8s)
+    k8s.admit(GKE_NS, first, cluster_queue=GKE_NS, flavor="h100")
+    svc.step()
+    k8s.evict(GKE_NS, first)  # Kueue: Evicted/Preempted, InClusterQueue
+    svc.step()
+    shown = _state(svc, exp["id"], headers)
+    assert shown["status"] == "retrying" and shown["attempt"] == 2 and "kueue-Preempted/InClusterQueue" in shown["reason"]
+    assert k8s.job(GKE_NS, first)["metadata"].get("deletionTimestamp")  # the requeued Job no longer waits for GPUs
+    svc.clock.advance(seconds=BACKOFF + 1)
+    svc.step()
+    jobs = _gke_jobs(k8s)
+    assert len(jobs) == 2 and _state(svc, exp["id"], headers)["status"] == "queued"
