@@ -49,6 +49,11 @@ def attempt_key(experiment_id: str, attempt: int) -> str:
     return experiment_id if attempt <= 1 else f"{experiment_id}.attempt-{attempt}"
 
 
+def experiment_of(key: str) -> str:
+    """The experiment id an ``attempt_key`` belongs to (the local runner's checkpoint directory)."""
+    return key.split(".attempt-", 1)[0]
+
+
 def backoff_seconds(attempt: int, *, base: float, cap: float) -> float:
     """Wait before attempt ``attempt + 1``: base, 2 x base, 4 x base ... at most ``cap``."""
     return min(cap, base * 2 ** max(0, attempt - 1))

@@ -22,7 +22,7 @@ from experiments.states import TERMINAL
 
 console = make_console()
 JsonOption = typer.Option(False, "--json", help="Print the API's JSON.")
-COLOURS = {"succeeded": "green", "failed": "red", "expired": "red", "cancelled": "dim", "running": "cyan", "provisioning": "cyan"}
+COLOURS = {"succeeded": "green", "failed": "red", "expired": "red", "cancelled": "dim", "running": "cyan", "provisioning": "cyan", "retrying": "magenta"}
 
 
 def _target() -> tuple[str, dict[str, str]]:
@@ -242,14 +242,15 @@ def _stream(path: str, params: dict[str, Any]) -> None:
 
 def cmd_watch(experiment_id: str = typer.Argument(...), interval: float = typer.Option(1.0, "--interval", min=0.2), as_json: bool = JsonOption) -> None:
     """Print each state change until the experiment ends; exit 1 unless it succeeded."""
-    seen = None
+    seen, attempt = None, 1
     with Stages(console, terminal_only=True) as stages:
         while True:
             exp = _call("GET", f"/api/v1/experiments/{experiment_id}")
-            if exp["status"] != seen:
-                seen = exp["status"]
+            if (exp["status"], exp.get("attempt", 1)) != (seen, attempt):
+                seen, attempt = exp["status"], exp.get("attempt", 1)
                 if not as_json:
-                    console.print(f"{exp['id'][:8]} {_state(seen)} {exp.get('reason') or ''}")
+                    which = f" (attempt {attempt})" if attempt > 1 else ""
+                    console.print(f"{exp['id'][:8]} {_state(seen)}{which} {exp.get('reason') or ''}")
                     stages.step(f"{exp['id'][:8]} {seen}: waiting for the next state")
             if seen in TERMINAL:
                 break

@@ -42,6 +42,10 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 PASSTHROUGH = ("PATH", "HOME", "LANG", "LC_ALL", "TERM", "USER")
 LOCAL_VAULT = ("VAULT_CACERT", "VAULT_NAMESPACE")
 _INTERPOLATION = re.compile(r"\$\{([A-Za-z0-9_.]+)\}")
+# Where a task writes the checkpoints it resumes from (issue 25); on this machine a directory under
+# .gpufleet/checkpoints/, on the clusters a bucket prefix (the renderers set it there).
+ENV_CHECKPOINT_URI = "GPUFLEET_CHECKPOINT_URI"
+CHECKPOINTS_DIR = REPO_ROOT / ".gpufleet" / "checkpoints"
 
 
 def _alloc_dirs(root: Path) -> dict[str, Path]:
@@ -80,8 +84,10 @@ def task_environment(
     alloc_id: str,
     alloc_root: Path,
     environ: Mapping[str, str],
+    checkpoint_dir: Path | None = None,
 ) -> dict[str, str]:
-    """The environment a Nomad client would give the task, with this shell's Vault address."""
+    """The environment a Nomad client would give the task, with this shell's Vault address, and
+    GPUFLEET_CHECKPOINT_URI when ``checkpoint_dir`` is given (created here)."""
     dirs = _alloc_dirs(alloc_root)
     job_meta = {**render(spec)["Job"]["Meta"], **meta}
     env = {k: environ[k] for k in PASSTHROUGH if k in environ}
@@ -115,6 +121,9 @@ def task_environment(
     for name, value in task_env(spec).items():
         env[name] = _interpolate(value, env, job_meta)
     env["VAULT_ADDR"] = environ["VAULT_ADDR"]
+    if checkpoint_dir is not None:
+        checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        env[ENV_CHECKPOINT_URI] = str(checkpoint_dir)
     for name in LOCAL_VAULT:
         if environ.get(name):
             env[name] = environ[name]
@@ -141,7 +150,8 @@ def run_local(spec: FinetuneSpec, meta: Mapping[str, str], *, environ: Mapping[s
     platform = {META_ROLE_ID: wrapped.role_id, META_WRAPPED_SECRET_ID: wrapped.wrapping_token, META_ATTEMPT: "1"}
     root = Path(tempfile.mkdtemp(prefix=f"gpufleet-{spec.name}-"))
     try:
-        env = task_environment(spec, {**checked, **platform}, job_id=job_id, alloc_id=str(uuid.uuid4()), alloc_root=root, environ=environ)
+        env = task_environment(spec, {**checked, **platform}, job_id=job_id, alloc_id=str(uuid.uuid4()), alloc_root=root, environ=environ,
+                               checkpoint_dir=CHECKPOINTS_DIR / "run-local" / job_id.replace("/", "-"))
         argv = local_argv(spec)
         print(f"run-local {job_id} (role {render(spec)['Job']['Meta'][JOB_META_ROLE]}, alloc dir {root})", file=sys.stderr, flush=True)
         code = subprocess.run(argv, cwd=REPO_ROOT, env=env, check=False).returncode

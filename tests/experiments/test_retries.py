@@ -265,3 +265,34 @@ def test_a_kueue_preemption_becomes_attempt_2_not_a_failure(make_service, db_url
     svc.step()
     jobs = _gke_jobs(k8s)
     assert len(jobs) == 2 and _state(svc, exp["id"], headers)["status"] == "queued"
+
+
+def test_the_local_runner_resumes_a_retried_run_from_its_checkpoint(make_service, sqlite_url, vault):
+    """What ``make demo`` shows: attempt 1 dies at step 150 with the wrapper's hardware exit, attempt 2
+    (a new wrapped secret_id, GPUFLEET_ATTEMPT=2) resumes from the checkpoint in the same directory."""
+    import time
+
+    from experiments.runner_local import LocalRunner
+    from jobs.local import CHECKPOINTS_DIR
+
+    runner = LocalRunner({"VAULT_ADDR": vault.addr, "VAULT_TOKEN": vault.orchestrator.token}, xid_at_step=150)
+    svc = make_service(sqlite_url, runner, timing=Timing(retry_backoff_seconds=0))
+    headers = svc.token("finetune")
+    exp = svc.submit(headers, meta={"dataset_uri": "hf://datasets/acme/chat@v3", "run_id": "resume-1"}).json()
+    try:
+        for _ in range(300):
+            svc.step()
+            shown = _state(svc, exp["id"], headers)
+            if shown["status"] in ("succeeded", "failed"):
+                break
+            time.sleep(0.1)
+        assert shown["status"] == "succeeded" and shown["attempt"] == 2, shown
+        first = shown["attempts"][0]
+        assert (first["failure_class"], first["cause"], first["exit_code"]) == ("infrastructure", "hardware-exit", 75)
+        lines = svc.client.get(f"/api/v1/experiments/{exp['id']}/logs", headers=headers).json()["lines"]
+        assert "attempt 2: resuming from the checkpoint of step 149" in "\n".join(lines)
+        assert len(runner._runs) == 2
+    finally:
+        import shutil as _shutil
+
+        _shutil.rmtree(CHECKPOINTS_DIR / exp["id"], ignore_errors=True)
