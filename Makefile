@@ -44,8 +44,6 @@ demo: $(STAMP)
 	  for i in $$(seq 50); do curl -fsS $(DEMO_API)/healthz >/dev/null 2>&1 && break; sleep 0.2; done; \
 	  $(BIN)/gpufleet exp submit finetune-llama --meta dataset_uri=hf://datasets/demo/tiny@v1 --meta run_id=demo-1 --watch; \
 	  id=$$($(BIN)/gpufleet exp list --limit 1 --json | $(BIN)/python -c 'import json, sys; print(json.load(sys.stdin)["items"][0]["id"][:8])'); \
-	  echo "--- its attempts: gpufleet exp show $$id"; \
-	  $(BIN)/gpufleet exp show $$id; \
 	  echo "--- what attempt 2 printed, first lines and last: gpufleet exp logs $$id"; \
 	  $(BIN)/gpufleet exp logs $$id | head -n 3; \
 	  $(BIN)/gpufleet exp logs $$id --tail 3
