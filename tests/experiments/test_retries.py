@@ -106,7 +106,11 @@ def test_a_lost_node_under_a_2_rank_run_makes_exactly_one_second_attempt_with_tw
     svc.step()
     jobs = _gke_jobs(k8s)
     assert len(jobs) == 2 and jobs[0] == first and jobs[1] != first  # one new Job, under its own name
-    assert k8s.job(GKE_NS, first)["metadata"].get("deletionTimestamp")  # the whole old gang stopped
+    assert k8s.job(GKE_NS, first)["metadata"].get("deletionTimestamp")  # the whole old gang stopped ...
+    deleted = next(i for i, r in enumerate(k8s.requests) if r.method == "DELETE" and r.path.endswith(f"/jobs/{first}"))
+    created = next(i for i, r in enumerate(k8s.requests) if r.method == "POST" and r.path.endswith("/jobs") and r.status == 201
+                   and r.body["metadata"]["name"] == jobs[1])
+    assert deleted < created  # ... before the new attempt's Job was made
     second_wraps = _gke_wraps(k8s, jobs[1])
     assert len(second_wraps) == 2 and not set(second_wraps) & set(first_wraps)
     assert all(_unused_secret_id_wrap(vault, t, "finetune") for t in second_wraps)  # live, never unwrapped
@@ -143,6 +147,8 @@ def test_a_lost_nomad_node_retries_with_a_new_dispatch_and_a_new_secret_id(make_
     children = nomad.dispatched(PARENT)
     assert len(children) == 2 and first in children
     assert nomad.state.jobs[(NOMAD_NS, first)].get("Stop") is True  # the old attempt's job stopped before the new dispatch
+    order = [(r.method, r.path) for r in nomad.requests if r.method == "DELETE" or r.path.endswith("/dispatch")]
+    assert order.index(next(o for o in order if o[0] == "DELETE" and first in o[1])) < [o[0] for o in order].index("POST", 1)
     tokens = [call.query["idempotency_token"][0] for call in nomad.calls("POST", "dispatch")]
     assert tokens == [exp["id"], f"{exp['id']}.attempt-2"]
     wraps = _nomad_wraps(nomad)
