@@ -39,12 +39,12 @@ from experiments import attempts
 from experiments.background.context import Context, log
 from experiments.background.usage import Candidate, sample_usage
 from experiments.background.vanished import hold_mass_vanishing
+from experiments.errors import ApiError
 from experiments.models import Experiment
 from experiments.scheduler import bound_clause, not_bound
 from experiments.services import logs as run_logs
 from experiments.services.lifecycle import record, transition
 from experiments.states import ON_SCHEDULER, TERMINAL, State, can_move
-from experiments.errors import ApiError
 from jobs import failures
 from jobs.failures import FailureClass
 from jobs.runner import Phase, RunNotFound, RunReport, SchedulerUnavailable, poll
