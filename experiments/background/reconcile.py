@@ -297,7 +297,7 @@ def _move(ctx: Context, move: Move) -> None:
         assert exp is not None
         moved = _apply(session, exp, move, now)
     if moved is not None:
-        log.info("experiment %s: %s -> %s", experiment_id, moved[0].value, moved[1].value)
+        log.info("experiment %s: %s -> %s", move.experiment_id, moved[0].value, moved[1].value)
 
 
 def _apply(session: Session, exp: Experiment, move: Move, now) -> tuple[State, State] | None:  # type: ignore[no-untyped-def]

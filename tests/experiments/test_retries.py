@@ -302,3 +302,45 @@ def test_the_local_runner_resumes_a_retried_run_from_its_checkpoint(make_service
         import shutil as _shutil
 
         _shutil.rmtree(CHECKPOINTS_DIR / exp["id"], ignore_errors=True)
+
+
+# --- Red team (issue 25 review): races, cost, cancel, classification -------------------------------
+
+
+def test_cancelling_a_running_run_does_not_break_the_reconcile_pass(make_service, sqlite_url, nomad, nomad_runner):
+    """A cancel is carried out first in a pass (reconcile_one); the other runs of the pass are still followed."""
+    from experiments.background.reconcile import process_scheduled
+
+    svc = make_service(sqlite_url, nomad_runner)
+    headers = svc.token("finetune")
+    doomed, doomed_job = _nomad_running(svc, nomad, headers)
+    other = svc.submit(headers, meta={"dataset_uri": "hf://datasets/acme/chat@v3", "run_id": "r2"}).json()
+    svc.step()
+    other_job = next(j for j in nomad.dispatched(PARENT) if j != doomed_job)
+    nomad.start_task(other_job)
+    svc.step()
+    assert svc.client.post(f"/api/v1/experiments/{doomed['id']}/cancel", headers=headers).status_code in (200, 202)
+    nomad.finish(other_job, client_status="complete", events=[{"Type": "Terminated", "Time": 1, "ExitCode": 0, "Details": {"exit_code": "0"}}])
+    process_scheduled(svc.ctx)  # raises if the cancel path fails
+    assert _state(svc, doomed["id"], headers)["status"] == "cancelled"
+    assert _state(svc, other["id"], headers)["status"] == "succeeded"
+
+
+def test_gpu_hours_of_an_ended_attempt_stay_in_costs_while_retrying_and_after_a_cancel(make_service, db_url, nomad, nomad_runner):
+    svc = make_service(db_url, nomad_runner)
+    headers = svc.token("finetune")
+    exp, first = _nomad_running(svc, nomad, headers)
+    svc.clock.advance(hours=2)
+    nomad.lose_node(first)
+    svc.step()
+    assert _state(svc, exp["id"], headers)["status"] == "retrying"
+    costs = svc.client.get("/api/v1/costs", headers=headers).json()
+    assert costs["by_tenant"]["finetune"]["gpu_hours"] == pytest.approx(2.0, abs=0.01)
+    svc.client.post(f"/api/v1/experiments/{exp['id']}/cancel", headers=headers)
+    svc.step()
+    shown = _state(svc, exp["id"], headers)
+    assert shown["status"] == "cancelled" and shown["gpu_hours"] == pytest.approx(2.0, abs=0.01)
+    assert len(nomad.dispatched(PARENT)) == 1  # no attempt 2 for a cancelled run
+    costs = svc.client.get("/api/v1/costs", headers=headers).json()
+    assert costs["by_tenant"]["finetune"]["gpu_hours"] == pytest.approx(2.0, abs=0.01)
+    assert _quota(svc, "finetune", "prod-nomad", "a100") == 0
