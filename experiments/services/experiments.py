@@ -264,7 +264,8 @@ def totals(items: list[dict[str, Any]]) -> dict[str, float]:
 
 
 def cost_totals(session: Session, caller: Caller, *, now: datetime) -> dict[str, Any]:
-    query = select(Experiment).where(Experiment.provisioning_at.is_not(None) | Experiment.running_at.is_not(None))
+    # An ended attempt's GPU time counts too when the current one was never placed (retrying, or cancelled then).
+    query = select(Experiment).where(Experiment.provisioning_at.is_not(None) | Experiment.running_at.is_not(None) | (Experiment.prior_gpu_hours > 0))
     if not caller.admin:
         query = query.where(Experiment.tenant == caller.tenant)
     by_tenant: dict[str, dict[str, float]] = {}
