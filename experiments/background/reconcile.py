@@ -67,6 +67,10 @@ class Move:
     failure_class: FailureClass | None = None
     cause: str | None = None
     backoff: float | None = None
+    # The scheduler run the answer was about: the move applies only while the experiment still follows
+    # that run. Another replica may have retried it meanwhile; an answer about attempt 1 must never end,
+    # retry or stop attempt 2.
+    run_id: str | None = None
 
 
 def process_scheduled(ctx: Context) -> int:
@@ -116,7 +120,8 @@ def process_scheduled(ctx: Context) -> int:
             answered.append(row.id)
             continue  # unchanged since its last full read
         if result.gone:
-            moves.append(Move(row.id, State.FAILED, f"the scheduler no longer knows run {row.run_id} (garbage-collected before gpufleet saw it end)"))
+            moves.append(Move(row.id, State.FAILED, f"the scheduler no longer knows run {row.run_id} (garbage-collected before gpufleet saw it end)",
+                              run_id=row.run_id))
             answered.append(row.id)
             forgotten.add(row.id)
             continue
@@ -196,14 +201,15 @@ def _decide(ctx: Context, experiment_id: str, run_id: str, state: str, report: R
         # its GPUs. Its single-use secret_id is spent, so this attempt cannot resume where it waits. Kueue's
         # Evicted condition says so even when no pass saw the run placed.
         move = Move(experiment_id, State.FAILED, f"lost its GPUs after it was placed ({report.detail})", None, refs,
-                    failure_class=FailureClass.INFRASTRUCTURE, cause=report.cause or failures.REQUEUED)
+                    failure_class=FailureClass.INFRASTRUCTURE, cause=report.cause or failures.REQUEUED, run_id=run_id)
         move = _failed(ctx, move)
         if move.target == State.FAILED:
             ctx.runner.stop(run_id)  # not retried: free its queue place and the tenant's quota at once
             move = replace(move, reason=f"{move.reason}; stopped on the scheduler")
         return move
     target, reason = _target(report, cancelling=False)
-    move = Move(experiment_id, target, reason, report.exit_code if target in TERMINAL else None, refs, report.placed_at, report.ended_at)
+    move = Move(experiment_id, target, reason, report.exit_code if target in TERMINAL else None, refs, report.placed_at, report.ended_at,
+                run_id=run_id)
     if target != State.FAILED or report.phase != Phase.FAILED:
         return move
     klass = FailureClass.INFRASTRUCTURE if report.infrastructure else FailureClass.USER
@@ -285,7 +291,8 @@ def reconcile_one(ctx: Context, experiment_id: str) -> None:
     try:
         report = ctx.runner.status(exp.run_id)
     except RunNotFound:
-        _move(ctx, Move(experiment_id, State.FAILED, f"the scheduler no longer knows run {exp.run_id} (garbage-collected before gpufleet saw it end)"))
+        _move(ctx, Move(experiment_id, State.FAILED, f"the scheduler no longer knows run {exp.run_id} (garbage-collected before gpufleet saw it end)",
+                        run_id=exp.run_id))
         return
     _move(ctx, _decide(ctx, experiment_id, exp.run_id, exp.state, report))
 
@@ -301,7 +308,11 @@ def _move(ctx: Context, move: Move) -> None:
 
 
 def _apply(session: Session, exp: Experiment, move: Move, now) -> tuple[State, State] | None:  # type: ignore[no-untyped-def]
-    """One move inside the caller's transaction; (from, to) if the state changed."""
+    """One move inside the caller's transaction; (from, to) if the state changed. A move decided on an
+    answer about another run than the one the experiment now follows (its attempt was retried since,
+    e.g. by another replica) changes nothing."""
+    if move.run_id is not None and (exp.run_id != move.run_id or State(exp.state) not in ON_SCHEDULER):
+        return None
     exp.reconciled_at = now
     if move.refs and {**(exp.scheduler_refs or {}), **move.refs} != exp.scheduler_refs:
         exp.scheduler_refs = {**(exp.scheduler_refs or {}), **move.refs}  # kept once the scheduler forgets the run

@@ -307,6 +307,53 @@ def test_the_local_runner_resumes_a_retried_run_from_its_checkpoint(make_service
 # --- Red team (issue 25 review): races, cost, cancel, classification -------------------------------
 
 
+class _ReplicaDuringPoll:
+    """This service's runner, except that while its reconcile pass waits for the scheduler's answer,
+    another replica sharing the database and the scheduler (docs/control-plane.md) runs ``during``."""
+
+    def __init__(self, runner, during) -> None:
+        self.runner, self.scheduler, self._during = runner, runner.scheduler, during
+
+    def poll(self, run_ids, known):
+        answer = self.runner.poll(run_ids, known)
+        if self._during is not None:
+            during, self._during = self._during, None
+            during()
+        return answer
+
+    def __getattr__(self, name):
+        return getattr(self.runner, name)
+
+
+def test_a_stale_answer_about_attempt_1_never_touches_attempt_2(make_service, db_url, nomad, nomad_runner):
+    """Two replicas follow the same cluster. Replica B reads attempt 1 lost; before B commits, replica A
+    retries it and dispatches attempt 2. B's answer was about attempt 1's run: applied to attempt 2 it
+    would record the healthy attempt 2 as failed, queue a third attempt and stop attempt 2's run."""
+    from experiments.background.reconcile import process_scheduled
+
+    a = make_service(db_url, nomad_runner)
+    headers = a.token("finetune")
+    exp, first = _nomad_running(a, nomad, headers)
+    nomad.lose_node(first)
+
+    def replica_a_retries() -> None:
+        a.step()  # attempt 1 lost -> retrying
+        a.clock.advance(seconds=BACKOFF + 1)
+        a.step()  # attempt 2 dispatched
+
+    b = make_service(db_url, _ReplicaDuringPoll(nomad_runner, replica_a_retries), clock=a.clock)
+    process_scheduled(b.ctx)
+    second = next(j for j in nomad.dispatched(PARENT) if j != first)
+    shown = _state(a, exp["id"], headers)
+    assert shown["attempt"] == 2 and shown["status"] in ("queued", "provisioning") and shown["run_id"] == f"{NOMAD_NS}/{second}"
+    assert not nomad.state.jobs[(NOMAD_NS, second)].get("Stop")
+    with a.ctx.sessions() as session:
+        assert [r.attempt for r in session.scalars(select(RunAttempt).where(RunAttempt.experiment_id == exp["id"]))] == [1]
+    a.clock.advance(hours=1)
+    a.step()
+    assert len(nomad.dispatched(PARENT)) == 2
+
+
 def test_cancelling_a_running_run_does_not_break_the_reconcile_pass(make_service, sqlite_url, nomad, nomad_runner):
     """A cancel is carried out first in a pass (reconcile_one); the other runs of the pass are still followed."""
     from experiments.background.reconcile import process_scheduled
