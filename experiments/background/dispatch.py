@@ -210,12 +210,17 @@ def settle_stop_debt(ctx: Context, experiment_id: str) -> bool:
         exp = session.get(Experiment, experiment_id)
         assert exp is not None
         run_id, job, tenant, document, digest, attempt = exp.run_id, exp.job, exp.tenant, exp.job_spec, exp.job_spec_sha256, exp.attempt
+    previous_run: str | None = None
     if attempt > 1 and run_id is not None:
         with ctx.sessions() as session:
             previous = session.get(RunAttempt, (experiment_id, attempt - 1))
         if previous is not None and previous.run_id == run_id:
-            run_id = None  # the previous attempt's run (stopped before this attempt's submit): look for this attempt's
+            # The previous attempt's run: stopped again (its stop may never have been confirmed, e.g. the
+            # retry failed as stuck on that very stop; a no-op otherwise), then this attempt's is looked for.
+            previous_run, run_id = run_id, None
     try:
+        if previous_run is not None:
+            ctx.runner.stop(previous_run)
         if run_id is None:
             run_id = ctx.runner.find(ctx.catalog.frozen(job, document, digest), attempt_key(experiment_id, attempt))
         if run_id is not None:
@@ -243,7 +248,8 @@ def settle_stop_debt(ctx: Context, experiment_id: str) -> bool:
         assert exp is not None
         if run_id is not None and exp.run_id is None:
             exp.run_id = run_id
-        record(session, experiment_id=experiment_id, actor=ACTOR, kind="stop",
-               message=f"stopped {run_id}, left on the scheduler by a dispatch that did not complete" if run_id else "no run reached the scheduler",
-               now=now)
+        message = f"stopped {run_id}, left on the scheduler by a dispatch that did not complete" if run_id else "no run reached the scheduler"
+        if previous_run is not None:
+            message = f"stopped the previous attempt's run {previous_run}; {message}"
+        record(session, experiment_id=experiment_id, actor=ACTOR, kind="stop", message=message, now=now)
     return True

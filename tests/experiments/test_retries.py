@@ -391,3 +391,30 @@ def test_gpu_hours_of_an_ended_attempt_stay_in_costs_while_retrying_and_after_a_
     costs = svc.client.get("/api/v1/costs", headers=headers).json()
     assert costs["by_tenant"]["finetune"]["gpu_hours"] == pytest.approx(2.0, abs=0.01)
     assert _quota(svc, "finetune", "prod-nomad", "a100") == 0
+
+
+def test_a_retry_that_fails_as_stuck_still_stops_the_previous_attempts_run(make_service, sqlite_url, nomad, nomad_runner):
+    """Attempt 1's node is drained (its allocation still runs, api/allocations.go DesiredTransition.Migrate)
+    and Nomad refuses every stop until the retry fails as stuck. The stop debt must then stop attempt 1's
+    run, not only look for attempt 2's: nothing else ever stops it once the experiment is failed."""
+    from tests.jobs.nomad_double import Fault
+
+    svc = make_service(sqlite_url, nomad_runner)
+    headers = svc.token("finetune")
+    exp, first = _nomad_running(svc, nomad, headers)
+    nomad.drain(first)
+    nomad.inject("DELETE", "job", *[Fault(status=503)] * 500)
+    svc.step()
+    assert _state(svc, exp["id"], headers)["status"] == "retrying"
+    svc.clock.advance(seconds=BACKOFF + 1)
+    svc.step()
+    svc.clock.advance(seconds=Timing().dispatch_stuck_seconds + 1)
+    svc.step()
+    assert _state(svc, exp["id"], headers)["status"] == "failed" and len(nomad.dispatched(PARENT)) == 1
+    assert not nomad.state.jobs[(NOMAD_NS, first)].get("Stop")
+    nomad.faults.clear()  # Nomad answers again
+    for _ in range(3):
+        svc.clock.advance(seconds=120)
+        svc.step()
+    assert nomad.state.jobs[(NOMAD_NS, first)].get("Stop") is True
+    assert _quota(svc, "finetune", "prod-nomad", "a100") == 0
