@@ -91,7 +91,9 @@ def begin_next(session: Session, exp: Experiment, *, actor: str, now: datetime, 
     exp.prior_gpu_hours = (exp.prior_gpu_hours or 0.0) + hours
     exp.attempt += 1
     exp.dispatching_at = exp.queued_at = exp.provisioning_at = exp.running_at = exp.finished_at = exp.deadline_at = None
-    due = now + timedelta(seconds=backoff)
+    # A cancel already requested (it came while this failure was being read): due at once, so the
+    # dispatcher ends it cancelled now instead of after the backoff.
+    due = now if exp.cancel_requested_at is not None else now + timedelta(seconds=backoff)
     outbox = session.get(Outbox, exp.id)
     if outbox is None:
         session.add(Outbox(experiment_id=exp.id, created_at=now, attempts=0, next_attempt_at=due))

@@ -418,3 +418,28 @@ def test_a_retry_that_fails_as_stuck_still_stops_the_previous_attempts_run(make_
         svc.step()
     assert nomad.state.jobs[(NOMAD_NS, first)].get("Stop") is True
     assert _quota(svc, "finetune", "prod-nomad", "a100") == 0
+
+
+def test_a_cancel_that_arrives_while_the_failure_is_being_read_does_not_wait_out_the_backoff(make_service, db_url, nomad, nomad_runner):
+    """The cancel lands after the pass read its rows and before it commits ``retrying``: the next attempt's
+    outbox row must be due at once, so the dispatcher ends it cancelled now (quota freed), never dispatching."""
+    from experiments.background.reconcile import process_scheduled
+
+    holder: dict = {}
+    svc = make_service(db_url, _ReplicaDuringPoll(nomad_runner, lambda: holder["cancel"]()))
+    headers = svc.token("finetune")
+    holder["cancel"] = lambda: svc.client.post(f"/api/v1/experiments/{holder['id']}/cancel", headers=headers).raise_for_status()
+    exp = svc.submit(headers).json()
+    holder["id"] = exp["id"]
+    from experiments.background.dispatch import process_outbox
+
+    process_outbox(svc.ctx)
+    first = nomad.dispatched(PARENT)[0]
+    nomad.start_task(first)
+    nomad.lose_node(first)
+    process_scheduled(svc.ctx)  # the cancel arrives during this pass's poll
+    assert _state(svc, exp["id"], headers)["status"] == "retrying"
+    svc.step()
+    shown = _state(svc, exp["id"], headers)
+    assert shown["status"] == "cancelled" and len(nomad.dispatched(PARENT)) == 1
+    assert _quota(svc, "finetune", "prod-nomad", "a100") == 0
