@@ -30,6 +30,7 @@ from experiments.models import Experiment, Outbox, RunAttempt
 from experiments.services import cost
 from experiments.services.lifecycle import transition
 from experiments.states import State
+from jobs import failures
 from jobs.failures import FailureClass
 from jobs.schema import Retries
 
@@ -60,11 +61,13 @@ def backoff_seconds(attempt: int, *, base: float, cap: float) -> float:
 
 
 def decide(retries: Retries | None, *, attempt: int, failure_class: FailureClass, exit_code: int | None,
-           base: float, cap: float) -> Verdict:
+           base: float, cap: float, cause: str | None = None) -> Verdict:
     """Pure: does the failure of attempt ``attempt`` get another attempt? ``retries`` None: the job's
     admitted spec can no longer be read (its cluster or Vault role went away), so no retry."""
     if retries is None:
         return Verdict(False, "not retried: the job as admitted no longer passes the checks")
+    if failures.deliberate(cause):
+        return Verdict(False, "not retried: its Kueue Workload was deactivated (spec.active: false) on purpose")
     listed = exit_code is not None and exit_code in retries.on_exit_codes
     if failure_class != FailureClass.INFRASTRUCTURE and not listed:
         return Verdict(False, "not retried: the training command's own failure (list its exit code in retries.on_exit_codes to retry it)")

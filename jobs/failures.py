@@ -39,6 +39,17 @@ def kueue_eviction(reason: str) -> str:
     return f"kueue-{reason or 'unknown'}"
 
 
+# Kueue's Evicted reason once a Workload's spec.active is false (kubernetes-sigs/kueue
+# apis/kueue/v1beta1/workload_types.go WorkloadDeactivated = "Deactivated"): an admin stopped it, or
+# Kueue's own requeuing limit did. The fleet did not lose it; a new attempt would undo that stop.
+KUEUE_DEACTIVATED = "Deactivated"
+
+
+def deliberate(cause: str | None) -> bool:
+    """A stop someone (or Kueue's policy) chose, which a retry must not undo."""
+    return cause is not None and cause.startswith(kueue_eviction(KUEUE_DEACTIVATED))
+
+
 def hardware_exit(exit_code: int | None) -> bool:
     """The wrapper's hardware/XID exit code (``vault_policies.layout.EXIT_HARDWARE``)."""
     return exit_code == EXIT_HARDWARE

@@ -229,7 +229,7 @@ def _failed(ctx: Context, move: Move) -> Move:
         retries = None
     assert move.failure_class is not None
     verdict = attempts.decide(retries, attempt=attempt, failure_class=move.failure_class, exit_code=move.exit_code,
-                              base=ctx.timing.retry_backoff_seconds, cap=ctx.timing.retry_backoff_max_seconds)
+                              base=ctx.timing.retry_backoff_seconds, cap=ctx.timing.retry_backoff_max_seconds, cause=move.cause)
     cause = f", {move.cause}" if move.cause else ""
     reason = f"{move.reason} ({move.failure_class.value} failure{cause} of attempt {attempt}; {verdict.why})"
     if verdict.retry:

@@ -443,3 +443,24 @@ def test_a_cancel_that_arrives_while_the_failure_is_being_read_does_not_wait_out
     shown = _state(svc, exp["id"], headers)
     assert shown["status"] == "cancelled" and len(nomad.dispatched(PARENT)) == 1
     assert _quota(svc, "finetune", "prod-nomad", "a100") == 0
+
+
+def test_a_kueue_workload_deactivated_on_purpose_is_not_retried(make_service, sqlite_url, k8s, fleet_runner):
+    """``spec.active: false`` on the Workload (an admin stopping it, or Kueue's own requeuing limit) evicts it
+    with reason Deactivated (kueue apis/kueue/v1beta1/workload_types.go WorkloadDeactivated). That is a
+    deliberate stop: a new attempt would undo it. The run fails, stopped, and nothing is dispatched again."""
+    svc = make_service(sqlite_url, fleet_runner)
+    headers = svc.token(GKE_NS)
+    exp = svc.client.post("/api/v1/experiments", json={"job": GKE_JOB, "meta": GKE_META}, headers=headers).json()
+    svc.step()
+    (first,) = _gke_jobs(k8s)
+    k8s.admit(GKE_NS, first, cluster_queue=GKE_NS, flavor="h100")
+    svc.step()
+    k8s.evict(GKE_NS, first, reason="Deactivated", message="The workload is deactivated")
+    svc.step()
+    shown = _state(svc, exp["id"], headers)
+    assert shown["status"] == "failed" and shown["attempt"] == 1 and "deactivated" in shown["reason"], shown["reason"]
+    assert k8s.job(GKE_NS, first)["metadata"].get("deletionTimestamp")
+    svc.clock.advance(hours=1)
+    svc.step()
+    assert _gke_jobs(k8s) == [first]
