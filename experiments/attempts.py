@@ -97,8 +97,10 @@ def begin_next(session: Session, exp: Experiment, *, actor: str, now: datetime, 
     # A cancel already requested (it came while this failure was being read): due at once, so the
     # dispatcher ends it cancelled now instead of after the backoff.
     due = now if exp.cancel_requested_at is not None else now + timedelta(seconds=backoff)
+    # created_at = due: the dispatcher's stuck bound (dispatch_stuck_seconds) counts from when the attempt
+    # may be dispatched, so a long backoff never shortens it.
     outbox = session.get(Outbox, exp.id)
     if outbox is None:
-        session.add(Outbox(experiment_id=exp.id, created_at=now, attempts=0, next_attempt_at=due))
+        session.add(Outbox(experiment_id=exp.id, created_at=due, attempts=0, next_attempt_at=due))
     else:  # never expected (a dispatched run's row is gone), but one row per experiment is the rule
-        outbox.created_at, outbox.attempts, outbox.next_attempt_at, outbox.lease_until, outbox.last_error = now, 0, due, None, None
+        outbox.created_at, outbox.attempts, outbox.next_attempt_at, outbox.lease_until, outbox.last_error = due, 0, due, None, None

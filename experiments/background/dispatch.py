@@ -136,7 +136,7 @@ def _retry_later(ctx: Context, experiment_id: str, error: str) -> None:
         outbox = session.get(Outbox, experiment_id)
         exp = session.get(Experiment, experiment_id)
         assert outbox is not None and exp is not None
-        waited = (now - outbox.created_at).total_seconds()  # this attempt's row: a retry's clock starts at its own
+        waited = (now - outbox.created_at).total_seconds()  # this attempt's row: a retry's clock starts when it is due
         if waited >= ctx.timing.dispatch_stuck_seconds:
             # Any of the attempts may have reached the scheduler (an answer lost): keep the row as a stop debt.
             _keep_as_debt(outbox, now, error)

@@ -464,3 +464,25 @@ def test_a_kueue_workload_deactivated_on_purpose_is_not_retried(make_service, sq
     svc.clock.advance(hours=1)
     svc.step()
     assert _gke_jobs(k8s) == [first]
+
+
+def test_a_long_backoff_does_not_eat_the_next_attempts_dispatch_bound(make_service, sqlite_url, nomad, nomad_runner):
+    """The stuck bound (``dispatch_stuck_seconds``) of a retried attempt counts from when it is due, not from
+    when its backoff began: with a backoff as long as the bound, one refused dispatch must not fail the run."""
+    from tests.jobs.nomad_double import Fault
+
+    stuck = Timing().dispatch_stuck_seconds
+    svc = make_service(sqlite_url, nomad_runner, timing=Timing(retry_backoff_seconds=stuck, retry_backoff_max_seconds=stuck))
+    headers = svc.token("finetune")
+    exp, first = _nomad_running(svc, nomad, headers)
+    nomad.lose_node(first)
+    svc.step()
+    assert _state(svc, exp["id"], headers)["status"] == "retrying"
+    nomad.inject("POST", "dispatch", *[Fault(status=503)] * 3)  # one dispatch try (the client's own retries) refused
+    svc.clock.advance(seconds=stuck + 1)
+    svc.step()
+    assert _state(svc, exp["id"], headers)["status"] == "dispatching"
+    svc.clock.advance(seconds=120)
+    svc.step()
+    shown = _state(svc, exp["id"], headers)
+    assert shown["status"] in ("queued", "provisioning") and shown["attempt"] == 2 and len(nomad.dispatched(PARENT)) == 2
