@@ -367,9 +367,13 @@ def job_manifest(spec: FinetuneSpec, *, dispatch_id: str | None = None, meta: di
             "parallelism": spec.nodes,
             "backoffLimit": 0,
             "podReplacementPolicy": "Failed",
+            # The disruption rule first: the Job controller takes the first matching rule (kubernetes
+            # pkg/controller/job/pod_failure_policy.go matchPodFailurePolicy), and a preempted or evicted
+            # pod's container also exits non-zero on its SIGTERM; in the other order the fleet's eviction
+            # would read as the command's own exit and never be retried (jobs.failures).
             "podFailurePolicy": {"rules": [
-                {"action": "FailJob", "onExitCodes": {"containerName": TASK, "operator": "NotIn", "values": [0]}},
                 {"action": "FailJob", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+                {"action": "FailJob", "onExitCodes": {"containerName": TASK, "operator": "NotIn", "values": [0]}},
                 *([{"action": "FailJob", "onExitCodes": {"containerName": PREFLIGHT_CONTAINER, "operator": "NotIn", "values": [0]}}]
                   if preflight_container(spec) else []),
             ]},

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
 # Exit code gpufleet-exec uses for a Vault error (an already-unwrapped wrapping token included).
 EXIT_VAULT_ERROR = 78
-# The Job controller's PodFailurePolicy message: "Container train for pod ns/x failed with exit code 3 matching FailJob rule at index 0".
+# The Job controller's PodFailurePolicy message: "Container train for pod ns/x failed with exit code 3 matching FailJob rule at index 1" (index 0 in Jobs made before the disruption rule came first).
 _EXIT_CODE = re.compile(r"failed with exit code (\d+)")
 # A failed GPU health pre-flight (jobs.k8s.render.PREFLIGHT_CONTAINER): the node, not the job, is at fault.
 _PREFLIGHT = re.compile(rf"Container {PREFLIGHT_CONTAINER} for pod (\S+) failed with exit code (\d+)")

@@ -486,3 +486,23 @@ def test_a_long_backoff_does_not_eat_the_next_attempts_dispatch_bound(make_servi
     svc.step()
     shown = _state(svc, exp["id"], headers)
     assert shown["status"] in ("queued", "provisioning") and shown["attempt"] == 2 and len(nomad.dispatched(PARENT)) == 2
+
+
+@pytest.mark.parametrize("reason", ["PreemptionByScheduler", "EvictionByEvictionAPI"])
+def test_a_gracefully_evicted_gke_pod_is_infrastructure_even_though_its_container_exited_non_zero(make_service, sqlite_url, k8s, fleet_runner, reason):
+    """A preempted or API-evicted pod (a node drain for an upgrade or host maintenance) gets SIGTERM: its train
+    container ends with a non-zero code (143) as well as the DisruptionTarget condition. The Job controller
+    takes the first matching podFailurePolicy rule, so the disruption rule must come before the any-exit rule,
+    or the fleet's eviction reads as the command's own exit 143 and is never retried."""
+    svc = make_service(sqlite_url, fleet_runner)
+    headers = svc.token(GKE_NS)
+    exp = svc.client.post("/api/v1/experiments", json={"job": GKE_JOB, "meta": GKE_META}, headers=headers).json()
+    svc.step()
+    (first,) = _gke_jobs(k8s)
+    k8s.admit(GKE_NS, first, cluster_queue=GKE_NS, flavor="h100")
+    k8s.pods_ready(GKE_NS, first, 2)
+    svc.step()
+    k8s.disrupt(GKE_NS, first, reason=reason, rank=0, exit_code=143)
+    svc.step()
+    shown = _state(svc, exp["id"], headers)
+    assert shown["status"] == "retrying" and shown["failure_class"] == "infrastructure" and f"disruption-{reason}" in shown["reason"], shown["reason"]

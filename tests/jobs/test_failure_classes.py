@@ -71,7 +71,7 @@ def _cond(kind: str, reason: str, message: str = "") -> dict[str, Any]:
 
 
 def test_a_disruption_target_failure_is_infrastructure_and_its_pod_says_which() -> None:
-    message = "Pod research/ft-1-1-abcde has condition DisruptionTarget matching FailJob rule at index 1"
+    message = "Pod research/ft-1-1-abcde has condition DisruptionTarget matching FailJob rule at index 0"
     status = k8s_summarize(_job([_cond("Failed", "PodFailurePolicy", message)], failed=1), [])
     assert status.state == State.FAILED and status.infrastructure and status.cause == failures.disruption("")
     for reason in DISRUPTION_REASONS:
@@ -80,9 +80,9 @@ def test_a_disruption_target_failure_is_infrastructure_and_its_pod_says_which() 
 
 
 @pytest.mark.parametrize(("message", "infrastructure"), [
-    ("Container train for pod research/ft-1-0-x failed with exit code 75 matching FailJob rule at index 0", True),
-    ("Container train for pod research/ft-1-0-x failed with exit code 1 matching FailJob rule at index 0", False),
-    ("Container train for pod research/ft-1-0-x failed with exit code 137 matching FailJob rule at index 0", False),  # OOMKilled
+    ("Container train for pod research/ft-1-0-x failed with exit code 75 matching FailJob rule at index 1", True),
+    ("Container train for pod research/ft-1-0-x failed with exit code 1 matching FailJob rule at index 1", False),
+    ("Container train for pod research/ft-1-0-x failed with exit code 137 matching FailJob rule at index 1", False),  # OOMKilled
 ])
 def test_k8s_exit_codes(message: str, infrastructure: bool) -> None:
     status = k8s_summarize(_job([_cond("Failed", "PodFailurePolicy", message)], failed=1), [])
