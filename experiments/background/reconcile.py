@@ -136,8 +136,8 @@ def process_scheduled(ctx: Context) -> int:
         ctx.metrics.reconcile_errors.inc(missed)
         log.warning("reconcile: no answer for %d of %d runs this pass (see the scheduler errors above)", missed, len(tracked))
     ended = _apply_all(ctx, moves, answered)
+    _keep_logs(ctx, ended - forgotten, bound)  # a forgotten run has no logs left to read; before the stops below, which delete pods
     _stop_retried(ctx, [r.run_id for r in tracked if r.id in ended and any(m.experiment_id == r.id and m.target == State.RETRYING for m in moves)])
-    _keep_logs(ctx, ended - forgotten, bound)  # a forgotten run has no logs left to read
     ctx.fingerprints.remember(fresh)
     gone = [r.run_id for r in tracked if r.id in ended]
     ctx.fingerprints.forget(gone)

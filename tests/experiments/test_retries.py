@@ -506,3 +506,40 @@ def test_a_gracefully_evicted_gke_pod_is_infrastructure_even_though_its_containe
     svc.step()
     shown = _state(svc, exp["id"], headers)
     assert shown["status"] == "retrying" and shown["failure_class"] == "infrastructure" and f"disruption-{reason}" in shown["reason"], shown["reason"]
+
+
+class _PromptGarbageCollector:
+    """The cluster runner, with Kubernetes' garbage collector finishing a Job's foreground deletion at once
+    (the failed pods of a disrupted Job have no containers left to wait for): its pods and their logs go."""
+
+    def __init__(self, runner, k8s) -> None:
+        self.runner, self.scheduler, self._k8s = runner, runner.scheduler, k8s
+
+    def stop(self, run_id):
+        self.runner.stop(run_id)
+        self._k8s.collect()
+
+    def __getattr__(self, name):
+        return getattr(self.runner, name)
+
+
+def test_the_failed_attempts_logs_are_kept_before_its_gang_is_stopped(make_service, sqlite_url, k8s, fleet_runner):
+    """Why attempt 1 died (the XID line) is in its logs: they are kept before the reconciler stops the
+    retried attempt, whose stop deletes its pods with them."""
+    from experiments.models import RunLog
+
+    svc = make_service(sqlite_url, _PromptGarbageCollector(fleet_runner, k8s))
+    headers = svc.token(GKE_NS)
+    exp = svc.client.post("/api/v1/experiments", json={"job": GKE_JOB, "meta": GKE_META}, headers=headers).json()
+    svc.step()
+    (first,) = _gke_jobs(k8s)
+    k8s.admit(GKE_NS, first, cluster_queue=GKE_NS, flavor="h100")
+    k8s.pods_ready(GKE_NS, first, 2)
+    svc.step()
+    k8s.write_pod_log(GKE_NS, first, 1, "step 120 loss 1.93\nNVRM: Xid (PCI:0000:04:00): 79, GPU has fallen off the bus\n")
+    k8s.disrupt(GKE_NS, first, reason="DeletionByTaintManager", rank=1)
+    svc.step()
+    assert _state(svc, exp["id"], headers)["status"] == "retrying"
+    with svc.ctx.sessions() as session:
+        kept = {(r.rank, r.stream): r.text for r in session.scalars(select(RunLog).where(RunLog.experiment_id == exp["id"]))}
+    assert "GPU has fallen off the bus" in (kept.get((1, "stdout")) or ""), kept
