@@ -251,7 +251,10 @@ def attempts_of(session: Session, exp: Experiment, *, now: datetime) -> list[dic
             "gpu_hours": round(a.gpu_hours, 4)} for a in ended]
     placed = exp.provisioning_at or exp.running_at
     current = exp.state if exp.state != State.RETRYING.value else State.PENDING.value  # waiting out its backoff
-    out.append({"attempt": exp.attempt or 1, "status": current, "run_id": exp.run_id if exp.dispatching_at else None,
+    # Until its submit is recorded, the row still holds the previous attempt's run id: not this attempt's run.
+    previous_run = ended[-1].run_id if ended else None
+    run_id = exp.run_id if exp.dispatching_at and exp.run_id != previous_run else None
+    out.append({"attempt": exp.attempt or 1, "status": current, "run_id": run_id,
                 "failure_class": exp.failure_class if exp.state == State.FAILED.value else None, "cause": None,
                 "reason": exp.reason, "exit_code": exp.exit_code, "dispatched": stamp(exp.dispatching_at), "placed": stamp(placed),
                 "finished": stamp(exp.finished_at),

@@ -543,3 +543,21 @@ def test_the_failed_attempts_logs_are_kept_before_its_gang_is_stopped(make_servi
     with svc.ctx.sessions() as session:
         kept = {(r.rank, r.stream): r.text for r in session.scalars(select(RunLog).where(RunLog.experiment_id == exp["id"]))}
     assert "GPU has fallen off the bus" in (kept.get((1, "stdout")) or ""), kept
+
+
+def test_an_attempt_being_dispatched_is_not_shown_with_the_previous_attempts_run(make_service, sqlite_url, nomad, nomad_runner):
+    """While attempt 2's dispatch is retried, the experiment row still holds attempt 1's run id: the API's
+    attempt 2 has no run yet (a user reading it would look at, or stop, the wrong run)."""
+    from tests.jobs.nomad_double import Fault
+
+    svc = make_service(sqlite_url, nomad_runner)
+    headers = svc.token("finetune")
+    exp, first = _nomad_running(svc, nomad, headers)
+    nomad.lose_node(first)
+    svc.step()
+    nomad.inject("POST", "dispatch", *[Fault(status=503)] * 3)
+    svc.clock.advance(seconds=BACKOFF + 1)
+    svc.step()
+    shown = _state(svc, exp["id"], headers)
+    assert shown["status"] == "dispatching" and [a["attempt"] for a in shown["attempts"]] == [1, 2]
+    assert shown["attempts"][0]["run_id"] == f"{NOMAD_NS}/{first}" and shown["attempts"][1]["run_id"] is None
