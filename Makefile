@@ -25,6 +25,8 @@ DEMO_API := http://127.0.0.1:8787
 
 # Synthesize the example fleet, start a local OpenBao and the control plane (SQLite), submit the
 # fine-tune through the API; the service runs it here through the real Vault flow (run-local's).
+# Its first attempt fails at step 150 as if its GPU had an XID (--local-xid-at-step): the service
+# counts that as an infrastructure failure, and attempt 2 (new secret_id) resumes from the checkpoint.
 demo: $(STAMP)
 	$(BIN)/gpufleet clusters
 	$(BIN)/gpufleet synth
@@ -36,13 +38,15 @@ demo: $(STAMP)
 	  $(BIN)/gpufleet vault diff; \
 	  rm -f .gpufleet/demo-experiments.db*; \
 	  export GPUFLEET_API=$(DEMO_API) GPUFLEET_API_TOKEN="$$($(BIN)/gpufleet api token create --tenant finetune --db $(DEMO_DB) --quiet)"; \
-	  PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/gpufleet serve --db $(DEMO_DB) --scheduler local --port 8787 --poll-seconds 0.5 > .gpufleet/demo-serve.log 2>&1 & \
+	  PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/gpufleet serve --db $(DEMO_DB) --scheduler local --port 8787 --poll-seconds 0.5 \
+	    --retry-backoff-seconds 2 --local-xid-at-step 150 > .gpufleet/demo-serve.log 2>&1 & \
 	  serve=$$!; trap 'kill $$serve 2>/dev/null; $(BIN)/gpufleet dev down' EXIT; \
 	  for i in $$(seq 50); do curl -fsS $(DEMO_API)/healthz >/dev/null 2>&1 && break; sleep 0.2; done; \
 	  $(BIN)/gpufleet exp submit finetune-llama --meta dataset_uri=hf://datasets/demo/tiny@v1 --meta run_id=demo-1 --watch; \
 	  id=$$($(BIN)/gpufleet exp list --limit 1 --json | $(BIN)/python -c 'import json, sys; print(json.load(sys.stdin)["items"][0]["id"][:8])'); \
-	  echo "--- what the run printed (last 5 lines): gpufleet exp logs $$id --tail 5"; \
-	  $(BIN)/gpufleet exp logs $$id --tail 5
+	  echo "--- what attempt 2 printed, first lines and last: gpufleet exp logs $$id"; \
+	  $(BIN)/gpufleet exp logs $$id | head -n 3; \
+	  $(BIN)/gpufleet exp logs $$id --tail 3
 
 # The dashboard tests drive Debian's chromium (Playwright only connects to it; no browser download).
 browser:

@@ -35,6 +35,12 @@ class Experiment(Base):
     gpus: Mapped[int] = mapped_column(Integer)
     meta: Mapped[dict[str, Any]] = mapped_column(JSON)
     state: Mapped[str] = mapped_column(String(16))
+    # The current attempt (issue 25): a retried run is attempt 2, 3, ... of the same experiment;
+    # ended attempts are rows of RunAttempt. failure_class: jobs.failures.FailureClass of the last failure.
+    attempt: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
+    failure_class: Mapped[str | None] = mapped_column(String(16), default=None)
+    # GPU-hours of the ended attempts (RunAttempt.gpu_hours summed): cost adds the current attempt's.
+    prior_gpu_hours: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
     reason: Mapped[str | None] = mapped_column(Text, default=None)
     exit_code: Mapped[int | None] = mapped_column(Integer, default=None)
     scheduler: Mapped[str] = mapped_column(String(16))
@@ -87,6 +93,29 @@ class Event(Base):
     from_state: Mapped[str | None] = mapped_column(String(16), default=None)
     to_state: Mapped[str | None] = mapped_column(String(16), default=None)
     message: Mapped[str] = mapped_column(Text, default="")
+    # The experiment's attempt when the event happened (NULL: an event of no experiment, or before 0010).
+    attempt: Mapped[int | None] = mapped_column(Integer, default=None)
+
+
+class RunAttempt(Base):
+    """One ended attempt of a retried experiment: which scheduler run it was, how and why it ended
+    (jobs.failures class and cause), and the GPU time it held, which the experiment's GPU-hours and
+    cost add to the current attempt's. The current attempt lives on the experiment row itself."""
+
+    __tablename__ = "run_attempts"
+
+    experiment_id: Mapped[str] = mapped_column(String(36), ForeignKey("experiments.id", ondelete="CASCADE"), primary_key=True)
+    attempt: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[str | None] = mapped_column(String(255), default=None)
+    state: Mapped[str] = mapped_column(String(16))
+    failure_class: Mapped[str | None] = mapped_column(String(16), default=None)
+    cause: Mapped[str | None] = mapped_column(String(64), default=None)
+    reason: Mapped[str | None] = mapped_column(Text, default=None)
+    exit_code: Mapped[int | None] = mapped_column(Integer, default=None)
+    dispatched_at: Mapped[datetime | None] = mapped_column(DateTime, default=None)
+    placed_at: Mapped[datetime | None] = mapped_column(DateTime, default=None)
+    finished_at: Mapped[datetime] = mapped_column(DateTime)
+    gpu_hours: Mapped[float] = mapped_column(Float)
 
 
 class Outbox(Base):

@@ -8,6 +8,12 @@ with "the scheduler no longer knows run ..."). Production uses ``NomadRunner``. 
 directory is kept under ``.gpufleet/runs/`` with its output as Nomad names it
 (``alloc/logs/train.stdout.0``, ``train.stderr.0``), so ``gpufleet exp logs`` shows it after the
 run ended.
+
+Each attempt of an experiment (experiments.attempts) gets GPUFLEET_ATTEMPT and the same
+GPUFLEET_CHECKPOINT_URI, ``.gpufleet/checkpoints/<experiment id>``, so a retried run resumes
+from its last checkpoint. For demos, ``xid_at_step`` makes every first attempt fail like a GPU
+fault (the task exits with ``EXIT_HARDWARE`` at that step; jobs/tasks/tiny_finetune.py), which the
+reconciler counts as an infrastructure failure and retries.
 """
 
 from __future__ import annotations
@@ -24,15 +30,20 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+from jobs import failures
 from jobs.logs import LogsFilterRefused, last_lines
-from jobs.local import REPO_ROOT, local_argv, task_environment
+from experiments.attempts import experiment_of
+from jobs.local import CHECKPOINTS_DIR, REPO_ROOT, local_argv, task_environment
 from jobs.logs import DEFAULT_TAIL_BYTES, tail_text
 from jobs.runner import Phase, RunNotFound, RunReport
 from jobs.spec import TASK, FinetuneSpec
 from jobs.vault_mint import mint_wrapped_secret_id, platform_meta
+from vault_policies.layout import META_ATTEMPT
 
 
 RUNS_DIR = REPO_ROOT / ".gpufleet" / "runs"
+# The demo knob tiny_finetune.py reads: exit EXIT_HARDWARE at this step (set only on a first attempt).
+ENV_XID_AT_STEP = "GPUFLEET_LOCAL_XID_AT_STEP"
 FOLLOW_POLL_SECONDS = 0.2
 
 
@@ -64,16 +75,17 @@ def _utcnow() -> datetime:
 class LocalRunner:
     scheduler = "local"
 
-    def __init__(self, vault_env: Mapping[str, str]) -> None:
+    def __init__(self, vault_env: Mapping[str, str], *, xid_at_step: int | None = None) -> None:
         # Which service's runs these are (experiments.scheduler.run_scheduler): a task is a child of
         # this process, so no other service can tell whether it still runs.
         self.instance = secrets.token_hex(4)
         self._environ = dict(vault_env)
+        self._xid_at_step = xid_at_step
         self._runs: dict[str, _Run] = {}
         self._by_key: dict[str, str] = {}
         self._lock = threading.Lock()
 
-    def submit(self, job: FinetuneSpec, meta: Mapping[str, str], *, idempotency_key: str) -> str:
+    def submit(self, job: FinetuneSpec, meta: Mapping[str, str], *, idempotency_key: str, attempt: int = 1) -> str:
         with self._lock:
             if idempotency_key in self._by_key:
                 return self._by_key[idempotency_key]
@@ -81,8 +93,11 @@ class LocalRunner:
         run_id = f"local/{job.name}/dispatch-{secrets.token_hex(4)}"
         RUNS_DIR.mkdir(parents=True, exist_ok=True)
         root = Path(tempfile.mkdtemp(prefix=f"{job.name}-", dir=RUNS_DIR))
-        platform = platform_meta(wrapped)
-        env = task_environment(job, {**meta, **platform}, job_id=run_id.removeprefix("local/"), alloc_id=str(uuid.uuid4()), alloc_root=root, environ=self._environ)
+        platform = {**platform_meta(wrapped), META_ATTEMPT: str(attempt)}
+        env = task_environment(job, {**meta, **platform}, job_id=run_id.removeprefix("local/"), alloc_id=str(uuid.uuid4()), alloc_root=root, environ=self._environ,
+                               checkpoint_dir=CHECKPOINTS_DIR / experiment_of(idempotency_key))
+        if self._xid_at_step is not None and attempt == 1:
+            env[ENV_XID_AT_STEP] = str(self._xid_at_step)
         logs = root / "alloc" / "logs"
         with (logs / f"{TASK}.stdout.0").open("ab") as out, (logs / f"{TASK}.stderr.0").open("ab") as err:
             started_at = _utcnow()
@@ -108,7 +123,9 @@ class LocalRunner:
             return RunReport(Phase.STOPPED, "stopped by request", True, code, **times)
         if code == 0:
             return RunReport(Phase.SUCCEEDED, "exited 0", True, 0, **times)
-        return RunReport(Phase.FAILED, f"task train: Terminated: Exit Code: {code}", True, code, **times)
+        hardware = failures.hardware_exit(code)  # the wrapper's GPU-fault code: infrastructure, as on the clusters
+        return RunReport(Phase.FAILED, f"task train: Terminated: Exit Code: {code}", True, code, infrastructure=hardware,
+                         cause=failures.HARDWARE_EXIT if hardware else None, **times)
 
     def logs(self, run_id: str, *, rank: int = 0, stderr: bool = False, tail_bytes: int = DEFAULT_TAIL_BYTES, tail_lines: int | None = None,
              since_seconds: int | None = None, follow: bool = False, stop: threading.Event | None = None) -> Iterator[bytes]:

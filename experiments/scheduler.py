@@ -59,9 +59,9 @@ class ClusterRunners(Runners):
         if why := self.blocked.get(job.cluster):
             raise SchedulerUnavailable(why)
 
-    def submit(self, job: FinetuneSpec, meta: Mapping[str, str], *, idempotency_key: str | None = None) -> str:
+    def submit(self, job: FinetuneSpec, meta: Mapping[str, str], *, idempotency_key: str | None = None, attempt: int = 1) -> str:
         self._refuse(job)
-        return super().submit(job, meta, idempotency_key=idempotency_key)
+        return super().submit(job, meta, idempotency_key=idempotency_key, attempt=attempt)
 
     def find(self, job: FinetuneSpec, idempotency_key: str) -> str | None:
         self._refuse(job)

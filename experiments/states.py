@@ -5,6 +5,11 @@ scheduler has it, no GPU yet) -> provisioning (placed, starting) -> running -> s
 failed; cancelled and expired can end any non-terminal state. The scheduler may skip states
 between two reconcile passes (a short run goes queued -> succeeded), so forward jumps are allowed.
 ``idle`` ends a running run the admin's idle/hang policy stopped (experiments.background.idle).
+
+retrying (issue 25): an attempt on the scheduler ended with a failure the job's ``retries`` allow
+again (jobs.failures: infrastructure, or a listed exit code); the experiment waits out its backoff
+in the outbox and goes back to dispatching as its next attempt. It stays non-terminal all along,
+so the tenant's quota holds its GPUs once, across attempts, and nobody else takes them meanwhile.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ class State(StrEnum):
     QUEUED = "queued"
     PROVISIONING = "provisioning"
     RUNNING = "running"
+    RETRYING = "retrying"
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     CANCELLED = "cancelled"
@@ -34,9 +40,10 @@ _ENDS = frozenset({State.FAILED, State.CANCELLED, State.EXPIRED})
 ALLOWED: dict[State, frozenset[State]] = {
     State.PENDING: frozenset({State.DISPATCHING}) | _ENDS,
     State.DISPATCHING: frozenset({State.QUEUED, State.PROVISIONING, State.RUNNING, State.SUCCEEDED}) | _ENDS,
-    State.QUEUED: frozenset({State.PROVISIONING, State.RUNNING, State.SUCCEEDED}) | _ENDS,
-    State.PROVISIONING: frozenset({State.RUNNING, State.SUCCEEDED}) | _ENDS,
-    State.RUNNING: frozenset({State.SUCCEEDED, State.IDLE}) | _ENDS,
+    State.QUEUED: frozenset({State.PROVISIONING, State.RUNNING, State.SUCCEEDED, State.RETRYING}) | _ENDS,
+    State.PROVISIONING: frozenset({State.RUNNING, State.SUCCEEDED, State.RETRYING}) | _ENDS,
+    State.RUNNING: frozenset({State.SUCCEEDED, State.IDLE, State.RETRYING}) | _ENDS,
+    State.RETRYING: frozenset({State.DISPATCHING}) | _ENDS,
     **{state: frozenset() for state in TERMINAL},
 }
 

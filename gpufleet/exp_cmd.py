@@ -22,7 +22,8 @@ from experiments.states import TERMINAL, State
 
 console = make_console()
 JsonOption = typer.Option(False, "--json", help="Print the API's JSON.")
-COLOURS = {"succeeded": "green", "failed": "red", "expired": "red", "idle": "red", "cancelled": "dim", "running": "cyan", "provisioning": "cyan"}
+COLOURS = {"succeeded": "green", "failed": "red", "expired": "red", "idle": "red", "cancelled": "dim", "running": "cyan", "provisioning": "cyan",
+           "retrying": "magenta"}
 
 
 def _target() -> tuple[str, dict[str, str]]:
@@ -74,7 +75,8 @@ def _detail(exp: dict[str, Any]) -> Table:
     table = Table(title=f"experiment {exp['id']}", show_header=False)
     table.add_column("field")
     table.add_column("value")
-    rows = [("status", _state(exp["status"])), ("reason", exp.get("reason") or ""), ("exit code", str(exp["exit_code"]) if exp["exit_code"] is not None else "-"),
+    attempt = f"{exp.get('attempt', 1)}" + (f" (last failure: {exp['failure_class']})" if exp.get("failure_class") else "")
+    rows = [("status", _state(exp["status"])), ("attempt", attempt), ("reason", exp.get("reason") or ""), ("exit code", str(exp["exit_code"]) if exp["exit_code"] is not None else "-"),
             ("tenant / job", f"{exp['tenant']} / {exp['job']}"), ("pool", f"{exp['cluster']}/{exp['pool']} ({exp['gpus']} GPU)"),
             ("run", f"{exp['scheduler']} {exp.get('run_id') or '-'}"), ("deadline", f"{exp['deadline_hours']}h" + (f" (at {exp['deadline_at']})" if exp.get("deadline_at") else "")),
             ("GPU-hours", f"{exp['gpu_hours']:.4f}"), ("estimated cost", f"{exp['estimated_cost_usd']:.4f} USD ({exp['price_kind']} {exp['price_per_gpu_hour']}/GPU-hour)")]
@@ -82,6 +84,10 @@ def _detail(exp: dict[str, Any]) -> Table:
         rows += _usage_rows(exp["gpu_utilization"])
     rows += [(f"  {kind}", name) for kind, name in (exp.get("scheduler_ids") or {}).items() if kind != "run"]
     rows += [(f"  {state}", at) for state, at in exp["timestamps"].items() if at]
+    for past in (exp.get("attempts") or [])[:-1]:  # the ended attempts; the current one is the rows above
+        cause = f", {past['cause']}" if past.get("cause") else ""
+        rows.append((f"attempt {past['attempt']}", f"{past['status']} ({past.get('failure_class') or '-'}{cause}), {past.get('run_id') or '-'}, "
+                                                  f"{past['gpu_hours']:.4f} GPU-hours"))
     for name, value in rows:
         table.add_row(name, value, style=None)
     return table
@@ -185,10 +191,10 @@ def cmd_events(experiment_id: str = typer.Argument(...), as_json: bool = JsonOpt
         _print_json(answer)
         return
     table = Table(title=f"events of {answer['id']}")
-    for column in ("at", "who", "what", "change", "message"):
+    for column in ("at", "attempt", "who", "what", "change", "message"):
         table.add_column(column)
     for e in answer["events"]:
-        table.add_row(e["at"], e["actor"], e["kind"], f"{e['from'] or ''} -> {e['to']}" if e["to"] else "", e["message"])
+        table.add_row(e["at"], str(e.get("attempt") or ""), e["actor"], e["kind"], f"{e['from'] or ''} -> {e['to']}" if e["to"] else "", e["message"])
     console.print(table)
 
 
@@ -256,14 +262,15 @@ def _stream(path: str, params: dict[str, Any]) -> None:
 def cmd_watch(experiment_id: str = typer.Argument(..., help="The experiment id, or a unique prefix of it (6+ characters)."),
               interval: float = typer.Option(1.0, "--interval", min=0.2, help="Seconds between polls."), as_json: bool = JsonOption) -> None:
     """Print each state change until the experiment ends; exit 1 unless it succeeded."""
-    seen = None
+    seen, attempt = None, 1
     with Stages(console, terminal_only=True) as stages:
         while True:
             exp = _call("GET", f"/api/v1/experiments/{experiment_id}")
-            if exp["status"] != seen:
-                seen = exp["status"]
+            if (exp["status"], exp.get("attempt", 1)) != (seen, attempt):
+                seen, attempt = exp["status"], exp.get("attempt", 1)
                 if not as_json:
-                    console.print(f"{exp['id'][:8]} {_state(seen)} {exp.get('reason') or ''}")
+                    which = f" (attempt {attempt})" if attempt > 1 else ""
+                    console.print(f"{exp['id'][:8]} {_state(seen)}{which} {exp.get('reason') or ''}")
                     stages.step(f"{exp['id'][:8]} {seen}: waiting for the next state")
             if seen in TERMINAL:
                 break

@@ -62,6 +62,10 @@ def cmd_serve(
     session_max_hours: float = typer.Option(24.0, "--session-max-hours", min=0.05, help="A dashboard session ends this long after sign-in, used or not."),
     insecure_cookie: bool = typer.Option(False, "--insecure-cookie", help="Dashboard cookies without Secure, for a browser that refuses Secure cookies on plain http://127.0.0.1; only with a loopback --host."),
     public_origin: str | None = typer.Option(None, "--public-origin", help="The dashboard's origin as the browser sees it (e.g. https://gpufleet.example.com) when a proxy stands in front; sign-in and sign-out are accepted only from it. Default: the request's own scheme and Host."),
+    retry_backoff_seconds: float = typer.Option(30.0, "--retry-backoff-seconds", min=0.0,
+                                                help="Wait before a retried run's next attempt, doubled per attempt up to 10 minutes (docs/survive.md)."),
+    local_xid_at_step: int | None = typer.Option(None, "--local-xid-at-step", min=1,
+                                                 help="--scheduler local only, for demos: the first attempt of each run exits as if its GPU failed (XID) at this training step."),
     log_tail_kib: int = typer.Option(256, "--log-tail-kib", envvar="GPUFLEET_LOG_TAIL_KIB", min=1, max=16384,
                                      help="KiB of each run's output kept in the database per rank and stream (docs/logs.md)."),
 ) -> None:
@@ -78,9 +82,12 @@ def cmd_serve(
         raise UserError("--no-worker and --worker-only exclude each other; pick one")
     sessions = _session_settings(host, insecure_cookie=insecure_cookie, idle_hours=session_idle_hours, max_hours=session_max_hours,
                                  public_origin=public_origin)
-    runner = _runner(scheduler, vault_env(), nomad_cluster=nomad_cluster, gke_cluster=gke_cluster)
+    if local_xid_at_step is not None and scheduler != "local":
+        raise UserError("--local-xid-at-step is a demo knob of --scheduler local; drop it or add --scheduler local")
+    runner = _runner(scheduler, vault_env(), nomad_cluster=nomad_cluster, gke_cluster=gke_cluster, xid_at_step=local_xid_at_step)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    settings = ServiceSettings(db_url=database_url(db), worker=not no_worker, timing=Timing(poll_seconds=poll_seconds, log_tail_bytes=log_tail_kib * 1024),
+    settings = ServiceSettings(db_url=database_url(db), worker=not no_worker, timing=Timing(poll_seconds=poll_seconds, log_tail_bytes=log_tail_kib * 1024,
+                                                                                           retry_backoff_seconds=retry_backoff_seconds),
                                oidc=load_oidc_settings(oidc_config, _fleet_tenants), sessions=sessions)
     app = create_app(settings, runner=runner)
     if worker_only:
@@ -112,11 +119,12 @@ def _fleet_tenants() -> list[str]:
     return [t.name for config in load_all() for t in derive_tenants(config)]
 
 
-def _runner(scheduler: str, environ: dict[str, str], *, nomad_cluster: str | None = None, gke_cluster: str | None = None):  # type: ignore[no-untyped-def]
+def _runner(scheduler: str, environ: dict[str, str], *, nomad_cluster: str | None = None, gke_cluster: str | None = None,  # type: ignore[no-untyped-def]
+            xid_at_step: int | None = None):
     if scheduler == "local":
         from experiments.runner_local import LocalRunner
 
-        return LocalRunner(environ)
+        return LocalRunner(environ, xid_at_step=xid_at_step)
     if scheduler in ("clusters", "nomad"):  # "nomad": the option's value before GKE (same routing; GKE only with --gke-cluster)
         from clusters import load_all
         from experiments.scheduler import build_runners, describe

@@ -23,6 +23,7 @@ from jobs.nccl import reserved_env
 from jobs.schema import ENV_NAME, META_KEY, PLATFORM_ENV, RESERVED_ENV_PREFIXES, SECRET_REF, WRAPPER_ENV_NAMES, WRAPPER_ENV_PREFIXES, JobFile, RestartMode, secret_like_name
 from jobs.spec import cpu_millicores
 from jobs.vault_refs import VaultView, readable_paths
+from vault_policies.exec import EXIT_INTERCEPTED, EXIT_REVOKED
 
 # What the GKE renderer mounts in the training container (jobs.k8s.render): a checkpoint mount may not overlap them.
 RESERVED_MOUNTS = ("/tmp", "/scratch", "/dev/shm", "/var/run/gpufleet")
@@ -114,6 +115,15 @@ def _retries(job: JobFile) -> Iterator[Finding]:
         yield (("reschedule", "attempts"), f"{job.reschedule.attempts} is not allowed; allowed: 0; {RETRY_FIX}")
     if job.reschedule.unlimited:
         yield (("reschedule", "unlimited"), f"true is not allowed; allowed: false; {RETRY_FIX.replace('set attempts: 0', 'set unlimited: false')}")
+    for index, code in enumerate(job.retries.on_exit_codes):
+        if code in SECURITY_EXITS:
+            yield (("retries", "on_exit_codes", index), f"{code} is gpufleet-exec's {SECURITY_EXITS[code]} exit: a retry would give that run a fresh "
+                                                         "secret_id and hide the alarm; allowed: any other code 1-255; remove it")
+
+
+# gpufleet-exec's exits that are security alarms (vault_policies/exec.py EXIT_INTERCEPTED, EXIT_REVOKED):
+# a run whose wrap was used by someone else, or whose token an operator revoked, must stay ended.
+SECURITY_EXITS = {EXIT_INTERCEPTED: "possible-interception", EXIT_REVOKED: "token-revoked"}
 
 
 def _placement(job: JobFile, config: ClusterConfig) -> Iterator[Finding]:

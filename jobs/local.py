@@ -35,12 +35,17 @@ from jobs.meta import validate_meta
 from jobs.nomad.render import JOB_META_ROLE, render, task_env
 from jobs.spec import TASK, FinetuneSpec, exec_argv
 from jobs.vault_mint import mint_wrapped_secret_id, platform_meta
+from vault_policies.layout import META_ATTEMPT
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 # What a container would inherit from its image; everything else comes from the task.
 PASSTHROUGH = ("PATH", "HOME", "LANG", "LC_ALL", "TERM", "USER")
 LOCAL_VAULT = ("VAULT_CACERT", "VAULT_NAMESPACE")
 _INTERPOLATION = re.compile(r"\$\{([A-Za-z0-9_.]+)\}")
+# Where a task writes the checkpoints it resumes from (issue 25); on this machine a directory under
+# .gpufleet/checkpoints/, on the clusters a bucket prefix (the renderers set it there).
+ENV_CHECKPOINT_URI = "GPUFLEET_CHECKPOINT_URI"
+CHECKPOINTS_DIR = REPO_ROOT / ".gpufleet" / "checkpoints"
 
 
 def _alloc_dirs(root: Path) -> dict[str, Path]:
@@ -79,8 +84,10 @@ def task_environment(
     alloc_id: str,
     alloc_root: Path,
     environ: Mapping[str, str],
+    checkpoint_dir: Path | None = None,
 ) -> dict[str, str]:
-    """The environment a Nomad client would give the task, with this shell's Vault address."""
+    """The environment a Nomad client would give the task, with this shell's Vault address, and
+    GPUFLEET_CHECKPOINT_URI when ``checkpoint_dir`` is given (created here)."""
     dirs = _alloc_dirs(alloc_root)
     job_meta = {**render(spec)["Job"]["Meta"], **meta}
     env = {k: environ[k] for k in PASSTHROUGH if k in environ}
@@ -113,6 +120,9 @@ def task_environment(
         env[f"NOMAD_META_{key.upper()}"] = value
     for name, value in task_env(spec).items():
         env[name] = _interpolate(value, env, job_meta)
+    if checkpoint_dir is not None:
+        checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        env[ENV_CHECKPOINT_URI] = str(checkpoint_dir)
     if spec.vault_role is None:  # a job without secrets: the task gets no Vault variable at all
         return env
     env["VAULT_ADDR"] = environ["VAULT_ADDR"]
@@ -139,10 +149,11 @@ def run_local(spec: FinetuneSpec, meta: Mapping[str, str], *, environ: Mapping[s
     checked = validate_meta(spec, dict(meta))
     wrapped = mint_wrapped_secret_id(spec, environ, expected_queue_seconds=0)
     job_id = f"{spec.name}/dispatch-{int(time.time())}-{secrets.token_hex(4)}"
-    platform = platform_meta(wrapped)
+    platform = {**platform_meta(wrapped), META_ATTEMPT: "1"}
     root = Path(tempfile.mkdtemp(prefix=f"gpufleet-{spec.name}-"))
     try:
-        env = task_environment(spec, {**checked, **platform}, job_id=job_id, alloc_id=str(uuid.uuid4()), alloc_root=root, environ=environ)
+        env = task_environment(spec, {**checked, **platform}, job_id=job_id, alloc_id=str(uuid.uuid4()), alloc_root=root, environ=environ,
+                               checkpoint_dir=CHECKPOINTS_DIR / "run-local" / job_id.replace("/", "-"))
         argv = local_argv(spec)
         role = render(spec)["Job"]["Meta"].get(JOB_META_ROLE, "none: a job without secrets")
         print(f"run-local {job_id} (role {role}, alloc dir {root})", file=sys.stderr, flush=True)

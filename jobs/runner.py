@@ -66,12 +66,14 @@ class RunReport:
     # What the scheduler calls the run's pieces, for people to look them up there:
     # Nomad (job, allocation, node); GKE (job, workload, cluster_queue, flavor).
     refs: tuple[tuple[str, str], ...] = ()
-    # The scheduler says a node failed the run (GKE's GPU health gate), not the job's own code.
+    # The fleet, not the job's own code, ended or requeued the run (jobs.failures: a lost node, an
+    # eviction or preemption, a GPU fault); ``cause`` is its short word.
     infrastructure: bool = False
     # The scheduler's own placement and end times (naive UTC), for the cost of a run whose states
     # the reconciler missed (jobs.nomad.status / jobs.k8s.status say which fields).
     placed_at: datetime | None = None
     ended_at: datetime | None = None
+    cause: str | None = None
 
 
 @dataclass(frozen=True)
@@ -99,7 +101,7 @@ class SchedulerUnavailable(Exception):
 class Runner(Protocol):
     scheduler: str
 
-    def submit(self, job: FinetuneSpec, meta: Mapping[str, str], *, idempotency_key: str | None = None) -> str: ...
+    def submit(self, job: FinetuneSpec, meta: Mapping[str, str], *, idempotency_key: str | None = None, attempt: int = 1) -> str: ...
 
     def status(self, run_id: str) -> RunReport: ...
 
@@ -144,7 +146,7 @@ class NomadRunner:
         with self._lock:
             self._registered.add(key)
 
-    def submit(self, job: FinetuneSpec, meta: Mapping[str, str], *, idempotency_key: str | None = None) -> str:
+    def submit(self, job: FinetuneSpec, meta: Mapping[str, str], *, idempotency_key: str | None = None, attempt: int = 1) -> str:
         from jobs.nomad.client import NomadError
 
         try:
@@ -152,7 +154,7 @@ class NomadRunner:
             wrapped = mint_wrapped_secret_id(job, self._vault_env, expected_queue_seconds=default_queue_seconds(job.pool))
             result = self._client.dispatch(job, meta, role_id=wrapped.role_id if wrapped else None,
                                            wrapping_token=wrapped.wrapping_token if wrapped else None,
-                                           idempotency_token=idempotency_key or str(uuid.uuid4()))
+                                           idempotency_token=idempotency_key or str(uuid.uuid4()), attempt=attempt)
         except NomadError as exc:
             raise SchedulerUnavailable(str(exc)) from None
         return f"{result.namespace}/{result.dispatched_job_id}"
@@ -185,12 +187,13 @@ class NomadRunner:
 
         refs = _refs(job=f"{namespace}/{job_id}", allocation=status.alloc_id, node=status.node)
         placed = status.alloc_id is not None
+        infra = {"infrastructure": status.infrastructure, "cause": status.cause, "placed_at": status.placed_at, "ended_at": status.ended_at}
         if status.detail.startswith("preempted"):  # Nomad evicted it for a higher-priority job: the run is over
-            return RunReport(Phase.FAILED, status.detail, placed, status.exit_code, refs, placed_at=status.placed_at, ended_at=status.ended_at)
+            return RunReport(Phase.FAILED, status.detail, placed, status.exit_code, refs, **infra)
         phase = {RunState.PENDING: Phase.PENDING, RunState.RUNNING: Phase.RUNNING, RunState.FAILED: Phase.FAILED, RunState.LOST: Phase.FAILED}.get(status.state)
         if phase is None:  # complete: a clean exit, or a stop
             phase = Phase.STOPPED if status.detail.startswith("stopped by request") else Phase.SUCCEEDED
-        return RunReport(phase, status.detail, placed, status.exit_code, refs, placed_at=status.placed_at, ended_at=status.ended_at)
+        return RunReport(phase, status.detail, placed, status.exit_code, refs, **infra)
 
     def poll(self, run_ids: Sequence[str], known: Mapping[str, str]) -> dict[str, Polled]:
         """Many runs at once: per namespace one ``GET /v1/allocations`` and per parent job one
@@ -228,6 +231,7 @@ class NomadRunner:
                     fingerprint = _fingerprint(
                         [stub.get(k) for k in ("Status", "Stop", "ModifyIndex", "JobModifyIndex")], stub.get("JobSummary"),
                         sorted([a.get("ID"), a.get("ClientStatus"), a.get("DesiredStatus"), a.get("ModifyIndex"), a.get("PreemptedByAllocation"),
+                                a.get("NextAllocation"), a.get("DesiredTransition"),
                                 sum(len(t.get("Events") or []) for t in (a.get("TaskStates") or {}).values())] for a in mine))
                     if known.get(run_id) == fingerprint:
                         out[run_id] = Polled(fingerprint, None)
@@ -396,13 +400,13 @@ class GkeRunner:
         namespace, _, run = run_id.removeprefix(GKE_PREFIX).partition("/")
         return namespace, run
 
-    def submit(self, job: FinetuneSpec, meta: Mapping[str, str], *, idempotency_key: str | None = None) -> str:
+    def submit(self, job: FinetuneSpec, meta: Mapping[str, str], *, idempotency_key: str | None = None, attempt: int = 1) -> str:
         from jobs.k8s.client import K8sError
         from jobs.k8s.dispatch import RankMinter
 
         mint = RankMinter(job, self._vault_env, queue_seconds=default_queue_seconds(job.pool))
         try:
-            result = self._client.dispatch(job, dict(meta), dispatch_id=idempotency_key or str(uuid.uuid4()), mint=mint)
+            result = self._client.dispatch(job, dict(meta), dispatch_id=idempotency_key or str(uuid.uuid4()), mint=mint, attempt=attempt)
         except K8sError as exc:
             raise SchedulerUnavailable(str(exc)) from None
         return f"{GKE_PREFIX}{result.namespace}/{result.run}"
@@ -416,7 +420,26 @@ class GkeRunner:
             raise RunNotFound(run_id) from None
         except K8sError as exc:
             raise SchedulerUnavailable(str(exc)) from None
-        return self._report(self._split(run_id)[0], status)
+        return self._report(self._split(run_id)[0], self._disruption(self._split(run_id)[0], status))
+
+    def _disruption(self, namespace: str, status: Any) -> Any:
+        """A Job failed by its DisruptionTarget rule: which disruption, from its pods' condition reason
+        (one pod list, only for such a failure; jobs.k8s.status.disruption_cause)."""
+        import dataclasses
+
+        from jobs import failures
+        from jobs.k8s.client import K8sError
+        from jobs.k8s.logs import JOB_NAME_LABEL
+        from jobs.k8s.status import disruption_cause
+
+        if status.cause != failures.disruption(""):
+            return status
+        try:
+            pods = self._client.list_pods(namespace, f"{JOB_NAME_LABEL}={status.run}")
+        except K8sError as exc:
+            log.warning("reading the disrupted pods of %s/%s failed (the cause stays unknown): %s", namespace, status.run, exc)
+            return status
+        return dataclasses.replace(status, cause=disruption_cause(pods) or status.cause)
 
     @staticmethod
     def _report(namespace: str, status: Any) -> RunReport:
@@ -428,7 +451,7 @@ class GkeRunner:
         if phase == Phase.RUNNING and status.ready < status.ranks:
             phase = Phase.PENDING
         return RunReport(phase, status.reason, status.placed, status.exit_code, refs, status.infrastructure,
-                         placed_at=status.placed_at, ended_at=status.ended_at)
+                         placed_at=status.placed_at, ended_at=status.ended_at, cause=status.cause)
 
     def poll(self, run_ids: Sequence[str], known: Mapping[str, str]) -> dict[str, Polled]:
         """Many runs at once: per namespace the Jobs of exactly these run names and their Kueue
@@ -488,7 +511,7 @@ class GkeRunner:
                 if known.get(run_id) == fingerprint:
                     out[run_id] = Polled(fingerprint, None)
                     continue
-                out[run_id] = Polled(fingerprint, self._report(namespace, summarize(job, mine)))
+                out[run_id] = Polled(fingerprint, self._report(namespace, self._disruption(namespace, summarize(job, mine))))
         if failures and not out:
             raise SchedulerUnavailable(failures[0])
         return out
@@ -642,8 +665,8 @@ class Runners:
             raise SchedulerUnavailable(f"no {'GKE' if gke else 'Nomad'} runner is configured")
         return runner
 
-    def submit(self, job: FinetuneSpec, meta: Mapping[str, str], *, idempotency_key: str | None = None) -> str:
-        return self._pick(job.scheduler == SchedulerKind.GKE).submit(job, meta, idempotency_key=idempotency_key)
+    def submit(self, job: FinetuneSpec, meta: Mapping[str, str], *, idempotency_key: str | None = None, attempt: int = 1) -> str:
+        return self._pick(job.scheduler == SchedulerKind.GKE).submit(job, meta, idempotency_key=idempotency_key, attempt=attempt)
 
     def status(self, run_id: str) -> RunReport:
         return self._pick(run_id.startswith(GKE_PREFIX)).status(run_id)

@@ -106,6 +106,17 @@ class Reschedule(Model):
     unlimited: bool = False
 
 
+class Retries(Model):
+    """What the control plane does when a run fails (issue 25). Infrastructure failures (a lost node,
+    a spot reclaim, an eviction or preemption, a GPU fault: ``jobs.failures``) are retried, and so are
+    the listed exit codes of the training command; its other exits are not. Each retry is a new
+    attempt with new single-use secret_ids; ``max_attempts`` is how many retries after the first
+    attempt (0: never retry)."""
+
+    max_attempts: Annotated[int, Field(ge=0, le=20, description="retries after the first attempt, 0-20 (0: never retry)")] = 3
+    on_exit_codes: tuple[Annotated[int, Field(ge=1, le=255)], ...] = ()
+
+
 class Secrets(Model):
     # An AppRole role of vault_policies/roles.yaml that names the job's cluster.
     role: Annotated[str, Field(min_length=1)]
@@ -178,5 +189,6 @@ class JobFile(Model):
     kill_timeout: DurationNs = parse_duration_ns("2m")
     restart: Restart = Restart()
     reschedule: Reschedule = Reschedule()
+    retries: Retries = Retries()
     # Nomad job priority; GKE: 70 and above gets the priority class that may preempt lower ones.
     priority: Annotated[int, Field(ge=1, le=100)] = 50

@@ -16,7 +16,7 @@ from clusters.derive.pools import GpuPoolSpec, derive_gpu_pools, kueue_local_que
 from clusters.derive.tenants import WORKLOAD_KSA, TenantSpec, derive_tenants
 from clusters.schema import ClusterConfig, SchedulerKind
 from jobs.durations import NS_PER_SECOND
-from jobs.schema import JobFile, Reschedule, Restart
+from jobs.schema import JobFile, Reschedule, Restart, Retries
 
 TASK = "train"
 # Every task command runs behind this wrapper on both schedulers (and run-local), so keys arrive
@@ -88,6 +88,8 @@ class FinetuneSpec:
     restart: Restart
     reschedule: Reschedule
     priority: int
+    # jobs.schema.Retries: what the control plane retries and how often (issue 25).
+    retries: Retries = Retries()
     nodes: int = 1
     cpu_millicores: int = 4000
     gke: GkeTarget | None = None
@@ -160,6 +162,7 @@ def derive_spec(job: JobFile, config: ClusterConfig, *, source: Path) -> Finetun
         kill_timeout_ns=job.kill_timeout,
         restart=job.restart,
         reschedule=job.reschedule,
+        retries=job.retries,
         priority=job.priority,
         nodes=job.nodes,
         cpu_millicores=cpu_millicores(job),

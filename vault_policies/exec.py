@@ -32,7 +32,9 @@ Exit codes (docs/training-side.md, docs/reference/exit-codes.md): the child's ow
 outside the role's CIDRs); 79 POSSIBLE INTERCEPTION (wrap already used, swapped, or login
 refused right after unwrapping); 80 token revoked during the run; 81 token could not be
 renewed further (token_max_ttl, or Vault unreachable until expiry); 124 max run time
-exceeded; 127 command not found.
+exceeded; 127 command not found. A child that exits 75 (``layout.EXIT_HARDWARE``: its GPU failed,
+e.g. an XID) is passed through like any code; the control plane retries that run as an
+infrastructure failure.
 """
 
 from __future__ import annotations

@@ -59,3 +59,12 @@ ENV_KILL_GRACE_SECONDS = "GPUFLEET_KILL_GRACE_SECONDS"
 # as NOMAD_META_<key> (as given and upper-cased).
 META_ROLE_ID = "gpufleet_vault_role_id"
 META_WRAPPED_SECRET_ID = "gpufleet_vault_wrapped_secret_id"
+# Which attempt of an experiment a task is (1, 2, ...): dispatch meta on Nomad, an env value on GKE
+# and locally; the task sees GPUFLEET_ATTEMPT (experiments.background.reconcile retries, issue 25).
+META_ATTEMPT = "gpufleet_attempt"
+ENV_ATTEMPT = "GPUFLEET_ATTEMPT"
+# The exit code a trainer or its health check uses to say "a GPU/hardware fault (an XID), not my
+# code": gpufleet-exec passes it through, and the control plane counts it as an infrastructure
+# failure and retries. 75 is EX_TEMPFAIL (sysexits.h: "a temporary failure ... the user is invited
+# to retry"); no other gpufleet-exec code uses it.
+EXIT_HARDWARE = 75

@@ -102,6 +102,9 @@ class Timing:
     usage_budget: float = 0.15
     # The budget and idle-policy steps run at most this often (0: every pass); their windows are minutes to hours.
     policy_seconds: float = 60.0
+    # A retried run's next attempt waits this, doubled per attempt, at most the max (experiments.attempts).
+    retry_backoff_seconds: float = 30.0
+    retry_backoff_max_seconds: float = 600.0
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,12 @@ with the same key and the scheduler answers with the run it already has (Nomad's
 idempotency token, the Kubernetes Job named from the key). Nomad checks the token against its
 state before it commits a new child, so two submits of one key must never be in flight at once:
 a takeover waits for the TTL, and a worker whose own heartbeat may have lapsed submits nothing
-(``Context.fenced``). A scheduler error
+(``Context.fenced``).
+
+A retried experiment (``retrying``, experiments.attempts) comes through here again as its next
+attempt: the claim moves it to dispatching, the previous attempt's run is stopped first (the
+whole gang), and the submit uses the attempt's own key (``attempts.attempt_key``), so it mints new
+secret_ids and makes a new scheduler run exactly once, whatever crashes in between. A scheduler error
 (503, timeout, Vault unreachable) releases the row with a backoff; past
 ``dispatch_stuck_seconds`` the experiment fails with the last error instead of waiting forever.
 
@@ -36,10 +41,11 @@ from datetime import datetime, timedelta
 from sqlalchemy import or_, select
 
 from clusters.errors import UserError
+from experiments.attempts import attempt_key
 from experiments.background.context import Context, log
 from experiments.background.membership import dead_workers
 from experiments.errors import ApiError
-from experiments.models import Experiment, Outbox
+from experiments.models import Experiment, Outbox, RunAttempt
 from jobs.runner import SchedulerUnavailable
 from jobs.spec import EXPERIMENT_META
 from experiments.services.lifecycle import record, transition
@@ -115,7 +121,7 @@ def _claim(ctx: Context, experiment_id: str | None, *, skip: Sequence[str] = ())
             record(session, experiment_id=exp.id, actor=ACTOR, kind="takeover", now=now,
                    message=f"dispatch claim taken over from worker {taken_from}, whose heartbeat is older than {ctx.timing.worker_ttl_seconds:g}s")
             log.warning("experiment %s: dispatch claim taken over from dead worker %s", exp.id, taken_from)
-        if exp.state == State.PENDING.value:
+        if exp.state in (State.PENDING.value, State.RETRYING.value):
             transition(session, exp, State.DISPATCHING, actor=ACTOR, now=now)
         return Claim(exp.id, me, outbox.attempts, exp)
 
@@ -130,6 +136,8 @@ def _dispatch_claimed(ctx: Context, claim: Claim) -> bool:
     if State(exp.state) in TERMINAL:
         settle_stop_debt(ctx, experiment_id)
         return False
+    if exp.attempt > 1 and not _stop_previous(ctx, exp):
+        return False
     if exp.cancel_requested_at is not None:
         # Cancelled while a dispatch was being retried: never submit again.
         _end(ctx, claim, State.CANCELLED, "cancelled before its dispatch completed")
@@ -142,8 +150,9 @@ def _dispatch_claimed(ctx: Context, claim: Claim) -> bool:
     if ctx.fenced():
         return False  # the others may be taking this claim over: only one of us may call the scheduler
     try:
-        # The experiment id in the run's meta names its checkpoint directory (GPUFLEET_CHECKPOINT_URI) on every attempt.
-        run_id = ctx.runner.submit(spec, {**exp.meta, EXPERIMENT_META: exp.id}, idempotency_key=exp.id)
+        # The experiment id in the run's meta names its checkpoint directory (GPUFLEET_CHECKPOINT_URI) on every attempt;
+        # the attempt's own key makes a new scheduler run (and new secret_ids) once per attempt.
+        run_id = ctx.runner.submit(spec, {**exp.meta, EXPERIMENT_META: exp.id}, idempotency_key=attempt_key(exp.id, exp.attempt), attempt=exp.attempt)
     except (SchedulerUnavailable, UserError) as exc:
         _retry_later(ctx, claim, str(exc))
         return False
@@ -166,7 +175,8 @@ def _dispatch_claimed(ctx: Context, claim: Claim) -> bool:
         if outbox is not None and not orphan:
             session.delete(outbox)
         if exp.state == State.DISPATCHING.value:
-            transition(session, exp, State.QUEUED, actor=ACTOR, now=now, reason=f"dispatched to {exp.scheduler} as {run_id}")
+            transition(session, exp, State.QUEUED, actor=ACTOR, now=now, reason=f"dispatched to {exp.scheduler} as {run_id}"
+                       + (f" (attempt {exp.attempt})" if exp.attempt > 1 else ""))
         latency = (now - exp.created_at).total_seconds()
     if orphan:
         # Ended (failed as stuck, or cancelled) while this submit was in flight: nothing may run
@@ -190,7 +200,7 @@ def _retry_later(ctx: Context, claim: Claim, error: str) -> None:
         if outbox is None or not claim.holds(outbox):
             return  # taken over meanwhile: the new holder decides
 
-        waited = (now - exp.created_at).total_seconds()
+        waited = (now - outbox.created_at).total_seconds()  # this attempt's row: a retry's clock starts when it is due
         if waited >= ctx.timing.dispatch_stuck_seconds:
             # Any of the attempts may have reached the scheduler (an answer lost): keep the row as a stop debt.
             _keep_as_debt(outbox, now, error)
@@ -203,6 +213,23 @@ def _retry_later(ctx: Context, claim: Claim, error: str) -> None:
         exp.updated_at = now
         record(session, experiment_id=exp.id, actor=ACTOR, kind="dispatch-error", message=exp.reason, now=now)
     log.warning("dispatch of experiment %s failed (attempt will be retried): %s", experiment_id, error)
+
+
+def _stop_previous(ctx: Context, exp: Experiment) -> bool:
+    """Before attempt N is submitted, whatever is left of attempt N-1 on the scheduler is stopped (all
+    of its ranks: a multi-node run restarts as a whole gang). Stopping a stopped run is a no-op, so a
+    re-claimed row repeats it safely; a scheduler error releases the row for a later pass."""
+    with ctx.sessions() as session:
+        previous = session.get(RunAttempt, (exp.id, exp.attempt - 1))
+        run_id = previous.run_id if previous is not None else None
+    if run_id is None:
+        return True
+    try:
+        ctx.runner.stop(run_id)
+    except SchedulerUnavailable as exc:
+        _retry_later(ctx, exp.id, f"attempt {exp.attempt - 1}'s run {run_id} is not confirmed stopped: {exc}")
+        return False
+    return True
 
 
 def _release(outbox: Outbox, now: datetime, error: str, *, backoff: int | None = None) -> int:
@@ -249,10 +276,20 @@ def settle_stop_debt(ctx: Context, experiment_id: str) -> bool:
     with ctx.sessions() as session:
         exp = session.get(Experiment, experiment_id)
         assert exp is not None
-        run_id, job, tenant, document, digest = exp.run_id, exp.job, exp.tenant, exp.job_spec, exp.job_spec_sha256
+        run_id, job, tenant, document, digest, attempt = exp.run_id, exp.job, exp.tenant, exp.job_spec, exp.job_spec_sha256, exp.attempt
+    previous_run: str | None = None
+    if attempt > 1 and run_id is not None:
+        with ctx.sessions() as session:
+            previous = session.get(RunAttempt, (experiment_id, attempt - 1))
+        if previous is not None and previous.run_id == run_id:
+            # The previous attempt's run: stopped again (its stop may never have been confirmed, e.g. the
+            # retry failed as stuck on that very stop; a no-op otherwise), then this attempt's is looked for.
+            previous_run, run_id = run_id, None
     try:
+        if previous_run is not None:
+            ctx.runner.stop(previous_run)
         if run_id is None:
-            run_id = ctx.runner.find(ctx.catalog.frozen(job, document, digest), experiment_id)
+            run_id = ctx.runner.find(ctx.catalog.frozen(job, document, digest), attempt_key(experiment_id, attempt))
         if run_id is not None:
             ctx.runner.stop(run_id)
     except Exception as exc:  # noqa: BLE001 - a debt is never dropped: any failure keeps it for a later pass
@@ -278,7 +315,8 @@ def settle_stop_debt(ctx: Context, experiment_id: str) -> bool:
         assert exp is not None
         if run_id is not None and exp.run_id is None:
             exp.run_id = run_id
-        record(session, experiment_id=experiment_id, actor=ACTOR, kind="stop",
-               message=f"stopped {run_id}, left on the scheduler by a dispatch that did not complete" if run_id else "no run reached the scheduler",
-               now=now)
+        message = f"stopped {run_id}, left on the scheduler by a dispatch that did not complete" if run_id else "no run reached the scheduler"
+        if previous_run is not None:
+            message = f"stopped the previous attempt's run {previous_run}; {message}"
+        record(session, experiment_id=experiment_id, actor=ACTOR, kind="stop", message=message, now=now)
     return True

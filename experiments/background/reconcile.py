@@ -5,9 +5,16 @@ Scheduler phase -> experiment state: pending and not placed -> queued (the reaso
 e.g. the placement failure); pending and placed -> provisioning; running -> running;
 succeeded / failed -> the same, with the exit code and the scheduler's reason (OOM,
 preemption, the task's last event); stopped by someone else -> failed; placed once and back
-in the queue (Kueue eviction) -> stopped and failed, since its spent secret_id cannot resume.
-Once an experiment is terminal it is never asked about again, so Nomad's garbage collection
-loses nothing.
+in the queue (a Kueue eviction or preemption) -> an infrastructure failure of that attempt.
+
+Every failure gets a class (``jobs.failures``: ``infrastructure`` when the scheduler says the
+fleet lost the run, ``user`` for the command's own exit, an OOM kill, its deadline), recorded
+on the run and in its event. A failure the job's ``retries`` allow becomes ``retrying`` and the
+experiment's next attempt (``experiments.attempts``: new secret_ids, a new scheduler run, the
+same id and quota); any other failure ends it ``failed``. A run requeued by Kueue that is not
+retried is stopped at once, since its spent secret_id cannot resume and it would hold its queue
+place for nothing. Once an experiment is terminal it is never asked about again, so Nomad's
+garbage collection loses nothing.
 
 One pass asks each scheduler in batches (``jobs.runner.poll``: Nomad's job and allocation
 lists, Kubernetes' Job and Workload lists), not 3 GETs per run: a run whose list entries are
@@ -21,21 +28,25 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
 from sqlalchemy import ColumnElement, Row, not_, or_, select, update
 from sqlalchemy.orm import Session
 
+from experiments import attempts
 from experiments.background.context import Context, log
 from experiments.background.usage import Candidate, sample_usage
 from experiments.background.vanished import hold_mass_vanishing
+from experiments.errors import ApiError
 from experiments.models import Experiment
 from experiments.scheduler import bound_clause, not_bound
 from experiments.services import logs as run_logs
 from experiments.services.lifecycle import record, transition
 from experiments.states import ON_SCHEDULER, TERMINAL, State, can_move
+from jobs import failures
+from jobs.failures import FailureClass
 from jobs.runner import Phase, RunNotFound, RunReport, SchedulerUnavailable, poll
 
 ACTOR = "reconciler"
@@ -52,6 +63,14 @@ class Move:
     # The scheduler's own placement and end times: the cost of a run that ends unseen placed.
     placed_at: datetime | None = None
     ended_at: datetime | None = None
+    # A failure's jobs.failures class and cause; with ``backoff`` set the target is RETRYING.
+    failure_class: FailureClass | None = None
+    cause: str | None = None
+    backoff: float | None = None
+    # The scheduler run the answer was about: the move applies only while the experiment still follows
+    # that run. Another replica may have retried it meanwhile; an answer about attempt 1 must never end,
+    # retry or stop attempt 2.
+    run_id: str | None = None
 
 
 def process_scheduled(ctx: Context) -> int:
@@ -104,7 +123,8 @@ def process_scheduled(ctx: Context) -> int:
             answered.append(row.id)
             continue  # unchanged since its last full read
         if result.gone:
-            moves.append(Move(row.id, State.FAILED, f"the scheduler no longer knows run {row.run_id} (garbage-collected before gpufleet saw it end)"))
+            moves.append(Move(row.id, State.FAILED, f"the scheduler no longer knows run {row.run_id} (garbage-collected before gpufleet saw it end)",
+                              run_id=row.run_id))
             answered.append(row.id)
             forgotten.add(row.id)
             continue
@@ -119,13 +139,26 @@ def process_scheduled(ctx: Context) -> int:
         ctx.metrics.reconcile_errors.inc(missed)
         log.warning("reconcile: no answer for %d of %d runs this pass (see the scheduler errors above)", missed, len(tracked))
     ended = _apply_all(ctx, moves, answered)
-    _keep_logs(ctx, ended - forgotten, bound)  # a forgotten run has no logs left to read
+    _keep_logs(ctx, ended - forgotten, bound)  # a forgotten run has no logs left to read; before the stops below, which delete pods
+    _stop_retried(ctx, [r.run_id for r in tracked if r.id in ended and any(m.experiment_id == r.id and m.target == State.RETRYING for m in moves)])
     ctx.fingerprints.remember(fresh)
     gone = [r.run_id for r in tracked if r.id in ended]
     ctx.fingerprints.forget(gone)
     ctx.sampled.forget(gone)
     sample_usage(ctx, _running(tracked, moves, set(answered)), pass_seconds=time.monotonic() - started)
     return done + len(answered)
+
+
+def _stop_retried(ctx: Context, run_ids: list[str]) -> None:
+    """Stop what is left of each attempt that will be retried, now that ``retrying`` is committed: a
+    Kueue-requeued Job must not be admitted again meanwhile (its pods would start with spent
+    secret_ids), nor the other ranks of a gang keep their GPUs. Best effort: the dispatcher stops it
+    again, for certain, before the next attempt is submitted (experiments.attempts)."""
+    for run_id in run_ids:
+        try:
+            ctx.runner.stop(run_id)
+        except SchedulerUnavailable as exc:
+            log.warning("stopping %s (its attempt will be retried) failed; the dispatcher stops it before the next attempt: %s", run_id, exc)
 
 
 def _running(rows: Sequence[Row[Any]], moves: list[Move], answered: set[str]) -> list[Candidate]:
@@ -165,15 +198,46 @@ def _keep_logs(ctx: Context, ended: set[str], bound: ColumnElement[bool] | None)
 
 def _decide(ctx: Context, experiment_id: str, run_id: str, state: str, report: RunReport) -> Move:
     refs = dict(report.refs)
-    if report.phase == Phase.PENDING and not report.placed and state in (State.PROVISIONING.value, State.RUNNING.value):
-        # Placed once, now back in the queue (Kueue eviction/preemption, a lost node): its single-use
-        # secret_id is spent, so a resumed run could not log in to Vault. Stop it rather than let it
-        # wait for GPUs again only to fail there; the tenant's quota is freed at once.
-        ctx.runner.stop(run_id)
-        return Move(experiment_id, State.FAILED, f"lost its GPUs after it was placed ({report.detail}); stopped on the scheduler: "
-                    "its single-use secret_id is spent, so it cannot resume; submit it again", None, refs)
+    requeued = (not report.placed and state in (State.PROVISIONING.value, State.RUNNING.value)) or (report.cause or "").startswith("kueue-")
+    if report.phase == Phase.PENDING and requeued:
+        # Placed once, now back in the queue (a Kueue eviction or preemption, a lost node): the fleet took
+        # its GPUs. Its single-use secret_id is spent, so this attempt cannot resume where it waits. Kueue's
+        # Evicted condition says so even when no pass saw the run placed.
+        move = Move(experiment_id, State.FAILED, f"lost its GPUs after it was placed ({report.detail})", None, refs,
+                    failure_class=FailureClass.INFRASTRUCTURE, cause=report.cause or failures.REQUEUED, run_id=run_id)
+        move = _failed(ctx, move)
+        if move.target == State.FAILED:
+            ctx.runner.stop(run_id)  # not retried: free its queue place and the tenant's quota at once
+            move = replace(move, reason=f"{move.reason}; stopped on the scheduler")
+        return move
     target, reason = _target(report, cancelling=False)
-    return Move(experiment_id, target, reason, report.exit_code if target in TERMINAL else None, refs, report.placed_at, report.ended_at)
+    move = Move(experiment_id, target, reason, report.exit_code if target in TERMINAL else None, refs, report.placed_at, report.ended_at,
+                run_id=run_id)
+    if target != State.FAILED or report.phase != Phase.FAILED:
+        return move
+    klass = FailureClass.INFRASTRUCTURE if report.infrastructure else FailureClass.USER
+    return _failed(ctx, replace(move, failure_class=klass, cause=report.cause))
+
+
+def _failed(ctx: Context, move: Move) -> Move:
+    """A failed attempt: retried (RETRYING after a backoff) when the job's ``retries`` allow it, else
+    FAILED; the reason names the class, the cause and what happens next (experiments.attempts)."""
+    with ctx.sessions() as session:
+        exp = session.get(Experiment, move.experiment_id)
+        assert exp is not None
+        attempt, job, document, digest = exp.attempt, exp.job, exp.job_spec, exp.job_spec_sha256
+    try:
+        retries = ctx.catalog.frozen(job, document, digest).retries
+    except ApiError:
+        retries = None
+    assert move.failure_class is not None
+    verdict = attempts.decide(retries, attempt=attempt, failure_class=move.failure_class, exit_code=move.exit_code,
+                              base=ctx.timing.retry_backoff_seconds, cap=ctx.timing.retry_backoff_max_seconds, cause=move.cause)
+    cause = f", {move.cause}" if move.cause else ""
+    reason = f"{move.reason} ({move.failure_class.value} failure{cause} of attempt {attempt}; {verdict.why})"
+    if verdict.retry:
+        return replace(move, target=State.RETRYING, reason=reason, backoff=verdict.backoff_seconds)
+    return replace(move, reason=reason)
 
 
 def _apply_all(ctx: Context, moves: list[Move], reconciled: list[str]) -> set[str]:
@@ -198,7 +262,7 @@ def _apply_all(ctx: Context, moves: list[Move], reconciled: list[str]) -> set[st
                     changed.append((move.experiment_id, *moved))
         for experiment_id, current, target in changed:
             log.info("experiment %s: %s -> %s", experiment_id, current.value, target.value)
-            if target in TERMINAL:
+            if target in TERMINAL or target == State.RETRYING:  # an attempt ended: keep its logs, forget its fingerprint
                 ended.add(experiment_id)
     return ended
 
@@ -227,30 +291,34 @@ def reconcile_one(ctx: Context, experiment_id: str) -> None:
         raise SchedulerUnavailable(why)  # never stop, fail or free a run of another cluster from here
     if exp.cancel_requested_at is not None:
         ctx.runner.stop(exp.run_id)
-        _move(ctx, experiment_id, State.CANCELLED, "cancelled: stopped on the scheduler", exit_code=None)
+        _move(ctx, Move(experiment_id, State.CANCELLED, "cancelled: stopped on the scheduler"))
         run_logs.keep(ctx.sessions, ctx.runner, [experiment_id], now=ctx.clock(), tail_bytes=ctx.timing.log_tail_bytes)
         return
     try:
         report = ctx.runner.status(exp.run_id)
     except RunNotFound:
-        _move(ctx, experiment_id, State.FAILED, f"the scheduler no longer knows run {exp.run_id} (garbage-collected before gpufleet saw it end)", exit_code=None)
+        _move(ctx, Move(experiment_id, State.FAILED, f"the scheduler no longer knows run {exp.run_id} (garbage-collected before gpufleet saw it end)",
+                        run_id=exp.run_id))
         return
-    move = _decide(ctx, experiment_id, exp.run_id, exp.state, report)
-    _move(ctx, experiment_id, move.target, move.reason, exit_code=move.exit_code, refs=move.refs)
+    _move(ctx, _decide(ctx, experiment_id, exp.run_id, exp.state, report))
 
 
-def _move(ctx: Context, experiment_id: str, target: State, reason: str, *, exit_code: int | None, refs: dict[str, str] | None = None) -> None:
+def _move(ctx: Context, move: Move) -> None:
     now = ctx.clock()
     with ctx.sessions() as session, session.begin():
-        exp = session.get(Experiment, experiment_id, with_for_update=True, populate_existing=True)
+        exp = session.get(Experiment, move.experiment_id, with_for_update=True, populate_existing=True)
         assert exp is not None
-        moved = _apply(session, exp, Move(experiment_id, target, reason, exit_code, refs), now)
+        moved = _apply(session, exp, move, now)
     if moved is not None:
-        log.info("experiment %s: %s -> %s", experiment_id, moved[0].value, moved[1].value)
+        log.info("experiment %s: %s -> %s", move.experiment_id, moved[0].value, moved[1].value)
 
 
 def _apply(session: Session, exp: Experiment, move: Move, now) -> tuple[State, State] | None:  # type: ignore[no-untyped-def]
-    """One move inside the caller's transaction; (from, to) if the state changed."""
+    """One move inside the caller's transaction; (from, to) if the state changed. A move decided on an
+    answer about another run than the one the experiment now follows (its attempt was retried since,
+    e.g. by another replica) changes nothing."""
+    if move.run_id is not None and (exp.run_id != move.run_id or State(exp.state) not in ON_SCHEDULER):
+        return None
     exp.reconciled_at = now
     if move.refs and {**(exp.scheduler_refs or {}), **move.refs} != exp.scheduler_refs:
         exp.scheduler_refs = {**(exp.scheduler_refs or {}), **move.refs}  # kept once the scheduler forgets the run
@@ -259,6 +327,13 @@ def _apply(session: Session, exp: Experiment, move: Move, now) -> tuple[State, S
         if current not in TERMINAL and move.reason and exp.reason != move.reason:
             exp.reason = move.reason  # e.g. why a queued run is not placed yet
         return None
+    if target == State.RETRYING:
+        assert move.failure_class is not None and move.backoff is not None
+        attempts.begin_next(session, exp, actor=ACTOR, now=now, reason=move.reason, failure_class=move.failure_class.value, cause=move.cause,
+                            exit_code=move.exit_code, backoff=move.backoff, placed_at=move.placed_at, ended_at=move.ended_at)
+        return current, target
+    if move.failure_class is not None:
+        exp.failure_class = move.failure_class.value
     if target in (State.SUCCEEDED, State.FAILED) and exp.running_at is None and current == State.PROVISIONING:
         exp.running_at = now
     if target in TERMINAL:

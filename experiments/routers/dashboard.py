@@ -197,11 +197,12 @@ def detail(experiment_id: str, request: Request, ctx: Annotated[Context, Depends
         with ctx.sessions() as session:
             exp = service.get_visible(session, who, experiment_id)
             item = service.view(exp, now=ctx.clock())
+            attempts = service.attempts_of(session, exp, now=ctx.clock())
             events = [service.event_view(e) for e in service.events_of(session, exp)]
             points = run_usage.series(session, exp.id)
     except ApiError as exc:
         return _page("error.html", status=exc.status, error=exc.error, fix=exc.fix)
-    return _page("detail.html", who=who, item=item, events=events, usage=run_usage.summarize(points), chart=_chart(points),
+    return _page("detail.html", who=who, item=item, attempts=attempts, events=events, usage=run_usage.summarize(points), chart=_chart(points),
                  csrf=sessions.form_token(_raw, "session"), cancellable=State(item["status"]) not in TERMINAL)
 
 

@@ -85,7 +85,8 @@ def list_experiments(who: Annotated[Caller, Depends(caller)], ctx: Annotated[Con
 def show(experiment_id: str, who: Annotated[Caller, Depends(caller)], ctx: Annotated[Context, Depends(context)]) -> dict[str, Any]:
     with ctx.sessions() as session:
         exp = service.get_visible(session, who, experiment_id)
-        return {**service.view(exp, now=ctx.clock()), "gpu_utilization": run_usage.summary(session, exp.id)}
+        return {**service.view(exp, now=ctx.clock()), "attempts": service.attempts_of(session, exp, now=ctx.clock()),
+                "gpu_utilization": run_usage.summary(session, exp.id)}
 
 
 @router.get("/experiments/{experiment_id}/usage")

@@ -25,7 +25,7 @@ from sqlalchemy.orm import Session
 from clusters.schema import ClusterConfig
 from experiments.auth import Caller
 from experiments.errors import ApiError
-from experiments.models import Event, Experiment, Outbox
+from experiments.models import Event, Experiment, Outbox, RunAttempt
 from experiments.services import admission, budgets, cost, pool_usage
 from experiments.services.catalog import Catalog
 from experiments.services.lifecycle import record, transition
@@ -217,15 +217,20 @@ def cancel(session: Session, caller: Caller, experiment_id: str, *, now: datetim
         else:
             exp.cancel_requested_at = now
             exp.updated_at = now
+            if exp.state == State.RETRYING.value and outbox is not None and outbox.lease_until is None:
+                outbox.next_attempt_at = min(outbox.next_attempt_at, now)  # the dispatcher ends it now, not after the backoff
     return exp
 
 
 def view(exp: Experiment, *, now: datetime) -> dict[str, Any]:
+    """One experiment as the API shows it. GPU-hours and cost are over every attempt: the ended ones
+    (``prior_gpu_hours``) plus the current one's."""
     placed = exp.provisioning_at or exp.running_at
-    hours = cost.gpu_hours(gpus=exp.gpus, placed_at=placed, finished_at=exp.finished_at, now=now)
+    hours = cost.gpu_hours(gpus=exp.gpus, placed_at=placed, finished_at=exp.finished_at, now=now) + (exp.prior_gpu_hours or 0.0)
     stamp = lambda t: t.isoformat(timespec="seconds") + "Z" if t else None  # noqa: E731
     return {
         "id": exp.id, "status": exp.state, "reason": exp.reason, "exit_code": exp.exit_code,
+        "attempt": exp.attempt or 1, "failure_class": exp.failure_class,
         "tenant": exp.tenant, "job": exp.job, "cluster": exp.cluster, "pool": exp.pool, "gpus": exp.gpus, "meta": exp.meta,
         "scheduler": exp.scheduler, "run_id": exp.run_id, "scheduler_ids": {"run": exp.run_id, **(exp.scheduler_refs or {})} if exp.run_id else {},
         "submitted_by": exp.submitted_by,
@@ -239,7 +244,27 @@ def view(exp: Experiment, *, now: datetime) -> dict[str, Any]:
 
 def event_view(event: Event) -> dict[str, Any]:
     return {"id": event.id, "at": event.at.isoformat(timespec="seconds") + "Z", "actor": event.actor, "kind": event.kind,
-            "from": event.from_state, "to": event.to_state, "message": event.message}
+            "attempt": event.attempt, "from": event.from_state, "to": event.to_state, "message": event.message}
+
+
+def attempts_of(session: Session, exp: Experiment, *, now: datetime) -> list[dict[str, Any]]:
+    """Every attempt of the experiment, oldest first: the ended ones (RunAttempt rows) and the current one."""
+    stamp = lambda t: t.isoformat(timespec="seconds") + "Z" if t else None  # noqa: E731
+    ended = session.scalars(select(RunAttempt).where(RunAttempt.experiment_id == exp.id).order_by(RunAttempt.attempt)).all()
+    out = [{"attempt": a.attempt, "status": a.state, "run_id": a.run_id, "failure_class": a.failure_class, "cause": a.cause, "reason": a.reason,
+            "exit_code": a.exit_code, "dispatched": stamp(a.dispatched_at), "placed": stamp(a.placed_at), "finished": stamp(a.finished_at),
+            "gpu_hours": round(a.gpu_hours, 4)} for a in ended]
+    placed = exp.provisioning_at or exp.running_at
+    current = exp.state if exp.state != State.RETRYING.value else State.PENDING.value  # waiting out its backoff
+    # Until its submit is recorded, the row still holds the previous attempt's run id: not this attempt's run.
+    previous_run = ended[-1].run_id if ended else None
+    run_id = exp.run_id if exp.dispatching_at and exp.run_id != previous_run else None
+    out.append({"attempt": exp.attempt or 1, "status": current, "run_id": run_id,
+                "failure_class": exp.failure_class if exp.state == State.FAILED.value else None, "cause": None,
+                "reason": exp.reason, "exit_code": exp.exit_code, "dispatched": stamp(exp.dispatching_at), "placed": stamp(placed),
+                "finished": stamp(exp.finished_at),
+                "gpu_hours": round(cost.gpu_hours(gpus=exp.gpus, placed_at=placed, finished_at=exp.finished_at, now=now), 4)})
+    return out
 
 
 def totals(items: list[dict[str, Any]]) -> dict[str, float]:
@@ -247,7 +272,8 @@ def totals(items: list[dict[str, Any]]) -> dict[str, float]:
 
 
 def cost_totals(session: Session, caller: Caller, *, now: datetime, configs: tuple[ClusterConfig, ...]) -> dict[str, Any]:
-    query = select(Experiment).where(Experiment.provisioning_at.is_not(None) | Experiment.running_at.is_not(None))
+    # An ended attempt's GPU time counts too when the current one was never placed (retrying, or cancelled then).
+    query = select(Experiment).where(Experiment.provisioning_at.is_not(None) | Experiment.running_at.is_not(None) | (Experiment.prior_gpu_hours > 0))
     if not caller.admin:
         query = query.where(Experiment.tenant == caller.tenant)
     by_tenant: dict[str, dict[str, float]] = {}

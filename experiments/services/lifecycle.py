@@ -26,8 +26,13 @@ class IllegalTransition(Exception):
 
 
 def record(session: Session, *, experiment_id: str | None, actor: str, kind: str, message: str, now: datetime,
-           from_state: str | None = None, to_state: str | None = None) -> None:
-    session.add(Event(experiment_id=experiment_id, at=now, actor=actor, kind=kind, from_state=from_state, to_state=to_state, message=message))
+           from_state: str | None = None, to_state: str | None = None, attempt: int | None = None) -> None:
+    """One event row; it carries the experiment's current attempt (issue 25) unless the caller names one."""
+    if attempt is None and experiment_id is not None:
+        exp = session.get(Experiment, experiment_id)
+        attempt = exp.attempt if exp is not None else None
+    session.add(Event(experiment_id=experiment_id, at=now, actor=actor, kind=kind, from_state=from_state, to_state=to_state, message=message,
+                      attempt=attempt))
 
 
 def transition(session: Session, exp: Experiment, target: State, *, actor: str, now: datetime, reason: str | None = None) -> None:
@@ -47,4 +52,5 @@ def transition(session: Session, exp: Experiment, target: State, *, actor: str, 
         exp.deadline_at = now + timedelta(hours=exp.deadline_hours)
     if target in TERMINAL:
         exp.finished_at = now
-    record(session, experiment_id=exp.id, actor=actor, kind="state", message=reason or "", now=now, from_state=current.value, to_state=target.value)
+    record(session, experiment_id=exp.id, actor=actor, kind="state", message=reason or "", now=now, from_state=current.value, to_state=target.value,
+           attempt=exp.attempt or 1)

@@ -376,7 +376,7 @@ class K8sClient:
         self._call(f"delete Job {namespace}/{name}", self._batch.delete_namespaced_job, name, namespace,
                    body=kubernetes.client.V1DeleteOptions(propagation_policy=propagation))
 
-    def dispatch(self, spec: FinetuneSpec, meta: dict[str, str], *, dispatch_id: str, mint: Mint) -> DispatchResult:
+    def dispatch(self, spec: FinetuneSpec, meta: dict[str, str], *, dispatch_id: str, mint: Mint, attempt: int = 1) -> DispatchResult:
         """Create the run's Job (suspended; Kueue admits it), then its Secret and Service.
 
         Idempotent on ``dispatch_id``: the Job's name derives from it, so a retry finds the Job
@@ -385,7 +385,7 @@ class K8sClient:
         created, a Job this call created is deleted again: its pods could never start and would
         hold the tenant's quota.
         """
-        docs = manifests(spec, dispatch_id=dispatch_id, meta=meta)
+        docs = manifests(spec, dispatch_id=dispatch_id, meta=meta, attempt=attempt)
         require_valid(docs)
         job_doc = docs[-1]
         namespace, run = spec.namespace, job_doc["metadata"]["name"]

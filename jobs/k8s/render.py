@@ -30,7 +30,8 @@ from jobs.durations import NS_PER_SECOND
 from jobs.k8s.gpudirect import PodNetworking, pod_networking
 from clusters.derive.checkpoints import ENV_CHECKPOINT_URI, checkpoint_uri, tenant_prefix
 from jobs.spec import EXEC, EXPERIMENT_META, TASK, FinetuneSpec
-from vault_policies.layout import ENV_KILL_GRACE_SECONDS, ENV_MAX_RUN_SECONDS, ENV_NO_VAULT, ENV_ROLE, ENV_ROLE_ID, ENV_SECRETS, ENV_WRAPPED_SECRET_ID_FILE
+from vault_policies.layout import (ENV_ATTEMPT, ENV_KILL_GRACE_SECONDS, ENV_MAX_RUN_SECONDS, ENV_NO_VAULT, ENV_ROLE, ENV_ROLE_ID, ENV_SECRETS,
+                                   ENV_WRAPPED_SECRET_ID_FILE)
 
 # kubernetes-sigs/kueue pkg/controller/constants/constants.go (v0.19.2): QueueLabel.
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
@@ -154,7 +155,7 @@ def priority_class(priority: int) -> str:
     return PRIORITY_CLASS_HIGH if priority >= HIGH_PRIORITY else PRIORITY_CLASS_LOW
 
 
-def _env(spec: FinetuneSpec, run: str, meta: dict[str, str]) -> list[dict[str, Any]]:
+def _env(spec: FinetuneSpec, run: str, meta: dict[str, str], attempt: int) -> list[dict[str, Any]]:
     """Ordered: Kubernetes expands ``$(NODE_RANK)`` only from variables defined before it."""
     env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in spec.env]
     if spec.nodes > 1:
@@ -185,6 +186,7 @@ def _env(spec: FinetuneSpec, run: str, meta: dict[str, str]) -> list[dict[str, A
         {"name": ENV_KILL_GRACE_SECONDS, "value": str(_grace_seconds(spec))},
         {"name": "TMPDIR", "value": "/tmp"},
         {"name": "GPUFLEET_SCRATCH", "value": SCRATCH_DIR},
+        {"name": ENV_ATTEMPT, "value": str(attempt)},
     ]
     if spec.checkpoint_bucket is not None:
         env.append({"name": ENV_CHECKPOINT_URI, "value": checkpoint_uri(spec.checkpoint_bucket, spec.tenant.name, checkpoint_run(run, meta))})
@@ -214,7 +216,7 @@ def _grace_seconds(spec: FinetuneSpec) -> int:
     return max(1, spec.kill_timeout_ns // NS_PER_SECOND)
 
 
-def _container(spec: FinetuneSpec, run: str, meta: dict[str, str]) -> dict[str, Any]:
+def _container(spec: FinetuneSpec, run: str, meta: dict[str, str], attempt: int) -> dict[str, Any]:
     gpus = str(spec.gpu.count)
     memory, disk = f"{spec.memory_mb}Mi", f"{spec.disk_mb}Mi"
     return {
@@ -223,7 +225,7 @@ def _container(spec: FinetuneSpec, run: str, meta: dict[str, str]) -> dict[str, 
         "imagePullPolicy": "IfNotPresent",
         "command": [EXEC, "--", spec.command],
         "args": list(spec.args),
-        "env": _env(spec, run, meta),
+        "env": _env(spec, run, meta, attempt),
         # No CPU limit (throttling slows data loading); memory and disk limits equal the
         # requests so a run cannot take what the scheduler gave another pod.
         "resources": {
@@ -309,7 +311,7 @@ def networking(spec: FinetuneSpec) -> PodNetworking | None:
     return pod_networking(spec.pool.gpudirect, spec.gke.networks)
 
 
-def _pod_spec(spec: FinetuneSpec, run: str, meta: dict[str, str]) -> dict[str, Any]:
+def _pod_spec(spec: FinetuneSpec, run: str, meta: dict[str, str], attempt: int) -> dict[str, Any]:
     assert spec.gke is not None
     pod: dict[str, Any] = {
         "restartPolicy": "Never",
@@ -326,7 +328,7 @@ def _pod_spec(spec: FinetuneSpec, run: str, meta: dict[str, str]) -> dict[str, A
             "fsGroup": RUN_USER,
             "seccompProfile": {"type": "RuntimeDefault"},
         },
-        "containers": [_container(spec, run, meta)],
+        "containers": [_container(spec, run, meta, attempt)],
         # emptyDir lives on the node's ephemeral storage: the local SSDs on pools that have
         # them (GKE ephemeral-storage-local-ssd), else the boot disk; the container's
         # ephemeral-storage limit caps both. /dev/shm in memory for data-loader workers.
@@ -385,8 +387,9 @@ def _experiment_label(meta: dict[str, str]) -> dict[str, str]:
     return {EXPERIMENT_LABEL: experiment} if experiment and _LABEL_VALUE.match(experiment) else {}
 
 
-def job_manifest(spec: FinetuneSpec, *, dispatch_id: str | None = None, meta: dict[str, str] | None = None) -> dict[str, Any]:
-    """The suspended, Kueue-labelled Job; a pure function of the spec, dispatch id and meta."""
+def job_manifest(spec: FinetuneSpec, *, dispatch_id: str | None = None, meta: dict[str, str] | None = None, attempt: int = 1) -> dict[str, Any]:
+    """The suspended, Kueue-labelled Job; a pure function of the spec, dispatch id, meta and attempt
+    (GPUFLEET_ATTEMPT: each attempt of an experiment is its own Job, named from its own dispatch id)."""
     if spec.gke is None:
         raise ValueError(f"job {spec.name} targets a Nomad cluster; render it with jobs.nomad.render")
     run = run_name(spec.name, dispatch_id)
@@ -412,17 +415,27 @@ def job_manifest(spec: FinetuneSpec, *, dispatch_id: str | None = None, meta: di
             "parallelism": spec.nodes,
             "backoffLimit": 0,
             "podReplacementPolicy": "Failed",
+            # The disruption rule first: the Job controller takes the first matching rule (kubernetes
+            # pkg/controller/job/pod_failure_policy.go matchPodFailurePolicy), and a preempted or evicted
+            # pod's container also exits non-zero on its SIGTERM; in the other order the fleet's eviction
+            # would read as the command's own exit and never be retried (jobs.failures).
             "podFailurePolicy": {"rules": [
-                {"action": "FailJob", "onExitCodes": {"containerName": TASK, "operator": "NotIn", "values": [0]}},
                 {"action": "FailJob", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+                {"action": "FailJob", "onExitCodes": {"containerName": TASK, "operator": "NotIn", "values": [0]}},
                 *([{"action": "FailJob", "onExitCodes": {"containerName": PREFLIGHT_CONTAINER, "operator": "NotIn", "values": [0]}}]
                   if preflight_container(spec) else []),
             ]},
             "activeDeadlineSeconds": spec.max_run_ns // NS_PER_SECOND,
             "ttlSecondsAfterFinished": TTL_AFTER_FINISHED_SECONDS,
             "template": {
-                "metadata": {"labels": {**_labels(spec, run), **_experiment_label(meta or {})}, **({"annotations": a} if (a := _template_annotations(spec)) else {})},
-                "spec": _pod_spec(spec, run, meta or {}),
+def _experiment_label(meta: dict[str, str]) -> dict[str, str]:
+    experiment = meta.get(EXPERIMENT_META)
+    return {EXPERIMENT_LABEL: experiment} if experiment and _LABEL_VALUE.match(experiment) else {}
+
+
+def job_manifest(spec: FinetuneSpec, *, dispatch_id: str | None = None, meta: dict[str, str] | None = None, attempt: int = 1) -> dict[str, Any]:
+    """The suspended, Kueue-labelled Job; a pure function of the spec, dispatch id, meta and attempt
+    (GPUFLEET_ATTEMPT: each attempt of an experiment is its own Job, named from its own dispatch id)."""
             },
         },
     }
@@ -444,10 +457,10 @@ def rendezvous_service(spec: FinetuneSpec, *, dispatch_id: str | None = None) ->
     }
 
 
-def manifests(spec: FinetuneSpec, *, dispatch_id: str | None = None, meta: dict[str, str] | None = None) -> list[dict[str, Any]]:
+def manifests(spec: FinetuneSpec, *, dispatch_id: str | None = None, meta: dict[str, str] | None = None, attempt: int = 1) -> list[dict[str, Any]]:
     """Service first (so rank DNS exists when pods start), then the Job."""
     out = [rendezvous_service(spec, dispatch_id=dispatch_id)] if spec.nodes > 1 else []
-    return out + [job_manifest(spec, dispatch_id=dispatch_id, meta=meta)]
+    return out + [job_manifest(spec, dispatch_id=dispatch_id, meta=meta, attempt=attempt)]
 
 
 def _sorted(node: Any) -> Any:

@@ -18,6 +18,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
+from jobs import failures
 from jobs.k8s.render import DISPATCH_ANNOTATION, PREFLIGHT_CONTAINER
 from jobs.timestamps import rfc3339
 
@@ -26,11 +27,25 @@ if TYPE_CHECKING:
 
 # Exit code gpufleet-exec uses for a Vault error (an already-unwrapped wrapping token included).
 EXIT_VAULT_ERROR = 78
-# The Job controller's PodFailurePolicy message: "Container train for pod ns/x failed with exit code 3 matching FailJob rule at index 0".
+# The Job controller's PodFailurePolicy message: "Container train for pod ns/x failed with exit code 3 matching FailJob rule at index 1" (index 0 in Jobs made before the disruption rule came first).
 _EXIT_CODE = re.compile(r"failed with exit code (\d+)")
 # A failed GPU health pre-flight (jobs.k8s.render.PREFLIGHT_CONTAINER): the node, not the job, is at fault.
 _PREFLIGHT = re.compile(rf"Container {PREFLIGHT_CONTAINER} for pod (\S+) failed with exit code (\d+)")
 INFRASTRUCTURE_FAILURE = "infrastructure failure (GPU health gate)"
+# The Job controller's message when a pod condition rule fails the Job (kubernetes
+# pkg/controller/job/pod_failure_policy.go: "Pod %s/%s has condition %v matching %v rule at index %d").
+_POD_CONDITION = re.compile(r"Pod (\S+) has condition DisruptionTarget matching FailJob rule")
+# The pod condition and its reasons, as kubernetes writes them (staging/src/k8s.io/api/core/v1/types.go,
+# the PodConditionType DisruptionTarget and the PodReason* constants; pkg/apis/core/types.go likewise).
+# Every one of them is the fleet taking the pod away, never the training command: infrastructure.
+DISRUPTION_TARGET = "DisruptionTarget"
+DISRUPTION_REASONS = ("PreemptionByScheduler", "DeletionByTaintManager", "EvictionByEvictionAPI", "DeletionByPodGC", "TerminationByKubelet")
+# Kueue's Workload conditions (kubernetes-sigs/kueue apis/kueue/v1beta1/workload_types.go:654 WorkloadEvicted
+# "Evicted", :661 WorkloadPreempted "Preempted"; Evicted reasons :697 "Preempted", :701 "PodsReadyTimeout",
+# :705 "AdmissionCheck", :709 "ClusterQueueStopped", :717 "NodeFailures"; Preempted reasons :675-687
+# "InClusterQueue", "InCohortReclamation", "InCohortFairSharing", "InCohortReclaimWhileBorrowing").
+WORKLOAD_EVICTED = "Evicted"
+WORKLOAD_PREEMPTED = "Preempted"
 
 
 class State(StrEnum):
@@ -65,6 +80,8 @@ class K8sRunStatus:
     # The API server's own clock: when the Job started (Kueue unsuspended it) and, once it ended, when.
     placed_at: datetime | None = None
     ended_at: datetime | None = None
+    # jobs.failures' short cause when ``infrastructure`` (or why Kueue took the run's quota back).
+    cause: str | None = None
 
 
 def _conditions(obj: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
@@ -135,9 +152,18 @@ def summarize(job: dict[str, Any], workloads: list[dict[str, Any]]) -> K8sRunSta
         if gate := _PREFLIGHT.search(failed.get("message") or ""):
             return dataclasses.replace(out(State.FAILED, f"{INFRASTRUCTURE_FAILURE}: pod {gate[1]} failed the pre-flight GPU check (dcgmi diag exit"
                                                        f" {gate[2]}) before any rank started training; its node has a GPU fault: submit the run"
-                                                       " again (on other nodes) and have the node drained and repaired", None), infrastructure=True)
+                                                       " again (on other nodes) and have the node drained and repaired", None),
+                                       infrastructure=True, cause=failures.GPU_HEALTH_GATE)
+        if pod := _POD_CONDITION.search(failed.get("message") or ""):
+            # The reason is on the pod (disruption_cause reads it): until then, a disruption of unknown kind.
+            return dataclasses.replace(out(State.FAILED, f"pod {pod[1]} was disrupted ({DISRUPTION_TARGET}): {_why(failed)}"),
+                                       infrastructure=True, cause=failures.disruption(""))
         code = _EXIT_CODE.search(failed.get("message") or "")
-        return out(State.FAILED, _failure(job, failed, evicted_before), int(code[1]) if code else None)
+        exit_code = int(code[1]) if code else None
+        status_ = out(State.FAILED, _failure(job, failed, evicted_before), exit_code)
+        if failures.hardware_exit(exit_code):
+            return dataclasses.replace(status_, infrastructure=True, cause=failures.HARDWARE_EXIT)
+        return status_
     if workload is None:
         return out(State.PENDING, "waiting for Kueue to create its Workload (is Kueue running, and the job's LocalQueue there?)")
     if finished := _true(wl, "Finished"):
@@ -148,17 +174,29 @@ def summarize(job: dict[str, Any], workloads: list[dict[str, Any]]) -> K8sRunSta
     if _true(wl, "Admitted") and not spec.get("suspend"):
         ranks = spec.get("parallelism", 1)
         return out(State.RUNNING, f"admitted to ClusterQueue {queue} on flavor {flavor}; {status.get('ready', 0)}/{ranks} rank(s) ready, {status.get('active', 0)} active")
-    if evicted := _true(wl, "Evicted"):
-        preempted = _true(wl, "Preempted")
+    if evicted := _true(wl, WORKLOAD_EVICTED):
+        preempted = _true(wl, WORKLOAD_PREEMPTED)
         detail = _why(preempted) if preempted else _why(evicted)
-        return out(State.PENDING, f"evicted by Kueue ({evicted.get('reason')}; {detail}) and queued again; a run whose pods had started "
-                                  "cannot resume with its spent secret_id: stop it and re-dispatch")
+        return dataclasses.replace(out(State.PENDING, f"evicted by Kueue ({evicted.get('reason')}; {detail}) and queued again; "
+                                                     "a run whose pods had started cannot resume with its spent secret_id: the control plane"
+                                                     " retries it as a new attempt; one dispatched by hand: stop it and re-dispatch"),
+                                   cause=failures.kueue_eviction(f"{evicted.get('reason') or ''}{'/' + str(preempted.get('reason')) if preempted else ''}"))
     if _true(wl, "QuotaReserved"):
         return out(State.PENDING, "quota reserved; waiting for admission checks")
     reserved = wl.get("QuotaReserved")
     if reserved is not None:
         return out(State.PENDING, f"waiting for quota: {_why(reserved)}")
     return out(State.PENDING, f"queued in LocalQueue {workload.get('spec', {}).get('queueName')}; Kueue has not evaluated it yet")
+
+
+def disruption_cause(pods: list[dict[str, Any]]) -> str | None:
+    """The reason of the first True ``DisruptionTarget`` condition among the run's pods (a failed
+    Job's pods stay until it is deleted), as a jobs.failures cause; None if no pod has one."""
+    for pod in sorted(pods, key=lambda p: p["metadata"]["name"]):
+        for condition in (pod.get("status") or {}).get("conditions") or []:
+            if condition.get("type") == DISRUPTION_TARGET and condition.get("status") == "True":
+                return failures.disruption(condition.get("reason") or "")
+    return None
 
 
 def dispatch_id(job: dict[str, Any]) -> str | None:

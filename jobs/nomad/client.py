@@ -23,7 +23,7 @@ from urllib.parse import quote
 
 from clusters.errors import UserError
 from jobs.nomad.placement import explain
-from jobs.nomad.render import META_ROLE_ID, META_WRAPPED_SECRET_ID, placement_probe, render
+from jobs.nomad.render import META_ATTEMPT, META_ROLE_ID, META_WRAPPED_SECRET_ID, placement_probe, render
 from jobs.spec import EXPERIMENT_META, FinetuneSpec
 from jobs.nomad.status import RunStatus, summarize
 
@@ -227,13 +227,14 @@ class NomadClient:
         return int(answer.get("JobModifyIndex", 0))
 
     def dispatch(self, spec: FinetuneSpec, meta: Mapping[str, str], *, role_id: str | None, wrapping_token: str | None,
-                 idempotency_token: str) -> DispatchResult:
+                 idempotency_token: str, attempt: int = 1) -> DispatchResult:
         """One child run. The token goes in the query string (Nomad reads it only there);
         the wrapping token goes in Meta, and no error message ever echoes the body. A job
-        without secrets passes no role_id and no wrapping token (its job declares neither key)."""
+        without secrets passes no role_id and no wrapping token (its job declares neither key).
+        The attempt number rides in Meta too (the task's GPUFLEET_ATTEMPT, jobs.nomad.render.task_env)."""
         vault = {META_ROLE_ID: role_id, META_WRAPPED_SECRET_ID: wrapping_token} if role_id is not None and wrapping_token is not None else {}
         # The experiment a run belongs to: the caller's (the control plane passes its id), else this dispatch's token.
-        body = {"Meta": {EXPERIMENT_META: idempotency_token, **meta, **vault}}
+        body = {"Meta": {EXPERIMENT_META: idempotency_token, **meta, **vault, META_ATTEMPT: str(attempt)}}
         on_404 = f"register it first: gpufleet jobs register {spec.name}"
         with self._errors("dispatch", spec.name, spec.namespace, on_404):
             response = self._api(spec.namespace).job.request(

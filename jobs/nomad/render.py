@@ -19,6 +19,7 @@ from jobs.durations import NS_PER_SECOND
 from clusters.derive.checkpoints import ENV_CHECKPOINT_URI, checkpoint_uri
 from jobs.spec import EXPERIMENT_META, TASK, FinetuneSpec, exec_argv
 from vault_policies.layout import (
+    ENV_ATTEMPT,
     ENV_KILL_GRACE_SECONDS,
     ENV_MAX_RUN_SECONDS,
     ENV_NO_VAULT,
@@ -26,12 +27,15 @@ from vault_policies.layout import (
     ENV_ROLE_ID,
     ENV_SECRETS,
     ENV_WRAPPED_SECRET_ID,
+    META_ATTEMPT,
     META_ROLE_ID,
     META_WRAPPED_SECRET_ID,
 )
 
 # Dispatch meta the platform fills in; declared as required so a dispatch without them is refused by Nomad.
-PLATFORM_META = (META_ROLE_ID, META_WRAPPED_SECRET_ID, EXPERIMENT_META)
+PLATFORM_META = (META_ATTEMPT, META_ROLE_ID, META_WRAPPED_SECRET_ID, EXPERIMENT_META)
+# What every run gets, with or without secrets: its attempt and its experiment (the checkpoint prefix).
+RUN_META = (META_ATTEMPT, EXPERIMENT_META)
 # Static job meta: which role the dispatcher must mint for (a name, not a credential).
 JOB_META_ROLE = "gpufleet_vault_role"
 GPU_DEVICE = "nvidia/gpu"
@@ -69,6 +73,7 @@ def task_env(spec: FinetuneSpec) -> dict[str, str]:
     """The task's environment: user env, Vault address, the dispatch meta interpolated in, and
     the run limit gpufleet-exec enforces (the fleet's Nomad 1.10 has no MaxRunDuration)."""
     limits = {
+        ENV_ATTEMPT: f"${{NOMAD_META_{META_ATTEMPT}}}",
         ENV_MAX_RUN_SECONDS: str(spec.max_run_ns // NS_PER_SECOND),
         ENV_KILL_GRACE_SECONDS: str(max(1, spec.kill_timeout_ns // NS_PER_SECOND)),
     }
@@ -154,7 +159,7 @@ def render(spec: FinetuneSpec) -> dict[str, Any]:
             "ParameterizedJob": {
                 "Payload": "forbidden",
                 # Every run names its experiment (its checkpoint prefix); only a job with secrets takes the Vault keys.
-                "MetaRequired": sorted({*spec.meta_required, *(PLATFORM_META if spec.vault_role else (EXPERIMENT_META,))}),
+                "MetaRequired": sorted({*spec.meta_required, *(PLATFORM_META if spec.vault_role else RUN_META)}),
                 "MetaOptional": list(spec.meta_optional),
             },
             "TaskGroups": [_group(spec)],

@@ -15,6 +15,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
+from jobs import failures
 from jobs.nomad.placement import explain
 from jobs.spec import GpuRequest
 from jobs.timestamps import rfc3339, unix_nanos
@@ -56,6 +57,9 @@ class RunStatus:
     # Nomad's own clock: when the allocation was placed and, once it is terminal, when it ended.
     placed_at: datetime | None = None
     ended_at: datetime | None = None
+    # The fleet, not the task, ended it (jobs.failures): a lost node, a preemption, a reschedule, a GPU fault.
+    infrastructure: bool = False
+    cause: str | None = None
 
 
 def _latest(items: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -109,6 +113,33 @@ def _failing_task(alloc: dict[str, Any]) -> str:
     return alloc.get("ClientDescription") or "no task events"
 
 
+def _moved(alloc: dict[str, Any]) -> bool:
+    """Nomad is moving the allocation off its node (a drain, a reschedule): api/allocations.go
+    AllocationListStub.DesiredTransition {Migrate, Reschedule, ForceReschedule} (*bool, :572-583) and
+    NextAllocation (:400, set once a replacement was made)."""
+    transition = alloc.get("DesiredTransition") or {}
+    return bool(alloc.get("NextAllocation")) or any(transition.get(k) for k in ("Migrate", "Reschedule", "ForceReschedule"))
+
+
+def _infrastructure(allocations: list[dict[str, Any]], latest: dict[str, Any], exit_code: int | None) -> str | None:
+    """The cause when the fleet, not the task, ended the run; values as hashicorp/nomad writes them
+    (api/allocations.go :25 AllocDesiredStatusEvict "evict", :33-34 AllocClientStatusLost "lost" /
+    AllocClientStatusUnknown "unknown", :403 AllocationListStub.PreemptedByAllocation; a lost node's
+    allocation says scheduler/structs/const.go:22 "alloc is lost since its node is down").
+
+    Any allocation of the run counts, not only the newest: the run's single-use secret_id went with
+    its first allocation, so a replacement Nomad made elsewhere cannot log in and the attempt is over."""
+    if any(a.get("PreemptedByAllocation") or a.get("DesiredStatus") == "evict" for a in allocations):
+        return failures.PREEMPTED
+    if any(a.get("ClientStatus") in ("lost", "unknown") for a in allocations):
+        return failures.NODE_LOST
+    if any(_moved(a) for a in allocations):
+        return failures.RESCHEDULED
+    if latest.get("ClientStatus") == "failed" and failures.hardware_exit(exit_code):
+        return failures.HARDWARE_EXIT
+    return None
+
+
 def summarize(
     job_id: str,
     job: dict[str, Any],
@@ -130,12 +161,20 @@ def summarize(
         elif state == RunState.FAILED:
             detail = _failing_task(alloc)
         elif state == RunState.LOST:
-            detail = f"client {node} stopped reporting ({alloc.get('ClientStatus')}); Nomad reschedules per the job's reschedule policy"
+            why = alloc.get("DesiredDescription") or alloc.get("ClientDescription") or "its client stopped reporting"
+            detail = f"allocation {alloc.get('ID')} on {node} is {alloc.get('ClientStatus')}: {why}"
         elif alloc.get("DesiredStatus") == "stop" and state == RunState.COMPLETE:
             detail = "stopped by request"
         else:
             detail = _failing_task(alloc) if state == RunState.COMPLETE else f"on {node}"
-        return RunStatus(job_id, state, detail, alloc.get("ID"), node, _exit_code(alloc), *_times(alloc, state))
+        code = _exit_code(alloc)
+        cause = _infrastructure(allocations, alloc, code)
+        if cause in (failures.NODE_LOST, failures.RESCHEDULED) and state != RunState.LOST:
+            lost = next((a for a in allocations if a.get("ClientStatus") in ("lost", "unknown") or _moved(a)), alloc)
+            detail = (f"allocation {lost.get('ID')} on {lost.get('NodeName') or lost.get('NodeID')} was "
+                      f"{'lost' if cause == failures.NODE_LOST else 'moved off its node'} ({lost.get('ClientDescription') or lost.get('DesiredDescription') or 'no description'})")
+            state = RunState.LOST
+        return RunStatus(job_id, state, detail, alloc.get("ID"), node, code, *_times(alloc, state), infrastructure=cause is not None, cause=cause)
     evaluation = _latest(evaluations)
     if job.get("Stop"):
         return RunStatus(job_id, RunState.COMPLETE, "stopped by request before it was placed", None, None)

@@ -299,3 +299,32 @@ def test_run_page_cancels_with_the_sessions_csrf_token_and_refuses_forged_posts_
     assert refused.status == 404 and state(second) == "pending"
     assert page.request.post(url, form={"csrf": csrf}, headers=own, max_redirects=0).status == 303  # the same post, with the token
     assert state(second) == "cancelled"
+
+
+def test_run_page_shows_the_attempts_of_a_retried_run_in_chromium(browser, live, nomad):
+    """A run whose node was lost (issue 25): its page says attempt 2, lists both attempts with the
+    first one's class and cause, and the timeline shows each event's attempt."""
+    import httpx
+
+    from experiments.background.worker import run_once
+
+    base, tokens = live["base"], live["tokens"]
+    auth = {"Authorization": f"Bearer {tokens['finetune']}"}
+    exp_id = httpx.post(f"{base}/api/v1/experiments", json={"job": "finetune-llama", "meta": META}, headers=auth).json()["id"]
+    run_once(live["ctx"])
+    (first,) = nomad.dispatched("finetune-llama")
+    nomad.start_task(first)
+    run_once(live["ctx"])
+    nomad.lose_node(first)
+    run_once(live["ctx"])
+    live["clock"].advance(seconds=live["ctx"].timing.retry_backoff_seconds + 1)
+    run_once(live["ctx"])
+
+    page = browser.new_page()
+    _sign_in(page, base, tokens["finetune"])
+    page.goto(f"{base}/experiments/{exp_id}")
+    assert page.locator("#attempt").inner_text() == "2 (last failure: infrastructure)"
+    attempts = page.locator("#attempts tbody tr").all_inner_texts()
+    assert len(attempts) == 2 and attempts[0].startswith("1\tfailed\tinfrastructure (node-lost)") and attempts[1].startswith("2\tprovisioning")
+    timeline = page.locator("#events tbody tr").all_inner_texts()
+    assert {row.split("\t")[1] for row in timeline} == {"1", "2"} and any("retrying" in row for row in timeline)

@@ -101,8 +101,8 @@ class CrashAfterSubmit:
         if hasattr(runner, "clusters"):
             self.clusters = runner.clusters
 
-    def submit(self, job, meta, *, idempotency_key):
-        self.runner.submit(job, meta, idempotency_key=idempotency_key)
+    def submit(self, job, meta, *, idempotency_key, attempt=1):
+        self.runner.submit(job, meta, idempotency_key=idempotency_key, attempt=attempt)
         raise Crash()
 
     def status(self, run_id):
@@ -252,7 +252,7 @@ def test_an_unexpected_runner_error_is_retried_and_counts_toward_the_stuck_bound
     class Broken:
         scheduler = "nomad"
 
-        def submit(self, job, meta, *, idempotency_key):
+        def submit(self, job, meta, *, idempotency_key, attempt=1):
             raise KeyError("DispatchedJobID")
 
     svc = make_service(sqlite_url, Broken(), timing=Timing(dispatch_stuck_seconds=60))

@@ -105,23 +105,6 @@ def test_a_failed_gke_run_records_the_reason_and_exit_code(make_service, sqlite_
     assert shown["status"] == "failed" and shown["exit_code"] == code and expect in shown["reason"]
 
 
-def test_a_gke_run_evicted_by_kueue_after_it_started_is_stopped_and_failed(make_service, sqlite_url, k8s, fleet_runner):
-    """Its secret_id is spent: resumed pods could not log in. Stopped at once (quota freed), failed with Kueue's reason."""
-    svc = make_service(sqlite_url, fleet_runner)
-    headers = svc.token(NS)
-    exp = _submit(svc, headers).json()
-    svc.step()
-    run = _run(_state(svc, exp["id"], headers))
-    k8s.admit(NS, run, cluster_queue=NS, flavor="h100")
-    svc.step()
-    k8s.evict(NS, run)
-    svc.step()
-    shown = _state(svc, exp["id"], headers)
-    assert shown["status"] == "failed" and "Preempted" in shown["reason"] and "cannot resume" in shown["reason"]
-    assert k8s.job(NS, run)["metadata"].get("deletionTimestamp")  # deleted in the foreground
-    assert _submit(svc, headers, deadline_hours=5).status_code == 202  # its 16 GPUs no longer count
-
-
 def test_exactly_once_on_gke_when_the_process_dies_between_accept_and_dispatch(make_service, db_url, k8s, fleet_runner):
     first = make_service(db_url, fleet_runner)
     headers = first.token(NS)

@@ -69,7 +69,13 @@ def test_alembic_upgrades_from_empty_and_downgrades_one_step(db_url):
     try:
         assert db.current_revision(engine) is None
         db.upgrade(engine)
-        assert db.current_revision(engine) == "0012_release"
+        assert db.current_revision(engine) == "0013_attempts"
+        assert "run_attempts" in set(inspect(engine).get_table_names())
+        assert {"attempt", "failure_class", "prior_gpu_hours"} <= {c["name"] for c in inspect(engine).get_columns("experiments")}
+        assert "attempt" in {c["name"] for c in inspect(engine).get_columns("events")}
+        db.downgrade(engine, "-1")
+        assert db.current_revision(engine) == "0012_release" and "run_attempts" not in set(inspect(engine).get_table_names())
+        assert "attempt" not in {c["name"] for c in inspect(engine).get_columns("experiments")}
         assert {"released_at", "release_held"} <= {c["name"] for c in inspect(engine).get_columns("experiments")}
         db.downgrade(engine, "-1")
         assert db.current_revision(engine) == "0011_pool_usage" and "released_at" not in {c["name"] for c in inspect(engine).get_columns("experiments")}
@@ -105,7 +111,7 @@ def test_alembic_upgrades_from_empty_and_downgrades_one_step(db_url):
         tables = set(inspect(engine).get_table_names())
         assert "api_tokens" not in tables and {"experiments", "events", "outbox"} <= tables
         db.upgrade(engine)
-        assert db.current_revision(engine) == "0012_release"
+        assert db.current_revision(engine) == "0013_attempts"
     finally:
         engine.dispose()
 

@@ -105,7 +105,7 @@ def test_an_orphan_whose_stop_fails_is_stopped_by_a_later_pass(make_service, sql
     class SlowA:
         scheduler, clusters = fleet_runner.scheduler, fleet_runner.clusters
 
-        def submit(self, job, meta, *, idempotency_key):
+        def submit(self, job, meta, *, idempotency_key, attempt=1):
             svc = holder["svc"]
             svc.clock.advance(seconds=901)
             k8s.fail_next("GET", f"/namespaces/{NS}/jobs/", 503, times=3)

@@ -34,8 +34,8 @@ class StallingRunner:
         self.release.wait(WAIT_SECONDS * 2)
         return self.inner.poll(run_ids, known)
 
-    def submit(self, job: Any, meta: Mapping[str, str], *, idempotency_key: str | None = None) -> str:
-        run_id = self.inner.submit(job, meta, idempotency_key=idempotency_key)
+    def submit(self, job: Any, meta: Mapping[str, str], *, idempotency_key: str | None = None, attempt: int = 1) -> str:
+        run_id = self.inner.submit(job, meta, idempotency_key=idempotency_key, attempt=attempt)
         self.submitted.setdefault(str(idempotency_key), threading.Event()).set()
         return run_id
 

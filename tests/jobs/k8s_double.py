@@ -793,6 +793,42 @@ class K8sDouble:
 
         self._update(namespace, name, job, lambda w: self._set_conditions(w["status"], self._condition("Finished", "True", "Failed", message)))
 
+    def disrupt(self, namespace: str, name: str, *, reason: str, rank: int = 0, exit_code: int | None = None) -> None:
+        """A rank's pod is taken away by the fleet: it gets the ``DisruptionTarget`` condition with one of
+        kubernetes' reasons (staging/src/k8s.io/api/core/v1/types.go PodReasonPreemptionByScheduler,
+        DeletionByTaintManager, EvictionByEvictionAPI, DeletionByPodGC, TerminationByKubelet) and fails.
+        ``exit_code``: the pod was terminated gracefully (a preemption, an API eviction) and its train
+        container exited with it; None: its node is gone and no container status says how it ended.
+        The Job controller tries the podFailurePolicy rules in order and the first match fails the Job,
+        with its message (pkg/controller/job/pod_failure_policy.go matchPodFailurePolicy: "Container %s
+        for pod %s/%s failed with exit code %v matching %v rule at index %d" for onExitCodes, whose
+        matchOnExitCodes skips containers without a Terminated state; "Pod %s/%s has condition %v
+        matching %v rule at index %d" for onPodConditions)."""
+        pod_name = self.pods(namespace, name)[rank]
+        message = ""
+        for index, rule in enumerate(self.job(namespace, name)["spec"]["podFailurePolicy"]["rules"]):
+            codes = rule.get("onExitCodes")
+            if codes and exit_code not in (None, 0) and codes.get("containerName") in (None, "train") \
+                    and (exit_code in codes["values"]) == (codes["operator"] == "In"):
+                message = f"Container train for pod {namespace}/{pod_name} failed with exit code {exit_code} matching FailJob rule at index {index}"
+                break
+            if any(c.get("type") == "DisruptionTarget" for c in rule.get("onPodConditions") or []):
+                message = f"Pod {namespace}/{pod_name} has condition DisruptionTarget matching FailJob rule at index {index}"
+                break
+
+        def job(j: dict[str, Any]) -> None:
+            pod = self.store.objects[("pods", namespace, pod_name)]
+            pod["status"]["phase"] = "Failed"
+            if exit_code is not None:
+                pod["status"]["containerStatuses"] = [{"name": "train", "state": {"terminated": {"exitCode": exit_code, "reason": "Error"}}}]
+            pod["status"].setdefault("conditions", []).append(self._condition("DisruptionTarget", "True", reason, f"{reason}: taken away by the fleet"))
+            self._bump("pods", "MODIFIED", pod)
+            j["status"].update({"active": 0, "ready": 0, "failed": 1})
+            self._set_conditions(j["status"], self._condition("FailureTarget", "True", "PodFailurePolicy", message),
+                                 self._condition("Failed", "True", "PodFailurePolicy", message))
+
+        self._update(namespace, name, job, lambda w: self._set_conditions(w["status"], self._condition("Finished", "True", "Failed", message)))
+
     def evict(self, namespace: str, name: str, *, reason: str = "Preempted", preempted_reason: str = "InClusterQueue", message: str = "Preempted to accommodate a workload due to prioritization in the ClusterQueue") -> None:
         def workload(w: dict[str, Any]) -> None:
             w["status"].pop("admission", None)

@@ -201,6 +201,33 @@ class NomadDouble:
         alloc["TaskStates"] = {"train": {"State": "dead" if client_status != "running" else "running", "Failed": failed, "Events": events or [],
                                          **({"StartedAt": started} if started else {})}}
 
+    def lose_node(self, job_id: str) -> None:
+        """The run's node stops heartbeating and is marked down: Nomad marks its allocation lost, as
+        upstream writes it (api/allocations.go:33 AllocClientStatusLost "lost"; the desired stop carries
+        scheduler/structs/const.go:22 StatusAllocLost "alloc is lost since its node is down"). The node's
+        GPUs are gone with it."""
+        with self._lock:
+            alloc = self.state.allocations[job_id][-1]
+            alloc.update({"ClientStatus": "lost", "DesiredStatus": "stop", "DesiredDescription": "alloc is lost since its node is down",
+                          "ClientDescription": "", "ModifyIndex": self._next()})
+            node = next(n for n in self.nodes if n.name == alloc["NodeName"])
+            node.gpus_used = max(0, node.gpus_used - sum(d.get("Count", 1) for g in self.state.jobs[(alloc["Namespace"], job_id)]["TaskGroups"]
+                                                           for t in g["Tasks"] for d in (t.get("Resources") or {}).get("Devices") or []))
+
+    def preempt(self, job_id: str, by: str) -> None:
+        """A higher-priority job's allocation evicted this run's: api/allocations.go:25 AllocDesiredStatusEvict
+        "evict" and :403 AllocationListStub.PreemptedByAllocation."""
+        with self._lock:
+            alloc = self.state.allocations[job_id][-1]
+            alloc.update({"DesiredStatus": "evict", "PreemptedByAllocation": by, "ClientStatus": "complete", "ModifyIndex": self._next()})
+
+    def drain(self, job_id: str) -> None:
+        """The run's node is drained: Nomad marks the allocation for migration (api/allocations.go:572-583
+        DesiredTransition.Migrate) while it still runs."""
+        with self._lock:
+            alloc = self.state.allocations[job_id][-1]
+            alloc.update({"DesiredTransition": {"Migrate": True}, "ModifyIndex": self._next()})
+
     def start_task(self, job_id: str, task: str = "train") -> str:
         """The run's task started on its client: running, with StartedAt and empty log files; its alloc id."""
         with self._lock:

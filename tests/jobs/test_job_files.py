@@ -43,6 +43,15 @@ def _delete(path: tuple[Any, ...]) -> Callable[[Any], None]:
 BAD = [
     ("unknown-field", _set(("gpus",), 1), "gpus", r"unknown field \(did you mean 'gpu'\?\); allowed: .*remove or rename it"),
     ("missing-required", _delete(("max_run_hours",)), "max_run_hours", r"required field is missing; add it"),
+    ("retries-negative", _set(("retries",), {"max_attempts": -1}), "retries.max_attempts", r"-1: too small; allowed: >= 0; raise the value"),
+    ("retries-exit-code-0", _set(("retries",), {"on_exit_codes": [0]}), "retries.on_exit_codes[0]", r"0: too small; allowed: >= 1"),
+    # gpufleet-exec's security exits (vault_policies/exec.py EXIT_INTERCEPTED 79, EXIT_REVOKED 80): a retry
+    # would hand a fresh secret_id to a run whose wrap was intercepted or whose token an operator revoked.
+    ("retries-interception-exit", _set(("retries",), {"on_exit_codes": [3, 79]}), "retries.on_exit_codes[1]",
+     r"79 is gpufleet-exec's possible-interception exit.*allowed: any other code 1-255; remove it"),
+    ("retries-revoked-exit", _set(("retries",), {"on_exit_codes": [80]}), "retries.on_exit_codes[0]",
+     r"80 is gpufleet-exec's token-revoked exit.*allowed: any other code 1-255; remove it"),
+    ("retries-typo", _set(("retries",), {"on_exit": [3]}), "retries.on_exit", r"unknown field \(did you mean 'on_exit_codes'\?\); allowed: max_attempts, on_exit_codes"),
     ("cluster-typo", _set(("cluster",), "prod-nomd"), "cluster", r"'prod-nomd' does not exist \(did you mean 'prod-nomad'\?\); allowed: dev-gke, prod-gke, prod-nomad"),
     ("gke-cluster-other-tenants", _set(("cluster",), "prod-gke"), "tenant", r"tenant 'finetune' does not exist in cluster prod-gke; allowed: applied, research"),
     ("multi-node-on-nomad", _set(("nodes",), 2), "nodes", r"2 nodes: multi-node runs are built on GKE only .* not on Nomad yet; set nodes: 1 or pick a GKE cluster: dev-gke, prod-gke"),

@@ -104,10 +104,12 @@ SAFETY: list[tuple[str, Callable[[dict[str, Any]], Any], Any]] = [
     ("suspended-for-kueue", lambda j: j["spec"]["suspend"], True),
     ("no-pod-retries", lambda j: j["spec"]["backoffLimit"], 0),
     ("no-replacement-while-terminating", lambda j: j["spec"]["podReplacementPolicy"], "Failed"),
-    ("fail-job-on-any-nonzero-exit", lambda j: j["spec"]["podFailurePolicy"]["rules"][0],
-     {"action": "FailJob", "onExitCodes": {"containerName": "train", "operator": "NotIn", "values": [0]}}),
-    ("fail-job-on-disruption", lambda j: j["spec"]["podFailurePolicy"]["rules"][1],
+    # The disruption rule before the exit-code rule: the first matching rule wins, and an evicted pod's
+    # container exits non-zero too (tests/experiments/test_retries.py, the gracefully evicted pod).
+    ("fail-job-on-disruption-first", lambda j: j["spec"]["podFailurePolicy"]["rules"][0],
      {"action": "FailJob", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}),
+    ("fail-job-on-any-nonzero-exit", lambda j: j["spec"]["podFailurePolicy"]["rules"][1],
+     {"action": "FailJob", "onExitCodes": {"containerName": "train", "operator": "NotIn", "values": [0]}}),
     ("never-restart-in-place", lambda j: j["spec"]["template"]["spec"]["restartPolicy"], "Never"),
     ("deadline-from-max-run-hours", lambda j: j["spec"]["activeDeadlineSeconds"], 20 * 3600),
     ("cleaned-up-after-a-day", lambda j: j["spec"]["ttlSecondsAfterFinished"], 86400),

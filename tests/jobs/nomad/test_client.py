@@ -46,7 +46,8 @@ def test_plan_register_dispatch_send_exactly_these_requests(nomad: NomadDouble, 
     assert (dispatch.method, dispatch.path) == ("POST", "/v1/job/finetune-llama/dispatch")
     assert dispatch.query == {"idempotency_token": ["idem-1"], "namespace": ["finetune"]}
     # gpufleet_experiment: the dispatch's own token when the caller names no experiment (an operator dispatch).
-    assert dispatch.body == {"Meta": {**META, "gpufleet_experiment": "idem-1", "gpufleet_vault_role_id": "role-id-1", "gpufleet_vault_wrapped_secret_id": WRAP}}
+    assert dispatch.body == {"Meta": {**META, "gpufleet_experiment": "idem-1", "gpufleet_vault_role_id": "role-id-1", "gpufleet_vault_wrapped_secret_id": WRAP,
+                                      "gpufleet_attempt": "1"}}
     for request in nomad.requests:
         assert request.headers["X-Nomad-Token"] == "nomad-acl-test-token"
         assert request.headers["User-Agent"] == "gpufleet-jobs/0.1"

@@ -142,11 +142,13 @@ def test_job_is_parameterized_batch_pinned_to_the_pool(specs: dict[str, Finetune
             {"LTarget": "${device.model}", "Operand": "regexp", "RTarget": "A100"},
         ],
     }]
-    assert job["ParameterizedJob"]["MetaRequired"] == ["dataset_uri", "gpufleet_experiment", "gpufleet_vault_role_id", "gpufleet_vault_wrapped_secret_id", "run_id"]
+    assert job["ParameterizedJob"]["MetaRequired"] == ["dataset_uri", "gpufleet_attempt", "gpufleet_experiment", "gpufleet_vault_role_id",
+                                                       "gpufleet_vault_wrapped_secret_id", "run_id"]
     assert job["Meta"]["gpufleet_vault_role"] == "finetune"
     assert task["Config"]["command"] == "gpufleet-exec" and task["Config"]["args"][:2] == ["--", "python"]
     assert task["Env"][ENV_ROLE_ID] == "${NOMAD_META_gpufleet_vault_role_id}"
     assert task["Env"][ENV_WRAPPED_SECRET_ID] == "${NOMAD_META_gpufleet_vault_wrapped_secret_id}"
+    assert task["Env"]["GPUFLEET_ATTEMPT"] == "${NOMAD_META_gpufleet_attempt}"  # dispatch meta: which attempt of the experiment
     assert task["Env"][ENV_SECRETS] == "HF_TOKEN=ml-api-keys/huggingface#token"
     assert "MaxRunDuration" not in group  # api.TaskGroup has it only from Nomad 2.0.3; the fleet runs 1.10
     assert task["KillTimeout"] == 120 * 10**9
