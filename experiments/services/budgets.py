@@ -107,7 +107,9 @@ def standing(session: Session, budget: BudgetSpec, *, now: datetime) -> Standing
     left = case((or_(placed.is_(None), Experiment.deadline_at.is_(None)), Experiment.deadline_hours),
                 else_=sql.larger(0.0, sql.hours(at_now, Experiment.deadline_at)))
     row = session.connection().execute(
-        select(func.coalesce(func.sum(case((placed.is_not(None), held * rate), else_=0.0)), 0.0),
+        # Earlier attempts' GPU-hours (experiments.attempts) count as spent too: a retried run pays for every attempt.
+        select(func.coalesce(func.sum(case((placed.is_not(None), held * rate), else_=0.0)
+                                      + func.coalesce(Experiment.prior_gpu_hours, 0.0) * Experiment.price_per_gpu_hour), 0.0),
                func.coalesce(func.sum(case((live, left * rate), else_=0.0)), 0.0),
                func.coalesce(func.sum(case((live, 1), else_=0)), 0))
         .where(Experiment.cluster == budget.cluster, Experiment.tenant == budget.tenant, or_(live, Experiment.finished_at >= start))).one()

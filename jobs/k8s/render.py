@@ -428,14 +428,8 @@ def job_manifest(spec: FinetuneSpec, *, dispatch_id: str | None = None, meta: di
             "activeDeadlineSeconds": spec.max_run_ns // NS_PER_SECOND,
             "ttlSecondsAfterFinished": TTL_AFTER_FINISHED_SECONDS,
             "template": {
-def _experiment_label(meta: dict[str, str]) -> dict[str, str]:
-    experiment = meta.get(EXPERIMENT_META)
-    return {EXPERIMENT_LABEL: experiment} if experiment and _LABEL_VALUE.match(experiment) else {}
-
-
-def job_manifest(spec: FinetuneSpec, *, dispatch_id: str | None = None, meta: dict[str, str] | None = None, attempt: int = 1) -> dict[str, Any]:
-    """The suspended, Kueue-labelled Job; a pure function of the spec, dispatch id, meta and attempt
-    (GPUFLEET_ATTEMPT: each attempt of an experiment is its own Job, named from its own dispatch id)."""
+                "metadata": {"labels": {**_labels(spec, run), **_experiment_label(meta or {})}, **({"annotations": a} if (a := _template_annotations(spec)) else {})},
+                "spec": _pod_spec(spec, run, meta or {}, attempt),
             },
         },
     }
