@@ -148,3 +148,32 @@ def test_a_two_rank_gke_run_idle_on_all_16_gpus_ends_idle_and_its_job_is_deleted
     assert shown["status"] == "idle", shown
     assert shown["reason"].startswith("idle: GPU utilization below 5% on every GPU since 2026-12-03 08:0") and "busiest GPU 4.0%" in shown["reason"]
     assert [r for r in k8s.requests if r.method == "DELETE" and r.path.endswith(f"/jobs/{run}")], "the Job must be deleted"
+
+
+def test_a_gke_run_whose_second_rank_has_no_dcgm_series_is_not_stopped_for_low_utilization(make_service, sqlite_url, k8s, gke_with_metrics,
+                                                                                           prometheus):
+    """Rank 1's node exports no DCGM series (exporter down, node not scraped): its 8 GPUs are unknown,
+    so "every GPU below 5%" cannot be said from rank 0's 8 idle GPUs alone. Unknown is not idle."""
+    svc = make_service(sqlite_url, gke_with_metrics)
+    headers = svc.token("research")
+    exp_id = svc.client.post("/api/v1/experiments", json={"job": "finetune-llama-gke", "meta": {**GKE_META, "run_id": "g2"}}, headers=headers).json()["id"]
+    svc.step()
+    run = svc.client.get(f"/api/v1/experiments/{exp_id}", headers=headers).json()["run_id"].rsplit("/", 1)[1]
+    k8s.admit("research", run, cluster_queue="research", flavor="h100")
+    k8s.pods_ready("research", run, 2)
+    for gpu in range(8):
+        prometheus.gpu(namespace="research", pod=f"{run}-0-x{gpu}q", gpu=gpu, util=0.0, fb_used_mib=1_000)
+    for minutes in (0, 5, 15, 16, 1, 1):
+        svc.clock.advance(minutes=minutes)
+        svc.step()
+    assert _shown(svc, exp_id)["status"] == "running" and WARNING not in _kinds(svc, exp_id), _kinds(svc, exp_id)
+    assert not [r for r in k8s.requests if r.method == "DELETE" and r.path.endswith(f"/jobs/{run}")]
+
+
+def test_a_sample_with_one_gpu_reporting_no_utilization_has_no_busiest_gpu():
+    """Nomad's device plugin may report a GPU's utilization as "N/A": the busiest GPU of that sample is
+    unknown (the unreported one may be the busy one), not the max of the others."""
+    from jobs.usage import combine
+
+    assert combine([(0.0, 1_000.0), (None, 1_000.0)]).util_max_pct is None
+    assert combine([(0.0, 1_000.0), (2.0, 1_000.0)]).util_max_pct == 2.0
