@@ -183,8 +183,9 @@ def _without_gaps(session: Session, t: Tracked, util: UtilEvidence, usage_second
     which is not "below the threshold". Read only for a run that meets the signal on its streak."""
     if util.low_since is None:
         return util
+    # Only the streak ``util`` saw: a sample another worker stored since may be unmeasured (NULL).
     rows = session.execute(select(RunUsage.at, RunUsage.samples, RunUsage.util_max_pct).where(
-        RunUsage.experiment_id == t.id, RunUsage.at >= util.low_since).order_by(RunUsage.at)).all()
+        RunUsage.experiment_id == t.id, RunUsage.at >= util.low_since, RunUsage.at <= util.last_at).order_by(RunUsage.at)).all()
     half = timedelta(minutes=t.policy.low_util_minutes) / 2
     start = 0
     for i in range(1, len(rows)):
