@@ -37,4 +37,6 @@ def combine(per_gpu: Iterable[tuple[float | None, float | None]]) -> Usage | Non
     memory = [m for _, m in rows if m is not None]
     if not utils and not memory:
         return None
-    return Usage(sum(utils) / len(utils) if utils else None, max(memory) if memory else None, len(rows), max(utils) if utils else None)
+    # The busiest GPU only when every reported GPU has a utilization: one "N/A" could be the busy one.
+    busiest = max(utils) if utils and len(utils) == len(rows) else None
+    return Usage(sum(utils) / len(utils) if utils else None, max(memory) if memory else None, len(rows), busiest)

@@ -7,7 +7,8 @@ never from a per-run poll:
 - **low utilization**: every GPU of every rank below ``gpu_util_below_pct`` in every sample for
   ``low_util_minutes`` (``run_usage.util_max_pct``, the busiest GPU of each sample; a sample
   nobody measured breaks the streak). The newest sample must be recent (half the window):
-  stale numbers say nothing about now.
+  stale numbers say nothing about now; likewise two neighbouring samples more than half a window
+  apart break the streak (``_without_gaps``).
 - **no log output**: no rank's kept log tail changed for ``no_logs_minutes``
   (``run_logs.changed_at`` to the capture that saw it unchanged). Before a stop the run's tails
   are read again, so a run that just printed is not stopped on an old capture.
@@ -177,6 +178,28 @@ def low_util_evidence(t: Tracked, util: UtilEvidence | None, now: datetime) -> s
             f"{util.samples} samples, busiest GPU {util.busiest:.1f}%)")
 
 
+def _without_gaps(session: Session, t: Tracked, util: UtilEvidence, usage_seconds: float) -> UtilEvidence:
+    """``util`` with its low streak starting after the last gap in it: two neighbouring samples more
+    than half a window apart (and more than twice what the older one's samples span, so rows merged
+    by downsampling are not gaps) leave time nobody measured (metrics source down, service stopped),
+    which is not "below the threshold". Read only for a run that meets the signal on its streak."""
+    if util.low_since is None:
+        return util
+    # Only the streak ``util`` saw: a sample another worker stored since may be unmeasured (NULL).
+    rows = session.execute(select(RunUsage.at, RunUsage.samples, RunUsage.util_max_pct).where(
+        RunUsage.experiment_id == t.id, RunUsage.at >= util.low_since, RunUsage.at <= util.last_at).order_by(RunUsage.at)).all()
+    half = timedelta(minutes=t.policy.low_util_minutes) / 2
+    start = 0
+    for i in range(1, len(rows)):
+        gap = rows[i].at - rows[i - 1].at
+        if gap > half and gap.total_seconds() > 2 * rows[i - 1].samples * usage_seconds:
+            start = i
+    if start == 0:
+        return util
+    kept = rows[start:]
+    return UtilEvidence(util.last_at, util.known, kept[0].at, max(r.util_max_pct for r in kept), sum(r.samples for r in kept))
+
+
 def no_logs_evidence(t: Tracked, logs: LogEvidence | None) -> str | None:
     if logs is None or logs.quiet_since is None or logs.known < logs.rows:
         return None
@@ -255,6 +278,9 @@ def process_idle(ctx: Context) -> int:
             return 0
         with ctx.policy.lock:
             util, logs = (dict(d) for d in _refresh(session, ctx.policy, tracked, now))
+        for t in tracked:
+            if t.policy.low_util_minutes > 0 and (found := util.get(t.id)) is not None and low_util_evidence(t, found, now):
+                util[t.id] = _without_gaps(session, t, found, ctx.timing.usage_seconds)
         marks = _marks(session)
         started = _running_since(session, [t.id for t in tracked if _blind(t, util.get(t.id), logs.get(t.id))])
     notes: list[tuple[str, str, str]] = []

@@ -15,7 +15,7 @@ from typing import Any
 from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
-from experiments.models import RunUsage
+from experiments.models import Experiment, RunUsage
 from jobs.usage import Usage
 
 MAX_POINTS = 360
@@ -23,9 +23,13 @@ MAX_POINTS = 360
 
 def record(session: Session, samples: Mapping[str, Usage], *, now: datetime) -> None:
     """Append one sample per experiment (inside the caller's transaction), then downsample those over MAX_POINTS."""
+    # The busiest GPU says "every GPU was below" only if the sample covers every GPU of the run: a rank
+    # the source did not report (no DCGM series on its node, one allocation of several) stays unknown.
+    gpus = dict(session.execute(select(Experiment.id, Experiment.gpus).where(Experiment.id.in_(list(samples)))).all())
     for experiment_id, usage in sorted(samples.items()):
+        busiest = usage.util_max_pct if usage.gpus >= gpus.get(experiment_id, 0) else None
         session.merge(RunUsage(experiment_id=experiment_id, at=now, samples=1, util_mean_pct=usage.util_pct,
-                               util_peak_pct=usage.util_pct, memory_peak_mib=usage.memory_mib, util_max_pct=usage.util_max_pct))
+                               util_peak_pct=usage.util_pct, memory_peak_mib=usage.memory_mib, util_max_pct=busiest))
     session.flush()
     counts = session.execute(select(RunUsage.experiment_id, func.count()).where(RunUsage.experiment_id.in_(list(samples)))
                              .group_by(RunUsage.experiment_id)).all()

@@ -158,3 +158,38 @@ def test_the_warn_policy_records_an_event_once_and_leaves_the_run_running(make_s
     assert warnings[0].message.startswith("over budget: tenant finetune on cluster prod-nomad spent $11.72 of its $10.00 budget")
     assert warnings[0].message.endswith("budget_policy warn: left running")
     assert not nomad.calls("DELETE", "job")
+
+
+def test_standing_across_the_month_boundary_and_for_cancelled_runs(make_service, db_url, catalog, jobs_dir):
+    """Spent counts only the GPU time inside this UTC month; a cancelled run counts what it held and
+    commits nothing; a run never placed and cancelled counts nothing; a live placed run commits the
+    hours to its deadline, an unplaced one its whole deadline (rows written as the reconciler does)."""
+    import uuid
+    from datetime import datetime
+
+    from experiments.models import Experiment
+    from experiments.services import budgets
+
+    svc = make_service(db_url, UnusedRunner(), jobs=budget_catalog(catalog, jobs_dir, 1000.0))
+    now = datetime(2026, 12, 1, 2, 0)
+
+    def row(state: str, placed: datetime | None, finished: datetime | None, deadline_at: datetime | None, hours: float = 12) -> Experiment:
+        at = datetime(2026, 11, 30, 20, 0)
+        return Experiment(id=str(uuid.uuid4()), tenant="finetune", job="finetune-llama", cluster="prod-nomad", pool="a100", gpus=2, meta=META,
+                          state=state, scheduler="nomad", run_id=f"finetune/{uuid.uuid4().hex[:8]}", submitted_by="t", request_hash="-",
+                          deadline_hours=hours, price_per_gpu_hour=2.0, price_kind="list", created_at=at, updated_at=at, provisioning_at=placed,
+                          running_at=placed, finished_at=finished, deadline_at=deadline_at)
+
+    with svc.ctx.sessions() as session, session.begin():
+        session.add_all([
+            row("running", datetime(2026, 11, 30, 23, 0), None, datetime(2026, 12, 1, 11, 0)),      # 2 h this month, 9 h left
+            row("cancelled", datetime(2026, 11, 30, 22, 0), datetime(2026, 12, 1, 0, 30), None),  # 0.5 h this month
+            row("cancelled", None, datetime(2026, 12, 1, 1, 0), None),                            # never placed: nothing
+            row("succeeded", datetime(2026, 11, 1, 0, 0), datetime(2026, 11, 30, 23, 59), None),  # last month: nothing
+            row("pending", None, None, None, hours=3),                                            # 3 h committed
+        ])
+    with svc.ctx.sessions() as session:
+        standing = budgets.standing(session, budgets.budgets_of(svc.ctx.catalog.configs)[("prod-nomad", "finetune")], now=now)
+    assert standing.month == "2026-12" and standing.live_runs == 2
+    assert round(standing.spent, 6) == round((2 + 0.5) * 2 * 2.0, 6), standing
+    assert round(standing.committed, 6) == round((9 + 3) * 2 * 2.0, 6), standing

@@ -76,7 +76,7 @@ def test_a_run_below_5_percent_on_every_gpu_for_30_minutes_ends_idle_after_the_w
     one_busy, _, one_busy_alloc = _running(svc, nomad, "one-busy")
     nomad.gpu_stats[idle_alloc] = [(1, 20_000), (3, 20_000)]
     nomad.gpu_stats[one_busy_alloc] = [(0, 20_000)] * 7 + [(30, 20_000)]  # mean 3.75%, but one GPU works: not idle
-    for minutes in (5, 15, 16):  # samples at 08:05 (the first with stats), 08:20, 08:36
+    for minutes in (5, 10, 10, 11):  # samples at 08:05 (the first with stats), 08:15, 08:25, 08:36: no gap of half a window
         svc.clock.advance(minutes=minutes)
         for alloc in (idle_alloc, one_busy_alloc):
             nomad.write_log(alloc, f"step at +{minutes} min\n")  # both print: only the utilization signal can fire
@@ -138,7 +138,7 @@ def test_a_two_rank_gke_run_idle_on_all_16_gpus_ends_idle_and_its_job_is_deleted
     for rank in range(2):
         for gpu in range(8):
             prometheus.gpu(namespace="research", pod=f"{run}-{rank}-x{gpu}q", gpu=gpu, util=4.0 if (rank, gpu) == (1, 7) else 0.0, fb_used_mib=1_000)
-    for minutes in (0, 5, 15, 16):  # running at 08:00; samples 08:00, 08:05, 08:20, 08:36
+    for minutes in (0, 5, 10, 10, 11):  # running at 08:00; samples 08:00, 08:05, 08:15, 08:25, 08:36
         svc.clock.advance(minutes=minutes)
         svc.step()
     assert _kinds(svc, exp_id).count(WARNING) == 1 and _shown(svc, exp_id)["status"] == "running"
@@ -148,3 +148,64 @@ def test_a_two_rank_gke_run_idle_on_all_16_gpus_ends_idle_and_its_job_is_deleted
     assert shown["status"] == "idle", shown
     assert shown["reason"].startswith("idle: GPU utilization below 5% on every GPU since 2026-12-03 08:0") and "busiest GPU 4.0%" in shown["reason"]
     assert [r for r in k8s.requests if r.method == "DELETE" and r.path.endswith(f"/jobs/{run}")], "the Job must be deleted"
+
+
+def test_a_gke_run_whose_second_rank_has_no_dcgm_series_is_not_stopped_for_low_utilization(make_service, sqlite_url, k8s, gke_with_metrics,
+                                                                                           prometheus):
+    """Rank 1's node exports no DCGM series (exporter down, node not scraped): its 8 GPUs are unknown,
+    so "every GPU below 5%" cannot be said from rank 0's 8 idle GPUs alone. Unknown is not idle."""
+    svc = make_service(sqlite_url, gke_with_metrics)
+    headers = svc.token("research")
+    exp_id = svc.client.post("/api/v1/experiments", json={"job": "finetune-llama-gke", "meta": {**GKE_META, "run_id": "g2"}}, headers=headers).json()["id"]
+    svc.step()
+    run = svc.client.get(f"/api/v1/experiments/{exp_id}", headers=headers).json()["run_id"].rsplit("/", 1)[1]
+    k8s.admit("research", run, cluster_queue="research", flavor="h100")
+    k8s.pods_ready("research", run, 2)
+    for gpu in range(8):
+        prometheus.gpu(namespace="research", pod=f"{run}-0-x{gpu}q", gpu=gpu, util=0.0, fb_used_mib=1_000)
+    for minutes in (0, 5, 10, 10, 11, 1, 1):
+        svc.clock.advance(minutes=minutes)
+        svc.step()
+    from experiments.models import RunUsage as _RU
+    with svc.ctx.sessions() as s:
+        print("ROWS", [(r.at, r.samples, r.util_max_pct) for r in s.query(_RU).filter(_RU.experiment_id == exp_id).order_by(_RU.at)])
+        print("EV", [(e.kind, e.message[:150]) for e in s.query(Event).filter(Event.experiment_id == exp_id)])
+    assert _shown(svc, exp_id)["status"] == "running" and WARNING not in _kinds(svc, exp_id), _kinds(svc, exp_id)
+    assert not [r for r in k8s.requests if r.method == "DELETE" and r.path.endswith(f"/jobs/{run}")]
+
+
+def test_a_sample_with_one_gpu_reporting_no_utilization_has_no_busiest_gpu():
+    """Nomad's device plugin may report a GPU's utilization as "N/A": the busiest GPU of that sample is
+    unknown (the unreported one may be the busy one), not the max of the others."""
+    from jobs.usage import combine
+
+    assert combine([(0.0, 1_000.0), (None, 1_000.0)]).util_max_pct is None
+    assert combine([(0.0, 1_000.0), (2.0, 1_000.0)]).util_max_pct == 2.0
+
+
+def test_a_metrics_outage_breaks_the_low_utilization_streak(make_service, sqlite_url, k8s, gke_with_metrics, prometheus):
+    """A GKE run reads idle at its start (loading), then Prometheus is down for two hours (nobody knows
+    how busy it was), then it reads idle again for two minutes (a checkpoint save). The two hours
+    nobody measured are not "below 5% on every GPU": the streak starts after the outage, so the run is
+    neither warned nor stopped."""
+    svc = make_service(sqlite_url, gke_with_metrics)
+    headers = svc.token("research")
+    exp_id = svc.client.post("/api/v1/experiments", json={"job": "finetune-llama-gke", "meta": {**GKE_META, "run_id": "g3"}}, headers=headers).json()["id"]
+    svc.step()
+    run = svc.client.get(f"/api/v1/experiments/{exp_id}", headers=headers).json()["run_id"].rsplit("/", 1)[1]
+    k8s.admit("research", run, cluster_queue="research", flavor="h100")
+    k8s.pods_ready("research", run, 2)
+    for rank in range(2):
+        for gpu in range(8):
+            prometheus.gpu(namespace="research", pod=f"{run}-{rank}-x{gpu}q", gpu=gpu, util=0.0, fb_used_mib=1_000)
+    svc.step()  # 08:00: a low sample
+    prometheus.down = True
+    for step in range(8):  # 08:15 .. 10:00: the source is down, no sample; the run prints (only utilization can fire)
+        svc.clock.advance(minutes=15)
+        k8s.write_pod_log("research", run, 0, f"step {step}\n")
+        svc.step()
+    prometheus.down = False
+    for minutes in (0, 1, 1):  # 10:00, 10:01, 10:02: low again
+        svc.clock.advance(minutes=minutes)
+        svc.step()
+    assert _shown(svc, exp_id)["status"] == "running" and WARNING not in _kinds(svc, exp_id), _kinds(svc, exp_id)
