@@ -136,11 +136,13 @@ def _dispatch_claimed(ctx: Context, claim: Claim) -> bool:
     if State(exp.state) in TERMINAL:
         settle_stop_debt(ctx, experiment_id)
         return False
-    if exp.attempt > 1 and not _stop_previous(ctx, exp):
-        return False
     if exp.cancel_requested_at is not None:
-        # Cancelled while a dispatch was being retried: never submit again.
-        _end(ctx, claim, State.CANCELLED, "cancelled before its dispatch completed")
+        # Cancelled while a dispatch was being retried: never submit again. A retried attempt's previous
+        # run is stopped as a stop debt (settle_stop_debt), so a stop the scheduler refuses now does not
+        # hold the cancel (and the tenant's quota) back.
+        _end(ctx, claim, State.CANCELLED, "cancelled before its dispatch completed", previous_run=exp.attempt > 1)
+        return False
+    if exp.attempt > 1 and not _stop_previous(ctx, exp):
         return False
     try:
         spec = ctx.catalog.frozen(exp.job, exp.job_spec, exp.job_spec_sha256)  # as admitted, never as edited since
@@ -247,10 +249,11 @@ def _keep_as_debt(outbox: Outbox, now: datetime, error: str) -> None:
     _release(outbox, now, f"stop debt: {error}", backoff=0)
 
 
-def _end(ctx: Context, claim: Claim, state: State, reason: str) -> None:
+def _end(ctx: Context, claim: Claim, state: State, reason: str, *, previous_run: bool = False) -> None:
     """End an experiment that has no run id. The claim counted this pass as an attempt, so
     ``attempts > 1`` means an earlier submit ran and may have reached the scheduler: the row
-    stays as a stop debt and is settled at once; otherwise it is deleted."""
+    stays as a stop debt and is settled at once; otherwise it is deleted. ``previous_run``: a
+    retried attempt, whose previous attempt's run is not confirmed stopped either: a debt too."""
     experiment_id, now = claim.experiment_id, ctx.clock()
     with ctx.sessions() as session, session.begin():
         outbox = session.get(Outbox, experiment_id, with_for_update=True, populate_existing=True)
@@ -258,7 +261,7 @@ def _end(ctx: Context, claim: Claim, state: State, reason: str) -> None:
         assert exp is not None
         if not claim.holds(outbox):
             return  # taken over meanwhile: the new holder decides
-        debt = outbox is not None and outbox.attempts > 1
+        debt = outbox is not None and (outbox.attempts > 1 or previous_run)
         if outbox is not None:
             if debt:
                 _keep_as_debt(outbox, now, reason)

@@ -561,3 +561,28 @@ def test_an_attempt_being_dispatched_is_not_shown_with_the_previous_attempts_run
     shown = _state(svc, exp["id"], headers)
     assert shown["status"] == "dispatching" and [a["attempt"] for a in shown["attempts"]] == [1, 2]
     assert shown["attempts"][0]["run_id"] == f"{NOMAD_NS}/{first}" and shown["attempts"][1]["run_id"] is None
+
+
+def test_a_cancel_while_the_previous_attempt_cannot_be_stopped_yet_ends_cancelled_at_once(make_service, sqlite_url, nomad, nomad_runner):
+    """A retrying run is cancelled while Nomad refuses to stop attempt 1 (a drained node's allocation still
+    runs). The cancel ends it now (quota freed, nothing dispatched), not after dispatch_stuck_seconds as
+    failed; the stop of attempt 1 stays a debt until Nomad takes it."""
+    from tests.jobs.nomad_double import Fault
+
+    svc = make_service(sqlite_url, nomad_runner)
+    headers = svc.token("finetune")
+    exp, first = _nomad_running(svc, nomad, headers)
+    nomad.drain(first)
+    nomad.inject("DELETE", "job", *[Fault(status=503)] * 500)
+    svc.step()
+    assert _state(svc, exp["id"], headers)["status"] == "retrying"
+    svc.client.post(f"/api/v1/experiments/{exp['id']}/cancel", headers=headers).raise_for_status()
+    svc.step()
+    shown = _state(svc, exp["id"], headers)
+    assert shown["status"] == "cancelled" and len(nomad.dispatched(PARENT)) == 1
+    assert _quota(svc, "finetune", "prod-nomad", "a100") == 0
+    nomad.faults.clear()
+    for _ in range(3):
+        svc.clock.advance(seconds=120)
+        svc.step()
+    assert nomad.state.jobs[(NOMAD_NS, first)].get("Stop") is True
