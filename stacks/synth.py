@@ -16,7 +16,7 @@ from pathlib import Path
 
 from clusters.errors import UserError
 from clusters.schema import ClusterConfig, TfcState
-from clusters import outputs
+from clusters import cache_trust, outputs
 from stacks import synth_cache
 from stacks.interpolation import check_outdir
 from stacks.layout import TFC_WORKSPACES_STACK, StackInfo, plan_stacks
@@ -61,6 +61,7 @@ def synthesize(configs: tuple[ClusterConfig, ...], outdir: Path = DEFAULT_OUTDIR
     tmp = outputs.staging_dir(outdir)
     try:
         cache = synth_cache.cache_dir()
+        cache = cache_trust.prepare(cache, synth_cache.CACHE_ENV) if cache is not None else None
         if cache is not None:
             names = _synthesize_cached(configs, tmp, imported_dir, jobs, cache, shown_as=outdir)
         else:

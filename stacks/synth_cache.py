@@ -29,7 +29,8 @@ An entry is one JSON file holding the stacks' files, their manifest entries and 
 each file; an entry that does not parse, names another key or fails a digest is a miss, never an
 error. The cache lives outside the repository (``$GPUFLEET_SYNTH_CACHE``, else
 ``$XDG_CACHE_HOME/gpufleet/synth``, else ``~/.cache/gpufleet/synth``), is safe to delete at any
-time, and ``GPUFLEET_SYNTH_CACHE=off`` turns it off.
+time, and ``GPUFLEET_SYNTH_CACHE=off`` turns it off. Its stacks skip the template check, so a cache
+another user could write is not used, and no link inside it is followed (``clusters.cache_trust``).
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from clusters import clock
+from clusters import cache_trust, clock
 from clusters.schema import ClusterConfig
 from stacks.layout import StackInfo
 
@@ -177,8 +178,9 @@ def unit_key(configs: Iterable[ClusterConfig], stacks: tuple[StackInfo, ...], im
     return digest.hexdigest()
 
 
-def _path(directory: Path, key: str) -> Path:
-    return directory / key[:2] / f"{key}.json"
+def _path(directory: Path, key: str) -> Path | None:
+    """The entry's file, or None when a step to it is a link or another user's (``clusters.cache_trust``)."""
+    return cache_trust.entry(directory, key[:2], f"{key}.json")
 
 
 def load(directory: Path, key: str, stacks: tuple[str, ...]) -> dict | None:
@@ -186,7 +188,10 @@ def load(directory: Path, key: str, stacks: tuple[str, ...]) -> dict | None:
     for exactly ``stacks``, or None: absent, unreadable, another key's or a file whose digest does not match
     (a corrupted entry is a miss, never an error)."""
     try:
-        data = json.loads(_path(directory, key).read_text(encoding="utf-8"))
+        path = _path(directory, key)
+        if path is None:
+            return None
+        data = json.loads(path.read_text(encoding="utf-8"))
         if data["key"] != key or sorted(data["stacks"]) != sorted(stacks) or not isinstance(data["top"], dict):
             return None
         for entry in data["stacks"].values():
@@ -218,8 +223,10 @@ def read_unit(tree: Path, manifest: dict, stacks: tuple[str, ...]) -> dict:
 def store(directory: Path, key: str, unit: dict) -> None:
     """Write one entry atomically; a read-only or full cache only costs speed."""
     target = _path(directory, key)
+    if target is None:
+        return
     try:
-        target.parent.mkdir(parents=True, exist_ok=True)
+        target.parent.mkdir(mode=0o700, exist_ok=True)
         handle, partial = tempfile.mkstemp(prefix=".partial.", dir=target.parent)
         with os.fdopen(handle, "w", encoding="utf-8") as out:
             json.dump({"key": key, **unit}, out)

@@ -234,3 +234,48 @@ def test_a_synthesis_refused_by_the_template_check_stores_nothing(example_config
     with pytest.raises(UserError, match="not a template sequence"):
         synthesize(example_configs, tmp_path / "out", jobs=1)
     assert not [p for p in cache.rglob("*.json")] and not (tmp_path / "out").exists()
+
+
+def _poison(cache: Path, stack: str) -> None:
+    """What another user who can write the cache directory does: rewrite an entry with a template
+    sequence gpufleet never generates and recompute its digest (a digest is no signature)."""
+    import hashlib
+
+    [entry] = [p for p in cache.rglob("*.json") if stack in json.loads(p.read_text())["stacks"]]
+    data = json.loads(entry.read_text())
+    files = data["stacks"][stack]["files"]
+    stack_json = json.loads(files["cdk.tf.json"])
+    stack_json["locals"] = {"leak": '${base64encode(file("/proc/self/environ"))}'}
+    files["cdk.tf.json"] = json.dumps(stack_json, indent=2)
+    data["stacks"][stack]["sha256"]["cdk.tf.json"] = hashlib.sha256(files["cdk.tf.json"].encode()).hexdigest()
+    entry.write_text(json.dumps(data))
+
+
+def test_a_cache_dir_another_user_can_write_is_not_used(fleet_out: Path, example_configs, cache: Path, tmp_path: Path,
+                                                        capfd: pytest.CaptureFixture) -> None:
+    """Cached stacks skip the template check, so an entry someone else could write would put
+    ``${file(...)}`` into a stack unchecked: a group- or world-writable cache, or one owned by another
+    user, is not read (nor written), and the one line on stderr says how to fix it."""
+    synthesize(example_configs, tmp_path / "a", jobs=1)
+    _poison(cache, "dev-gke")
+    cache.chmod(0o777)
+    synthesize(example_configs, tmp_path / "b", jobs=1)
+    assert _tree(tmp_path / "b") == _tree(fleet_out)
+    assert "chmod go-w" in capfd.readouterr().err
+
+    cache.chmod(0o700)
+    os.chown(cache, 65534, 65534)  # the tests run as root: hand the cache to nobody
+    synthesize(example_configs, tmp_path / "c", jobs=1)
+    assert _tree(tmp_path / "c") == _tree(fleet_out)
+
+
+def test_a_symlink_inside_the_cache_is_never_followed(fleet_out: Path, example_configs, cache: Path, tmp_path: Path) -> None:
+    """An entry or shard directory that is a link reads from outside the cache: a miss."""
+    synthesize(example_configs, tmp_path / "a", jobs=1)
+    _poison(cache, "dev-gke")
+    [entry] = [p for p in cache.rglob("*.json") if "dev-gke" in json.loads(p.read_text())["stacks"]]
+    outside = tmp_path / "elsewhere"
+    shutil.move(entry.parent, outside)
+    entry.parent.symlink_to(outside)
+    synthesize(example_configs, tmp_path / "b", jobs=1)
+    assert _tree(tmp_path / "b") == _tree(fleet_out)
