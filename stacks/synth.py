@@ -113,6 +113,7 @@ def _synthesize_cached(configs: tuple[ClusterConfig, ...], tmp: Path, imported_d
     top: dict | None = None
     entries: dict[str, dict] = {}
     missing: list[tuple[str, tuple[str, ...]]] = []
+    inputs: dict[str, tuple[tuple[ClusterConfig, ...], tuple[StackInfo, ...]]] = {}
     (tmp / "stacks").mkdir()
     for unit_configs, stacks in _units(configs):
         key = synth_cache.unit_key(unit_configs, stacks, imports)
@@ -120,6 +121,7 @@ def _synthesize_cached(configs: tuple[ClusterConfig, ...], tmp: Path, imported_d
         hit = synth_cache.load(cache, key, names)
         if hit is None:
             missing.append((key, names))
+            inputs[key] = (unit_configs, stacks)
             continue
         synth_cache.write_unit(hit, tmp)
         top = hit["top"]
@@ -135,9 +137,13 @@ def _synthesize_cached(configs: tuple[ClusterConfig, ...], tmp: Path, imported_d
         else:
             manifest = synth_group(configs, build, fresh, imported_dir)
         check_outdir(fresh, shown_as=shown_as, stacks=build)
+        # The constructs imported code and read recorded imports while synthesizing: an input edited
+        # meanwhile (a checkout during a check) must not put its stacks under the key of the old one.
+        synth_cache.code_digest.cache_clear()
         for key, names in missing:
             unit = synth_cache.read_unit(fresh, manifest, names)
-            synth_cache.store(cache, key, unit)
+            if synth_cache.unit_key(*inputs[key], imports) == key:
+                synth_cache.store(cache, key, unit)
             for name in names:
                 os.replace(fresh / "stacks" / name, tmp / "stacks" / name)
             top = unit["top"]

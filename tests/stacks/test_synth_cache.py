@@ -279,3 +279,23 @@ def test_a_symlink_inside_the_cache_is_never_followed(fleet_out: Path, example_c
     entry.parent.symlink_to(outside)
     synthesize(example_configs, tmp_path / "b", jobs=1)
     assert _tree(tmp_path / "b") == _tree(fleet_out)
+
+
+def test_an_input_changed_while_synthesizing_is_not_stored_under_the_old_key(
+        example_configs, cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Keys are computed before synthesis, but the constructs import code and read recorded imports while it
+    runs: an input edited meanwhile (a `git checkout` during `gpufleet check`) would put the new input's
+    stacks under the old input's key, served later to the old input. Here a recorded import appears mid-run."""
+    imported = tmp_path / "imported"
+    imported.mkdir()
+    real = parallel.synth_group
+
+    def edit_then_synth(configs, names, outdir, imported_dir):
+        (imported / "dev-gke-scheduler.json").write_text("{}")
+        return real(configs, names, outdir, imported_dir)
+
+    monkeypatch.setattr(parallel, "synth_group", edit_then_synth)
+    synthesize(example_configs, tmp_path / "out", jobs=1, imported_dir=imported)
+    stored = {json.loads(p.read_text())["key"] for p in cache.rglob("*.json")}
+    now = {synth_cache.unit_key(c, s, imported) for c, s in _units(example_configs)}
+    assert stored and stored <= now
