@@ -19,8 +19,8 @@ A unit's key is a SHA-256 over everything its stacks are a function of:
   ``clusters/gcp_zones.json``), but not the user's files among them (cluster files, recorded
   imports, Vault policies); ``tests/stacks/test_synth_cache.py`` records every file a synthesis
   opens and checks each is one of these;
-- gpufleet's version and the versions of cdktf, constructs, jsii and every prebuilt provider
-  binding installed, Python's version and the Node binary jsii starts;
+- gpufleet's version and the versions of cdktf, constructs, jsii and its requirements, ruamel.yaml
+  and every prebuilt provider binding installed, Python's version and the Node binary jsii starts;
 - today's date (``clusters.clock``: a GKE maintenance exclusion renews by the quarter) and the
   environment cdktf reads while synthesizing (``CDKTF_*`` but the output directory,
   ``SYNTH_HCL_OUTPUT``, ``TERRAFORM_BINARY_NAME``).
@@ -42,6 +42,7 @@ import hashlib
 import importlib.metadata
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -61,8 +62,10 @@ CODE_ROOT = Path(__file__).resolve().parent.parent
 # The packages a synthesis imports or reads files of (checked by tests/stacks/test_synth_cache.py).
 CODE_PACKAGES = ("clusters", "constructs_lib", "stacks", "vault_policies")
 CODE_FILES = ("main.py",)
-# Distributions whose code writes the stacks: cdktf's JavaScript, the provider bindings, the jsii runtime.
-BINDINGS = ("cdktf", "constructs", "jsii")
+# Distributions whose code writes the stacks: cdktf's JavaScript, the provider bindings, the jsii runtime
+# and what it requires (attrs/cattrs serialize every value sent to the kernel), and ruamel.yaml, which
+# parses the vendored GPUDirect manifests the admission policies embed (clusters/gpudirect_upstream.py).
+BINDINGS = ("cdktf", "constructs", "jsii", "ruamel.yaml")
 # Environment cdktf's JavaScript reads while synthesizing (lib/ of cdktf 0.21.0), bar the output directory.
 CDKTF_ENV_PREFIX = "CDKTF_"
 CDKTF_ENV = ("SYNTH_HCL_OUTPUT", "TERRAFORM_BINARY_NAME")
@@ -101,10 +104,16 @@ def code_files(root: Path = CODE_ROOT) -> tuple[Path, ...]:
     return tuple(sorted(found))
 
 
+def _normal(name: str) -> str:
+    """A distribution's name as PEP 503 compares them."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
 def _versions() -> list[str]:
     names = {dist.metadata["Name"] for dist in importlib.metadata.distributions() if dist.metadata["Name"]}
-    wanted = sorted(n for n in names if n.lower().replace("_", "-").startswith("cdktf-cdktf-provider-")
-                    or n.lower() in BINDINGS or n.lower() == "gpufleet")
+    runtime = {_normal(re.split(r"[\s<>=!~;\[(]", req, maxsplit=1)[0]) for req in importlib.metadata.requires("jsii") or ()}
+    bindings = {_normal(n) for n in BINDINGS} | runtime | {"gpufleet"}
+    wanted = sorted(n for n in names if _normal(n).startswith("cdktf-cdktf-provider-") or _normal(n) in bindings)
     return [f"{name}=={importlib.metadata.version(name)}" for name in wanted]
 
 

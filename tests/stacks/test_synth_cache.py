@@ -299,3 +299,12 @@ def test_an_input_changed_while_synthesizing_is_not_stored_under_the_old_key(
     stored = {json.loads(p.read_text())["key"] for p in cache.rglob("*.json")}
     now = {synth_cache.unit_key(c, s, imported) for c, s in _units(example_configs)}
     assert stored and stored <= now
+
+
+def test_the_libraries_whose_code_shapes_a_stack_are_keyed() -> None:
+    """Besides cdktf and the bindings, two libraries' code decides values of a stack: ruamel.yaml parses
+    the vendored GPUDirect manifests whose containers, mounts and capabilities the admission policies
+    embed (clusters/gpudirect_upstream.py), and jsii's runtime requirements (attrs/cattrs serialize every
+    value sent to the kernel). An upgrade of one of them alone must be another key."""
+    keyed = {v.split("==")[0].lower().replace("_", "-").replace(".", "-") for v in synth_cache._versions()}
+    assert {"ruamel-yaml", "attrs", "cattrs", "python-dateutil", "typing-extensions", "publication"} <= keyed
