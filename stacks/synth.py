@@ -50,8 +50,12 @@ def synthesize(configs: tuple[ClusterConfig, ...], outdir: Path = DEFAULT_OUTDIR
     clusters or more, else 1 = in this process); the output is the same bytes either way. Stacks
     whose inputs did not change since a synthesis stored them come from ``stacks.synth_cache``.
     """
+    from stacks.imported import imported_dir as default_imported_dir
     from stacks.parallel import synthesize_parallel, worker_count
 
+    # Resolved here, once: a worker process does not see this one's default (``--repo``, a directory set
+    # in-process), and the synthesis cache keys the very directory every stack is built from.
+    imported_dir = Path(imported_dir) if imported_dir is not None else default_imported_dir()
     if only:
         configs, only = _select(configs, only)
     workers = worker_count(len(configs), jobs)
@@ -99,24 +103,22 @@ def _units(configs: tuple[ClusterConfig, ...]) -> list[tuple[tuple[ClusterConfig
     return [((by_name[cluster],) if cluster else tfc, tuple(s for s in info if s.cluster == cluster)) for cluster in clusters]
 
 
-def _synthesize_cached(configs: tuple[ClusterConfig, ...], tmp: Path, imported_dir: Path | None, jobs: int | None,
+def _synthesize_cached(configs: tuple[ClusterConfig, ...], tmp: Path, imported_dir: Path, jobs: int | None,
                        cache: Path, shown_as: Path) -> tuple[str, ...]:
     """Cached units are written from the cache; the others are synthesized (over worker processes
     when there are enough of them), checked for template sequences (``check_outdir``) and only then
     stored, so every cached stack passed that check with the code its key names and is not checked
     again. ``manifest.json`` is rebuilt from every stack's entry exactly as ``stacks.parallel``
     merges workers' manifests, so the tree is a cold synthesis's bytes."""
-    from stacks.imported import imported_dir as default_imported_dir
     from stacks.parallel import manifest_json, synth_group, synthesize_parallel, worker_count
 
-    imports = Path(imported_dir) if imported_dir is not None else default_imported_dir()
     top: dict | None = None
     entries: dict[str, dict] = {}
     missing: list[tuple[str, tuple[str, ...]]] = []
     inputs: dict[str, tuple[tuple[ClusterConfig, ...], tuple[StackInfo, ...]]] = {}
     (tmp / "stacks").mkdir()
     for unit_configs, stacks in _units(configs):
-        key = synth_cache.unit_key(unit_configs, stacks, imports)
+        key = synth_cache.unit_key(unit_configs, stacks, imported_dir)
         names = tuple(s.name for s in stacks)
         hit = synth_cache.load(cache, key, names)
         if hit is None:
@@ -142,7 +144,7 @@ def _synthesize_cached(configs: tuple[ClusterConfig, ...], tmp: Path, imported_d
         synth_cache.code_digest.cache_clear()
         for key, names in missing:
             unit = synth_cache.read_unit(fresh, manifest, names)
-            if synth_cache.unit_key(*inputs[key], imports) == key:
+            if synth_cache.unit_key(*inputs[key], imported_dir) == key:
                 synth_cache.store(cache, key, unit)
             for name in names:
                 os.replace(fresh / "stacks" / name, tmp / "stacks" / name)

@@ -308,3 +308,20 @@ def test_the_libraries_whose_code_shapes_a_stack_are_keyed() -> None:
     value sent to the kernel). An upgrade of one of them alone must be another key."""
     keyed = {v.split("==")[0].lower().replace("_", "-").replace(".", "-") for v in synth_cache._versions()}
     assert {"ruamel-yaml", "attrs", "cattrs", "python-dateutil", "typing-extensions", "publication"} <= keyed
+
+
+def test_workers_synthesize_with_the_recorded_imports_the_key_names(example_configs, cache: Path, tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """The key reads the recorded imports where this process finds them (``stacks.imported.imported_dir``:
+    ``--repo``'s checkout, or a directory set in this process); a worker process must synthesize with those
+    same imports, not with whatever its own default finds, or a stack without its import block is stored
+    under the key of the imports it lacks."""
+    from stacks import imported
+
+    monkeypatch.setattr(imported, "IMPORTED_DIR", tmp_path / "imported")
+    imported.IMPORTED_DIR.mkdir()
+    pool_id = "projects/ml-train-prod/locations/us-central1/clusters/prod-gke/nodePools/h100"
+    (imported.IMPORTED_DIR / "prod-gke.json").write_text(f'{{"google_container_node_pool.pool_h100": "{pool_id}"}}')
+    synthesize(example_configs, tmp_path / "out", jobs=2)
+    stack = json.loads((tmp_path / "out" / "stacks" / "prod-gke" / "cdk.tf.json").read_text())
+    assert stack["import"] == [{"to": "google_container_node_pool.pool_h100", "id": pool_id}]
