@@ -4,7 +4,8 @@ one-cluster edit walks only the stacks that changed instead of every stack of th
 Only "no finding" is remembered: a file with a finding is scanned again every time, so a cached
 answer can never hide or alter a report. The key is a SHA-256 of the file's bytes and of the
 detector's code (``clusters/secrets.py``, the one detector, and ``safety/secret_scan.py``, which
-walks the JSON): a changed file or a changed detector is another key. An entry is an empty file
+walks the JSON) and Python's version (its ``re``, ``json`` and ``base64`` run it): a changed file or a
+changed detector is another key. An entry is an empty file
 named by its key. The cache lives outside the repository (``$GPUFLEET_SECRET_SCAN_CACHE``, else
 ``$XDG_CACHE_HOME/gpufleet/secret-scan``, else ``~/.cache/gpufleet/secret-scan``), is safe to
 delete at any time, and ``GPUFLEET_SECRET_SCAN_CACHE=off`` turns it off. A mark hides a file from
@@ -17,6 +18,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
+import sys
 from pathlib import Path
 
 from clusters import cache_trust
@@ -38,7 +40,7 @@ def cache_dir() -> Path | None:
 
 @functools.cache
 def detector_digest() -> bytes:
-    digest = hashlib.sha256(str(CACHE_VERSION).encode())
+    digest = hashlib.sha256(f"{CACHE_VERSION}\0{sys.version}".encode())
     for path in DETECTOR_FILES:
         digest.update(hashlib.sha256(path.read_bytes()).digest())
     return digest.digest()

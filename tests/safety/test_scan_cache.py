@@ -106,3 +106,17 @@ def test_a_clean_mark_in_a_cache_another_user_can_write_hides_nothing(tree: Path
     (outside / mark.name).touch()
     mark.parent.symlink_to(outside)
     assert [f.kind for f in secret_scan.scan_paths([tree], cache=cache)] == ["groq-key"]
+
+
+def test_the_detector_digest_names_the_python_running_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The detector is regular expressions and ``json``/``base64`` of the standard library: another Python
+    can match differently, so a clean mark made under one is not trusted under another."""
+    scan_cache.detector_digest.cache_clear()
+    base = scan_cache.detector_digest()
+    monkeypatch.setattr("sys.version", "3.99.0 (another build)")
+    scan_cache.detector_digest.cache_clear()
+    try:
+        assert scan_cache.detector_digest() != base
+    finally:
+        monkeypatch.undo()
+        scan_cache.detector_digest.cache_clear()
