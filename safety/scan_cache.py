@@ -67,6 +67,6 @@ def mark_clean(directory: Path, digest: str) -> None:
         return
     try:
         target.parent.mkdir(mode=0o700, exist_ok=True)
-        target.touch()
+        target.touch(mode=0o600)  # never writable by others, whatever the umask: cache_trust would refuse it
     except OSError:
         pass
