@@ -1,8 +1,9 @@
 """Whether a cache directory outside the repository may be trusted, and reading inside it without following links.
 
-The synthesis cache's stacks skip the template-sequence check and the secret scan's clean marks skip
-the scan, so an entry is as good as the check it stands for: anyone who can write one can put
-``${file(...)}`` into a stack or hide a secret (an entry's digest is no signature; whoever writes the
+The synthesis cache's stacks skip the template-sequence check, the secret scan's clean marks skip
+the scan and a checkov cache entry is checkov's verdict, so an entry is as good as the check it stands
+for: anyone who can write one can put ``${file(...)}`` into a stack, hide a secret or turn a failed
+check into a pass (an entry's digest is no signature; whoever writes the
 entry writes the digest). So a cache is used only when no other user can write it or swap it: the
 directory and what is inside it belong to this user and are writable by no group or other, every
 directory above it belongs to this user or root and is writable by no one else unless sticky
