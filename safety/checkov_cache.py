@@ -1,14 +1,16 @@
 """Per-stack checkov results kept between runs, so a one-cluster edit re-scans only its stacks.
 
 The key is a SHA-256 over everything a stack's result depends on: the stack's name and the
-bytes of its ``cdk.tf.json``, checkov's version, the skipped check ids (``.checkov-skips.yaml``)
+bytes of its ``cdk.tf.json``, checkov's version, the skipped check ids (``.checkov-skips.yaml``),
+checkov's own settings (its environment variables and ``.checkov.yaml`` files, ``_checkov_settings``)
 and the source of the code that turns checkov's report into a result (``checkov_scan.py``, and
 ``checkov_exempt.py`` whose per-resource exemptions are derived from the stack). Any change to
 one of them is a different key, so a changed input is never served an old result; results with
 a checkov error are not stored. The cache lives outside the repository
 (``$GPUFLEET_CHECKOV_CACHE``, else ``$XDG_CACHE_HOME/gpufleet/checkov``, else
 ``~/.cache/gpufleet/checkov``), holds one small JSON file per key, and is safe to delete at any
-time. ``GPUFLEET_CHECKOV_CACHE=off`` turns it off.
+time; a result is checkov's verdict, so a cache another user could write is not used and no link
+inside it is followed (``clusters.cache_trust``). ``GPUFLEET_CHECKOV_CACHE=off`` turns it off.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from clusters import cache_trust
 from safety import checkov_exempt
 from safety.checkov_scan import Failure, StackResult
 
@@ -51,12 +54,36 @@ def checkov_version(binary: str) -> str:
     return f"{binary}:{done.stdout.strip() or done.returncode}"
 
 
+# What else checkov reads its options from (checkov 3.3.30): variables named by the ``env_var=`` of its
+# arguments (checkov/common/util/ext_argument_parser.py: CKV_SKIP_CHECK, CKV_CHECK, BC_API_KEY, ...)
+# and checkov/common/util/env_vars_config.py (CHECKOV_*, CKV_*, BC_*, and the graph switches below),
+# and .checkov.yaml/.checkov.yml in the working and the home directory (config_utils.py
+# get_default_config_paths; checkov_scan runs it with neither --directory nor --config-file).
+CHECKOV_ENV_PREFIXES = ("CKV_", "BC_", "CHECKOV_", "PRISMA_")
+CHECKOV_ENV = ("CREATE_COMPLEX_VERTICES", "CREATE_EDGES", "RAW_TF_IN_GRAPH", "MAX_WILDCARD_ARR_SIZE", "ENABLE_DEFINITION_KEY",
+               "RENDER_EDGES_DUPLICATE_ITER_COUNT", "RENDER_EDGES_DUPLICATE_PERCENT", "RENDER_VARIABLES_ASYNC",
+               "DOWNLOAD_EXTERNAL_MODULES", "EXTERNAL_MODULES_DIR", "HCL_PARSE_TIMEOUT_SEC", "ENABLE_CONFIG_FILE_VALIDATION")
+CHECKOV_CONFIG_FILES = (".checkov.yaml", ".checkov.yml")
+
+
+def _checkov_settings() -> bytes:
+    """checkov's environment and default config files (their bytes, or that there are none) as one digest."""
+    digest = hashlib.sha256()
+    for name in sorted(n for n in os.environ if n.startswith(CHECKOV_ENV_PREFIXES) or n in CHECKOV_ENV):
+        digest.update(f"{name}={os.environ[name]}".encode() + b"\0")
+    for directory in (Path.cwd(), Path.home()):
+        for name in CHECKOV_CONFIG_FILES:
+            path = directory / name
+            digest.update(hashlib.sha256(path.read_bytes()).digest() if path.is_file() else b"absent")  # content, not where
+    return digest.digest()
+
+
 def key(stack_dir: Path, version: str, skip_ids: tuple[str, ...]) -> str:
     digest = hashlib.sha256()
     rules = b"".join(hashlib.sha256(p.read_bytes()).digest() for p in _RULES)
     data = (stack_dir / "cdk.tf.json").read_bytes()
     for part in (str(CACHE_VERSION).encode(), stack_dir.name.encode(), version.encode(),
-                 "\n".join(sorted(skip_ids)).encode(), rules, data):
+                 "\n".join(sorted(skip_ids)).encode(), rules, _checkov_settings(), data):
         digest.update(len(part).to_bytes(8, "big") + part)
     return digest.hexdigest()
 
@@ -68,7 +95,10 @@ def _failure(stack: str, row: list) -> Failure:
 def load(directory: Path, digest: str, stack: str) -> StackResult | None:
     """The stored result, or None (absent, unreadable or not this stack's: a miss, never an error)."""
     try:
-        data = json.loads((directory / digest[:2] / f"{digest}.json").read_text(encoding="utf-8"))
+        path = cache_trust.entry(directory, digest[:2], f"{digest}.json")  # no link, nothing another user wrote
+        if path is None:
+            return None
+        data = json.loads(path.read_text(encoding="utf-8"))
         if data["key"] != digest or data["stack"] != stack:
             return None
         return StackResult(stack, int(data["passed"]), tuple(_failure(stack, r) for r in data["failures"]),
@@ -84,9 +114,11 @@ def store(directory: Path, digest: str, result: StackResult) -> None:
     rows = lambda failures: [[f.check_id, f.check_name, f.resource, f.line] for f in failures]  # noqa: E731
     payload = json.dumps({"key": digest, "stack": result.stack, "passed": result.passed,
                           "failures": rows(result.failures), "exempted": rows(result.exempted)})
-    target = directory / digest[:2] / f"{digest}.json"
+    target = cache_trust.entry(directory, digest[:2], f"{digest}.json")
+    if target is None:
+        return
     try:
-        target.parent.mkdir(parents=True, exist_ok=True)
+        target.parent.mkdir(mode=0o700, exist_ok=True)
         handle, partial = tempfile.mkstemp(prefix=".partial.", dir=target.parent)
         with os.fdopen(handle, "w", encoding="utf-8") as out:
             out.write(payload)

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from clusters import cache_trust
 from clusters.tools import installed_tool
 
 STACKS_PER_PROCESS = 8
@@ -177,6 +178,7 @@ def run(stack_dirs: Iterable[Path], skip_ids: Iterable[str] | None = None, *, wo
         return CheckovSummary((), skips)
     binary = checkov_binary()
     cache = checkov_cache.cache_dir()
+    cache = cache_trust.prepare(cache, checkov_cache.CACHE_ENV) if cache is not None else None
     keys: dict[Path, str] = {}
     results: list[StackResult] = []
     if cache is not None:

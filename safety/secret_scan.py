@@ -165,8 +165,10 @@ def scan_paths(paths: Iterable[Path], cache: Path | None = None) -> list[Finding
     (``safety.scan_cache``, what ``check`` passes) skips files whose exact bytes this detector
     found clean before and remembers the clean ones; a file with a finding is always scanned.
     """
+    from clusters import cache_trust
     from safety import scan_cache
 
+    cache = cache_trust.prepare(cache, scan_cache.CACHE_ENV) if cache is not None else None
     findings: list[Finding] = []
     for file in _files(paths):
         data = file.read_bytes()

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from clusters.errors import UserError
 from clusters.schema import ClusterConfig, TfcState
-from clusters import outputs
+from clusters import cache_trust, outputs
 from stacks import synth_cache
 from stacks.interpolation import check_outdir
 from stacks.layout import TFC_WORKSPACES_STACK, StackInfo, plan_stacks
@@ -50,8 +50,12 @@ def synthesize(configs: tuple[ClusterConfig, ...], outdir: Path = DEFAULT_OUTDIR
     clusters or more, else 1 = in this process); the output is the same bytes either way. Stacks
     whose inputs did not change since a synthesis stored them come from ``stacks.synth_cache``.
     """
+    from stacks.imported import imported_dir as default_imported_dir
     from stacks.parallel import synthesize_parallel, worker_count
 
+    # Resolved here, once: a worker process does not see this one's default (``--repo``, a directory set
+    # in-process), and the synthesis cache keys the very directory every stack is built from.
+    imported_dir = Path(imported_dir) if imported_dir is not None else default_imported_dir()
     if only:
         configs, only = _select(configs, only)
     workers = worker_count(len(configs), jobs)
@@ -61,6 +65,7 @@ def synthesize(configs: tuple[ClusterConfig, ...], outdir: Path = DEFAULT_OUTDIR
     tmp = outputs.staging_dir(outdir)
     try:
         cache = synth_cache.cache_dir()
+        cache = cache_trust.prepare(cache, synth_cache.CACHE_ENV) if cache is not None else None
         if cache is not None:
             names = _synthesize_cached(configs, tmp, imported_dir, jobs, cache, shown_as=outdir)
         else:
@@ -98,27 +103,27 @@ def _units(configs: tuple[ClusterConfig, ...]) -> list[tuple[tuple[ClusterConfig
     return [((by_name[cluster],) if cluster else tfc, tuple(s for s in info if s.cluster == cluster)) for cluster in clusters]
 
 
-def _synthesize_cached(configs: tuple[ClusterConfig, ...], tmp: Path, imported_dir: Path | None, jobs: int | None,
+def _synthesize_cached(configs: tuple[ClusterConfig, ...], tmp: Path, imported_dir: Path, jobs: int | None,
                        cache: Path, shown_as: Path) -> tuple[str, ...]:
     """Cached units are written from the cache; the others are synthesized (over worker processes
     when there are enough of them), checked for template sequences (``check_outdir``) and only then
     stored, so every cached stack passed that check with the code its key names and is not checked
     again. ``manifest.json`` is rebuilt from every stack's entry exactly as ``stacks.parallel``
     merges workers' manifests, so the tree is a cold synthesis's bytes."""
-    from stacks.imported import imported_dir as default_imported_dir
     from stacks.parallel import manifest_json, synth_group, synthesize_parallel, worker_count
 
-    imports = Path(imported_dir) if imported_dir is not None else default_imported_dir()
     top: dict | None = None
     entries: dict[str, dict] = {}
     missing: list[tuple[str, tuple[str, ...]]] = []
+    inputs: dict[str, tuple[tuple[ClusterConfig, ...], tuple[StackInfo, ...]]] = {}
     (tmp / "stacks").mkdir()
     for unit_configs, stacks in _units(configs):
-        key = synth_cache.unit_key(unit_configs, stacks, imports)
+        key = synth_cache.unit_key(unit_configs, stacks, imported_dir)
         names = tuple(s.name for s in stacks)
         hit = synth_cache.load(cache, key, names)
         if hit is None:
             missing.append((key, names))
+            inputs[key] = (unit_configs, stacks)
             continue
         synth_cache.write_unit(hit, tmp)
         top = hit["top"]
@@ -134,9 +139,13 @@ def _synthesize_cached(configs: tuple[ClusterConfig, ...], tmp: Path, imported_d
         else:
             manifest = synth_group(configs, build, fresh, imported_dir)
         check_outdir(fresh, shown_as=shown_as, stacks=build)
+        # The constructs imported code and read recorded imports while synthesizing: an input edited
+        # meanwhile (a checkout during a check) must not put its stacks under the key of the old one.
+        synth_cache.code_digest.cache_clear()
         for key, names in missing:
             unit = synth_cache.read_unit(fresh, manifest, names)
-            synth_cache.store(cache, key, unit)
+            if synth_cache.unit_key(*inputs[key], imported_dir) == key:
+                synth_cache.store(cache, key, unit)
             for name in names:
                 os.replace(fresh / "stacks" / name, tmp / "stacks" / name)
             top = unit["top"]

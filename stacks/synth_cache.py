@@ -19,8 +19,8 @@ A unit's key is a SHA-256 over everything its stacks are a function of:
   ``clusters/gcp_zones.json``), but not the user's files among them (cluster files, recorded
   imports, Vault policies); ``tests/stacks/test_synth_cache.py`` records every file a synthesis
   opens and checks each is one of these;
-- gpufleet's version and the versions of cdktf, constructs, jsii and every prebuilt provider
-  binding installed, Python's version and the Node binary jsii starts;
+- gpufleet's version and the versions of cdktf, constructs, jsii and its requirements, ruamel.yaml
+  and every prebuilt provider binding installed, Python's version and the Node binary jsii starts;
 - today's date (``clusters.clock``: a GKE maintenance exclusion renews by the quarter) and the
   environment cdktf reads while synthesizing (``CDKTF_*`` but the output directory,
   ``SYNTH_HCL_OUTPUT``, ``TERRAFORM_BINARY_NAME``).
@@ -29,7 +29,8 @@ An entry is one JSON file holding the stacks' files, their manifest entries and 
 each file; an entry that does not parse, names another key or fails a digest is a miss, never an
 error. The cache lives outside the repository (``$GPUFLEET_SYNTH_CACHE``, else
 ``$XDG_CACHE_HOME/gpufleet/synth``, else ``~/.cache/gpufleet/synth``), is safe to delete at any
-time, and ``GPUFLEET_SYNTH_CACHE=off`` turns it off.
+time, and ``GPUFLEET_SYNTH_CACHE=off`` turns it off. Its stacks skip the template check, so a cache
+another user could write is not used, and no link inside it is followed (``clusters.cache_trust``).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ import hashlib
 import importlib.metadata
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -50,7 +52,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from clusters import clock
+from clusters import cache_trust, clock
 from clusters.schema import ClusterConfig
 from stacks.layout import StackInfo
 
@@ -60,8 +62,10 @@ CODE_ROOT = Path(__file__).resolve().parent.parent
 # The packages a synthesis imports or reads files of (checked by tests/stacks/test_synth_cache.py).
 CODE_PACKAGES = ("clusters", "constructs_lib", "stacks", "vault_policies")
 CODE_FILES = ("main.py",)
-# Distributions whose code writes the stacks: cdktf's JavaScript, the provider bindings, the jsii runtime.
-BINDINGS = ("cdktf", "constructs", "jsii")
+# Distributions whose code writes the stacks: cdktf's JavaScript, the provider bindings, the jsii runtime
+# and what it requires (attrs/cattrs serialize every value sent to the kernel), and ruamel.yaml, which
+# parses the vendored GPUDirect manifests the admission policies embed (clusters/gpudirect_upstream.py).
+BINDINGS = ("cdktf", "constructs", "jsii", "ruamel.yaml")
 # Environment cdktf's JavaScript reads while synthesizing (lib/ of cdktf 0.21.0), bar the output directory.
 CDKTF_ENV_PREFIX = "CDKTF_"
 CDKTF_ENV = ("SYNTH_HCL_OUTPUT", "TERRAFORM_BINARY_NAME")
@@ -100,10 +104,16 @@ def code_files(root: Path = CODE_ROOT) -> tuple[Path, ...]:
     return tuple(sorted(found))
 
 
+def _normal(name: str) -> str:
+    """A distribution's name as PEP 503 compares them."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
 def _versions() -> list[str]:
     names = {dist.metadata["Name"] for dist in importlib.metadata.distributions() if dist.metadata["Name"]}
-    wanted = sorted(n for n in names if n.lower().replace("_", "-").startswith("cdktf-cdktf-provider-")
-                    or n.lower() in BINDINGS or n.lower() == "gpufleet")
+    runtime = {_normal(re.split(r"[\s<>=!~;\[(]", req, maxsplit=1)[0]) for req in importlib.metadata.requires("jsii") or ()}
+    bindings = {_normal(n) for n in BINDINGS} | runtime | {"gpufleet"}
+    wanted = sorted(n for n in names if _normal(n).startswith("cdktf-cdktf-provider-") or _normal(n) in bindings)
     return [f"{name}=={importlib.metadata.version(name)}" for name in wanted]
 
 
@@ -177,8 +187,9 @@ def unit_key(configs: Iterable[ClusterConfig], stacks: tuple[StackInfo, ...], im
     return digest.hexdigest()
 
 
-def _path(directory: Path, key: str) -> Path:
-    return directory / key[:2] / f"{key}.json"
+def _path(directory: Path, key: str) -> Path | None:
+    """The entry's file, or None when a step to it is a link or another user's (``clusters.cache_trust``)."""
+    return cache_trust.entry(directory, key[:2], f"{key}.json")
 
 
 def load(directory: Path, key: str, stacks: tuple[str, ...]) -> dict | None:
@@ -186,7 +197,10 @@ def load(directory: Path, key: str, stacks: tuple[str, ...]) -> dict | None:
     for exactly ``stacks``, or None: absent, unreadable, another key's or a file whose digest does not match
     (a corrupted entry is a miss, never an error)."""
     try:
-        data = json.loads(_path(directory, key).read_text(encoding="utf-8"))
+        path = _path(directory, key)
+        if path is None:
+            return None
+        data = json.loads(path.read_text(encoding="utf-8"))
         if data["key"] != key or sorted(data["stacks"]) != sorted(stacks) or not isinstance(data["top"], dict):
             return None
         for entry in data["stacks"].values():
@@ -218,8 +232,10 @@ def read_unit(tree: Path, manifest: dict, stacks: tuple[str, ...]) -> dict:
 def store(directory: Path, key: str, unit: dict) -> None:
     """Write one entry atomically; a read-only or full cache only costs speed."""
     target = _path(directory, key)
+    if target is None:
+        return
     try:
-        target.parent.mkdir(parents=True, exist_ok=True)
+        target.parent.mkdir(mode=0o700, exist_ok=True)
         handle, partial = tempfile.mkstemp(prefix=".partial.", dir=target.parent)
         with os.fdopen(handle, "w", encoding="utf-8") as out:
             json.dump({"key": key, **unit}, out)

@@ -88,3 +88,50 @@ def test_a_damaged_entry_is_a_miss_and_off_means_off(scans: list[str], stacks: l
     monkeypatch.setenv(checkov_cache.CACHE_ENV, "off")
     checkov_scan.run(stacks[:1], [])
     assert scans == [STACKS[0]] * 3
+
+
+def test_checkovs_own_config_files_and_environment_scan_everything_again(scans: list[str], stacks: list[Path], tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """checkov also reads its options from ``CKV_*`` variables (``CKV_SKIP_CHECK``, ``CKV_CHECK``, ...;
+    checkov/common/util/ext_argument_parser.py ``env_var=``, checkov 3.3.30) and from ``.checkov.yaml``/
+    ``.checkov.yml`` in the working directory and the home directory (checkov/common/util/config_utils.py
+    ``get_default_config_paths``). A result stored while one of them skipped a check would otherwise be
+    served after it is gone, hiding that check's failures."""
+    base = checkov_scan.run(stacks, [])
+    monkeypatch.setenv("CKV_SKIP_CHECK", "CKV_GCP_1")
+    checkov_scan.run(stacks, [])
+    assert sorted(scans) == sorted(STACKS * 2)
+    monkeypatch.delenv("CKV_SKIP_CHECK")
+    assert checkov_scan.run(stacks, []) == base and len(scans) == 4  # back to the first input: served
+
+    work, home = tmp_path / "work", tmp_path / "home"
+    work.mkdir()
+    home.mkdir()
+    monkeypatch.chdir(work)
+    monkeypatch.setenv("HOME", str(home))
+    assert checkov_scan.run(stacks, []) == base and len(scans) == 4  # no config file anywhere: same input
+    (work / ".checkov.yaml").write_text("skip-check:\n  - CKV_GCP_1\n")
+    checkov_scan.run(stacks, [])
+    assert len(scans) == 6
+    (work / ".checkov.yaml").unlink()
+    (home / ".checkov.yml").write_text("skip-check:\n  - CKV_GCP_1\n")
+    checkov_scan.run(stacks, [])
+    assert len(scans) == 8
+
+
+def test_a_result_in_a_cache_another_user_can_write_is_not_served(scans: list[str], stacks: list[Path],
+                                                                  capfd: pytest.CaptureFixture) -> None:
+    """A stored result is checkov's verdict: whoever can write the cache can turn failures into passes.
+    A group- or world-writable cache is not used (clusters/cache_trust.py), and says so on stderr."""
+    import json
+    import os
+
+    base = checkov_scan.run(stacks, [])
+    cache = Path(os.environ[checkov_cache.CACHE_ENV])
+    for entry in cache.rglob("*.json"):
+        data = json.loads(entry.read_text())
+        data.update(passed=data["passed"] + 1000, failures=[])
+        entry.write_text(json.dumps(data))
+    cache.chmod(0o777)
+    assert checkov_scan.run(stacks, []) == base and len(scans) == 4
+    assert "chmod go-w" in capfd.readouterr().err

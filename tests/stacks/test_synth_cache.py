@@ -234,3 +234,94 @@ def test_a_synthesis_refused_by_the_template_check_stores_nothing(example_config
     with pytest.raises(UserError, match="not a template sequence"):
         synthesize(example_configs, tmp_path / "out", jobs=1)
     assert not [p for p in cache.rglob("*.json")] and not (tmp_path / "out").exists()
+
+
+def _poison(cache: Path, stack: str) -> None:
+    """What another user who can write the cache directory does: rewrite an entry with a template
+    sequence gpufleet never generates and recompute its digest (a digest is no signature)."""
+    import hashlib
+
+    [entry] = [p for p in cache.rglob("*.json") if stack in json.loads(p.read_text())["stacks"]]
+    data = json.loads(entry.read_text())
+    files = data["stacks"][stack]["files"]
+    stack_json = json.loads(files["cdk.tf.json"])
+    stack_json["locals"] = {"leak": '${base64encode(file("/proc/self/environ"))}'}
+    files["cdk.tf.json"] = json.dumps(stack_json, indent=2)
+    data["stacks"][stack]["sha256"]["cdk.tf.json"] = hashlib.sha256(files["cdk.tf.json"].encode()).hexdigest()
+    entry.write_text(json.dumps(data))
+
+
+def test_a_cache_dir_another_user_can_write_is_not_used(fleet_out: Path, example_configs, cache: Path, tmp_path: Path,
+                                                        capfd: pytest.CaptureFixture) -> None:
+    """Cached stacks skip the template check, so an entry someone else could write would put
+    ``${file(...)}`` into a stack unchecked: a group- or world-writable cache, or one owned by another
+    user, is not read (nor written), and the one line on stderr says how to fix it."""
+    synthesize(example_configs, tmp_path / "a", jobs=1)
+    _poison(cache, "dev-gke")
+    cache.chmod(0o777)
+    synthesize(example_configs, tmp_path / "b", jobs=1)
+    assert _tree(tmp_path / "b") == _tree(fleet_out)
+    assert "chmod go-w" in capfd.readouterr().err
+
+    cache.chmod(0o700)
+    os.chown(cache, 65534, 65534)  # the tests run as root: hand the cache to nobody
+    synthesize(example_configs, tmp_path / "c", jobs=1)
+    assert _tree(tmp_path / "c") == _tree(fleet_out)
+
+
+def test_a_symlink_inside_the_cache_is_never_followed(fleet_out: Path, example_configs, cache: Path, tmp_path: Path) -> None:
+    """An entry or shard directory that is a link reads from outside the cache: a miss."""
+    synthesize(example_configs, tmp_path / "a", jobs=1)
+    _poison(cache, "dev-gke")
+    [entry] = [p for p in cache.rglob("*.json") if "dev-gke" in json.loads(p.read_text())["stacks"]]
+    outside = tmp_path / "elsewhere"
+    shutil.move(entry.parent, outside)
+    entry.parent.symlink_to(outside)
+    synthesize(example_configs, tmp_path / "b", jobs=1)
+    assert _tree(tmp_path / "b") == _tree(fleet_out)
+
+
+def test_an_input_changed_while_synthesizing_is_not_stored_under_the_old_key(
+        example_configs, cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Keys are computed before synthesis, but the constructs import code and read recorded imports while it
+    runs: an input edited meanwhile (a `git checkout` during `gpufleet check`) would put the new input's
+    stacks under the old input's key, served later to the old input. Here a recorded import appears mid-run."""
+    imported = tmp_path / "imported"
+    imported.mkdir()
+    real = parallel.synth_group
+
+    def edit_then_synth(configs, names, outdir, imported_dir):
+        (imported / "dev-gke-scheduler.json").write_text("{}")
+        return real(configs, names, outdir, imported_dir)
+
+    monkeypatch.setattr(parallel, "synth_group", edit_then_synth)
+    synthesize(example_configs, tmp_path / "out", jobs=1, imported_dir=imported)
+    stored = {json.loads(p.read_text())["key"] for p in cache.rglob("*.json")}
+    now = {synth_cache.unit_key(c, s, imported) for c, s in _units(example_configs)}
+    assert stored and stored <= now
+
+
+def test_the_libraries_whose_code_shapes_a_stack_are_keyed() -> None:
+    """Besides cdktf and the bindings, two libraries' code decides values of a stack: ruamel.yaml parses
+    the vendored GPUDirect manifests whose containers, mounts and capabilities the admission policies
+    embed (clusters/gpudirect_upstream.py), and jsii's runtime requirements (attrs/cattrs serialize every
+    value sent to the kernel). An upgrade of one of them alone must be another key."""
+    keyed = {v.split("==")[0].lower().replace("_", "-").replace(".", "-") for v in synth_cache._versions()}
+    assert {"ruamel-yaml", "attrs", "cattrs", "python-dateutil", "typing-extensions", "publication"} <= keyed
+
+
+def test_workers_synthesize_with_the_recorded_imports_the_key_names(example_configs, cache: Path, tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """The key reads the recorded imports where this process finds them (``stacks.imported.imported_dir``:
+    ``--repo``'s checkout, or a directory set in this process); a worker process must synthesize with those
+    same imports, not with whatever its own default finds, or a stack without its import block is stored
+    under the key of the imports it lacks."""
+    from stacks import imported
+
+    monkeypatch.setattr(imported, "IMPORTED_DIR", tmp_path / "imported")
+    imported.IMPORTED_DIR.mkdir()
+    pool_id = "projects/ml-train-prod/locations/us-central1/clusters/prod-gke/nodePools/h100"
+    (imported.IMPORTED_DIR / "prod-gke.json").write_text(f'{{"google_container_node_pool.pool_h100": "{pool_id}"}}')
+    synthesize(example_configs, tmp_path / "out", jobs=2)
+    stack = json.loads((tmp_path / "out" / "stacks" / "prod-gke" / "cdk.tf.json").read_text())
+    assert stack["import"] == [{"to": "google_container_node_pool.pool_h100", "id": pool_id}]
