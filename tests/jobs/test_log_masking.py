@@ -66,3 +66,30 @@ def test_read_logs_of_a_runner_answering_one_long_cut_line_shows_no_part_of_a_cr
             yield data[-(tail_bytes + 1):]
 
     assert not _leaks(read_logs(Runner(), "r1", tail_bytes=30))
+
+
+def test_a_nomad_follow_whose_window_starts_inside_a_line_longer_than_a_frame_drops_all_of_that_line(nomad, client_for) -> None:
+    """Nomad sends a follow's first window in StreamFrames of 64 KiB (client/fs_endpoint.go
+    streamFrameSize, as the double does). The cut first line was dropped only from the first
+    frame: when it was longer than a frame, its rest opened the second one, a credential across
+    the frame boundary included."""
+    import threading
+
+    from jobs.logs import decoded
+    from jobs.nomad.logs import follow
+
+    nomad.heartbeat_seconds = 0.2
+    log = "step 0\n" + "x" * 100_000 + f" {GROQ}\nstep 1\n"
+    key_at = log.index(GROQ)
+    start = key_at + 20 - 64 * 1024  # the first frame ends 20 characters into the key
+    with nomad._lock:
+        nomad.state.allocations["j"] = [{"ID": "a1", "ClientStatus": "running", "TaskStates": {"train": {"State": "running", "StartedAt": "2026-12-03T08:00:01Z"}}}]
+        nomad.state.logs[("a1", "train", "stdout")] = bytearray(log.encode())
+    stop, got = threading.Event(), []
+    for chunk in follow(client_for(nomad), "a1", stderr=False, tail_bytes=len(log) - start, tail_lines=None, stop=stop):
+        got.append(chunk)
+        if b"step 1" in b"".join(got):
+            stop.set()
+    streamed = "".join(masked_stream(decoded(got)))
+    assert not _leaks(streamed), streamed[-200:]
+    assert streamed.endswith("step 1\n")
