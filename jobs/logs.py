@@ -181,7 +181,18 @@ def read_logs(runner: Any, run_id: str, *, rank: int = 0, stderr: bool = False, 
                               "use `nomad alloc logs` or `kubectl logs` for the run's scheduler ids (gpufleet exp show)")
     data = b"".join(reader(run_id, rank=rank, stderr=stderr, tail_bytes=tail_bytes, tail_lines=None, since_seconds=since_seconds,
                            follow=False, stop=threading.Event()))
-    return masked(tail_text(data, tail_bytes))
+    return fit(masked(tail_text(data, tail_bytes)), tail_bytes)
+
+
+def fit(text: str, tail_bytes: int) -> str:
+    """``text`` (already masked) without its first whole lines while its UTF-8 is longer than
+    ``tail_bytes``: decoding (U+FFFD for each undecodable byte is three) and masking can lengthen a
+    tail, and what is kept in the database stays within its configured bound."""
+    data = text.encode()
+    if len(data) <= tail_bytes:
+        return text
+    data = data[-tail_bytes:]
+    return data[data.find(b"\n") + 1:].decode() if b"\n" in data else ""
 
 
 def ranks(runner: Any, run_id: str) -> tuple[int, ...]:

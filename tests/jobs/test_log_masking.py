@@ -93,3 +93,20 @@ def test_a_nomad_follow_whose_window_starts_inside_a_line_longer_than_a_frame_dr
     streamed = "".join(masked_stream(decoded(got)))
     assert not _leaks(streamed), streamed[-200:]
     assert streamed.endswith("step 1\n")
+
+
+def test_a_read_tail_never_exceeds_its_byte_bound_after_decoding_and_masking() -> None:
+    """Undecodable bytes become U+FFFD (three bytes each) and a masked line may be longer than
+    the line it replaces: the tail kept in the database must still fit its configured bound."""
+    class Runner:
+        scheduler = "test"
+
+        def __init__(self, data: bytes) -> None:
+            self.data = data
+
+        def logs(self, run_id, *, tail_bytes, **_):  # noqa: ANN001, ANN202 - the runner protocol of jobs.logs
+            yield self.data[-(tail_bytes + 1):]
+
+    for data in ((b"\xff" * 60 + b"\n") * 200, b"pwd=Zq7xR2\n" * 500, ("é" * 30 + "\n").encode() * 100):
+        text = read_logs(Runner(data), "r1", tail_bytes=1000)
+        assert 0 < len(text.encode()) <= 1000 and text.endswith("\n"), (len(text.encode()), text[:80])
