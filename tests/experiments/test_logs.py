@@ -9,6 +9,8 @@ import time
 
 from experiments.runner_local import LocalRunner
 from tests.experiments.test_secrets_and_migrations import _database_text
+from tests.jobs.test_log_masking import BODY as PEM_BODY
+from tests.jobs.test_log_masking import PEM
 from tests.safety.test_secret_matrix import NEW_FORMATS
 
 META = {"dataset_uri": "hf://datasets/acme/chat@v3", "run_id": "logs-1"}
@@ -35,6 +37,7 @@ def test_logs_live_then_kept_masked_after_the_scheduler_forgot_the_run(make_serv
     planted = NEW_FORMATS(random.Random(3))["groq"]
     with (run.root / "alloc" / "logs" / "train.stdout.0").open("a") as out:  # the task printing a key by mistake
         out.write(f"debug: GROQ_API_KEY={planted}\n")
+        out.write(f"loading {PEM}\n")  # and a private key over several lines: each of them is masked, not only BEGIN
     shown = _until_ended(svc, exp["id"], mine)
     assert shown["status"] == "succeeded", shown
     live = svc.client.get(f"/api/v1/experiments/{exp['id'][:8]}/logs", headers=mine).json()
@@ -51,6 +54,8 @@ def test_logs_live_then_kept_masked_after_the_scheduler_forgot_the_run(make_serv
     kept = again.client.get(f"/api/v1/experiments/{exp['id']}/logs", headers=mine).json()
     assert kept["source"] == "stored" and kept["lines"] == live["lines"]
     assert planted not in _database_text(again) and planted[-12:] not in capsys.readouterr().out
+    for body_line in PEM_BODY:
+        assert all(body_line not in str(answer) for answer in (live, followed.text, kept)) and body_line not in _database_text(again)
 
 
 # ---- Nomad and GKE through the doubles ---------------------------------------------------------
