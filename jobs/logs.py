@@ -43,6 +43,9 @@ class LogsFilterRefused(LogsUnavailable):
 PEM_BODY = re.compile(r"^[A-Za-z0-9+/]{16,128}={0,2}\r?$")
 PEM_END = re.compile(r"-----END (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----")
 PEM_HELD_LINES = 256
+# Inside a key: its body, a blank line or an RFC 1421 header (Proc-Type, DEK-Info of an encrypted
+# key). Another line means the BEGIN was not followed by a key: masking stops there.
+PEM_INSIDE = re.compile(r"^(?:[A-Za-z0-9+/=]*|[A-Za-z-]+: .*)\r?$")
 
 
 class Masker:
@@ -51,6 +54,7 @@ class Masker:
 
     def __init__(self) -> None:
         self._in_key = False
+        self._key_lines = 0
         self._held: list[str] = []
 
     def feed(self, text: str) -> str:
@@ -59,9 +63,10 @@ class Masker:
         for line in text.splitlines(keepends=True):
             bare = line.rstrip("\r\n")
             end = "\n" if line.endswith("\n") else ""
-            if self._in_key:
+            if self._in_key and (PEM_END.search(bare) or PEM_INSIDE.match(bare)):
                 out.append(f"[masked: private-key]{end}")
-                self._in_key = not PEM_END.search(bare)
+                self._key_lines += 1
+                self._in_key = not PEM_END.search(bare) and self._key_lines < PEM_HELD_LINES
             elif PEM_END.search(bare):
                 out.extend("[masked: private-key]" + ("\n" if held.endswith("\n") else "") for held in self._held)
                 self._held = []
@@ -72,6 +77,7 @@ class Masker:
                 out.extend(self._release())
                 hit = detect(bare)
                 self._in_key = hit is not None and hit.kind == "private-key" and not PEM_END.search(bare)
+                self._key_lines = 0
                 out.append(f"[masked: {hit.kind}]{end}" if hit else line)
         return "".join(out)
 

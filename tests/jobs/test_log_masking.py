@@ -110,3 +110,12 @@ def test_a_read_tail_never_exceeds_its_byte_bound_after_decoding_and_masking() -
     for data in ((b"\xff" * 60 + b"\n") * 200, b"pwd=Zq7xR2\n" * 500, ("é" * 30 + "\n").encode() * 100):
         text = read_logs(Runner(data), "r1", tail_bytes=1000)
         assert 0 < len(text.encode()) <= 1000 and text.endswith("\n"), (len(text.encode()), text[:80])
+
+
+def test_an_encrypted_pem_key_is_masked_whole_and_a_stray_begin_line_hides_nothing_after_it() -> None:
+    encrypted = "\n".join(["-----BEGIN RSA PRIVATE KEY-----", "Proc-Type: 4,ENCRYPTED", "DEK-Info: AES-128-CBC,3F17F5316E2BAC89", "",
+                           *BODY, "-----END RSA PRIVATE KEY-----"])
+    shown = masked(f"{encrypted}\nstep 1\n")
+    assert shown.splitlines() == ["[masked: private-key]"] * (len(BODY) + 5) + ["step 1"] and "DEK-Info" not in shown
+    stray = masked("grep '-----BEGIN PRIVATE KEY-----' found nothing\nstep 1 loss 2.3\nstep 2 loss 2.1\n")
+    assert stray.splitlines() == ["[masked: private-key]", "step 1 loss 2.3", "step 2 loss 2.1"]
