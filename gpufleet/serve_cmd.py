@@ -64,6 +64,8 @@ def cmd_serve(
     public_origin: str | None = typer.Option(None, "--public-origin", help="The dashboard's origin as the browser sees it (e.g. https://gpufleet.example.com) when a proxy stands in front; sign-in and sign-out are accepted only from it. Default: the request's own scheme and Host."),
     log_tail_kib: int = typer.Option(256, "--log-tail-kib", envvar="GPUFLEET_LOG_TAIL_KIB", min=1, max=16384,
                                      help="KiB of each run's output kept in the database per rank and stream (docs/logs.md)."),
+    max_follows: int = typer.Option(32, "--max-follows-per-tenant", envvar="GPUFLEET_MAX_FOLLOWS_PER_TENANT", min=1, max=10000,
+                                    help="Log follows of one tenant's runs open at once; one more is a 429 (docs/logs.md)."),
 ) -> None:
     """Run the experiments control plane: API, dashboard at /, and the background worker."""
     import logging
@@ -80,7 +82,8 @@ def cmd_serve(
                                  public_origin=public_origin)
     runner = _runner(scheduler, vault_env(), nomad_cluster=nomad_cluster, gke_cluster=gke_cluster)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    settings = ServiceSettings(db_url=database_url(db), worker=not no_worker, timing=Timing(poll_seconds=poll_seconds, log_tail_bytes=log_tail_kib * 1024),
+    settings = ServiceSettings(db_url=database_url(db), worker=not no_worker, timing=Timing(poll_seconds=poll_seconds, log_tail_bytes=log_tail_kib * 1024,
+                                                                                      max_follows_per_tenant=max_follows),
                                oidc=load_oidc_settings(oidc_config, _fleet_tenants), sessions=sessions)
     app = create_app(settings, runner=runner)
     if worker_only:

@@ -71,6 +71,8 @@ class Timing:
     log_tail_bytes: int = DEFAULT_TAIL_BYTES
     log_captures_per_pass: int = 4
     log_capture_every_seconds: float = 300.0
+    # Follows of one tenant's runs open at once (each holds a thread and a scheduler connection per rank).
+    max_follows_per_tenant: int = 32
     # A claimed dispatch whose process died is retried after this (longer than the Nomad client's retries).
     dispatch_lease_seconds: int = 120
     # An accepted experiment not handed to the scheduler within this fails with the last error.

@@ -269,3 +269,51 @@ def test_a_run_of_a_cluster_this_service_is_not_bound_to_is_never_read_from_its_
     followed = other.client.get(f"/api/v1/experiments/{exp_id}/logs", params={"follow": "true"}, headers=headers)
     assert followed.status_code == 200 and followed.text == ""
     assert len([r for r in k8s.requests if "/pods" in r.path]) == before
+
+
+
+def test_a_tenant_cannot_hold_more_follows_open_than_the_limit_and_a_closed_one_frees_its_place():
+    """Each open follow holds a thread and a scheduler connection per rank: one token opening
+    thousands would exhaust the service and its scheduler. Over the limit a follow is a 429
+    before anything is asked (another tenant is not affected); two started past that check at
+    once: the one over says so and ends; closing one lets the next one open."""
+    import asyncio
+    from types import SimpleNamespace
+
+    import pytest
+
+    from experiments.errors import ApiError
+    from experiments.services import logs as run_logs
+
+    opened = []
+
+    class Runner:  # a scheduler whose run writes one line and then nothing, until the follower goes
+        def logs(self, run_id, *, stop, **_):
+            opened.append(run_id)
+            yield b"step 1\n"
+            while not stop.is_set():
+                stop.wait(0.01)
+                yield b""
+
+    def start(tenant: str):
+        exp = SimpleNamespace(id=f"exp-{tenant}", run_id=f"run-{tenant}-{len(opened)}", cluster="c", scheduler="nomad", tenant=tenant)
+        return run_logs.follow(None, Runner(), exp, run_logs.LogQuery(rank=0), limit=2)
+
+    async def main() -> None:
+        a, b = start("finetune"), start("finetune")
+        assert [await anext(a), await anext(b)] == ["step 1\n", "step 1\n"]
+        with pytest.raises(ApiError) as refused:
+            start("finetune")
+        assert refused.value.status == 429 and "close a follow" in refused.value.fix
+        c, d, e = start("eval"), start("eval"), start("eval")  # all three past the check before any ran
+        assert [await anext(c), await anext(d)] == ["step 1\n", "step 1\n"]
+        assert "already follows 2 logs at once" in await anext(e) and [x async for x in e] == []
+        before = len(opened)
+        await b.aclose()
+        again = start("finetune")
+        assert await anext(again) == "step 1\n" and len(opened) == before + 1
+        for stream in (a, again, c, d):
+            await stream.aclose()
+        assert run_logs._following.count("finetune") == run_logs._following.count("eval") == 0
+
+    asyncio.run(main())
