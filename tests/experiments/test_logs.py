@@ -317,3 +317,13 @@ def test_a_tenant_cannot_hold_more_follows_open_than_the_limit_and_a_closed_one_
         assert run_logs._following.count("finetune") == run_logs._following.count("eval") == 0
 
     asyncio.run(main())
+
+
+def test_exp_logs_prints_a_note_with_brackets_as_text(capsys):
+    """A note quotes the scheduler's words; read as rich markup, "[/v1/...]" was a MarkupError
+    (a traceback instead of the logs' source) and "[rank 1]" vanished."""
+    from gpufleet.exp_cmd import _print_source
+
+    for note in ('Nomad answered 500 (rpc error: [/v1/client/fs/logs] failed)', "the pod of [rank 1] is gone"):
+        _print_source({"source": "stored", "stream": "stdout", "note": note})
+        assert note in " ".join(capsys.readouterr().out.split())
