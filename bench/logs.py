@@ -65,6 +65,7 @@ def serve(db_url: str, nomad_address: str) -> None:
 
     from experiments.app import ServiceSettings, create_app, utcnow
     from experiments.auth import create_token
+    from experiments.background.context import Timing
     from experiments.models import Experiment
     from experiments.scheduler import ClusterRunners
     from experiments.services.catalog import Catalog
@@ -74,7 +75,9 @@ def serve(db_url: str, nomad_address: str) -> None:
 
     client = NomadClient(NomadSettings(address=nomad_address, timeout_seconds=10, retries=2, backoff_seconds=0.01))
     runner = ClusterRunners(nomad=("prod-nomad", NomadRunner(client, {"VAULT_ADDR": "http://127.0.0.1:1", "VAULT_TOKEN": "unused-by-logs"})))
-    app = create_app(ServiceSettings(db_url=db_url, worker=False), runner=runner, catalog=Catalog(configs=load_fleet()))
+    # All FOLLOWERS follow as one tenant: the per-tenant cap (--max-follows-per-tenant) is raised to let them.
+    app = create_app(ServiceSettings(db_url=db_url, worker=False, timing=Timing(max_follows_per_tenant=FOLLOWERS)), runner=runner,
+                     catalog=Catalog(configs=load_fleet()))
     with uvicorn_serve(app) as base:
         now = utcnow()
         experiment_id = str(uuid.uuid4())

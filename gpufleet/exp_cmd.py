@@ -220,9 +220,18 @@ def cmd_logs(experiment_id: str = typer.Argument(..., help="The experiment id, o
         return
     for line in answer["lines"]:
         print(line)
+    _print_source(answer)
+
+
+def _print_source(answer: dict[str, Any]) -> None:
+    """Where the lines came from, dimmed. The note quotes schedulers' own words ("[rank 1]",
+    "[/v1/client/...]"): escaped, as text, not read as rich markup (dropped, or a MarkupError)."""
+    from rich.markup import escape
+
     if answer["source"] != "scheduler":
         where = {"stored": "kept in the database", "none": "none kept", "mixed": "partly kept in the database"}[answer["source"]]
-        console.print(f"[dim]({answer['stream']} {where}{'; ' + answer['note'] if answer.get('note') else ''})[/]", highlight=False)
+        note = f"; {answer['note']}" if answer.get("note") else ""
+        console.print(f"[dim]({answer['stream']} {escape(where + note)})[/]", highlight=False)
 
 
 def cmd_costs(as_json: bool = JsonOption) -> None:

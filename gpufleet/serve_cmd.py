@@ -68,6 +68,8 @@ def cmd_serve(
                                                  help="--scheduler local only, for demos: the first attempt of each run exits as if its GPU failed (XID) at this training step."),
     log_tail_kib: int = typer.Option(256, "--log-tail-kib", envvar="GPUFLEET_LOG_TAIL_KIB", min=1, max=16384,
                                      help="KiB of each run's output kept in the database per rank and stream (docs/logs.md)."),
+    max_follows: int = typer.Option(32, "--max-follows-per-tenant", envvar="GPUFLEET_MAX_FOLLOWS_PER_TENANT", min=1, max=10000,
+                                    help="Log follows of one tenant's runs open at once; one more is a 429 (docs/logs.md)."),
 ) -> None:
     """Run the experiments control plane: API, dashboard at /, and the background worker."""
     import logging
@@ -87,7 +89,8 @@ def cmd_serve(
     runner = _runner(scheduler, vault_env(), nomad_cluster=nomad_cluster, gke_cluster=gke_cluster, xid_at_step=local_xid_at_step)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = ServiceSettings(db_url=database_url(db), worker=not no_worker, timing=Timing(poll_seconds=poll_seconds, log_tail_bytes=log_tail_kib * 1024,
-                                                                                           retry_backoff_seconds=retry_backoff_seconds),
+                                                                                           retry_backoff_seconds=retry_backoff_seconds,
+                                                                                           max_follows_per_tenant=max_follows),
                                oidc=load_oidc_settings(oidc_config, _fleet_tenants), sessions=sessions)
     app = create_app(settings, runner=runner)
     if worker_only:

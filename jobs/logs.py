@@ -13,6 +13,7 @@ it is complete, so a key split across two chunks is still seen whole.
 from __future__ import annotations
 
 import codecs
+import re
 import threading
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -20,8 +21,10 @@ from typing import Any
 from clusters.secrets import detect
 
 DEFAULT_TAIL_BYTES = 256 * 1024
-# A streamed line longer than this (a progress bar without newlines) is masked and sent as it is.
+# A streamed line longer than this without a newline (a progress bar) is cut at a carriage return (masked_stream).
 MAX_LINE_BYTES = 64 * 1024
+TAIL_CUT_NOTE = "[gpufleet: the kept tail is part of one line; it was left out]\n"
+LONG_LINE_NOTE = f"[gpufleet: a line longer than {MAX_LINE_BYTES // 1024} KiB without a line break was left out]\n"
 
 
 class LogsUnavailable(Exception):
@@ -33,32 +36,101 @@ class LogsFilterRefused(LogsUnavailable):
     filter on files without timestamps, stderr on Kubernetes); the message names the fix."""
 
 
+# A private key printed as PEM spans lines: only its BEGIN line holds what the detector knows, the
+# base64 body lines alone look like any data. Lines between BEGIN and END are masked, and a run of
+# body-like lines (held, at most PEM_HELD_LINES) is masked when an END line follows it: a tail cut
+# inside a key starts with its body and has no BEGIN line.
+PEM_BODY = re.compile(r"^[A-Za-z0-9+/]{16,128}={0,2}\r?$")
+PEM_END = re.compile(r"-----END (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----")
+PEM_HELD_LINES = 256
+# Inside a key: its body, a blank line or an RFC 1421 header (Proc-Type, DEK-Info of an encrypted
+# key). Another line means the BEGIN was not followed by a key: masking stops there.
+PEM_INSIDE = re.compile(r"^(?:[A-Za-z0-9+/=]*|[A-Za-z-]+: .*)\r?$")
+
+
+class Masker:
+    """Masks text line by line, remembering across calls whether it is inside a PEM private key:
+    one Masker per stream, so a key split over chunks is masked whole."""
+
+    def __init__(self) -> None:
+        self._in_key = False
+        self._key_lines = 0
+        self._held: list[str] = []
+
+    def feed(self, text: str) -> str:
+        """The complete lines of ``text`` masked; body-like lines may be held for a later call."""
+        out: list[str] = []
+        for line in text.splitlines(keepends=True):
+            bare = line.rstrip("\r\n")
+            end = "\n" if line.endswith("\n") else ""
+            if self._in_key and (PEM_END.search(bare) or PEM_INSIDE.match(bare)):
+                out.append(f"[masked: private-key]{end}")
+                self._key_lines += 1
+                self._in_key = not PEM_END.search(bare) and self._key_lines < PEM_HELD_LINES
+            elif PEM_END.search(bare):
+                out.extend("[masked: private-key]" + ("\n" if held.endswith("\n") else "") for held in self._held)
+                self._held = []
+                out.append(f"[masked: private-key]{end}")
+            elif PEM_BODY.match(bare) and len(self._held) < PEM_HELD_LINES:
+                self._held.append(line)
+            else:
+                out.extend(self._release())
+                hit = detect(bare)
+                self._in_key = hit is not None and hit.kind == "private-key" and not PEM_END.search(bare)
+                self._key_lines = 0
+                out.append(f"[masked: {hit.kind}]{end}" if hit else line)
+        return "".join(out)
+
+    def _release(self) -> list[str]:
+        held, self._held = self._held, []
+        return [masked_line(line) for line in held]
+
+    def flush(self) -> str:
+        """What is held, masked line by line: the stream ended without an END line."""
+        return "".join(self._release())
+
+
+def masked_line(line: str) -> str:
+    hit = detect(line.rstrip("\r\n"))
+    return f"[masked: {hit.kind}]" + ("\n" if line.endswith("\n") else "") if hit else line
+
+
 def masked(text: str) -> str:
-    """``text`` with each line that holds a credential replaced by ``[masked: <kind>]``."""
-    out = []
-    for line in text.splitlines(keepends=True):
-        hit = detect(line.rstrip("\n"))
-        out.append(f"[masked: {hit.kind}]" + ("\n" if line.endswith("\n") else "") if hit else line)
-    return "".join(out)
+    """``text`` with each line that holds a credential replaced by ``[masked: <kind>]``, and every
+    line of a PEM private key (Masker)."""
+    masker = Masker()
+    return masker.feed(text) + masker.flush()
 
 
 def masked_stream(chunks: Iterable[str]) -> Iterator[str]:
     """Complete lines of ``chunks``, masked; ``""`` passes through (a tick with no output). What is
-    left without a newline at the end is masked and sent last."""
-    pending = ""
+    left without a newline at the end is masked and sent last.
+
+    A line longer than MAX_LINE_BYTES is sent up to its last carriage return (a progress bar's
+    redraw; the detector reads each redraw as a line of its own); one without any is left out
+    with a note up to its newline: cut anywhere else, a credential could fall across the cut."""
+    pending, skipping, masker = "", False, Masker()
     for chunk in chunks:
         if not chunk:
-            yield ""
+            yield masker.flush()  # a quiet moment: held lines go out, at worst late ("" when none)
             continue
+        if skipping:
+            newline = chunk.find("\n")
+            if newline < 0:
+                continue
+            chunk, skipping = chunk[newline + 1:], False
         pending += chunk
         cut = pending.rfind("\n") + 1
         if not cut and len(pending) > MAX_LINE_BYTES:
-            cut = len(pending)
+            cut = pending.rfind("\r") + 1
+            if not cut:
+                pending, skipping = "", True
+                yield masker.flush() + LONG_LINE_NOTE
+                continue
         if cut:
-            yield masked(pending[:cut])
+            yield masker.feed(pending[:cut])
             pending = pending[cut:]
-    if pending:
-        yield masked(pending)
+    yield masker.feed(pending) + masker.flush() if pending else masker.flush()
 
 
 def arriving(response: Any, size: int = 64 * 1024) -> Iterator[bytes]:
@@ -82,10 +154,17 @@ def tail_text(data: bytes, tail_bytes: int) -> str:
     """The last ``tail_bytes`` of ``data`` as text, starting at a line boundary when cut. Readers
     hand over one byte more than ``tail_bytes`` when there is more, so a cut is seen: a window
     starting inside a line could start inside a credential, whose second half the detector
-    cannot recognise."""
+    cannot recognise (or inside a UTF-8 sequence). A window with no newline starts after its first
+    carriage return (a progress bar's redraw), and with neither it is one cut line: left out with
+    a note, never kept in part."""
     if len(data) > tail_bytes:
         data = data[-tail_bytes:]
-        data = data[data.find(b"\n") + 1:] if b"\n" in data else data
+        boundary = data.find(b"\n")
+        if boundary < 0:
+            boundary = data.find(b"\r")
+        if boundary < 0:
+            return TAIL_CUT_NOTE if len(TAIL_CUT_NOTE) <= tail_bytes else ""
+        data = data[boundary + 1:]
     return data.decode("utf-8", errors="replace")
 
 
@@ -108,7 +187,18 @@ def read_logs(runner: Any, run_id: str, *, rank: int = 0, stderr: bool = False, 
                               "use `nomad alloc logs` or `kubectl logs` for the run's scheduler ids (gpufleet exp show)")
     data = b"".join(reader(run_id, rank=rank, stderr=stderr, tail_bytes=tail_bytes, tail_lines=None, since_seconds=since_seconds,
                            follow=False, stop=threading.Event()))
-    return masked(tail_text(data, tail_bytes))
+    return fit(masked(tail_text(data, tail_bytes)), tail_bytes)
+
+
+def fit(text: str, tail_bytes: int) -> str:
+    """``text`` (already masked) without its first whole lines while its UTF-8 is longer than
+    ``tail_bytes``: decoding (U+FFFD for each undecodable byte is three) and masking can lengthen a
+    tail, and what is kept in the database stays within its configured bound."""
+    data = text.encode()
+    if len(data) <= tail_bytes:
+        return text
+    data = data[-tail_bytes:]
+    return data[data.find(b"\n") + 1:].decode() if b"\n" in data else ""
 
 
 def ranks(runner: Any, run_id: str) -> tuple[int, ...]:

@@ -80,6 +80,8 @@ class Timing:
     log_tail_bytes: int = DEFAULT_TAIL_BYTES
     log_captures_per_pass: int = 4
     log_capture_every_seconds: float = 300.0
+    # Follows of one tenant's runs open at once (each holds a thread and a scheduler connection per rank).
+    max_follows_per_tenant: int = 32
     # A claimed dispatch is retried by another pass after this even while its worker lives (longer than the
     # Nomad client's retries); a worker whose heartbeat is older than worker_ttl_seconds loses its claims at once.
     dispatch_lease_seconds: int = 120

@@ -118,7 +118,7 @@ def logs(experiment_id: str, who: Annotated[Caller, Depends(caller)], ctx: Annot
         raise ApiError(422, "rank and all_ranks together", field="rank", fix="give one rank (rank=N) or all_ranks=true, not both")
     with ctx.sessions() as session:
         exp = service.get_visible(session, who, experiment_id)
-        lines = run_logs.follow(ctx.sessions, ctx.runner, exp, query) if follow else None
+        lines = run_logs.follow(ctx.sessions, ctx.runner, exp, query, limit=ctx.timing.max_follows_per_tenant) if follow else None
         if lines is None:
             answer = run_logs.read(session, ctx.runner, exp, query)
             if not follow:

@@ -27,6 +27,8 @@ from experiments.routers.deps import caller
 router = APIRouter()
 WORKER_STALE_SECONDS = 120
 SCHEMA_PATH = "/api/openapi.json"
+UNOBSERVED = ("unobserved: this service has not confirmed that the scheduler it reaches is this cluster's; its runs are left alone "
+              "here (why: the service log, and each run's reason)")
 
 
 @router.get("/healthz")
@@ -41,7 +43,9 @@ def healthz(request: Request) -> JSONResponse:
     # A scheduler that does not answer degrades the service (runs wait) but does not make it
     # unhealthy: a load balancer must keep serving reads, logs and cancels recorded for later.
     # Bound clusters whose scheduler identity is not confirmed (or differs): their runs are unobserved here.
-    unobserved = dict(sorted(getattr(ctx.runner, "blocked", {}).items()))
+    # Only which clusters: the why names scheduler addresses and identities (the service log and
+    # each run's reason, both behind authentication, carry it), and /healthz answers anyone.
+    unobserved = {cluster: UNOBSERVED for cluster in sorted(getattr(ctx.runner, "blocked", {}))}
     status = "ok" if all(s["answers"] for s in schedulers.values()) and not unobserved else "degraded"
     extra = {"schedulers": schedulers, **({"unobserved": unobserved} if unobserved else {})}
     worker = request.app.state.worker

@@ -163,12 +163,16 @@ def read(session: Session, runner: Any, exp: Experiment, query: LogQuery) -> dic
 _END = object()
 
 
-def follow(sessions: sessionmaker[Session], runner: Any, exp: Experiment, query: LogQuery) -> AsyncIterator[str] | None:
+def follow(sessions: sessionmaker[Session], runner: Any, exp: Experiment, query: LogQuery, *, limit: int) -> AsyncIterator[str] | None:
     """The masked lines of the asked ranks as the run writes them, or None when the scheduler no
     longer knows the run (the caller shows the kept tail). Filter mistakes raise ApiError (422)
-    here, before anything is streamed."""
+    here, before anything is streamed, and so does a tenant that already has ``limit`` follows
+    open (429): each holds a thread and a scheduler connection per rank while it runs, and one
+    token must not be able to open thousands."""
     if exp.run_id is None or getattr(runner, "logs", None) is None or not_bound(runner, exp.cluster, exp.scheduler) is not None:
         return None
+    if _following.count(exp.tenant) >= limit:
+        raise _too_many(exp.tenant, limit)
     run_id, stop = exp.run_id, threading.Event()
     try:
         wanted = (query.rank,) if query.rank is not None else ranks(runner, run_id)
@@ -180,7 +184,41 @@ def follow(sessions: sessionmaker[Session], runner: Any, exp: Experiment, query:
         return None
     except (LogsUnavailable, SchedulerUnavailable) as exc:
         raise ApiError(503, f"cannot follow the logs of {exp.id} now: {exc}", fix="retry later, or read the kept tail without follow=true") from None
-    return _merged(sessions, exp.id, streams, stop, several=len(wanted) > 1)
+    return _merged(sessions, exp.id, exp.tenant, limit, streams, stop, several=len(wanted) > 1)
+
+
+def _too_many(tenant: str, limit: int) -> ApiError:
+    return ApiError(429, f"tenant {tenant} already follows {limit} logs at once", field="follow",
+                    fix="close a follow (gpufleet exp logs --follow) first, or read the logs without follow=true")
+
+
+class _Following:
+    """Open follows per tenant. Counted while a follow's generator runs (claimed at its start,
+    released in its finally), so a response that is never streamed holds nothing."""
+
+    def __init__(self) -> None:
+        self._open: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def count(self, tenant: str) -> int:
+        with self._lock:
+            return self._open.get(tenant, 0)
+
+    def claim(self, tenant: str, limit: int) -> bool:
+        with self._lock:
+            if self._open.get(tenant, 0) >= limit:
+                return False
+            self._open[tenant] = self._open.get(tenant, 0) + 1
+            return True
+
+    def release(self, tenant: str) -> None:
+        with self._lock:
+            self._open[tenant] -= 1
+            if not self._open[tenant]:
+                del self._open[tenant]
+
+
+_following = _Following()
 
 
 def _read_rank(rank: int, chunks: Iterator[bytes], out: queue.Queue[tuple[int, Any]]) -> None:
@@ -199,11 +237,27 @@ def _ended(sessions: sessionmaker[Session], experiment_id: str) -> bool:
     return state is None or State(state) in TERMINAL
 
 
-async def _merged(sessions: sessionmaker[Session], experiment_id: str, streams: dict[int, Iterator[bytes]], stop: threading.Event, *,
+async def _merged(sessions: sessionmaker[Session], experiment_id: str, tenant: str, limit: int, streams: dict[int, Iterator[bytes]], stop: threading.Event, *,
                   several: bool) -> AsyncIterator[str]:
     """Async on purpose: an idle follower waits on the event loop (POLL_SECONDS timers), not in
     the worker threads the service's other requests run in, so many followers cannot starve
-    them. Each rank is read in its own thread; the state check runs in a worker for a moment."""
+    them. Each rank is read in its own thread; the state check runs in a worker for a moment.
+    Counted in ``_following`` while it runs; one over the limit (several started at once, past
+    follow's check) says so in a line and ends, before any scheduler is asked."""
+    if not _following.claim(tenant, limit):
+        yield f"[gpufleet: {_too_many(tenant, limit).error}; close a follow first]\n"
+        return
+    lines = _lines(sessions, experiment_id, streams, stop, several=several)
+    try:
+        async for text in lines:
+            yield text
+    finally:
+        await lines.aclose()  # now, not when collected: its finally stops the readers
+        _following.release(tenant)
+
+
+async def _lines(sessions: sessionmaker[Session], experiment_id: str, streams: dict[int, Iterator[bytes]], stop: threading.Event, *,
+                 several: bool) -> AsyncIterator[str]:
     out: queue.Queue[tuple[int, Any]] = queue.Queue()
     for rank, chunks in streams.items():
         threading.Thread(target=_read_rank, args=(rank, chunks, out), name=f"logs-{experiment_id[:8]}-{rank}", daemon=True).start()

@@ -82,12 +82,12 @@ def _run_of(pod: str, runs: Sequence[str]) -> str | None:
 
 
 def _value(series: Mapping[str, Any]) -> float | None:
-    """A sample's value (a string in the API); NaN or unparsable is unknown, not 0."""
+    """A sample's value (a string in the API); NaN, ±Inf or unparsable is unknown, not 0."""
     try:
         value = float(series["value"][1])
     except (KeyError, IndexError, TypeError, ValueError):
         return None
-    return None if math.isnan(value) else value
+    return value if math.isfinite(value) else None
 
 
 def parse(answer: Mapping[str, Any], settings: PrometheusSettings, runs: Mapping[str, Sequence[str]]) -> dict[tuple[str, str], Usage]:

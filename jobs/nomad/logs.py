@@ -113,14 +113,18 @@ def follow(client: NomadClient, alloc_id: str, *, stderr: bool, tail_bytes: int,
         response.close()
         _empty(response.status_code, text)
         return
-    first, burst, burst_until = True, b"", time.monotonic() + INITIAL_WINDOW_SECONDS
+    first, cut, burst, burst_until = True, False, b"", time.monotonic() + INITIAL_WINDOW_SECONDS
     try:
         for frame in _frames(response, stop):
             data = base64.b64decode(str(frame.get("Data") or ""))
             if first and data:
                 first = False
-                if int(frame.get("Offset") or 0) > len(data):  # began mid-file: drop the cut first line
-                    data = data[data.find(b"\n") + 1:] if b"\n" in data else b""
+                cut = int(frame.get("Offset") or 0) > len(data)  # began mid-file: the first line is cut
+            if cut and data:
+                # Dropped up to its newline, which may be frames later (a line longer than a frame):
+                # any rest of it could start with the second half of a credential.
+                cut = b"\n" not in data
+                data = b"" if cut else data[data.find(b"\n") + 1:]
             if burst is not None:
                 # The window Nomad sends at once ends at its first heartbeat, at tail_bytes, or after a
                 # short bound: a task that prints without pause would otherwise never see a heartbeat

@@ -212,6 +212,8 @@ def test_run_page_follows_the_masked_log_tail_and_the_list_refreshes_itself_in_c
     import httpx
 
     from experiments.background.worker import run_once
+    from tests.jobs.test_log_masking import BODY as PEM_BODY
+    from tests.jobs.test_log_masking import PEM
     from tests.safety.test_secret_matrix import NEW_FORMATS
 
     base, tokens = live["base"], live["tokens"]
@@ -222,15 +224,15 @@ def test_run_page_follows_the_masked_log_tail_and_the_list_refreshes_itself_in_c
     alloc = nomad.start_task(job_id)
     run_once(live["ctx"])
     planted = NEW_FORMATS(random.Random(11))["groq"]
-    nomad.write_log(alloc, f"step 1 loss 2.0\nexport GROQ_API_KEY={planted}\n")
+    nomad.write_log(alloc, f"step 1 loss 2.0\nexport GROQ_API_KEY={planted}\nloading {PEM}\n")  # a PEM key: every line masked
 
     page = browser.new_page()
     _sign_in(page, base, tokens["finetune"])
     assert page.locator("#experiments tbody tr").count() == 1
     page.goto(f"{base}/experiments/{exp_id}")
     page.wait_for_function("document.getElementById('log-tail').textContent.includes('step 1 loss 2.0')", timeout=15_000)
-    assert page.locator("#log-tail").inner_text().splitlines() == ["step 1 loss 2.0", "[masked: groq-key]"]
-    assert planted not in page.content() and planted[-12:] not in page.content()
+    assert page.locator("#log-tail").inner_text().splitlines() == ["step 1 loss 2.0", "[masked: groq-key]", *["[masked: private-key]"] * (len(PEM_BODY) + 2)]
+    assert planted not in page.content() and planted[-12:] not in page.content() and not any(line in page.content() for line in PEM_BODY)
     assert page.locator("#log-status").inner_text() == "following the run"
     nomad.write_log(alloc, "step 2 loss 1.5\n")  # still running: the page follows
     page.wait_for_function("document.getElementById('log-tail').textContent.includes('step 2 loss 1.5')", timeout=15_000)

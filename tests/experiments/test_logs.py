@@ -9,6 +9,8 @@ import time
 
 from experiments.runner_local import LocalRunner
 from tests.experiments.test_secrets_and_migrations import _database_text
+from tests.jobs.test_log_masking import BODY as PEM_BODY
+from tests.jobs.test_log_masking import PEM
 from tests.safety.test_secret_matrix import NEW_FORMATS
 
 META = {"dataset_uri": "hf://datasets/acme/chat@v3", "run_id": "logs-1"}
@@ -35,6 +37,7 @@ def test_logs_live_then_kept_masked_after_the_scheduler_forgot_the_run(make_serv
     planted = NEW_FORMATS(random.Random(3))["groq"]
     with (run.root / "alloc" / "logs" / "train.stdout.0").open("a") as out:  # the task printing a key by mistake
         out.write(f"debug: GROQ_API_KEY={planted}\n")
+        out.write(f"loading {PEM}\n")  # and a private key over several lines: each of them is masked, not only BEGIN
     shown = _until_ended(svc, exp["id"], mine)
     assert shown["status"] == "succeeded", shown
     live = svc.client.get(f"/api/v1/experiments/{exp['id'][:8]}/logs", headers=mine).json()
@@ -51,6 +54,8 @@ def test_logs_live_then_kept_masked_after_the_scheduler_forgot_the_run(make_serv
     kept = again.client.get(f"/api/v1/experiments/{exp['id']}/logs", headers=mine).json()
     assert kept["source"] == "stored" and kept["lines"] == live["lines"]
     assert planted not in _database_text(again) and planted[-12:] not in capsys.readouterr().out
+    for body_line in PEM_BODY:
+        assert all(body_line not in str(answer) for answer in (live, followed.text, kept)) and body_line not in _database_text(again)
 
 
 # ---- Nomad and GKE through the doubles ---------------------------------------------------------
@@ -264,3 +269,61 @@ def test_a_run_of_a_cluster_this_service_is_not_bound_to_is_never_read_from_its_
     followed = other.client.get(f"/api/v1/experiments/{exp_id}/logs", params={"follow": "true"}, headers=headers)
     assert followed.status_code == 200 and followed.text == ""
     assert len([r for r in k8s.requests if "/pods" in r.path]) == before
+
+
+
+def test_a_tenant_cannot_hold_more_follows_open_than_the_limit_and_a_closed_one_frees_its_place():
+    """Each open follow holds a thread and a scheduler connection per rank: one token opening
+    thousands would exhaust the service and its scheduler. Over the limit a follow is a 429
+    before anything is asked (another tenant is not affected); two started past that check at
+    once: the one over says so and ends; closing one lets the next one open."""
+    import asyncio
+    from types import SimpleNamespace
+
+    import pytest
+
+    from experiments.errors import ApiError
+    from experiments.services import logs as run_logs
+
+    opened = []
+
+    class Runner:  # a scheduler whose run writes one line and then nothing, until the follower goes
+        def logs(self, run_id, *, stop, **_):
+            opened.append(run_id)
+            yield b"step 1\n"
+            while not stop.is_set():
+                stop.wait(0.01)
+                yield b""
+
+    def start(tenant: str):
+        exp = SimpleNamespace(id=f"exp-{tenant}", run_id=f"run-{tenant}-{len(opened)}", cluster="c", scheduler="nomad", tenant=tenant)
+        return run_logs.follow(None, Runner(), exp, run_logs.LogQuery(rank=0), limit=2)
+
+    async def main() -> None:
+        a, b = start("finetune"), start("finetune")
+        assert [await anext(a), await anext(b)] == ["step 1\n", "step 1\n"]
+        with pytest.raises(ApiError) as refused:
+            start("finetune")
+        assert refused.value.status == 429 and "close a follow" in refused.value.fix
+        c, d, e = start("eval"), start("eval"), start("eval")  # all three past the check before any ran
+        assert [await anext(c), await anext(d)] == ["step 1\n", "step 1\n"]
+        assert "already follows 2 logs at once" in await anext(e) and [x async for x in e] == []
+        before = len(opened)
+        await b.aclose()
+        again = start("finetune")
+        assert await anext(again) == "step 1\n" and len(opened) == before + 1
+        for stream in (a, again, c, d):
+            await stream.aclose()
+        assert run_logs._following.count("finetune") == run_logs._following.count("eval") == 0
+
+    asyncio.run(main())
+
+
+def test_exp_logs_prints_a_note_with_brackets_as_text(capsys):
+    """A note quotes the scheduler's words; read as rich markup, "[/v1/...]" was a MarkupError
+    (a traceback instead of the logs' source) and "[rank 1]" vanished."""
+    from gpufleet.exp_cmd import _print_source
+
+    for note in ('Nomad answered 500 (rpc error: [/v1/client/fs/logs] failed)', "the pod of [rank 1] is gone"):
+        _print_source({"source": "stored", "stream": "stdout", "note": note})
+        assert note in " ".join(capsys.readouterr().out.split())

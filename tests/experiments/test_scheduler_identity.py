@@ -12,6 +12,7 @@ from __future__ import annotations
 from jobs.k8s.client import K8sClient, K8sSettings
 from jobs.nomad.client import NomadClient, NomadSettings
 from jobs.runner import GkeRunner, NomadRunner
+from experiments.routers.ops import UNOBSERVED
 from experiments.scheduler import ClusterRunners
 from tests.experiments.test_dispatch import PARENT, running_on_nomad
 from tests.experiments.test_gke import NS, _run, _state, _submit
@@ -34,7 +35,8 @@ def test_a_service_reaching_another_nomad_under_the_right_name_leaves_production
     try:
         other = make_service(db_url, ClusterRunners(nomad=("prod-nomad", NomadRunner(client, _vault_env(vault)))), clock=prod.clock)
         health = other.client.get("/healthz").json()
-        assert health["status"] == "degraded" and "is not the one prod-nomad's runs were made on" in health["unobserved"]["prod-nomad"]
+        assert health["status"] == "degraded" and health["unobserved"] == {"prod-nomad": UNOBSERVED}
+        assert wrong.address not in str(health) and nomad.address not in str(health)  # anyone may ask /healthz
         waiting = other.submit(headers, meta={"dataset_uri": "hf://datasets/acme/chat@v3", "run_id": "r2"}).json()
         other.clock.advance(hours=3)  # far past the running run's 1 h deadline
         for _ in range(3):
@@ -104,11 +106,12 @@ def test_a_service_that_cannot_ask_its_scheduler_who_it_is_starts_degraded_and_f
     client = NomadClient(NomadSettings(address=address, timeout_seconds=0.5, retries=0, backoff_seconds=0.01))
     try:
         other = make_service(sqlite_url, ClusterRunners(nomad=("prod-nomad", NomadRunner(client, _vault_env(vault)))), clock=prod.clock)
-        assert "cannot tell yet" in other.client.get("/healthz").json()["unobserved"]["prod-nomad"]
+        health = other.client.get("/healthz").json()
+        assert health["unobserved"] == {"prod-nomad": UNOBSERVED} and address not in str(health)  # the address is no one's business there
         other.clock.advance(hours=3)
         other.step()
         shown = _state(other, exp["id"], headers)
-        assert shown["status"] == "running" and shown["reason"].startswith("unobserved: ")
+        assert shown["status"] == "running" and shown["reason"].startswith("unobserved: this service cannot tell yet")
     finally:
         client.close()
 
@@ -134,7 +137,8 @@ def test_after_the_upgrade_a_wrong_scheduler_that_starts_first_is_not_recorded(m
     client = NomadClient(NomadSettings(address=wrong.address, token=wrong.acl_token, timeout_seconds=2.0, retries=1, backoff_seconds=0.01))
     try:
         other = make_service(db_url, ClusterRunners(nomad=("prod-nomad", NomadRunner(client, _vault_env(vault)))), clock=prod.clock)
-        assert "knows none of the 1 most recent runs of prod-nomad" in other.client.get("/healthz").json()["unobserved"]["prod-nomad"]
+        assert "knows none of the 1 most recent runs of prod-nomad" in other.ctx.runner.blocked["prod-nomad"]  # the why, for the log and the runs' reasons
+        assert other.client.get("/healthz").json()["unobserved"] == {"prod-nomad": UNOBSERVED}
         for _ in range(2):
             other.step()
         assert _state(other, exp["id"], headers)["status"] == "running"
@@ -244,7 +248,8 @@ def test_another_nomad_sharing_one_of_the_three_server_ids_is_not_production(mak
     client = NomadClient(NomadSettings(address=wrong.address, token=wrong.acl_token, timeout_seconds=2.0, retries=1, backoff_seconds=0.01))
     try:
         other = make_service(db_url, ClusterRunners(nomad=("prod-nomad", NomadRunner(client, _vault_env(vault)))), clock=prod.clock)
-        assert "is not the one prod-nomad's runs were made on" in other.client.get("/healthz").json()["unobserved"]["prod-nomad"]
+        assert "is not the one prod-nomad's runs were made on" in other.ctx.runner.blocked["prod-nomad"]  # the why, for the log and the runs' reasons
+        assert other.client.get("/healthz").json()["unobserved"] == {"prod-nomad": UNOBSERVED}
         for _ in range(2):
             other.step()
         shown = _state(other, running["id"], headers)

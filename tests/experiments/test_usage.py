@@ -212,3 +212,17 @@ def test_a_namespace_with_a_dash_makes_a_query_prometheus_parses():
     result = select(query_for(settings, ["team-a", "research"]), series)  # ValueError: what Prometheus answers 400 for
     answer = {"status": "success", "data": {"resultType": "vector", "result": result}}
     assert parse(answer, settings, {"team-a": ["run-x"]})[("team-a", "run-x")].util_pct == 40.0
+
+
+def test_an_infinite_sample_is_unknown_not_a_value_the_api_cannot_answer():
+    """Prometheus writes sample values with strconv.FormatFloat (web/api/v1 marshalling: "NaN",
+    "+Inf", "-Inf" as strings). An infinite utilization stored as a number made every JSON answer
+    about the run a 500 (JSON has no Infinity); it is unknown, as NaN is."""
+    from jobs.k8s.usage import parse
+
+    settings = PrometheusSettings(url="http://unused")
+    metric = {"exported_namespace": "team-a", "exported_pod": "run-x-0-abcde", "gpu": "0"}
+    answer = {"status": "success", "data": {"resultType": "vector", "result": [
+        {"metric": {"__name__": "DCGM_FI_DEV_GPU_UTIL", **metric}, "value": [1733300000.0, "+Inf"]},
+        {"metric": {"__name__": "DCGM_FI_DEV_FB_USED", **metric}, "value": [1733300000.0, "-Inf"]}]}}
+    assert parse(answer, settings, {"team-a": ["run-x"]}) == {}
