@@ -24,18 +24,21 @@ certificate fails the handshake, so the gauge disappears and only ``probe_succes
 
 from __future__ import annotations
 
+from typing import Literal
+
 from constructs_lib.nomad_agent_config import HTTP_PORT
 
 BLACKBOX_MODULE = "nomad_tls"
+AgentKind = Literal["server", "client"]
 STATIC_WARN_DAYS = 30  # the same 30 days as gpufleet check's static_expires warning (clusters/derive/nomad.py)
 PROBE_FAILING_FOR = "15m"
 
 
-def probe_job_name(cluster: str, kind: str) -> str:
+def probe_job_name(cluster: str, kind: AgentKind) -> str:
     return f"nomad-tls-{kind}s-{cluster}"
 
 
-def render_tls_probe_config(*, cluster: str, kind: str, project: str, zones: tuple[str, ...], tag: str, nomad_region: str,
+def render_tls_probe_config(*, cluster: str, kind: AgentKind, project: str, zones: tuple[str, ...], tag: str, nomad_region: str,
                             blackbox: str) -> dict[str, object]:
     """One Prometheus job that probes every ``kind`` agent (``server`` or ``client``) through the blackbox exporter.
 
