@@ -29,11 +29,15 @@ class NomadFirewall(Construct):
 
     The same ranges reach the GPU clients' DCGM exporter (``gpu_metrics_tags``, TCP 9400,
     constructs_lib.nomad_gpu_node), which the same Prometheus scrapes (``gpufleet nomad scrape-config``).
+
+    And the clients' HTTPS API (``tls_probe_tags``, TCP 4646): a blackbox exporter in those ranges reads
+    every agent's certificate expiry there (constructs_lib.nomad_cert_expiry); the servers' port is
+    already open to them. The handshake needs a certificate of the cluster CA, any API call an ACL token.
     """
 
     def __init__(self, scope: Construct, id_: str, *, cluster: str, vpc_id: str, subnet_cidr: str, target_tags: list[str],
                  api_tags: list[str], api_cidrs: list[str], metrics_cidrs: tuple[str, ...] = (),
-                 gpu_metrics_tags: list[str] | None = None) -> None:
+                 gpu_metrics_tags: list[str] | None = None, tls_probe_tags: list[str] | None = None) -> None:
         super().__init__(scope, id_)
         fw = google.compute_firewall
         self.rule = pin(fw.ComputeFirewall(
@@ -67,3 +71,11 @@ class NomadFirewall(Construct):
                 allow=[fw.ComputeFirewallAllow(protocol="tcp", ports=[str(DCGM_EXPORTER_PORT)])],
                 log_config={"metadata": "INCLUDE_ALL_METADATA"},
             ), "fw_allow_gpu_metrics")
+        self.tls_probe_rule = None
+        if metrics_cidrs and tls_probe_tags:
+            self.tls_probe_rule = pin(fw.ComputeFirewall(
+                self, "tls_probe", name=f"{cluster}-allow-nomad-tls-probe", network=vpc_id, direction="INGRESS", priority=900,
+                source_ranges=sorted(metrics_cidrs), target_tags=sorted(tls_probe_tags),
+                allow=[fw.ComputeFirewallAllow(protocol="tcp", ports=[str(NOMAD_HTTP_PORT)])],
+                log_config={"metadata": "INCLUDE_ALL_METADATA"},
+            ), "fw_allow_nomad_tls_probe")

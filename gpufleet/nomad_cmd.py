@@ -1,4 +1,5 @@
-"""Nomad operator commands: ``gpufleet nomad bootstrap-script <cluster>``, ``gpufleet nomad scrape-config <cluster>``.
+"""Nomad operator commands: ``gpufleet nomad bootstrap-script <cluster>``, ``gpufleet nomad scrape-config <cluster>``,
+``gpufleet nomad blackbox-module <cluster>``, ``gpufleet nomad alert-rules <cluster>``.
 
 The script it prints creates the cluster's CA, agent certificates and gossip key with the
 ``nomad`` CLI and stores them as Secret Manager versions, where the agents' boot scripts read
@@ -36,32 +37,77 @@ def cmd_bootstrap_script(cluster: str = typer.Argument(..., help="Cluster name (
                                        secrets=derive_nomad_secrets(config), pki=config.nomad.tls.certificates == "vault-pki"), nl=False)
 
 
-def cmd_scrape_config(cluster: str = typer.Argument(..., help="Cluster name (clusters/<name>.yaml), with nomad.autoscaler.")) -> None:
-    """Print the Prometheus scrape jobs (YAML): every server, by GCE discovery (the Nomad Autoscaler's queue signal), and
-    every GPU client's DCGM exporter (GPU telemetry)."""
+def _autoscaled_config(cluster: str):  # noqa: ANN202 - ClusterConfig, imported lazily like every command's dependencies
+    """A Nomad cluster whose servers gpufleet runs, with the Prometheus scrape path (``nomad.autoscaler``)."""
+    from clusters.derive.nomad import derive_nomad_servers
+
+    config = _nomad_config(cluster)
+    if derive_nomad_servers(config) is None or config.nomad.autoscaler is None:
+        raise UserError(f"clusters/{cluster}.yaml: nomad.autoscaler: {cluster} runs no Nomad Autoscaler (it joins existing servers or has no"
+                        " autoscaler block); nothing to scrape for it")
+    return config
+
+
+def _dump_yaml(data: object) -> None:
     import io
 
     from ruamel.yaml import YAML
 
+    out = io.StringIO()
+    YAML().dump(data, out)
+    typer.echo(out.getvalue(), nl=False)
+
+
+def cmd_scrape_config(cluster: str = typer.Argument(..., help="Cluster name (clusters/<name>.yaml), with nomad.autoscaler."),
+                      blackbox: str | None = typer.Option(None, "--blackbox", metavar="ADDR",
+                                                          help="The blackbox exporter's host:port: adds the TLS probe jobs"
+                                                               " (certificate expiry of every server and client).")) -> None:
+    """Print the Prometheus scrape jobs (YAML): every server, by GCE discovery (the Nomad Autoscaler's queue signal), and
+    every GPU client's DCGM exporter (GPU telemetry); with --blackbox, a TLS probe of every agent's API."""
     from clusters.derive.nomad import derive_nomad_servers, server_tag
     from clusters.derive.pools import derive_gpu_pools
     from constructs_lib.nomad_autoscaler import render_scrape_config
+    from constructs_lib.nomad_cert_expiry import render_tls_probe_config
     from constructs_lib.nomad_client_pool import client_tag
     from constructs_lib.nomad_gpu_node import render_gpu_scrape_config
 
-    config = _nomad_config(cluster)
+    config = _autoscaled_config(cluster)
+    if blackbox is not None and not _is_host_port(blackbox):
+        raise UserError(f"--blackbox {blackbox!r}: not a host:port; allowed: the blackbox exporter's address such as blackbox.internal:9115")
     servers = derive_nomad_servers(config)
-    if servers is None or config.nomad is None or config.nomad.autoscaler is None:
-        raise UserError(f"clusters/{cluster}.yaml: nomad.autoscaler: {cluster} runs no Nomad Autoscaler (it joins existing servers or has no"
-                        " autoscaler block); nothing to scrape for it")
+    server_zones = tuple(g.zone for g in servers.groups)
     pool_zones = tuple(dict.fromkeys(z for pool in derive_gpu_pools(config) for z in pool.zones))
-    out = io.StringIO()
-    yaml = YAML()
-    yaml.dump({"scrape_configs": [render_scrape_config(cluster=config.name, project=config.gcp.project, zones=tuple(g.zone for g in servers.groups),
-                                                       server_tag=server_tag(config.name), nomad_region=config.nomad.region),
-                                  render_gpu_scrape_config(cluster=config.name, project=config.gcp.project, zones=pool_zones,
-                                                           client_tag=client_tag(config.name))]}, out)
-    typer.echo(out.getvalue(), nl=False)
+    jobs = [render_scrape_config(cluster=config.name, project=config.gcp.project, zones=server_zones,
+                                 server_tag=server_tag(config.name), nomad_region=config.nomad.region),
+            render_gpu_scrape_config(cluster=config.name, project=config.gcp.project, zones=pool_zones, client_tag=client_tag(config.name))]
+    if blackbox is not None:
+        jobs += [render_tls_probe_config(cluster=config.name, kind=kind, project=config.gcp.project, zones=zones, tag=tag,
+                                         nomad_region=config.nomad.region, blackbox=blackbox)
+                 for kind, zones, tag in (("server", server_zones, server_tag(config.name)), ("client", pool_zones, client_tag(config.name)))]
+    _dump_yaml({"scrape_configs": jobs})
+
+
+def _is_host_port(address: str) -> bool:
+    import re
+
+    return re.fullmatch(r"[A-Za-z0-9.-]+:[0-9]{1,5}|\[[0-9A-Fa-f:]+\]:[0-9]{1,5}", address) is not None
+
+
+def cmd_blackbox_module(cluster: str = typer.Argument(..., help="Cluster name (clusters/<name>.yaml), with nomad.autoscaler.")) -> None:
+    """Print the blackbox exporter's module (YAML, blackbox.yml) that the TLS probe jobs of scrape-config --blackbox use."""
+    from constructs_lib.nomad_cert_expiry import render_blackbox_module
+
+    _autoscaled_config(cluster)
+    _dump_yaml(render_blackbox_module())
+
+
+def cmd_alert_rules(cluster: str = typer.Argument(..., help="Cluster name (clusters/<name>.yaml), with nomad.autoscaler.")) -> None:
+    """Print the Prometheus alerting rules (YAML) on the agents' certificate expiry, from the TLS probe jobs."""
+    from constructs_lib.nomad_cert_expiry import render_alert_rules
+
+    config = _autoscaled_config(cluster)
+    tls = config.nomad.tls
+    _dump_yaml(render_alert_rules(cluster=config.name, renews=tls.certificates == "vault-pki", ttl_hours=tls.agent_cert_ttl_hours))
 
 
 def cmd_pki_apply(cluster: str = typer.Argument(..., help="Cluster name, with nomad.tls.certificates: vault-pki."),
@@ -108,9 +154,11 @@ def cmd_acl_bootstrap(cluster: str = typer.Argument(..., help="Cluster name (clu
 
 
 def register(app: typer.Typer) -> None:
-    nomad = typer.Typer(help="Nomad cluster operations: TLS/gossip bootstrap, PKI setup, the autoscaler's Prometheus scrape job.", no_args_is_help=True)
+    nomad = typer.Typer(help="Nomad cluster operations: TLS/gossip bootstrap, PKI setup, Prometheus scrape jobs and alerts.", no_args_is_help=True)
     nomad.command("bootstrap-script")(cmd_bootstrap_script)
     nomad.command("scrape-config")(cmd_scrape_config)
+    nomad.command("blackbox-module")(cmd_blackbox_module)
+    nomad.command("alert-rules")(cmd_alert_rules)
     nomad.command("pki-apply")(cmd_pki_apply)
     nomad.command("acl-bootstrap")(cmd_acl_bootstrap)
     app.add_typer(nomad, name="nomad")

@@ -101,7 +101,7 @@ class ClusterStack(TerraformStack):
                       target_tags=[client_tag(config.name), server_tag(config.name)],
                       api_tags=[server_tag(config.name)] if not nomad.existing_servers else [], api_cidrs=api_cidrs,
                       metrics_cidrs=tuple(n.cidr for n in nomad.autoscaler.scrape_cidrs) if nomad.autoscaler else (),
-                      gpu_metrics_tags=[client_tag(config.name)])
+                      gpu_metrics_tags=[client_tag(config.name)], tls_probe_tags=[client_tag(config.name)])
         secrets = derive_nomad_secrets(config)
         pki = derive_nomad_pki(config)
         client_role = next((r for r in pki.roles if r.name == "client"), None) if pki else None
