@@ -142,7 +142,7 @@ def _dispatch_claimed(ctx: Context, claim: Claim) -> bool:
         # hold the cancel (and the tenant's quota) back.
         _end(ctx, claim, State.CANCELLED, "cancelled before its dispatch completed", previous_run=exp.attempt > 1)
         return False
-    if exp.attempt > 1 and not _stop_previous(ctx, exp):
+    if exp.attempt > 1 and not _stop_previous(ctx, claim):
         return False
     try:
         spec = ctx.catalog.frozen(exp.job, exp.job_spec, exp.job_spec_sha256)  # as admitted, never as edited since
@@ -217,10 +217,12 @@ def _retry_later(ctx: Context, claim: Claim, error: str) -> None:
     log.warning("dispatch of experiment %s failed (attempt will be retried): %s", experiment_id, error)
 
 
-def _stop_previous(ctx: Context, exp: Experiment) -> bool:
+def _stop_previous(ctx: Context, claim: Claim) -> bool:
     """Before attempt N is submitted, whatever is left of attempt N-1 on the scheduler is stopped (all
     of its ranks: a multi-node run restarts as a whole gang). Stopping a stopped run is a no-op, so a
-    re-claimed row repeats it safely; a scheduler error releases the row for a later pass."""
+    re-claimed row repeats it safely; any error releases the row for a later pass (and counts toward
+    the stuck bound, so a stop that never succeeds ends the run failed, with the stop as a debt)."""
+    exp = claim.exp
     with ctx.sessions() as session:
         previous = session.get(RunAttempt, (exp.id, exp.attempt - 1))
         run_id = previous.run_id if previous is not None else None
@@ -229,7 +231,11 @@ def _stop_previous(ctx: Context, exp: Experiment) -> bool:
     try:
         ctx.runner.stop(run_id)
     except SchedulerUnavailable as exc:
-        _retry_later(ctx, exp.id, f"attempt {exp.attempt - 1}'s run {run_id} is not confirmed stopped: {exc}")
+        _retry_later(ctx, claim, f"attempt {exp.attempt - 1}'s run {run_id} is not confirmed stopped: {exc}")
+        return False
+    except Exception as exc:  # noqa: BLE001 - an unforeseen error must still count toward the stuck bound
+        log.exception("stop of experiment %s's previous attempt raised", exp.id)
+        _retry_later(ctx, claim, f"attempt {exp.attempt - 1}'s run {run_id}: unexpected {type(exc).__name__} (details in the service log)")
         return False
     return True
 

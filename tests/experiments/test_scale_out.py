@@ -162,9 +162,16 @@ def test_the_migration_backfills_the_counter_from_live_experiments(db_url):
     try:
         db.upgrade(engine, "0009")
         now = datetime(2026, 12, 3, 8)
+        # The table as it is at 0009 (the model has columns of later revisions, with defaults it would insert).
+        from sqlalchemy import JSON, DateTime, Float, Integer, String, column, table
+
+        at_0009 = table("experiments", *(column(n, t) for n, t in (
+            ("id", String), ("tenant", String), ("job", String), ("cluster", String), ("pool", String), ("gpus", Integer), ("meta", JSON),
+            ("state", String), ("scheduler", String), ("submitted_by", String), ("request_hash", String), ("deadline_hours", Float),
+            ("price_per_gpu_hour", Float), ("price_kind", String), ("created_at", DateTime), ("updated_at", DateTime))))
         with engine.begin() as connection:
             for i, (state, gpus) in enumerate([("running", 2), ("pending", 1), ("succeeded", 4), ("queued", 3)]):
-                connection.execute(Experiment.__table__.insert().values(
+                connection.execute(at_0009.insert().values(
                     id=f"e{i}", tenant="finetune", job="finetune-llama", cluster="prod-nomad", pool="a100", gpus=gpus, meta={}, state=state,
                     scheduler="nomad", submitted_by="t", request_hash="-", deadline_hours=1, price_per_gpu_hour=1.0, price_kind="list",
                     created_at=now, updated_at=now))
