@@ -441,7 +441,7 @@ def job_manifest(spec: FinetuneSpec, *, dispatch_id: str | None = None, meta: di
                   if preflight_container(spec) else []),
             ]},
             # The Job controller fails the Job (reason DeadlineExceeded) this long after status.startTime, which it
-            # sets when Kueue unsuspends the Job (and resets on each suspend): queueing does not count. The Job is
+            # sets when Kueue unsuspends the Job and resets on each suspend (KEP-2232 Suspend Job): queueing does not count. The Job is
             # per dispatch, so this is the experiment's remaining deadline when the control plane dispatched it.
             "activeDeadlineSeconds": run_seconds(spec, meta or {}),
             "ttlSecondsAfterFinished": TTL_AFTER_FINISHED_SECONDS,
