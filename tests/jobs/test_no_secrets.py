@@ -71,7 +71,8 @@ def test_nomad_render_has_no_vault_role_wrap_or_variables(no_keys: Callable[[str
     spec = no_keys("finetune-llama")
     job = render(spec)["Job"]
     assert "gpufleet_vault_role" not in job["Meta"]
-    assert job["ParameterizedJob"]["MetaRequired"] == ["dataset_uri", "gpufleet_experiment", "run_id"], "no Vault meta to wait for"
+    assert job["ParameterizedJob"]["MetaRequired"] == ["dataset_uri", "gpufleet_attempt", "gpufleet_experiment", "run_id"], "no Vault meta to wait for"
+    assert job["ParameterizedJob"]["MetaOptional"] == ["base_model", "gpufleet_run_deadline_seconds"]  # the experiment's deadline, jobs or none
     env = task_env(spec)
     assert not set(VAULT_NAMES) & set(env), env
     assert env["GPUFLEET_NO_VAULT"] == "1" and env["GPUFLEET_MAX_RUN_SECONDS"] == "43200"
@@ -109,7 +110,8 @@ def test_nomad_dispatch_mints_nothing_and_sends_no_vault_meta(no_keys: Callable[
     run_id = runner.submit(no_keys("finetune-llama"), meta, idempotency_key="exp-nokeys")
     assert _secret_ids(vault) == before, "a job without secrets must not mint a secret_id"
     dispatched = nomad.state.jobs[tuple(run_id.split("/", 1))]  # type: ignore[index]
-    assert dispatched["Meta"] == {**meta, "gpufleet_cluster": "prod-nomad", "gpufleet_gpu_pool": "a100", "gpufleet_experiment": "exp-nokeys"}
+    assert dispatched["Meta"] == {**meta, "gpufleet_cluster": "prod-nomad", "gpufleet_gpu_pool": "a100", "gpufleet_experiment": "exp-nokeys",
+                                  "gpufleet_attempt": "1"}
     # The same runner with a job that has keys mints one: the count above can move.
     runner.submit(load(JOBS_DIR / "finetune-llama.yaml", cluster_configs=cluster_configs, vault=vault_view), meta, idempotency_key="exp-keys")
     assert _secret_ids(vault) == before + 1
