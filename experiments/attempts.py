@@ -9,7 +9,7 @@ counted on the service's clock, so a zone that lost its nodes is not hammered.
 
 ``begin_next`` runs in the reconciler's transaction: it keeps the ended attempt as a
 ``RunAttempt`` row (run id, class, cause, GPU time), moves the experiment to ``retrying`` with
-the next attempt number and the attempt's timestamps cleared, and writes its outbox row with
+the next attempt number and the attempt's timestamps cleared (not its deadline: experiments.deadline), and writes its outbox row with
 ``next_attempt_at`` after the backoff. The dispatcher then takes it like any outbox row: it
 first stops whatever is left of the previous attempt on the scheduler (a multi-node run restarts
 as a whole gang, never a partial one), then submits with the attempt's own idempotency key
@@ -93,7 +93,9 @@ def begin_next(session: Session, exp: Experiment, *, actor: str, now: datetime, 
     transition(session, exp, State.RETRYING, actor=actor, now=now, reason=reason)
     exp.prior_gpu_hours = (exp.prior_gpu_hours or 0.0) + hours
     exp.attempt += 1
-    exp.dispatching_at = exp.queued_at = exp.provisioning_at = exp.running_at = exp.finished_at = exp.deadline_at = None
+    # deadline_at stays: one deadline for the whole experiment, so the next attempt gets what is left of it
+    # (experiments.deadline), never a fresh full one, and all attempts together stay within what admission priced.
+    exp.dispatching_at = exp.queued_at = exp.provisioning_at = exp.running_at = exp.finished_at = None
     # A cancel already requested (it came while this failure was being read): due at once, so the
     # dispatcher ends it cancelled now instead of after the backoff.
     due = now if exp.cancel_requested_at is not None else now + timedelta(seconds=backoff)

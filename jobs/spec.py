@@ -26,6 +26,12 @@ EXEC = "gpufleet-exec"
 # uses its idempotency token). Every attempt of one experiment carries the same value, so its
 # GPUFLEET_CHECKPOINT_URI is the same directory (jobs.nomad.render, jobs.k8s.render).
 EXPERIMENT_META = "gpufleet_experiment"
+# Dispatch meta with the seconds left of the experiment's deadline when the run was dispatched (the
+# control plane's experiments.deadline; an operator dispatch passes none and the job's max_run_hours
+# alone binds): the scheduler side enforces it (Nomad: gpufleet-exec via GPUFLEET_RUN_DEADLINE_SECONDS;
+# GKE: the Job's activeDeadlineSeconds too), so a run bills no longer than admission priced it even
+# when the control plane is down.
+RUN_DEADLINE_META = "gpufleet_run_deadline_seconds"
 
 
 @dataclass(frozen=True)

@@ -8,9 +8,11 @@ child's code (128+N when the child died of signal N).
 
 The run limit is enforced here, not left to Nomad: MaxRunDuration is only honoured by Nomad
 >= 2.0.3 and the fleet's clients run 1.10, while a role's token_max_ttl may be longer than
-the job's max_run_hours. When the command has run for ``GPUFLEET_MAX_RUN_SECONDS`` it gets
-SIGTERM, then SIGKILL after ``GPUFLEET_KILL_GRACE_SECONDS`` (the job's kill_timeout), and
-gpufleet-exec exits with EXIT_MAX_RUN (124, as timeout(1) does).
+the job's max_run_hours. When the command has run for the smaller of ``GPUFLEET_MAX_RUN_SECONDS``
+(the job's max_run_hours) and ``GPUFLEET_RUN_DEADLINE_SECONDS`` (what was left of the experiment's
+deadline at dispatch; absent, empty or an uninterpolated ``${NOMAD_META_...}`` when the dispatch
+carried no deadline) it gets SIGTERM, then SIGKILL after ``GPUFLEET_KILL_GRACE_SECONDS`` (the job's
+kill_timeout), and gpufleet-exec exits with EXIT_MAX_RUN (124, as timeout(1) does).
 
 If the token can no longer be renewed (revoked: Vault answers 403; or the role's
 token_max_ttl is about to pass), the child gets SIGTERM at once and SIGKILL after the kill
@@ -64,6 +66,7 @@ from vault_policies.layout import (
     ENV_MAX_RUN_SECONDS,
     ENV_NO_VAULT,
     ENV_ROLE_ID,
+    ENV_RUN_DEADLINE_SECONDS,
     ENV_SECRETS,
     ENV_WRAPPED_SECRET_ID,
     ENV_WRAPPED_SECRET_ID_FILE,
@@ -140,18 +143,33 @@ class UsageError(Exception):
     """A malformed run limit: refused before login, so the wrapping token is not spent on it."""
 
 
-def _seconds(environ: Mapping[str, str], name: str) -> int | None:
+def _seconds(environ: Mapping[str, str], name: str,
+             fix: str = "the jobs layer renders it from max_run_hours / kill_timeout, so re-render the job (gpufleet jobs render)") -> int | None:
     raw = environ.get(name, "").strip()
     if not raw:
         return None
     if not raw.isdigit() or int(raw) < 1:
-        raise UsageError(f"{name}={raw!r} is not a whole number of seconds >= 1; the jobs layer renders it from max_run_hours / kill_timeout, so re-render the job (gpufleet jobs render)")
+        raise UsageError(f"{name}={raw!r} is not a whole number of seconds >= 1; {fix}")
     return int(raw)
 
 
+def _deadline_seconds(environ: Mapping[str, str]) -> int | None:
+    """ENV_RUN_DEADLINE_SECONDS, or None when the dispatch carried no deadline: Nomad leaves
+    ``${NOMAD_META_<key>}`` as written when the optional meta key is absent (helper/args/args.go
+    ReplaceEnv :12-26 at v1.10.5), so that literal means "none", like unset or empty."""
+    raw = environ.get(ENV_RUN_DEADLINE_SECONDS, "").strip()
+    if raw.startswith("${") and raw.endswith("}"):
+        return None
+    return _seconds(environ, ENV_RUN_DEADLINE_SECONDS, "the control plane sets it at dispatch from the experiment's deadline; "
+                    "dispatch without the gpufleet_run_deadline_seconds meta key for the job's max_run_hours alone")
+
+
 def run_limits(environ: Mapping[str, str]) -> tuple[int | None, int]:
-    """(max run seconds or None for no limit, SIGTERM-to-SIGKILL grace seconds)."""
-    return _seconds(environ, ENV_MAX_RUN_SECONDS), _seconds(environ, ENV_KILL_GRACE_SECONDS) or DEFAULT_KILL_GRACE_SECONDS
+    """(run seconds or None for no limit, SIGTERM-to-SIGKILL grace seconds): the run seconds are
+    the smaller of the job's max_run (ENV_MAX_RUN_SECONDS) and what was left of the experiment's
+    deadline at dispatch (ENV_RUN_DEADLINE_SECONDS), whichever are set."""
+    bounds = [b for b in (_seconds(environ, ENV_MAX_RUN_SECONDS), _deadline_seconds(environ)) if b is not None]
+    return min(bounds, default=None), _seconds(environ, ENV_KILL_GRACE_SECONDS) or DEFAULT_KILL_GRACE_SECONDS
 
 
 def without_vault(environ: Mapping[str, str]) -> bool:
@@ -202,7 +220,8 @@ def _wait(child: subprocess.Popen[bytes], max_run: int | None, grace: int, lost:
             _stop(child, grace)
             return code[0]
         if deadline is not None and time.monotonic() >= deadline:
-            _say(f"error: the command ran longer than max_run_hours ({ENV_MAX_RUN_SECONDS}={max_run}); sending SIGTERM, SIGKILL in {grace}s; exiting {EXIT_MAX_RUN}")
+            _say(f"error: the command ran longer than its run limit ({max_run}s: the smaller of {ENV_MAX_RUN_SECONDS} and {ENV_RUN_DEADLINE_SECONDS}); "
+                 f"sending SIGTERM, SIGKILL in {grace}s; exiting {EXIT_MAX_RUN}")
             _stop(child, grace)
             return EXIT_MAX_RUN
 

@@ -55,6 +55,11 @@ ENV_NO_VAULT = "GPUFLEET_NO_VAULT"
 # SIGKILL (the job's kill_timeout): Nomad clients before 2.0.3 ignore MaxRunDuration.
 ENV_MAX_RUN_SECONDS = "GPUFLEET_MAX_RUN_SECONDS"
 ENV_KILL_GRACE_SECONDS = "GPUFLEET_KILL_GRACE_SECONDS"
+# What is left of the experiment's deadline when its run was dispatched, in seconds (dispatch meta
+# jobs.spec.RUN_DEADLINE_META on Nomad, a plain value on GKE and locally). gpufleet-exec stops the
+# command at the smaller of this and ENV_MAX_RUN_SECONDS; empty, unset or left uninterpolated (a
+# dispatch without the meta key) it falls back to ENV_MAX_RUN_SECONDS alone.
+ENV_RUN_DEADLINE_SECONDS = "GPUFLEET_RUN_DEADLINE_SECONDS"
 # Dispatch meta keys carrying the role_id and the wrapping token; Nomad also exposes each
 # as NOMAD_META_<key> (as given and upper-cased).
 META_ROLE_ID = "gpufleet_vault_role_id"

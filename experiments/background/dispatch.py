@@ -42,12 +42,13 @@ from sqlalchemy import or_, select
 
 from clusters.errors import UserError
 from experiments.attempts import attempt_key
+from experiments.deadline import run_seconds_left
 from experiments.background.context import Context, log
 from experiments.background.membership import dead_workers
 from experiments.errors import ApiError
 from experiments.models import Experiment, Outbox, RunAttempt
 from jobs.runner import SchedulerUnavailable
-from jobs.spec import EXPERIMENT_META
+from jobs.spec import EXPERIMENT_META, RUN_DEADLINE_META
 from experiments.services.lifecycle import record, transition
 from experiments.states import TERMINAL, State
 
@@ -149,12 +150,19 @@ def _dispatch_claimed(ctx: Context, claim: Claim) -> bool:
     except ApiError as exc:
         _end(ctx, claim, State.FAILED, f"job no longer passes the checks: {exc.error}")
         return False
+    seconds = run_seconds_left(exp, ctx.clock())
+    if seconds < 1:
+        # A retry whose experiment deadline is spent: admission priced no more GPU time than that.
+        _end(ctx, claim, State.EXPIRED, f"deadline of {exp.deadline_hours:g}h spent by earlier attempts; attempt {exp.attempt} not dispatched")
+        return False
     if ctx.fenced():
         return False  # the others may be taking this claim over: only one of us may call the scheduler
     try:
         # The experiment id in the run's meta names its checkpoint directory (GPUFLEET_CHECKPOINT_URI) on every attempt;
-        # the attempt's own key makes a new scheduler run (and new secret_ids) once per attempt.
-        run_id = ctx.runner.submit(spec, {**exp.meta, EXPERIMENT_META: exp.id}, idempotency_key=attempt_key(exp.id, exp.attempt), attempt=exp.attempt)
+        # the attempt's own key makes a new scheduler run (and new secret_ids) once per attempt. The seconds left of the
+        # experiment's deadline bound the run on the scheduler itself (experiments.deadline), not only through the reaper.
+        meta = {**exp.meta, EXPERIMENT_META: exp.id, RUN_DEADLINE_META: str(seconds)}
+        run_id = ctx.runner.submit(spec, meta, idempotency_key=attempt_key(exp.id, exp.attempt), attempt=exp.attempt)
     except (SchedulerUnavailable, UserError) as exc:
         _retry_later(ctx, claim, str(exc))
         return False

@@ -29,8 +29,8 @@ from clusters.families import TOPOLOGY_LEVEL_NAMES
 from jobs.durations import NS_PER_SECOND
 from jobs.k8s.gpudirect import PodNetworking, pod_networking
 from clusters.derive.checkpoints import ENV_CHECKPOINT_URI, checkpoint_uri, tenant_prefix
-from jobs.spec import EXEC, EXPERIMENT_META, TASK, FinetuneSpec
-from vault_policies.layout import (ENV_ATTEMPT, ENV_KILL_GRACE_SECONDS, ENV_MAX_RUN_SECONDS, ENV_NO_VAULT, ENV_ROLE, ENV_ROLE_ID, ENV_SECRETS,
+from jobs.spec import EXEC, EXPERIMENT_META, RUN_DEADLINE_META, TASK, FinetuneSpec
+from vault_policies.layout import (ENV_ATTEMPT, ENV_KILL_GRACE_SECONDS, ENV_MAX_RUN_SECONDS, ENV_NO_VAULT, ENV_ROLE, ENV_ROLE_ID, ENV_RUN_DEADLINE_SECONDS, ENV_SECRETS,
                                    ENV_WRAPPED_SECRET_ID_FILE)
 
 # kubernetes-sigs/kueue pkg/controller/constants/constants.go (v0.19.2): QueueLabel.
@@ -155,6 +155,18 @@ def priority_class(priority: int) -> str:
     return PRIORITY_CLASS_HIGH if priority >= HIGH_PRIORITY else PRIORITY_CLASS_LOW
 
 
+def run_seconds(spec: FinetuneSpec, meta: dict[str, str]) -> int:
+    """The run's limit: the job's max_run_hours, or less when the dispatch meta carries what is left of
+    the experiment's deadline (jobs.spec.RUN_DEADLINE_META, set by the control plane at dispatch)."""
+    limit = spec.max_run_ns // NS_PER_SECOND
+    raw = meta.get(RUN_DEADLINE_META)
+    if raw is None:
+        return limit
+    if not raw.isdigit() or int(raw) < 1:
+        raise ValueError(f"dispatch meta {RUN_DEADLINE_META}={raw!r} is not a whole number of seconds >= 1")
+    return min(limit, int(raw))
+
+
 def _env(spec: FinetuneSpec, run: str, meta: dict[str, str], attempt: int) -> list[dict[str, Any]]:
     """Ordered: Kubernetes expands ``$(NODE_RANK)`` only from variables defined before it."""
     env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in spec.env]
@@ -183,6 +195,8 @@ def _env(spec: FinetuneSpec, run: str, meta: dict[str, str], attempt: int) -> li
         ]
     env += [
         {"name": ENV_MAX_RUN_SECONDS, "value": str(spec.max_run_ns // NS_PER_SECOND)},
+        # The container's own bound too (gpufleet-exec takes the smaller), as on Nomad and locally.
+        *([{"name": ENV_RUN_DEADLINE_SECONDS, "value": str(run_seconds(spec, meta))}] if RUN_DEADLINE_META in meta else []),
         {"name": ENV_KILL_GRACE_SECONDS, "value": str(_grace_seconds(spec))},
         {"name": "TMPDIR", "value": "/tmp"},
         {"name": "GPUFLEET_SCRATCH", "value": SCRATCH_DIR},
@@ -190,7 +204,8 @@ def _env(spec: FinetuneSpec, run: str, meta: dict[str, str], attempt: int) -> li
     ]
     if spec.checkpoint_bucket is not None:
         env.append({"name": ENV_CHECKPOINT_URI, "value": checkpoint_uri(spec.checkpoint_bucket, spec.tenant.name, checkpoint_run(run, meta))})
-    env += [{"name": f"{META_ENV_PREFIX}{key}", "value": value} for key, value in sorted(meta.items()) if key != EXPERIMENT_META]
+    env += [{"name": f"{META_ENV_PREFIX}{key}", "value": value} for key, value in sorted(meta.items())
+            if key not in (EXPERIMENT_META, RUN_DEADLINE_META)]
     return env
 
 
@@ -397,7 +412,7 @@ def job_manifest(spec: FinetuneSpec, *, dispatch_id: str | None = None, meta: di
     if dispatch_id is not None:
         annotations[DISPATCH_ANNOTATION] = dispatch_id
     if spec.pool.queued_provisioning:
-        annotations[DWS_MAX_RUN_ANNOTATION] = str(spec.max_run_ns // NS_PER_SECOND)
+        annotations[DWS_MAX_RUN_ANNOTATION] = str(run_seconds(spec, meta or {}))
     indexed = spec.nodes > 1
     return {
         "apiVersion": "batch/v1",
@@ -425,7 +440,10 @@ def job_manifest(spec: FinetuneSpec, *, dispatch_id: str | None = None, meta: di
                 *([{"action": "FailJob", "onExitCodes": {"containerName": PREFLIGHT_CONTAINER, "operator": "NotIn", "values": [0]}}]
                   if preflight_container(spec) else []),
             ]},
-            "activeDeadlineSeconds": spec.max_run_ns // NS_PER_SECOND,
+            # The Job controller fails the Job (reason DeadlineExceeded) this long after status.startTime, which it
+            # sets when Kueue unsuspends the Job and resets on each suspend (KEP-2232 Suspend Job): queueing does not count. The Job is
+            # per dispatch, so this is the experiment's remaining deadline when the control plane dispatched it.
+            "activeDeadlineSeconds": run_seconds(spec, meta or {}),
             "ttlSecondsAfterFinished": TTL_AFTER_FINISHED_SECONDS,
             "template": {
                 "metadata": {"labels": {**_labels(spec, run), **_experiment_label(meta or {})}, **({"annotations": a} if (a := _template_annotations(spec)) else {})},

@@ -17,7 +17,7 @@ from typing import Any
 from clusters.families import LOCAL_SSD_MOUNT, LOCAL_SSD_VOLUME
 from jobs.durations import NS_PER_SECOND
 from clusters.derive.checkpoints import ENV_CHECKPOINT_URI, checkpoint_uri
-from jobs.spec import EXPERIMENT_META, TASK, FinetuneSpec, exec_argv
+from jobs.spec import EXPERIMENT_META, RUN_DEADLINE_META, TASK, FinetuneSpec, exec_argv
 from vault_policies.layout import (
     ENV_ATTEMPT,
     ENV_KILL_GRACE_SECONDS,
@@ -25,6 +25,7 @@ from vault_policies.layout import (
     ENV_NO_VAULT,
     ENV_ROLE,
     ENV_ROLE_ID,
+    ENV_RUN_DEADLINE_SECONDS,
     ENV_SECRETS,
     ENV_WRAPPED_SECRET_ID,
     META_ATTEMPT,
@@ -36,6 +37,11 @@ from vault_policies.layout import (
 PLATFORM_META = (META_ATTEMPT, META_ROLE_ID, META_WRAPPED_SECRET_ID, EXPERIMENT_META)
 # What every run gets, with or without secrets: its attempt and its experiment (the checkpoint prefix).
 RUN_META = (META_ATTEMPT, EXPERIMENT_META)
+# Optional platform meta: the control plane always passes the experiment's remaining deadline, an operator's
+# dispatch (gpufleet jobs dispatch, nomad job dispatch) has none and gets the job's max_run_hours alone.
+# Nomad refuses a dispatch with a key the parent declares neither required nor optional
+# (nomad/job_endpoint.go validateDispatchRequest :2175-2194 at v1.10.5), so it must be declared here.
+PLATFORM_META_OPTIONAL = (RUN_DEADLINE_META,)
 # Static job meta: which role the dispatcher must mint for (a name, not a credential).
 JOB_META_ROLE = "gpufleet_vault_role"
 GPU_DEVICE = "nvidia/gpu"
@@ -71,10 +77,14 @@ def _device(spec: FinetuneSpec) -> dict[str, Any]:
 
 def task_env(spec: FinetuneSpec) -> dict[str, str]:
     """The task's environment: user env, Vault address, the dispatch meta interpolated in, and
-    the run limit gpufleet-exec enforces (the fleet's Nomad 1.10 has no MaxRunDuration)."""
+    the run limits gpufleet-exec enforces (the fleet's Nomad 1.10 has no MaxRunDuration): the job's
+    max_run_hours, static, and the experiment's remaining deadline from the dispatch meta; exec takes
+    the smaller, and the job's alone when the dispatch carried none (Nomad then leaves the
+    ``${NOMAD_META_...}`` text as written, which exec reads as none)."""
     limits = {
         ENV_ATTEMPT: f"${{NOMAD_META_{META_ATTEMPT}}}",
         ENV_MAX_RUN_SECONDS: str(spec.max_run_ns // NS_PER_SECOND),
+        ENV_RUN_DEADLINE_SECONDS: f"${{NOMAD_META_{RUN_DEADLINE_META}}}",
         ENV_KILL_GRACE_SECONDS: str(max(1, spec.kill_timeout_ns // NS_PER_SECOND)),
     }
     if spec.vault_role is None:  # a job without secrets: no Vault variables at all
@@ -137,7 +147,8 @@ def _group(spec: FinetuneSpec) -> dict[str, Any]:
         **({"Volumes": {LOCAL_SSD_VOLUME: {"Name": LOCAL_SSD_VOLUME, "Type": "host", "Source": LOCAL_SSD_VOLUME, "ReadOnly": False}}}
            if spec.pool.local_ssd_count else {}),
         # No MaxRunDuration: api.TaskGroup has it only from Nomad 2.0.3 and the fleet runs 1.10,
-        # which drops it; gpufleet-exec enforces max_run_hours (GPUFLEET_MAX_RUN_SECONDS).
+        # which drops it; gpufleet-exec enforces max_run_hours (GPUFLEET_MAX_RUN_SECONDS) and the experiment's
+        # remaining deadline (GPUFLEET_RUN_DEADLINE_SECONDS), whichever is smaller.
         "Tasks": [_task(spec)],
     }
 
@@ -160,7 +171,7 @@ def render(spec: FinetuneSpec) -> dict[str, Any]:
                 "Payload": "forbidden",
                 # Every run names its experiment (its checkpoint prefix); only a job with secrets takes the Vault keys.
                 "MetaRequired": sorted({*spec.meta_required, *(PLATFORM_META if spec.vault_role else RUN_META)}),
-                "MetaOptional": list(spec.meta_optional),
+                "MetaOptional": [*spec.meta_optional, *PLATFORM_META_OPTIONAL],
             },
             "TaskGroups": [_group(spec)],
         }

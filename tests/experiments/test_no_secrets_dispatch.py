@@ -32,7 +32,8 @@ def test_dispatch_of_a_job_without_secrets_mints_nothing(make_service, sqlite_ur
     (run,) = nomad.dispatched("nokeys")
     experiment = answer.json()["id"]
     assert nomad.state.jobs[("finetune", run)]["Meta"] == {**META, "gpufleet_cluster": "prod-nomad", "gpufleet_gpu_pool": "a100",
-                                                          "gpufleet_experiment": experiment, "gpufleet_attempt": "1"}
+                                                          "gpufleet_experiment": experiment, "gpufleet_attempt": "1",
+                                                          "gpufleet_run_deadline_seconds": "43200"}  # no deadline_hours: max_run_hours
     assert _secret_ids(vault) == before, "the control plane minted a secret_id for a job without secrets"
     shown = svc.client.get(f"/api/v1/experiments/{answer.json()['id']}", headers=mine).json()
     assert shown["status"] in ("queued", "provisioning") and shown["run_id"], shown

@@ -11,8 +11,10 @@ from pathlib import Path
 
 from jobs.local import task_environment
 from jobs.loader import find, load
+from jobs.spec import RUN_DEADLINE_META
 from tests.conftest import REPO_ROOT
 from tests.openbao_fixture import FAKE_KEYS, VaultHandle
+from vault_policies.exec import run_limits
 
 GPUFLEET = str(Path(sys.executable).parent / "gpufleet")
 META = ["--meta", "dataset_uri=hf://datasets/demo/tiny@v1", "--meta", "run_id=demo-1"]
@@ -32,6 +34,18 @@ def test_task_environment_is_nomad_shaped_and_never_holds_vault_token(tmp_path: 
     assert env["NOMAD_META_gpufleet_vault_role"] == "finetune"
     assert (env["NOMAD_JOB_ID"], env["NOMAD_JOB_PARENT_ID"], env["NOMAD_NAMESPACE"], env["NOMAD_ALLOC_NAME"]) == ("finetune-llama/dispatch-1-ab", "finetune-llama", "finetune", "finetune-llama/dispatch-1-ab.gpu-a100-x1[0]")
     assert Path(env["NOMAD_ALLOC_DIR"]).is_dir() and Path(env["NOMAD_TASK_DIR"]).is_dir() and Path(env["NOMAD_SECRETS_DIR"]).stat().st_mode & 0o077 == 0
+
+
+def test_local_runs_get_the_experiment_deadline_like_nomad(tmp_path: Path) -> None:
+    """The local runner's env is interpolated from the dispatch meta like a Nomad client's: the control plane's
+    remaining deadline binds gpufleet-exec; an operator's run-local without it keeps the job's max_run."""
+    spec = load(find("finetune-llama"))
+    meta = {"dataset_uri": "hf://d/x@v1", "run_id": "r1", "gpufleet_vault_role_id": "rid", "gpufleet_vault_wrapped_secret_id": "wrap"}
+    environ = {"PATH": "/usr/bin", "VAULT_ADDR": "http://127.0.0.1:8200"}
+    bounded = task_environment(spec, {**meta, RUN_DEADLINE_META: "600"}, job_id="j/dispatch-1", alloc_id="0123456789ab", alloc_root=tmp_path / "a", environ=environ)
+    assert bounded["GPUFLEET_RUN_DEADLINE_SECONDS"] == "600" and run_limits(bounded)[0] == 600
+    unbounded = task_environment(spec, meta, job_id="j/dispatch-2", alloc_id="0123456789ac", alloc_root=tmp_path / "b", environ=environ)
+    assert run_limits(unbounded)[0] == 43200
 
 
 def test_run_local_trains_with_its_key_from_openbao(vault: VaultHandle, tmp_path: Path) -> None:

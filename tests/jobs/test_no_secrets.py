@@ -72,6 +72,7 @@ def test_nomad_render_has_no_vault_role_wrap_or_variables(no_keys: Callable[[str
     job = render(spec)["Job"]
     assert "gpufleet_vault_role" not in job["Meta"]
     assert job["ParameterizedJob"]["MetaRequired"] == ["dataset_uri", "gpufleet_attempt", "gpufleet_experiment", "run_id"], "no Vault meta to wait for"
+    assert job["ParameterizedJob"]["MetaOptional"] == ["base_model", "gpufleet_run_deadline_seconds"]  # the experiment's deadline, jobs or none
     env = task_env(spec)
     assert not set(VAULT_NAMES) & set(env), env
     assert env["GPUFLEET_NO_VAULT"] == "1" and env["GPUFLEET_MAX_RUN_SECONDS"] == "43200"

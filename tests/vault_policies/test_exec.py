@@ -134,10 +134,48 @@ def test_child_stopped_when_it_outruns_max_run_seconds(vault: VaultHandle) -> No
     result = subprocess.run([EXEC, "--", "sleep", "120"], env=_limited(vault, "2", "30"), capture_output=True, text=True, timeout=150)
     elapsed = time.monotonic() - started
     assert result.returncode == 124, result.stderr
-    assert "ran longer than max_run_hours (GPUFLEET_MAX_RUN_SECONDS=2); sending SIGTERM" in result.stderr
+    assert "ran longer than its run limit (2s: the smaller of GPUFLEET_MAX_RUN_SECONDS and GPUFLEET_RUN_DEADLINE_SECONDS); sending SIGTERM" in result.stderr
     assert "ignored SIGTERM" not in result.stderr and "token revoked" in result.stderr
     assert 2 <= elapsed < 60, f"stopped after {elapsed:.1f}s"
     assert _live_role_tokens(vault, "finetune") == before
+
+
+def test_child_stopped_at_the_experiment_deadline_when_it_is_the_smaller_bound(vault: VaultHandle) -> None:
+    """The experiment's remaining deadline (dispatch meta, GPUFLEET_RUN_DEADLINE_SECONDS) binds when it is
+    shorter than the job's max_run_hours: admission priced the run at the deadline, not at max_run."""
+    started = time.monotonic()
+    env = {**_limited(vault, "100", "30"), "GPUFLEET_RUN_DEADLINE_SECONDS": "2"}
+    result = subprocess.run([EXEC, "--", "sleep", "120"], env=env, capture_output=True, text=True, timeout=150)
+    elapsed = time.monotonic() - started
+    assert result.returncode == 124, result.stderr
+    assert "ran longer than its run limit (2s:" in result.stderr and "token revoked" in result.stderr
+    assert 2 <= elapsed < 60, f"stopped after {elapsed:.1f}s"
+
+
+@pytest.mark.parametrize("absent", ["", "${NOMAD_META_gpufleet_run_deadline_seconds}"])
+def test_without_a_deadline_the_job_max_run_still_binds(vault: VaultHandle, absent: str) -> None:
+    """A dispatch without the optional meta key: Nomad leaves ``${NOMAD_META_...}`` as written (helper/args/args.go
+    ReplaceEnv at v1.10.5), and an operator's run has no experiment deadline; the job's own bound applies, never none."""
+    env = {**_limited(vault, "2", "30"), "GPUFLEET_RUN_DEADLINE_SECONDS": absent}
+    result = subprocess.run([EXEC, "--", "sleep", "120"], env=env, capture_output=True, text=True, timeout=150)
+    assert result.returncode == 124, result.stderr
+    assert "ran longer than its run limit (2s:" in result.stderr
+
+
+def test_a_larger_deadline_never_extends_max_run(vault: VaultHandle) -> None:
+    env = {**_limited(vault, "2", "30"), "GPUFLEET_RUN_DEADLINE_SECONDS": "3600"}
+    result = subprocess.run([EXEC, "--", "sleep", "120"], env=env, capture_output=True, text=True, timeout=150)
+    assert result.returncode == 124, result.stderr
+    assert "ran longer than its run limit (2s:" in result.stderr
+
+
+@pytest.mark.parametrize("bad", ["0", "1.5", "-3"])
+def test_fails_when_the_run_deadline_is_malformed(vault: VaultHandle, bad: str) -> None:
+    env = {**_limited(vault, "100", "30"), "GPUFLEET_RUN_DEADLINE_SECONDS": bad}
+    result = subprocess.run([EXEC, "--", "true"], env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2, result.stderr
+    assert f"GPUFLEET_RUN_DEADLINE_SECONDS={bad!r} is not a whole number of seconds >= 1" in result.stderr
+    assert vault.client(env["GPUFLEET_VAULT_WRAPPED_SECRET_ID"]).sys.unwrap()["data"]["secret_id"], "the refusal must not spend the wrapping token"
 
 
 def test_child_killed_when_it_ignores_sigterm_past_max_run(vault: VaultHandle, tmp_path: Path) -> None:
