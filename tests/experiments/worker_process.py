@@ -39,8 +39,8 @@ class HangsAfter:
         self.inner, self.n, self.marker, self.scheduler = inner, n, marker, inner.scheduler
         self.count = 0
 
-    def submit(self, job: Any, meta: Mapping[str, str], *, idempotency_key: str | None = None) -> str:
-        run_id = self.inner.submit(job, meta, idempotency_key=idempotency_key)
+    def submit(self, job: Any, meta: Mapping[str, str], *, idempotency_key: str | None = None, attempt: int = 1) -> str:
+        run_id = self.inner.submit(job, meta, idempotency_key=idempotency_key, attempt=attempt)
         self.count += 1
         if self.count > self.n:
             self.marker.write_text(str(idempotency_key))
