@@ -70,6 +70,8 @@ def cmd_serve(
                                      help="KiB of each run's output kept in the database per rank and stream (docs/logs.md)."),
     max_follows: int = typer.Option(32, "--max-follows-per-tenant", envvar="GPUFLEET_MAX_FOLLOWS_PER_TENANT", min=1, max=10000,
                                     help="Log follows of one tenant's runs open at once; one more is a 429 (docs/logs.md)."),
+    allow_degraded: bool = typer.Option(False, "--allow-degraded", envvar="GPUFLEET_ALLOW_DEGRADED",
+                                        help="Start even when a bound cluster's scheduler does not answer; /healthz and gpufleet_scheduler_up say so until it does."),
 ) -> None:
     """Run the experiments control plane: API, dashboard at /, and the background worker."""
     import logging
@@ -87,6 +89,7 @@ def cmd_serve(
     if local_xid_at_step is not None and scheduler != "local":
         raise UserError("--local-xid-at-step is a demo knob of --scheduler local; drop it or add --scheduler local")
     runner = _runner(scheduler, vault_env(), nomad_cluster=nomad_cluster, gke_cluster=gke_cluster, xid_at_step=local_xid_at_step)
+    _refuse_silent_schedulers(runner, allow_degraded=allow_degraded)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = ServiceSettings(db_url=database_url(db), worker=not no_worker, timing=Timing(poll_seconds=poll_seconds, log_tail_bytes=log_tail_kib * 1024,
                                                                                            retry_backoff_seconds=retry_backoff_seconds,
@@ -120,6 +123,25 @@ def _fleet_tenants() -> list[str]:
     from clusters.derive.tenants import derive_tenants
 
     return [t.name for config in load_all() for t in derive_tenants(config)]
+
+
+def _refuse_silent_schedulers(runner: object, *, allow_degraded: bool) -> None:
+    """Ask each bound cluster's scheduler once before serving: a service that would accept runs it
+    cannot dispatch refuses to start (one line, the fix), unless ``--allow-degraded`` says to serve
+    anyway; the worker keeps asking and /healthz reports it meanwhile (experiments.binding)."""
+    from jobs.runner import SchedulerUnavailable
+
+    for cluster, member in sorted(getattr(runner, "members", {}).items()):
+        kind = runner.clusters[cluster]  # type: ignore[attr-defined]
+        try:
+            member.identity()
+        except SchedulerUnavailable as exc:
+            where = "NOMAD_ADDR, NOMAD_TOKEN and NOMAD_CACERT/NOMAD_CLIENT_CERT" if kind == "nomad" else "the kube context (GPUFLEET_KUBE_CONTEXT)"
+            why = " ".join(str(exc).split())[:300]
+            if not allow_degraded:
+                raise UserError(f"cluster {cluster}: its {kind} scheduler does not answer ({why}); check {where} (gpufleet doctor checks them),"
+                                " or start with --allow-degraded to serve anyway (/healthz says degraded until it answers)") from None
+            console.print(f"warning: cluster {cluster}: its {kind} scheduler does not answer ({why}); starting degraded (--allow-degraded)")
 
 
 def _runner(scheduler: str, environ: dict[str, str], *, nomad_cluster: str | None = None, gke_cluster: str | None = None,  # type: ignore[no-untyped-def]

@@ -71,3 +71,32 @@ def test_fails_when_the_oidc_config_is_wrong(tmp_path, fleet_repo, tenants, expe
     line = _one_line(_serve(tmp_path, fleet_repo, "--db", "sqlite:///x.db", "--oidc-config", "oidc.yaml"))
     assert line.startswith(expected), line
     assert not (tmp_path / "x.db").exists()  # refused before the database was touched
+
+
+def test_refuses_to_start_when_a_bound_clusters_scheduler_does_not_answer(tmp_path, fleet_repo):
+    """Issue 24: a service bound to a Nomad cluster whose API does not answer would accept runs it cannot
+    dispatch; it refuses to start in one line that names the cluster, the variables to check and the flag."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "GPUFLEET_", "NOMAD_"))}
+    env.update(NOMAD_ADDR="http://127.0.0.1:1", NOMAD_TOKEN="not-a-real-token", VAULT_ADDR="http://127.0.0.1:1", VAULT_TOKEN="not-a-real-token")
+    done = subprocess.run([sys.executable, "-m", "gpufleet.cli", "--repo", str(fleet_repo), "serve", "--nomad-cluster", "prod-nomad", "--port", "1",
+                           "--db", f"sqlite:///{tmp_path / 'x.db'}"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    line = _one_line(done)
+    assert line.startswith("error: cluster prod-nomad: its nomad scheduler does not answer (") and "http://127.0.0.1:1" in line, line
+    assert "check NOMAD_ADDR" in line and "--allow-degraded" in line and "not-a-real-token" not in done.stdout + done.stderr
+
+
+def test_allow_degraded_starts_and_says_so() -> None:
+    from gpufleet.serve_cmd import _refuse_silent_schedulers
+    from jobs.runner import SchedulerUnavailable
+
+    class Silent:
+        def identity(self) -> str:
+            raise SchedulerUnavailable("cannot reach Nomad at http://127.0.0.1:1")
+
+    class Runners:
+        members = {"prod-nomad": Silent()}
+        clusters = {"prod-nomad": "nomad"}
+
+    with pytest.raises(Exception, match="--allow-degraded"):
+        _refuse_silent_schedulers(Runners(), allow_degraded=False)
+    _refuse_silent_schedulers(Runners(), allow_degraded=True)  # a warning, no refusal: the worker keeps asking
