@@ -21,6 +21,17 @@ from pathlib import Path
 _WRITABLE_BY_OTHERS = stat.S_IWGRP | stat.S_IWOTH
 
 
+def configured_dir(env: str, name: str) -> Path | None:
+    """A cache's directory: ``$<env>`` if set (``off`` turns the cache off), else
+    ``$XDG_CACHE_HOME/gpufleet/<name>`` (default ``~/.cache``): outside the repository, safe to delete."""
+    configured = os.environ.get(env, "").strip()
+    if configured.lower() == "off":
+        return None
+    if configured:
+        return Path(configured).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "gpufleet" / name
+
+
 def _own(info: os.stat_result) -> bool:
     return info.st_uid == os.getuid() and not info.st_mode & _WRITABLE_BY_OTHERS
 

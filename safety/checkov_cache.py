@@ -35,12 +35,7 @@ _RULES = (Path(__file__).with_name("checkov_scan.py"), Path(checkov_exempt.__fil
 
 def cache_dir() -> Path | None:
     """Where results are kept; None when turned off."""
-    configured = os.environ.get(CACHE_ENV, "").strip()
-    if configured.lower() == "off":
-        return None
-    if configured:
-        return Path(configured).expanduser()
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "gpufleet" / "checkov"
+    return cache_trust.configured_dir(CACHE_ENV, "checkov")
 
 
 def checkov_version(binary: str) -> str:

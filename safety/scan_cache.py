@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import os
 import sys
 from pathlib import Path
 
@@ -30,12 +29,7 @@ DETECTOR_FILES = (Path(__file__).resolve().parent.parent / "clusters" / "secrets
 
 def cache_dir() -> Path | None:
     """Where clean files are remembered; None when turned off."""
-    configured = os.environ.get(CACHE_ENV, "").strip()
-    if configured.lower() == "off":
-        return None
-    if configured:
-        return Path(configured).expanduser()
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "gpufleet" / "secret-scan"
+    return cache_trust.configured_dir(CACHE_ENV, "secret-scan")
 
 
 @functools.cache

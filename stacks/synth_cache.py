@@ -74,12 +74,7 @@ CDKTF_ENV_IGNORED = ("CDKTF_OUTDIR",)
 
 def cache_dir() -> Path | None:
     """Where entries are kept; None when turned off."""
-    configured = os.environ.get(CACHE_ENV, "").strip()
-    if configured.lower() == "off":
-        return None
-    if configured:
-        return Path(configured).expanduser()
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "gpufleet" / "synth"
+    return cache_trust.configured_dir(CACHE_ENV, "synth")
 
 
 def _user_file(relative: Path) -> bool:
