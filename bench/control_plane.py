@@ -63,11 +63,12 @@ META = {"dataset_uri": "hf://datasets/acme/chat@v3"}
 
 
 def roomy_configs() -> tuple[ClusterConfig, ...]:
-    """The example clusters with every tenant quota raised, so the benchmark measures the
-    submit path, not the quota refusing (admission still counts the quota under its lock)."""
+    """The example clusters with every tenant quota raised and no money budget, so the benchmark
+    measures the submit path, not the quota or the budget refusing (admission still counts the
+    quota under its lock; a budgeted tenant's submit also sums its live runs under its own lock)."""
     out = []
     for config in clusters.load_all():
-        tenants = [t.model_copy(update={"gpu_quota": {pool: 100_000 for pool in t.gpu_quota}}) for t in config.tenants]
+        tenants = [t.model_copy(update={"gpu_quota": {pool: 100_000 for pool in t.gpu_quota}, "budget_usd_month": None}) for t in config.tenants]
         out.append(config.model_copy(update={"tenants": tenants}))
     return tuple(out)
 
