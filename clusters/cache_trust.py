@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import stat
 import sys
+import tempfile
 from pathlib import Path
 
 _WRITABLE_BY_OTHERS = stat.S_IWGRP | stat.S_IWOTH
@@ -85,3 +86,16 @@ def entry(directory: Path, *relative: str) -> Path | None:
         if stat.S_ISLNK(info.st_mode) or not _own(info):
             return None
     return path
+
+
+def write(target: Path, text: str) -> None:
+    """Write one entry atomically (a reader sees the old file or the whole new one), its folder 0700;
+    a read-only or full cache only costs speed, so an OSError is dropped."""
+    try:
+        target.parent.mkdir(mode=0o700, exist_ok=True)
+        handle, partial = tempfile.mkstemp(prefix=".partial.", dir=target.parent)
+        with os.fdopen(handle, "w", encoding="utf-8") as out:
+            out.write(text)
+        os.replace(partial, target)
+    except OSError:
+        pass

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from constructs import Construct
 
 from constructs_lib.naming import pin
@@ -47,35 +49,24 @@ class NomadFirewall(Construct):
                    fw.ComputeFirewallAllow(protocol="udp", ports=[NOMAD_SERF_UDP])],
             log_config={"metadata": "INCLUDE_ALL_METADATA"},
         ), "fw_allow_nomad")
-        self.api_rule = None
-        if api_cidrs and api_tags:
-            self.api_rule = pin(fw.ComputeFirewall(
-                self, "api", name=f"{cluster}-allow-nomad-api", network=vpc_id, direction="INGRESS", priority=900,
-                source_ranges=sorted(api_cidrs), target_tags=sorted(api_tags),
-                allow=[fw.ComputeFirewallAllow(protocol="tcp", ports=[str(NOMAD_HTTP_PORT)])],
-                log_config={"metadata": "INCLUDE_ALL_METADATA"},
-            ), "fw_allow_nomad_api")
-        self.metrics_rule = None
-        if metrics_cidrs and api_tags:
-            self.metrics_rule = pin(fw.ComputeFirewall(
-                self, "metrics", name=f"{cluster}-allow-nomad-metrics", network=vpc_id, direction="INGRESS", priority=900,
-                source_ranges=sorted(metrics_cidrs), target_tags=sorted(api_tags),
-                allow=[fw.ComputeFirewallAllow(protocol="tcp", ports=[str(NOMAD_HTTP_PORT)])],
-                log_config={"metadata": "INCLUDE_ALL_METADATA"},
-            ), "fw_allow_nomad_metrics")
-        self.gpu_metrics_rule = None
-        if metrics_cidrs and gpu_metrics_tags:
-            self.gpu_metrics_rule = pin(fw.ComputeFirewall(
-                self, "gpu_metrics", name=f"{cluster}-allow-gpu-metrics", network=vpc_id, direction="INGRESS", priority=900,
-                source_ranges=sorted(metrics_cidrs), target_tags=sorted(gpu_metrics_tags),
-                allow=[fw.ComputeFirewallAllow(protocol="tcp", ports=[str(DCGM_EXPORTER_PORT)])],
-                log_config={"metadata": "INCLUDE_ALL_METADATA"},
-            ), "fw_allow_gpu_metrics")
-        self.tls_probe_rule = None
-        if metrics_cidrs and tls_probe_tags:
-            self.tls_probe_rule = pin(fw.ComputeFirewall(
-                self, "tls_probe", name=f"{cluster}-allow-nomad-tls-probe", network=vpc_id, direction="INGRESS", priority=900,
-                source_ranges=sorted(metrics_cidrs), target_tags=sorted(tls_probe_tags),
-                allow=[fw.ComputeFirewallAllow(protocol="tcp", ports=[str(NOMAD_HTTP_PORT)])],
-                log_config={"metadata": "INCLUDE_ALL_METADATA"},
-            ), "fw_allow_nomad_tls_probe")
+        self.api_rule = self._tcp_ingress("api", f"{cluster}-allow-nomad-api", vpc_id, api_cidrs, api_tags, NOMAD_HTTP_PORT,
+                                          "fw_allow_nomad_api")
+        self.metrics_rule = self._tcp_ingress("metrics", f"{cluster}-allow-nomad-metrics", vpc_id, metrics_cidrs, api_tags, NOMAD_HTTP_PORT,
+                                              "fw_allow_nomad_metrics")
+        self.gpu_metrics_rule = self._tcp_ingress("gpu_metrics", f"{cluster}-allow-gpu-metrics", vpc_id, metrics_cidrs, gpu_metrics_tags,
+                                                  DCGM_EXPORTER_PORT, "fw_allow_gpu_metrics")
+        self.tls_probe_rule = self._tcp_ingress("tls_probe", f"{cluster}-allow-nomad-tls-probe", vpc_id, metrics_cidrs, tls_probe_tags,
+                                                NOMAD_HTTP_PORT, "fw_allow_nomad_tls_probe")
+
+    def _tcp_ingress(self, id_: str, name: str, vpc_id: str, cidrs: Sequence[str], tags: Sequence[str] | None, port: int,
+                     address: str) -> google.compute_firewall.ComputeFirewall | None:
+        """One TCP port open from ``cidrs`` to ``tags``, logged; no rule when either is empty."""
+        if not cidrs or not tags:
+            return None
+        fw = google.compute_firewall
+        return pin(fw.ComputeFirewall(
+            self, id_, name=name, network=vpc_id, direction="INGRESS", priority=900,
+            source_ranges=sorted(cidrs), target_tags=sorted(tags),
+            allow=[fw.ComputeFirewallAllow(protocol="tcp", ports=[str(port)])],
+            log_config={"metadata": "INCLUDE_ALL_METADATA"},
+        ), address)

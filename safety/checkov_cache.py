@@ -21,7 +21,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 from clusters import cache_trust
@@ -110,13 +109,5 @@ def store(directory: Path, digest: str, result: StackResult) -> None:
     payload = json.dumps({"key": digest, "stack": result.stack, "passed": result.passed,
                           "failures": rows(result.failures), "exempted": rows(result.exempted)})
     target = cache_trust.entry(directory, digest[:2], f"{digest}.json")
-    if target is None:
-        return
-    try:
-        target.parent.mkdir(mode=0o700, exist_ok=True)
-        handle, partial = tempfile.mkstemp(prefix=".partial.", dir=target.parent)
-        with os.fdopen(handle, "w", encoding="utf-8") as out:
-            out.write(payload)
-        os.replace(partial, target)
-    except OSError:
-        pass
+    if target is not None:
+        cache_trust.write(target, payload)

@@ -45,7 +45,6 @@ import os
 import re
 import shutil
 import sys
-import tempfile
 from collections.abc import Iterable
 from datetime import date, datetime
 from pathlib import Path
@@ -227,16 +226,8 @@ def read_unit(tree: Path, manifest: dict, stacks: tuple[str, ...]) -> dict:
 def store(directory: Path, key: str, unit: dict) -> None:
     """Write one entry atomically; a read-only or full cache only costs speed."""
     target = _path(directory, key)
-    if target is None:
-        return
-    try:
-        target.parent.mkdir(mode=0o700, exist_ok=True)
-        handle, partial = tempfile.mkstemp(prefix=".partial.", dir=target.parent)
-        with os.fdopen(handle, "w", encoding="utf-8") as out:
-            json.dump({"key": key, **unit}, out)
-        os.replace(partial, target)
-    except OSError:
-        pass
+    if target is not None:
+        cache_trust.write(target, json.dumps({"key": key, **unit}))
 
 
 def write_unit(unit: dict, tree: Path) -> None:
