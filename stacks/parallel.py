@@ -98,7 +98,10 @@ def partition(info: tuple[StackInfo, ...], workers: int) -> list[tuple[str, ...]
 def synth_group(configs: tuple[ClusterConfig, ...], names: tuple[str, ...], outdir: Path,
                 imported_dir: Path | None) -> dict:
     """Synthesize only ``names`` into ``outdir`` in this process's jsii kernel; returns cdktf's manifest."""
-    from cdktf import App
+    from constructs_lib.jsii_runtime import direct_kernel
+
+    with direct_kernel():
+        from cdktf import App
 
     from stacks.fleet import build_fleet
 

@@ -82,7 +82,10 @@ def synthesize(configs: tuple[ClusterConfig, ...], outdir: Path = DEFAULT_OUTDIR
 
 def _synthesize_here(configs: tuple[ClusterConfig, ...], tmp: Path, imported_dir: Path | None) -> tuple[str, ...]:
     """The whole fleet in this process's jsii kernel."""
-    from cdktf import App
+    from constructs_lib.jsii_runtime import direct_kernel
+
+    with direct_kernel():
+        from cdktf import App
 
     from stacks.fleet import build_fleet
 
