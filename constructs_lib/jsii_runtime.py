@@ -14,7 +14,10 @@ that grows with the fleet (bench/check.py, issue 28). Two costs in it are not th
   sent to stderr as ``{"stdout": <base64>}`` / ``{"stderr": <base64>}`` lines, exactly as the
   relay does, so the API channel stays clean and jsii's stderr reader prints it unchanged. The
   relay also runs the child with ``--preserve-symlinks`` (jsii's package cache links packages into
-  the kernel's ``node_modules``); ``NODE_OPTIONS`` passes it while the kernel starts.
+  the kernel's ``node_modules``); ``NODE_OPTIONS`` passes it while the kernel starts, and the
+  launcher lists it in ``process.execArgv``, where the kernel looks for it to link a package
+  with one symlink (without it, it hard-links every file of every provider and removes the tree
+  at exit: seconds per kernel).
 - cdktf captures a full stack trace (``Error.stackTraceLimit`` raised to ``MAX_SAFE_INTEGER``) for
   every token it creates (``lib/tokens/private/stack-trace.js``, called by ``Intrinsic``, ``Lazy``,
   ``ComplexComputedList``, dynamic blocks), and the token map keeps each formatted trace for the
@@ -71,6 +74,9 @@ function console(key) {
 const stdout = console("stdout"), stderr = console("stderr");
 Object.defineProperty(process, "stdout", { configurable: true, enumerable: true, get: () => stdout });
 Object.defineProperty(process, "stderr", { configurable: true, enumerable: true, get: () => stderr });
+// --preserve-symlinks comes through NODE_OPTIONS, which execArgv does not list; the kernel reads
+// execArgv to choose between one symlink per package and a tree of hard links it removes at exit.
+if (!process.execArgv.includes("--preserve-symlinks")) process.execArgv.push("--preserve-symlinks");
 require("./program.js");
 """
 _state: dict[str, Path | None] = {}
