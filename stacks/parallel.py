@@ -65,7 +65,7 @@ def available_cores() -> int:
 
 
 def current_core() -> int | None:
-    """The core this thread runs on now (``/proc/self/stat`` field 39), or None where unknown."""
+    """The core this thread runs on now (field 39 of ``/proc/thread-self/stat``), or None where unknown."""
     try:
         return int(Path("/proc/thread-self/stat").read_text().rsplit(")", 1)[1].split()[36])
     except (OSError, ValueError, IndexError):
