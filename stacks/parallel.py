@@ -158,7 +158,9 @@ def _start_worker(configs: tuple[ClusterConfig, ...], names: tuple[str, ...], pa
     job = part.with_name(f"{part.name}.job")
     job.write_bytes(pickle.dumps((configs, names, part, imported_dir, core)))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, (str(CODE_ROOT), os.environ.get("PYTHONPATH")))))
-    return subprocess.Popen([sys.executable, "-m", "stacks.parallel", str(job)], env=env, stdin=subprocess.DEVNULL)
+    # -P: ``-m`` would put the working directory first on sys.path, so a worker started from inside another
+    # gpufleet checkout (or a folder with its own ``stacks/``) ran that code, not this process's (CODE_ROOT).
+    return subprocess.Popen([sys.executable, "-P", "-m", "stacks.parallel", str(job)], env=env, stdin=subprocess.DEVNULL)
 
 
 def _finish_worker(proc: subprocess.Popen, part: Path) -> dict:
