@@ -37,11 +37,12 @@ def documents(name: str) -> list[dict[str, Any]]:
 
 
 def first(name: str, kind: str) -> dict[str, Any]:
-    """The first document of ``kind``; raises if upstream no longer has one."""
-    found = [d for d in documents(name) if d.get("kind") == kind]
+    """The first document of ``kind`` (a fresh copy; only that one is copied: every cluster's admission
+    policies read these files several times); raises if upstream no longer has one."""
+    found = [d for d in _documents(name) if d.get("kind") == kind]
     if not found:
         raise ValueError(f"vendored {name}.yaml has no {kind}; upstream moved: re-read it before regenerating")
-    return found[0]
+    return copy.deepcopy(found[0])
 
 
 def rxdm_sidecars() -> tuple[dict[str, Any], ...]:

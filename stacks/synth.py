@@ -81,14 +81,19 @@ def synthesize(configs: tuple[ClusterConfig, ...], outdir: Path = DEFAULT_OUTDIR
 
 
 def _synthesize_here(configs: tuple[ClusterConfig, ...], tmp: Path, imported_dir: Path | None) -> tuple[str, ...]:
-    """The whole fleet in this process's jsii kernel."""
-    from cdktf import App
+    """The whole fleet in this process's jsii kernel, on one core (``stacks.parallel.one_core``)."""
+    from constructs_lib.jsii_runtime import direct_kernel
+    from stacks.parallel import one_core
 
-    from stacks.fleet import build_fleet
+    with one_core():
+        with direct_kernel():
+            from cdktf import App
 
-    app = App(outdir=str(tmp))
-    fleet = build_fleet(app, configs, imported_dir=imported_dir)
-    app.synth()
+        from stacks.fleet import build_fleet
+
+        app = App(outdir=str(tmp))
+        fleet = build_fleet(app, configs, imported_dir=imported_dir)
+        app.synth()
     return tuple(fleet.stacks)
 
 

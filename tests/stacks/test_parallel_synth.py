@@ -78,3 +78,18 @@ def test_worker_count_follows_threshold_cores_and_overrides(monkeypatch: pytest.
     monkeypatch.setenv(parallel.JOBS_ENV, "two")
     with pytest.raises(UserError, match="GPUFLEET_SYNTH_JOBS='two': not a positive integer"):
         parallel.worker_count(200)
+
+
+def test_a_worker_runs_this_process_code_whatever_the_working_directory(example_configs, tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch, serial_out: Path) -> None:
+    """``python -m`` puts the working directory first on sys.path: from inside another checkout (here a
+    folder whose ``stacks.parallel`` fails), a worker must still import the code of the process that started it."""
+    other = tmp_path / "other-checkout"
+    (other / "stacks").mkdir(parents=True)
+    (other / "stacks" / "__init__.py").write_text("")
+    (other / "stacks" / "parallel.py").write_text("raise SystemExit(3)\n")
+    (tmp_path / "imported").mkdir()  # none recorded, as for serial_out (the folder is not a repository to look in)
+    monkeypatch.chdir(other)
+    out = tmp_path / "cdktf.out"
+    synthesize(example_configs, out, jobs=2, imported_dir=tmp_path / "imported")
+    assert _tree(out) == _tree(serial_out)

@@ -1,0 +1,148 @@
+"""How gpufleet starts the jsii kernel for a synthesis: jsii's kernel program itself, without its
+relay process and without a stack trace recorded for every cdktf token.
+
+A synthesis is tens of thousands of request/reply round trips between Python and the Node
+kernel; per cluster, the Node side was the larger half of the CPU time and all of the memory
+that grows with the fleet (bench/check.py, issue 28). Two costs in it are not the kernel's work:
+
+- jsii's packaged entry point (``bin/jsii-runtime.js`` of ``@jsii/runtime``) spawns a second Node
+  process running ``lib/program.js`` and pipes every message between its own stdin/stdout and the
+  child's fd 3, so each round trip wakes four processes instead of two, and every kernel carries
+  a second Node process (about 55 MB). Here ``program.js`` is started directly: a private copy in
+  which its single ``readFD:3,writeFD:3`` reads requests from stdin and writes replies to stdout,
+  which is what jsii's Python side is connected to. JavaScript that prints (``console.log``) is
+  sent to stderr as ``{"stdout": <base64>}`` / ``{"stderr": <base64>}`` lines, exactly as the
+  relay does, so the API channel stays clean and jsii's stderr reader prints it unchanged. The
+  relay also runs the child with ``--preserve-symlinks`` (jsii's package cache links packages into
+  the kernel's ``node_modules``); ``NODE_OPTIONS`` passes it while the kernel starts, and the
+  launcher lists it in ``process.execArgv``, where the kernel looks for it to link a package
+  with one symlink (without it, it hard-links every file of every provider and removes the tree
+  at exit: seconds per kernel).
+- cdktf captures a full stack trace (``Error.stackTraceLimit`` raised to ``MAX_SAFE_INTEGER``) for
+  every token it creates (``lib/tokens/private/stack-trace.js``, called by ``Intrinsic``, ``Lazy``,
+  ``ComplexComputedList``, dynamic blocks), and the token map keeps each formatted trace for the
+  life of the process, only to quote it in an error about a token that cannot be resolved. At 100
+  generated clusters these traces were about 60% of the live Node heap and a third of its CPU. The
+  launcher makes ``Error.captureStackTrace`` a no-op for targets that are not ``Error`` objects
+  (cdktf's and constructs' helpers pass a plain ``{stack: ""}`` and then read back no frames);
+  errors keep their stacks, so a failing synthesis still reports where.
+
+Neither changes what is synthesized: both only touch how messages travel and what error messages
+could quote. ``tests/stacks/test_parallel_synth.py`` compares worker processes (started this way)
+with a synthesis in the test process (jsii's packaged entry point) byte for byte.
+
+The files are written into a fresh private temporary directory per process (jsii extracts its
+own runtime the same way on every start), removed at exit after jsii has stopped the kernel. When
+the kernel is already running, ``JSII_RUNTIME`` is set by the user, ``GPUFLEET_JSII_RUNTIME=packaged``
+asks for jsii's own entry point, or this jsii's ``program.js`` does not have the expected text,
+nothing changes and jsii starts as packaged.
+"""
+
+from __future__ import annotations
+
+import atexit
+import importlib.resources
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+RUNTIME_ENV = "GPUFLEET_JSII_RUNTIME"
+PROGRAM = "lib/program.js"
+LAUNCHER = "lib/gpufleet-kernel.js"
+_CHANNEL = b"readFD:3,writeFD:3"
+_STDIO = b"readFD:0,writeFD:1"
+LAUNCHER_JS = """\
+"use strict";
+// Written by gpufleet (constructs_lib/jsii_runtime.py): jsii's kernel program without its relay process.
+const fs = require("fs");
+const { Writable } = require("stream");
+const captureStackTrace = Error.captureStackTrace;
+Error.captureStackTrace = function (target, below) {
+  if (target instanceof Error) return captureStackTrace.call(Error, target, below);
+};
+function console(key) {
+  return new Writable({ write(chunk, encoding, done) {
+    const data = Buffer.isBuffer(chunk) ? chunk : Buffer.from(chunk, encoding);
+    fs.writeSync(2, JSON.stringify({ [key]: data.toString("base64") }) + "\\n");
+    done();
+  } });
+}
+const stdout = console("stdout"), stderr = console("stderr");
+Object.defineProperty(process, "stdout", { configurable: true, enumerable: true, get: () => stdout });
+Object.defineProperty(process, "stderr", { configurable: true, enumerable: true, get: () => stderr });
+// --preserve-symlinks comes through NODE_OPTIONS, which execArgv does not list; the kernel reads
+// execArgv to choose between one symlink per package and a tree of hard links it removes at exit.
+if (!process.execArgv.includes("--preserve-symlinks")) process.execArgv.push("--preserve-symlinks");
+require("./program.js");
+"""
+_state: dict[str, Path | None] = {}
+
+
+def kernel_running() -> bool:
+    """Whether this process's jsii kernel has started: jsii starts it when the first assembly loads,
+    which is what importing a package's ``<package>._jsii`` module does."""
+    return any(name.endswith("._jsii") for name in list(sys.modules))
+
+
+def write_runtime(directory: Path) -> Path | None:
+    """jsii's embedded ``lib/`` files with ``program.js`` reading stdin and writing stdout, and the
+    launcher; returns the launcher, or None when ``program.js`` is not the text this expects."""
+    import jsii._embedded.jsii as embedded
+
+    files = importlib.resources.files(embedded)
+    for resource, relative in embedded.EMBEDDED_FILES.items():
+        if not relative.startswith("lib/"):
+            continue
+        data = files.joinpath(resource).read_bytes()
+        if relative == PROGRAM:
+            if data.count(_CHANNEL) != 1:
+                return None
+            data = data.replace(_CHANNEL, _STDIO)
+        target = directory / relative
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data)
+    if not (directory / PROGRAM).is_file():
+        return None
+    launcher = directory / LAUNCHER
+    launcher.write_text(LAUNCHER_JS, encoding="utf-8")
+    return launcher
+
+
+def _launcher() -> Path | None:
+    """This process's launcher, written on first use (None: start jsii as packaged)."""
+    if "launcher" not in _state:
+        directory = Path(tempfile.mkdtemp(prefix="gpufleet-jsii-"))
+        atexit.register(shutil.rmtree, directory, ignore_errors=True)  # runs after jsii's own exit hook stops the kernel
+        try:
+            _state["launcher"] = write_runtime(directory)
+        except OSError:
+            _state["launcher"] = None
+    return _state["launcher"]
+
+
+@contextmanager
+def direct_kernel() -> Iterator[None]:
+    """Start the jsii kernel (``import cdktf`` inside this block does) as this module describes.
+
+    The variables are set only while the kernel starts (jsii copies the environment then), so no
+    other child process of gpufleet inherits them."""
+    wanted = os.environ.get(RUNTIME_ENV, "").strip().lower() != "packaged"
+    launcher = _launcher() if wanted and "JSII_RUNTIME" not in os.environ and not kernel_running() else None
+    if launcher is None:
+        yield
+        return
+    saved = os.environ.get("NODE_OPTIONS")
+    os.environ["JSII_RUNTIME"] = str(launcher)
+    os.environ["NODE_OPTIONS"] = f"{saved} --preserve-symlinks" if saved else "--preserve-symlinks"
+    try:
+        yield
+    finally:
+        del os.environ["JSII_RUNTIME"]
+        if saved is None:
+            del os.environ["NODE_OPTIONS"]
+        else:
+            os.environ["NODE_OPTIONS"] = saved

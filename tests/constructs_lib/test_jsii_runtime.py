@@ -1,0 +1,118 @@
+"""The jsii kernel started without its relay process and without a stack trace per token
+(constructs_lib/jsii_runtime.py) synthesizes the same bytes as jsii's packaged entry point."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from constructs_lib import jsii_runtime
+from stacks.parallel import one_core
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+FLEET = REPO_ROOT / "tests" / "fleet" / "clusters"
+# Synthesizes the example fleet in one process, then prints the kernel's command line and its child processes.
+CHILD = """
+import sys
+from pathlib import Path
+from clusters.loader import load_all
+from stacks.synth import synthesize
+synthesize(load_all(Path(sys.argv[1])), Path(sys.argv[2]), jobs=1, imported_dir=Path(sys.argv[3]))
+from jsii._runtime import kernel
+pid = kernel.provider._process._process.pid
+tasks = Path(f"/proc/{pid}/task")
+children = [c for t in tasks.iterdir() for c in (t / "children").read_text().split()]
+print((Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\\0", b" ").decode(), children))
+"""
+
+
+def _tree(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def _synthesize(tmp_path: Path, name: str, runtime: str) -> tuple[dict[str, bytes], str, list[str]]:
+    imported = tmp_path / "imported"
+    imported.mkdir(exist_ok=True)
+    env = dict(os.environ, GPUFLEET_JSII_RUNTIME=runtime, GPUFLEET_SYNTH_CACHE="off", PYTHONPATH=str(REPO_ROOT))
+    env.pop("JSII_RUNTIME", None)
+    done = subprocess.run([sys.executable, "-c", CHILD, str(FLEET), str(tmp_path / name), str(imported)],
+                          cwd=REPO_ROOT, env=env, capture_output=True, text=True, check=True)
+    cmdline, children = eval(done.stdout.strip().splitlines()[-1])  # noqa: S307 (our own child's repr)
+    return _tree(tmp_path / name), cmdline, children
+
+
+def test_direct_kernel_synthesizes_the_bytes_of_jsii_packaged_entry_point(tmp_path: Path) -> None:
+    packaged, packaged_cmd, packaged_children = _synthesize(tmp_path, "packaged", "packaged")
+    direct, direct_cmd, direct_children = _synthesize(tmp_path, "direct", "")
+    assert "bin/jsii-runtime.js" in packaged_cmd and len(packaged_children) == 1  # jsii's relay and its kernel
+    assert "lib/gpufleet-kernel.js" in direct_cmd and direct_children == []  # the kernel itself, no relay
+    assert sorted(direct) == sorted(packaged) and len(direct) > 5
+    assert [name for name in packaged if direct[name] != packaged[name]] == []
+
+
+def test_program_js_reads_stdin_and_writes_stdout(tmp_path: Path) -> None:
+    launcher = jsii_runtime.write_runtime(tmp_path)
+    assert launcher == tmp_path / jsii_runtime.LAUNCHER
+    program = (tmp_path / jsii_runtime.PROGRAM).read_bytes()
+    assert program.count(b"readFD:0,writeFD:1") == 1 and b"readFD:3,writeFD:3" not in program
+    assert (tmp_path / "lib" / "runtime-index-worker.js").is_file()  # the kernel starts it from its own folder
+
+
+def test_launcher_keeps_the_channel_clean_drops_token_traces_and_keeps_error_stacks(tmp_path: Path) -> None:
+    """Console output travels as the relay sends it ({"stdout": base64} lines on stderr), never on the
+    API channel; a plain object gets no stack trace (cdktf's tokens), an Error still does."""
+    launcher = jsii_runtime.write_runtime(tmp_path)
+    assert launcher is not None
+    (tmp_path / jsii_runtime.PROGRAM).write_text("""
+const fs = require("fs");
+console.log("hello from a construct");
+const token = { stack: "" };
+Error.captureStackTrace(token);
+const error = new Error("boom");
+fs.writeSync(1, JSON.stringify({ token: token.stack, error: error.stack.split("\\n").length,
+  preserveSymlinks: process.execArgv.includes("--preserve-symlinks") }) + "\\n");
+""")
+    done = subprocess.run([shutil.which("node") or "node", str(launcher)], capture_output=True, text=True, check=True,
+                          stdin=subprocess.DEVNULL, timeout=60)
+    out = json.loads(done.stdout)  # the channel holds only what the program wrote to it
+    assert out["token"] == "" and out["error"] > 1 and out["preserveSymlinks"] is True
+    printed = [json.loads(line) for line in done.stderr.splitlines()]
+    assert printed == [{"stdout": base64.b64encode(b"hello from a construct\n").decode()}]
+
+
+def test_an_unexpected_program_js_falls_back_to_jsii_entry_point(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(jsii_runtime, "_CHANNEL", b"readFD:7,writeFD:7")
+    assert jsii_runtime.write_runtime(tmp_path) is None
+
+
+def test_direct_kernel_sets_the_variables_only_while_the_kernel_starts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(jsii_runtime, "kernel_running", lambda: False)
+    monkeypatch.setitem(jsii_runtime._state, "launcher", tmp_path / "gpufleet-kernel.js")
+    monkeypatch.delenv("JSII_RUNTIME", raising=False)
+    monkeypatch.setenv("NODE_OPTIONS", "--trace-warnings")
+    monkeypatch.delenv(jsii_runtime.RUNTIME_ENV, raising=False)
+    with jsii_runtime.direct_kernel():
+        assert os.environ["JSII_RUNTIME"] == str(tmp_path / "gpufleet-kernel.js")
+        assert os.environ["NODE_OPTIONS"] == "--trace-warnings --preserve-symlinks"
+    assert "JSII_RUNTIME" not in os.environ and os.environ["NODE_OPTIONS"] == "--trace-warnings"
+    monkeypatch.setenv(jsii_runtime.RUNTIME_ENV, "packaged")
+    with jsii_runtime.direct_kernel():
+        assert "JSII_RUNTIME" not in os.environ
+
+
+def test_one_core_pins_this_thread_and_what_it_starts_then_restores() -> None:
+    allowed = os.sched_getaffinity(0)
+    core = max(allowed)
+    with one_core(core):
+        assert os.sched_getaffinity(0) == {core}
+        child = subprocess.run([sys.executable, "-c", "import os; print(sorted(os.sched_getaffinity(0)))"],
+                               capture_output=True, text=True, check=True)
+        assert child.stdout.strip() == f"[{core}]"
+    assert os.sched_getaffinity(0) == allowed
