@@ -87,8 +87,9 @@ def _refuse_closed_by_server(dbapi_connection, _record, _proxy) -> None:  # type
     fails once; ``pool_recycle`` bounds how old any connection gets."""
     if dbapi_connection.closed or dbapi_connection.broken:
         raise DisconnectionError("the connection is closed")
-    readable, _, _ = select.select([dbapi_connection.fileno()], [], [], 0)
-    if readable:
+    idle = select.poll()  # not select.select(): a busy server's descriptors pass FD_SETSIZE (1024)
+    idle.register(dbapi_connection.fileno(), select.POLLIN)
+    if idle.poll(0):  # readable, hung up or in error
         raise DisconnectionError("the server wrote to an idle connection (it closed it)")
 
 

@@ -169,13 +169,19 @@ def test_fails_when_a_revoked_token_submits_over_postgresql(svc):
 def test_connections_the_server_closed_never_fail_a_request(svc):
     """Every pooled connection is terminated by the server (as a restart or an idle timeout does);
     the next requests are answered normally: the checkout sees the closed socket and opens a new
-    connection, where ``pool_pre_ping`` used to spend a round trip on every checkout."""
+    connection, where ``pool_pre_ping`` used to spend a round trip on every checkout. A healthy idle
+    connection is reused, not replaced."""
     import time
 
+    from sqlalchemy import event
+
     headers = svc.token("finetune")
+    engine = svc.ctx.sessions.kw["bind"]
+    opened: list[object] = []
+    event.listen(engine, "connect", lambda connection, _record: opened.append(connection))
     for i in range(3):
         assert svc.submit(headers, meta={**META, "run_id": f"r{i}"}).status_code == 202
-    engine = svc.ctx.sessions.kw["bind"]
+    assert len(opened) <= 1, "a healthy idle connection was refused at checkout"
     database = engine.url.database
     admin = engine.url.set(database="postgres").render_as_string(hide_password=False).replace("postgresql+psycopg://", "postgresql://", 1)
     with psycopg.connect(admin, autocommit=True) as connection:
@@ -186,7 +192,9 @@ def test_connections_the_server_closed_never_fail_a_request(svc):
         while connection.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = %s", (database,)).fetchone()[0]:
             assert time.monotonic() < deadline, "the terminated backends did not exit"
             time.sleep(0.05)
+    before = len(opened)
     for i in range(3, 6):
         answer = svc.submit(headers, meta={**META, "run_id": f"r{i}"})
         assert answer.status_code == 202, answer.text
+    assert len(opened) > before  # new connections replaced the closed ones
     assert svc.client.get("/api/v1/experiments", headers=headers).json()["total"] == 6
