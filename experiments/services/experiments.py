@@ -23,7 +23,7 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import func, select
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import Session
 
 from clusters.schema import ClusterConfig
@@ -39,6 +39,7 @@ from jobs.spec import FinetuneSpec
 from jobs.quota import check_tenant_quota
 
 MAX_PAGE = 500
+DEADLOCK = "40P01"  # PostgreSQL's SQLSTATE deadlock_detected (errcodes.txt)
 
 
 def request_hash(job: str, meta: dict[str, str], deadline_hours: float | None) -> str:
@@ -124,36 +125,52 @@ def submit(session: Session, catalog: Catalog, caller: Caller, *, job: str | Non
                     return Experiment(**row), True
         except IntegrityError:
             pass  # the key is taken: the transaction below answers with its experiment
+        except OperationalError as exc:
+            if getattr(exc.orig, "sqlstate", None) != DEADLOCK:
+                raise
+            # It held the counter row and waited on a concurrent transaction's uncommitted insert of the same
+            # key, which waited on the row: PostgreSQL undid this statement. That transaction decides the key.
         # Nothing was written. Refused, a repeated key, or the key's first counter row: the transaction
         # below decides each with the reads and locks it always had, and writes nothing twice.
+
+    def in_transaction() -> tuple[Experiment, bool]:
+        try:
+            with session.begin():
+                if budget is not None:
+                    # Before the pool's counter row, always in this order. The budget's standing sums the tenant's live
+                    # runs, so it is checked before this experiment is inserted (it would count itself).
+                    budgets.lock(session, spec.cluster, spec.namespace)
+                found = _existing(session, spec.namespace, idempotency_key, digest)
+                if found is not None:
+                    return found, False
+                budgets.check_or_409(session, budget, gpus=gpus, deadline_hours=hours, price_per_gpu_hour=price, now=now)
+                exp = Experiment(**row)
+                session.add(exp)
+                session.flush()  # no relationship() orders the inserts: the experiment row first, for its outbox and event rows
+                session.add(Outbox(experiment_id=exp.id, created_at=now, attempts=0, next_attempt_at=now))
+                record(session, experiment_id=exp.id, actor=caller.subject, kind="request", message=message, now=now, to_state=State.PENDING.value)
+                session.flush()  # the inserts before the lock: the locked step is only the counter, the check and the commit
+                in_use = pool_usage.take(session, cluster=spec.cluster, tenant=spec.namespace, pool=spec.pool.name, gpus=gpus, now=now)
+                decision = check_tenant_quota(tenant_spec, pool=spec.pool.name, requested_gpus=gpus, in_use_gpus=in_use)
+                admission.quota_or_409(decision)  # a refusal rolls back the experiment and the counter's increment
+            return exp, True
+        except IntegrityError:
+            # A concurrent retry with the same key won the insert: answer with its experiment.
+            session.rollback()
+            with session.begin():
+                found = _existing(session, spec.namespace, idempotency_key, digest)
+            if found is None:
+                raise
+            return found, False
+
     try:
-        with session.begin():
-            if budget is not None:
-                # Before the pool's counter row, always in this order. The budget's standing sums the tenant's live
-                # runs, so it is checked before this experiment is inserted (it would count itself).
-                budgets.lock(session, spec.cluster, spec.namespace)
-            found = _existing(session, spec.namespace, idempotency_key, digest)
-            if found is not None:
-                return found, False
-            budgets.check_or_409(session, budget, gpus=gpus, deadline_hours=hours, price_per_gpu_hour=price, now=now)
-            exp = Experiment(**row)
-            session.add(exp)
-            session.flush()  # no relationship() orders the inserts: the experiment row first, for its outbox and event rows
-            session.add(Outbox(experiment_id=exp.id, created_at=now, attempts=0, next_attempt_at=now))
-            record(session, experiment_id=exp.id, actor=caller.subject, kind="request", message=message, now=now, to_state=State.PENDING.value)
-            session.flush()  # the inserts before the lock: the locked step is only the counter, the check and the commit
-            in_use = pool_usage.take(session, cluster=spec.cluster, tenant=spec.namespace, pool=spec.pool.name, gpus=gpus, now=now)
-            decision = check_tenant_quota(tenant_spec, pool=spec.pool.name, requested_gpus=gpus, in_use_gpus=in_use)
-            admission.quota_or_409(decision)  # a refusal rolls back the experiment and the counter's increment
-        return exp, True
-    except IntegrityError:
-        # A concurrent retry with the same key won the insert: answer with its experiment.
-        session.rollback()
-        with session.begin():
-            found = _existing(session, spec.namespace, idempotency_key, digest)
-        if found is None:
+        return in_transaction()
+    except OperationalError as exc:
+        if getattr(exc.orig, "sqlstate", None) != DEADLOCK:
             raise
-        return found, False
+    # A one statement of the same key held the counter row while waiting on this transaction's insert of
+    # the key, and PostgreSQL undid this transaction: nothing of it stays; once more, it finds that experiment.
+    return in_transaction()
 
 
 def _one_statement(session: Session) -> bool:

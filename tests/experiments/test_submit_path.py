@@ -198,3 +198,84 @@ def test_connections_the_server_closed_never_fail_a_request(svc):
         assert answer.status_code == 202, answer.text
     assert len(opened) > before  # new connections replaced the closed ones
     assert svc.client.get("/api/v1/experiments", headers=headers).json()["total"] == 6
+
+
+
+def _insert_same_request(svc, connection, key: str) -> None:
+    """Insert, in ``connection``'s open transaction, the experiment of ``key`` for the very request
+    ``_submit(svc.ctx, 0, key=key, run_id="same")`` sends (what a concurrent submit of it writes)."""
+    from experiments.services import admission
+
+    spec, document = svc.ctx.catalog.admit("finetune-llama")
+    meta = admission.checked_meta(spec, {**META, "run_id": "same"})
+    now = svc.clock()
+    connection.execute(Experiment.__table__.insert().values(
+        id="held-open", tenant="finetune", job="finetune-llama", cluster="prod-nomad", pool="a100", gpus=1, meta=meta, state="pending",
+        scheduler="nomad", submitted_by="test", idempotency_key=key, request_hash=service.request_hash("finetune-llama", meta, None),
+        job_spec=document, deadline_hours=admission.checked_deadline(spec, None), price_per_gpu_hour=1.0, price_kind="list",
+        created_at=now, updated_at=now))
+
+
+def _take_counter_row(connection) -> None:
+    connection.execute(update(PoolUsage).where(PoolUsage.cluster == KEY[0], PoolUsage.tenant == KEY[1], PoolUsage.pool == KEY[2])
+                       .values(gpus_committed=PoolUsage.gpus_committed + 1))
+
+
+def _in_thread(work):
+    box: dict = {}
+
+    def run() -> None:
+        try:
+            box["result"] = work()
+        except Exception as exc:  # noqa: BLE001 - the test asserts on it
+            box["error"] = exc
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, box
+
+
+def test_a_one_statement_undone_by_a_deadlock_answers_with_the_keys_experiment(svc, one_statement_calls):
+    """A transaction inserted key K and waits for the counter row, which a one statement of K holds
+    while it waits on that insert: PostgreSQL undoes the statement (deadlock_detected: it waited
+    first). The submit answers with the transaction's experiment, not a 500, and K is one experiment."""
+    import time
+
+    _submit(svc.ctx, 1)
+    other = svc.ctx.sessions.kw["bind"].connect()
+    other.begin()
+    _insert_same_request(svc, other, "K")
+    thread, box = _in_thread(lambda: _submit(svc.ctx, 0, key="K", run_id="same"))
+    time.sleep(0.3)  # the statement has taken the counter row and waits on the insert of K
+    _take_counter_row(other)  # waits on the statement, until its deadlock check (1 s) undoes it
+    other.commit()
+    other.close()
+    thread.join(30)
+    assert "error" not in box, box.get("error")
+    experiment, created = box["result"]
+    assert experiment.id == "held-open" and not created
+    assert one_statement_calls[True] == 0
+    with svc.ctx.sessions() as session:
+        assert session.scalar(select(func.count()).select_from(Experiment).where(Experiment.idempotency_key == "K")) == 1
+
+
+def test_a_transaction_undone_by_a_deadlock_answers_with_the_keys_experiment(svc, monkeypatch):
+    """The other victim: a transactional submit of K inserted it and waits for the counter row, held
+    by a writer that then inserts K too (what a one statement of K does, in that order). PostgreSQL
+    undoes the transaction (it waited first); it runs once more and answers with the writer's experiment."""
+    import time
+
+    _submit(svc.ctx, 1)
+    monkeypatch.setattr(service, "_one_statement", lambda _session: False)
+    other = svc.ctx.sessions.kw["bind"].connect()
+    other.begin()
+    _take_counter_row(other)
+    thread, box = _in_thread(lambda: _submit(svc.ctx, 0, key="K", run_id="same"))
+    time.sleep(0.3)  # the transaction has inserted K and waits for the counter row
+    _insert_same_request(svc, other, "K")  # waits on the transaction, whose deadlock check (1 s) undoes it
+    other.commit()
+    other.close()
+    thread.join(30)
+    assert "error" not in box, box.get("error")
+    experiment, created = box["result"]
+    assert experiment.id == "held-open" and not created
