@@ -3,18 +3,20 @@
 SQLite: every transaction starts with BEGIN IMMEDIATE, so writers queue on the database lock
 (busy_timeout) instead of failing when two requests upgrade a read lock at once; that also
 makes the quota count and the insert of a submission one atomic step. PostgreSQL: the same
-step takes a transaction-scoped advisory lock per (tenant, pool), see services.submit.
+step locks the tenant's ``pool_usage`` row (services.experiments.submit); pooled connections are
+checked without a round trip (``_refuse_closed_by_server``).
 """
 
 from __future__ import annotations
 
+import select
 from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import DisconnectionError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from clusters import repo
@@ -23,6 +25,7 @@ from clusters.errors import UserError
 DEFAULT_SQLITE = Path(".gpufleet") / "experiments.db"  # under the repository root (clusters.repo)
 MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 SQLITE_BUSY_MS = 30_000
+POOL_RECYCLE_S = 300  # under the idle timeout of what may sit between (an AWS Network Load Balancer drops idle TCP at 350 s)
 
 
 def database_url(value: str | None) -> str:
@@ -68,11 +71,39 @@ def make_engine(url: str) -> Engine:
             connection.exec_driver_sql("BEGIN IMMEDIATE")
 
         return engine
-    return create_engine(url, pool_size=20, max_overflow=40, pool_pre_ping=True)
+    engine = create_engine(url, pool_size=20, max_overflow=40, pool_recycle=POOL_RECYCLE_S)
+    event.listen(engine, "checkout", _refuse_closed_by_server)
+    return engine
+
+
+def _refuse_closed_by_server(dbapi_connection, _record, _proxy) -> None:  # type: ignore[no-untyped-def]
+    """Liveness of a pooled PostgreSQL connection without a round trip (what ``pool_pre_ping`` costs on
+    every checkout: two of a submit's round trips). A connection idle in the pool has nothing to read
+    unless the server wrote to it: a restart, ``pg_terminate_backend`` or an idle timeout sends its
+    FATAL error and closes the socket. So a readable socket, or a connection psycopg already knows is
+    closed, is refused here, and the pool (SQLAlchemy's documented checkout contract) discards it and
+    takes or opens another. A server that vanished without closing the socket is caught by the first
+    statement instead: SQLAlchemy sees the disconnect, invalidates the whole pool, and that request
+    fails once; ``pool_recycle`` bounds how old any connection gets."""
+    if dbapi_connection.closed or dbapi_connection.broken:
+        raise DisconnectionError("the connection is closed")
+    idle = select.poll()  # not select.select(): a busy server's descriptors pass FD_SETSIZE (1024)
+    idle.register(dbapi_connection.fileno(), select.POLLIN)
+    if idle.poll(0):  # readable, hung up or in error
+        raise DisconnectionError("the server wrote to an idle connection (it closed it)")
 
 
 def session_factory(engine: Engine) -> sessionmaker[Session]:
     return sessionmaker(engine, expire_on_commit=False)
+
+
+def single_statements(session: Session) -> Session:
+    """On PostgreSQL, run each of this (new) session's statements as its own transaction: a request that
+    only reads one row, like the token lookup of every API call, then skips the BEGIN and ROLLBACK round
+    trips. SQLite keeps its transactions (BEGIN IMMEDIATE is how its readers and writers queue)."""
+    if session.get_bind().dialect.name == "postgresql":
+        session.connection(execution_options={"isolation_level": "AUTOCOMMIT"})
+    return session
 
 
 def _alembic(engine: Engine, action: str, target: str) -> None:

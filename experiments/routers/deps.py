@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from fastapi import Request
 from sqlalchemy.orm import Session
 
+from experiments import db
 from experiments.auth import Caller, bearer, caller_for_token
 from experiments.background.context import Context
 
@@ -23,7 +24,7 @@ def session(request: Request) -> Iterator[Session]:
 def authenticate(request: Request, token: str) -> Caller:
     ctx: Context = request.app.state.ctx
     with ctx.sessions() as s:
-        return caller_for_token(s, token, request.app.state.oidc, request.app.state.jwks)
+        return caller_for_token(db.single_statements(s), token, request.app.state.oidc, request.app.state.jwks)
 
 
 def caller(request: Request) -> Caller:

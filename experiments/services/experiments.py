@@ -1,11 +1,15 @@
 """Submit, read and cancel experiments: the logic behind the routers.
 
-Submit is one transaction: the idempotency lookup (the unique index on tenant and key), the
-experiment row, its outbox row and its event, then the tenant's ``pool_usage`` row for the
-pool incremented (one ``UPDATE ... RETURNING``, which locks the row until the commit on
-PostgreSQL; SQLite: the write lock BEGIN IMMEDIATE took) and the quota checked against what it
-held before. Checking and adding under that one row's lock is what makes 50 clients racing for the last GPUs of a quota admit exactly
-as many as fit; the locked step reads and writes one row, however many runs are live.
+Submit on PostgreSQL, for a tenant without a money budget, is one autocommit statement
+(``services.one_statement``): the tenant's ``pool_usage`` row for the pool incremented only if
+the quota still holds, and the experiment, its outbox row and its event inserted only if it was.
+Anything else (SQLite, a budgeted tenant, a refusal, a repeated Idempotency-Key, a key's first
+counter row) is one transaction: the idempotency lookup (the unique index on tenant and key), the
+experiment row, its outbox row and its event, then the counter incremented (one ``UPDATE ...
+RETURNING``, which locks the row until the commit on PostgreSQL; SQLite: the write lock BEGIN
+IMMEDIATE took) and the quota checked against what it held before. Checking and adding under that
+one row's lock is what makes 50 clients racing for the last GPUs of a quota admit exactly as many
+as fit; the locked step reads and writes one row, however many runs are live.
 """
 
 from __future__ import annotations
@@ -19,14 +23,14 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import func, select
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import Session
 
 from clusters.schema import ClusterConfig
 from experiments.auth import Caller
 from experiments.errors import ApiError
 from experiments.models import Event, Experiment, Outbox, RunAttempt
-from experiments.services import admission, budgets, cost, pool_usage
+from experiments.services import admission, budgets, cost, one_statement, pool_usage
 from experiments.services.catalog import Catalog
 from experiments.services.lifecycle import record, transition
 from experiments.states import NON_TERMINAL, TERMINAL, State
@@ -35,6 +39,7 @@ from jobs.spec import FinetuneSpec
 from jobs.quota import check_tenant_quota
 
 MAX_PAGE = 500
+DEADLOCK = "40P01"  # PostgreSQL's SQLSTATE deadlock_detected (errcodes.txt)
 
 
 def request_hash(job: str, meta: dict[str, str], deadline_hours: float | None) -> str:
@@ -103,41 +108,76 @@ def submit(session: Session, catalog: Catalog, caller: Caller, *, job: str | Non
     kind = cost.price_kind(spec.pool)
     price = prices.price(spec.pool.accelerator, kind, catalog.region(spec.cluster))
     budget = budgets.budgets_of(catalog.configs).get((spec.cluster, spec.namespace))
+    gpus = admission.gpus_of(spec)
+    row = {"id": str(uuid.uuid4()), "tenant": spec.namespace, "job": spec.name, "cluster": spec.cluster, "pool": spec.pool.name, "gpus": gpus,
+           "meta": checked, "state": State.PENDING.value, "scheduler": scheduler, "submitted_by": caller.subject, "idempotency_key": idempotency_key,
+           "request_hash": digest, "job_spec": document, "job_spec_sha256": document_sha256(document), "deadline_hours": hours,
+           "price_per_gpu_hour": price, "price_kind": kind, "attempt": 1, "prior_gpu_hours": 0.0, "created_at": now, "updated_at": now}
+    message = (f"submitted {'ad-hoc job file' if job_file is not None else 'job'} {spec.name} ({admission.gpus_text(spec)} on"
+               f" {spec.cluster}/{spec.pool.name} via {scheduler}, deadline {hours:g}h)")
+    if budget is None and _one_statement(session):
+        quota = dict(tenant_spec.gpu_quota).get(spec.pool.name, 0)
+        event = {"at": now, "actor": caller.subject, "kind": "request", "from_state": None, "to_state": State.PENDING.value, "message": message, "attempt": 1}
+        try:
+            with session.get_bind().connect() as connection:
+                if one_statement.admit(connection.execution_options(isolation_level="AUTOCOMMIT"), experiment=row, event=event, quota=quota,
+                                       outbox={"created_at": now, "attempts": 0, "next_attempt_at": now}):
+                    return Experiment(**row), True
+        except IntegrityError:
+            pass  # the key is taken: the transaction below answers with its experiment
+        except OperationalError as exc:
+            if getattr(exc.orig, "sqlstate", None) != DEADLOCK:
+                raise
+            # It held the counter row and waited on a concurrent transaction's uncommitted insert of the same
+            # key, which waited on the row: PostgreSQL undid this statement. That transaction decides the key.
+        # Nothing was written. Refused, a repeated key, or the key's first counter row: the transaction
+        # below decides each with the reads and locks it always had, and writes nothing twice.
+
+    def in_transaction() -> tuple[Experiment, bool]:
+        try:
+            with session.begin():
+                if budget is not None:
+                    # Before the pool's counter row, always in this order. The budget's standing sums the tenant's live
+                    # runs, so it is checked before this experiment is inserted (it would count itself).
+                    budgets.lock(session, spec.cluster, spec.namespace)
+                found = _existing(session, spec.namespace, idempotency_key, digest)
+                if found is not None:
+                    return found, False
+                budgets.check_or_409(session, budget, gpus=gpus, deadline_hours=hours, price_per_gpu_hour=price, now=now)
+                exp = Experiment(**row)
+                session.add(exp)
+                session.flush()  # no relationship() orders the inserts: the experiment row first, for its outbox and event rows
+                session.add(Outbox(experiment_id=exp.id, created_at=now, attempts=0, next_attempt_at=now))
+                record(session, experiment_id=exp.id, actor=caller.subject, kind="request", message=message, now=now, to_state=State.PENDING.value)
+                session.flush()  # the inserts before the lock: the locked step is only the counter, the check and the commit
+                in_use = pool_usage.take(session, cluster=spec.cluster, tenant=spec.namespace, pool=spec.pool.name, gpus=gpus, now=now)
+                decision = check_tenant_quota(tenant_spec, pool=spec.pool.name, requested_gpus=gpus, in_use_gpus=in_use)
+                admission.quota_or_409(decision)  # a refusal rolls back the experiment and the counter's increment
+            return exp, True
+        except IntegrityError:
+            # A concurrent retry with the same key won the insert: answer with its experiment.
+            session.rollback()
+            with session.begin():
+                found = _existing(session, spec.namespace, idempotency_key, digest)
+            if found is None:
+                raise
+            return found, False
+
     try:
-        with session.begin():
-            if budget is not None:
-                # Before the pool's counter row, always in this order. The budget's standing sums the tenant's live
-                # runs, so it is checked before this experiment is inserted (it would count itself).
-                budgets.lock(session, spec.cluster, spec.namespace)
-            found = _existing(session, spec.namespace, idempotency_key, digest)
-            if found is not None:
-                return found, False
-            gpus = admission.gpus_of(spec)
-            budgets.check_or_409(session, budget, gpus=gpus, deadline_hours=hours, price_per_gpu_hour=price, now=now)
-            exp = Experiment(
-                id=str(uuid.uuid4()), tenant=spec.namespace, job=spec.name, cluster=spec.cluster, pool=spec.pool.name, gpus=gpus,
-                meta=checked, state=State.PENDING.value, scheduler=scheduler, submitted_by=caller.subject, idempotency_key=idempotency_key,
-                request_hash=digest, job_spec=document, job_spec_sha256=document_sha256(document), deadline_hours=hours, price_per_gpu_hour=price, price_kind=kind,
-                created_at=now, updated_at=now,
-            )
-            session.add(exp)
-            session.flush()  # no relationship() orders the inserts: the experiment row first, for its outbox and event rows
-            session.add(Outbox(experiment_id=exp.id, created_at=now, attempts=0, next_attempt_at=now))
-            record(session, experiment_id=exp.id, actor=caller.subject, kind="request", message=f"submitted {'ad-hoc job file' if job_file is not None else 'job'} {spec.name} ({admission.gpus_text(spec)} on {spec.cluster}/{spec.pool.name} via {scheduler}, deadline {hours:g}h)",
-                   now=now, to_state=State.PENDING.value)
-            session.flush()  # the inserts before the lock: the locked step is only the counter, the check and the commit
-            in_use = pool_usage.take(session, cluster=spec.cluster, tenant=spec.namespace, pool=spec.pool.name, gpus=gpus, now=now)
-            decision = check_tenant_quota(tenant_spec, pool=spec.pool.name, requested_gpus=gpus, in_use_gpus=in_use)
-            admission.quota_or_409(decision)  # a refusal rolls back the experiment and the counter's increment
-        return exp, True
-    except IntegrityError:
-        # A concurrent retry with the same key won the insert: answer with its experiment.
-        session.rollback()
-        with session.begin():
-            found = _existing(session, spec.namespace, idempotency_key, digest)
-        if found is None:
+        return in_transaction()
+    except OperationalError as exc:
+        if getattr(exc.orig, "sqlstate", None) != DEADLOCK:
             raise
-        return found, False
+    # A one statement of the same key held the counter row while waiting on this transaction's insert of
+    # the key, and PostgreSQL undid this transaction: nothing of it stays; once more, it finds that experiment.
+    return in_transaction()
+
+
+def _one_statement(session: Session) -> bool:
+    """PostgreSQL admits a tenant without a money budget in one statement (``services.one_statement``).
+    SQLite has no data-modifying CTEs, and its writers already serialize on BEGIN IMMEDIATE; a money
+    budget sums the tenant's live runs under its lock, which one statement cannot keep."""
+    return session.get_bind().dialect.name == "postgresql"
 
 
 MIN_PREFIX = 6
