@@ -36,6 +36,7 @@ import contextlib
 import copy
 import io
 import json
+import os
 import sys
 import traceback
 import warnings
@@ -126,4 +127,8 @@ def main(checkov_args: list[str]) -> int:
 
 
 if __name__ == "__main__":
+    # Run as a script, Python puts safety/ first on the path: its modules (report, terraform, imports, ...)
+    # must not shadow a top-level module checkov or its dependencies import.
+    here = os.path.dirname(os.path.abspath(__file__))
+    sys.path[:] = [entry for entry in sys.path if os.path.abspath(entry or os.curdir) != here]
     sys.exit(main(sys.argv[1:]))
