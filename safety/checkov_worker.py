@@ -119,10 +119,15 @@ def scan(checkov_args: list[str], files: list[str]) -> dict[str, Any]:
 
 
 def main(checkov_args: list[str]) -> int:
+    # Answers go to the stdout we were given; anything else written to file descriptor 1 (a handler
+    # bound to it before a chunk's stdout is captured) lands on stderr instead of in an answer.
+    answers = os.fdopen(os.dup(1), "w", encoding="utf-8")
+    os.dup2(2, 1)
     remember_rendering()
     parse_with_libyaml()
     for line in sys.stdin:
-        print(json.dumps(scan(checkov_args, json.loads(line))), flush=True)
+        answers.write(json.dumps(scan(checkov_args, json.loads(line))) + "\n")
+        answers.flush()
     return 0
 
 
