@@ -3,7 +3,8 @@
 The key is a SHA-256 over everything a stack's result depends on: the stack's name and the
 bytes of its ``cdk.tf.json``, checkov's version, the skipped check ids (``.checkov-skips.yaml``),
 checkov's own settings (its environment variables and ``.checkov.yaml`` files, ``_checkov_settings``)
-and the source of the code that turns checkov's report into a result (``checkov_scan.py``, and
+and the source of the code that runs checkov and turns its report into a result (``checkov_scan.py``,
+``checkov_worker.py``, and
 ``checkov_exempt.py`` whose per-resource exemptions are derived from the stack). Any change to
 one of them is a different key, so a changed input is never served an old result; results with
 a checkov error are not stored. The cache lives outside the repository
@@ -29,7 +30,7 @@ from safety.checkov_scan import Failure, StackResult
 
 CACHE_ENV = "GPUFLEET_CHECKOV_CACHE"
 CACHE_VERSION = 1
-_RULES = (Path(__file__).with_name("checkov_scan.py"), Path(checkov_exempt.__file__))
+_RULES = (Path(__file__).with_name("checkov_scan.py"), Path(__file__).with_name("checkov_worker.py"), Path(checkov_exempt.__file__))
 
 
 def cache_dir() -> Path | None:

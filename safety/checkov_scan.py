@@ -1,21 +1,28 @@
-"""checkov over every synthesized stack, in parallel processes, with one result per stack and one summary.
+"""checkov over every synthesized stack, in parallel worker processes, with one result per stack and one summary.
 
 Measured on the 6 example stacks (2 shared, busy cores): one checkov process per stack took
-38 s serial and 42 s two at a time, because each process spends ~4-5 s of CPU starting; one
-process over all six files took 9 s, two processes of three 19 s. So each worker process scans
-a share of the stacks (``-f`` per stack file), results are split back per stack by file path,
-and a second process starts only for a fleet large enough to repay its start-up. Skips come from
-the reviewed ``.checkov-skips.yaml`` (each with a reason), never from inline comments, which
-checkov ignores for ``terraform_json``.
+38 s serial and 42 s two at a time, because each process spends ~4-5 s of CPU starting. So a
+few long-lived worker processes (``safety/checkov_worker.py``: checkov's own CLI entry, run in
+process once per chunk of ``STACKS_PER_CHUNK`` stacks, with the rendering it repeats across
+stacks remembered) take the chunks one at a time; results are split back per stack by file path,
+and a second process starts only for a fleet large enough to repay its start-up. A chunk holds
+one small graph at a time, where one process over a whole 200-cluster fleet held 200 stacks'
+(about 1 GB each for two processes). Skips come from the reviewed ``.checkov-skips.yaml`` (each
+with a reason), never from inline comments, which checkov ignores for ``terraform_json``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import queue
 import re
 import subprocess
-from collections.abc import Iterable
+import sys
+import tempfile
+import threading
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +32,8 @@ from clusters import cache_trust
 from clusters.tools import installed_tool
 
 STACKS_PER_PROCESS = 8
+STACKS_PER_CHUNK = 10
+WORKER = Path(__file__).with_name("checkov_worker.py")
 
 
 @dataclass(frozen=True)
@@ -125,22 +134,31 @@ def _stack_result(directory: Path, checks: list[dict[str, Any]], passed: int, un
     return StackResult(stack, passed, failures, exempted=tuple(f for f in found if (f.check_id, f.resource) in exempt))
 
 
-def scan_group(directories: tuple[Path, ...], skip_ids: tuple[str, ...], binary: str) -> list[StackResult]:
-    """One checkov process for a group of stacks (``-f`` per stack file), results split back per stack by file."""
-    files = {(d / "cdk.tf.json").resolve(): d for d in directories}
-    args = [binary, "--framework", "terraform_json", "--output", "json", "--compact", "--skip-download"]
-    for path in files:
-        args += ["-f", str(path)]
-    if skip_ids:
-        args += ["--skip-check", ",".join(skip_ids)]
-    done = subprocess.run(args, capture_output=True, text=True, env=dict(os.environ, BC_SKIP_MAPPING="TRUE"), check=False)
+def checkov_args(skip_ids: tuple[str, ...]) -> list[str]:
+    """The options every scan passes checkov (besides ``-f`` per stack file)."""
+    args = ["--framework", "terraform_json", "--output", "json", "--compact", "--skip-download"]
+    return args + (["--skip-check", ",".join(skip_ids)] if skip_ids else [])
+
+
+def checkov_env() -> dict[str, str]:
+    """checkov's environment: ours, without its download of the platform's check-id mapping (offline)."""
+    return dict(os.environ, BC_SKIP_MAPPING="TRUE")
+
+
+def checkov_python(binary: str) -> str:
+    """The interpreter checkov is installed in: its script's ``#!`` line, else this interpreter."""
     try:
-        reports = _reports(done.stdout) if done.returncode in (0, 1) else None
-    except json.JSONDecodeError:
-        reports = None
-    if reports is None:
-        last = next((line for line in reversed(done.stderr.splitlines()) if line.strip()), f"exit {done.returncode}")
-        return [StackResult(d.name, 0, (), error=last.strip()) for d in directories]
+        with open(binary, "rb") as script:
+            first = script.readline(512).decode("utf-8", "replace").strip()
+    except OSError:
+        return sys.executable
+    interpreter = first.removeprefix("#!").split()[0] if first.startswith("#!") and len(first) > 2 else ""
+    return interpreter if "python" in Path(interpreter).name and Path(interpreter).is_file() else sys.executable
+
+
+def split_reports(directories: tuple[Path, ...], reports: list[dict[str, Any]]) -> list[StackResult]:
+    """checkov's JSON report(s) over several stack files, split back per stack by file path."""
+    files = {(d / "cdk.tf.json").resolve(): d for d in directories}
     passed: dict[Path, int] = dict.fromkeys(files, 0)
     failed: dict[Path, list[dict[str, Any]]] = {path: [] for path in files}
     unparsed: set[Path] = set()
@@ -152,6 +170,66 @@ def scan_group(directories: tuple[Path, ...], skip_ids: tuple[str, ...], binary:
             failed[Path(check["file_abs_path"]).resolve()].append(check)
         unparsed.update(Path(p).resolve() for p in results.get("parsing_errors", []))
     return [_stack_result(d, failed[path], passed[path], path in unparsed) for path, d in files.items()]
+
+
+class _Worker:
+    """One ``checkov_worker`` process: a chunk of stack files in, that chunk's report out."""
+
+    def __init__(self, python: str, skip_ids: tuple[str, ...]) -> None:
+        self.stderr = tempfile.TemporaryFile(mode="w+", encoding="utf-8")
+        self.process = subprocess.Popen([python, str(WORKER), *checkov_args(skip_ids)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                        stderr=self.stderr, text=True, env=checkov_env())
+
+    def scan(self, directories: tuple[Path, ...]) -> list[StackResult]:
+        assert self.process.stdin is not None and self.process.stdout is not None
+        try:
+            self.process.stdin.write(json.dumps([str((d / "cdk.tf.json").resolve()) for d in directories]) + "\n")
+            self.process.stdin.flush()
+            answer = json.loads(self.process.stdout.readline() or "null")
+        except (OSError, ValueError):
+            answer = None
+        error = answer.get("error") if isinstance(answer, dict) else self._last_error()
+        if error is None and isinstance(answer, dict) and isinstance(answer.get("reports"), list):
+            return split_reports(directories, answer["reports"])
+        return [StackResult(d.name, 0, (), error=str(error or self._last_error())) for d in directories]
+
+    def _last_error(self) -> str:
+        self.stderr.seek(0)
+        lines = [line.strip() for line in self.stderr.read().splitlines() if line.strip()]
+        return lines[-1] if lines else f"checkov worker exited {self.process.poll()}"
+
+    def close(self) -> None:
+        """End of input ends the worker; one that already died has nothing left to flush."""
+        if self.process.stdin is not None:
+            with contextlib.suppress(OSError):
+                self.process.stdin.close()
+        self.process.wait()
+        self.stderr.close()
+
+
+def scan_chunks(chunks: list[tuple[Path, ...]], skip_ids: tuple[str, ...], binary: str, workers: int,
+                done: Callable[[tuple[Path, ...], list[StackResult]], None]) -> None:
+    """``workers`` checkov worker processes take the chunks one at a time; ``done`` hears each chunk's results."""
+    todo: queue.SimpleQueue[tuple[Path, ...]] = queue.SimpleQueue()
+    for chunk in chunks:
+        todo.put(chunk)
+    python = checkov_python(binary)
+
+    def work() -> None:
+        worker = _Worker(python, skip_ids)
+        try:
+            while True:
+                try:
+                    chunk = todo.get_nowait()
+                except queue.Empty:
+                    return
+                done(chunk, worker.scan(chunk))
+        finally:
+            worker.close()
+
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        for future in [pool.submit(work) for _ in range(workers)]:
+            future.result()
 
 
 def default_workers(stacks: int) -> int:
@@ -188,12 +266,16 @@ def run(stack_dirs: Iterable[Path], skip_ids: Iterable[str] | None = None, *, wo
         results = [r for r in cached.values() if r is not None]
         directories = [d for d in directories if cached[d] is None]
     if directories:
-        count = max(1, min(len(directories), workers or default_workers(len(directories))))
-        groups = [tuple(directories[i::count]) for i in range(count)]
-        with ThreadPoolExecutor(max_workers=count) as pool:
-            scanned = [result for group in pool.map(lambda g: scan_group(g, skips, binary), groups) for result in group]
-        if cache is not None:
-            for directory, result in zip([d for g in groups for d in g], scanned):
-                checkov_cache.store(cache, keys[directory], result)
-        results += scanned
+        chunks = [tuple(directories[i:i + STACKS_PER_CHUNK]) for i in range(0, len(directories), STACKS_PER_CHUNK)]
+        count = max(1, min(len(chunks), workers or default_workers(len(directories))))
+        lock = threading.Lock()
+
+        def done(chunk: tuple[Path, ...], scanned: list[StackResult]) -> None:
+            with lock:
+                results.extend(scanned)
+            if cache is not None:
+                for directory, result in zip(chunk, scanned):
+                    checkov_cache.store(cache, keys[directory], result)
+
+        scan_chunks(chunks, skips, binary, count, done)
     return CheckovSummary(tuple(sorted(results, key=lambda r: r.stack)), skips)

@@ -17,13 +17,13 @@ def scans(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[str]:
     """Stack names checkov really scanned (real checkov; the cache in a fresh directory)."""
     monkeypatch.setenv(checkov_cache.CACHE_ENV, str(tmp_path / "cache"))
     scanned: list[str] = []
-    real = checkov_scan.scan_group
+    real = checkov_scan.scan_chunks
 
-    def counting(directories, skip_ids, binary):
-        scanned.extend(d.name for d in directories)
-        return real(directories, skip_ids, binary)
+    def counting(chunks, skip_ids, binary, workers, done):
+        scanned.extend(d.name for chunk in chunks for d in chunk)
+        return real(chunks, skip_ids, binary, workers, done)
 
-    monkeypatch.setattr(checkov_scan, "scan_group", counting)
+    monkeypatch.setattr(checkov_scan, "scan_chunks", counting)
     return scanned
 
 

@@ -33,7 +33,7 @@ def stacks(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
 
 @pytest.fixture(scope="module")
 def unskipped(stacks: list[Path]) -> checkov_scan.CheckovSummary:
-    """Two worker processes share three stacks; results are split back per stack and merged into one summary."""
+    """Three stacks scanned together; results are split back per stack and merged into one summary."""
     return checkov_scan.run(stacks, skip_ids=(), workers=2)
 
 

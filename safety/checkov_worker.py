@@ -1,0 +1,139 @@
+"""One long-lived checkov process that scans many stacks, a chunk at a time, with checkov's own CLI code.
+
+Run by ``safety.checkov_scan`` with the interpreter checkov is installed in (it imports only
+checkov and the standard library, so it runs as a script there); not a gpufleet entry point.
+
+Why (profiled with py-spy, checkov 3.3.30, 40 synthesized fleet stacks in one process): 60% of
+checkov's time went to rendering attribute values (``evaluate_terraform`` over the CEL
+expressions of the scheduler stacks' admission policies, the same strings in every stack), 15%
+to parsing the JSON with a pure-Python YAML loader (for line numbers), 7% to imports; the checks
+themselves were a few percent. So this process:
+
+- imports checkov once and runs ``Checkov(argv).run()``, the CLI's own entry, once per chunk of
+  stacks, with the argv ``checkov_scan`` would pass the CLI (same options, same report);
+- remembers ``evaluate_terraform``'s result per input string for the life of the process: the
+  function is pure (a string in, its rendered value out; its only clock, ``timestamp()``, is
+  never remembered), every caller gets its own copy of a mutable result, and a result it raised
+  is not remembered;
+- parses with libyaml's C scanner and parser under checkov's own ``SafeLineLoader`` constructor
+  (same ``__startline__``/``__endline__`` marks, same booleans), when PyYAML has libyaml;
+- holds one chunk's graph at a time, not the whole fleet's (the memory of a cold check).
+
+``tests/safety/test_checkov_worker.py`` scans real synthesized stacks and stacks with known
+failures both through this worker and through the plain ``checkov`` CLI and requires the same
+passed and failed checks (ids, resources, lines) per file.
+
+Protocol: argv is checkov's arguments without ``-f``; each stdin line is a JSON list of stack files
+(one chunk), answered by one stdout line: ``{"exit": code, "reports": [...]}`` with checkov's JSON
+report(s) cut to the fields ``checkov_scan`` reads, or ``{"error": "..."}`` when that chunk failed.
+The process ends when stdin closes. Chunks are handed out one at a time, so two workers share a
+fleet's stacks however their costs differ.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import io
+import json
+import os
+import sys
+import traceback
+import warnings
+from typing import Any
+
+_IMMUTABLE = (str, int, float, bool, type(None))
+
+
+def remember_rendering() -> None:
+    """Memoize checkov's ``evaluate_terraform`` per (string, keep_interpolations) in this process."""
+    from checkov.terraform.graph_builder.variable_rendering import evaluate_terraform as module
+
+    original = module.evaluate_terraform
+    known: dict[tuple[str, bool], Any] = {}
+
+    def evaluate_terraform(input_str: Any, keep_interpolations: bool = True) -> Any:
+        if type(input_str) is not str or "timestamp" in input_str:
+            return original(input_str, keep_interpolations)
+        key = (input_str, keep_interpolations)
+        try:
+            value = known[key]
+        except KeyError:
+            value = known[key] = original(input_str, keep_interpolations)
+        return value if type(value) in _IMMUTABLE else copy.deepcopy(value)
+
+    # the renderer and evaluate_terraform's own recursion both look it up on the module at each call
+    module.evaluate_terraform = evaluate_terraform
+
+
+def parse_with_libyaml() -> None:
+    """checkov's ``SafeLineLoader`` (its constructor: line marks, booleans) over libyaml's scanner and parser."""
+    import yaml
+    from checkov.common.parsers.yaml import loader
+
+    if not getattr(yaml, "__with_libyaml__", False):
+        return
+    from yaml._yaml import CParser  # type: ignore[import-not-found]
+    from yaml.constructor import SafeConstructor
+    from yaml.resolver import Resolver
+
+    class CSafeLineLoader(CParser, loader.SafeLineLoader):  # type: ignore[misc, valid-type]
+        def __init__(self, stream: Any) -> None:
+            CParser.__init__(self, stream)
+            SafeConstructor.__init__(self)
+            Resolver.__init__(self)
+
+    loader.SafeLineLoader = CSafeLineLoader
+
+
+def _cut(report: dict[str, Any]) -> dict[str, Any]:
+    """The parts of one checkov JSON report that ``checkov_scan`` reads."""
+    results = report.get("results", {})
+    failed = ("check_id", "check_name", "resource", "file_line_range", "file_abs_path")
+    return {"results": {"passed_checks": [{"file_abs_path": c["file_abs_path"]} for c in results.get("passed_checks", [])],
+                        "failed_checks": [{k: c.get(k) for k in failed} for c in results.get("failed_checks", [])],
+                        "parsing_errors": results.get("parsing_errors", [])}}
+
+
+def scan(checkov_args: list[str], files: list[str]) -> dict[str, Any]:
+    """One ``Checkov(argv).run()`` over ``files``, its stdout captured and parsed."""
+    from checkov.main import Checkov
+
+    argv = [arg for path in files for arg in ("-f", path)] + checkov_args
+    out = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out), warnings.catch_warnings():
+            warnings.simplefilter("ignore", category=SyntaxWarning)
+            code = Checkov(argv).run()
+    except SystemExit as stop:
+        code = stop.code if isinstance(stop.code, int) else 2
+    except Exception:  # noqa: BLE001 - any crash of one chunk is that chunk's error, reported per stack
+        return {"error": traceback.format_exc().strip().splitlines()[-1]}
+    if code not in (0, 1):
+        return {"error": f"checkov exited {code}"}
+    try:
+        data = json.loads(out.getvalue())
+    except json.JSONDecodeError:
+        return {"error": "checkov printed no JSON report"}
+    return {"exit": code, "reports": [_cut(r) for r in (data if isinstance(data, list) else [data])]}
+
+
+def main(checkov_args: list[str]) -> int:
+    # Answers go to the stdout we were given; anything else written to file descriptor 1 (a handler
+    # bound to it before a chunk's stdout is captured) lands on stderr instead of in an answer.
+    answers = os.fdopen(os.dup(1), "w", encoding="utf-8")
+    os.dup2(2, 1)
+    remember_rendering()
+    parse_with_libyaml()
+    for line in sys.stdin:
+        answers.write(json.dumps(scan(checkov_args, json.loads(line))) + "\n")
+        answers.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    # Run as a script, Python puts safety/ first on the path: its modules (report, terraform, imports, ...)
+    # must not shadow a top-level module checkov or its dependencies import.
+    here = os.path.dirname(os.path.abspath(__file__))
+    sys.path[:] = [entry for entry in sys.path if os.path.abspath(entry or os.curdir) != here]
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,113 @@
+"""The checkov worker (one warm process, rendering remembered, libyaml) finds exactly what the plain CLI finds.
+
+Both ways run real checkov 3.3.30, unskipped, on real synthesized stacks (the example fleet and a
+generated one, bench/fleetgen.py) and on a stack with known failures of each kind: a Python
+check on a literal value, a Python check on a value only rendering computes (``format()``), a
+graph (YAML) attribute check on a rendered local, and a graph connection check across two
+resources. The per-stack results (passed count, every failed check id, name, resource and line,
+exemptions, errors) must be equal.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from safety import checkov_cache, checkov_scan
+
+FLEETGEN = Path(__file__).resolve().parents[2] / "bench" / "fleetgen.py"
+
+KNOWN = {
+    "locals": {"open": "0.0.0.0/0", "everyone": "allUsers"},
+    "resource": {
+        "google_compute_network": {"vpc": {"name": "vpc", "auto_create_subnetworks": False}},
+        "google_compute_firewall": {
+            "all": {"name": "all", "network": "${google_compute_network.vpc.id}", "allow": [{"protocol": "all"}],
+                    "source_ranges": ["${local.open}"]},
+            "ssh": {"name": "ssh", "network": "default", "allow": [{"protocol": "tcp", "ports": ["22"]}], "source_ranges": ["0.0.0.0/0"]},
+        },
+        "google_kms_crypto_key": {"key": {"name": "k", "key_ring": "r", "rotation_period": '${format("%ds", 100000000)}'}},
+        "google_kms_crypto_key_iam_member": {"public": {"crypto_key_id": "${google_kms_crypto_key.key.id}",
+                                                        "role": "roles/cloudkms.cryptoKeyEncrypter", "member": "${local.everyone}"}},
+    },
+}
+# (check id, resource) that must fail on KNOWN, one of each kind (checkov 3.3.30):
+EXPECTED = {
+    ("CKV_GCP_2", "google_compute_firewall.ssh"),  # Python check, literal 0.0.0.0/0 and port 22
+    ("CKV_GCP_43", "google_kms_crypto_key.key"),  # Python check, rotation_period only known once format() is rendered
+    ("CKV2_GCP_12", "google_compute_firewall.all"),  # graph attribute check, source_ranges from a rendered local
+    ("CKV2_GCP_6", "google_kms_crypto_key.key"),  # graph connection check, key <- iam member "allUsers" (rendered)
+}
+
+
+def cli(directories: list[Path]) -> list[checkov_scan.StackResult]:
+    """The plain ``checkov`` CLI over every stack file in one process (how checkov_scan ran before the worker)."""
+    args = [checkov_scan.checkov_binary(), *checkov_scan.checkov_args(())]
+    for directory in directories:
+        args += ["-f", str((directory / "cdk.tf.json").resolve())]
+    done = subprocess.run(args, capture_output=True, text=True, env=checkov_scan.checkov_env(), check=False)
+    assert done.returncode in (0, 1), done.stderr[-2000:]
+    data = json.loads(done.stdout)
+    return checkov_scan.split_reports(tuple(directories), data if isinstance(data, list) else [data])
+
+
+@pytest.fixture(scope="module")
+def stacks(fleet_out: Path, tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    """The example fleet's stacks, three generated clusters' stacks and the known-failures stack."""
+    from clusters import load_all
+    from stacks.synth import synthesize
+
+    spec = importlib.util.spec_from_file_location("bench_fleetgen", FLEETGEN)
+    assert spec is not None and spec.loader is not None
+    fleetgen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fleetgen)
+    root = tmp_path_factory.mktemp("worker")
+    generated = root / "out"
+    synthesize(load_all(fleetgen.generated_fleet(root / "fleet", range(3))), generated)
+    known = root / "known" / "known-failures"
+    known.mkdir(parents=True)
+    (known / "cdk.tf.json").write_text(json.dumps(KNOWN, indent=2))
+    found = sorted((fleet_out / "stacks").iterdir()) + sorted((generated / "stacks").iterdir()) + [known]
+    assert len(found) > 12, found
+    return found
+
+
+@pytest.fixture(scope="module")
+def both_ways(stacks: list[Path]) -> tuple[list[checkov_scan.StackResult], list[checkov_scan.StackResult]]:
+    """(plain CLI, workers): two worker processes, chunks of 3, so rendering is remembered across chunks."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(checkov_cache.CACHE_ENV, "off")
+        patch.setattr(checkov_scan, "STACKS_PER_CHUNK", 3)
+        workers = checkov_scan.run(stacks, skip_ids=(), workers=2)
+    return sorted(cli(stacks), key=lambda r: r.stack), list(workers.stacks)
+
+
+def test_the_workers_report_what_the_cli_reports_on_every_stack(both_ways) -> None:
+    plain, workers = both_ways
+    assert all(r.error is None for r in plain + workers), [r.error for r in plain + workers if r.error]
+    assert [r.stack for r in workers] == [r.stack for r in plain]
+    for old, new in zip(plain, workers):
+        assert new == old, f"{old.stack}: CLI {old} != workers {new}"
+    assert sum(len(r.failures) for r in plain) > len(EXPECTED)  # the generated stacks fail unskipped checks too
+
+
+def test_each_kind_of_check_still_fires(both_ways) -> None:
+    plain, workers = both_ways
+    for results in (plain, workers):
+        known = next(r for r in results if r.stack == "known-failures")
+        assert EXPECTED <= {(f.check_id, f.resource) for f in known.failures}, known.failures
+
+
+def test_a_crashed_worker_is_an_error_for_its_stacks_not_a_pass(stacks: list[Path], monkeypatch: pytest.MonkeyPatch,
+                                                               tmp_path: Path) -> None:
+    monkeypatch.setenv(checkov_cache.CACHE_ENV, "off")
+    broken = tmp_path / "worker.py"
+    broken.write_text("import sys\nsys.stderr.write('worker fell over\\n')\nsys.exit(3)\n")
+    monkeypatch.setattr(checkov_scan, "WORKER", broken)
+    summary = checkov_scan.run(stacks[:2], skip_ids=())
+    assert not summary.ok
+    assert [s.error for s in summary.stacks] == ["worker fell over", "worker fell over"]
