@@ -11,6 +11,7 @@ import threading
 import time
 
 import psycopg
+import pytest
 from sqlalchemy import func, select, update
 
 from experiments.auth import Caller
@@ -20,7 +21,14 @@ from experiments.services import experiments as service
 from experiments.services import pool_usage
 from tests.experiments.conftest import UnusedRunner
 from tests.experiments.test_submit_path import KEY, META, QUOTA, _in_thread, _race, _submit, _without_budgets
-from tests.experiments.test_submit_path import svc  # noqa: F401 - the fixture: the suite's fleet without money budgets, on PostgreSQL
+from tests.experiments.test_submit_path import one_statement_calls, svc  # noqa: F401 - fixtures: the one statement's calls; the fleet without budgets on PostgreSQL
+
+
+@pytest.fixture(params=["postgresql", "sqlite"])
+def either(request, make_service, catalog):
+    """The fleet without money budgets on each database (SQLite: every submit is the transaction)."""
+    return make_service(request.getfixturevalue("pg_url" if request.param == "postgresql" else "sqlite_url"), UnusedRunner(),
+                        jobs=_without_budgets(catalog))
 
 
 def _admin_uri(svc) -> str:
@@ -52,24 +60,24 @@ def test_refusals_after_the_autocommit_token_lookup_write_nothing(make_service, 
     _counted_once(svc)
 
 
-def test_one_key_with_two_bodies_through_both_paths_is_one_experiment(svc, monkeypatch):
+def test_one_key_with_two_bodies_through_both_paths_is_one_experiment(either, monkeypatch):
     """24 clients race on one Idempotency-Key for the last GPUs of the quota: half send body A, half
     body B, and every other client is forced onto the transactional path while the rest try the one
     statement first. One experiment holds the key; every client of its body gets it, every client
     of the other body gets the documented 409, and the counter counts it once."""
-    _submit(svc.ctx, 1000)
+    _submit(either.ctx, 1000)
     for i in range(QUOTA - 2):
-        _submit(svc.ctx, 2000 + i)  # one GPU of the quota left
+        _submit(either.ctx, 2000 + i)  # one GPU of the quota left
     transactional = threading.local()
     one_statement = service._one_statement
     monkeypatch.setattr(service, "_one_statement", lambda session: not getattr(transactional, "on", False) and one_statement(session))
 
     def client(i: int):
         transactional.on = i % 2 == 0
-        return _submit(svc.ctx, i, key="K", run_id="ra" if i % 4 < 2 else "rb")[0].id
+        return _submit(either.ctx, i, key="K", run_id="ra" if i % 4 < 2 else "rb")[0].id
 
     outcomes = _race(24, client)
-    with svc.ctx.sessions() as session:
+    with either.ctx.sessions() as session:
         held = session.scalars(select(Experiment).where(Experiment.idempotency_key == "K")).all()
         assert len(held) == 1, outcomes
         winner = held[0].meta["run_id"]
@@ -77,10 +85,10 @@ def test_one_key_with_two_bodies_through_both_paths_is_one_experiment(svc, monke
     for i, outcome in enumerate(outcomes):
         mine = "ra" if i % 4 < 2 else "rb"
         assert outcome == (held[0].id if mine == winner else 409), (i, mine, winner, outcome)
-    _counted_once(svc)
+    _counted_once(either)
 
 
-def test_the_counter_is_the_live_sum_after_racing_submits_refusals_and_cancels(svc):
+def test_the_counter_is_the_live_sum_after_racing_submits_refusals_and_cancels(either):
     """30 clients each submit, and cancel every other experiment they got, against a quota of 8:
     submissions, refusals and cancels interleave on the counter row through both paths; at the end
     the counter equals the live sum and every experiment has its one outbox row."""
@@ -90,20 +98,20 @@ def test_the_counter_is_the_live_sum_after_racing_submits_refusals_and_cancels(s
         got = []
         for j in range(3):
             try:
-                exp, _ = _submit(svc.ctx, i * 10 + j)
+                exp, _ = _submit(either.ctx, i * 10 + j)
             except ApiError as exc:
                 assert exc.status == 409
                 continue
             got.append(exp.id)
             if len(got) % 2:
-                with svc.ctx.sessions() as session:
-                    service.cancel(session, admin, exp.id, now=svc.clock())
+                with either.ctx.sessions() as session:
+                    service.cancel(session, admin, exp.id, now=either.clock())
         return got
 
     _race(30, client)
-    with svc.ctx.sessions() as session:
+    with either.ctx.sessions() as session:
         assert session.get(PoolUsage, KEY).gpus_committed == service.gpus_in_use(session, "finetune", "prod-nomad", "a100") <= QUOTA
-    _counted_once(svc)
+    _counted_once(either)
 
 
 def test_a_backend_killed_while_a_submission_waits_on_the_counter_is_a_clean_503(svc):
@@ -135,4 +143,27 @@ def test_a_backend_killed_while_a_submission_waits_on_the_counter_is_a_clean_503
     with svc.ctx.sessions() as session:
         assert session.scalar(select(func.count()).select_from(Experiment).where(Experiment.meta["run_id"].as_string() == "killed")) == 0
     assert svc.submit(headers, meta={**META, "run_id": "after"}).status_code == 202
+    with psycopg.connect(_admin_uri(svc), autocommit=True) as admin:
+        database = svc.ctx.sessions.kw["bind"].url.database
+        assert admin.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = %s AND state LIKE 'idle in transaction%%'",
+                             (database,)).fetchone()[0] == 0  # no transaction left open by the failed request
+    _counted_once(svc)
+
+
+def test_an_idempotency_key_of_sql_and_placeholders_is_stored_as_sent(svc, one_statement_calls):
+    """The Idempotency-Key is the request's one free-form text that reaches the one statement's
+    WHERE-less INSERT ... SELECT: quotes, a statement terminator and each placeholder style
+    (psycopg's %s and %(name)s, PostgreSQL's $1, SQLAlchemy's :name) are values, stored as sent, and
+    the same key answers with its experiment."""
+    headers = svc.token("finetune")
+    _submit(svc.ctx, 0)  # the counter row: the submissions below go through the one statement
+    keys = ["k'); DROP TABLE experiments; --", "%s %(e_id)s %%", "$1 :quota ::text", "\\'\""]
+    for i, key in enumerate(keys):
+        first = svc.submit({**headers, "Idempotency-Key": key}, meta={**META, "run_id": f"r{i}"})
+        again = svc.submit({**headers, "Idempotency-Key": key}, meta={**META, "run_id": f"r{i}"})
+        assert (first.status_code, again.status_code) == (202, 200) and first.json()["id"] == again.json()["id"], (key, first.text, again.text)
+    with svc.ctx.sessions() as session:
+        stored = set(session.scalars(select(Experiment.idempotency_key)))
+    assert set(keys) <= stored
+    assert one_statement_calls[True] == len(keys)
     _counted_once(svc)
