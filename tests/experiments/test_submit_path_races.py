@@ -7,9 +7,12 @@ killed while a submission waits on the counter row.
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import time
 
+import psutil
 import psycopg
 import pytest
 from sqlalchemy import func, select, update
@@ -166,4 +169,30 @@ def test_an_idempotency_key_of_sql_and_placeholders_is_stored_as_sent(svc, one_s
         stored = set(session.scalars(select(Experiment.idempotency_key)))
     assert set(keys) <= stored
     assert one_statement_calls[True] == len(keys)
+    _counted_once(svc)
+
+
+def test_a_server_restart_is_a_503_while_down_then_served_on_new_connections(svc, pg_server):
+    """The PostgreSQL server stops (fast shutdown: every backend is terminated) and starts again,
+    with the service's pooled connections open across it. While it is down a submission is a
+    clean 503 (the checkout discards the closed connection, the new one is refused); once it is up
+    the next submissions are served on new connections, and nothing half-written is left."""
+    headers = svc.token("finetune")
+    for i in range(3):
+        assert svc.submit(headers, meta={**META, "run_id": f"r{i}"}).status_code == 202
+    postmaster = pg_server.get_pid()
+    os.kill(postmaster, signal.SIGINT)  # fast shutdown, what `pg_ctl stop -m fast` sends
+    deadline = time.monotonic() + 30
+    while psutil.pid_exists(postmaster) and psutil.Process(postmaster).status() != psutil.STATUS_ZOMBIE:
+        assert time.monotonic() < deadline, "the server did not stop"
+        time.sleep(0.1)
+    try:
+        down = svc.submit(headers, meta={**META, "run_id": "down"})
+        assert down.status_code == 503 and down.headers.get("Retry-After"), down.text
+    finally:
+        pg_server.ensure_postgres_running()
+    for i in range(3, 6):
+        answer = svc.submit(headers, meta={**META, "run_id": f"r{i}"})
+        assert answer.status_code == 202, answer.text
+    assert svc.client.get("/api/v1/experiments", headers=headers).json()["total"] == 6
     _counted_once(svc)
