@@ -9,17 +9,18 @@ and a connection the server closed never failing a request.
 from __future__ import annotations
 
 import threading
+import time
 from collections import Counter
 
 import psycopg
 import pytest
-from sqlalchemy import func, select, update
+from sqlalchemy import event, func, select, update
 
 from experiments.auth import Caller
 from experiments.errors import ApiError
 from experiments.models import ApiToken, Event, Experiment, Outbox, PoolUsage
 from experiments.services import experiments as service
-from experiments.services import one_statement, pool_usage
+from experiments.services import admission, one_statement, pool_usage
 from experiments.services.catalog import Catalog
 from tests.experiments.conftest import UnusedRunner
 
@@ -171,10 +172,6 @@ def test_connections_the_server_closed_never_fail_a_request(svc):
     the next requests are answered normally: the checkout sees the closed socket and opens a new
     connection, where ``pool_pre_ping`` used to spend a round trip on every checkout. A healthy idle
     connection is reused, not replaced."""
-    import time
-
-    from sqlalchemy import event
-
     headers = svc.token("finetune")
     engine = svc.ctx.sessions.kw["bind"]
     opened: list[object] = []
@@ -200,12 +197,9 @@ def test_connections_the_server_closed_never_fail_a_request(svc):
     assert svc.client.get("/api/v1/experiments", headers=headers).json()["total"] == 6
 
 
-
 def _insert_same_request(svc, connection, key: str) -> None:
     """Insert, in ``connection``'s open transaction, the experiment of ``key`` for the very request
     ``_submit(svc.ctx, 0, key=key, run_id="same")`` sends (what a concurrent submit of it writes)."""
-    from experiments.services import admission
-
     spec, document = svc.ctx.catalog.admit("finetune-llama")
     meta = admission.checked_meta(spec, {**META, "run_id": "same"})
     now = svc.clock()
@@ -239,8 +233,6 @@ def test_a_one_statement_undone_by_a_deadlock_answers_with_the_keys_experiment(s
     """A transaction inserted key K and waits for the counter row, which a one statement of K holds
     while it waits on that insert: PostgreSQL undoes the statement (deadlock_detected: it waited
     first). The submit answers with the transaction's experiment, not a 500, and K is one experiment."""
-    import time
-
     _submit(svc.ctx, 1)
     other = svc.ctx.sessions.kw["bind"].connect()
     other.begin()
@@ -263,8 +255,6 @@ def test_a_transaction_undone_by_a_deadlock_answers_with_the_keys_experiment(svc
     """The other victim: a transactional submit of K inserted it and waits for the counter row, held
     by a writer that then inserts K too (what a one statement of K does, in that order). PostgreSQL
     undoes the transaction (it waited first); it runs once more and answers with the writer's experiment."""
-    import time
-
     _submit(svc.ctx, 1)
     monkeypatch.setattr(service, "_one_statement", lambda _session: False)
     other = svc.ctx.sessions.kw["bind"].connect()
