@@ -196,3 +196,41 @@ def test_a_server_restart_is_a_503_while_down_then_served_on_new_connections(svc
         assert answer.status_code == 202, answer.text
     assert svc.client.get("/api/v1/experiments", headers=headers).json()["total"] == 6
     _counted_once(svc)
+
+
+def test_repairs_racing_submissions_and_cancels_find_nothing_to_correct(either):
+    """The background check corrects a key's counter to the live sum under the counter row's lock.
+    Racing submissions (the one statement on PostgreSQL) and cancels, it must never see the two
+    differ: a correction there would mean a submit or a cancel is visible half-way under the lock."""
+    admin = Caller("admin", None, True)
+    _submit(either.ctx, 1000)
+    stop = threading.Event()
+    corrections: list[object] = []
+
+    def repairs() -> None:
+        while not stop.is_set():
+            with either.ctx.sessions() as session, session.begin():
+                fixed = pool_usage.repair(session, KEY, now=either.clock())
+            if fixed is not None:
+                corrections.append(fixed)
+
+    repairer = threading.Thread(target=repairs)
+    repairer.start()
+    try:
+        def client(i: int) -> None:
+            for j in range(4):
+                try:
+                    exp, _ = _submit(either.ctx, i * 10 + j)
+                except ApiError as exc:
+                    assert exc.status == 409
+                    continue
+                if j % 2:
+                    with either.ctx.sessions() as session:
+                        service.cancel(session, admin, exp.id, now=either.clock())
+
+        _race(12, client)
+    finally:
+        stop.set()
+        repairer.join()
+    assert corrections == []
+    _counted_once(either)
