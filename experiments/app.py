@@ -16,6 +16,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from sqlalchemy.exc import OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from clusters.secrets import detect
@@ -113,6 +114,18 @@ def create_app(settings: ServiceSettings, *, runner: Runner, catalog: Catalog | 
     @app.exception_handler(ApiError)
     async def _api_error(_request: Request, exc: ApiError) -> JSONResponse:
         return JSONResponse(exc.body(), status_code=exc.status)
+
+    @app.exception_handler(OperationalError)
+    async def _database_unavailable(_request: Request, exc: OperationalError) -> JSONResponse:
+        """The database connection failed under a request: a restart, a terminated backend, a server
+        not accepting connections yet (issue 28 dropped pre-ping: an idle connection the server closed is
+        replaced at checkout, one killed while in use fails here). A 503 with Retry-After, never the
+        exception's text: it carries the SQL, its parameters and the server's context lines. A submission's
+        one statement may have committed before the answer was lost, so the fix names the key."""
+        log.warning("database error under a request, answered 503: %s (SQLSTATE %s)", type(exc.orig).__name__, getattr(exc.orig, "sqlstate", None))
+        return JSONResponse({"error": "the database is unavailable right now", "field": None,
+                             "fix": "retry in a few seconds; a submission retried with the same Idempotency-Key returns its experiment if it was created"},
+                            status_code=503, headers={"Retry-After": "2"})
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:

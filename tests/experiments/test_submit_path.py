@@ -9,17 +9,18 @@ and a connection the server closed never failing a request.
 from __future__ import annotations
 
 import threading
+import time
 from collections import Counter
 
 import psycopg
 import pytest
-from sqlalchemy import func, select, update
+from sqlalchemy import event, func, select, update
 
 from experiments.auth import Caller
 from experiments.errors import ApiError
 from experiments.models import ApiToken, Event, Experiment, Outbox, PoolUsage
 from experiments.services import experiments as service
-from experiments.services import one_statement, pool_usage
+from experiments.services import admission, one_statement, pool_usage
 from experiments.services.catalog import Catalog
 from tests.experiments.conftest import UnusedRunner
 
@@ -171,10 +172,6 @@ def test_connections_the_server_closed_never_fail_a_request(svc):
     the next requests are answered normally: the checkout sees the closed socket and opens a new
     connection, where ``pool_pre_ping`` used to spend a round trip on every checkout. A healthy idle
     connection is reused, not replaced."""
-    import time
-
-    from sqlalchemy import event
-
     headers = svc.token("finetune")
     engine = svc.ctx.sessions.kw["bind"]
     opened: list[object] = []
@@ -200,12 +197,9 @@ def test_connections_the_server_closed_never_fail_a_request(svc):
     assert svc.client.get("/api/v1/experiments", headers=headers).json()["total"] == 6
 
 
-
 def _insert_same_request(svc, connection, key: str) -> None:
     """Insert, in ``connection``'s open transaction, the experiment of ``key`` for the very request
     ``_submit(svc.ctx, 0, key=key, run_id="same")`` sends (what a concurrent submit of it writes)."""
-    from experiments.services import admission
-
     spec, document = svc.ctx.catalog.admit("finetune-llama")
     meta = admission.checked_meta(spec, {**META, "run_id": "same"})
     now = svc.clock()
@@ -235,18 +229,47 @@ def _in_thread(work):
     return thread, box
 
 
+def _admin(svc) -> psycopg.Connection:
+    engine = svc.ctx.sessions.kw["bind"]
+    return psycopg.connect(engine.url.set(database="postgres").render_as_string(hide_password=False).replace("postgresql+psycopg://", "postgresql://", 1),
+                           autocommit=True)
+
+
+def _deadlocks(admin: psycopg.Connection, database: str) -> int:
+    admin.execute("SELECT pg_stat_clear_snapshot()")
+    return admin.execute("SELECT deadlocks FROM pg_stat_database WHERE datname = %s", (database,)).fetchone()[0]
+
+
+def _until_blocked(admin: psycopg.Connection, database: str) -> None:
+    """Until a backend of ``database`` waits on a lock: the submit in the thread reached the step the
+    test stages (a fixed sleep would, on a loaded machine, let the test pass without the deadlock)."""
+    deadline = time.monotonic() + 10
+    while not admin.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = %s AND wait_event_type = 'Lock'", (database,)).fetchone()[0]:
+        assert time.monotonic() < deadline, "the submission never waited on a lock"
+        time.sleep(0.02)
+
+
+def _one_deadlock_more(admin: psycopg.Connection, database: str, before: int) -> None:
+    """PostgreSQL counted the deadlock the test staged (its statistics arrive with a delay)."""
+    deadline = time.monotonic() + 10
+    while _deadlocks(admin, database) != before + 1:
+        assert time.monotonic() < deadline, f"no deadlock was detected ({_deadlocks(admin, database) - before})"
+        time.sleep(0.1)
+
+
 def test_a_one_statement_undone_by_a_deadlock_answers_with_the_keys_experiment(svc, one_statement_calls):
     """A transaction inserted key K and waits for the counter row, which a one statement of K holds
     while it waits on that insert: PostgreSQL undoes the statement (deadlock_detected: it waited
     first). The submit answers with the transaction's experiment, not a 500, and K is one experiment."""
-    import time
-
     _submit(svc.ctx, 1)
+    database = svc.ctx.sessions.kw["bind"].url.database
+    admin = _admin(svc)
+    before = _deadlocks(admin, database)
     other = svc.ctx.sessions.kw["bind"].connect()
     other.begin()
     _insert_same_request(svc, other, "K")
     thread, box = _in_thread(lambda: _submit(svc.ctx, 0, key="K", run_id="same"))
-    time.sleep(0.3)  # the statement has taken the counter row and waits on the insert of K
+    _until_blocked(admin, database)  # the statement has taken the counter row and waits on the insert of K
     _take_counter_row(other)  # waits on the statement, until its deadlock check (1 s) undoes it
     other.commit()
     other.close()
@@ -257,21 +280,24 @@ def test_a_one_statement_undone_by_a_deadlock_answers_with_the_keys_experiment(s
     assert one_statement_calls[True] == 0
     with svc.ctx.sessions() as session:
         assert session.scalar(select(func.count()).select_from(Experiment).where(Experiment.idempotency_key == "K")) == 1
+    _one_deadlock_more(admin, database, before)
+    admin.close()
 
 
 def test_a_transaction_undone_by_a_deadlock_answers_with_the_keys_experiment(svc, monkeypatch):
     """The other victim: a transactional submit of K inserted it and waits for the counter row, held
     by a writer that then inserts K too (what a one statement of K does, in that order). PostgreSQL
     undoes the transaction (it waited first); it runs once more and answers with the writer's experiment."""
-    import time
-
     _submit(svc.ctx, 1)
     monkeypatch.setattr(service, "_one_statement", lambda _session: False)
+    database = svc.ctx.sessions.kw["bind"].url.database
+    admin = _admin(svc)
+    before = _deadlocks(admin, database)
     other = svc.ctx.sessions.kw["bind"].connect()
     other.begin()
     _take_counter_row(other)
     thread, box = _in_thread(lambda: _submit(svc.ctx, 0, key="K", run_id="same"))
-    time.sleep(0.3)  # the transaction has inserted K and waits for the counter row
+    _until_blocked(admin, database)  # the transaction has inserted K and waits for the counter row
     _insert_same_request(svc, other, "K")  # waits on the transaction, whose deadlock check (1 s) undoes it
     other.commit()
     other.close()
@@ -279,3 +305,5 @@ def test_a_transaction_undone_by_a_deadlock_answers_with_the_keys_experiment(svc
     assert "error" not in box, box.get("error")
     experiment, created = box["result"]
     assert experiment.id == "held-open" and not created
+    _one_deadlock_more(admin, database, before)
+    admin.close()
