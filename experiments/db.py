@@ -8,6 +8,7 @@ step takes a transaction-scoped advisory lock per (tenant, pool), see services.s
 
 from __future__ import annotations
 
+import secrets
 from pathlib import Path
 
 from alembic import command
@@ -23,6 +24,10 @@ from clusters.errors import UserError
 DEFAULT_SQLITE = Path(".gpufleet") / "experiments.db"  # under the repository root (clusters.repo)
 MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 SQLITE_BUSY_MS = 30_000
+# This process's mark on its PostgreSQL sessions (``application_name``): a worker whose process exited
+# (a crash, kill -9) has no session left, which the others can see at once (background.membership).
+PROCESS_TAG = secrets.token_hex(6)
+APPLICATION_NAME = f"gpufleet {PROCESS_TAG}"
 
 
 def database_url(value: str | None) -> str:
@@ -68,7 +73,7 @@ def make_engine(url: str) -> Engine:
             connection.exec_driver_sql("BEGIN IMMEDIATE")
 
         return engine
-    return create_engine(url, pool_size=20, max_overflow=40, pool_pre_ping=True)
+    return create_engine(url, pool_size=20, max_overflow=40, pool_pre_ping=True, connect_args={"application_name": APPLICATION_NAME})
 
 
 def session_factory(engine: Engine) -> sessionmaker[Session]:
