@@ -101,8 +101,12 @@ class Timing:
     pool_usage_check_seconds: float = 300.0
     # An accepted experiment not handed to the scheduler within this fails with the last error.
     dispatch_stuck_seconds: int = 900
-    # Runs per reconcile pass (the schedulers are asked in list calls, so a pass can be large).
-    reconcile_batch: int = 2000
+    # Runs per reconcile pass. The schedulers are asked in list calls of whole namespaces, which cost the same
+    # whatever share of their runs a pass answers, so one pass answers them all: 2,000 a pass took five passes,
+    # each listing everything, before a change among 10,000 live runs was sure to be seen.
+    reconcile_batch: int = 20_000
+    # Ended runs whose log tails are read at once (each a few scheduler GETs and commits; experiments.services.logs).
+    log_keep_concurrency: int = 8
     # A run unchanged in the lists is still read in full this often (a queued run's reason can change alone).
     refresh_seconds: float = 300.0
     # A running run's GPU utilization is sampled at most this often (0: never); background.usage.

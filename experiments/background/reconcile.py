@@ -20,7 +20,8 @@ One pass asks each scheduler in batches (``jobs.runner.poll``: Nomad's job and a
 lists, Kubernetes' Job and Workload lists), not 3 GETs per run: a run whose list entries are
 as last seen (its fingerprint) costs nothing more, and is still re-read in full every
 ``Timing.refresh_seconds`` so a changed reason (why a queued run waits) shows up. State
-changes are committed in batches of ``COMMIT_BATCH``. The pass ends by sampling the GPU
+changes are committed in batches of ``COMMIT_BATCH``, the reconciled stamps in one commit, and the
+logs of runs that ended are kept on a few threads. The pass ends by sampling the GPU
 utilization of the running runs it just read, at a bounded rate (background.usage).
 """
 
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
@@ -51,6 +53,7 @@ from jobs.runner import Phase, RunNotFound, RunReport, SchedulerUnavailable, pol
 
 ACTOR = "reconciler"
 COMMIT_BATCH = 500
+STAMP_BATCH = 2000  # ids per UPDATE of reconciled_at
 
 
 @dataclass(frozen=True)
@@ -190,7 +193,14 @@ def _keep_logs(ctx: Context, ended: set[str], bound: ColumnElement[bool] | None)
     ones (``Timing.log_captures_per_pass``), never a read per run per pass."""
     timing, now = ctx.timing, ctx.clock()
     if ended:
-        run_logs.keep(ctx.sessions, ctx.runner, sorted(ended), now=now, tail_bytes=timing.log_tail_bytes)
+        # Each run's reads are waits on the scheduler: a few threads, so runs that end together (thousands
+        # at once) do not hold the next pass up for one GET after another.
+        ids = sorted(ended)
+        width = max(1, min(timing.log_keep_concurrency, len(ids)))
+        with ThreadPoolExecutor(max_workers=width, thread_name_prefix="gpufleet-logs") as pool:
+            for future in [pool.submit(run_logs.keep, ctx.sessions, ctx.runner, ids[i::width], now=now, tail_bytes=timing.log_tail_bytes)
+                           for i in range(width)]:
+                future.result()
     if timing.log_captures_per_pass:
         run_logs.keep_running(ctx.sessions, ctx.runner, bound=bound, now=now, limit=timing.log_captures_per_pass,
                               every_seconds=timing.log_capture_every_seconds, tail_bytes=timing.log_tail_bytes)
@@ -245,9 +255,9 @@ def _apply_all(ctx: Context, moves: list[Move], reconciled: list[str]) -> set[st
     for (only those: a run without an answer keeps its old stamp); returns the ids that ended."""
     now = ctx.clock()
     ended: set[str] = set()
-    for start in range(0, len(reconciled), COMMIT_BATCH):
-        with ctx.sessions() as session, session.begin():
-            session.execute(update(Experiment).where(Experiment.id.in_(reconciled[start:start + COMMIT_BATCH])).values(reconciled_at=now))
+    with ctx.sessions() as session, session.begin():  # one commit for the stamps: a row each, no lock held on anything else
+        for start in range(0, len(reconciled), STAMP_BATCH):
+            session.execute(update(Experiment).where(Experiment.id.in_(reconciled[start:start + STAMP_BATCH])).values(reconciled_at=now))
     for start in range(0, len(moves), COMMIT_BATCH):
         chunk = moves[start:start + COMMIT_BATCH]
         changed = []
