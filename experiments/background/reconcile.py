@@ -54,6 +54,7 @@ from jobs.runner import Phase, RunNotFound, RunReport, SchedulerUnavailable, pol
 ACTOR = "reconciler"
 COMMIT_BATCH = 500
 STAMP_BATCH = 2000  # ids per UPDATE of reconciled_at
+APPLY_THREADS = 4  # chunks of moves committed at once
 
 
 @dataclass(frozen=True)
@@ -258,23 +259,30 @@ def _apply_all(ctx: Context, moves: list[Move], reconciled: list[str]) -> set[st
     with ctx.sessions() as session, session.begin():  # one commit for the stamps: a row each, no lock held on anything else
         for start in range(0, len(reconciled), STAMP_BATCH):
             session.execute(update(Experiment).where(Experiment.id.in_(reconciled[start:start + STAMP_BATCH])).values(reconciled_at=now))
-    for start in range(0, len(moves), COMMIT_BATCH):
-        chunk = moves[start:start + COMMIT_BATCH]
-        changed = []
-        with ctx.sessions() as session, session.begin():
-            # Locked in id order (two workers' batches never wait on each other in a cycle) and read
-            # fresh: a run another worker ended meanwhile is seen ended, not ended twice.
-            loaded = {e.id: e for e in session.scalars(select(Experiment).where(Experiment.id.in_([m.experiment_id for m in chunk]))
-                                                       .order_by(Experiment.id).with_for_update().execution_options(populate_existing=True))}
-            for move in chunk:
-                exp = loaded.get(move.experiment_id)
-                if exp is not None and (moved := _apply(session, exp, move, now)) is not None:
-                    changed.append((move.experiment_id, *moved))
-        for experiment_id, current, target in changed:
-            log.info("experiment %s: %s -> %s", experiment_id, current.value, target.value)
-            if target in TERMINAL or target == State.RETRYING:  # an attempt ended: keep its logs, forget its fingerprint
-                ended.add(experiment_id)
+    chunks = [moves[start:start + COMMIT_BATCH] for start in range(0, len(moves), COMMIT_BATCH)]
+    # Chunks hold disjoint rows, so they commit side by side: thousands of runs that end at once are
+    # recorded in a fraction of one commit after another (each waits mostly on the database).
+    with ThreadPoolExecutor(max_workers=max(1, min(APPLY_THREADS, len(chunks))), thread_name_prefix="gpufleet-apply") as pool:
+        for changed in pool.map(lambda chunk: _apply_chunk(ctx, chunk, now), chunks):
+            for experiment_id, current, target in changed:
+                log.info("experiment %s: %s -> %s", experiment_id, current.value, target.value)
+                if target in TERMINAL or target == State.RETRYING:  # an attempt ended: keep its logs, forget its fingerprint
+                    ended.add(experiment_id)
     return ended
+
+
+def _apply_chunk(ctx: Context, chunk: list[Move], now: datetime) -> list[tuple[str, State, State]]:
+    changed = []
+    with ctx.sessions() as session, session.begin():
+        # Locked in id order (two chunks or two workers never wait on each other in a cycle) and read
+        # fresh: a run another worker ended meanwhile is seen ended, not ended twice.
+        loaded = {e.id: e for e in session.scalars(select(Experiment).where(Experiment.id.in_([m.experiment_id for m in chunk]))
+                                                   .order_by(Experiment.id).with_for_update().execution_options(populate_existing=True))}
+        for move in chunk:
+            exp = loaded.get(move.experiment_id)
+            if exp is not None and (moved := _apply(session, exp, move, now)) is not None:
+                changed.append((move.experiment_id, *moved))
+    return changed
 
 
 def _target(report: RunReport, *, cancelling: bool) -> tuple[State, str]:
