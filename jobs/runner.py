@@ -131,6 +131,7 @@ class NomadRunner:
         self._vault_env = dict(vault_env)
         self._registered: set[tuple[str, str, str]] = set()
         self._lock = threading.Lock()
+        self._register_lock = threading.Lock()
         self._allocations: OrderedDict[str, str] = OrderedDict()  # run id -> newest allocation seen
 
     def _ensure_registered(self, job: FinetuneSpec) -> None:
@@ -142,9 +143,13 @@ class NomadRunner:
         with self._lock:
             if key in self._registered:
                 return
-        self._client.register(job)
-        with self._lock:
-            self._registered.add(key)
+        with self._register_lock:  # the dispatcher's threads: the first registers, the others wait and find it done
+            with self._lock:
+                if key in self._registered:
+                    return
+            self._client.register(job)
+            with self._lock:
+                self._registered.add(key)
 
     def submit(self, job: FinetuneSpec, meta: Mapping[str, str], *, idempotency_key: str | None = None, attempt: int = 1) -> str:
         from jobs.nomad.client import NomadError

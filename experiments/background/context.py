@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from sqlalchemy import ColumnElement
 from sqlalchemy.orm import InstrumentedAttribute, Session, sessionmaker
 
-from experiments.background.membership import Membership, share
+from experiments.background.membership import Membership, leads, share
 from experiments.metrics import Metrics
 from experiments.services.catalog import Catalog
 from jobs.logs import DEFAULT_TAIL_BYTES
@@ -74,6 +74,13 @@ def _orphan_memory() -> OrphanMemory:
 @dataclass(frozen=True)
 class Timing:
     poll_seconds: float = 2.0
+    # The dispatch loop polls at the smaller of this and poll_seconds while the outbox is empty (a pass that
+    # dispatched starts the next at once): an idle probe is one indexed query, and a submission should not
+    # wait seconds for its dispatch.
+    dispatch_poll_seconds: float = 0.5
+    # Dispatches one worker has in flight at once (each a thread: the claim, Vault's mint, the scheduler's
+    # answer and the record are mostly waits). Each row is claimed by one thread only; 1 is sequential.
+    dispatch_concurrency: int = 8
     # Log tails kept in the database: bytes per rank and stream; while runs run, at most this many
     # runs' tails per reconcile pass, each at most once per log_capture_every_seconds (those that
     # ended in the pass are always kept, on top).
@@ -85,15 +92,21 @@ class Timing:
     # A claimed dispatch is retried by another pass after this even while its worker lives (longer than the
     # Nomad client's retries); a worker whose heartbeat is older than worker_ttl_seconds loses its claims at once.
     dispatch_lease_seconds: int = 120
-    # Workers write a heartbeat this often; one silent for worker_ttl_seconds is dead to the others (background.membership).
-    heartbeat_seconds: float = 2.0
+    # Workers write a heartbeat this often; one silent for worker_ttl_seconds is dead to the others, and on PostgreSQL
+    # one silent for worker_lost_seconds whose process has no database session left (it exited: background.membership).
+    heartbeat_seconds: float = 0.5
     worker_ttl_seconds: float = 10.0
+    worker_lost_seconds: float = 2.0
     # How often the pool_usage counters are compared with the sum over live runs (background.pool_usage).
     pool_usage_check_seconds: float = 300.0
     # An accepted experiment not handed to the scheduler within this fails with the last error.
     dispatch_stuck_seconds: int = 900
-    # Runs per reconcile pass (the schedulers are asked in list calls, so a pass can be large).
-    reconcile_batch: int = 2000
+    # Runs per reconcile pass. The schedulers are asked in list calls of whole namespaces, which cost the same
+    # whatever share of their runs a pass answers, so one pass answers them all: 2,000 a pass took five passes,
+    # each listing everything, before a change among 10,000 live runs was sure to be seen.
+    reconcile_batch: int = 20_000
+    # Ended runs whose log tails are read at once (each a few scheduler GETs and commits; experiments.services.logs).
+    log_keep_concurrency: int = 8
     # A run unchanged in the lists is still read in full this often (a queued run's reason can change alone).
     refresh_seconds: float = 300.0
     # A running run's GPU utilization is sampled at most this often (0: never); background.usage.
@@ -123,12 +136,19 @@ class Context:
     membership: Membership = field(default_factory=Membership)
     usage_checked: list[datetime] = field(default_factory=list)  # when background.pool_usage last ran (at most one entry)
 
+    def _bounds(self) -> dict[str, float]:
+        timing = self.timing
+        return {"ttl_seconds": timing.worker_ttl_seconds, "heartbeat_seconds": timing.heartbeat_seconds, "lost_seconds": timing.worker_lost_seconds}
+
     def fenced(self) -> bool:
         """This worker's heartbeat may look dead to the others: claim and submit nothing."""
-        return self.membership.fenced(ttl_seconds=self.timing.worker_ttl_seconds, heartbeat_seconds=self.timing.heartbeat_seconds)
+        return self.membership.fenced(**self._bounds())
 
     def share(self, session: Session, experiment_id: InstrumentedAttribute[str]) -> ColumnElement[bool] | None:
         """The runs this worker follows this pass (None: all), see background.membership."""
-        return share(self.membership, session, experiment_id, now=self.clock(), ttl_seconds=self.timing.worker_ttl_seconds,
-                     heartbeat_seconds=self.timing.heartbeat_seconds)
+        return share(self.membership, session, experiment_id, now=self.clock(), **self._bounds())
+
+    def leads(self, session: Session) -> bool:
+        """Whether this worker does the work of this pass that is not split by run (background.membership)."""
+        return leads(self.membership, session, now=self.clock(), **self._bounds())
     orphans: OrphanMemory = field(default_factory=lambda: _orphan_memory())

@@ -1,12 +1,13 @@
 """process_outbox: hand accepted experiments to the scheduler, exactly once.
 
-1. claim: the oldest due row, locked ``FOR UPDATE SKIP LOCKED`` (PostgreSQL; SQLite's write
-   lock serializes the claim), gets this worker's id, a lease and the next attempt number (the
-   fencing token) and moves pending -> dispatching. A row is due when unclaimed, past its lease,
-   or held by a worker whose heartbeat is older than the TTL (``background.membership``): a
-   crashed worker's claims are taken over within seconds, a live worker's only after the lease;
+1. claim: the oldest due rows (as many as the worker has free dispatch threads), locked ``FOR
+   UPDATE SKIP LOCKED`` (PostgreSQL; SQLite's write lock serializes the claim), each get this
+   worker's id, a lease and the next attempt number (the fencing token) and move pending ->
+   dispatching, in one transaction. A row is due when unclaimed, past its lease, or held by a
+   worker dead to the others (``background.membership``): a crashed worker's claims are taken
+   over within seconds, a live worker's only after the lease;
 2. call ``runner.submit`` with the experiment id as the idempotency key (it mints the
-   wrapped secret_id and dispatches);
+   wrapped secret_id and dispatches), each claimed row on its own thread;
 3. record: the run id, the outbox row deleted and dispatching -> queued, in one transaction,
    only while the claim is still this worker's (same claimant and attempt); a worker whose claim
    was taken over during its submit leaves the record to the new holder.
@@ -15,8 +16,8 @@ A crash between 2 and 3 leaves the row; once its claim is due again the next hol
 with the same key and the scheduler answers with the run it already has (Nomad's dispatch
 idempotency token, the Kubernetes Job named from the key). Nomad checks the token against its
 state before it commits a new child, so two submits of one key must never be in flight at once:
-a takeover waits for the TTL, and a worker whose own heartbeat may have lapsed submits nothing
-(``Context.fenced``).
+a takeover waits until the holder is dead to the others, and a worker whose own heartbeat may have
+lapsed submits nothing and gives its claims back (``Context.fenced``).
 
 A retried experiment (``retrying``, experiments.attempts) comes through here again as its next
 attempt: the claim moves it to dispatching, the previous attempt's run is stopped first (the
@@ -34,7 +35,8 @@ scheduler cannot settle yet is retried with backoff and shown in the experiment'
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -70,34 +72,50 @@ class Claim:
         return outbox is not None and outbox.claimed_by == self.worker and outbox.attempts == self.attempt
 
 
-def process_outbox(ctx: Context, *, batch: int = 50) -> int:
-    """One pass: claim due rows one at a time (``FOR UPDATE SKIP LOCKED`` on PostgreSQL, so several
-    workers each take different rows without waiting on each other) and dispatch each; returns
-    how many experiments were handed to the scheduler."""
+def process_outbox(ctx: Context, *, batch: int = 200) -> int:
+    """One pass: claim due rows a few at a time (``FOR UPDATE SKIP LOCKED`` on PostgreSQL, so several
+    workers each take different rows without waiting on each other) and dispatch them on up to
+    ``Timing.dispatch_concurrency`` threads, claiming more as threads free up, until nothing is due
+    or ``batch`` rows were taken; returns how many experiments were handed to the scheduler.
+
+    Why threads: a dispatch is mostly waiting (the claim's commit, Vault minting the secret_id,
+    the scheduler's answer, the record's commit), so one thread left the worker's core idle most of
+    a burst and a second worker had little to add. Each claimed row is still dispatched by exactly
+    one thread with its own fencing token, and no two threads hold one row (each claim locks and
+    leases distinct rows), so no key is ever in flight twice from here."""
+    width = max(1, ctx.timing.dispatch_concurrency)
+    seen: set[str] = set()  # each row at most once a pass: a debt released for "now" waits for the next pass
     dispatched = 0
-    seen: list[str] = []  # each row at most once a pass: a debt released for "now" waits for the next pass
-    for _ in range(batch):
-        if ctx.fenced():
-            break
-        claim = _claim(ctx, None, skip=seen)
-        if claim is None:
-            break
-        seen.append(claim.experiment_id)
-        dispatched += _dispatch_claimed(ctx, claim)
-    return dispatched
+    more = True
+    with ThreadPoolExecutor(max_workers=width, thread_name_prefix="gpufleet-dispatch") as pool:
+        running: set[Future[bool]] = set()
+        while True:
+            room = min(width - len(running), batch - len(seen))
+            if more and room > 0 and not ctx.fenced():
+                claims = _claim(ctx, None, skip=seen, limit=room)
+                more = len(claims) == room
+                seen.update(c.experiment_id for c in claims)
+                running.update(pool.submit(_dispatch_claimed, ctx, claim) for claim in claims)
+            if not running:
+                return dispatched
+            finished, running = wait(running, return_when=FIRST_COMPLETED)
+            for future in finished:
+                try:
+                    dispatched += bool(future.result())
+                except Exception:  # noqa: BLE001 - one row's bad dispatch must not hide the others' results; its lease brings it back
+                    log.exception("a dispatch raised")
 
 
-def _claim(ctx: Context, experiment_id: str | None, *, skip: Sequence[str] = ()) -> Claim | None:
-    """Claim ``experiment_id``'s row, or the oldest due one: not leased, or leased past its lease,
-    or held by a worker whose heartbeat is older than the TTL (taken over, with an event saying so)."""
+def _claim(ctx: Context, experiment_id: str | None, *, skip: Collection[str] = (), limit: int = 1) -> list[Claim]:
+    """Claim ``experiment_id``'s row, or up to ``limit`` of the oldest due ones, in one transaction: a
+    row is due when not leased, leased past its lease, or held by a worker dead to the others
+    (taken over, with an event saying so)."""
     from experiments.scheduler import bound_clause
 
     now = ctx.clock()
     me = ctx.membership.worker_id
-    dead = dead_workers(now, ctx.timing.worker_ttl_seconds)
-    query = (select(Outbox).where(Outbox.next_attempt_at <= now,
-                                  or_(Outbox.lease_until.is_(None), Outbox.lease_until < now, Outbox.claimed_by.in_(dead)))
-             .order_by(Outbox.created_at).limit(1).with_for_update(skip_locked=True, of=Outbox)
+    query = (select(Outbox).where(Outbox.next_attempt_at <= now)
+             .order_by(Outbox.created_at).limit(limit).with_for_update(skip_locked=True, of=Outbox)
              .execution_options(populate_existing=True))
     if experiment_id is not None:
         query = query.where(Outbox.experiment_id == experiment_id)
@@ -108,28 +126,35 @@ def _claim(ctx: Context, experiment_id: str | None, *, skip: Sequence[str] = ())
         # Services bound to different clusters may share one database: each takes only its own
         # clusters' rows, so none fails another's dispatch as stuck.
         query = query.join(Experiment, Experiment.id == Outbox.experiment_id).where(bound)
+    claims: list[Claim] = []
     with ctx.sessions() as session, session.begin():
-        outbox = session.scalars(query).first()
-        if outbox is None:
-            return None
-        taken_from = outbox.claimed_by if outbox.lease_until is not None and outbox.lease_until >= now else None
-        outbox.lease_until = now + timedelta(seconds=ctx.timing.dispatch_lease_seconds)
-        outbox.attempts += 1
-        outbox.claimed_by = me
-        exp = session.get(Experiment, outbox.experiment_id, with_for_update=True, populate_existing=True)
-        assert exp is not None
-        if taken_from is not None:
-            record(session, experiment_id=exp.id, actor=ACTOR, kind="takeover", now=now,
-                   message=f"dispatch claim taken over from worker {taken_from}, whose heartbeat is older than {ctx.timing.worker_ttl_seconds:g}s")
-            log.warning("experiment %s: dispatch claim taken over from dead worker %s", exp.id, taken_from)
-        if exp.state in (State.PENDING.value, State.RETRYING.value):
-            transition(session, exp, State.DISPATCHING, actor=ACTOR, now=now)
-        return Claim(exp.id, me, outbox.attempts, exp)
+        dead = dead_workers(session, now, ttl_seconds=ctx.timing.worker_ttl_seconds, lost_seconds=ctx.timing.worker_lost_seconds)
+        rows = session.scalars(query.where(or_(Outbox.lease_until.is_(None), Outbox.lease_until < now, Outbox.claimed_by.in_(dead)))).all()
+        if not rows:
+            return claims
+        # The experiments locked in id order, as the reconciler locks them: two transactions never wait on each other in a cycle.
+        experiments = {e.id: e for e in session.scalars(select(Experiment).where(Experiment.id.in_([o.experiment_id for o in rows]))
+                                                        .order_by(Experiment.id).with_for_update().execution_options(populate_existing=True))}
+        for outbox in rows:
+            taken_from = outbox.claimed_by if outbox.lease_until is not None and outbox.lease_until >= now else None
+            outbox.lease_until = now + timedelta(seconds=ctx.timing.dispatch_lease_seconds)
+            outbox.attempts += 1
+            outbox.claimed_by = me
+            exp = experiments[outbox.experiment_id]
+            if taken_from is not None:
+                record(session, experiment_id=exp.id, actor=ACTOR, kind="takeover", now=now,
+                       message=f"dispatch claim taken over from worker {taken_from}, dead to the others: its heartbeat is older than"
+                               f" {ctx.timing.worker_ttl_seconds:g}s, or older than {ctx.timing.worker_lost_seconds:g}s with no database session of its process left")
+                log.warning("experiment %s: dispatch claim taken over from dead worker %s", exp.id, taken_from)
+            if exp.state in (State.PENDING.value, State.RETRYING.value):
+                transition(session, exp, State.DISPATCHING, actor=ACTOR, now=now)
+            claims.append(Claim(exp.id, me, outbox.attempts, exp))
+    return claims
 
 
 def dispatch_one(ctx: Context, experiment_id: str) -> bool:
-    claim = _claim(ctx, experiment_id)
-    return claim is not None and _dispatch_claimed(ctx, claim)
+    claims = _claim(ctx, experiment_id)
+    return bool(claims) and _dispatch_claimed(ctx, claims[0])
 
 
 def _dispatch_claimed(ctx: Context, claim: Claim) -> bool:
@@ -156,7 +181,8 @@ def _dispatch_claimed(ctx: Context, claim: Claim) -> bool:
         _end(ctx, claim, State.EXPIRED, f"deadline of {exp.deadline_hours:g}h spent by earlier attempts; attempt {exp.attempt} not dispatched")
         return False
     if ctx.fenced():
-        return False  # the others may be taking this claim over: only one of us may call the scheduler
+        _give_back(ctx, claim)  # the others may be taking this claim over: only one of us may call the scheduler
+        return False
     try:
         # The experiment id in the run's meta names its checkpoint directory (GPUFLEET_CHECKPOINT_URI) on every attempt;
         # the attempt's own key makes a new scheduler run (and new secret_ids) once per attempt. The seconds left of the
@@ -197,6 +223,16 @@ def _dispatch_claimed(ctx: Context, claim: Claim) -> bool:
     ctx.metrics.dispatch_latency.observe(latency)
     log.info("dispatched experiment %s as %s", experiment_id, run_id)
     return True
+
+
+def _give_back(ctx: Context, claim: Claim) -> None:
+    """A claim this worker did not submit (fenced meanwhile): due again at once, for whoever claims
+    next, instead of held until its lease ends. Only while the claim is still ours; its attempt was
+    counted, so a later cancel keeps it as a stop debt (the safe side)."""
+    with ctx.sessions() as session, session.begin():
+        outbox = session.get(Outbox, claim.experiment_id, with_for_update=True, populate_existing=True)
+        if outbox is not None and claim.holds(outbox):
+            outbox.lease_until, outbox.claimed_by, outbox.next_attempt_at = None, None, ctx.clock()
 
 
 def _retry_later(ctx: Context, claim: Claim, error: str) -> None:

@@ -60,7 +60,12 @@ class OrphanMemory:
 
 
 def process_holders(ctx: Context) -> int:
-    """One scan per bound cluster; returns how many holders the schedulers listed."""
+    """One scan per bound cluster; returns how many holders the schedulers listed. Several workers on
+    one database: only the one that leads this pass scans (``Context.leads``), so each orphan is one
+    event and each release one proof, not one per worker, and the schedulers are listed once."""
+    with ctx.sessions() as session:
+        if not ctx.leads(session):
+            return 0
     listed = 0
     for cluster, kind in _scopes(ctx):
         config = next((c for c in ctx.catalog.configs if c.name == cluster), None)

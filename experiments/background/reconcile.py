@@ -20,7 +20,8 @@ One pass asks each scheduler in batches (``jobs.runner.poll``: Nomad's job and a
 lists, Kubernetes' Job and Workload lists), not 3 GETs per run: a run whose list entries are
 as last seen (its fingerprint) costs nothing more, and is still re-read in full every
 ``Timing.refresh_seconds`` so a changed reason (why a queued run waits) shows up. State
-changes are committed in batches of ``COMMIT_BATCH``. The pass ends by sampling the GPU
+changes are committed in batches of ``COMMIT_BATCH``, the reconciled stamps in one commit, and the
+logs of runs that ended are kept on a few threads. The pass ends by sampling the GPU
 utilization of the running runs it just read, at a bounded rate (background.usage).
 """
 
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
@@ -51,6 +53,8 @@ from jobs.runner import Phase, RunNotFound, RunReport, SchedulerUnavailable, pol
 
 ACTOR = "reconciler"
 COMMIT_BATCH = 500
+STAMP_BATCH = 2000  # ids per UPDATE of reconciled_at
+APPLY_THREADS = 4  # chunks of moves committed at once
 
 
 @dataclass(frozen=True)
@@ -140,7 +144,8 @@ def process_scheduled(ctx: Context) -> int:
         log.warning("reconcile: no answer for %d of %d runs this pass (see the scheduler errors above)", missed, len(tracked))
     ended = _apply_all(ctx, moves, answered)
     _keep_logs(ctx, ended - forgotten, bound)  # a forgotten run has no logs left to read; before the stops below, which delete pods
-    _stop_retried(ctx, [r.run_id for r in tracked if r.id in ended and any(m.experiment_id == r.id and m.target == State.RETRYING for m in moves)])
+    retrying = {m.experiment_id for m in moves if m.target == State.RETRYING}  # a set: thousands of runs may end in one pass
+    _stop_retried(ctx, [r.run_id for r in tracked if r.id in ended and r.id in retrying])
     ctx.fingerprints.remember(fresh)
     gone = [r.run_id for r in tracked if r.id in ended]
     ctx.fingerprints.forget(gone)
@@ -190,7 +195,14 @@ def _keep_logs(ctx: Context, ended: set[str], bound: ColumnElement[bool] | None)
     ones (``Timing.log_captures_per_pass``), never a read per run per pass."""
     timing, now = ctx.timing, ctx.clock()
     if ended:
-        run_logs.keep(ctx.sessions, ctx.runner, sorted(ended), now=now, tail_bytes=timing.log_tail_bytes)
+        # Each run's reads are waits on the scheduler: a few threads, so runs that end together (thousands
+        # at once) do not hold the next pass up for one GET after another.
+        ids = sorted(ended)
+        width = max(1, min(_writers(ctx, timing.log_keep_concurrency), len(ids)))
+        with ThreadPoolExecutor(max_workers=width, thread_name_prefix="gpufleet-logs") as pool:
+            for future in [pool.submit(run_logs.keep, ctx.sessions, ctx.runner, ids[i::width], now=now, tail_bytes=timing.log_tail_bytes)
+                           for i in range(width)]:
+                future.result()
     if timing.log_captures_per_pass:
         run_logs.keep_running(ctx.sessions, ctx.runner, bound=bound, now=now, limit=timing.log_captures_per_pass,
                               every_seconds=timing.log_capture_every_seconds, tail_bytes=timing.log_tail_bytes)
@@ -245,26 +257,40 @@ def _apply_all(ctx: Context, moves: list[Move], reconciled: list[str]) -> set[st
     for (only those: a run without an answer keeps its old stamp); returns the ids that ended."""
     now = ctx.clock()
     ended: set[str] = set()
-    for start in range(0, len(reconciled), COMMIT_BATCH):
-        with ctx.sessions() as session, session.begin():
-            session.execute(update(Experiment).where(Experiment.id.in_(reconciled[start:start + COMMIT_BATCH])).values(reconciled_at=now))
-    for start in range(0, len(moves), COMMIT_BATCH):
-        chunk = moves[start:start + COMMIT_BATCH]
-        changed = []
-        with ctx.sessions() as session, session.begin():
-            # Locked in id order (two workers' batches never wait on each other in a cycle) and read
-            # fresh: a run another worker ended meanwhile is seen ended, not ended twice.
-            loaded = {e.id: e for e in session.scalars(select(Experiment).where(Experiment.id.in_([m.experiment_id for m in chunk]))
-                                                       .order_by(Experiment.id).with_for_update().execution_options(populate_existing=True))}
-            for move in chunk:
-                exp = loaded.get(move.experiment_id)
-                if exp is not None and (moved := _apply(session, exp, move, now)) is not None:
-                    changed.append((move.experiment_id, *moved))
-        for experiment_id, current, target in changed:
-            log.info("experiment %s: %s -> %s", experiment_id, current.value, target.value)
-            if target in TERMINAL or target == State.RETRYING:  # an attempt ended: keep its logs, forget its fingerprint
-                ended.add(experiment_id)
+    with ctx.sessions() as session, session.begin():  # one commit for the stamps: a row each, no lock held on anything else
+        for start in range(0, len(reconciled), STAMP_BATCH):
+            session.execute(update(Experiment).where(Experiment.id.in_(reconciled[start:start + STAMP_BATCH])).values(reconciled_at=now))
+    chunks = [moves[start:start + COMMIT_BATCH] for start in range(0, len(moves), COMMIT_BATCH)]
+    # Chunks hold disjoint rows, so on PostgreSQL they commit side by side: thousands of runs that end at
+    # once are recorded in a fraction of one commit after another (each waits mostly on the database).
+    with ThreadPoolExecutor(max_workers=max(1, min(_writers(ctx, APPLY_THREADS), len(chunks))), thread_name_prefix="gpufleet-apply") as pool:
+        for changed in pool.map(lambda chunk: _apply_chunk(ctx, chunk, now), chunks):
+            for experiment_id, current, target in changed:
+                log.info("experiment %s: %s -> %s", experiment_id, current.value, target.value)
+                if target in TERMINAL or target == State.RETRYING:  # an attempt ended: keep its logs, forget its fingerprint
+                    ended.add(experiment_id)
     return ended
+
+
+def _writers(ctx: Context, wanted: int) -> int:
+    """Threads that may write at once: SQLite has one writer, and threads queued on its lock sleep in
+    its busy handler (up to 100 ms a retry), so there they would only wait on each other."""
+    with ctx.sessions() as session:
+        return 1 if session.get_bind().dialect.name == "sqlite" else wanted
+
+
+def _apply_chunk(ctx: Context, chunk: list[Move], now: datetime) -> list[tuple[str, State, State]]:
+    changed = []
+    with ctx.sessions() as session, session.begin():
+        # Locked in id order (two chunks or two workers never wait on each other in a cycle) and read
+        # fresh: a run another worker ended meanwhile is seen ended, not ended twice.
+        loaded = {e.id: e for e in session.scalars(select(Experiment).where(Experiment.id.in_([m.experiment_id for m in chunk]))
+                                                   .order_by(Experiment.id).with_for_update().execution_options(populate_existing=True))}
+        for move in chunk:
+            exp = loaded.get(move.experiment_id)
+            if exp is not None and (moved := _apply(session, exp, move, now)) is not None:
+                changed.append((move.experiment_id, *moved))
+    return changed
 
 
 def _target(report: RunReport, *, cancelling: bool) -> tuple[State, str]:

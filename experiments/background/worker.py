@@ -127,4 +127,5 @@ class Worker:
             self._beats[name] = time.monotonic()
             if name == "dispatch" and dispatched:
                 continue  # a burst is drained pass after pass, not one batch per poll interval
-            self._stop.wait(self._ctx.timing.poll_seconds)
+            timing = self._ctx.timing
+            self._stop.wait(min(timing.poll_seconds, timing.dispatch_poll_seconds) if name == "dispatch" else timing.poll_seconds)

@@ -26,7 +26,7 @@ from experiments.background.dispatch import _claim, _dispatch_claimed, process_o
 from experiments.background.membership import BUCKETS, buckets_of
 from experiments.background.pool_usage import check_pool_usage
 from experiments.errors import ApiError
-from experiments.models import Event, Experiment, Outbox, PoolUsage
+from experiments.models import Event, Experiment, Outbox, PoolUsage, WorkerBeat
 from experiments.services import experiments as service
 from experiments.services import pool_usage
 from experiments.services.catalog import Catalog
@@ -223,15 +223,15 @@ def test_a_dead_workers_claim_is_taken_over_after_the_ttl_not_the_lease(make_ser
     svc = make_service(db_url, nomad_runner)
     exp = _submit(svc.ctx, 1)
     a, b = _worker(svc, svc.clock), _worker(svc, svc.clock)
-    claim_a = _claim(a, None)
-    assert claim_a is not None and claim_a.attempt == 1
+    [claim_a] = _claim(a, None)
+    assert claim_a.attempt == 1
     svc.clock.advance(seconds=TIMING.worker_ttl_seconds - 0.5)
     b.membership.beat(b.sessions, svc.clock())
-    assert _claim(b, None) is None  # A's heartbeat is still within the TTL
+    assert _claim(b, None) == []  # A's heartbeat is still within the TTL
     svc.clock.advance(seconds=1)
     b.membership.beat(b.sessions, svc.clock())
-    claim_b = _claim(b, None)
-    assert claim_b is not None and claim_b.attempt == 2 and claim_b.worker == b.membership.worker_id
+    [claim_b] = _claim(b, None)
+    assert claim_b.attempt == 2 and claim_b.worker == b.membership.worker_id
     assert not _dispatch_claimed(a, claim_a)  # submitted (same key, same run), but not recorded
     assert len(nomad.dispatched(PARENT)) == 1
     with svc.ctx.sessions() as session:
@@ -249,12 +249,12 @@ def test_a_live_workers_claim_is_not_taken_over(make_service, db_url, nomad_runn
     svc = make_service(db_url, nomad_runner)
     _submit(svc.ctx, 1)
     a, b = _worker(svc, svc.clock), _worker(svc, svc.clock)
-    assert _claim(a, None) is not None
+    assert _claim(a, None)
     for _ in range(5):
         svc.clock.advance(seconds=TIMING.worker_ttl_seconds / 2)
         a.membership.beat(a.sessions, svc.clock())
         b.membership.beat(b.sessions, svc.clock())
-        assert _claim(b, None) is None
+        assert _claim(b, None) == []
 
 
 def test_a_worker_whose_own_heartbeat_lapsed_claims_and_submits_nothing(make_service, db_url, nomad, nomad_runner):
@@ -288,12 +288,14 @@ def test_live_workers_split_the_runs_and_a_dead_ones_share_passes_on(make_servic
 
 
 def test_two_worker_processes_dispatch_exactly_once_through_a_kill_9(make_service, pg_url, nomad, vault, catalog, tmp_path):
-    """Two worker processes on PostgreSQL and a burst of 24 dispatches. Worker A's fourth submit
-    reaches Nomad, then A hangs before it records the run (its heartbeat thread still beats).
-    Worker B starts and dispatches the rest of the burst, leaving A's live claim alone; mid-burst A
-    is killed with SIGKILL. B takes A's claim over once A's heartbeat is older than the TTL (1.5 s;
-    the lease is 600 s, so nothing else could end the claim in this test) and Nomad holds exactly
-    one child per experiment."""
+    """Two worker processes on PostgreSQL and a burst of 24 dispatches. Worker A dispatches 3; every
+    later submit of A reaches Nomad, then hangs before A records it (its heartbeat thread still
+    beats), until every one of A's dispatch threads holds one: several of its dispatches are in
+    flight at once. Worker B starts and dispatches the rest of the burst, leaving A's live claims
+    alone; then A is killed with SIGKILL. B takes each of A's claims over because A's process has no
+    database session left (``Timing.worker_lost_seconds``): both run with a 600 s TTL and the lease
+    is 600 s, so nothing else could end the claims in this test. Nomad holds exactly one child per
+    experiment; each claim A held was submitted twice with its one key (A's and B's)."""
     from experiments.db import database_url
     from tests.experiments.conftest import UnusedRunner
 
@@ -302,7 +304,8 @@ def test_two_worker_processes_dispatch_exactly_once_through_a_kill_9(make_servic
     burst = [_submit(svc.ctx, i).id for i in range(24)]
     env = {**os.environ, "VAULT_ADDR": vault.addr, "VAULT_TOKEN": vault.orchestrator.token, "NOMAD_TOKEN": nomad.acl_token}
     marker = tmp_path / "in-flight"
-    command = [sys.executable, "-m", "tests.experiments.worker_process", url, nomad.address]
+    command = [sys.executable, "-m", "tests.experiments.worker_process", url, nomad.address, "--ttl", "600"]
+    width = TIMING.dispatch_concurrency
 
     def recorded() -> set[str]:
         with svc.ctx.sessions() as session:
@@ -312,19 +315,22 @@ def test_two_worker_processes_dispatch_exactly_once_through_a_kill_9(make_servic
         with svc.ctx.sessions() as session:
             return list(session.scalars(select(Event.experiment_id).where(Event.kind == "takeover")).all())
 
+    def hung() -> set[str]:
+        return set(marker.read_text().split()) if marker.exists() else set()
+
     deadline = time.monotonic() + 120  # a hang guard, not a speed bound
     doomed = subprocess.Popen([*command, "--hang-after", "3", "--marker", str(marker)], cwd=REPO_ROOT, env=env)
     survivor = None
     try:
-        while not marker.exists():
-            assert doomed.poll() is None and time.monotonic() < deadline, "worker A never reached its fourth dispatch"
+        while len(hung()) < width:
+            assert doomed.poll() is None and time.monotonic() < deadline, f"worker A never had {width} dispatches in flight ({len(hung())})"
             time.sleep(0.05)
-        in_flight = marker.read_text()
+        in_flight = hung()
         survivor = subprocess.Popen(command, cwd=REPO_ROOT, env=env)
         while len(recorded()) < 8:
             assert survivor.poll() is None and time.monotonic() < deadline, "worker B never dispatched"
             time.sleep(0.05)
-        assert in_flight not in recorded() and not takeovers()  # A lives: its claim holds, whatever B does
+        assert not in_flight & recorded() and not takeovers()  # A lives: its claims hold, whatever B does
         os.kill(doomed.pid, signal.SIGKILL)
         doomed.wait(timeout=30)
         while len(recorded()) < len(burst):
@@ -340,10 +346,83 @@ def test_two_worker_processes_dispatch_exactly_once_through_a_kill_9(make_servic
     with svc.ctx.sessions() as session:
         runs = dict(session.execute(select(Experiment.id, Experiment.run_id).where(Experiment.id.in_(burst))).all())
     assert {runs[token] for token in children.values()} == {f"finetune/{job_id}" for job_id in children}
-    assert takeovers() == [in_flight]
+    assert sorted(takeovers()) == sorted(in_flight)
     tokens = [call.query["idempotency_token"][0] for call in nomad.calls("POST", "dispatch")]
-    assert tokens.count(in_flight) == 2  # A's dispatch and B's retry with the same key
+    assert all(tokens.count(key) == 2 for key in in_flight)  # A's dispatch and B's retry with the same key
+    assert all(tokens.count(key) == 1 for key in set(burst) - in_flight)
     _counters_match(svc.ctx)
+
+
+def _ghost(svc, clock):
+    """A worker of a process that has exited: its id carries a process tag no database session has."""
+    ctx = _worker(svc, clock)
+    with ctx.sessions() as session, session.begin():
+        session.execute(update(WorkerBeat).where(WorkerBeat.id == ctx.membership.worker_id).values(id="0" * 12 + ctx.membership.worker_id[12:]))
+    ctx.membership.worker_id = "0" * 12 + ctx.membership.worker_id[12:]
+    return ctx
+
+
+def test_an_exited_workers_claim_is_taken_over_before_the_ttl(make_service, pg_url, nomad_runner):
+    """PostgreSQL: a worker whose process has no session left (it exited: no ``application_name``
+    carries its process tag) is dead once its heartbeat is older than ``worker_lost_seconds``, well
+    before the TTL; a silent worker whose process still has sessions (this one) keeps its claim
+    until the TTL, since it may resume in the middle of a submit."""
+    from experiments.db import database_url
+
+    svc = make_service(database_url(pg_url), nomad_runner)
+    first, second = _submit(svc.ctx, 1), _submit(svc.ctx, 2)
+    silent, gone, other = _worker(svc, svc.clock), _ghost(svc, svc.clock), _worker(svc, svc.clock)
+    assert [c.experiment_id for c in _claim(silent, first.id)] == [first.id]
+    assert [c.experiment_id for c in _claim(gone, second.id)] == [second.id]
+    svc.clock.advance(seconds=TIMING.worker_lost_seconds - 0.1)
+    other.membership.beat(other.sessions, svc.clock())
+    assert _claim(other, None, limit=2) == []  # both heartbeats are still fresh
+    svc.clock.advance(seconds=0.2)
+    other.membership.beat(other.sessions, svc.clock())
+    assert [c.experiment_id for c in _claim(other, None, limit=2)] == [second.id]  # the exited one's only
+    svc.clock.advance(seconds=TIMING.worker_ttl_seconds)
+    other.membership.beat(other.sessions, svc.clock())
+    assert [c.experiment_id for c in _claim(other, None, limit=2)] == [first.id]  # the silent one's after the TTL
+    with svc.ctx.sessions() as session:
+        assert sorted(session.scalars(select(Event.experiment_id).where(Event.kind == "takeover")).all()) == sorted([first.id, second.id])
+
+
+def test_a_fenced_worker_gives_its_claims_back_instead_of_holding_them_for_the_lease(make_service, db_url, nomad, nomad_runner, catalog):
+    """A worker that claimed a batch and then lost its heartbeat submits none of it and hands every
+    row back at once (due again, not held for the 600 s lease); the next live worker dispatches them."""
+    svc = make_service(db_url, nomad_runner, jobs=_roomy(catalog))
+    ids = {_submit(svc.ctx, i).id for i in range(3)}
+    a, b = _worker(svc, svc.clock), _worker(svc, svc.clock)
+    claims = _claim(a, None, limit=3)
+    assert {c.experiment_id for c in claims} == ids
+    a.membership._last_beat -= TIMING.worker_ttl_seconds  # its heartbeat thread has not written for a TTL
+    assert not any(_dispatch_claimed(a, claim) for claim in claims) and not nomad.calls("POST", "dispatch")
+    assert process_outbox(b) == 3
+    assert sorted(call.query["idempotency_token"][0] for call in nomad.calls("POST", "dispatch")) == sorted(ids)
+
+
+def test_two_workers_scan_for_orphans_once(make_service, pg_url, nomad, nomad_runner):
+    """Two workers on one PostgreSQL database, one stray run holding GPUs: only the worker that leads
+    the pass scans, so the orphan is one event (and the holders are listed once), not one per worker.
+    Once the leader stops, the other takes the scan over."""
+    from experiments.db import database_url
+    from experiments.background.orphans import process_holders
+    from experiments.scheduler import ClusterRunners
+    from jobs.vault_refs import load_vault_view
+    from tests.conftest import load_fleet
+    from tests.experiments.test_release_orphans import _stray
+
+    svc = make_service(database_url(pg_url), ClusterRunners(nomad=("prod-nomad", nomad_runner)))
+    _stray(nomad, load_fleet(), load_vault_view(), "operator-1")
+    a, b = _worker(svc, svc.clock), _worker(svc, svc.clock)
+    scanned = [process_holders(a), process_holders(b)]
+    with svc.ctx.sessions() as session:
+        orphans = session.scalars(select(Event).where(Event.kind == "orphan")).all()
+    assert len(orphans) == 1 and "holds GPUs" in orphans[0].message
+    assert sorted(scanned) == [0, 1]
+    leader, follower = (a, b) if scanned[0] else (b, a)
+    leader.membership.leave(leader.sessions)
+    assert process_holders(follower) == 1
 
 
 def test_a_stopped_worker_leaves_and_its_share_passes_on_at_once(make_service, db_url, nomad_runner):
@@ -429,3 +508,51 @@ def test_the_idempotency_lookup_reads_the_unique_index_not_the_table(make_servic
         else:
             plan = "\n".join(row[-1] for row in session.execute(text(f"EXPLAIN QUERY PLAN {query}")).all())
             assert "USING INDEX" in plan and "autoindex_experiments" in plan, plan
+
+
+def test_two_workers_reconciling_the_same_runs_at_once_move_each_once(make_service, pg_url, nomad, nomad_runner, catalog, monkeypatch):
+    """Two workers whose views of the membership differ follow the same 12 finished runs in the same
+    moment, each committing its state changes in several chunks on parallel threads (PostgreSQL):
+    every run moves to succeeded once, with one event, and its GPUs are released once."""
+    from experiments.background import reconcile
+    from experiments.background.context import Context
+    from experiments.db import database_url
+
+    from tests.jobs.nomad_double import FakeNode
+
+    monkeypatch.setattr(reconcile, "COMMIT_BATCH", 2)  # six chunks a pass, committed side by side
+    nomad.nodes.extend(FakeNode(f"a100-extra-{i}", "a100", "a100", "NVIDIA A100-SXM4-40GB", 40960, 2) for i in range(6))  # room for 12
+    svc = make_service(database_url(pg_url), nomad_runner, jobs=_roomy(catalog))
+    ids = [_submit(svc.ctx, i).id for i in range(12)]
+    svc.step()
+    jobs = nomad.dispatched(PARENT)
+    assert len(jobs) == 12
+    for job in jobs:
+        nomad.finish(job, client_status="running")
+    svc.step()
+    for job in jobs:
+        nomad.finish(job, client_status="complete", events=[{"Type": "Terminated", "Time": 2, "ExitCode": 0}])
+    # Unregistered contexts follow every run: the worst case of two views that differ.
+    a, b = (Context(svc.ctx.sessions, svc.ctx.runner, svc.ctx.catalog, svc.clock, svc.ctx.metrics, svc.ctx.timing) for _ in range(2))
+    barrier = threading.Barrier(2)
+    errors: list[BaseException] = []
+
+    def follow(ctx) -> None:
+        barrier.wait()
+        try:
+            reconcile.process_scheduled(ctx)
+        except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=follow, args=(ctx,)) for ctx in (a, b)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors, errors
+    with svc.ctx.sessions() as session:
+        states = dict(session.execute(select(Experiment.id, Experiment.state).where(Experiment.id.in_(ids))).all())
+        ended = session.scalars(select(Event.experiment_id).where(Event.kind == "state", Event.to_state == "succeeded")).all()
+    assert set(states.values()) == {"succeeded"}
+    assert sorted(ended) == sorted(ids), "each run moved to succeeded exactly once"
+    _counters_match(svc.ctx)

@@ -2,11 +2,12 @@
 ``Worker`` of ``experiments.background.worker`` with its heartbeat), built on the suite's fleet,
 the Nomad API double and the real OpenBao of the test that starts it.
 
-``python -m tests.experiments.worker_process <db url> <nomad address> [--hang-after N --marker PATH]``
+``python -m tests.experiments.worker_process <db url> <nomad address> [--hang-after N --marker PATH] [--ttl S]``
 with VAULT_ADDR, VAULT_TOKEN and NOMAD_TOKEN in the environment (never on the command line).
-With ``--hang-after N`` the worker's (N+1)-th submit reaches Nomad, then the process writes
-``PATH`` and hangs before it can record the run: the test kills it there with SIGKILL, the
-moment a dispatch is most in flight (Nomad has the run, the database does not know it).
+With ``--hang-after N`` every submit after the worker's N-th reaches Nomad, then the process
+appends its key to ``PATH`` and that dispatch thread hangs before it can record the run: the test
+kills the process there with SIGKILL, the moment its dispatches are most in flight (Nomad has the
+runs, the database does not know them). ``--ttl`` replaces the heartbeat TTL.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import argparse
 import os
 import threading
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -28,22 +30,28 @@ from jobs.nomad.client import NomadClient, NomadSettings
 from jobs.runner import NomadRunner
 from tests.conftest import load_fleet
 
-# Short heartbeat and TTL (what the test proves: takeover after the TTL), a lease far longer than the test.
-TIMING = Timing(poll_seconds=0.05, heartbeat_seconds=0.2, worker_ttl_seconds=1.5, dispatch_lease_seconds=600, usage_seconds=0)
+# Short heartbeat, TTL and lost bound (what the tests prove: takeover after them), a lease far longer than the tests.
+TIMING = Timing(poll_seconds=0.05, heartbeat_seconds=0.2, worker_ttl_seconds=1.5, worker_lost_seconds=0.8, dispatch_lease_seconds=600, usage_seconds=0)
 
 
 class HangsAfter:
-    """The real runner; its (n+1)-th submit returns nowhere: the marker is written and the thread blocks."""
+    """The real runner; every submit after the n-th returns nowhere: its key is appended to the marker
+    and its thread blocks."""
 
     def __init__(self, inner: NomadRunner, n: int, marker: Path) -> None:
         self.inner, self.n, self.marker, self.scheduler = inner, n, marker, inner.scheduler
         self.count = 0
+        self._lock = threading.Lock()
 
     def submit(self, job: Any, meta: Mapping[str, str], *, idempotency_key: str | None = None, attempt: int = 1) -> str:
         run_id = self.inner.submit(job, meta, idempotency_key=idempotency_key, attempt=attempt)
-        self.count += 1
-        if self.count > self.n:
-            self.marker.write_text(str(idempotency_key))
+        with self._lock:
+            self.count += 1
+            hang = self.count > self.n
+            if hang:
+                with self.marker.open("a") as marker:
+                    marker.write(f"{idempotency_key}\n")
+        if hang:
             threading.Event().wait()
         return run_id
 
@@ -57,6 +65,7 @@ def main() -> None:
     parser.add_argument("nomad_address")
     parser.add_argument("--hang-after", type=int)
     parser.add_argument("--marker", type=Path)
+    parser.add_argument("--ttl", type=float)
     args = parser.parse_args()
     engine = db.make_engine(args.db_url)
     sessions = db.session_factory(engine)
@@ -64,7 +73,8 @@ def main() -> None:
     runner: Any = NomadRunner(client, {"VAULT_ADDR": os.environ["VAULT_ADDR"], "VAULT_TOKEN": os.environ["VAULT_TOKEN"]})
     if args.hang_after is not None:
         runner = HangsAfter(runner, args.hang_after, args.marker)
-    ctx = Context(sessions=sessions, runner=runner, catalog=Catalog(configs=load_fleet()), clock=utcnow, metrics=Metrics(sessions, utcnow), timing=TIMING)
+    ctx = Context(sessions=sessions, runner=runner, catalog=Catalog(configs=load_fleet()), clock=utcnow, metrics=Metrics(sessions, utcnow),
+                  timing=TIMING if args.ttl is None else replace(TIMING, worker_ttl_seconds=args.ttl))
     worker = Worker(ctx)
     worker.start()
     print(f"worker {ctx.membership.worker_id} started", flush=True)
