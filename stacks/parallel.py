@@ -81,14 +81,23 @@ def one_core(core: int | None = None) -> Iterator[None]:
         yield
         return
     core = current_core() if core is None else core
-    if core is None or core not in allowed or len(allowed) == 1:
+    if core is None or core not in allowed or len(allowed) == 1 or not _set_affinity({core}):
         yield
         return
-    os.sched_setaffinity(0, {core})
     try:
         yield
     finally:
-        os.sched_setaffinity(0, allowed)
+        _set_affinity(allowed)
+
+
+def _set_affinity(cores: set[int]) -> bool:
+    """Pin this thread to ``cores``; False where that is refused (a sandbox's EPERM, a core taken away
+    meanwhile): pinning only saves time, so a synthesis goes on unpinned."""
+    try:
+        os.sched_setaffinity(0, cores)
+    except OSError:
+        return False
+    return True
 
 
 def requested_jobs(jobs: int | None = None) -> int | None:
@@ -236,11 +245,8 @@ def manifest_json(value: object, depth: int = 0) -> str:
 def _worker_main(job: Path) -> int:
     """Run one job file written by ``_start_worker``; the outcome goes to ``<part>.result``."""
     configs, names, part, imported_dir, core = pickle.loads(job.read_bytes())
-    try:
-        if core is not None:
-            os.sched_setaffinity(0, {core})
-    except (AttributeError, OSError):
-        pass  # only speed is lost
+    if core is not None:
+        _set_affinity({core})
     try:
         outcome = (True, synth_group(configs, names, part, imported_dir))
     except Exception as exc:  # handed to the parent, which raises it
