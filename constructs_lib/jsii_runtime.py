@@ -50,6 +50,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from clusters.errors import UserError
+
 RUNTIME_ENV = "GPUFLEET_JSII_RUNTIME"
 PROGRAM = "lib/program.js"
 LAUNCHER = "lib/gpufleet-kernel.js"
@@ -130,7 +132,11 @@ def direct_kernel() -> Iterator[None]:
 
     The variables are set only while the kernel starts (jsii copies the environment then), so no
     other child process of gpufleet inherits them."""
-    wanted = os.environ.get(RUNTIME_ENV, "").strip().lower() != "packaged"
+    choice = os.environ.get(RUNTIME_ENV, "").strip().lower()
+    if choice not in ("", "packaged"):
+        raise UserError(f"{RUNTIME_ENV}={os.environ[RUNTIME_ENV]!r}: not a jsii runtime gpufleet knows; "
+                        "set it to 'packaged' (jsii's own entry point) or unset it")
+    wanted = choice != "packaged"
     launcher = _launcher() if wanted and "JSII_RUNTIME" not in os.environ and not kernel_running() else None
     if launcher is None:
         yield

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from clusters.errors import UserError
 from constructs_lib import jsii_runtime
 from stacks.parallel import one_core
 
@@ -116,3 +117,12 @@ def test_one_core_pins_this_thread_and_what_it_starts_then_restores() -> None:
                                capture_output=True, text=True, check=True)
         assert child.stdout.strip() == f"[{core}]"
     assert os.sched_getaffinity(0) == allowed
+
+
+@pytest.mark.parametrize("value", ["pakaged", "jsii", "0"])
+def test_an_unknown_runtime_choice_is_a_one_line_error(value: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A misspelt ``GPUFLEET_JSII_RUNTIME`` silently kept the direct kernel the user meant to turn off."""
+    monkeypatch.setenv(jsii_runtime.RUNTIME_ENV, value)
+    with pytest.raises(UserError, match=rf"GPUFLEET_JSII_RUNTIME='{value}': .*'packaged'.* or unset it"):
+        with jsii_runtime.direct_kernel():
+            pass
