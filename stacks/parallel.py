@@ -28,8 +28,8 @@ never run at the same time. On two cores they wake each other across cores (an i
 wake-up per message, and a core that went idle in between); on one, the writer's sleep hands the
 core straight to the reader. Pinned, 44 generated clusters took 30% less wall time at the same CPU
 time (load 11-14). So the process pins itself, and the kernel it starts inherits the mask: this
-process's share to the first core it may use, worker ``i`` to the next ones in turn, a single
-process to the core it is on. The mask is restored afterwards; nothing else in gpufleet is pinned.
+process's share to the core it is on, worker ``i`` to the ``i``-th core after it (round the
+allowed ones), a single process to the core it is on. The mask is restored afterwards; nothing else in gpufleet is pinned.
 """
 
 from __future__ import annotations
@@ -223,11 +223,16 @@ def synthesize_parallel(configs: tuple[ClusterConfig, ...], tmp: Path, workers: 
 
 
 def _cores() -> list[int]:
-    """The cores this process may use, in order: this process's share takes the first."""
+    """The cores this process may use, starting at the one it runs on and going round: this process's
+    share keeps its core and worker ``i`` takes the ``i``-th after it, so syntheses started at once on
+    different cores do not all pin themselves to the first ones."""
     try:
-        return sorted(os.sched_getaffinity(0))
+        cores = sorted(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         return []
+    here = current_core()
+    start = cores.index(here) if here in cores else 0
+    return cores[start:] + cores[:start]
 
 
 def manifest_json(value: object, depth: int = 0) -> str:

@@ -107,3 +107,13 @@ def test_synthesis_runs_where_pinning_is_refused(serial_out: Path, example_confi
     out = tmp_path / "cdktf.out"
     synthesize(example_configs, out, jobs=1)
     assert _tree(out) == _tree(serial_out)
+
+
+def test_this_process_share_keeps_the_core_it_runs_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each synthesis pinned its own share to the first core it may use and its workers to the next: two
+    ``gpufleet synth`` at once on an 8-core machine both ran on cores 0 and 1 and left six idle. Starting
+    from the core this process is on, and going round from there, runs started on different cores stay apart."""
+    allowed = sorted(parallel.os.sched_getaffinity(0))
+    monkeypatch.setattr(parallel, "current_core", lambda: allowed[-1])  # the scheduler put this process on the last
+    cores = parallel._cores()
+    assert cores[0] == allowed[-1] and sorted(cores) == allowed
