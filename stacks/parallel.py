@@ -29,7 +29,10 @@ wake-up per message, and a core that went idle in between); on one, the writer's
 core straight to the reader. Pinned, 44 generated clusters took 30% less wall time at the same CPU
 time (load 11-14). So the process pins itself, and the kernel it starts inherits the mask: this
 process's share to the core it is on, worker ``i`` to the ``i``-th core after it (round the
-allowed ones), a single process to the core it is on. The mask is restored afterwards; nothing else in gpufleet is pinned.
+allowed ones), a single process to the core it is on. The thread's mask is restored afterwards;
+a kernel started while pinned (and jsii's stderr reader thread) keeps that core for the rest of the
+process (in a test session too); it runs mostly while a caller waits on it.
+A sandbox that refuses ``sched_setaffinity`` gets an unpinned synthesis.
 """
 
 from __future__ import annotations
