@@ -66,14 +66,14 @@ const captureStackTrace = Error.captureStackTrace;
 Error.captureStackTrace = function (target, below) {
   if (target instanceof Error) return captureStackTrace.call(Error, target, below);
 };
-function console(key) {
+function relayed(key) {
   return new Writable({ write(chunk, encoding, done) {
     const data = Buffer.isBuffer(chunk) ? chunk : Buffer.from(chunk, encoding);
     fs.writeSync(2, JSON.stringify({ [key]: data.toString("base64") }) + "\\n");
     done();
   } });
 }
-const stdout = console("stdout"), stderr = console("stderr");
+const stdout = relayed("stdout"), stderr = relayed("stderr");
 Object.defineProperty(process, "stdout", { configurable: true, enumerable: true, get: () => stdout });
 Object.defineProperty(process, "stderr", { configurable: true, enumerable: true, get: () => stderr });
 // --preserve-symlinks comes through NODE_OPTIONS, which execArgv does not list; the kernel reads
