@@ -12,7 +12,8 @@ that grows with the fleet (bench/check.py, issue 28). Two costs in it are not th
   which its single ``readFD:3,writeFD:3`` reads requests from stdin and writes replies to stdout,
   which is what jsii's Python side is connected to. JavaScript that prints (``console.log``) is
   sent to stderr as ``{"stdout": <base64>}`` / ``{"stderr": <base64>}`` lines, exactly as the
-  relay does, so the API channel stays clean and jsii's stderr reader prints it unchanged. The
+  relay does, so the API channel stays clean and jsii's stderr reader prints it unchanged; so is
+  an exception nobody catches, which Node would print straight to fd 2, before the kernel exits 1. The
   relay also runs the child with ``--preserve-symlinks`` (jsii's package cache links packages into
   the kernel's ``node_modules``); ``NODE_OPTIONS`` passes it while the kernel starts, and the
   launcher lists it in ``process.execArgv``, where the kernel looks for it to link a package
@@ -76,6 +77,11 @@ function relayed(key) {
 const stdout = relayed("stdout"), stderr = relayed("stderr");
 Object.defineProperty(process, "stdout", { configurable: true, enumerable: true, get: () => stdout });
 Object.defineProperty(process, "stderr", { configurable: true, enumerable: true, get: () => stderr });
+// Node prints an exception nobody catches straight to fd 2, where jsii's reader expects console lines.
+process.on("uncaughtException", (error) => {
+  stderr.write(require("util").inspect(error) + "\\n");
+  process.exit(1);
+});
 // --preserve-symlinks comes through NODE_OPTIONS, which execArgv does not list; the kernel reads
 // execArgv to choose between one symlink per package and a tree of hard links it removes at exit.
 if (!process.execArgv.includes("--preserve-symlinks")) process.execArgv.push("--preserve-symlinks");

@@ -126,3 +126,17 @@ def test_an_unknown_runtime_choice_is_a_one_line_error(value: str, monkeypatch: 
     with pytest.raises(UserError, match=rf"GPUFLEET_JSII_RUNTIME='{value}': .*'packaged'.* or unset it"):
         with jsii_runtime.direct_kernel():
             pass
+
+
+def test_a_kernel_crash_reaches_the_user_as_text(tmp_path: Path) -> None:
+    """An exception nobody catches in the kernel (a construct's timer, a rejected promise) is printed by
+    Node straight to fd 2: through jsii's relay the user read it as text, without it jsii's stderr reader
+    printed every line as a Python bytes literal (``b'Error: boom\\\\n'``). It travels as console output does."""
+    launcher = jsii_runtime.write_runtime(tmp_path)
+    assert launcher is not None
+    (tmp_path / jsii_runtime.PROGRAM).write_text('setTimeout(() => { throw new Error("boom in a construct"); }, 10);\n')
+    done = subprocess.run([shutil.which("node") or "node", str(launcher)], capture_output=True, text=True,
+                          stdin=subprocess.DEVNULL, timeout=60)
+    assert done.returncode == 1 and done.stdout == ""  # still a crash, and nothing on the API channel
+    printed = b"".join(base64.b64decode(json.loads(line)["stderr"]) for line in done.stderr.splitlines()).decode()
+    assert "Error: boom in a construct" in printed and "program.js" in printed
