@@ -13,7 +13,8 @@ that grows with the fleet (bench/check.py, issue 28). Two costs in it are not th
   which is what jsii's Python side is connected to. JavaScript that prints (``console.log``) is
   sent to stderr as ``{"stdout": <base64>}`` / ``{"stderr": <base64>}`` lines, exactly as the
   relay does, so the API channel stays clean and jsii's stderr reader prints it unchanged; so is
-  an exception nobody catches, which Node would print straight to fd 2, before the kernel exits 1. The
+  an exception nobody catches, which Node would print straight to fd 2, before the kernel exits 1.
+  JavaScript that reads ``process.stdin`` gets an empty stream, as under the relay, not the requests. The
   relay also runs the child with ``--preserve-symlinks`` (jsii's package cache links packages into
   the kernel's ``node_modules``); ``NODE_OPTIONS`` passes it while the kernel starts, and the
   launcher lists it in ``process.execArgv``, where the kernel looks for it to link a package
@@ -62,7 +63,7 @@ LAUNCHER_JS = """\
 "use strict";
 // Written by gpufleet (constructs_lib/jsii_runtime.py): jsii's kernel program without its relay process.
 const fs = require("fs");
-const { Writable } = require("stream");
+const { Readable, Writable } = require("stream");
 const captureStackTrace = Error.captureStackTrace;
 Error.captureStackTrace = function (target, below) {
   if (target instanceof Error) return captureStackTrace.call(Error, target, below);
@@ -77,6 +78,9 @@ function relayed(key) {
 const stdout = relayed("stdout"), stderr = relayed("stderr");
 Object.defineProperty(process, "stdout", { configurable: true, enumerable: true, get: () => stdout });
 Object.defineProperty(process, "stderr", { configurable: true, enumerable: true, get: () => stderr });
+// fd 0 carries the kernel's requests: JavaScript that reads stdin gets the relay's empty one.
+const stdin = Readable.from([]);
+Object.defineProperty(process, "stdin", { configurable: true, enumerable: true, get: () => stdin });
 // Node prints an exception nobody catches straight to fd 2, where jsii's reader expects console lines.
 process.on("uncaughtException", (error) => {
   stderr.write(require("util").inspect(error) + "\\n");

@@ -140,3 +140,24 @@ def test_a_kernel_crash_reaches_the_user_as_text(tmp_path: Path) -> None:
     assert done.returncode == 1 and done.stdout == ""  # still a crash, and nothing on the API channel
     printed = b"".join(base64.b64decode(json.loads(line)["stderr"]) for line in done.stderr.splitlines()).decode()
     assert "Error: boom in a construct" in printed and "program.js" in printed
+
+
+def test_javascript_reading_stdin_cannot_take_the_kernel_requests(tmp_path: Path) -> None:
+    """The kernel reads its requests from fd 0 here; jsii's relay gave the program an empty stdin, so a
+    library that listens on ``process.stdin`` (a prompt, a "press a key") got nothing. It must still get
+    nothing rather than swallow the requests meant for the kernel."""
+    launcher = jsii_runtime.write_runtime(tmp_path)
+    assert launcher is not None
+    (tmp_path / jsii_runtime.PROGRAM).write_text("""
+const fs = require("fs");
+let stolen = "";
+process.stdin.on("data", (data) => { stolen += data; });
+setTimeout(() => {
+  const buffer = Buffer.alloc(100);
+  const read = fs.readSync(0, buffer);
+  fs.writeSync(1, JSON.stringify({ kernel: buffer.subarray(0, read).toString(), stolen }) + "\\n");
+}, 200);
+""")
+    done = subprocess.run([shutil.which("node") or "node", str(launcher)], input='{"request":1}\n', capture_output=True,
+                          text=True, check=True, timeout=60)
+    assert json.loads(done.stdout) == {"kernel": '{"request":1}\n', "stolen": ""}
