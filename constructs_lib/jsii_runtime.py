@@ -12,7 +12,9 @@ that grows with the fleet (bench/check.py, issue 28). Two costs in it are not th
   which its single ``readFD:3,writeFD:3`` reads requests from stdin and writes replies to stdout,
   which is what jsii's Python side is connected to. JavaScript that prints (``console.log``) is
   sent to stderr as ``{"stdout": <base64>}`` / ``{"stderr": <base64>}`` lines, exactly as the
-  relay does, so the API channel stays clean and jsii's stderr reader prints it unchanged. The
+  relay does, so the API channel stays clean and jsii's stderr reader prints it unchanged; so is
+  an exception nobody catches, which Node would print straight to fd 2, before the kernel exits 1.
+  JavaScript that reads ``process.stdin`` gets an empty stream, as under the relay, not the requests. The
   relay also runs the child with ``--preserve-symlinks`` (jsii's package cache links packages into
   the kernel's ``node_modules``); ``NODE_OPTIONS`` passes it while the kernel starts, and the
   launcher lists it in ``process.execArgv``, where the kernel looks for it to link a package
@@ -50,6 +52,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from clusters.errors import UserError
+
 RUNTIME_ENV = "GPUFLEET_JSII_RUNTIME"
 PROGRAM = "lib/program.js"
 LAUNCHER = "lib/gpufleet-kernel.js"
@@ -59,21 +63,29 @@ LAUNCHER_JS = """\
 "use strict";
 // Written by gpufleet (constructs_lib/jsii_runtime.py): jsii's kernel program without its relay process.
 const fs = require("fs");
-const { Writable } = require("stream");
+const { Readable, Writable } = require("stream");
 const captureStackTrace = Error.captureStackTrace;
 Error.captureStackTrace = function (target, below) {
   if (target instanceof Error) return captureStackTrace.call(Error, target, below);
 };
-function console(key) {
+function relayed(key) {
   return new Writable({ write(chunk, encoding, done) {
     const data = Buffer.isBuffer(chunk) ? chunk : Buffer.from(chunk, encoding);
     fs.writeSync(2, JSON.stringify({ [key]: data.toString("base64") }) + "\\n");
     done();
   } });
 }
-const stdout = console("stdout"), stderr = console("stderr");
+const stdout = relayed("stdout"), stderr = relayed("stderr");
 Object.defineProperty(process, "stdout", { configurable: true, enumerable: true, get: () => stdout });
 Object.defineProperty(process, "stderr", { configurable: true, enumerable: true, get: () => stderr });
+// fd 0 carries the kernel's requests: JavaScript that reads stdin gets the relay's empty one.
+const stdin = Readable.from([]);
+Object.defineProperty(process, "stdin", { configurable: true, enumerable: true, get: () => stdin });
+// Node prints an exception nobody catches straight to fd 2, where jsii's reader expects console lines.
+process.on("uncaughtException", (error) => {
+  stderr.write(require("util").inspect(error) + "\\n");
+  process.exit(1);
+});
 // --preserve-symlinks comes through NODE_OPTIONS, which execArgv does not list; the kernel reads
 // execArgv to choose between one symlink per package and a tree of hard links it removes at exit.
 if (!process.execArgv.includes("--preserve-symlinks")) process.execArgv.push("--preserve-symlinks");
@@ -130,7 +142,11 @@ def direct_kernel() -> Iterator[None]:
 
     The variables are set only while the kernel starts (jsii copies the environment then), so no
     other child process of gpufleet inherits them."""
-    wanted = os.environ.get(RUNTIME_ENV, "").strip().lower() != "packaged"
+    choice = os.environ.get(RUNTIME_ENV, "").strip().lower()
+    if choice not in ("", "packaged"):
+        raise UserError(f"{RUNTIME_ENV}={os.environ[RUNTIME_ENV]!r}: not a jsii runtime gpufleet knows; "
+                        "set it to 'packaged' (jsii's own entry point) or unset it")
+    wanted = choice != "packaged"
     launcher = _launcher() if wanted and "JSII_RUNTIME" not in os.environ and not kernel_running() else None
     if launcher is None:
         yield

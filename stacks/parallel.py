@@ -28,8 +28,11 @@ never run at the same time. On two cores they wake each other across cores (an i
 wake-up per message, and a core that went idle in between); on one, the writer's sleep hands the
 core straight to the reader. Pinned, 44 generated clusters took 30% less wall time at the same CPU
 time (load 11-14). So the process pins itself, and the kernel it starts inherits the mask: this
-process's share to the first core it may use, worker ``i`` to the next ones in turn, a single
-process to the core it is on. The mask is restored afterwards; nothing else in gpufleet is pinned.
+process's share to the core it is on, worker ``i`` to the ``i``-th core after it (round the
+allowed ones), a single process to the core it is on. The thread's mask is restored afterwards;
+a kernel started while pinned (and jsii's stderr reader thread) keeps that core for the rest of the
+process (in a test session too); it runs mostly while a caller waits on it.
+A sandbox that refuses ``sched_setaffinity`` gets an unpinned synthesis.
 """
 
 from __future__ import annotations
@@ -81,14 +84,23 @@ def one_core(core: int | None = None) -> Iterator[None]:
         yield
         return
     core = current_core() if core is None else core
-    if core is None or core not in allowed or len(allowed) == 1:
+    if core is None or core not in allowed or len(allowed) == 1 or not _set_affinity({core}):
         yield
         return
-    os.sched_setaffinity(0, {core})
     try:
         yield
     finally:
-        os.sched_setaffinity(0, allowed)
+        _set_affinity(allowed)
+
+
+def _set_affinity(cores: set[int]) -> bool:
+    """Pin this thread to ``cores``; False where that is refused (a sandbox's EPERM, a core taken away
+    meanwhile): pinning only saves time, so a synthesis goes on unpinned."""
+    try:
+        os.sched_setaffinity(0, cores)
+    except OSError:
+        return False
+    return True
 
 
 def requested_jobs(jobs: int | None = None) -> int | None:
@@ -214,11 +226,16 @@ def synthesize_parallel(configs: tuple[ClusterConfig, ...], tmp: Path, workers: 
 
 
 def _cores() -> list[int]:
-    """The cores this process may use, in order: this process's share takes the first."""
+    """The cores this process may use, starting at the one it runs on and going round: this process's
+    share keeps its core and worker ``i`` takes the ``i``-th after it, so syntheses started at once on
+    different cores do not all pin themselves to the first ones."""
     try:
-        return sorted(os.sched_getaffinity(0))
+        cores = sorted(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         return []
+    here = current_core()
+    start = cores.index(here) if here in cores else 0
+    return cores[start:] + cores[:start]
 
 
 def manifest_json(value: object, depth: int = 0) -> str:
@@ -236,11 +253,8 @@ def manifest_json(value: object, depth: int = 0) -> str:
 def _worker_main(job: Path) -> int:
     """Run one job file written by ``_start_worker``; the outcome goes to ``<part>.result``."""
     configs, names, part, imported_dir, core = pickle.loads(job.read_bytes())
-    try:
-        if core is not None:
-            os.sched_setaffinity(0, {core})
-    except (AttributeError, OSError):
-        pass  # only speed is lost
+    if core is not None:
+        _set_affinity({core})
     try:
         outcome = (True, synth_group(configs, names, part, imported_dir))
     except Exception as exc:  # handed to the parent, which raises it

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from clusters.errors import UserError
 from constructs_lib import jsii_runtime
 from stacks.parallel import one_core
 
@@ -116,3 +117,47 @@ def test_one_core_pins_this_thread_and_what_it_starts_then_restores() -> None:
                                capture_output=True, text=True, check=True)
         assert child.stdout.strip() == f"[{core}]"
     assert os.sched_getaffinity(0) == allowed
+
+
+@pytest.mark.parametrize("value", ["pakaged", "jsii", "0"])
+def test_an_unknown_runtime_choice_is_a_one_line_error(value: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A misspelt ``GPUFLEET_JSII_RUNTIME`` silently kept the direct kernel the user meant to turn off."""
+    monkeypatch.setenv(jsii_runtime.RUNTIME_ENV, value)
+    with pytest.raises(UserError, match=rf"GPUFLEET_JSII_RUNTIME='{value}': .*'packaged'.* or unset it"):
+        with jsii_runtime.direct_kernel():
+            pass
+
+
+def test_a_kernel_crash_reaches_the_user_as_text(tmp_path: Path) -> None:
+    """An exception nobody catches in the kernel (a construct's timer, a rejected promise) is printed by
+    Node straight to fd 2: through jsii's relay the user read it as text, without it jsii's stderr reader
+    printed every line as a Python bytes literal (``b'Error: boom\\\\n'``). It travels as console output does."""
+    launcher = jsii_runtime.write_runtime(tmp_path)
+    assert launcher is not None
+    (tmp_path / jsii_runtime.PROGRAM).write_text('setTimeout(() => { throw new Error("boom in a construct"); }, 10);\n')
+    done = subprocess.run([shutil.which("node") or "node", str(launcher)], capture_output=True, text=True,
+                          stdin=subprocess.DEVNULL, timeout=60)
+    assert done.returncode == 1 and done.stdout == ""  # still a crash, and nothing on the API channel
+    printed = b"".join(base64.b64decode(json.loads(line)["stderr"]) for line in done.stderr.splitlines()).decode()
+    assert "Error: boom in a construct" in printed and "program.js" in printed
+
+
+def test_javascript_reading_stdin_cannot_take_the_kernel_requests(tmp_path: Path) -> None:
+    """The kernel reads its requests from fd 0 here; jsii's relay gave the program an empty stdin, so a
+    library that listens on ``process.stdin`` (a prompt, a "press a key") got nothing. It must still get
+    nothing rather than swallow the requests meant for the kernel."""
+    launcher = jsii_runtime.write_runtime(tmp_path)
+    assert launcher is not None
+    (tmp_path / jsii_runtime.PROGRAM).write_text("""
+const fs = require("fs");
+let stolen = "";
+process.stdin.on("data", (data) => { stolen += data; });
+setTimeout(() => {
+  const buffer = Buffer.alloc(100);
+  const read = fs.readSync(0, buffer);
+  fs.writeSync(1, JSON.stringify({ kernel: buffer.subarray(0, read).toString(), stolen }) + "\\n");
+}, 200);
+""")
+    done = subprocess.run([shutil.which("node") or "node", str(launcher)], input='{"request":1}\n', capture_output=True,
+                          text=True, check=True, timeout=60)
+    assert json.loads(done.stdout) == {"kernel": '{"request":1}\n', "stolen": ""}

@@ -93,3 +93,27 @@ def test_a_worker_runs_this_process_code_whatever_the_working_directory(example_
     out = tmp_path / "cdktf.out"
     synthesize(example_configs, out, jobs=2, imported_dir=tmp_path / "imported")
     assert _tree(out) == _tree(serial_out)
+
+
+def test_synthesis_runs_where_pinning_is_refused(serial_out: Path, example_configs, tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pinning is only for speed: a sandbox or seccomp profile that lets a process read its affinity but
+    refuses to set it (EPERM), or a core taken away meanwhile (EINVAL), must not fail the synthesis."""
+    def refuse(pid: int, mask: object) -> None:
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(parallel.os, "sched_setaffinity", refuse)
+    monkeypatch.setattr(parallel, "current_core", lambda: min(parallel.os.sched_getaffinity(0)))
+    out = tmp_path / "cdktf.out"
+    synthesize(example_configs, out, jobs=1)
+    assert _tree(out) == _tree(serial_out)
+
+
+def test_this_process_share_keeps_the_core_it_runs_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each synthesis pinned its own share to the first core it may use and its workers to the next: two
+    ``gpufleet synth`` at once on an 8-core machine both ran on cores 0 and 1 and left six idle. Starting
+    from the core this process is on, and going round from there, runs started on different cores stay apart."""
+    allowed = sorted(parallel.os.sched_getaffinity(0))
+    monkeypatch.setattr(parallel, "current_core", lambda: allowed[-1])  # the scheduler put this process on the last
+    cores = parallel._cores()
+    assert cores[0] == allowed[-1] and sorted(cores) == allowed
