@@ -72,13 +72,16 @@ class Membership:
         self._lock = threading.Lock()
 
     def beat(self, sessions: sessionmaker[Session], now: datetime) -> None:
-        """Write this worker's heartbeat (creating its row first); prune long-dead rows."""
+        """Write this worker's heartbeat (creating its row first); prune long-dead rows. Its freshness
+        counts from before the write, as ``heartbeat_at`` does for the others: a commit that waited
+        must not make this worker think itself fresher than they see it (``fenced``)."""
+        started = time.monotonic()
         with sessions() as session, session.begin():
             if not session.execute(update(WorkerBeat).where(WorkerBeat.id == self.worker_id).values(heartbeat_at=now)).rowcount:
                 session.add(WorkerBeat(id=self.worker_id, host=socket.gethostname()[:255], pid=os.getpid(), started_at=now, heartbeat_at=now))
             session.execute(delete(WorkerBeat).where(WorkerBeat.heartbeat_at < now - PRUNE_AFTER))
         with self._lock:
-            self._last_beat = time.monotonic()
+            self._last_beat = started
             self.registered = True
 
     def leave(self, sessions: sessionmaker[Session]) -> None:
