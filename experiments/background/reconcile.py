@@ -342,8 +342,10 @@ def _apply(session: Session, exp: Experiment, move: Move, now) -> tuple[State, S
         exp.scheduler_refs = {**(exp.scheduler_refs or {}), **move.refs}  # kept once the scheduler forgets the run
     current, target = State(exp.state), move.target
     if current == target or not can_move(current, target):
-        if current not in TERMINAL and move.reason and exp.reason != move.reason:
-            exp.reason = move.reason  # e.g. why a queued run is not placed yet
+        # e.g. why a queued run is not placed yet; a move the state is already past is an older answer
+        # (another worker read the run later), whose reason is older too
+        if current == target and current not in TERMINAL and move.reason and exp.reason != move.reason:
+            exp.reason = move.reason
         return None
     if target == State.RETRYING:
         assert move.failure_class is not None and move.backoff is not None

@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import types
 
-from sqlalchemy import event
+from sqlalchemy import event, select
 from sqlalchemy.orm import Session
 
 from experiments.background import membership as membership_module
-from experiments.background.dispatch import _claim
+from experiments.background import reconcile
+from experiments.background.dispatch import _claim, process_outbox
+from experiments.models import Experiment
+from experiments.states import State
+from tests.experiments.test_dispatch import PARENT
 from tests.experiments.test_scale_out import TIMING, _submit, _worker
 
 
@@ -39,3 +43,34 @@ def test_a_worker_others_see_dead_has_fenced_itself_even_when_its_heartbeat_comm
     b.membership.beat(b.sessions, svc.clock())
     assert _claim(b, None)  # A's row in the database is older than the TTL: its claim passed on
     assert a.fenced()
+
+
+def _provisioning(svc, nomad):
+    """One experiment dispatched and placed by the service's own (unregistered) context."""
+    exp = _submit(svc.ctx, 1)
+    assert process_outbox(svc.ctx) == 1
+    reconcile.process_scheduled(svc.ctx)
+    with svc.ctx.sessions() as session:
+        assert session.get(Experiment, exp.id).state == "provisioning"
+    [job] = nomad.dispatched(PARENT)
+    return exp, job
+
+
+def test_a_stale_answer_never_overwrites_a_newer_states_reason(make_service, db_url, nomad, nomad_runner):
+    """Two workers may follow one run for a pass while the membership changes (docs/control-plane.md).
+    An answer read before the run started (provisioning) applied after a newer one (running) moves
+    nothing, and must not put its older reason on the running experiment either."""
+    svc = make_service(db_url, nomad_runner)
+    exp, job = _provisioning(svc, nomad)
+    with svc.ctx.sessions() as session:
+        run_id = session.get(Experiment, exp.id).run_id
+    nomad.finish(job, client_status="running")
+    reconcile.process_scheduled(svc.ctx)
+    with svc.ctx.sessions() as session:
+        running = session.get(Experiment, exp.id)
+        assert running.state == "running"
+        reason = running.reason
+    reconcile._move(svc.ctx, reconcile.Move(exp.id, State.PROVISIONING, "placed, pulling the image", run_id=run_id))
+    with svc.ctx.sessions() as session:
+        after = session.get(Experiment, exp.id)
+        assert (after.state, after.reason) == ("running", reason)
