@@ -142,6 +142,10 @@ def process_scheduled(ctx: Context) -> int:
     if missed := len(tracked) - len(answered):
         ctx.metrics.reconcile_errors.inc(missed)
         log.warning("reconcile: no answer for %d of %d runs this pass (see the scheduler errors above)", missed, len(tracked))
+    if ctx.fenced():
+        # Frozen since the lists were read (a paused VM): the others may follow these runs now, with newer answers.
+        log.warning("reconcile: this worker's heartbeat lapsed during the pass; its %d answers are dropped", len(answered))
+        return done
     ended = _apply_all(ctx, moves, answered)
     _keep_logs(ctx, ended - forgotten, bound)  # a forgotten run has no logs left to read; before the stops below, which delete pods
     _stop_retried(ctx, [r.run_id for r in tracked if r.id in ended and any(m.experiment_id == r.id and m.target == State.RETRYING for m in moves)])
@@ -278,6 +282,8 @@ def _apply_chunk(ctx: Context, chunk: list[Move], now: datetime) -> list[tuple[s
         # fresh: a run another worker ended meanwhile is seen ended, not ended twice.
         loaded = {e.id: e for e in session.scalars(select(Experiment).where(Experiment.id.in_([m.experiment_id for m in chunk]))
                                                    .order_by(Experiment.id).with_for_update().execution_options(populate_existing=True))}
+        if ctx.fenced():  # lapsed while waiting for the locks: as before the pass's writes (process_scheduled)
+            return changed
         for move in chunk:
             exp = loaded.get(move.experiment_id)
             if exp is not None and (moved := _apply(session, exp, move, now)) is not None:

@@ -56,6 +56,44 @@ def _provisioning(svc, nomad):
     return exp, job
 
 
+def test_a_worker_frozen_in_the_middle_of_a_reconcile_pass_writes_nothing_when_it_wakes(make_service, db_url, nomad, nomad_runner, monkeypatch):
+    """Worker A reads the scheduler's lists, then freezes (SIGSTOP) for longer than the TTL. B takes
+    A's runs over and records what the scheduler says now (running). A wakes with answers older than
+    B's: it is fenced, so it writes nothing (no state, reason, refs or stamp over B's)."""
+    svc = make_service(db_url, nomad_runner)
+    exp, job = _provisioning(svc, nomad)
+    ticks = [1000.0]
+    monkeypatch.setattr(membership_module, "time", types.SimpleNamespace(monotonic=lambda: ticks[0]))
+    a = _worker(svc, svc.clock)
+    real_poll = reconcile.poll
+    by_b: list[tuple] = []
+
+    def poll_then_freeze(runner, run_ids, known):
+        answers = real_poll(runner, run_ids, known)
+        if runner is a.runner and not getattr(poll_then_freeze, "frozen", False):
+            poll_then_freeze.frozen = True
+            ticks[0] += TIMING.worker_ttl_seconds + 1  # A is stopped; the others see its heartbeat go stale
+            svc.clock.advance(seconds=TIMING.worker_ttl_seconds + 1)
+            nomad.finish(job, client_status="running")
+            b = _worker(svc, svc.clock)
+            assert reconcile.process_scheduled(b) == 1  # B alone among the live: it follows every run now
+            with svc.ctx.sessions() as session:
+                seen = session.get(Experiment, exp.id)
+                assert seen.state == "running"
+                by_b.append((seen.reason, seen.reconciled_at, seen.scheduler_refs))
+            svc.clock.advance(seconds=1)
+        return answers
+
+    monkeypatch.setattr(reconcile, "poll", poll_then_freeze)
+    with svc.ctx.sessions() as session:
+        assert a.share(session, Experiment.id) is None  # A alone: it follows the run
+    reconcile.process_scheduled(a)
+    assert by_b and a.fenced()
+    with svc.ctx.sessions() as session:
+        after = session.get(Experiment, exp.id)
+        assert (after.state, after.reason, after.reconciled_at, after.scheduler_refs) == ("running", *by_b[0])
+
+
 def test_a_stale_answer_never_overwrites_a_newer_states_reason(make_service, db_url, nomad, nomad_runner):
     """Two workers may follow one run for a pass while the membership changes (docs/control-plane.md).
     An answer read before the run started (provisioning) applied after a newer one (running) moves
