@@ -49,7 +49,7 @@ from experiments.background.context import Context, log
 from experiments.background.membership import dead_workers
 from experiments.errors import ApiError
 from experiments.models import Experiment, Outbox, RunAttempt
-from jobs.runner import SchedulerUnavailable
+from jobs.runner import NomadRunner, SchedulerUnavailable
 from jobs.spec import EXPERIMENT_META, RUN_DEADLINE_META
 from experiments.services.lifecycle import record, transition
 from experiments.states import TERMINAL, State
@@ -188,7 +188,8 @@ def _dispatch_claimed(ctx: Context, claim: Claim) -> bool:
         # the attempt's own key makes a new scheduler run (and new secret_ids) once per attempt. The seconds left of the
         # experiment's deadline bound the run on the scheduler itself (experiments.deadline), not only through the reaper.
         meta = {**exp.meta, EXPERIMENT_META: exp.id, RUN_DEADLINE_META: str(seconds)}
-        run_id = ctx.runner.submit(spec, meta, idempotency_key=attempt_key(exp.id, exp.attempt), attempt=exp.attempt)
+        key = attempt_key(exp.id, exp.attempt)
+        run_id = (ctx.runner.find(spec, key) if _resumable(exp, claim) else None) or ctx.runner.submit(spec, meta, idempotency_key=key, attempt=exp.attempt)
     except (SchedulerUnavailable, UserError) as exc:
         _retry_later(ctx, claim, str(exc))
         return False
@@ -223,6 +224,16 @@ def _dispatch_claimed(ctx: Context, claim: Claim) -> bool:
     ctx.metrics.dispatch_latency.observe(latency)
     log.info("dispatched experiment %s as %s", experiment_id, run_id)
     return True
+
+
+def _resumable(exp: Experiment, claim: Claim) -> bool:
+    """Whether a run an earlier claim of this attempt made is recorded as it is instead of submitted again.
+    A row claimed before (its holder died, or lost the scheduler's answer) may have reached Nomad, whose
+    dispatch is one call carrying the wrapped secret_ids: a child it made has them all, and a second submit
+    would mint secret_ids the idempotent answer then drops (live, and of no use to anyone). A Kubernetes Job
+    is made before its Secret: its submit completes a half-made run and mints only a missing Secret
+    (``jobs.k8s.client.dispatch``), so it is always submitted again."""
+    return claim.attempt > 1 and exp.scheduler == NomadRunner.scheduler
 
 
 def _give_back(ctx: Context, claim: Claim) -> None:

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import types
 
+import pytest
+
 from sqlalchemy import event, select
 from sqlalchemy.orm import Session
 
 from experiments.background import membership as membership_module
 from experiments.background import reconcile
-from experiments.background.dispatch import _claim, process_outbox
+from experiments.background.dispatch import _claim, _dispatch_claimed, process_outbox
 from experiments.models import Experiment
 from experiments.states import State
 from tests.experiments.test_dispatch import PARENT
@@ -112,3 +114,49 @@ def test_a_stale_answer_never_overwrites_a_newer_states_reason(make_service, db_
     with svc.ctx.sessions() as session:
         after = session.get(Experiment, exp.id)
         assert (after.state, after.reason) == ("running", reason)
+
+
+class _DiesAfterSubmit:
+    """The real runner, but the process "dies" (kill -9) once its submit reached the scheduler: nothing after it runs."""
+
+    def __init__(self, inner) -> None:
+        self.inner, self.scheduler = inner, inner.scheduler
+
+    def submit(self, *args, **kwargs):
+        self.inner.submit(*args, **kwargs)
+        raise _Killed
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+class _Killed(BaseException):
+    pass
+
+
+def test_a_taken_over_dispatch_mints_no_second_secret_id(make_service, db_url, nomad, nomad_runner, vault):
+    """Worker A's submit reaches Nomad (one wrapped secret_id minted for the run's one rank), then A is
+    killed before it records the run. B takes the claim over: the run exists, so B records it without a
+    second submit: OpenBao holds one secret_id for the attempt, not one per claim (the second would be a
+    live credential nobody can ever use)."""
+    from dataclasses import replace as with_runner
+
+    from tests.jobs.test_no_secrets import _secret_ids
+
+    svc = make_service(db_url, nomad_runner)
+    exp = _submit(svc.ctx, 1)
+    before = _secret_ids(vault)
+    a, b = _worker(svc, svc.clock), _worker(svc, svc.clock)
+    a = with_runner(a, runner=_DiesAfterSubmit(a.runner))
+    [claim_a] = _claim(a, None)
+    with pytest.raises(_Killed):
+        _dispatch_claimed(a, claim_a)
+    assert _secret_ids(vault) == before + 1
+    svc.clock.advance(seconds=TIMING.worker_ttl_seconds + 1)
+    b.membership.beat(b.sessions, svc.clock())
+    [claim_b] = _claim(b, None)
+    assert _dispatch_claimed(b, claim_b)
+    with svc.ctx.sessions() as session:
+        done = session.get(Experiment, exp.id)
+    assert done.state == "queued" and done.run_id == f"finetune/{nomad.dispatched(PARENT)[0]}"
+    assert len(nomad.calls("POST", "dispatch")) == 1 and _secret_ids(vault) == before + 1
