@@ -146,14 +146,15 @@ def process_scheduled(ctx: Context) -> int:
         # Frozen since the lists were read (a paused VM): the others may follow these runs now, with newer answers.
         log.warning("reconcile: this worker's heartbeat lapsed during the pass; its %d answers are dropped", len(answered))
         return done
-    ended = _apply_all(ctx, moves, answered)
+    ended, failed = _apply_all(ctx, moves, answered)
     _keep_logs(ctx, ended - forgotten, bound)  # a forgotten run has no logs left to read; before the stops below, which delete pods
     _stop_retried(ctx, [r.run_id for r in tracked if r.id in ended and any(m.experiment_id == r.id and m.target == State.RETRYING for m in moves)])
-    ctx.fingerprints.remember(fresh)
+    unapplied = {r.run_id for r in tracked if r.id in failed}  # not remembered as seen: read and applied again next pass
+    ctx.fingerprints.remember({run_id: fingerprint for run_id, fingerprint in fresh.items() if run_id not in unapplied})
     gone = [r.run_id for r in tracked if r.id in ended]
     ctx.fingerprints.forget(gone)
     ctx.sampled.forget(gone)
-    sample_usage(ctx, _running(tracked, moves, set(answered)), pass_seconds=time.monotonic() - started)
+    sample_usage(ctx, _running(tracked, moves, set(answered) - failed), pass_seconds=time.monotonic() - started)
     return done + len(answered)
 
 
@@ -255,11 +256,13 @@ def _failed(ctx: Context, move: Move) -> Move:
     return replace(move, reason=reason)
 
 
-def _apply_all(ctx: Context, moves: list[Move], reconciled: list[str]) -> set[str]:
+def _apply_all(ctx: Context, moves: list[Move], reconciled: list[str]) -> tuple[set[str], set[str]]:
     """Commit the moves COMMIT_BATCH at a time and stamp every experiment the scheduler answered
-    for (only those: a run without an answer keeps its old stamp); returns the ids that ended."""
+    for (only those: a run without an answer keeps its old stamp); returns the ids that ended, and
+    those of chunks that failed (rolled back, logged and counted; the caller leaves them for the next pass)."""
     now = ctx.clock()
     ended: set[str] = set()
+    failed: set[str] = set()
     with ctx.sessions() as session, session.begin():  # one commit for the stamps: a row each, no lock held on anything else
         for start in range(0, len(reconciled), STAMP_BATCH):
             session.execute(update(Experiment).where(Experiment.id.in_(reconciled[start:start + STAMP_BATCH])).values(reconciled_at=now))
@@ -267,12 +270,19 @@ def _apply_all(ctx: Context, moves: list[Move], reconciled: list[str]) -> set[st
     # Chunks hold disjoint rows, so they commit side by side: thousands of runs that end at once are
     # recorded in a fraction of one commit after another (each waits mostly on the database).
     with ThreadPoolExecutor(max_workers=max(1, min(APPLY_THREADS, len(chunks))), thread_name_prefix="gpufleet-apply") as pool:
-        for changed in pool.map(lambda chunk: _apply_chunk(ctx, chunk, now), chunks):
+        for chunk, future in [(chunk, pool.submit(_apply_chunk, ctx, chunk, now)) for chunk in chunks]:
+            try:
+                changed = future.result()
+            except Exception:  # noqa: BLE001 - the other chunks committed: their ended runs still need their logs kept
+                log.exception("reconcile: a chunk of %d state changes failed; its runs are read again next pass", len(chunk))
+                ctx.metrics.reconcile_errors.inc(len(chunk))
+                failed.update(move.experiment_id for move in chunk)
+                continue
             for experiment_id, current, target in changed:
                 log.info("experiment %s: %s -> %s", experiment_id, current.value, target.value)
                 if target in TERMINAL or target == State.RETRYING:  # an attempt ended: keep its logs, forget its fingerprint
                     ended.add(experiment_id)
-    return ended
+    return ended, failed
 
 
 def _apply_chunk(ctx: Context, chunk: list[Move], now: datetime) -> list[tuple[str, State, State]]:

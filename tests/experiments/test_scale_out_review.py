@@ -160,3 +160,38 @@ def test_a_taken_over_dispatch_mints_no_second_secret_id(make_service, db_url, n
         done = session.get(Experiment, exp.id)
     assert done.state == "queued" and done.run_id == f"finetune/{nomad.dispatched(PARENT)[0]}"
     assert len(nomad.calls("POST", "dispatch")) == 1 and _secret_ids(vault) == before + 1
+
+
+def test_a_failed_chunk_of_a_reconcile_pass_loses_nothing_the_other_chunks_committed(make_service, db_url, nomad, nomad_runner, catalog, monkeypatch):
+    """The chunks of a pass commit on their own threads. One failing (a lost connection, say) must not
+    drop what the others committed: their ended runs' logs are still kept (next pass they are terminal
+    and never read again), and the failed chunk's runs are read and applied again next pass (their
+    answers were not remembered as seen)."""
+    from tests.experiments.test_scale_out import _roomy
+
+    monkeypatch.setattr(reconcile, "COMMIT_BATCH", 1)
+    svc = make_service(db_url, nomad_runner, jobs=_roomy(catalog))
+    ids = [_submit(svc.ctx, i).id for i in range(3)]
+    assert process_outbox(svc.ctx) == 3
+    for job in nomad.dispatched(PARENT):
+        nomad.finish(job, client_status="complete", events=[{"Type": "Terminated", "Time": 2, "ExitCode": 0}])
+    broken = sorted(ids)[0]  # the first chunk: the others finish after it fails
+    real_apply, kept = reconcile._apply, []
+
+    def apply_or_fail(session, exp, move, now):
+        if exp.id == broken:
+            raise ConnectionError("server closed the connection unexpectedly")
+        return real_apply(session, exp, move, now)
+
+    monkeypatch.setattr(reconcile, "_apply", apply_or_fail)
+    monkeypatch.setattr(reconcile.run_logs, "keep", lambda sessions, runner, exp_ids, **kw: kept.extend(exp_ids))
+    reconcile.process_scheduled(svc.ctx)
+    with svc.ctx.sessions() as session:
+        states = {i: session.get(Experiment, i).state for i in ids}
+    assert states[broken] != "succeeded" and all(states[i] == "succeeded" for i in ids if i != broken)
+    assert sorted(kept) == sorted(i for i in ids if i != broken)
+    monkeypatch.setattr(reconcile, "_apply", real_apply)
+    reconcile.process_scheduled(svc.ctx)
+    with svc.ctx.sessions() as session:
+        assert session.get(Experiment, broken).state == "succeeded"
+    assert sorted(kept) == sorted(ids)
