@@ -183,6 +183,11 @@ def _dispatch_claimed(ctx: Context, claim: Claim) -> bool:
     if ctx.fenced():
         _give_back(ctx, claim)  # the others may be taking this claim over: only one of us may call the scheduler
         return False
+    if not _still_held(ctx, claim):
+        # Taken over while this worker was frozen past the TTL (its heartbeat, beating again since, no longer
+        # fences it): the new holder submits; a second submit of the key now could make a second child.
+        log.warning("experiment %s: dispatch claim taken over before this worker submitted; the new holder dispatches", experiment_id)
+        return False
     try:
         # The experiment id in the run's meta names its checkpoint directory (GPUFLEET_CHECKPOINT_URI) on every attempt;
         # the attempt's own key makes a new scheduler run (and new secret_ids) once per attempt. The seconds left of the
@@ -224,6 +229,11 @@ def _dispatch_claimed(ctx: Context, claim: Claim) -> bool:
     ctx.metrics.dispatch_latency.observe(latency)
     log.info("dispatched experiment %s as %s", experiment_id, run_id)
     return True
+
+
+def _still_held(ctx: Context, claim: Claim) -> bool:
+    with ctx.sessions() as session:
+        return claim.holds(session.get(Outbox, claim.experiment_id, populate_existing=True))
 
 
 def _resumable(exp: Experiment, claim: Claim) -> bool:

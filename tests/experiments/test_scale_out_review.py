@@ -195,3 +195,28 @@ def test_a_failed_chunk_of_a_reconcile_pass_loses_nothing_the_other_chunks_commi
     with svc.ctx.sessions() as session:
         assert session.get(Experiment, broken).state == "succeeded"
     assert sorted(kept) == sorted(ids)
+
+
+def test_a_worker_woken_after_its_claim_was_taken_over_submits_nothing_even_once_it_beats_again(make_service, db_url, nomad, nomad_runner, monkeypatch):
+    """SIGSTOP of worker A between its claim and its submit for longer than the TTL, then SIGCONT. B took
+    the claim over meanwhile. On waking, A's heartbeat thread may beat before its dispatch thread
+    looks at the fence, so A is not fenced any more: it must still submit nothing (its claim is B's
+    now; two submits of one key may both make a Nomad child, and A's would mint a secret_id for nothing)."""
+    svc = make_service(db_url, nomad_runner)
+    exp = _submit(svc.ctx, 1)
+    ticks = [1000.0]
+    monkeypatch.setattr(membership_module, "time", types.SimpleNamespace(monotonic=lambda: ticks[0]))
+    a, b = _worker(svc, svc.clock), _worker(svc, svc.clock)
+    [claim_a] = _claim(a, None)
+    ticks[0] += TIMING.worker_ttl_seconds + 1  # A is stopped
+    svc.clock.advance(seconds=TIMING.worker_ttl_seconds + 1)
+    b.membership.beat(b.sessions, svc.clock())
+    [claim_b] = _claim(b, None)
+    a.membership.beat(a.sessions, svc.clock())  # SIGCONT: A's heartbeat thread runs first
+    assert not a.fenced()
+    assert not _dispatch_claimed(a, claim_a)
+    assert not nomad.calls("POST", "dispatch")
+    assert _dispatch_claimed(b, claim_b)
+    with svc.ctx.sessions() as session:
+        assert session.get(Experiment, exp.id).state == "queued"
+    assert len(nomad.calls("POST", "dispatch")) == 1
