@@ -14,8 +14,10 @@ when its heartbeat is older than ``Timing.worker_ttl_seconds``, or, on PostgreSQ
   its claims: it may resume in the middle of a submit. PostgreSQL shows every role the
   ``application_name`` of every session (src/backend/utils/adt/pgstatfuncs.c,
   ``pg_stat_get_activity``: ``st_appname`` is among the "values available to all callers").
-  Behind a pooler that rewrites ``application_name`` no worker shows a session: the shorter bound
-  then applies to every stale worker, which fences itself by then anyway (below).
+  Behind a pooler that rewrites ``application_name``, or in transaction mode, a live worker may
+  show no session: the shorter bound then applies to every stale worker. It fences itself one
+  heartbeat period before, which stops a submit not yet sent but not one in flight
+  (docs/control-plane.md, "What the fence does not cover").
 - **Dispatch.** A dead worker's outbox claims (``outbox.claimed_by``) are claimable at once, not
   after their lease (``Timing.dispatch_lease_seconds``, which still bounds a live worker's stuck call).
 - **Reconcile and reap.** The runs are split into 256 buckets by the last two hex digits of the
