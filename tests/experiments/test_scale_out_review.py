@@ -220,3 +220,19 @@ def test_a_worker_woken_after_its_claim_was_taken_over_submits_nothing_even_once
     with svc.ctx.sessions() as session:
         assert session.get(Experiment, exp.id).state == "queued"
     assert len(nomad.calls("POST", "dispatch")) == 1
+
+
+def test_the_short_fence_applies_only_where_the_others_can_take_over_early(make_service, db_url, nomad, nomad_runner, monkeypatch):
+    """The 2 s takeover needs PostgreSQL's session list; on SQLite only the TTL passes a worker's work
+    on. A worker there whose heartbeat waited a few seconds for the write lock (a single-process
+    service under load) must keep dispatching, not fence itself and give its claims back as if the
+    others could already have taken them over."""
+    svc = make_service(db_url, nomad_runner)
+    _submit(svc.ctx, 1)
+    ticks = [1000.0]
+    monkeypatch.setattr(membership_module, "time", types.SimpleNamespace(monotonic=lambda: ticks[0]))
+    a = _worker(svc, svc.clock)
+    ticks[0] += TIMING.worker_lost_seconds + 0.1
+    postgresql = db_url.startswith("postgresql")
+    assert a.fenced() == postgresql
+    assert process_outbox(a) == (0 if postgresql else 1)
