@@ -92,8 +92,12 @@ def process_outbox(ctx: Context, *, batch: int = 200) -> int:
         while True:
             room = min(width - len(running), batch - len(seen))
             if more and room > 0 and not ctx.fenced():
-                claims = _claim(ctx, None, skip=seen, limit=room)
-                more = len(claims) == room
+                try:
+                    claims = _claim(ctx, None, skip=seen, limit=room)
+                    more = len(claims) == room
+                except Exception:  # noqa: BLE001 - the dispatches in flight still finish and report; the next pass claims again
+                    log.exception("claiming outbox rows failed")
+                    claims, more = [], False
                 seen.update(c.experiment_id for c in claims)
                 running.update(pool.submit(_dispatch_claimed, ctx, claim) for claim in claims)
             if not running:

@@ -236,3 +236,34 @@ def test_the_short_fence_applies_only_where_the_others_can_take_over_early(make_
     postgresql = db_url.startswith("postgresql")
     assert a.fenced() == postgresql
     assert process_outbox(a) == (0 if postgresql else 1)
+
+
+def test_a_failed_claim_leaves_the_dispatches_in_flight_to_finish_and_report(make_service, sqlite_url, nomad, nomad_runner, catalog, monkeypatch, caplog):
+    """A pass claims more rows as its threads free up. When such a claim fails (the database drops the
+    connection), the dispatches already in flight still finish, and each one's error is logged: the
+    pass must not unwind past them, dropping their results unseen."""
+    from dataclasses import replace as with_timing
+
+    from experiments.background import dispatch
+    from tests.experiments.test_scale_out import _roomy
+
+    svc = make_service(sqlite_url, nomad_runner, jobs=_roomy(catalog))
+    ids = sorted(_submit(svc.ctx, i).id for i in range(3))
+    ctx = with_timing(svc.ctx, timing=with_timing(svc.ctx.timing, dispatch_concurrency=2))
+    real_claim, real_dispatch, calls = dispatch._claim, dispatch._dispatch_claimed, []
+
+    def claim_once(*args, **kwargs):
+        calls.append(1)
+        if len(calls) > 1:
+            raise ConnectionError("server closed the connection unexpectedly")
+        return real_claim(*args, **kwargs)
+
+    def dispatch_or_break(ctx, claim):
+        if claim.experiment_id == ids[0]:
+            raise RuntimeError("a bug in one dispatch")
+        return real_dispatch(ctx, claim)
+
+    monkeypatch.setattr(dispatch, "_claim", claim_once)
+    monkeypatch.setattr(dispatch, "_dispatch_claimed", dispatch_or_break)
+    assert dispatch.process_outbox(ctx) == 1
+    assert "a bug in one dispatch" in caplog.text and "server closed the connection" in caplog.text
