@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import threading
 import types
 
 import pytest
@@ -248,9 +249,10 @@ def test_a_failed_claim_leaves_the_dispatches_in_flight_to_finish_and_report(mak
     from tests.experiments.test_scale_out import _roomy
 
     svc = make_service(sqlite_url, nomad_runner, jobs=_roomy(catalog))
-    ids = sorted(_submit(svc.ctx, i).id for i in range(3))
+    for i in range(3):
+        _submit(svc.ctx, i)
     ctx = with_timing(svc.ctx, timing=with_timing(svc.ctx.timing, dispatch_concurrency=2))
-    real_claim, real_dispatch, calls = dispatch._claim, dispatch._dispatch_claimed, []
+    real_claim, real_dispatch, calls, broken = dispatch._claim, dispatch._dispatch_claimed, [], []
 
     def claim_once(*args, **kwargs):
         calls.append(1)
@@ -258,8 +260,13 @@ def test_a_failed_claim_leaves_the_dispatches_in_flight_to_finish_and_report(mak
             raise ConnectionError("server closed the connection unexpectedly")
         return real_claim(*args, **kwargs)
 
+    first = threading.Lock()
+
     def dispatch_or_break(ctx, claim):
-        if claim.experiment_id == ids[0]:
+        with first:
+            breaks = not broken or broken == [claim.experiment_id]  # the first row claimed
+            broken[:] = broken or [claim.experiment_id]
+        if breaks:
             raise RuntimeError("a bug in one dispatch")
         return real_dispatch(ctx, claim)
 
