@@ -148,7 +148,8 @@ def process_scheduled(ctx: Context) -> int:
         return done
     ended, failed = _apply_all(ctx, moves, answered)
     _keep_logs(ctx, ended - forgotten, bound)  # a forgotten run has no logs left to read; before the stops below, which delete pods
-    _stop_retried(ctx, [r.run_id for r in tracked if r.id in ended and any(m.experiment_id == r.id and m.target == State.RETRYING for m in moves)])
+    retrying = {m.experiment_id for m in moves if m.target == State.RETRYING}  # a set: thousands of runs may end in one pass
+    _stop_retried(ctx, [r.run_id for r in tracked if r.id in ended and r.id in retrying])
     unapplied = {r.run_id for r in tracked if r.id in failed}  # not remembered as seen: read and applied again next pass
     ctx.fingerprints.remember({run_id: fingerprint for run_id, fingerprint in fresh.items() if run_id not in unapplied})
     gone = [r.run_id for r in tracked if r.id in ended]
@@ -202,7 +203,7 @@ def _keep_logs(ctx: Context, ended: set[str], bound: ColumnElement[bool] | None)
         # Each run's reads are waits on the scheduler: a few threads, so runs that end together (thousands
         # at once) do not hold the next pass up for one GET after another.
         ids = sorted(ended)
-        width = max(1, min(timing.log_keep_concurrency, len(ids)))
+        width = max(1, min(_writers(ctx, timing.log_keep_concurrency), len(ids)))
         with ThreadPoolExecutor(max_workers=width, thread_name_prefix="gpufleet-logs") as pool:
             for future in [pool.submit(run_logs.keep, ctx.sessions, ctx.runner, ids[i::width], now=now, tail_bytes=timing.log_tail_bytes)
                            for i in range(width)]:
@@ -267,9 +268,9 @@ def _apply_all(ctx: Context, moves: list[Move], reconciled: list[str]) -> tuple[
         for start in range(0, len(reconciled), STAMP_BATCH):
             session.execute(update(Experiment).where(Experiment.id.in_(reconciled[start:start + STAMP_BATCH])).values(reconciled_at=now))
     chunks = [moves[start:start + COMMIT_BATCH] for start in range(0, len(moves), COMMIT_BATCH)]
-    # Chunks hold disjoint rows, so they commit side by side: thousands of runs that end at once are
-    # recorded in a fraction of one commit after another (each waits mostly on the database).
-    with ThreadPoolExecutor(max_workers=max(1, min(APPLY_THREADS, len(chunks))), thread_name_prefix="gpufleet-apply") as pool:
+    # Chunks hold disjoint rows, so on PostgreSQL they commit side by side: thousands of runs that end at
+    # once are recorded in a fraction of one commit after another (each waits mostly on the database).
+    with ThreadPoolExecutor(max_workers=max(1, min(_writers(ctx, APPLY_THREADS), len(chunks))), thread_name_prefix="gpufleet-apply") as pool:
         for chunk, future in [(chunk, pool.submit(_apply_chunk, ctx, chunk, now)) for chunk in chunks]:
             try:
                 changed = future.result()
@@ -283,6 +284,13 @@ def _apply_all(ctx: Context, moves: list[Move], reconciled: list[str]) -> tuple[
                 if target in TERMINAL or target == State.RETRYING:  # an attempt ended: keep its logs, forget its fingerprint
                     ended.add(experiment_id)
     return ended, failed
+
+
+def _writers(ctx: Context, wanted: int) -> int:
+    """Threads that may write at once: SQLite has one writer, and threads queued on its lock sleep in
+    its busy handler (up to 100 ms a retry), so there they would only wait on each other."""
+    with ctx.sessions() as session:
+        return 1 if session.get_bind().dialect.name == "sqlite" else wanted
 
 
 def _apply_chunk(ctx: Context, chunk: list[Move], now: datetime) -> list[tuple[str, State, State]]:

@@ -507,3 +507,51 @@ def test_the_idempotency_lookup_reads_the_unique_index_not_the_table(make_servic
         else:
             plan = "\n".join(row[-1] for row in session.execute(text(f"EXPLAIN QUERY PLAN {query}")).all())
             assert "USING INDEX" in plan and "autoindex_experiments" in plan, plan
+
+
+def test_two_workers_reconciling_the_same_runs_at_once_move_each_once(make_service, pg_url, nomad, nomad_runner, catalog, monkeypatch):
+    """Two workers whose views of the membership differ follow the same 12 finished runs in the same
+    moment, each committing its state changes in several chunks on parallel threads (PostgreSQL):
+    every run moves to succeeded once, with one event, and its GPUs are released once."""
+    from experiments.background import reconcile
+    from experiments.background.context import Context
+    from experiments.db import database_url
+
+    from tests.jobs.nomad_double import FakeNode
+
+    monkeypatch.setattr(reconcile, "COMMIT_BATCH", 2)  # six chunks a pass, committed side by side
+    nomad.nodes.extend(FakeNode(f"a100-extra-{i}", "a100", "a100", "NVIDIA A100-SXM4-40GB", 40960, 2) for i in range(6))  # room for 12
+    svc = make_service(database_url(pg_url), nomad_runner, jobs=_roomy(catalog))
+    ids = [_submit(svc.ctx, i).id for i in range(12)]
+    svc.step()
+    jobs = nomad.dispatched(PARENT)
+    assert len(jobs) == 12
+    for job in jobs:
+        nomad.finish(job, client_status="running")
+    svc.step()
+    for job in jobs:
+        nomad.finish(job, client_status="complete", events=[{"Type": "Terminated", "Time": 2, "ExitCode": 0}])
+    # Unregistered contexts follow every run: the worst case of two views that differ.
+    a, b = (Context(svc.ctx.sessions, svc.ctx.runner, svc.ctx.catalog, svc.clock, svc.ctx.metrics, svc.ctx.timing) for _ in range(2))
+    barrier = threading.Barrier(2)
+    errors: list[BaseException] = []
+
+    def follow(ctx) -> None:
+        barrier.wait()
+        try:
+            reconcile.process_scheduled(ctx)
+        except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=follow, args=(ctx,)) for ctx in (a, b)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors, errors
+    with svc.ctx.sessions() as session:
+        states = dict(session.execute(select(Experiment.id, Experiment.state).where(Experiment.id.in_(ids))).all())
+        ended = session.scalars(select(Event.experiment_id).where(Event.kind == "state", Event.to_state == "succeeded")).all()
+    assert set(states.values()) == {"succeeded"}
+    assert sorted(ended) == sorted(ids), "each run moved to succeeded exactly once"
+    _counters_match(svc.ctx)
