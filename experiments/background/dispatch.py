@@ -49,7 +49,7 @@ from experiments.background.context import Context, log
 from experiments.background.membership import dead_workers
 from experiments.errors import ApiError
 from experiments.models import Experiment, Outbox, RunAttempt
-from jobs.runner import SchedulerUnavailable
+from jobs.runner import NomadRunner, SchedulerUnavailable
 from jobs.spec import EXPERIMENT_META, RUN_DEADLINE_META
 from experiments.services.lifecycle import record, transition
 from experiments.states import TERMINAL, State
@@ -92,8 +92,12 @@ def process_outbox(ctx: Context, *, batch: int = 200) -> int:
         while True:
             room = min(width - len(running), batch - len(seen))
             if more and room > 0 and not ctx.fenced():
-                claims = _claim(ctx, None, skip=seen, limit=room)
-                more = len(claims) == room
+                try:
+                    claims = _claim(ctx, None, skip=seen, limit=room)
+                    more = len(claims) == room
+                except Exception:  # noqa: BLE001 - the dispatches in flight still finish and report; the next pass claims again
+                    log.exception("claiming outbox rows failed")
+                    claims, more = [], False
                 seen.update(c.experiment_id for c in claims)
                 running.update(pool.submit(_dispatch_claimed, ctx, claim) for claim in claims)
             if not running:
@@ -183,12 +187,18 @@ def _dispatch_claimed(ctx: Context, claim: Claim) -> bool:
     if ctx.fenced():
         _give_back(ctx, claim)  # the others may be taking this claim over: only one of us may call the scheduler
         return False
+    if not _still_held(ctx, claim):
+        # Taken over while this worker was frozen past the TTL (its heartbeat, beating again since, no longer
+        # fences it): the new holder submits; a second submit of the key now could make a second child.
+        log.warning("experiment %s: dispatch claim taken over before this worker submitted; the new holder dispatches", experiment_id)
+        return False
     try:
         # The experiment id in the run's meta names its checkpoint directory (GPUFLEET_CHECKPOINT_URI) on every attempt;
         # the attempt's own key makes a new scheduler run (and new secret_ids) once per attempt. The seconds left of the
         # experiment's deadline bound the run on the scheduler itself (experiments.deadline), not only through the reaper.
         meta = {**exp.meta, EXPERIMENT_META: exp.id, RUN_DEADLINE_META: str(seconds)}
-        run_id = ctx.runner.submit(spec, meta, idempotency_key=attempt_key(exp.id, exp.attempt), attempt=exp.attempt)
+        key = attempt_key(exp.id, exp.attempt)
+        run_id = (ctx.runner.find(spec, key) if _resumable(exp, claim) else None) or ctx.runner.submit(spec, meta, idempotency_key=key, attempt=exp.attempt)
     except (SchedulerUnavailable, UserError) as exc:
         _retry_later(ctx, claim, str(exc))
         return False
@@ -223,6 +233,21 @@ def _dispatch_claimed(ctx: Context, claim: Claim) -> bool:
     ctx.metrics.dispatch_latency.observe(latency)
     log.info("dispatched experiment %s as %s", experiment_id, run_id)
     return True
+
+
+def _still_held(ctx: Context, claim: Claim) -> bool:
+    with ctx.sessions() as session:
+        return claim.holds(session.get(Outbox, claim.experiment_id, populate_existing=True))
+
+
+def _resumable(exp: Experiment, claim: Claim) -> bool:
+    """Whether a run an earlier claim of this attempt made is recorded as it is instead of submitted again.
+    A row claimed before (its holder died, or lost the scheduler's answer) may have reached Nomad, whose
+    dispatch is one call carrying the wrapped secret_ids: a child it made has them all, and a second submit
+    would mint secret_ids the idempotent answer then drops (live, and of no use to anyone). A Kubernetes Job
+    is made before its Secret: its submit completes a half-made run and mints only a missing Secret
+    (``jobs.k8s.client.dispatch``), so it is always submitted again."""
+    return claim.attempt > 1 and exp.scheduler == NomadRunner.scheduler
 
 
 def _give_back(ctx: Context, claim: Claim) -> None:

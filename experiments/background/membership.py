@@ -14,8 +14,10 @@ when its heartbeat is older than ``Timing.worker_ttl_seconds``, or, on PostgreSQ
   its claims: it may resume in the middle of a submit. PostgreSQL shows every role the
   ``application_name`` of every session (src/backend/utils/adt/pgstatfuncs.c,
   ``pg_stat_get_activity``: ``st_appname`` is among the "values available to all callers").
-  Behind a pooler that rewrites ``application_name`` no worker shows a session: the shorter bound
-  then applies to every stale worker, which fences itself by then anyway (below).
+  Behind a pooler that rewrites ``application_name``, or in transaction mode, a live worker may
+  show no session: the shorter bound then applies to every stale worker. It fences itself one
+  heartbeat period before, which stops a submit not yet sent but not one in flight
+  (docs/control-plane.md, "What the fence does not cover").
 - **Dispatch.** A dead worker's outbox claims (``outbox.claimed_by``) are claimable at once, not
   after their lease (``Timing.dispatch_lease_seconds``, which still bounds a live worker's stuck call).
 - **Reconcile and reap.** The runs are split into 256 buckets by the last two hex digits of the
@@ -28,7 +30,8 @@ when its heartbeat is older than ``Timing.worker_ttl_seconds``, or, on PostgreSQ
   worker by id only (``leads``).
 
 A worker fences itself: once its own last successful heartbeat is older than either bound less
-one heartbeat period (less two for the TTL), it claims no dispatch, submits nothing and follows
+one heartbeat period (less two for the TTL; the shorter bound only on PostgreSQL, the one
+database where it applies), it claims no dispatch, submits nothing and follows
 no bucket, because the others may already have taken its work over. Heartbeat times come from
 each worker's clock: the workers' clocks must agree to well within the shorter bound (NTP does).
 
@@ -68,17 +71,22 @@ class Membership:
         # The process tag first: the others find this process's sessions by it (see the module docstring).
         self.worker_id = f"{PROCESS_TAG}-{uuid.uuid4().hex[:23]}"
         self.registered = False
+        self.early_takeover = False  # whether the others can see this process's sessions end (sessions_listed)
         self._last_beat: float | None = None
         self._lock = threading.Lock()
 
     def beat(self, sessions: sessionmaker[Session], now: datetime) -> None:
-        """Write this worker's heartbeat (creating its row first); prune long-dead rows."""
+        """Write this worker's heartbeat (creating its row first); prune long-dead rows. Its freshness
+        counts from before the write, as ``heartbeat_at`` does for the others: a commit that waited
+        must not make this worker think itself fresher than they see it (``fenced``)."""
+        started = time.monotonic()
         with sessions() as session, session.begin():
+            self.early_takeover = sessions_listed(session)
             if not session.execute(update(WorkerBeat).where(WorkerBeat.id == self.worker_id).values(heartbeat_at=now)).rowcount:
                 session.add(WorkerBeat(id=self.worker_id, host=socket.gethostname()[:255], pid=os.getpid(), started_at=now, heartbeat_at=now))
             session.execute(delete(WorkerBeat).where(WorkerBeat.heartbeat_at < now - PRUNE_AFTER))
         with self._lock:
-            self._last_beat = time.monotonic()
+            self._last_beat = started
             self.registered = True
 
     def leave(self, sessions: sessionmaker[Session]) -> None:
@@ -88,22 +96,32 @@ class Membership:
 
     def fenced(self, *, ttl_seconds: float, heartbeat_seconds: float, lost_seconds: float) -> bool:
         """True when the others may consider this worker dead: it must not act. It cannot know whether
-        the others still see its sessions, so the shorter bound counts."""
+        the others still see its sessions, so the shorter bound counts where they can take over early
+        (PostgreSQL); elsewhere (SQLite) only the TTL passes its work on."""
         if not self.registered:
             return False
         with self._lock:
             last = self._last_beat
-        return last is None or time.monotonic() - last > min(ttl_seconds - 2 * heartbeat_seconds, lost_seconds - heartbeat_seconds)
+        bound = ttl_seconds - 2 * heartbeat_seconds
+        if self.early_takeover:
+            bound = min(bound, lost_seconds - heartbeat_seconds)
+        return last is None or time.monotonic() - last > bound
 
 
 _ACTIVITY = table("pg_stat_activity", column("application_name"))
+
+
+def sessions_listed(session: Session) -> bool:
+    """Whether the database lists every process's sessions (PostgreSQL's pg_stat_activity), which the
+    early takeover of an exited process's claims needs."""
+    return session.get_bind().dialect.name == "postgresql"
 
 
 def dead_workers(session: Session, now: datetime, *, ttl_seconds: float, lost_seconds: float):  # type: ignore[no-untyped-def]
     """The ids of workers dead to the others (a subquery for claims): heartbeat older than the TTL,
     or, on PostgreSQL, older than ``lost_seconds`` with no session of the worker's process left."""
     stale = WorkerBeat.heartbeat_at < now - timedelta(seconds=ttl_seconds)
-    if session.get_bind().dialect.name == "postgresql":
+    if sessions_listed(session):
         gone = ~exists().where(_ACTIVITY.c.application_name == literal("gpufleet ") + func.substr(WorkerBeat.id, 1, len(PROCESS_TAG)))
         stale = or_(stale, and_(WorkerBeat.heartbeat_at < now - timedelta(seconds=lost_seconds), gone))
     return select(WorkerBeat.id).where(stale)

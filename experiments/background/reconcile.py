@@ -142,15 +142,20 @@ def process_scheduled(ctx: Context) -> int:
     if missed := len(tracked) - len(answered):
         ctx.metrics.reconcile_errors.inc(missed)
         log.warning("reconcile: no answer for %d of %d runs this pass (see the scheduler errors above)", missed, len(tracked))
-    ended = _apply_all(ctx, moves, answered)
+    if ctx.fenced():
+        # Frozen since the lists were read (a paused VM): the others may follow these runs now, with newer answers.
+        log.warning("reconcile: this worker's heartbeat lapsed during the pass; its %d answers are dropped", len(answered))
+        return done
+    ended, failed = _apply_all(ctx, moves, answered)
     _keep_logs(ctx, ended - forgotten, bound)  # a forgotten run has no logs left to read; before the stops below, which delete pods
     retrying = {m.experiment_id for m in moves if m.target == State.RETRYING}  # a set: thousands of runs may end in one pass
     _stop_retried(ctx, [r.run_id for r in tracked if r.id in ended and r.id in retrying])
-    ctx.fingerprints.remember(fresh)
+    unapplied = {r.run_id for r in tracked if r.id in failed}  # not remembered as seen: read and applied again next pass
+    ctx.fingerprints.remember({run_id: fingerprint for run_id, fingerprint in fresh.items() if run_id not in unapplied})
     gone = [r.run_id for r in tracked if r.id in ended]
     ctx.fingerprints.forget(gone)
     ctx.sampled.forget(gone)
-    sample_usage(ctx, _running(tracked, moves, set(answered)), pass_seconds=time.monotonic() - started)
+    sample_usage(ctx, _running(tracked, moves, set(answered) - failed), pass_seconds=time.monotonic() - started)
     return done + len(answered)
 
 
@@ -252,11 +257,13 @@ def _failed(ctx: Context, move: Move) -> Move:
     return replace(move, reason=reason)
 
 
-def _apply_all(ctx: Context, moves: list[Move], reconciled: list[str]) -> set[str]:
+def _apply_all(ctx: Context, moves: list[Move], reconciled: list[str]) -> tuple[set[str], set[str]]:
     """Commit the moves COMMIT_BATCH at a time and stamp every experiment the scheduler answered
-    for (only those: a run without an answer keeps its old stamp); returns the ids that ended."""
+    for (only those: a run without an answer keeps its old stamp); returns the ids that ended, and
+    those of chunks that failed (rolled back, logged and counted; the caller leaves them for the next pass)."""
     now = ctx.clock()
     ended: set[str] = set()
+    failed: set[str] = set()
     with ctx.sessions() as session, session.begin():  # one commit for the stamps: a row each, no lock held on anything else
         for start in range(0, len(reconciled), STAMP_BATCH):
             session.execute(update(Experiment).where(Experiment.id.in_(reconciled[start:start + STAMP_BATCH])).values(reconciled_at=now))
@@ -264,12 +271,19 @@ def _apply_all(ctx: Context, moves: list[Move], reconciled: list[str]) -> set[st
     # Chunks hold disjoint rows, so on PostgreSQL they commit side by side: thousands of runs that end at
     # once are recorded in a fraction of one commit after another (each waits mostly on the database).
     with ThreadPoolExecutor(max_workers=max(1, min(_writers(ctx, APPLY_THREADS), len(chunks))), thread_name_prefix="gpufleet-apply") as pool:
-        for changed in pool.map(lambda chunk: _apply_chunk(ctx, chunk, now), chunks):
+        for chunk, future in [(chunk, pool.submit(_apply_chunk, ctx, chunk, now)) for chunk in chunks]:
+            try:
+                changed = future.result()
+            except Exception:  # noqa: BLE001 - the other chunks committed: their ended runs still need their logs kept
+                log.exception("reconcile: a chunk of %d state changes failed; its runs are read again next pass", len(chunk))
+                ctx.metrics.reconcile_errors.inc(len(chunk))
+                failed.update(move.experiment_id for move in chunk)
+                continue
             for experiment_id, current, target in changed:
                 log.info("experiment %s: %s -> %s", experiment_id, current.value, target.value)
                 if target in TERMINAL or target == State.RETRYING:  # an attempt ended: keep its logs, forget its fingerprint
                     ended.add(experiment_id)
-    return ended
+    return ended, failed
 
 
 def _writers(ctx: Context, wanted: int) -> int:
@@ -286,6 +300,8 @@ def _apply_chunk(ctx: Context, chunk: list[Move], now: datetime) -> list[tuple[s
         # fresh: a run another worker ended meanwhile is seen ended, not ended twice.
         loaded = {e.id: e for e in session.scalars(select(Experiment).where(Experiment.id.in_([m.experiment_id for m in chunk]))
                                                    .order_by(Experiment.id).with_for_update().execution_options(populate_existing=True))}
+        if ctx.fenced():  # lapsed while waiting for the locks: as before the pass's writes (process_scheduled)
+            return changed
         for move in chunk:
             exp = loaded.get(move.experiment_id)
             if exp is not None and (moved := _apply(session, exp, move, now)) is not None:
@@ -350,8 +366,10 @@ def _apply(session: Session, exp: Experiment, move: Move, now) -> tuple[State, S
         exp.scheduler_refs = {**(exp.scheduler_refs or {}), **move.refs}  # kept once the scheduler forgets the run
     current, target = State(exp.state), move.target
     if current == target or not can_move(current, target):
-        if current not in TERMINAL and move.reason and exp.reason != move.reason:
-            exp.reason = move.reason  # e.g. why a queued run is not placed yet
+        # e.g. why a queued run is not placed yet; a move the state is already past is an older answer
+        # (another worker read the run later), whose reason is older too
+        if current == target and current not in TERMINAL and move.reason and exp.reason != move.reason:
+            exp.reason = move.reason
         return None
     if target == State.RETRYING:
         assert move.failure_class is not None and move.backoff is not None

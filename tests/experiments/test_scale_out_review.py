@@ -1,0 +1,276 @@
+"""Issue 28 review: properties of several workers that the first round of tests did not pin down
+(real SQLite and PostgreSQL, the Nomad API double, the session's OpenBao)."""
+
+from __future__ import annotations
+
+import threading
+import types
+
+import pytest
+
+from sqlalchemy import event, select
+from sqlalchemy.orm import Session
+
+from experiments.background import membership as membership_module
+from experiments.background import reconcile
+from experiments.background.dispatch import _claim, _dispatch_claimed, process_outbox
+from experiments.models import Experiment
+from experiments.states import State
+from tests.experiments.test_dispatch import PARENT
+from tests.experiments.test_scale_out import TIMING, _submit, _worker
+
+
+def test_a_worker_others_see_dead_has_fenced_itself_even_when_its_heartbeat_commit_was_slow(make_service, db_url, nomad_runner, monkeypatch):
+    """The others judge a worker by the ``heartbeat_at`` it wrote, the time taken before its beat's
+    transaction; the worker judges itself by its own monotonic clock. Both must count from the same
+    moment: a beat whose commit waited (a busy database, a pool checkout) must not make the worker
+    believe itself fresher than the others see it. Here the beat's commit takes longer than the TTL;
+    once B may take A's claim over, A must be fenced (claim and submit nothing)."""
+    svc = make_service(db_url, nomad_runner)
+    _submit(svc.ctx, 1)
+    ticks = [1000.0]
+    monkeypatch.setattr(membership_module, "time", types.SimpleNamespace(monotonic=lambda: ticks[0]))
+    a, b = _worker(svc, svc.clock), _worker(svc, svc.clock)
+    assert _claim(a, None)
+    slow = TIMING.worker_ttl_seconds + 0.5
+
+    def commit_waits(session: Session) -> None:
+        ticks[0] += slow
+        svc.clock.advance(seconds=slow)
+
+    event.listen(Session, "before_commit", commit_waits)
+    try:
+        a.membership.beat(a.sessions, svc.clock())  # written with the time before the wait
+    finally:
+        event.remove(Session, "before_commit", commit_waits)
+    b.membership.beat(b.sessions, svc.clock())
+    assert _claim(b, None)  # A's row in the database is older than the TTL: its claim passed on
+    assert a.fenced()
+
+
+def _provisioning(svc, nomad):
+    """One experiment dispatched and placed by the service's own (unregistered) context."""
+    exp = _submit(svc.ctx, 1)
+    assert process_outbox(svc.ctx) == 1
+    reconcile.process_scheduled(svc.ctx)
+    with svc.ctx.sessions() as session:
+        assert session.get(Experiment, exp.id).state == "provisioning"
+    [job] = nomad.dispatched(PARENT)
+    return exp, job
+
+
+def test_a_worker_frozen_in_the_middle_of_a_reconcile_pass_writes_nothing_when_it_wakes(make_service, db_url, nomad, nomad_runner, monkeypatch):
+    """Worker A reads the scheduler's lists, then freezes (SIGSTOP) for longer than the TTL. B takes
+    A's runs over and records what the scheduler says now (running). A wakes with answers older than
+    B's: it is fenced, so it writes nothing (no state, reason, refs or stamp over B's)."""
+    svc = make_service(db_url, nomad_runner)
+    exp, job = _provisioning(svc, nomad)
+    ticks = [1000.0]
+    monkeypatch.setattr(membership_module, "time", types.SimpleNamespace(monotonic=lambda: ticks[0]))
+    a = _worker(svc, svc.clock)
+    real_poll = reconcile.poll
+    by_b: list[tuple] = []
+
+    def poll_then_freeze(runner, run_ids, known):
+        answers = real_poll(runner, run_ids, known)
+        if runner is a.runner and not getattr(poll_then_freeze, "frozen", False):
+            poll_then_freeze.frozen = True
+            ticks[0] += TIMING.worker_ttl_seconds + 1  # A is stopped; the others see its heartbeat go stale
+            svc.clock.advance(seconds=TIMING.worker_ttl_seconds + 1)
+            nomad.finish(job, client_status="running")
+            b = _worker(svc, svc.clock)
+            assert reconcile.process_scheduled(b) == 1  # B alone among the live: it follows every run now
+            with svc.ctx.sessions() as session:
+                seen = session.get(Experiment, exp.id)
+                assert seen.state == "running"
+                by_b.append((seen.reason, seen.reconciled_at, seen.scheduler_refs))
+            svc.clock.advance(seconds=1)
+        return answers
+
+    monkeypatch.setattr(reconcile, "poll", poll_then_freeze)
+    with svc.ctx.sessions() as session:
+        assert a.share(session, Experiment.id) is None  # A alone: it follows the run
+    reconcile.process_scheduled(a)
+    assert by_b and a.fenced()
+    with svc.ctx.sessions() as session:
+        after = session.get(Experiment, exp.id)
+        assert (after.state, after.reason, after.reconciled_at, after.scheduler_refs) == ("running", *by_b[0])
+
+
+def test_a_stale_answer_never_overwrites_a_newer_states_reason(make_service, db_url, nomad, nomad_runner):
+    """Two workers may follow one run for a pass while the membership changes (docs/control-plane.md).
+    An answer read before the run started (provisioning) applied after a newer one (running) moves
+    nothing, and must not put its older reason on the running experiment either."""
+    svc = make_service(db_url, nomad_runner)
+    exp, job = _provisioning(svc, nomad)
+    with svc.ctx.sessions() as session:
+        run_id = session.get(Experiment, exp.id).run_id
+    nomad.finish(job, client_status="running")
+    reconcile.process_scheduled(svc.ctx)
+    with svc.ctx.sessions() as session:
+        running = session.get(Experiment, exp.id)
+        assert running.state == "running"
+        reason = running.reason
+    reconcile._move(svc.ctx, reconcile.Move(exp.id, State.PROVISIONING, "placed, pulling the image", run_id=run_id))
+    with svc.ctx.sessions() as session:
+        after = session.get(Experiment, exp.id)
+        assert (after.state, after.reason) == ("running", reason)
+
+
+class _DiesAfterSubmit:
+    """The real runner, but the process "dies" (kill -9) once its submit reached the scheduler: nothing after it runs."""
+
+    def __init__(self, inner) -> None:
+        self.inner, self.scheduler = inner, inner.scheduler
+
+    def submit(self, *args, **kwargs):
+        self.inner.submit(*args, **kwargs)
+        raise _Killed
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+class _Killed(BaseException):
+    pass
+
+
+def test_a_taken_over_dispatch_mints_no_second_secret_id(make_service, db_url, nomad, nomad_runner, vault):
+    """Worker A's submit reaches Nomad (one wrapped secret_id minted for the run's one rank), then A is
+    killed before it records the run. B takes the claim over: the run exists, so B records it without a
+    second submit: OpenBao holds one secret_id for the attempt, not one per claim (the second would be a
+    live credential nobody can ever use)."""
+    from dataclasses import replace as with_runner
+
+    from tests.jobs.test_no_secrets import _secret_ids
+
+    svc = make_service(db_url, nomad_runner)
+    exp = _submit(svc.ctx, 1)
+    before = _secret_ids(vault)
+    a, b = _worker(svc, svc.clock), _worker(svc, svc.clock)
+    a = with_runner(a, runner=_DiesAfterSubmit(a.runner))
+    [claim_a] = _claim(a, None)
+    with pytest.raises(_Killed):
+        _dispatch_claimed(a, claim_a)
+    assert _secret_ids(vault) == before + 1
+    svc.clock.advance(seconds=TIMING.worker_ttl_seconds + 1)
+    b.membership.beat(b.sessions, svc.clock())
+    [claim_b] = _claim(b, None)
+    assert _dispatch_claimed(b, claim_b)
+    with svc.ctx.sessions() as session:
+        done = session.get(Experiment, exp.id)
+    assert done.state == "queued" and done.run_id == f"finetune/{nomad.dispatched(PARENT)[0]}"
+    assert len(nomad.calls("POST", "dispatch")) == 1 and _secret_ids(vault) == before + 1
+
+
+def test_a_failed_chunk_of_a_reconcile_pass_loses_nothing_the_other_chunks_committed(make_service, db_url, nomad, nomad_runner, catalog, monkeypatch):
+    """The chunks of a pass commit on their own threads. One failing (a lost connection, say) must not
+    drop what the others committed: their ended runs' logs are still kept (next pass they are terminal
+    and never read again), and the failed chunk's runs are read and applied again next pass (their
+    answers were not remembered as seen)."""
+    from tests.experiments.test_scale_out import _roomy
+
+    monkeypatch.setattr(reconcile, "COMMIT_BATCH", 1)
+    svc = make_service(db_url, nomad_runner, jobs=_roomy(catalog))
+    ids = [_submit(svc.ctx, i).id for i in range(3)]
+    assert process_outbox(svc.ctx) == 3
+    for job in nomad.dispatched(PARENT):
+        nomad.finish(job, client_status="complete", events=[{"Type": "Terminated", "Time": 2, "ExitCode": 0}])
+    broken = sorted(ids)[0]  # the first chunk: the others finish after it fails
+    real_apply, kept = reconcile._apply, []
+
+    def apply_or_fail(session, exp, move, now):
+        if exp.id == broken:
+            raise ConnectionError("server closed the connection unexpectedly")
+        return real_apply(session, exp, move, now)
+
+    monkeypatch.setattr(reconcile, "_apply", apply_or_fail)
+    monkeypatch.setattr(reconcile.run_logs, "keep", lambda sessions, runner, exp_ids, **kw: kept.extend(exp_ids))
+    reconcile.process_scheduled(svc.ctx)
+    with svc.ctx.sessions() as session:
+        states = {i: session.get(Experiment, i).state for i in ids}
+    assert states[broken] != "succeeded" and all(states[i] == "succeeded" for i in ids if i != broken)
+    assert sorted(kept) == sorted(i for i in ids if i != broken)
+    monkeypatch.setattr(reconcile, "_apply", real_apply)
+    reconcile.process_scheduled(svc.ctx)
+    with svc.ctx.sessions() as session:
+        assert session.get(Experiment, broken).state == "succeeded"
+    assert sorted(kept) == sorted(ids)
+
+
+def test_a_worker_woken_after_its_claim_was_taken_over_submits_nothing_even_once_it_beats_again(make_service, db_url, nomad, nomad_runner, monkeypatch):
+    """SIGSTOP of worker A between its claim and its submit for longer than the TTL, then SIGCONT. B took
+    the claim over meanwhile. On waking, A's heartbeat thread may beat before its dispatch thread
+    looks at the fence, so A is not fenced any more: it must still submit nothing (its claim is B's
+    now; two submits of one key may both make a Nomad child, and A's would mint a secret_id for nothing)."""
+    svc = make_service(db_url, nomad_runner)
+    exp = _submit(svc.ctx, 1)
+    ticks = [1000.0]
+    monkeypatch.setattr(membership_module, "time", types.SimpleNamespace(monotonic=lambda: ticks[0]))
+    a, b = _worker(svc, svc.clock), _worker(svc, svc.clock)
+    [claim_a] = _claim(a, None)
+    ticks[0] += TIMING.worker_ttl_seconds + 1  # A is stopped
+    svc.clock.advance(seconds=TIMING.worker_ttl_seconds + 1)
+    b.membership.beat(b.sessions, svc.clock())
+    [claim_b] = _claim(b, None)
+    a.membership.beat(a.sessions, svc.clock())  # SIGCONT: A's heartbeat thread runs first
+    assert not a.fenced()
+    assert not _dispatch_claimed(a, claim_a)
+    assert not nomad.calls("POST", "dispatch")
+    assert _dispatch_claimed(b, claim_b)
+    with svc.ctx.sessions() as session:
+        assert session.get(Experiment, exp.id).state == "queued"
+    assert len(nomad.calls("POST", "dispatch")) == 1
+
+
+def test_the_short_fence_applies_only_where_the_others_can_take_over_early(make_service, db_url, nomad, nomad_runner, monkeypatch):
+    """The 2 s takeover needs PostgreSQL's session list; on SQLite only the TTL passes a worker's work
+    on. A worker there whose heartbeat waited a few seconds for the write lock (a single-process
+    service under load) must keep dispatching, not fence itself and give its claims back as if the
+    others could already have taken them over."""
+    svc = make_service(db_url, nomad_runner)
+    _submit(svc.ctx, 1)
+    ticks = [1000.0]
+    monkeypatch.setattr(membership_module, "time", types.SimpleNamespace(monotonic=lambda: ticks[0]))
+    a = _worker(svc, svc.clock)
+    ticks[0] += TIMING.worker_lost_seconds + 0.1
+    postgresql = db_url.startswith("postgresql")
+    assert a.fenced() == postgresql
+    assert process_outbox(a) == (0 if postgresql else 1)
+
+
+def test_a_failed_claim_leaves_the_dispatches_in_flight_to_finish_and_report(make_service, sqlite_url, nomad, nomad_runner, catalog, monkeypatch, caplog):
+    """A pass claims more rows as its threads free up. When such a claim fails (the database drops the
+    connection), the dispatches already in flight still finish, and each one's error is logged: the
+    pass must not unwind past them, dropping their results unseen."""
+    from dataclasses import replace as with_timing
+
+    from experiments.background import dispatch
+    from tests.experiments.test_scale_out import _roomy
+
+    svc = make_service(sqlite_url, nomad_runner, jobs=_roomy(catalog))
+    for i in range(3):
+        _submit(svc.ctx, i)
+    ctx = with_timing(svc.ctx, timing=with_timing(svc.ctx.timing, dispatch_concurrency=2))
+    real_claim, real_dispatch, calls, broken = dispatch._claim, dispatch._dispatch_claimed, [], []
+
+    def claim_once(*args, **kwargs):
+        calls.append(1)
+        if len(calls) > 1:
+            raise ConnectionError("server closed the connection unexpectedly")
+        return real_claim(*args, **kwargs)
+
+    first = threading.Lock()
+
+    def dispatch_or_break(ctx, claim):
+        with first:
+            breaks = not broken or broken == [claim.experiment_id]  # the first row claimed
+            broken[:] = broken or [claim.experiment_id]
+        if breaks:
+            raise RuntimeError("a bug in one dispatch")
+        return real_dispatch(ctx, claim)
+
+    monkeypatch.setattr(dispatch, "_claim", claim_once)
+    monkeypatch.setattr(dispatch, "_dispatch_claimed", dispatch_or_break)
+    assert dispatch.process_outbox(ctx) == 1
+    assert "a bug in one dispatch" in caplog.text and "server closed the connection" in caplog.text
