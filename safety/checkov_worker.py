@@ -40,30 +40,52 @@ import os
 import sys
 import traceback
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 _IMMUTABLE = (str, int, float, bool, type(None))
 
 
-def remember_rendering() -> None:
-    """Memoize checkov's ``evaluate_terraform`` per (string, keep_interpolations) in this process."""
-    from checkov.terraform.graph_builder.variable_rendering import evaluate_terraform as module
+def remember_rendering() -> Callable[[], None]:
+    """Memoize checkov's ``evaluate_terraform`` per (string, keep_interpolations) in this process; returns
+    the reset each chunk starts with.
 
+    Rendering is a function of the string only while checkov's asteval symbol table is as checkov
+    made it: asteval runs over the module-level ``SAFE_EVAL_DICT`` (checkov 3.3.30
+    safe_eval_functions.py, ``get_asteval``), so rendering a string such as ``x = 'allUsers'``
+    defines ``x`` for every later rendering in the process. So a rendering is remembered and served
+    only while that table is untouched, and each chunk starts from checkov's own table, as a fresh
+    ``checkov`` process does.
+    """
+    from checkov.terraform.graph_builder.variable_rendering import evaluate_terraform as module
+    from checkov.terraform.graph_builder.variable_rendering import safe_eval_functions
+
+    symbols = safe_eval_functions.SAFE_EVAL_DICT
+    safe_eval_functions.get_asteval()  # asteval adds its own names (print) to the table on first use
+    pristine = dict(symbols)
     original = module.evaluate_terraform
     known: dict[tuple[str, bool], Any] = {}
 
     def evaluate_terraform(input_str: Any, keep_interpolations: bool = True) -> Any:
-        if type(input_str) is not str or "timestamp" in input_str:
+        if type(input_str) is not str or "timestamp" in input_str or symbols != pristine:
             return original(input_str, keep_interpolations)
         key = (input_str, keep_interpolations)
         try:
             value = known[key]
         except KeyError:
-            value = known[key] = original(input_str, keep_interpolations)
+            value = original(input_str, keep_interpolations)
+            if symbols != pristine:  # this string assigned a name: its rendering changes what later ones render
+                return value
+            known[key] = value
         return value if type(value) in _IMMUTABLE else copy.deepcopy(value)
+
+    def reset() -> None:
+        symbols.clear()
+        symbols.update(pristine)
 
     # the renderer and evaluate_terraform's own recursion both look it up on the module at each call
     module.evaluate_terraform = evaluate_terraform
+    return reset
 
 
 def parse_with_libyaml() -> None:
@@ -123,9 +145,10 @@ def main(checkov_args: list[str]) -> int:
     # bound to it before a chunk's stdout is captured) lands on stderr instead of in an answer.
     answers = os.fdopen(os.dup(1), "w", encoding="utf-8")
     os.dup2(2, 1)
-    remember_rendering()
+    reset_rendering = remember_rendering()
     parse_with_libyaml()
     for line in sys.stdin:
+        reset_rendering()
         answers.write(json.dumps(scan(checkov_args, json.loads(line))) + "\n")
         answers.flush()
     return 0

@@ -10,6 +10,7 @@ exemptions, errors) must be equal.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import subprocess
@@ -111,3 +112,38 @@ def test_a_crashed_worker_is_an_error_for_its_stacks_not_a_pass(stacks: list[Pat
     summary = checkov_scan.run(stacks[:2], skip_ids=())
     assert not summary.ok
     assert [s.error for s in summary.stacks] == ["worker fell over", "worker fell over"]
+
+
+def _stack(root: Path, name: str, text: str) -> Path:
+    directory = root / name
+    directory.mkdir(parents=True)
+    (directory / "cdk.tf.json").write_text(text, encoding="utf-8")
+    return directory
+
+
+def _workers_one_stack_per_chunk(stacks: list[Path]) -> list[checkov_scan.StackResult]:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(checkov_cache.CACHE_ENV, "off")
+        patch.setattr(checkov_scan, "STACKS_PER_CHUNK", 1)
+        return list(checkov_scan.run(stacks, skip_ids=(), workers=1).stacks)
+
+
+def test_an_assignment_rendered_in_one_stack_does_not_leak_into_another(tmp_path: Path) -> None:
+    """checkov renders with asteval over one module-level symbol table (safe_eval_functions.SAFE_EVAL_DICT,
+    checkov 3.3.30), so rendering is not a function of the string alone: rendering ``everyone = 'allUsers'``
+    defines ``everyone`` for every later rendering in that process, and ``${everyone}`` then renders to
+    ``allUsers``. Alone, the CLI fails ``both`` (it assigns and reads) on CKV2_GCP_6 and passes ``reads``.
+    The worker must do the same with ``reads`` scanned before ``both`` (a remembered rendering of
+    ``${everyone}`` must not hide the failure) and after it (each chunk starts from checkov's own symbols)."""
+    resources = {
+        "google_kms_crypto_key": {"key": {"name": "k", "key_ring": "r", "rotation_period": "7776000s", "purpose": "${local.set}"}},
+        "google_kms_crypto_key_iam_member": {"m": {"crypto_key_id": "${google_kms_crypto_key.key.id}",
+                                                   "role": "roles/cloudkms.cryptoKeyEncrypter", "member": "${local.who}"}},
+    }
+    reads = json.dumps({"locals": {"set": "ENCRYPT_DECRYPT", "who": "${everyone}"}, "resource": resources}, indent=2)
+    both = json.dumps({"locals": {"set": "everyone = 'allUsers'", "who": "${everyone}"}, "resource": resources}, indent=2)
+    stacks = [_stack(tmp_path, "a-reads", reads), _stack(tmp_path, "b-both", both), _stack(tmp_path, "c-reads", reads)]
+    plain = [cli([s])[0] for s in stacks]
+    assert ("CKV2_GCP_6", "google_kms_crypto_key.key") in {(f.check_id, f.resource) for f in plain[1].failures}
+    assert not any(f.check_id == "CKV2_GCP_6" for f in plain[0].failures + plain[2].failures)
+    assert _workers_one_stack_per_chunk(stacks) == plain
