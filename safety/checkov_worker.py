@@ -11,12 +11,13 @@ themselves were a few percent. So this process:
 
 - imports checkov once and runs ``Checkov(argv).run()``, the CLI's own entry, once per chunk of
   stacks, with the argv ``checkov_scan`` would pass the CLI (same options, same report);
-- remembers ``evaluate_terraform``'s result per input string for the life of the process: the
-  function is pure (a string in, its rendered value out; its only clock, ``timestamp()``, is
-  never remembered), every caller gets its own copy of a mutable result, and a result it raised
-  is not remembered;
+- remembers ``evaluate_terraform``'s result per input string for the life of the process, while
+  checkov's asteval symbol table is its own (``remember_rendering``; ``timestamp()``, its only
+  clock, is never remembered), every caller gets its own copy of a mutable result, and a result
+  it raised is not remembered;
 - parses with libyaml's C scanner and parser under checkov's own ``SafeLineLoader`` constructor
-  (same ``__startline__``/``__endline__`` marks, same booleans), when PyYAML has libyaml;
+  (same ``__startline__``/``__endline__`` marks, same booleans), when PyYAML has libyaml and the
+  text is of the kind both read alike (printable ASCII, no surrogate escape; else checkov's loader);
 - holds one chunk's graph at a time, not the whole fleet's (the memory of a cold check).
 
 ``tests/safety/test_checkov_worker.py`` scans real synthesized stacks and stacks with known
@@ -39,6 +40,7 @@ import json
 import os
 import sys
 import traceback
+import re
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -88,8 +90,17 @@ def remember_rendering() -> Callable[[], None]:
     return reset
 
 
+# Text libyaml reads as checkov's pure-Python loader does (PyYAML 6.0.4, libyaml 0.2.6): printable ASCII
+# lines with no ``\\uD800``-``\\uDFFF`` escape. Outside it they differ: libyaml takes a tab between
+# tokens (the pure loader fails, so the CLI reports the stack unparsable) and a byte-order mark at any
+# line start, and rejects the surrogate escapes ``json.dumps`` writes for an emoji (the pure loader reads them).
+_LIBYAML_READS_ALIKE = re.compile(r"[\n\x20-\x7e]*")
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
 def parse_with_libyaml() -> None:
-    """checkov's ``SafeLineLoader`` (its constructor: line marks, booleans) over libyaml's scanner and parser."""
+    """checkov's ``SafeLineLoader`` (its constructor: line marks, booleans) over libyaml's scanner and parser,
+    for text both read alike (``_LIBYAML_READS_ALIKE``); any other text gets checkov's own loader."""
     import yaml
     from checkov.common.parsers.yaml import loader
 
@@ -99,13 +110,19 @@ def parse_with_libyaml() -> None:
     from yaml.constructor import SafeConstructor
     from yaml.resolver import Resolver
 
-    class CSafeLineLoader(CParser, loader.SafeLineLoader):  # type: ignore[misc, valid-type]
+    pure = loader.SafeLineLoader
+
+    class CSafeLineLoader(CParser, pure):  # type: ignore[misc, valid-type]
         def __init__(self, stream: Any) -> None:
             CParser.__init__(self, stream)
             SafeConstructor.__init__(self)
             Resolver.__init__(self)
 
-    loader.SafeLineLoader = CSafeLineLoader
+    def line_loader(stream: Any) -> Any:
+        alike = isinstance(stream, str) and _LIBYAML_READS_ALIKE.fullmatch(stream) and not _SURROGATE_ESCAPE.search(stream)
+        return CSafeLineLoader(stream) if alike else pure(stream)
+
+    loader.SafeLineLoader = line_loader  # checkov's loads() passes it to yaml.load_all, which only calls it
 
 
 def _cut(report: dict[str, Any]) -> dict[str, Any]:
