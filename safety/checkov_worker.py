@@ -63,20 +63,24 @@ def remember_rendering() -> Callable[[], None]:
     from checkov.terraform.graph_builder.variable_rendering import safe_eval_functions
 
     symbols = safe_eval_functions.SAFE_EVAL_DICT
-    safe_eval_functions.get_asteval()  # asteval adds its own names (print) to the table on first use
+    safe_eval_functions.get_asteval()  # every asteval Interpreter binds its own printer as "print" (asteval.py:144)
     pristine = dict(symbols)
+    own = [(name, value) for name, value in pristine.items() if name != "print"]
     original = module.evaluate_terraform
     known: dict[tuple[str, bool], Any] = {}
 
+    def untouched() -> bool:
+        return len(symbols) == len(pristine) and all(symbols.get(name, symbols) is value for name, value in own)
+
     def evaluate_terraform(input_str: Any, keep_interpolations: bool = True) -> Any:
-        if type(input_str) is not str or "timestamp" in input_str or symbols != pristine:
+        if type(input_str) is not str or "timestamp" in input_str or not untouched():
             return original(input_str, keep_interpolations)
         key = (input_str, keep_interpolations)
         try:
             value = known[key]
         except KeyError:
             value = original(input_str, keep_interpolations)
-            if symbols != pristine:  # this string assigned a name: its rendering changes what later ones render
+            if not untouched():  # this string assigned a name: its rendering changes what later ones render
                 return value
             known[key] = value
         return value if type(value) in _IMMUTABLE else copy.deepcopy(value)

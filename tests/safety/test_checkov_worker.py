@@ -161,3 +161,32 @@ def test_an_assignment_rendered_in_one_stack_does_not_leak_into_another(tmp_path
     assert ("CKV2_GCP_6", "google_kms_crypto_key.key") in {(f.check_id, f.resource) for f in plain[1].failures}
     assert not any(f.check_id == "CKV2_GCP_6" for f in plain[0].failures + plain[2].failures)
     assert _workers_one_stack_per_chunk(stacks) == plain
+
+
+def test_a_rendering_is_remembered_only_while_checkovs_symbols_are_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    """In process, with checkov's real renderer counted: a repeated string is rendered once (asteval
+    rebinding its own ``print`` at every call does not count as a change), an assignment turns the
+    memory off, and the reset a chunk starts with brings checkov's own symbols back."""
+    from checkov.terraform.graph_builder.variable_rendering import evaluate_terraform as module
+
+    from safety import checkov_worker
+
+    rendered: list[str] = []
+    real = module.evaluate_terraform
+
+    def counted(input_str, keep_interpolations=True):
+        rendered.append(input_str)
+        return real(input_str, keep_interpolations)
+
+    monkeypatch.setattr(module, "evaluate_terraform", counted)  # restores checkov's own after the test
+    reset = checkov_worker.remember_rendering()
+    try:
+        assert module.evaluate_terraform('${lower("ALL")}') == module.evaluate_terraform('${lower("ALL")}') == "all"
+        assert rendered.count('${lower("ALL")}') == 1
+        assert module.evaluate_terraform("${everyone}") != "allUsers"
+        module.evaluate_terraform("everyone = 'allUsers'")
+        assert module.evaluate_terraform("${everyone}") == "allUsers"  # what checkov itself renders now
+        reset()
+        assert module.evaluate_terraform("${everyone}") != "allUsers"
+    finally:
+        reset()
