@@ -108,11 +108,6 @@ def _address(lines: list[str], resource: str, line: int | None) -> str:
     return resource
 
 
-def _reports(stdout: str) -> list[dict[str, Any]]:
-    data = json.loads(stdout)
-    return data if isinstance(data, list) else [data]
-
-
 def _stack_result(directory: Path, checks: list[dict[str, Any]], passed: int, unparsed: bool) -> StackResult:
     stack = directory.name
     if unparsed:
