@@ -17,7 +17,7 @@ themselves were a few percent. So this process:
   it raised is not remembered;
 - parses with libyaml's C scanner and parser under checkov's own ``SafeLineLoader`` constructor
   (same ``__startline__``/``__endline__`` marks, same booleans), when PyYAML has libyaml and the
-  text is of the kind both read alike (printable ASCII, no surrogate escape; else checkov's loader);
+  text is of the kind both read alike (JSON in printable ASCII, no surrogate escape; else checkov's loader);
 - holds one chunk's graph at a time, not the whole fleet's (the memory of a cold check).
 
 ``tests/safety/test_checkov_worker.py`` scans real synthesized stacks and stacks with known
@@ -94,17 +94,19 @@ def remember_rendering() -> Callable[[], None]:
     return reset
 
 
-# Text libyaml reads as checkov's pure-Python loader does (PyYAML 6.0.4, libyaml 0.2.6): printable ASCII
-# lines with no ``\\uD800``-``\\uDFFF`` escape. Outside it they differ: libyaml takes a tab between
-# tokens (the pure loader fails, so the CLI reports the stack unparsable) and a byte-order mark at any
-# line start, and rejects the surrogate escapes ``json.dumps`` writes for an emoji (the pure loader reads them).
+# Text libyaml reads as checkov's pure-Python loader does (PyYAML 6.0.4, libyaml 0.2.6): JSON in printable
+# ASCII lines with no ``\\uD800``-``\\uDFFF`` escape (no difference in line marks or values in 120,000
+# random such documents). Outside it they differ: libyaml takes a tab between tokens (the pure loader
+# fails, so the CLI reports the stack unparsable), a byte-order mark at any line start and, in text that
+# is not JSON, a plain ``a?b`` key in braces; it rejects the surrogate escapes ``json.dumps`` writes for
+# an emoji (the pure loader reads them).
 _LIBYAML_READS_ALIKE = re.compile(r"[\n\x20-\x7e]*")
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 
 def parse_with_libyaml() -> None:
     """checkov's ``SafeLineLoader`` (its constructor: line marks, booleans) over libyaml's scanner and parser,
-    for text both read alike (``_LIBYAML_READS_ALIKE``); any other text gets checkov's own loader."""
+    for text both read alike (JSON matching ``_LIBYAML_READS_ALIKE``); any other text gets checkov's own loader."""
     import yaml
     from checkov.common.parsers.yaml import loader
 
@@ -122,9 +124,16 @@ def parse_with_libyaml() -> None:
             SafeConstructor.__init__(self)
             Resolver.__init__(self)
 
+    def is_json(text: str) -> bool:
+        try:
+            json.loads(text)
+        except (ValueError, RecursionError):
+            return False
+        return True
+
     def line_loader(stream: Any) -> Any:
         alike = isinstance(stream, str) and _LIBYAML_READS_ALIKE.fullmatch(stream) and not _SURROGATE_ESCAPE.search(stream)
-        return CSafeLineLoader(stream) if alike else pure(stream)
+        return CSafeLineLoader(stream) if alike and is_json(stream) else pure(stream)
 
     loader.SafeLineLoader = line_loader  # checkov's loads() passes it to yaml.load_all, which only calls it
 

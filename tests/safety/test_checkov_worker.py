@@ -129,17 +129,20 @@ def _workers_one_stack_per_chunk(stacks: list[Path]) -> list[checkov_scan.StackR
 
 
 def test_files_libyaml_and_the_pure_loader_read_differently_get_the_clis_result(tmp_path: Path) -> None:
-    """libyaml accepts tabs between JSON tokens and rejects ``\\ud83d``-style surrogate escapes (what
-    ``json.dumps`` writes for an emoji); checkov's pure-Python loader does the opposite. The CLI reports
-    a tab-indented stack as unparsable (an error): the worker must not scan it into a pass, nor turn a
-    stack the CLI reads into an error."""
+    """libyaml accepts tabs between JSON tokens and some text that is not JSON, and rejects ``\\ud83d``-style
+    surrogate escapes (what ``json.dumps`` writes for an emoji); checkov's pure-Python loader does the
+    opposite. The CLI reports the tab-indented and the malformed stack as unparsable (an error): the
+    worker must not scan them into a pass, nor turn a stack the CLI reads into an error."""
     tabbed = _stack(tmp_path, "tabbed", json.dumps(KNOWN, indent="\t"))
     emoji = dict(KNOWN, locals={**KNOWN["locals"], "note": "\N{ROCKET} launch"})
     escaped = _stack(tmp_path, "escaped", json.dumps(emoji, indent=2))
     assert "\\ud83d" in (escaped / "cdk.tf.json").read_text()
-    plain = [cli([tabbed])[0], cli([escaped])[0]]
-    assert plain[0].error is not None and plain[1].error is None  # what checkov 3.3.30's CLI does with each
-    assert sorted(_workers_one_stack_per_chunk([tabbed, escaped]), key=lambda r: r.stack) == sorted(plain, key=lambda r: r.stack)
+    # not JSON: a plain ``?`` inside a flow mapping, which libyaml 0.2.6 reads and PyYAML's pure loader rejects
+    malformed = _stack(tmp_path, "malformed", json.dumps(KNOWN, indent=2).replace('"ssh": {', '"ssh": {a?b: 1,', 1))
+    plain = [cli([tabbed])[0], cli([escaped])[0], cli([malformed])[0]]
+    assert plain[0].error is not None and plain[1].error is None and plain[2].error is not None  # checkov 3.3.30's CLI
+    assert sorted(_workers_one_stack_per_chunk([tabbed, escaped, malformed]), key=lambda r: r.stack) == \
+        sorted(plain, key=lambda r: r.stack)
 
 
 def test_an_assignment_rendered_in_one_stack_does_not_leak_into_another(tmp_path: Path) -> None:
