@@ -193,3 +193,18 @@ def test_a_rendering_is_remembered_only_while_checkovs_symbols_are_its_own(monke
         assert module.evaluate_terraform("${everyone}") != "allUsers"
     finally:
         reset()
+
+
+def test_a_worker_killed_mid_chunk_fails_every_stack_it_had_left_and_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker killed by a signal after taking a chunk (no answer): that chunk and every later one it would
+    have taken are errors naming the signal, not the last line checkov happened to log."""
+    monkeypatch.setenv(checkov_cache.CACHE_ENV, "off")
+    killed = tmp_path / "worker.py"
+    killed.write_text("import os, signal, sys\nsys.stdin.readline()\nsys.stderr.write('WARNING some checkov log line\\n')\n"
+                      "sys.stderr.flush()\nos.kill(os.getpid(), signal.SIGKILL)\n")
+    monkeypatch.setattr(checkov_scan, "WORKER", killed)
+    monkeypatch.setattr(checkov_scan, "STACKS_PER_CHUNK", 1)
+    stacks = [_stack(tmp_path, name, "{}") for name in ("a", "b", "c")]
+    summary = checkov_scan.run(stacks, skip_ids=(), workers=1)
+    assert not summary.ok
+    assert [(s.stack, s.passed, s.error) for s in summary.stacks] == [(name, 0, "checkov worker killed by signal 9") for name in "abc"]
