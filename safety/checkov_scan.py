@@ -108,11 +108,6 @@ def _address(lines: list[str], resource: str, line: int | None) -> str:
     return resource
 
 
-def _reports(stdout: str) -> list[dict[str, Any]]:
-    data = json.loads(stdout)
-    return data if isinstance(data, list) else [data]
-
-
 def _stack_result(directory: Path, checks: list[dict[str, Any]], passed: int, unparsed: bool) -> StackResult:
     stack = directory.name
     if unparsed:
@@ -194,9 +189,16 @@ class _Worker:
         return [StackResult(d.name, 0, (), error=str(error or self._last_error())) for d in directories]
 
     def _last_error(self) -> str:
+        """Why a chunk got no answer: the signal that killed the worker (its last stderr line is then just
+        whatever checkov logged last), else that last line, else its exit status."""
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(timeout=5)  # it closed its answers: let it be reaped, so its status is known
+        code = self.process.returncode
+        if code is not None and code < 0:
+            return f"checkov worker killed by signal {-code}"
         self.stderr.seek(0)
         lines = [line.strip() for line in self.stderr.read().splitlines() if line.strip()]
-        return lines[-1] if lines else f"checkov worker exited {self.process.poll()}"
+        return lines[-1] if lines else f"checkov worker exited {code}"
 
     def close(self) -> None:
         """End of input ends the worker; one that already died has nothing left to flush."""

@@ -11,12 +11,13 @@ themselves were a few percent. So this process:
 
 - imports checkov once and runs ``Checkov(argv).run()``, the CLI's own entry, once per chunk of
   stacks, with the argv ``checkov_scan`` would pass the CLI (same options, same report);
-- remembers ``evaluate_terraform``'s result per input string for the life of the process: the
-  function is pure (a string in, its rendered value out; its only clock, ``timestamp()``, is
-  never remembered), every caller gets its own copy of a mutable result, and a result it raised
-  is not remembered;
+- remembers ``evaluate_terraform``'s result per input string for the life of the process, while
+  checkov's asteval symbol table is its own (``remember_rendering``; ``timestamp()``, its only
+  clock, is never remembered), every caller gets its own copy of a mutable result, and a result
+  it raised is not remembered;
 - parses with libyaml's C scanner and parser under checkov's own ``SafeLineLoader`` constructor
-  (same ``__startline__``/``__endline__`` marks, same booleans), when PyYAML has libyaml;
+  (same ``__startline__``/``__endline__`` marks, same booleans), when PyYAML has libyaml and the
+  text is of the kind both read alike (JSON in printable ASCII, no surrogate escape; else checkov's loader);
 - holds one chunk's graph at a time, not the whole fleet's (the memory of a cold check).
 
 ``tests/safety/test_checkov_worker.py`` scans real synthesized stacks and stacks with known
@@ -39,35 +40,73 @@ import json
 import os
 import sys
 import traceback
+import re
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 _IMMUTABLE = (str, int, float, bool, type(None))
 
 
-def remember_rendering() -> None:
-    """Memoize checkov's ``evaluate_terraform`` per (string, keep_interpolations) in this process."""
-    from checkov.terraform.graph_builder.variable_rendering import evaluate_terraform as module
+def remember_rendering() -> Callable[[], None]:
+    """Memoize checkov's ``evaluate_terraform`` per (string, keep_interpolations) in this process; returns
+    the reset each chunk starts with.
 
+    Rendering is a function of the string only while checkov's asteval symbol table is as checkov
+    made it: asteval runs over the module-level ``SAFE_EVAL_DICT`` (checkov 3.3.30
+    safe_eval_functions.py, ``get_asteval``), so rendering a string such as ``x = 'allUsers'``
+    defines ``x`` for every later rendering in the process. So a rendering is remembered and served
+    only while that table is untouched, and each chunk starts from checkov's own table, as a fresh
+    ``checkov`` process does.
+    """
+    from checkov.terraform.graph_builder.variable_rendering import evaluate_terraform as module
+    from checkov.terraform.graph_builder.variable_rendering import safe_eval_functions
+
+    symbols = safe_eval_functions.SAFE_EVAL_DICT
+    safe_eval_functions.get_asteval()  # every asteval Interpreter binds its own printer as "print" (asteval.py:144)
+    pristine = dict(symbols)
+    own = [(name, value) for name, value in pristine.items() if name != "print"]
     original = module.evaluate_terraform
     known: dict[tuple[str, bool], Any] = {}
 
+    def untouched() -> bool:
+        return len(symbols) == len(pristine) and all(symbols.get(name, symbols) is value for name, value in own)
+
     def evaluate_terraform(input_str: Any, keep_interpolations: bool = True) -> Any:
-        if type(input_str) is not str or "timestamp" in input_str:
+        if type(input_str) is not str or "timestamp" in input_str or not untouched():
             return original(input_str, keep_interpolations)
         key = (input_str, keep_interpolations)
         try:
             value = known[key]
         except KeyError:
-            value = known[key] = original(input_str, keep_interpolations)
+            value = original(input_str, keep_interpolations)
+            if not untouched():  # this string assigned a name: its rendering changes what later ones render
+                return value
+            known[key] = value
         return value if type(value) in _IMMUTABLE else copy.deepcopy(value)
+
+    def reset() -> None:
+        symbols.clear()
+        symbols.update(pristine)
 
     # the renderer and evaluate_terraform's own recursion both look it up on the module at each call
     module.evaluate_terraform = evaluate_terraform
+    return reset
+
+
+# Text libyaml reads as checkov's pure-Python loader does (PyYAML 6.0.4, libyaml 0.2.6): JSON in printable
+# ASCII lines with no ``\\uD800``-``\\uDFFF`` escape (no difference in line marks or values in 120,000
+# random such documents). Outside it they differ: libyaml takes a tab between tokens (the pure loader
+# fails, so the CLI reports the stack unparsable), a byte-order mark at any line start and, in text that
+# is not JSON, a plain ``a?b`` key in braces; it rejects the surrogate escapes ``json.dumps`` writes for
+# an emoji (the pure loader reads them).
+_LIBYAML_READS_ALIKE = re.compile(r"[\n\x20-\x7e]*")
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 
 def parse_with_libyaml() -> None:
-    """checkov's ``SafeLineLoader`` (its constructor: line marks, booleans) over libyaml's scanner and parser."""
+    """checkov's ``SafeLineLoader`` (its constructor: line marks, booleans) over libyaml's scanner and parser,
+    for text both read alike (JSON matching ``_LIBYAML_READS_ALIKE``); any other text gets checkov's own loader."""
     import yaml
     from checkov.common.parsers.yaml import loader
 
@@ -77,13 +116,26 @@ def parse_with_libyaml() -> None:
     from yaml.constructor import SafeConstructor
     from yaml.resolver import Resolver
 
-    class CSafeLineLoader(CParser, loader.SafeLineLoader):  # type: ignore[misc, valid-type]
+    pure = loader.SafeLineLoader
+
+    class CSafeLineLoader(CParser, pure):  # type: ignore[misc, valid-type]
         def __init__(self, stream: Any) -> None:
             CParser.__init__(self, stream)
             SafeConstructor.__init__(self)
             Resolver.__init__(self)
 
-    loader.SafeLineLoader = CSafeLineLoader
+    def is_json(text: str) -> bool:
+        try:
+            json.loads(text)
+        except (ValueError, RecursionError):
+            return False
+        return True
+
+    def line_loader(stream: Any) -> Any:
+        alike = isinstance(stream, str) and _LIBYAML_READS_ALIKE.fullmatch(stream) and not _SURROGATE_ESCAPE.search(stream)
+        return CSafeLineLoader(stream) if alike and is_json(stream) else pure(stream)
+
+    loader.SafeLineLoader = line_loader  # checkov's loads() passes it to yaml.load_all, which only calls it
 
 
 def _cut(report: dict[str, Any]) -> dict[str, Any]:
@@ -123,9 +175,10 @@ def main(checkov_args: list[str]) -> int:
     # bound to it before a chunk's stdout is captured) lands on stderr instead of in an answer.
     answers = os.fdopen(os.dup(1), "w", encoding="utf-8")
     os.dup2(2, 1)
-    remember_rendering()
+    reset_rendering = remember_rendering()
     parse_with_libyaml()
     for line in sys.stdin:
+        reset_rendering()
         answers.write(json.dumps(scan(checkov_args, json.loads(line))) + "\n")
         answers.flush()
     return 0

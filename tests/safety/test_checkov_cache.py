@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from safety import checkov_cache, checkov_scan
+from safety import checkov_cache, checkov_exempt, checkov_scan
 
 STACKS = ("dev-gke", "dev-gke-scheduler")
 
@@ -71,12 +71,24 @@ def test_other_skips_scan_everything_again(scans: list[str], stacks: list[Path])
 def test_changed_exemption_rules_scan_everything_again(scans: list[str], stacks: list[Path],
                                                       monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     rules = tmp_path / "checkov_exempt.py"
-    rules.write_text(Path(checkov_cache._RULES[1]).read_text())
-    monkeypatch.setattr(checkov_cache, "_RULES", (checkov_cache._RULES[0], rules))
+    rules.write_text(Path(checkov_exempt.__file__).read_text())
+    monkeypatch.setattr(checkov_cache, "_RULES", tuple(rules if p == Path(checkov_exempt.__file__) else p for p in checkov_cache._RULES))
     checkov_scan.run(stacks, [])
     rules.write_text(rules.read_text() + "\n# an edited rule\n")
     checkov_scan.run(stacks, [])
     assert sorted(scans) == sorted(STACKS * 2)
+
+
+@pytest.mark.parametrize("name", ["checkov_scan.py", "checkov_worker.py", "checkov_exempt.py"])
+def test_an_edit_to_any_code_that_makes_a_result_is_another_key(name: str, stacks: list[Path], tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    source = Path(checkov_scan.__file__).with_name(name)
+    copy = tmp_path / name
+    copy.write_text(source.read_text())
+    monkeypatch.setattr(checkov_cache, "_RULES", tuple(copy if p == source else p for p in checkov_cache._RULES))
+    before = checkov_cache.key(stacks[0], "3.3.30", ())
+    copy.write_text(source.read_text() + "\n# an edit\n")
+    assert checkov_cache.key(stacks[0], "3.3.30", ()) != before
 
 
 def test_a_damaged_entry_is_a_miss_and_off_means_off(scans: list[str], stacks: list[Path],

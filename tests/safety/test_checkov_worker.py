@@ -10,6 +10,7 @@ exemptions, errors) must be equal.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import subprocess
@@ -111,3 +112,99 @@ def test_a_crashed_worker_is_an_error_for_its_stacks_not_a_pass(stacks: list[Pat
     summary = checkov_scan.run(stacks[:2], skip_ids=())
     assert not summary.ok
     assert [s.error for s in summary.stacks] == ["worker fell over", "worker fell over"]
+
+
+def _stack(root: Path, name: str, text: str) -> Path:
+    directory = root / name
+    directory.mkdir(parents=True)
+    (directory / "cdk.tf.json").write_text(text, encoding="utf-8")
+    return directory
+
+
+def _workers_one_stack_per_chunk(stacks: list[Path]) -> list[checkov_scan.StackResult]:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(checkov_cache.CACHE_ENV, "off")
+        patch.setattr(checkov_scan, "STACKS_PER_CHUNK", 1)
+        return list(checkov_scan.run(stacks, skip_ids=(), workers=1).stacks)
+
+
+def test_files_libyaml_and_the_pure_loader_read_differently_get_the_clis_result(tmp_path: Path) -> None:
+    """libyaml accepts tabs between JSON tokens and some text that is not JSON, and rejects ``\\ud83d``-style
+    surrogate escapes (what ``json.dumps`` writes for an emoji); checkov's pure-Python loader does the
+    opposite. The CLI reports the tab-indented and the malformed stack as unparsable (an error): the
+    worker must not scan them into a pass, nor turn a stack the CLI reads into an error."""
+    tabbed = _stack(tmp_path, "tabbed", json.dumps(KNOWN, indent="\t"))
+    emoji = dict(KNOWN, locals={**KNOWN["locals"], "note": "\N{ROCKET} launch"})
+    escaped = _stack(tmp_path, "escaped", json.dumps(emoji, indent=2))
+    assert "\\ud83d" in (escaped / "cdk.tf.json").read_text()
+    # not JSON: a plain ``?`` inside a flow mapping, which libyaml 0.2.6 reads and PyYAML's pure loader rejects
+    malformed = _stack(tmp_path, "malformed", json.dumps(KNOWN, indent=2).replace('"ssh": {', '"ssh": {a?b: 1,', 1))
+    plain = [cli([tabbed])[0], cli([escaped])[0], cli([malformed])[0]]
+    assert plain[0].error is not None and plain[1].error is None and plain[2].error is not None  # checkov 3.3.30's CLI
+    assert sorted(_workers_one_stack_per_chunk([tabbed, escaped, malformed]), key=lambda r: r.stack) == \
+        sorted(plain, key=lambda r: r.stack)
+
+
+def test_an_assignment_rendered_in_one_stack_does_not_leak_into_another(tmp_path: Path) -> None:
+    """checkov renders with asteval over one module-level symbol table (safe_eval_functions.SAFE_EVAL_DICT,
+    checkov 3.3.30), so rendering is not a function of the string alone: rendering ``everyone = 'allUsers'``
+    defines ``everyone`` for every later rendering in that process, and ``${everyone}`` then renders to
+    ``allUsers``. Alone, the CLI fails ``both`` (it assigns and reads) on CKV2_GCP_6 and passes ``reads``.
+    The worker must do the same with ``reads`` scanned before ``both`` (a remembered rendering of
+    ``${everyone}`` must not hide the failure) and after it (each chunk starts from checkov's own symbols)."""
+    resources = {
+        "google_kms_crypto_key": {"key": {"name": "k", "key_ring": "r", "rotation_period": "7776000s", "purpose": "${local.set}"}},
+        "google_kms_crypto_key_iam_member": {"m": {"crypto_key_id": "${google_kms_crypto_key.key.id}",
+                                                   "role": "roles/cloudkms.cryptoKeyEncrypter", "member": "${local.who}"}},
+    }
+    reads = json.dumps({"locals": {"set": "ENCRYPT_DECRYPT", "who": "${everyone}"}, "resource": resources}, indent=2)
+    both = json.dumps({"locals": {"set": "everyone = 'allUsers'", "who": "${everyone}"}, "resource": resources}, indent=2)
+    stacks = [_stack(tmp_path, "a-reads", reads), _stack(tmp_path, "b-both", both), _stack(tmp_path, "c-reads", reads)]
+    plain = [cli([s])[0] for s in stacks]
+    assert ("CKV2_GCP_6", "google_kms_crypto_key.key") in {(f.check_id, f.resource) for f in plain[1].failures}
+    assert not any(f.check_id == "CKV2_GCP_6" for f in plain[0].failures + plain[2].failures)
+    assert _workers_one_stack_per_chunk(stacks) == plain
+
+
+def test_a_rendering_is_remembered_only_while_checkovs_symbols_are_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    """In process, with checkov's real renderer counted: a repeated string is rendered once (asteval
+    rebinding its own ``print`` at every call does not count as a change), an assignment turns the
+    memory off, and the reset a chunk starts with brings checkov's own symbols back."""
+    from checkov.terraform.graph_builder.variable_rendering import evaluate_terraform as module
+
+    from safety import checkov_worker
+
+    rendered: list[str] = []
+    real = module.evaluate_terraform
+
+    def counted(input_str, keep_interpolations=True):
+        rendered.append(input_str)
+        return real(input_str, keep_interpolations)
+
+    monkeypatch.setattr(module, "evaluate_terraform", counted)  # restores checkov's own after the test
+    reset = checkov_worker.remember_rendering()
+    try:
+        assert module.evaluate_terraform('${lower("ALL")}') == module.evaluate_terraform('${lower("ALL")}') == "all"
+        assert rendered.count('${lower("ALL")}') == 1
+        assert module.evaluate_terraform("${everyone}") != "allUsers"
+        module.evaluate_terraform("everyone = 'allUsers'")
+        assert module.evaluate_terraform("${everyone}") == "allUsers"  # what checkov itself renders now
+        reset()
+        assert module.evaluate_terraform("${everyone}") != "allUsers"
+    finally:
+        reset()
+
+
+def test_a_worker_killed_mid_chunk_fails_every_stack_it_had_left_and_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker killed by a signal after taking a chunk (no answer): that chunk and every later one it would
+    have taken are errors naming the signal, not the last line checkov happened to log."""
+    monkeypatch.setenv(checkov_cache.CACHE_ENV, "off")
+    killed = tmp_path / "worker.py"
+    killed.write_text("import os, signal, sys\nsys.stdin.readline()\nsys.stderr.write('WARNING some checkov log line\\n')\n"
+                      "sys.stderr.flush()\nos.kill(os.getpid(), signal.SIGKILL)\n")
+    monkeypatch.setattr(checkov_scan, "WORKER", killed)
+    monkeypatch.setattr(checkov_scan, "STACKS_PER_CHUNK", 1)
+    stacks = [_stack(tmp_path, name, "{}") for name in ("a", "b", "c")]
+    summary = checkov_scan.run(stacks, skip_ids=(), workers=1)
+    assert not summary.ok
+    assert [(s.stack, s.passed, s.error) for s in summary.stacks] == [(name, 0, "checkov worker killed by signal 9") for name in "abc"]
