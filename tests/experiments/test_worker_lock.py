@@ -8,10 +8,10 @@ docs, view pg_locks; src/backend/utils/adt/lockfuncs.c, SET_LOCKTAG_INT32): what
 from __future__ import annotations
 
 import psycopg
-from sqlalchemy import select, text, update
+from sqlalchemy import literal, select, text, update
 
 from experiments.background.dispatch import _claim, _dispatch_claimed, process_outbox
-from experiments.background.membership import LOCK_CLASS
+from experiments.background.membership import LOCK_CLASS, lock_held
 from experiments.db import database_url
 from experiments.models import Outbox, WorkerBeat
 from tests.experiments.test_scale_out import TIMING, _submit, _worker
@@ -34,6 +34,24 @@ def test_a_worker_holds_its_lock_on_a_connection_of_its_own_and_the_server_lists
         assert session.scalar(text("SELECT pg_backend_pid()")) != pid  # not a pooled session
     a.membership.leave(a.sessions)
     assert _holders(svc, a.membership.worker_id) == []
+
+
+def test_the_others_read_a_lock_on_a_key_of_either_sign(make_service, pg_url, nomad_runner):
+    """hashtext is an int4 of either sign; pg_locks shows a negative key as its bits read as an oid
+    (lockfuncs.c puts the int4 into the lock tag's uint32 field): ``lock_held`` must match both."""
+    svc = make_service(database_url(pg_url), nomad_runner)
+    names = {}
+    with svc.ctx.sessions() as session:
+        for i in range(64):
+            names.setdefault(session.scalar(text("SELECT hashtext(:n) < 0"), {"n": f"w{i}"}), f"w{i}")
+    assert set(names) == {True, False}
+    with psycopg.connect(pg_url, autocommit=True) as other:
+        for name in names.values():
+            with svc.ctx.sessions() as session:
+                assert not session.scalar(select(lock_held(literal(name))))
+            other.execute("SELECT pg_advisory_lock_shared(%s, hashtext(%s))", (LOCK_CLASS, name))
+            with svc.ctx.sessions() as session:
+                assert session.scalar(select(lock_held(literal(name))))
 
 
 def test_a_silent_worker_whose_lock_a_pooler_keeps_is_taken_over_only_after_the_ttl(make_service, pg_url, nomad_runner):
