@@ -27,8 +27,8 @@ DEFAULT_SQLITE = Path(".gpufleet") / "experiments.db"  # under the repository ro
 MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 SQLITE_BUSY_MS = 30_000
 POOL_RECYCLE_S = 300  # under the idle timeout of what may sit between (an AWS Network Load Balancer drops idle TCP at 350 s)
-# This process's mark on its PostgreSQL sessions (``application_name``): a worker whose process exited
-# (a crash, kill -9) has no session left, which the others can see at once (background.membership).
+# This process's mark on its PostgreSQL sessions (``application_name``), also the start of its worker ids
+# (background.membership): an operator finds a worker's sessions in pg_stat_activity by it.
 PROCESS_TAG = secrets.token_hex(6)
 APPLICATION_NAME = f"gpufleet {PROCESS_TAG}"
 
@@ -92,12 +92,19 @@ def _refuse_closed_by_server(dbapi_connection, _record, _proxy) -> None:  # type
     takes or opens another. A server that vanished without closing the socket is caught by the first
     statement instead: SQLAlchemy sees the disconnect, invalidates the whole pool, and that request
     fails once; ``pool_recycle`` bounds how old any connection gets."""
+    if server_closed(dbapi_connection):
+        raise DisconnectionError("the connection is closed, or the server wrote to it while idle (it closed it)")
+
+
+def server_closed(dbapi_connection) -> bool:  # type: ignore[no-untyped-def]
+    """Whether an idle psycopg connection is known closed or has something to read (the server's FATAL
+    error before it closes the socket), without a round trip: the pool's checkout test above, and the
+    worker's check of the connection that holds its advisory lock (background.membership)."""
     if dbapi_connection.closed or dbapi_connection.broken:
-        raise DisconnectionError("the connection is closed")
+        return True
     idle = select.poll()  # not select.select(): a busy server's descriptors pass FD_SETSIZE (1024)
     idle.register(dbapi_connection.fileno(), select.POLLIN)
-    if idle.poll(0):  # readable, hung up or in error
-        raise DisconnectionError("the server wrote to an idle connection (it closed it)")
+    return bool(idle.poll(0))  # readable, hung up or in error
 
 
 def session_factory(engine: Engine) -> sessionmaker[Session]:

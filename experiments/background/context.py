@@ -93,7 +93,7 @@ class Timing:
     # Nomad client's retries); a worker whose heartbeat is older than worker_ttl_seconds loses its claims at once.
     dispatch_lease_seconds: int = 120
     # Workers write a heartbeat this often; one silent for worker_ttl_seconds is dead to the others, and on PostgreSQL
-    # one silent for worker_lost_seconds whose process has no database session left (it exited: background.membership).
+    # one silent for worker_lost_seconds whose advisory lock no session holds (it exited: background.membership).
     heartbeat_seconds: float = 0.5
     worker_ttl_seconds: float = 10.0
     worker_lost_seconds: float = 2.0

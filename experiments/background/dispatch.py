@@ -148,7 +148,7 @@ def _claim(ctx: Context, experiment_id: str | None, *, skip: Collection[str] = (
             if taken_from is not None:
                 record(session, experiment_id=exp.id, actor=ACTOR, kind="takeover", now=now,
                        message=f"dispatch claim taken over from worker {taken_from}, dead to the others: its heartbeat is older than"
-                               f" {ctx.timing.worker_ttl_seconds:g}s, or older than {ctx.timing.worker_lost_seconds:g}s with no database session of its process left")
+                               f" {ctx.timing.worker_ttl_seconds:g}s, or older than {ctx.timing.worker_lost_seconds:g}s with its advisory lock released (its process exited)")
                 log.warning("experiment %s: dispatch claim taken over from dead worker %s", exp.id, taken_from)
             if exp.state in (State.PENDING.value, State.RETRYING.value):
                 transition(session, exp, State.DISPATCHING, actor=ACTOR, now=now)

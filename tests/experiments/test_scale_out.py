@@ -291,8 +291,8 @@ def test_two_worker_processes_dispatch_exactly_once_through_a_kill_9(make_servic
     later submit of A reaches Nomad, then hangs before A records it (its heartbeat thread still
     beats), until every one of A's dispatch threads holds one: several of its dispatches are in
     flight at once. Worker B starts and dispatches the rest of the burst, leaving A's live claims
-    alone; then A is killed with SIGKILL. B takes each of A's claims over because A's process has no
-    database session left (``Timing.worker_lost_seconds``): both run with a 600 s TTL and the lease
+    alone; then A is killed with SIGKILL. B takes each of A's claims over because no session holds A's
+    advisory lock any more (``Timing.worker_lost_seconds``): both run with a 600 s TTL and the lease
     is 600 s, so nothing else could end the claims in this test. Nomad holds exactly one child per
     experiment, each submitted once: B finds the run of each claim A held and records it without
     a submit (no second secret_id)."""
@@ -353,18 +353,16 @@ def test_two_worker_processes_dispatch_exactly_once_through_a_kill_9(make_servic
 
 
 def _ghost(svc, clock):
-    """A worker of a process that has exited: its id carries a process tag no database session has."""
+    """A worker of a process that has exited: its advisory lock's connection closed, so no session holds the lock."""
     ctx = _worker(svc, clock)
-    with ctx.sessions() as session, session.begin():
-        session.execute(update(WorkerBeat).where(WorkerBeat.id == ctx.membership.worker_id).values(id="0" * 12 + ctx.membership.worker_id[12:]))
-    ctx.membership.worker_id = "0" * 12 + ctx.membership.worker_id[12:]
+    ctx.membership.release()
     return ctx
 
 
 def test_an_exited_workers_claim_is_taken_over_before_the_ttl(make_service, pg_url, nomad_runner):
-    """PostgreSQL: a worker whose process has no session left (it exited: no ``application_name``
-    carries its process tag) is dead once its heartbeat is older than ``worker_lost_seconds``, well
-    before the TTL; a silent worker whose process still has sessions (this one) keeps its claim
+    """PostgreSQL: a worker whose advisory lock no session holds (its process exited) is dead once
+    its heartbeat is older than ``worker_lost_seconds``, well before the TTL; a silent worker whose
+    lock is still held (this one) keeps its claim
     until the TTL, since it may resume in the middle of a submit."""
     from experiments.db import database_url
 

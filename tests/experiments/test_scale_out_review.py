@@ -224,7 +224,7 @@ def test_a_worker_woken_after_its_claim_was_taken_over_submits_nothing_even_once
 
 
 def test_the_short_fence_applies_only_where_the_others_can_take_over_early(make_service, db_url, nomad, nomad_runner, monkeypatch):
-    """The 2 s takeover needs PostgreSQL's session list; on SQLite only the TTL passes a worker's work
+    """The 2 s takeover needs PostgreSQL's pg_locks; on SQLite only the TTL passes a worker's work
     on. A worker there whose heartbeat waited a few seconds for the write lock (a single-process
     service under load) must keep dispatching, not fence itself and give its claims back as if the
     others could already have taken them over."""
