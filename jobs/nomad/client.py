@@ -293,8 +293,17 @@ class NomadClient:
     def find_dispatch(self, namespace: str, parent: str, idempotency_token: str) -> str | None:
         """The dispatched child of ``parent`` made with ``idempotency_token``, or None: the child
         Job carries ``DispatchIdempotencyToken`` (api/jobs.go Job, Nomad 1.10.5), the list stubs
-        do not, so each child of the parent is read once."""
-        for stub in self.list_jobs(namespace, f"{parent}/dispatch-"):
+        do not, so a child is read to be sure. Only the children whose Meta (``meta=true`` on the
+        list, command/agent/job_endpoint.go jobListRequest) could be this dispatch's are read: one
+        ``dispatch`` made carries ``EXPERIMENT_META`` = the token, or the caller's experiment id, of
+        which the control plane's token is the attempt key (``<id>`` or ``<id>.attempt-<n>``,
+        experiments.attempts). Reading every child cost one GET per run of the parent per takeover.
+        A child this misses (made without that meta) is still never made twice: the submit that
+        follows a None sends the same idempotency token, and Nomad answers with the existing child."""
+        for stub in self._list_jobs_with_meta(namespace, f"{parent}/dispatch-"):
+            mark = str((stub.get("Meta") or {}).get(EXPERIMENT_META, ""))
+            if not mark or not (idempotency_token == mark or idempotency_token.startswith(f"{mark}.")):
+                continue
             with self._errors("find dispatch", stub["ID"], namespace, "check the namespace"):
                 job = self._api(namespace).job.request(quote(stub["ID"], safe=""), method="get").json()
             if job.get("ParentID") == parent and job.get("DispatchIdempotencyToken") == idempotency_token:
@@ -315,8 +324,12 @@ class NomadClient:
     def list_jobs_with_meta(self, namespace: str) -> list[dict[str, Any]]:
         """``GET /v1/jobs?namespace=&meta=true``: every JobListStub of the namespace with its Meta
         (command/agent/job_endpoint.go jobListRequest parses ``meta``; api JobListStub.Meta)."""
-        with self._errors("list jobs", "(all)", namespace, "check the namespace"):
-            stubs = self._api(namespace).jobs.request(method="get", params={"namespace": namespace, "meta": "true"}).json()
+        return self._list_jobs_with_meta(namespace, "")
+
+    def _list_jobs_with_meta(self, namespace: str, prefix: str) -> list[dict[str, Any]]:
+        params = {"namespace": namespace, "meta": "true", **({"prefix": prefix} if prefix else {})}
+        with self._errors("list jobs", prefix or "(all)", namespace, "check the namespace"):
+            stubs = self._api(namespace).jobs.request(method="get", params=params).json()
         return list(stubs or [])
 
     def allocation_stats(self, alloc_id: str, namespace: str) -> dict[str, Any]:

@@ -173,3 +173,25 @@ def test_settings_come_from_nomad_env_and_tls_uses_nomad_cacert(tmp_path: Path) 
 def test_fails_when_nomad_env_is_wrong(env: dict[str, str], message: str) -> None:
     with pytest.raises(UserError, match=message):
         NomadSettings.from_env(env)
+
+
+def test_find_dispatch_reads_only_the_children_whose_meta_can_be_that_dispatchs(nomad: NomadDouble, client_for: ClientFor,
+                                                                                llama: FinetuneSpec) -> None:
+    """A worker that takes over a claim asks which child, if any, the dead worker's dispatch made. With a
+    parent of thousands of runs, reading every child (one GET each) made each takeover that many GETs:
+    only children whose ``gpufleet_experiment`` meta is the token, or the experiment id of an attempt key,
+    are read, and each is still confirmed by its DispatchIdempotencyToken."""
+    client = client_for(nomad)
+    client.register(llama)
+    others = [client.dispatch(llama, {**META, "gpufleet_experiment": f"exp-{i}"}, role_id="role-id-1", wrapping_token=WRAP,
+                              idempotency_token=f"exp-{i}").dispatched_job_id for i in range(6)]
+    second = client.dispatch(llama, {**META, "gpufleet_experiment": "exp-7"}, role_id="role-id-1", wrapping_token=WRAP,
+                             idempotency_token="exp-7.attempt-2", attempt=2).dispatched_job_id
+    bare = _dispatch(client, llama, token="bare-token").dispatched_job_id
+    before = len(nomad.calls("GET", "job"))
+    assert client.find_dispatch("finetune", llama.name, "exp-7.attempt-2") == second
+    assert client.find_dispatch("finetune", llama.name, "exp-3") == others[3]
+    assert client.find_dispatch("finetune", llama.name, "bare-token") == bare
+    assert client.find_dispatch("finetune", llama.name, "exp-7") is None  # attempt 1 of exp-7 never reached Nomad
+    assert client.find_dispatch("finetune", llama.name, "exp-3.attempt-2") is None
+    assert len(nomad.calls("GET", "job")) - before == 5  # one child each, plus exp-7's and exp-3's children read and refused
