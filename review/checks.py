@@ -7,6 +7,7 @@ synthesized; the secret scan and checkov then run on what was written.
 
 from __future__ import annotations
 
+import os
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -211,25 +212,28 @@ def run_checks(configs: tuple[ClusterConfig, ...] | None, *, out: Path, state_fi
     warnings = expiry_warnings(configs)
     report.add("expiry", True, f"{len(warnings)} warning(s)" if warnings else "nothing dated ends within 30 days", warnings)
     on_stage("synth")
-    stacks = synthesize(configs, out)
-    report.add("synth", True, f"{len(stacks)} stack(s) into {out}")
-    if price is not None:
-        cold = cold_reservation_warnings(configs, price)
-        report.add("reservations", True, f"{len(cold)} warning(s)" if cold else "every reserved pool stays warm", cold)
-    if from_repo:
-        _destroys(report, configs, out)
-    on_stage("secrets scan")
-    with tempfile.TemporaryDirectory(prefix="gpufleet-check-jobs-") as rendered:
-        # Scan the jobs as they render now; jobs/out may be stale or absent (it is not committed).
-        for spec in specs:
-            write_rendered(spec, Path(rendered))
-        findings = secret_scan.scan_paths([out, Path(rendered), *state_files], cache=scan_cache.cache_dir())
-    report.add("secrets", not findings, f"{len(findings)} finding(s)" if findings else "no secret values found",
-               [f"secret: {f}" for f in findings])
-    if checkov:
-        on_stage(f"checkov on {len(stacks)} stack(s)")
-        result = checkov_scan.run([out / "stacks" / s for s in stacks])
-        report.add("checkov", result.ok, result.summary_line, _checkov_lines(result, configs, clusters_dir))
+    # checkov's worker imports (seconds) on a second core while the fleet synthesizes; a one-cluster edit
+    # then waits only for its own stacks' scan. With one core it would only take time from synthesis.
+    with checkov_scan.warmed(checkov and len(os.sched_getaffinity(0)) > 1) as warm:
+        stacks = synthesize(configs, out)
+        report.add("synth", True, f"{len(stacks)} stack(s) into {out}")
+        if price is not None:
+            cold = cold_reservation_warnings(configs, price)
+            report.add("reservations", True, f"{len(cold)} warning(s)" if cold else "every reserved pool stays warm", cold)
+        if from_repo:
+            _destroys(report, configs, out)
+        on_stage("secrets scan")
+        with tempfile.TemporaryDirectory(prefix="gpufleet-check-jobs-") as rendered:
+            # Scan the jobs as they render now; jobs/out may be stale or absent (it is not committed).
+            for spec in specs:
+                write_rendered(spec, Path(rendered))
+            findings = secret_scan.scan_paths([out, Path(rendered), *state_files], cache=scan_cache.cache_dir())
+        report.add("secrets", not findings, f"{len(findings)} finding(s)" if findings else "no secret values found",
+                   [f"secret: {f}" for f in findings])
+        if checkov:
+            on_stage(f"checkov on {len(stacks)} stack(s)")
+            result = checkov_scan.run([out / "stacks" / s for s in stacks], warm=warm)
+            report.add("checkov", result.ok, result.summary_line, _checkov_lines(result, configs, clusters_dir))
     return report
 
 

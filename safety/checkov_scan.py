@@ -22,7 +22,7 @@ import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -171,6 +171,7 @@ class _Worker:
     """One ``checkov_worker`` process: a chunk of stack files in, that chunk's report out."""
 
     def __init__(self, python: str, skip_ids: tuple[str, ...]) -> None:
+        self.python, self.skip_ids, self.ended = python, skip_ids, False
         self.stderr = tempfile.TemporaryFile(mode="w+", encoding="utf-8")
         self.process = subprocess.Popen([python, str(WORKER), *checkov_args(skip_ids)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                         stderr=self.stderr, text=True, env=checkov_env())
@@ -207,18 +208,54 @@ class _Worker:
                 self.process.stdin.close()
         self.process.wait()
         self.stderr.close()
+        self.ended = True
+
+    def discard(self) -> None:
+        """A worker that got no chunk: ended at once, not after its imports (nothing of it is wanted)."""
+        self.process.kill()
+        self.close()
+
+
+def prestart(skip_ids: Iterable[str] | None = None) -> _Worker:
+    """One worker started before the stacks exist, so checkov's imports (seconds) run on another core
+    while the fleet synthesizes; ``run(..., warm=)`` scans with it, or discards it when nothing needs a scan."""
+    return _Worker(checkov_python(checkov_binary()), _skips(skip_ids))
+
+
+@contextlib.contextmanager
+def warmed(enabled: bool) -> Iterator[_Worker | None]:
+    """``prestart`` when ``enabled``; whatever happens before ``run`` takes the worker, it never outlives the block."""
+    warm = prestart() if enabled else None
+    try:
+        yield warm
+    finally:
+        if warm is not None and not warm.ended:
+            warm.discard()
+
+
+def _skips(skip_ids: Iterable[str] | None) -> tuple[str, ...]:
+    if skip_ids is None:
+        from safety.checkov_skips import load_skips
+
+        skip_ids = [s.check_id for s in load_skips()]
+    return tuple(sorted(skip_ids))
 
 
 def scan_chunks(chunks: list[tuple[Path, ...]], skip_ids: tuple[str, ...], binary: str, workers: int,
-                done: Callable[[tuple[Path, ...], list[StackResult]], None]) -> None:
-    """``workers`` checkov worker processes take the chunks one at a time; ``done`` hears each chunk's results."""
+                done: Callable[[tuple[Path, ...], list[StackResult]], None], warm: _Worker | None = None) -> None:
+    """``workers`` checkov worker processes take the chunks one at a time; ``done`` hears each chunk's results.
+    ``warm`` (started by ``prestart`` with the same interpreter and skips) is the first of them."""
     todo: queue.SimpleQueue[tuple[Path, ...]] = queue.SimpleQueue()
     for chunk in chunks:
         todo.put(chunk)
     python = checkov_python(binary)
+    if warm is not None and (warm.python, warm.skip_ids) != (python, skip_ids):
+        warm.discard()
+        warm = None
+    started = iter([warm] if warm is not None else [])
 
     def work() -> None:
-        worker = _Worker(python, skip_ids)
+        worker = next(started, None) or _Worker(python, skip_ids)
         try:
             while True:
                 try:
@@ -240,19 +277,24 @@ def default_workers(stacks: int) -> int:
     return max(1, min(os.cpu_count() or 1, -(-stacks // STACKS_PER_PROCESS)))
 
 
-def run(stack_dirs: Iterable[Path], skip_ids: Iterable[str] | None = None, *, workers: int | None = None) -> CheckovSummary:
+def run(stack_dirs: Iterable[Path], skip_ids: Iterable[str] | None = None, *, workers: int | None = None,
+        warm: _Worker | None = None) -> CheckovSummary:
     """Scan every stack directory, split over ``workers`` concurrent checkov processes (default: ``default_workers``).
 
     Stacks whose result is in ``safety.checkov_cache`` (same JSON bytes, checkov version, skips and
-    rules) are not scanned again.
+    rules) are not scanned again. ``warm`` (``prestart``) is used as the first process, or discarded
+    when every stack's result is cached.
     """
+    try:
+        return _run(stack_dirs, _skips(skip_ids), workers, warm)
+    finally:
+        if warm is not None and not warm.ended:
+            warm.discard()  # nothing was left to scan (or the scan failed before it started)
+
+
+def _run(stack_dirs: Iterable[Path], skips: tuple[str, ...], workers: int | None, warm: _Worker | None) -> CheckovSummary:
     from safety import checkov_cache
 
-    if skip_ids is None:
-        from safety.checkov_skips import load_skips
-
-        skip_ids = [s.check_id for s in load_skips()]
-    skips = tuple(sorted(skip_ids))
     directories = sorted(Path(d) for d in stack_dirs)
     if not directories:
         return CheckovSummary((), skips)
@@ -279,5 +321,5 @@ def run(stack_dirs: Iterable[Path], skip_ids: Iterable[str] | None = None, *, wo
                 for directory, result in zip(chunk, scanned):
                     checkov_cache.store(cache, keys[directory], result)
 
-        scan_chunks(chunks, skips, binary, count, done)
+        scan_chunks(chunks, skips, binary, count, done, warm)
     return CheckovSummary(tuple(sorted(results, key=lambda r: r.stack)), skips)

@@ -177,6 +177,8 @@ def main(checkov_args: list[str]) -> int:
     os.dup2(2, 1)
     reset_rendering = remember_rendering()
     parse_with_libyaml()
+    import checkov.main  # noqa: F401 - the rest of checkov's imports now, while the caller still synthesizes (prestart)
+
     for line in sys.stdin:
         reset_rendering()
         answers.write(json.dumps(scan(checkov_args, json.loads(line))) + "\n")

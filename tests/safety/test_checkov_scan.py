@@ -110,3 +110,29 @@ def test_required_findings_are_exempted_per_resource_not_per_check(example_confi
         bucket["labels"].pop("gpufleet-purpose")  # a bucket that is not the checkpoint bucket
     assert "rdma" in plain["resource"]["google_compute_network"]
     assert list(exemptions(plain)) == []
+
+
+def test_a_prestarted_worker_scans_and_no_other_process_starts(stacks: list[Path], unskipped: checkov_scan.CheckovSummary,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """``gpufleet check`` starts one worker before synthesis (its imports overlap the synthesis); the scan then
+    runs on it, with the same results as a scan that started its own, and starts no second process for one chunk."""
+    monkeypatch.setenv("GPUFLEET_CHECKOV_CACHE", "off")
+    warm = checkov_scan.prestart(skip_ids=())
+    started: list[object] = []
+    real_init = checkov_scan._Worker.__init__
+    monkeypatch.setattr(checkov_scan._Worker, "__init__", lambda self, *a: (started.append(self), real_init(self, *a))[1])
+    summary = checkov_scan.run(stacks, skip_ids=(), workers=1, warm=warm)
+    assert started == [] and warm.ended and warm.process.returncode == 0
+    assert summary == unskipped
+
+
+def test_a_prestarted_worker_with_nothing_to_scan_is_ended_at_once(tmp_path: Path) -> None:
+    """All stacks cached (or none): the worker is killed, not waited for through its imports, and never outlives
+    the check, even when the check fails before the scan."""
+    with checkov_scan.warmed(True) as warm:
+        assert warm is not None
+        checkov_scan.run([], skip_ids=(), warm=warm)
+    assert warm.ended and warm.process.returncode is not None and warm.process.returncode < 0
+    with pytest.raises(RuntimeError), checkov_scan.warmed(True) as failing:
+        raise RuntimeError("synthesis failed")
+    assert failing is not None and failing.ended and failing.process.returncode is not None
