@@ -271,17 +271,22 @@ def test_a_one_statement_undone_by_a_deadlock_answers_with_the_keys_experiment(s
     thread, box = _in_thread(lambda: _submit(svc.ctx, 0, key="K", run_id="same"))
     _until_blocked(admin, database)  # the statement has taken the counter row and waits on the insert of K
     _take_counter_row(other)  # waits on the statement, until its deadlock check (1 s) undoes it
+    _answered_with_the_held_open_experiment(other, thread, box)
+    assert one_statement_calls[True] == 0
+    with svc.ctx.sessions() as session:
+        assert session.scalar(select(func.count()).select_from(Experiment).where(Experiment.idempotency_key == "K")) == 1
+    _one_deadlock_more(admin, database, before)
+    admin.close()
+
+
+def _answered_with_the_held_open_experiment(other, thread, box) -> None:  # type: ignore[no-untyped-def]
+    """The other writer commits; the submit that was undone by the deadlock answers with that writer's experiment."""
     other.commit()
     other.close()
     thread.join(30)
     assert "error" not in box, box.get("error")
     experiment, created = box["result"]
     assert experiment.id == "held-open" and not created
-    assert one_statement_calls[True] == 0
-    with svc.ctx.sessions() as session:
-        assert session.scalar(select(func.count()).select_from(Experiment).where(Experiment.idempotency_key == "K")) == 1
-    _one_deadlock_more(admin, database, before)
-    admin.close()
 
 
 def test_a_transaction_undone_by_a_deadlock_answers_with_the_keys_experiment(svc, monkeypatch):
@@ -299,11 +304,6 @@ def test_a_transaction_undone_by_a_deadlock_answers_with_the_keys_experiment(svc
     thread, box = _in_thread(lambda: _submit(svc.ctx, 0, key="K", run_id="same"))
     _until_blocked(admin, database)  # the transaction has inserted K and waits for the counter row
     _insert_same_request(svc, other, "K")  # waits on the transaction, whose deadlock check (1 s) undoes it
-    other.commit()
-    other.close()
-    thread.join(30)
-    assert "error" not in box, box.get("error")
-    experiment, created = box["result"]
-    assert experiment.id == "held-open" and not created
+    _answered_with_the_held_open_experiment(other, thread, box)
     _one_deadlock_more(admin, database, before)
     admin.close()
