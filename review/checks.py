@@ -7,7 +7,6 @@ synthesized; the secret scan and checkov then run on what was written.
 
 from __future__ import annotations
 
-import os
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -202,6 +201,7 @@ def run_checks(configs: tuple[ClusterConfig, ...] | None, *, out: Path, state_fi
     price table) prices the reserved nodes a file leaves cold."""
     from safety import checkov_scan, scan_cache, secret_scan
     from jobs.outputs import write_rendered
+    from stacks.parallel import available_cores
     from stacks.synth import synthesize
 
     report = CheckReport()
@@ -214,7 +214,8 @@ def run_checks(configs: tuple[ClusterConfig, ...] | None, *, out: Path, state_fi
     on_stage("synth")
     # checkov's worker imports (seconds) on a second core while the fleet synthesizes; a one-cluster edit
     # then waits only for its own stacks' scan. With one core it would only take time from synthesis.
-    with checkov_scan.warmed(checkov and len(os.sched_getaffinity(0)) > 1) as warm:
+    # available_cores: the affinity mask where the OS has one (os.sched_getaffinity is Linux-only), else the core count.
+    with checkov_scan.warmed(checkov and available_cores() > 1) as warm:
         stacks = synthesize(configs, out)
         report.add("synth", True, f"{len(stacks)} stack(s) into {out}")
         if price is not None:

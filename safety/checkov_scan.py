@@ -171,10 +171,10 @@ class _Worker:
     """One ``checkov_worker`` process: a chunk of stack files in, that chunk's report out."""
 
     def __init__(self, python: str, skip_ids: tuple[str, ...]) -> None:
-        self.python, self.skip_ids, self.ended = python, skip_ids, False
+        self.python, self.skip_ids, self.env, self.ended = python, skip_ids, checkov_env(), False
         self.stderr = tempfile.TemporaryFile(mode="w+", encoding="utf-8")
         self.process = subprocess.Popen([python, str(WORKER), *checkov_args(skip_ids)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                        stderr=self.stderr, text=True, env=checkov_env())
+                                        stderr=self.stderr, text=True, env=self.env)
 
     def scan(self, directories: tuple[Path, ...]) -> list[StackResult]:
         assert self.process.stdin is not None and self.process.stdout is not None
@@ -244,12 +244,13 @@ def _skips(skip_ids: Iterable[str] | None) -> tuple[str, ...]:
 def scan_chunks(chunks: list[tuple[Path, ...]], skip_ids: tuple[str, ...], binary: str, workers: int,
                 done: Callable[[tuple[Path, ...], list[StackResult]], None], warm: _Worker | None = None) -> None:
     """``workers`` checkov worker processes take the chunks one at a time; ``done`` hears each chunk's results.
-    ``warm`` (started by ``prestart`` with the same interpreter and skips) is the first of them."""
+    ``warm`` (started by ``prestart``) is the first of them when it has the same interpreter, skips and environment
+    (checkov reads options from it, and the cache key hashes the scan's): else it is discarded unused."""
     todo: queue.SimpleQueue[tuple[Path, ...]] = queue.SimpleQueue()
     for chunk in chunks:
         todo.put(chunk)
     python = checkov_python(binary)
-    if warm is not None and (warm.python, warm.skip_ids) != (python, skip_ids):
+    if warm is not None and (warm.python, warm.skip_ids, warm.env) != (python, skip_ids, checkov_env()):
         warm.discard()
         warm = None
     started = iter([warm] if warm is not None else [])

@@ -33,3 +33,22 @@ def test_fails_when_a_state_file_holds_a_secret_and_never_prints_it(example_conf
     text = console.export_text()
     assert "github-token" in text and str(state) in text
     assert token not in text
+
+
+def test_check_runs_where_the_os_has_no_affinity_mask(example_configs, tmp_path, monkeypatch):
+    """``os.sched_getaffinity`` is Linux-only (macOS has none): deciding whether to prestart checkov's worker must
+    not crash ``gpufleet check`` there with an AttributeError; it gets to synthesis (stopped here, the gate is the point)."""
+    import os
+
+    import pytest
+
+    class Synthesized(Exception):
+        pass
+
+    def synthesize(*_args, **_kwargs):
+        raise Synthesized
+
+    monkeypatch.delattr(os, "sched_getaffinity")
+    monkeypatch.setattr("stacks.synth.synthesize", synthesize)
+    with pytest.raises(Synthesized):
+        run_checks(example_configs, out=tmp_path / "cdktf.out")

@@ -136,3 +136,19 @@ def test_a_prestarted_worker_with_nothing_to_scan_is_ended_at_once(tmp_path: Pat
     with pytest.raises(RuntimeError), checkov_scan.warmed(True) as failing:
         raise RuntimeError("synthesis failed")
     assert failing is not None and failing.ended and failing.process.returncode is not None
+
+
+def test_a_prestarted_worker_from_another_environment_is_not_used(stacks: list[Path], unskipped: checkov_scan.CheckovSummary,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The worker's environment is fixed when it starts; checkov reads options from it (CKV_SKIP_CHECK is
+    ``--skip-check``'s env_var, checkov/common/util/ext_argument_parser.py:291 at 3.3.30) and the cache key
+    hashes the environment of the run (safety/checkov_cache.py _checkov_settings). A worker prestarted with a
+    check skipped by the environment, used after that variable is gone, would drop the finding and cache the
+    drop under the new key: it is discarded and a worker with the scan's own environment scans."""
+    monkeypatch.setenv("GPUFLEET_CHECKOV_CACHE", "off")
+    monkeypatch.setenv("CKV_SKIP_CHECK", "CKV_GCP_2")
+    warm = checkov_scan.prestart(skip_ids=())
+    monkeypatch.delenv("CKV_SKIP_CHECK")
+    summary = checkov_scan.run(stacks, skip_ids=(), workers=1, warm=warm)
+    assert warm.ended
+    assert summary == unskipped
