@@ -19,9 +19,9 @@ def scans(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[str]:
     scanned: list[str] = []
     real = checkov_scan.scan_chunks
 
-    def counting(chunks, skip_ids, binary, workers, done):
+    def counting(chunks, skip_ids, binary, workers, done, warm=None):
         scanned.extend(d.name for chunk in chunks for d in chunk)
-        return real(chunks, skip_ids, binary, workers, done)
+        return real(chunks, skip_ids, binary, workers, done, warm)
 
     monkeypatch.setattr(checkov_scan, "scan_chunks", counting)
     return scanned
