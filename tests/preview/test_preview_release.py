@@ -59,14 +59,19 @@ def test_an_unmigrated_protected_rename_since_the_last_release_fails_and_its_mov
     assert passed.returncode == 0, passed.stdout + passed.stderr
 
 
-def test_fails_with_one_line_when_there_is_no_release_to_compare_with(tmp_path):
-    repo = tmp_path / "bare"
+def _repo_with_the_script(repo: Path) -> Path:
+    """A new git repository holding only tools/preview_last_release.sh, staged, on branch main."""
     (repo / "tools").mkdir(parents=True)
     script = Path(__file__).resolve().parents[2] / "tools" / "preview_last_release.sh"
     (repo / "tools" / script.name).write_text(script.read_text())
     (repo / "tools" / script.name).chmod(0o755)
     git(repo, "init", "-q", "-b", "main")
     git(repo, "add", "-A")
+    return repo
+
+
+def test_fails_with_one_line_when_there_is_no_release_to_compare_with(tmp_path):
+    repo = _repo_with_the_script(tmp_path / "bare")
     git(repo, "commit", "-qm", "x")
     result = subprocess.run(["tools/preview_last_release.sh"], cwd=repo, capture_output=True, text=True, check=False,
                             env={**os.environ, "GPUFLEET": "false"})
@@ -84,13 +89,7 @@ def test_the_preview_job_runs_the_release_preview_and_fails_on_it():
 def test_the_last_release_is_the_newest_final_version_tag_not_a_release_candidate_or_another_v_tag(tmp_path):
     """git's version sort puts v1.2.0-rc1 above v1.2.0 and any tag starting with v (vault-pin) above both; the
     release an operator runs is v1.2.0."""
-    repo = tmp_path / "tags"
-    (repo / "tools").mkdir(parents=True)
-    script = Path(__file__).resolve().parents[2] / "tools" / "preview_last_release.sh"
-    (repo / "tools" / script.name).write_text(script.read_text())
-    (repo / "tools" / script.name).chmod(0o755)
-    git(repo, "init", "-q", "-b", "main")
-    git(repo, "add", "-A")
+    repo = _repo_with_the_script(tmp_path / "tags")
     for tag in ("v1.1.0", "v1.2.0-rc1", "v1.2.0", "vault-pin"):
         git(repo, "commit", "-q", "--allow-empty", "-m", tag)
         git(repo, "tag", tag)
