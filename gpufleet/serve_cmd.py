@@ -102,8 +102,8 @@ def cmd_serve(
         worker = app.state.worker  # the lifespan that would start it runs only under uvicorn
         console.print("worker only: dispatch in one loop, reconcile and reap in another (Ctrl-C stops)")
         signal.signal(signal.SIGTERM, _interrupt)  # systemd and Kubernetes stop with SIGTERM: leave cleanly, as Ctrl-C does
-        worker.start()
-        try:
+        try:  # start() writes the first heartbeat: a SIGTERM from then on must leave cleanly too
+            worker.start()
             worker.wait()
         except KeyboardInterrupt:
             worker.stop()

@@ -102,7 +102,8 @@ class Worker:
         A loop still busy after 30 s keeps the row, which then goes stale: its claims pass on after the TTL."""
         self._stop.set()
         for thread in self._threads:
-            thread.join(timeout=30)
+            if thread.ident is not None:  # a stop during start: threads not started yet have nothing to join
+                thread.join(timeout=30)
         if not any(thread.is_alive() for thread in self._threads):
             try:
                 self._ctx.membership.leave(self._ctx.sessions)
