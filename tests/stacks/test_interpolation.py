@@ -71,6 +71,25 @@ def test_fails_when_synthesized_json_holds_a_sequence_gpufleet_did_not_generate(
     assert "\n" not in str(hits[0]) and "did not generate" in str(hits[0])
 
 
+@pytest.mark.parametrize("value", [
+    PAYLOAD, "%{ if true }x%{ endif }", "${var.x}${file(\"/x\")}", "$$$${file(\"/x\")}", "$${file(\"/x\")}",
+    "a$%{x}", "%%%{x}", "$$${file(\"/x\")}", "${var.x", "${\"}\"}${file(\"/x\")}", "${google_x.y.name}", "{}$", "x{$}",
+])
+def test_check_outdir_reports_what_the_walk_reports(tmp_path: Path, value: str) -> None:
+    """check_outdir skips the path-building walk for a stack its quick test finds clean: that test must agree with
+    ``find`` on values and on keys (a skipped finding would let Terraform evaluate user text)."""
+    for stack in ({"resource": {"x": {"labels": [{"a": value}]}}}, {"resource": {"x": {value: "v"}}}):
+        (tmp_path / "stacks" / "s").mkdir(parents=True, exist_ok=True)
+        (tmp_path / "stacks" / "s" / "cdk.tf.json").write_text(json.dumps(stack))
+        expected = [str(hit) for hit in find(stack, str(tmp_path / "stacks" / "s" / "cdk.tf.json"))]
+        if expected:
+            with pytest.raises(UserError) as caught:
+                check_outdir(tmp_path)
+            assert str(caught.value) == "\n".join(expected)
+        else:
+            check_outdir(tmp_path)
+
+
 def test_fails_when_a_map_key_holds_an_interpolation() -> None:
     """In JSON syntax object keys inside an expression are templates too."""
     hits = list(find({"resource": {"terraform_data": {"x": {"input": {PAYLOAD: "v"}}}}}, "f"))
