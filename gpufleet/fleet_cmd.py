@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 
 import typer
@@ -12,6 +13,7 @@ from rich.table import Table
 
 import clusters
 from clusters.derive.pools import derive_gpu_pools, total_gpus
+from clusters.errors import UserError
 from review.checks import run_checks
 
 console = make_console()
@@ -89,6 +91,24 @@ def cmd_stacks(
     console.print(table)
 
 
+def _early_workers(clusters_dir: Path | None, named: bool, jobs: int | None) -> AbstractContextManager[None]:
+    """Synthesis workers started before the cluster files load (``stacks.parallel.early_workers``), when the
+    whole fleet will be synthesized: no stacks named, the synthesis cache off. With the cache on, which
+    clusters need a synthesis is known only from the loaded files (most often none or one), so workers
+    start then, as many as those need."""
+    from clusters.loader import cluster_files
+    from stacks import synth_cache
+    from stacks.parallel import early_workers
+
+    if named or synth_cache.cache_dir() is not None:
+        return nullcontext()
+    try:
+        count = len(cluster_files(clusters_dir))
+    except (UserError, OSError):  # reported by the loading, in its own words
+        return nullcontext()
+    return early_workers(count, jobs)
+
+
 def cmd_synth(
     stacks: list[str] = typer.Argument(None, help="Stacks to synthesize (default: all)."),
     out: Path | None = OutDir,
@@ -101,7 +121,7 @@ def cmd_synth(
 
     out = _out(out)
     outputs.claim_dir(out)  # refuse `--out .` before spending a synthesis on it
-    with Stages(console) as stages:
+    with Stages(console) as stages, _early_workers(clusters_dir, bool(stacks), jobs):
         stages.step("loading cluster files")
         configs = _configs(clusters_dir)
         stages.step(f"synthesizing {'the named' if stacks else 'every'} stack of {len(configs)} cluster(s)")

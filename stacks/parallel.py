@@ -54,6 +54,9 @@ from stacks.layout import StackInfo, plan_stacks
 CODE_ROOT = Path(__file__).resolve().parent.parent
 JOBS_ENV = "GPUFLEET_SYNTH_JOBS"
 PARALLEL_MIN_CLUSTERS = 8
+# Workers started by ``early_workers`` that wait for a job, and the cores they were given in that order.
+_early: list[subprocess.Popen] = []
+_early_cores: list[int] = []
 
 
 def available_cores() -> int:
@@ -163,16 +166,62 @@ def synth_group(configs: tuple[ClusterConfig, ...], names: tuple[str, ...], outd
     return json.loads((outdir / "manifest.json").read_text())
 
 
-def _start_worker(configs: tuple[ClusterConfig, ...], names: tuple[str, ...], part: Path,
-                  imported_dir: Path | None, core: int | None) -> subprocess.Popen:
-    """``python -m stacks.parallel <job>``: a plain interpreter, so it imports neither the caller's
+def _worker_argv(*args: str) -> tuple[list[str], dict[str, str]]:
+    """``python -m stacks.parallel ...``: a plain interpreter, so it imports neither the caller's
     ``__main__`` (``fork`` would copy a jsii kernel, ``spawn`` re-imports the CLI) nor anything else."""
-    job = part.with_name(f"{part.name}.job")
-    job.write_bytes(pickle.dumps((configs, names, part, imported_dir, core)))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, (str(CODE_ROOT), os.environ.get("PYTHONPATH")))))
     # -P: ``-m`` would put the working directory first on sys.path, so a worker started from inside another
     # gpufleet checkout (or a folder with its own ``stacks/``) ran that code, not this process's (CODE_ROOT).
-    return subprocess.Popen([sys.executable, "-P", "-m", "stacks.parallel", str(job)], env=env, stdin=subprocess.DEVNULL)
+    return [sys.executable, "-P", "-m", "stacks.parallel", *args], env
+
+
+def _start_worker(configs: tuple[ClusterConfig, ...], names: tuple[str, ...], part: Path,
+                  imported_dir: Path | None, core: int | None) -> subprocess.Popen:
+    """A worker for the job ``part``: one started early (``early_workers``) if one waits, else a new one."""
+    job = part.with_name(f"{part.name}.job")
+    job.write_bytes(pickle.dumps((configs, names, part, imported_dir, core)))
+    if _early:
+        proc = _early.pop(0)
+        assert proc.stdin is not None
+        proc.stdin.write(f"{job}\n".encode())
+        proc.stdin.close()
+        return proc
+    argv, env = _worker_argv(str(job))
+    return subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL)
+
+
+@contextmanager
+def early_workers(clusters: int, jobs: int | None = None) -> Iterator[None]:
+    """Start the workers a synthesis of ``clusters`` clusters will ask for now, before the caller loads and
+    validates the cluster files, and hand them their jobs when ``synthesize_parallel`` runs.
+
+    Why: a worker spends about a second starting (an interpreter, cdktf's import, its jsii kernel, the
+    fleet's modules) before it synthesizes anything, and the caller spends as long loading the cluster
+    files (2 s at 200 clusters); started first, a worker does its part of that on its own core meanwhile.
+    A started worker waits for one line on stdin, the path of its job file; without one (the loading
+    failed, or the synthesis wanted fewer workers) it exits when this block closes its stdin, without
+    having synthesized anything. The job and what the worker does with it are those of a worker started
+    late, so the output is the same bytes. Workers get their cores as ``synthesize_parallel`` would give
+    them (the caller's share keeps the first), and this process's share takes the same first core then.
+    A bad ``--jobs``/``GPUFLEET_SYNTH_JOBS`` starts nothing here: the synthesis reports it after the files."""
+    try:
+        count = worker_count(clusters, jobs) - 1 if clusters else 0
+    except UserError:
+        count = 0
+    cores = _cores()
+    _early_cores[:] = cores
+    for index in range(1, count + 1):
+        core = cores[index % len(cores)] if cores else None
+        argv, env = _worker_argv("--early", "" if core is None else str(core))
+        _early.append(subprocess.Popen(argv, env=env, stdin=subprocess.PIPE))
+    try:
+        yield
+    finally:
+        for proc in _early:  # not needed: it exits by itself (removing its kernel's files), nobody waits for it
+            assert proc.stdin is not None
+            proc.stdin.close()
+        _early.clear()
+        _early_cores.clear()
 
 
 def _finish_worker(proc: subprocess.Popen, part: Path) -> dict:
@@ -197,7 +246,7 @@ def synthesize_parallel(configs: tuple[ClusterConfig, ...], tmp: Path, workers: 
         info = tuple(s for s in info if s.name in names)
     groups = partition(info, workers)
     parts = [tmp / f".part-{i}" for i in range(len(groups))]
-    cores = _cores()
+    cores = list(_early_cores) if _early else _cores()
     started = [_start_worker(configs, names, part, imported_dir, cores[index % len(cores)] if cores else None)
                for index, (names, part) in enumerate(zip(groups[1:], parts[1:]), start=1)]
     try:
@@ -250,6 +299,21 @@ def manifest_json(value: object, depth: int = 0) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
+def _early_main(core: str) -> int:
+    """A worker started by ``early_workers``: on its core, start the jsii kernel and import the fleet's code,
+    then run the job file named on stdin; no line (stdin closed) means no job."""
+    if core:
+        _set_affinity({int(core)})
+    from constructs_lib.jsii_runtime import direct_kernel
+
+    with direct_kernel():
+        import cdktf  # noqa: F401  (starts the kernel)
+    import stacks.fleet  # noqa: F401
+
+    line = sys.stdin.readline().strip()
+    return _worker_main(Path(line)) if line else 0
+
+
 def _worker_main(job: Path) -> int:
     """Run one job file written by ``_start_worker``; the outcome goes to ``<part>.result``."""
     configs, names, part, imported_dir, core = pickle.loads(job.read_bytes())
@@ -268,4 +332,4 @@ def _worker_main(job: Path) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(_worker_main(Path(sys.argv[1])))
+    sys.exit(_early_main(sys.argv[2]) if sys.argv[1] == "--early" else _worker_main(Path(sys.argv[1])))

@@ -117,3 +117,28 @@ def test_this_process_share_keeps_the_core_it_runs_on(monkeypatch: pytest.Monkey
     monkeypatch.setattr(parallel, "current_core", lambda: allowed[-1])  # the scheduler put this process on the last
     cores = parallel._cores()
     assert cores[0] == allowed[-1] and sorted(cores) == allowed
+
+
+@pytest.mark.parametrize("jobs", [2, 3])
+def test_workers_started_before_the_files_load_write_the_same_bytes(serial_out: Path, example_configs, tmp_path: Path,
+                                                                     jobs: int) -> None:
+    """``early_workers`` (gpufleet synth, cache off): the workers started first take the jobs, the output is serial's."""
+    with parallel.early_workers(len(example_configs), jobs):
+        early = list(parallel._early)
+        assert len(early) == jobs - 1
+        synthesize(example_configs, tmp_path / "cdktf.out", jobs=jobs)
+        assert parallel._early == []
+    assert [proc.wait(timeout=60) for proc in early] == [0] * (jobs - 1)
+    serial, merged = _tree(serial_out), _tree(tmp_path / "cdktf.out")
+    assert sorted(merged) == sorted(serial)
+    assert [name for name in serial if merged[name] != serial[name]] == []
+
+
+def test_an_early_worker_nobody_needs_exits_without_synthesizing() -> None:
+    """Loading failed, or the synthesis asked for fewer workers: closing its stdin ends it with code 0."""
+    with parallel.early_workers(parallel.PARALLEL_MIN_CLUSTERS, 2):
+        early = list(parallel._early)
+        assert len(early) == 1
+    assert early[0].wait(timeout=60) == 0
+    with parallel.early_workers(parallel.PARALLEL_MIN_CLUSTERS, 1):
+        assert parallel._early == []
