@@ -43,6 +43,7 @@ import pickle
 import shutil
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -57,6 +58,7 @@ PARALLEL_MIN_CLUSTERS = 8
 # Workers started by ``early_workers`` that wait for a job, and the cores they were given in that order.
 _early: list[subprocess.Popen] = []
 _early_cores: list[int] = []
+_early_kernel: list[threading.Thread] = []
 
 
 def available_cores() -> int:
@@ -154,6 +156,7 @@ def synth_group(configs: tuple[ClusterConfig, ...], names: tuple[str, ...], outd
     returns cdktf's manifest."""
     from constructs_lib.jsii_runtime import direct_kernel
 
+    join_early_kernel()
     with one_core():
         with direct_kernel():
             from cdktf import App
@@ -203,7 +206,11 @@ def early_workers(clusters: int, jobs: int | None = None) -> Iterator[None]:
     having synthesized anything. The job and what the worker does with it are those of a worker started
     late, so the output is the same bytes. Workers get their cores as ``synthesize_parallel`` would give
     them (the caller's share keeps the first), and this process's share takes the same first core then.
-    A bad ``--jobs``/``GPUFLEET_SYNTH_JOBS`` starts nothing here: the synthesis reports it after the files."""
+    A bad ``--jobs``/``GPUFLEET_SYNTH_JOBS`` starts nothing here: the synthesis reports it after the files.
+
+    When workers start, this process's own jsii kernel starts meanwhile too, in a thread pinned to the
+    first core (``_start_kernel``): Node boots and loads cdktf while this process parses YAML, and
+    ``synth_group`` waits for that thread before it uses jsii, so nothing else touches the kernel first."""
     try:
         count = worker_count(clusters, jobs) - 1 if clusters else 0
     except UserError:
@@ -214,6 +221,10 @@ def early_workers(clusters: int, jobs: int | None = None) -> Iterator[None]:
         core = cores[index % len(cores)] if cores else None
         argv, env = _worker_argv("--early", "" if core is None else str(core))
         _early.append(subprocess.Popen(argv, env=env, stdin=subprocess.PIPE))
+    if count:
+        _early_kernel.append(threading.Thread(target=_start_kernel, args=(cores[0] if cores else None,),
+                                              name="gpufleet-early-kernel", daemon=True))
+        _early_kernel[0].start()
     try:
         yield
     finally:
@@ -222,6 +233,29 @@ def early_workers(clusters: int, jobs: int | None = None) -> Iterator[None]:
             proc.stdin.close()
         _early.clear()
         _early_cores.clear()
+        join_early_kernel()
+
+
+def _start_kernel(core: int | None) -> None:
+    """This process's jsii kernel, started as ``synth_group`` starts it, on ``core`` (this thread's mask;
+    the kernel inherits it, as it would from ``one_core``). A failure is left for ``synth_group``, which
+    starts the kernel again and reports it."""
+    if core is not None:
+        _set_affinity({core})
+    try:
+        from constructs_lib.jsii_runtime import direct_kernel
+
+        with direct_kernel():
+            import cdktf  # noqa: F401  (starts the kernel)
+        import stacks.fleet  # noqa: F401
+    except Exception:  # noqa: BLE001  (raised again, in the caller's thread, by synth_group)
+        return
+
+
+def join_early_kernel() -> None:
+    """Wait for ``early_workers``' kernel thread, if one runs: jsii is not to be used from two threads at once."""
+    while _early_kernel:
+        _early_kernel.pop().join()
 
 
 def _finish_worker(proc: subprocess.Popen, part: Path) -> dict:
