@@ -186,8 +186,11 @@ def _start_worker(configs: tuple[ClusterConfig, ...], names: tuple[str, ...], pa
     if _early:
         proc = _early.pop(0)
         assert proc.stdin is not None
-        proc.stdin.write(f"{job}\n".encode())
-        proc.stdin.close()
+        try:
+            proc.stdin.write(f"{job}\n".encode())
+            proc.stdin.close()
+        except BrokenPipeError:  # it died meanwhile: _finish_worker reports that it left no result
+            pass
         return proc
     argv, env = _worker_argv(str(job))
     return subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL)
@@ -230,7 +233,10 @@ def early_workers(clusters: int, jobs: int | None = None) -> Iterator[None]:
     finally:
         for proc in _early:  # not needed: it exits by itself (removing its kernel's files), nobody waits for it
             assert proc.stdin is not None
-            proc.stdin.close()
+            try:
+                proc.stdin.close()
+            except BrokenPipeError:
+                pass
         _early.clear()
         _early_cores.clear()
         join_early_kernel()
@@ -338,12 +344,14 @@ def _early_main(core: str) -> int:
     then run the job file named on stdin; no line (stdin closed) means no job."""
     if core:
         _set_affinity({int(core)})
-    from constructs_lib.jsii_runtime import direct_kernel
+    try:
+        from constructs_lib.jsii_runtime import direct_kernel
 
-    with direct_kernel():
-        import cdktf  # noqa: F401  (starts the kernel)
-    import stacks.fleet  # noqa: F401
-
+        with direct_kernel():
+            import cdktf  # noqa: F401  (starts the kernel)
+        import stacks.fleet  # noqa: F401
+    except Exception:  # noqa: BLE001  (synth_group starts it again and reports the error as any worker does)
+        pass
     line = sys.stdin.readline().strip()
     return _worker_main(Path(line)) if line else 0
 

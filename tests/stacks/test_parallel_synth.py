@@ -142,3 +142,17 @@ def test_an_early_worker_nobody_needs_exits_without_synthesizing() -> None:
     assert early[0].wait(timeout=60) == 0
     with parallel.early_workers(parallel.PARALLEL_MIN_CLUSTERS, 1):
         assert parallel._early == []
+
+
+
+def test_an_early_worker_whose_kernel_cannot_start_still_reports_through_its_job(
+        example_configs, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its warm-up failing (here: an unknown GPUFLEET_JSII_RUNTIME) must not end the worker: it takes its job and
+    hands back the error a late-started worker reports (a one-line UserError), not "exited without a result"."""
+    monkeypatch.setenv("GPUFLEET_JSII_RUNTIME", "bogus")
+    names = parallel.partition(plan_stacks(example_configs), 2)[1]
+    with parallel.early_workers(parallel.PARALLEL_MIN_CLUSTERS, 2):
+        assert len(parallel._early) == 1
+        proc = parallel._start_worker(example_configs, names, tmp_path / ".part-1", None, None)
+        with pytest.raises(UserError, match="GPUFLEET_JSII_RUNTIME='bogus': not a jsii runtime gpufleet knows"):
+            parallel._finish_worker(proc, tmp_path / ".part-1")
