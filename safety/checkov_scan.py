@@ -3,8 +3,8 @@
 Measured on the 6 example stacks (2 shared, busy cores): one checkov process per stack took
 38 s serial and 42 s two at a time, because each process spends ~4-5 s of CPU starting. So a
 few long-lived worker processes (``safety/checkov_worker.py``: checkov's own CLI entry, run in
-process once per chunk of ``STACKS_PER_CHUNK`` stacks, with the rendering it repeats across
-stacks remembered) take the chunks one at a time; results are split back per stack by file path,
+process once per stack, handed ``STACKS_PER_CHUNK`` stacks at a time, with the rendering it repeats
+across stacks remembered) take the chunks one at a time; results are split back per stack by file path,
 and a second process starts only for a fleet large enough to repay its start-up. A chunk holds
 one small graph at a time, where one process over a whole 200-cluster fleet held 200 stacks'
 (about 1 GB each for two processes). Skips come from the reviewed ``.checkov-skips.yaml`` (each
