@@ -33,7 +33,10 @@ from clusters import cache_trust
 from clusters.tools import installed_tool
 
 STACKS_PER_PROCESS = 8
-STACKS_PER_CHUNK = 10
+# Stacks handed to a worker at a time. Each is its own checkov run (``checkov_worker.scan``), so a chunk only
+# saves messages; a small one evens the last chunks out between workers and lets ``Stream.finish`` wait
+# for little.
+STACKS_PER_CHUNK = 4
 WORKER = Path(__file__).with_name("checkov_worker.py")
 
 

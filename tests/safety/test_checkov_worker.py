@@ -170,8 +170,8 @@ def test_a_stacks_result_is_its_own_whichever_stacks_share_its_chunk(tmp_path: P
     """The checkov cache keys a result on the stack's own bytes, so the result must not depend on the
     stacks scanned with it. One checkov run over several files renders them over one asteval symbol
     table: ``b-both`` assigns ``everyone``, and ``c-reads`` scanned after it in the same run failed
-    CKV2_GCP_6 although alone (and in a one-cluster re-scan) it passes. In one chunk of the default
-    size, every stack must get the result ``checkov -f <that stack>`` gives."""
+    CKV2_GCP_6 although alone (and in a one-cluster re-scan) it passes. In one chunk, every stack
+    must get the result ``checkov -f <that stack>`` gives."""
     resources = {
         "google_kms_crypto_key": {"key": {"name": "k", "key_ring": "r", "rotation_period": "7776000s", "purpose": "${local.set}"}},
         "google_kms_crypto_key_iam_member": {"m": {"crypto_key_id": "${google_kms_crypto_key.key.id}",
@@ -182,9 +182,9 @@ def test_a_stacks_result_is_its_own_whichever_stacks_share_its_chunk(tmp_path: P
     stacks = [_stack(tmp_path, "a-reads", reads), _stack(tmp_path, "b-both", both), _stack(tmp_path, "c-reads", reads)]
     alone = [cli([s])[0] for s in stacks]
     assert not any(f.check_id == "CKV2_GCP_6" for f in alone[2].failures)
-    assert checkov_scan.STACKS_PER_CHUNK >= len(stacks)
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv(checkov_cache.CACHE_ENV, "off")
+        patch.setattr(checkov_scan, "STACKS_PER_CHUNK", 10)
         together = list(checkov_scan.run(stacks, skip_ids=(), workers=1).stacks)
     assert together == alone
 
