@@ -363,19 +363,28 @@ class Stream:
         self.cache = cache_trust.prepare(cache, checkov_cache.CACHE_ENV) if cache is not None else None
         self.version = checkov_cache.checkov_version(self.binary) if self.cache is not None else ""
         self.root = Path(tempfile.mkdtemp(prefix="gpufleet-checkov-stream-"))
-        self.copied: dict[str, bytes] = {}
+        self.copied: dict[str, bytes | None] = {}  # stack name -> the bytes its copy holds (None: not to be used)
         self.results: dict[str, StackResult] = {}
         self.todo: queue.SimpleQueue[Path | None] = queue.SimpleQueue()
         self.thread: threading.Thread | None = None
         self.stopping = False
 
     def add(self, stack_dir: Path) -> None:
-        """Copy one written stack and queue it (a result the checkov cache holds is taken from there in ``finish``)."""
-        data = (Path(stack_dir) / "cdk.tf.json").read_bytes()
-        copy = self.root / Path(stack_dir).name
-        copy.mkdir()
-        (copy / "cdk.tf.json").write_bytes(data)
-        self.copied[copy.name] = data
+        """Copy one written stack and queue it (a result the checkov cache holds is taken from there in ``finish``).
+        A stack told twice, or one that cannot be copied, is left to ``finish``: no copy's result is used for it."""
+        name = Path(stack_dir).name
+        if name in self.copied:
+            self.copied[name] = None
+            return
+        self.copied[name] = None
+        copy = self.root / name
+        try:
+            data = (Path(stack_dir) / "cdk.tf.json").read_bytes()
+            copy.mkdir()
+            (copy / "cdk.tf.json").write_bytes(data)
+        except OSError:
+            return
+        self.copied[name] = data
         if self.cache is not None:
             from safety import checkov_cache
 

@@ -95,3 +95,17 @@ def test_a_stream_closed_without_finish_stores_nothing_and_leaves_nothing(stacks
     assert _entries(tmp_path / "cache") == {}
     assert worker is not None and worker.ended and worker.process.poll() is not None
     assert not root.exists()
+
+
+def test_a_stack_told_twice_is_scanned_after_synthesis(stacks: list[Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two copies of one name could be scanned in either order: neither result is used."""
+    monkeypatch.setenv(checkov_cache.CACHE_ENV, "off")
+    scanned = _scanned(monkeypatch)
+    with checkov_scan.streamed(True) as stream:
+        assert stream is not None
+        for directory in [*stacks, stacks[0]]:
+            stream.add(directory)
+        _drained(stream, list(STACKS[1:]))
+        summary = stream.finish(stacks)
+    assert scanned == [STACKS[0]]
+    assert summary == checkov_scan.run(stacks)
