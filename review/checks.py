@@ -212,11 +212,13 @@ def run_checks(configs: tuple[ClusterConfig, ...] | None, *, out: Path, state_fi
     warnings = expiry_warnings(configs)
     report.add("expiry", True, f"{len(warnings)} warning(s)" if warnings else "nothing dated ends within 30 days", warnings)
     on_stage("synth")
-    # checkov's worker imports (seconds) on a second core while the fleet synthesizes; a one-cluster edit
-    # then waits only for its own stacks' scan. With one core it would only take time from synthesis.
+    # checkov's worker imports (seconds) on a second core while the fleet synthesizes, then scans each stack
+    # as synthesis writes it (checkov_scan.Stream); what is left is scanned after synthesis by every worker.
+    # With one core it would only take time from synthesis.
     # available_cores: the affinity mask where the OS has one (os.sched_getaffinity is Linux-only), else the core count.
-    with checkov_scan.warmed(checkov and available_cores() > 1) as warm:
-        stacks = synthesize(configs, out)
+    two_cores = checkov and available_cores() > 1
+    with checkov_scan.warmed(two_cores) as warm, checkov_scan.streamed(two_cores, warm) as stream:
+        stacks = synthesize(configs, out, written=stream.add if stream is not None else None)
         report.add("synth", True, f"{len(stacks)} stack(s) into {out}")
         if price is not None:
             cold = cold_reservation_warnings(configs, price)
@@ -233,7 +235,8 @@ def run_checks(configs: tuple[ClusterConfig, ...] | None, *, out: Path, state_fi
                    [f"secret: {f}" for f in findings])
         if checkov:
             on_stage(f"checkov on {len(stacks)} stack(s)")
-            result = checkov_scan.run([out / "stacks" / s for s in stacks], warm=warm)
+            final = [out / "stacks" / s for s in stacks]
+            result = stream.finish(final) if stream is not None else checkov_scan.run(final, warm=warm)
             report.add("checkov", result.ok, result.summary_line, _checkov_lines(result, configs, clusters_dir))
     return report
 

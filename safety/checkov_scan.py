@@ -3,8 +3,8 @@
 Measured on the 6 example stacks (2 shared, busy cores): one checkov process per stack took
 38 s serial and 42 s two at a time, because each process spends ~4-5 s of CPU starting. So a
 few long-lived worker processes (``safety/checkov_worker.py``: checkov's own CLI entry, run in
-process once per chunk of ``STACKS_PER_CHUNK`` stacks, with the rendering it repeats across
-stacks remembered) take the chunks one at a time; results are split back per stack by file path,
+process once per stack, handed ``STACKS_PER_CHUNK`` stacks at a time, with the rendering it repeats
+across stacks remembered) take the chunks one at a time; results are split back per stack by file path,
 and a second process starts only for a fleet large enough to repay its start-up. A chunk holds
 one small graph at a time, where one process over a whole 200-cluster fleet held 200 stacks'
 (about 1 GB each for two processes). Skips come from the reviewed ``.checkov-skips.yaml`` (each
@@ -18,6 +18,7 @@ import json
 import os
 import queue
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -32,7 +33,10 @@ from clusters import cache_trust
 from clusters.tools import installed_tool
 
 STACKS_PER_PROCESS = 8
-STACKS_PER_CHUNK = 10
+# Stacks handed to a worker at a time. Each is its own checkov run (``checkov_worker.scan``), so a chunk only
+# saves messages; a small one evens the last chunks out between workers and lets ``Stream.finish`` wait
+# for little.
+STACKS_PER_CHUNK = 4
 WORKER = Path(__file__).with_name("checkov_worker.py")
 
 
@@ -279,36 +283,40 @@ def default_workers(stacks: int) -> int:
 
 
 def run(stack_dirs: Iterable[Path], skip_ids: Iterable[str] | None = None, *, workers: int | None = None,
-        warm: _Worker | None = None) -> CheckovSummary:
+        warm: _Worker | None = None, known: dict[Path, StackResult] | None = None) -> CheckovSummary:
     """Scan every stack directory, split over ``workers`` concurrent checkov processes (default: ``default_workers``).
 
     Stacks whose result is in ``safety.checkov_cache`` (same JSON bytes, checkov version, skips and
     rules) are not scanned again. ``warm`` (``prestart``) is used as the first process, or discarded
-    when every stack's result is cached.
+    when every stack's result is cached. ``known`` are results ``Stream`` scanned already, of stacks
+    with these very bytes: they go into the summary and, like every scanned result, the cache.
     """
     try:
-        return _run(stack_dirs, _skips(skip_ids), workers, warm)
+        return _run(stack_dirs, _skips(skip_ids), workers, warm, known or {})
     finally:
         if warm is not None and not warm.ended:
             warm.discard()  # nothing was left to scan (or the scan failed before it started)
 
 
-def _run(stack_dirs: Iterable[Path], skips: tuple[str, ...], workers: int | None, warm: _Worker | None) -> CheckovSummary:
+def _run(stack_dirs: Iterable[Path], skips: tuple[str, ...], workers: int | None, warm: _Worker | None,
+         known: dict[Path, StackResult]) -> CheckovSummary:
     from safety import checkov_cache
 
     directories = sorted(Path(d) for d in stack_dirs)
-    if not directories:
+    if not directories and not known:
         return CheckovSummary((), skips)
     binary = checkov_binary()
     cache = checkov_cache.cache_dir()
     cache = cache_trust.prepare(cache, checkov_cache.CACHE_ENV) if cache is not None else None
     keys: dict[Path, str] = {}
-    results: list[StackResult] = []
+    results: list[StackResult] = list(known.values())
     if cache is not None:
         version = checkov_cache.checkov_version(binary)
+        for directory, result in known.items():
+            checkov_cache.store(cache, checkov_cache.key(directory, version, skips), result)
         keys = {d: checkov_cache.key(d, version, skips) for d in directories}
         cached = {d: checkov_cache.load(cache, keys[d], d.name) for d in directories}
-        results = [r for r in cached.values() if r is not None]
+        results += [r for r in cached.values() if r is not None]
         directories = [d for d in directories if cached[d] is None]
     if directories:
         chunks = [tuple(directories[i:i + STACKS_PER_CHUNK]) for i in range(0, len(directories), STACKS_PER_CHUNK)]
@@ -324,3 +332,127 @@ def _run(stack_dirs: Iterable[Path], skips: tuple[str, ...], workers: int | None
 
         scan_chunks(chunks, skips, binary, count, done, warm)
     return CheckovSummary(tuple(sorted(results, key=lambda r: r.stack)), skips)
+
+
+class Stream:
+    """Stacks scanned while the fleet still synthesizes: ``add`` (``synthesize(written=)``) copies each stack
+    file as it is written and one worker scans the copies meanwhile; ``finish`` returns what ``run`` over the
+    final stacks returns.
+
+    Why copies: the staging tree is renamed into place after synthesis, so a path handed to checkov
+    meanwhile would vanish. A copied result is used only for a final stack of the same name and
+    the same bytes (compared in ``finish``), which is everything its result is a function of (the
+    worker runs checkov once per stack, ``checkov_worker.scan``); any other stack is scanned as
+    ``run`` scans it, with this worker as the first process. Results are stored in the checkov
+    cache only in ``finish``, so a synthesis that fails leaves the cache as it was.
+    One worker scans during synthesis (it runs on the core the synthesis leaves; a second would
+    take time from synthesis, pinned to its own core), and ``finish`` adds the others."""
+
+    def __init__(self, skip_ids: Iterable[str] | None = None, warm: _Worker | None = None) -> None:
+        from safety import checkov_cache
+
+        self.skips = _skips(skip_ids)
+        self.binary = checkov_binary()
+        python = checkov_python(self.binary)
+        if warm is not None and (warm.python, warm.skip_ids, warm.env) != (python, self.skips, checkov_env()):
+            warm.discard()
+            warm = None
+        self.worker = warm
+        self.python = python
+        cache = checkov_cache.cache_dir()
+        self.cache = cache_trust.prepare(cache, checkov_cache.CACHE_ENV) if cache is not None else None
+        self.version = checkov_cache.checkov_version(self.binary) if self.cache is not None else ""
+        self.root = Path(tempfile.mkdtemp(prefix="gpufleet-checkov-stream-"))
+        self.copied: dict[str, bytes | None] = {}  # stack name -> the bytes its copy holds (None: not to be used)
+        self.results: dict[str, StackResult] = {}
+        self.todo: queue.SimpleQueue[Path | None] = queue.SimpleQueue()
+        self.thread: threading.Thread | None = None
+        self.stopping = False
+
+    def add(self, stack_dir: Path) -> None:
+        """Copy one written stack and queue it (a result the checkov cache holds is taken from there in ``finish``).
+        A stack told twice, or one that cannot be copied, is left to ``finish``: no copy's result is used for it."""
+        name = Path(stack_dir).name
+        if name in self.copied:
+            self.copied[name] = None
+            return
+        self.copied[name] = None
+        copy = self.root / name
+        try:
+            data = (Path(stack_dir) / "cdk.tf.json").read_bytes()
+            copy.mkdir()
+            (copy / "cdk.tf.json").write_bytes(data)
+        except OSError:
+            return
+        self.copied[name] = data
+        if self.cache is not None:
+            from safety import checkov_cache
+
+            if checkov_cache.load(self.cache, checkov_cache.key(copy, self.version, self.skips), copy.name) is not None:
+                return
+        if self.thread is None:
+            self.thread = threading.Thread(target=self._work, name="checkov-stream", daemon=True)
+            self.thread.start()
+        self.todo.put(copy)
+
+    def _work(self) -> None:
+        worker = self.worker or _Worker(self.python, self.skips)
+        self.worker = worker
+        while True:
+            first = self.todo.get()
+            if first is None or self.stopping:  # what is still queued is scanned by every worker in ``finish``
+                return
+            chunk = [first]
+            while len(chunk) < STACKS_PER_CHUNK:
+                try:
+                    more = self.todo.get_nowait()
+                except queue.Empty:
+                    break
+                if more is None:
+                    self.todo.put(None)
+                    break
+                chunk.append(more)
+            for result in worker.scan(tuple(chunk)):
+                self.results[result.stack] = result
+
+    def finish(self, stack_dirs: Iterable[Path], *, workers: int | None = None) -> CheckovSummary:
+        """The summary ``run(stack_dirs)`` gives: results of copies whose bytes are the final stack's, the rest scanned now."""
+        self._stop()
+        final = sorted(Path(d) for d in stack_dirs)
+        streamed = {d: self.results[d.name] for d in final
+                    if d.name in self.results and self.copied.get(d.name) == (d / "cdk.tf.json").read_bytes()}
+        warm, self.worker = self.worker, None
+        if warm is not None and warm.process.poll() is not None:
+            warm.close()  # it died: its stacks are errors already, the rest get a fresh worker
+            warm = None
+        summary = run([d for d in final if d not in streamed], self.skips, workers=workers, warm=warm, known=streamed)
+        return summary
+
+    def _stop(self) -> None:
+        """Let the worker end the chunk it scans; it takes no other."""
+        self.stopping = True
+        if self.thread is not None:
+            self.todo.put(None)
+            self.thread.join()
+            self.thread = None
+
+    def close(self) -> None:
+        """Stop scanning (after ``finish``, or a synthesis that failed): no worker or copy outlives the check."""
+        try:
+            self._stop()
+        finally:
+            if self.worker is not None and not self.worker.ended:
+                self.worker.discard()
+            self.worker = None
+            shutil.rmtree(self.root, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def streamed(enabled: bool, warm: _Worker | None = None) -> Iterator[Stream | None]:
+    """A ``Stream`` when ``enabled`` (else None), closed however the block ends."""
+    stream = Stream(warm=warm) if enabled else None
+    try:
+        yield stream
+    finally:
+        if stream is not None:
+            stream.close()

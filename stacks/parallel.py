@@ -44,7 +44,7 @@ import shutil
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -59,6 +59,10 @@ PARALLEL_MIN_CLUSTERS = 8
 _early: list[subprocess.Popen] = []
 _early_cores: list[int] = []
 _early_kernel: list[threading.Thread] = []
+# Clusters per App when a caller wants each stack as soon as it is written (``synth_streamed``).
+STREAM_CLUSTERS = 10
+# Told each stack directory (under the staging tree) once its files are written and final.
+Written = Callable[[Path], None]
 
 
 def available_cores() -> int:
@@ -169,6 +173,35 @@ def synth_group(configs: tuple[ClusterConfig, ...], names: tuple[str, ...], outd
     return json.loads((outdir / "manifest.json").read_text())
 
 
+def synth_streamed(configs: tuple[ClusterConfig, ...], names: tuple[str, ...], outdir: Path, imported_dir: Path | None,
+                   written: Written) -> dict:
+    """``synth_group`` of ``names`` into ``outdir``, ``STREAM_CLUSTERS`` whole clusters per App in this process's
+    kernel, telling ``written`` each stack directory as soon as its batch is synthesized (``gpufleet check``
+    scans them meanwhile); returns the manifest, written to ``outdir`` as ``synthesize_parallel`` merges one.
+
+    The same bytes as one App: a stack's files are written from its own constructs (the reason
+    ``synthesize_parallel`` may split a fleet by cluster), and the manifest is rebuilt the way it is
+    rebuilt there. Each App costs about 20-50 ms more of this kernel's time."""
+    wanted = set(names)
+    order = [s for s in plan_stacks(configs) if s.name in wanted]
+    clusters = list(dict.fromkeys(s.cluster for s in order))
+    (outdir / "stacks").mkdir(parents=True)
+    entries: dict[str, dict] = {}
+    top: dict = {}
+    for index in range(0, len(clusters), STREAM_CLUSTERS):
+        batch = set(clusters[index:index + STREAM_CLUSTERS])
+        part = outdir / f".batch-{index}"
+        top = synth_group(configs, tuple(s.name for s in order if s.cluster in batch), part, imported_dir)
+        for name, entry in top["stacks"].items():
+            entries[name] = entry
+            os.replace(part / "stacks" / name, outdir / "stacks" / name)
+            written(outdir / "stacks" / name)
+        shutil.rmtree(part)
+    manifest = {**top, "stacks": entries}
+    (outdir / "manifest.json").write_text(manifest_json(manifest), encoding="utf-8")
+    return manifest
+
+
 def _worker_argv(*args: str) -> tuple[list[str], dict[str, str]]:
     """``python -m stacks.parallel ...``: a plain interpreter, so it imports neither the caller's
     ``__main__`` (``fork`` would copy a jsii kernel, ``spawn`` re-imports the CLI) nor anything else."""
@@ -277,10 +310,12 @@ def _finish_worker(proc: subprocess.Popen, part: Path) -> dict:
 
 
 def synthesize_parallel(configs: tuple[ClusterConfig, ...], tmp: Path, workers: int,
-                        imported_dir: Path | None = None, names: tuple[str, ...] | None = None) -> tuple[str, ...]:
+                        imported_dir: Path | None = None, names: tuple[str, ...] | None = None,
+                        written: Written | None = None) -> tuple[str, ...]:
     """Synthesize into ``tmp`` (a fresh staging dir) over ``workers`` processes, this one included;
     returns every stack name in ``plan_stacks`` order. ``names`` (whole clusters, as the synthesis
-    cache asks) builds only those stacks, still from every config."""
+    cache asks) builds only those stacks, still from every config. ``written`` hears this process's
+    stacks as it writes them (``synth_streamed``), the workers' once they are done."""
     info = plan_stacks(configs)
     if names is not None:
         info = tuple(s for s in info if s.name in names)
@@ -291,8 +326,12 @@ def synthesize_parallel(configs: tuple[ClusterConfig, ...], tmp: Path, workers: 
                for index, (names, part) in enumerate(zip(groups[1:], parts[1:]), start=1)]
     try:
         with one_core(cores[0] if cores else None):
-            manifests = [synth_group(configs, groups[0], parts[0], imported_dir)]
-        manifests += [_finish_worker(proc, part) for proc, part in zip(started, parts[1:])]
+            manifests = [synth_group(configs, groups[0], parts[0], imported_dir) if written is None
+                         else synth_streamed(configs, groups[0], parts[0], imported_dir, written)]
+        for proc, part in zip(started, parts[1:]):
+            manifests.append(_finish_worker(proc, part))
+            for name in manifests[-1]["stacks"] if written is not None else ():
+                written(part / "stacks" / name)
     finally:
         for proc in started:  # after an error here, a worker still running has nothing left to do
             if proc.poll() is None:

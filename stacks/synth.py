@@ -20,6 +20,7 @@ from clusters import cache_trust, outputs
 from stacks import synth_cache
 from stacks.interpolation import check_outdir
 from stacks.layout import TFC_WORKSPACES_STACK, StackInfo, plan_stacks
+from stacks.parallel import Written
 
 DEFAULT_OUTDIR = Path("cdktf.out")
 # jsii prints a banner on every start under Node 20; gpufleet pins Node 20 knowingly.
@@ -41,7 +42,8 @@ def _select(configs: tuple[ClusterConfig, ...], only: tuple[str, ...]) -> tuple[
 
 
 def synthesize(configs: tuple[ClusterConfig, ...], outdir: Path = DEFAULT_OUTDIR,
-               only: tuple[str, ...] = (), imported_dir: Path | None = None, jobs: int | None = None) -> tuple[str, ...]:
+               only: tuple[str, ...] = (), imported_dir: Path | None = None, jobs: int | None = None,
+               written: Written | None = None) -> tuple[str, ...]:
     """Synthesize the fleet, or only the named stacks, into ``outdir``; returns the stack names written.
 
     ``imported_dir`` holds the recorded imports (default ``stacks/imported``); ``gpufleet preview``
@@ -49,6 +51,8 @@ def synthesize(configs: tuple[ClusterConfig, ...], outdir: Path = DEFAULT_OUTDIR
     ``GPUFLEET_SYNTH_JOBS``, else the cores for a fleet of ``stacks.parallel.PARALLEL_MIN_CLUSTERS``
     clusters or more, else 1 = in this process); the output is the same bytes either way. Stacks
     whose inputs did not change since a synthesis stored them come from ``stacks.synth_cache``.
+    ``written`` (``gpufleet check``'s scan) hears each stack directory of the staging tree as soon as
+    its files are final, before the whole synthesis is; a synthesis that then fails writes nothing.
     """
     from stacks.imported import imported_dir as default_imported_dir
     from stacks.parallel import synthesize_parallel, worker_count
@@ -67,9 +71,14 @@ def synthesize(configs: tuple[ClusterConfig, ...], outdir: Path = DEFAULT_OUTDIR
         cache = synth_cache.cache_dir()
         cache = cache_trust.prepare(cache, synth_cache.CACHE_ENV) if cache is not None else None
         if cache is not None:
-            names = _synthesize_cached(configs, tmp, imported_dir, jobs, cache, shown_as=outdir)
+            names = _synthesize_cached(configs, tmp, imported_dir, jobs, cache, shown_as=outdir, written=written)
+        elif workers > 1:
+            names = synthesize_parallel(configs, tmp, workers, imported_dir, written=written)
+        elif written is not None:
+            names = _synthesize_streamed(configs, tmp, imported_dir, written)
         else:
-            names = synthesize_parallel(configs, tmp, workers, imported_dir) if workers > 1 else _synthesize_here(configs, tmp, imported_dir)
+            names = _synthesize_here(configs, tmp, imported_dir)
+        if cache is None:
             check_outdir(tmp, shown_as=outdir)
         if only:
             _merge(tmp, outdir, only)
@@ -98,6 +107,15 @@ def _synthesize_here(configs: tuple[ClusterConfig, ...], tmp: Path, imported_dir
     return tuple(fleet.stacks)
 
 
+def _synthesize_streamed(configs: tuple[ClusterConfig, ...], tmp: Path, imported_dir: Path | None, written: Written) -> tuple[str, ...]:
+    """The whole fleet in this process, a batch of clusters at a time (``stacks.parallel.synth_streamed``), on one core."""
+    from stacks.parallel import one_core, synth_streamed
+
+    with one_core():
+        synth_streamed(configs, tuple(s.name for s in plan_stacks(configs)), tmp, imported_dir, written)
+    return tuple(s.name for s in plan_stacks(configs) if (tmp / "stacks" / s.name).is_dir())
+
+
 def _units(configs: tuple[ClusterConfig, ...]) -> list[tuple[tuple[ClusterConfig, ...], tuple[StackInfo, ...]]]:
     """What each cached entry holds: one cluster's stacks (built from its config alone; the scheduler
     stack references its infra stack), and ``tfc-workspaces`` on its own, built from the configs of
@@ -110,13 +128,13 @@ def _units(configs: tuple[ClusterConfig, ...]) -> list[tuple[tuple[ClusterConfig
 
 
 def _synthesize_cached(configs: tuple[ClusterConfig, ...], tmp: Path, imported_dir: Path, jobs: int | None,
-                       cache: Path, shown_as: Path) -> tuple[str, ...]:
+                       cache: Path, shown_as: Path, written: Written | None = None) -> tuple[str, ...]:
     """Cached units are written from the cache; the others are synthesized (over worker processes
     when there are enough of them), checked for template sequences (``check_outdir``) and only then
     stored, so every cached stack passed that check with the code its key names and is not checked
     again. ``manifest.json`` is rebuilt from every stack's entry exactly as ``stacks.parallel``
     merges workers' manifests, so the tree is a cold synthesis's bytes."""
-    from stacks.parallel import manifest_json, synth_group, synthesize_parallel, worker_count
+    from stacks.parallel import manifest_json, one_core, synth_group, synth_streamed, synthesize_parallel, worker_count
 
     top: dict | None = None
     entries: dict[str, dict] = {}
@@ -132,6 +150,8 @@ def _synthesize_cached(configs: tuple[ClusterConfig, ...], tmp: Path, imported_d
             inputs[key] = (unit_configs, stacks)
             continue
         synth_cache.write_unit(hit, tmp)
+        for name in names if written is not None else ():
+            written(tmp / "stacks" / name)
         top = hit["top"]
         entries.update({name: hit["stacks"][name]["manifest"] for name in names})
     if missing:
@@ -140,8 +160,11 @@ def _synthesize_cached(configs: tuple[ClusterConfig, ...], tmp: Path, imported_d
         fresh.mkdir()
         workers = worker_count(max(1, sum(1 for _, names in missing if names[0] != TFC_WORKSPACES_STACK)), jobs)
         if workers > 1:
-            synthesize_parallel(configs, fresh, workers, imported_dir, names=build)
+            synthesize_parallel(configs, fresh, workers, imported_dir, names=build, written=written)
             manifest = json.loads((fresh / "manifest.json").read_text())
+        elif written is not None:
+            with one_core():
+                manifest = synth_streamed(configs, build, fresh, imported_dir, written)
         else:
             manifest = synth_group(configs, build, fresh, imported_dir)
         check_outdir(fresh, shown_as=shown_as, stacks=build)

@@ -166,6 +166,29 @@ def test_an_assignment_rendered_in_one_stack_does_not_leak_into_another(tmp_path
     assert _workers_one_stack_per_chunk(stacks) == plain
 
 
+def test_a_stacks_result_is_its_own_whichever_stacks_share_its_chunk(tmp_path: Path) -> None:
+    """The checkov cache keys a result on the stack's own bytes, so the result must not depend on the
+    stacks scanned with it. One checkov run over several files renders them over one asteval symbol
+    table: ``b-both`` assigns ``everyone``, and ``c-reads`` scanned after it in the same run failed
+    CKV2_GCP_6 although alone (and in a one-cluster re-scan) it passes. In one chunk, every stack
+    must get the result ``checkov -f <that stack>`` gives."""
+    resources = {
+        "google_kms_crypto_key": {"key": {"name": "k", "key_ring": "r", "rotation_period": "7776000s", "purpose": "${local.set}"}},
+        "google_kms_crypto_key_iam_member": {"m": {"crypto_key_id": "${google_kms_crypto_key.key.id}",
+                                                   "role": "roles/cloudkms.cryptoKeyEncrypter", "member": "${local.who}"}},
+    }
+    reads = json.dumps({"locals": {"set": "ENCRYPT_DECRYPT", "who": "${everyone}"}, "resource": resources}, indent=2)
+    both = json.dumps({"locals": {"set": "everyone = 'allUsers'", "who": "${everyone}"}, "resource": resources}, indent=2)
+    stacks = [_stack(tmp_path, "a-reads", reads), _stack(tmp_path, "b-both", both), _stack(tmp_path, "c-reads", reads)]
+    alone = [cli([s])[0] for s in stacks]
+    assert not any(f.check_id == "CKV2_GCP_6" for f in alone[2].failures)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(checkov_cache.CACHE_ENV, "off")
+        patch.setattr(checkov_scan, "STACKS_PER_CHUNK", 10)
+        together = list(checkov_scan.run(stacks, skip_ids=(), workers=1).stacks)
+    assert together == alone
+
+
 def test_a_rendering_is_remembered_only_while_checkovs_symbols_are_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
     """In process, with checkov's real renderer counted: a repeated string is rendered once (asteval
     rebinding its own ``print`` at every call does not count as a change), an assignment turns the
@@ -208,3 +231,32 @@ def test_a_worker_killed_mid_chunk_fails_every_stack_it_had_left_and_says_so(tmp
     summary = checkov_scan.run(stacks, skip_ids=(), workers=1)
     assert not summary.ok
     assert [(s.stack, s.passed, s.error) for s in summary.stacks] == [(name, 0, "checkov worker killed by signal 9") for name in "abc"]
+
+
+LIGHTEN = """
+import importlib.util, logging, sys
+spec = importlib.util.spec_from_file_location("checkov_worker", sys.argv[1])
+worker = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(worker)
+import checkov.main
+from checkov import logging_init
+worker.lighten()
+before = len(logging_init.log_stream.getvalue())
+log = logging.getLogger("checkov.terraform.runner")
+log.debug("a debug record")
+log.warning("a warning record")
+print(len(logging_init.log_stream.getvalue()) - before)
+"""
+
+
+@pytest.mark.parametrize("level", ["WARNING", "DEBUG"])
+def test_lighten_stops_the_debug_buffer_and_keeps_checkovs_stderr(level: str) -> None:
+    """In the interpreter checkov runs in: after ``lighten`` nothing is formatted into checkov's in-memory
+    support log, and stderr still gets exactly what ``LOG_LEVEL`` lets through (checkov's own handler)."""
+    python = checkov_scan.checkov_python(checkov_scan.checkov_binary())
+    env = dict(checkov_scan.checkov_env(), LOG_LEVEL=level)
+    done = subprocess.run([python, "-c", LIGHTEN, str(checkov_scan.WORKER)], capture_output=True, text=True, env=env, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["0"]
+    assert "a warning record" in done.stderr
+    assert ("a debug record" in done.stderr) == (level == "DEBUG")

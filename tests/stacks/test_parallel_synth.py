@@ -156,3 +156,30 @@ def test_an_early_worker_whose_kernel_cannot_start_still_reports_through_its_job
         proc = parallel._start_worker(example_configs, names, tmp_path / ".part-1", None, None)
         with pytest.raises(UserError, match="GPUFLEET_JSII_RUNTIME='bogus': not a jsii runtime gpufleet knows"):
             parallel._finish_worker(proc, tmp_path / ".part-1")
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+@pytest.mark.parametrize("cache", ["off", "on"])
+def test_a_streamed_synthesis_is_byte_identical_and_tells_each_stack_once_with_its_final_bytes(
+        serial_out: Path, example_configs, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, jobs: int, cache: str) -> None:
+    """``written`` (gpufleet check's scan) hears every stack once, while its files already hold the bytes the
+    output ends with; one cluster per App (STREAM_CLUSTERS=1) so the example fleet takes several batches."""
+    monkeypatch.setattr(parallel, "STREAM_CLUSTERS", 1)
+    monkeypatch.setenv("GPUFLEET_SYNTH_CACHE", "off" if cache == "off" else str(tmp_path / "synth-cache"))
+    heard: dict[str, bytes] = {}
+
+    def written(stack_dir: Path) -> None:
+        assert stack_dir.name not in heard
+        heard[stack_dir.name] = (stack_dir / "cdk.tf.json").read_bytes()
+
+    out = tmp_path / "cdktf.out"
+    for _ in range(2 if cache == "on" else 1):  # a second run with the cache on tells the cached stacks too
+        heard.clear()
+        names = synthesize(example_configs, out, jobs=jobs, written=written)
+        serial, streamed = _tree(serial_out), _tree(out)
+        assert sorted(streamed) == sorted(serial)
+        assert [name for name in serial if streamed[name] != serial[name]] == []
+        assert names == tuple(s.name for s in plan_stacks(example_configs))
+        assert sorted(heard) == sorted(names)
+        assert {name: (out / "stacks" / name / "cdk.tf.json").read_bytes() for name in names} == heard
+        assert not any(p.name.startswith((".part-", ".batch-")) for p in out.rglob("*"))

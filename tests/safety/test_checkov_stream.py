@@ -1,0 +1,111 @@
+"""Stacks scanned while synthesis writes them (checkov_scan.Stream) give ``run``'s summary and cache, never a copy's
+result for a stack whose final bytes differ; a synthesis that fails stores nothing. Real checkov 3.3.30."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from safety import checkov_cache, checkov_scan
+
+STACKS = ("dev-gke", "dev-gke-scheduler", "prod-gke")
+FAILING = {"resource": {"google_compute_firewall": {"ssh": {"name": "ssh", "network": "default", "source_ranges": ["0.0.0.0/0"],
+                                                            "allow": [{"protocol": "tcp", "ports": ["22"]}]}}}}
+
+
+@pytest.fixture()
+def stacks(fleet_out: Path, tmp_path: Path) -> list[Path]:
+    copies = []
+    for name in STACKS:
+        copies.append(tmp_path / "out" / "stacks" / name)
+        shutil.copytree(fleet_out / "stacks" / name, copies[-1])
+    return copies
+
+
+def _scanned(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Stack names ``run`` (the part after synthesis) scanned."""
+    scanned: list[str] = []
+    real = checkov_scan.scan_chunks
+
+    def counting(chunks, skip_ids, binary, workers, done, warm=None):
+        scanned.extend(d.name for chunk in chunks for d in chunk)
+        return real(chunks, skip_ids, binary, workers, done, warm)
+
+    monkeypatch.setattr(checkov_scan, "scan_chunks", counting)
+    return scanned
+
+
+def _drained(stream: checkov_scan.Stream, names: list[str]) -> None:
+    """Wait until the stream's worker scanned ``names`` (so ``finish`` has copies' results to use)."""
+    deadline = time.monotonic() + 300
+    while not set(names) <= set(stream.results):
+        assert time.monotonic() < deadline, stream.results
+        time.sleep(0.1)
+
+
+def _entries(cache: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(cache.rglob("*.json"))}
+
+
+def test_streamed_results_are_runs_summary_and_cache(stacks: list[Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(checkov_cache.CACHE_ENV, str(tmp_path / "plain-cache"))
+    plain = checkov_scan.run(stacks)  # the skips of .checkov-skips.yaml, as a Stream uses
+    monkeypatch.setenv(checkov_cache.CACHE_ENV, str(tmp_path / "stream-cache"))
+    scanned = _scanned(monkeypatch)
+    with checkov_scan.streamed(True) as stream:
+        assert stream is not None
+        for directory in reversed(stacks):  # in any order
+            stream.add(directory)
+        _drained(stream, list(STACKS))
+        summary = stream.finish(stacks)
+    assert scanned == []  # every result came from the stream
+    assert summary == plain and summary.ok
+    assert _entries(tmp_path / "stream-cache") == _entries(tmp_path / "plain-cache") != {}
+
+
+def test_a_stack_whose_final_bytes_differ_from_its_copy_is_scanned_again(stacks: list[Path], tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(checkov_cache.CACHE_ENV, "off")
+    scanned = _scanned(monkeypatch)
+    with checkov_scan.streamed(True) as stream:
+        assert stream is not None
+        for directory in stacks:
+            stream.add(directory)
+        _drained(stream, list(STACKS))
+        (stacks[0] / "cdk.tf.json").write_text(json.dumps(FAILING, indent=2))  # rewritten after it was handed over
+        summary = stream.finish(stacks)
+    assert scanned == [STACKS[0]]
+    assert summary == checkov_scan.run(stacks)
+    assert {f.check_id for f in summary.stacks[0].failures} >= {"CKV_GCP_2"}
+
+
+def test_a_stream_closed_without_finish_stores_nothing_and_leaves_nothing(stacks: list[Path], tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """A synthesis that fails after some stacks were scanned: the cache stays as it was, no worker or copy is left."""
+    monkeypatch.setenv(checkov_cache.CACHE_ENV, str(tmp_path / "cache"))
+    with checkov_scan.streamed(True) as stream:
+        assert stream is not None
+        stream.add(stacks[0])
+        _drained(stream, [STACKS[0]])
+        worker, root = stream.worker, stream.root
+    assert _entries(tmp_path / "cache") == {}
+    assert worker is not None and worker.ended and worker.process.poll() is not None
+    assert not root.exists()
+
+
+def test_a_stack_told_twice_is_scanned_after_synthesis(stacks: list[Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two copies of one name could be scanned in either order: neither result is used."""
+    monkeypatch.setenv(checkov_cache.CACHE_ENV, "off")
+    scanned = _scanned(monkeypatch)
+    with checkov_scan.streamed(True) as stream:
+        assert stream is not None
+        for directory in [*stacks, stacks[0]]:
+            stream.add(directory)
+        _drained(stream, list(STACKS[1:]))
+        summary = stream.finish(stacks)
+    assert scanned == [STACKS[0]]
+    assert summary == checkov_scan.run(stacks)
