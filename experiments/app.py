@@ -12,6 +12,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
+import weakref
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -32,6 +33,7 @@ from experiments.limits import MAX_BODY_BYTES, BodyLimit
 from experiments.metrics import Metrics
 from experiments.routers.ops import SCHEMA_PATH
 from jobs.runner import Runner
+from experiments.services import cost
 from experiments.services.catalog import Catalog
 from experiments.services.sessions import SessionSettings
 
@@ -48,6 +50,14 @@ class ServiceSettings:
     oidc: OidcSettings | None = None
     max_body_bytes: int = MAX_BODY_BYTES
     sessions: SessionSettings = field(default_factory=SessionSettings)
+    # Threads that run submissions (routers.deps.admission_limiter); None: ADMISSION_THREADS of the database.
+    admission_threads: int | None = None
+
+
+# PostgreSQL: a submit is two short round trips, so a few threads keep the one core of this process busy,
+# and more only queue for the GIL and the pool_usage row (docs/submit-path.md, "Threads"). SQLite: anyio's
+# default of 40, as every route had before (its writers wait in SQLite's busy handler, off the GIL).
+ADMISSION_THREADS = {"postgresql": 8, "sqlite": 40}
 
 
 def _field_of(loc: tuple[Any, ...]) -> str:
@@ -72,6 +82,7 @@ def create_app(settings: ServiceSettings, *, runner: Runner, catalog: Catalog | 
 
     engine = db.make_engine(settings.db_url)
     db.upgrade(engine)
+    cost.load_prices()  # read once here: otherwise each of the first concurrent submits parses prices.yaml
     sessions = db.session_factory(engine)
     metrics = Metrics(sessions, clock, runner)
     health = SchedulerHealth(runner)
@@ -108,6 +119,8 @@ def create_app(settings: ServiceSettings, *, runner: Runner, catalog: Catalog | 
     app.state.oidc = settings.oidc
     app.state.jwks = jwks
     app.state.session_settings = settings.sessions
+    app.state.admission_threads = settings.admission_threads or ADMISSION_THREADS[engine.dialect.name]
+    app.state.admission_limiters = weakref.WeakKeyDictionary()  # event loop -> its limiter
     # Outermost (added last): the limit holds before authentication and before any body parsing.
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
 
