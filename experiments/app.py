@@ -54,10 +54,10 @@ class ServiceSettings:
     admission_threads: int | None = None
 
 
-# PostgreSQL: a submit is two short round trips, so a few threads keep the one core of this process busy,
+# PostgreSQL: a submit is two short round trips, so 4 threads keep the one core of this process busy,
 # and more only queue for the GIL and the pool_usage row (docs/submit-path.md, "Threads"). SQLite: anyio's
 # default of 40, as every route had before (its writers wait in SQLite's busy handler, off the GIL).
-ADMISSION_THREADS = {"postgresql": 8, "sqlite": 40}
+ADMISSION_THREADS = {"postgresql": 4, "sqlite": 40}
 
 
 def _field_of(loc: tuple[Any, ...]) -> str:

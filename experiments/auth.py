@@ -13,7 +13,7 @@ import secrets
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from sqlalchemy import bindparam, select
+from sqlalchemy import Connection, bindparam, select
 from sqlalchemy.orm import Session
 
 from experiments.errors import ApiError
@@ -83,10 +83,10 @@ def token_row(session: Session, token: str) -> ApiToken:
 _CALLER_OF_TOKEN = select(ApiToken.id, ApiToken.tenant, ApiToken.admin, ApiToken.revoked_at).where(ApiToken.token_sha256 == bindparam("sha256"))
 
 
-def caller_for_token(session: Session, token: str, oidc: OidcSettings | None, jwks: JwksCache | None) -> Caller:
+def caller_for_token(connection: Connection, token: str, oidc: OidcSettings | None, jwks: JwksCache | None) -> Caller:
     """API tokens are looked up in the database and never wait on the issuer's keys."""
     if token.startswith(TOKEN_PREFIX):
-        row = session.connection().execute(_CALLER_OF_TOKEN, {"sha256": hash_token(token)}).first()
+        row = connection.execute(_CALLER_OF_TOKEN, {"sha256": hash_token(token)}).first()
         if row is None or row.revoked_at is not None:
             raise _unauthorized("unknown or revoked token")
         return Caller(subject=f"token:{row.id}", tenant=row.tenant, admin=row.admin)

@@ -26,9 +26,8 @@ def session(request: Request) -> Iterator[Session]:
 
 
 def authenticate(request: Request, token: str) -> Caller:
-    ctx: Context = request.app.state.ctx
-    with ctx.sessions() as s:
-        return caller_for_token(db.single_statements(s), token, request.app.state.oidc, request.app.state.jwks)
+    with db.single_statements(request.app.state.engine) as connection:
+        return caller_for_token(connection, token, request.app.state.oidc, request.app.state.jwks)
 
 
 def caller(request: Request) -> Caller:
