@@ -9,7 +9,6 @@ import anyio
 from fastapi import Request
 from sqlalchemy.orm import Session
 
-from experiments import db
 from experiments.auth import Caller, bearer, caller_for_token
 from experiments.background.context import Context
 
@@ -26,8 +25,7 @@ def session(request: Request) -> Iterator[Session]:
 
 
 def authenticate(request: Request, token: str) -> Caller:
-    with db.single_statements(request.app.state.engine) as connection:
-        return caller_for_token(connection, token, request.app.state.oidc, request.app.state.jwks)
+    return caller_for_token(request.app.state.engine, token, request.app.state.oidc, request.app.state.jwks)
 
 
 def caller(request: Request) -> Caller:
