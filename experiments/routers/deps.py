@@ -9,7 +9,7 @@ import anyio
 from fastapi import Request
 from sqlalchemy.orm import Session
 
-from experiments.auth import Caller, bearer, caller_for_token
+from experiments.auth import TOKEN_PREFIX, Caller, bearer, caller_for_token
 from experiments.background.context import Context
 
 
@@ -48,5 +48,11 @@ def admission_limiter(request: Request) -> anyio.CapacityLimiter:
 
 
 async def admission_caller(request: Request) -> Caller:
-    """``caller`` on the admission threads (the submit route's authentication)."""
-    return await anyio.to_thread.run_sync(caller, request, limiter=admission_limiter(request))
+    """``caller`` for the submit route: an API token's lookup on the admission threads, anything else
+    (an OIDC JWT, or garbage that looks like one) on anyio's default pool, where every route checked
+    it before. An OIDC check may wait up to ``JwksTiming.wait_seconds`` for a stalled issuer, and
+    ``max_waiters`` (4) of them may wait at once: on the admission threads (4 on PostgreSQL), four
+    unauthenticated garbage JWTs would stall every tenant's submit (review of issue 28, round 4)."""
+    token = bearer(request.headers.get("Authorization"))
+    limiter = admission_limiter(request) if token.startswith(TOKEN_PREFIX) else None
+    return await anyio.to_thread.run_sync(authenticate, request, token, limiter=limiter)

@@ -1,0 +1,65 @@
+"""Red-team review of issue 28's submit path, fourth round: what the admission threads, the kept
+listing of jobs/ and the single-statement token lookup must not break. On real databases
+(SQLite, embedded PostgreSQL) and through uvicorn where threads matter."""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import jwt
+
+from experiments.app import ADMISSION_THREADS, ServiceSettings, create_app
+from experiments.auth import OidcSettings, create_token
+from experiments.jwks import JwksTiming
+from tests.experiments.conftest import FakeClock, UnusedRunner
+from tests.experiments.test_jwks import AUDIENCE, ISSUER, issuer  # noqa: F401 (the fixture)
+from tests.experiments.test_submit_path import _without_budgets
+from tests.experiments.uvicorn_server import serve
+
+META = {"dataset_uri": "hf://datasets/acme/chat@v3"}
+
+
+def _junk(i: int) -> str:
+    """An unauthenticated JWT with a kid the issuer never had: it waits for the issuer's keys."""
+    return jwt.encode({"sub": "x"}, "not-a-key-of-anyone-000000000000", algorithm="HS256", headers={"kid": f"junk-{i}"})
+
+
+def test_garbage_jwts_on_the_submit_route_do_not_hold_back_api_token_submits(pg_url, catalog, issuer):  # noqa: F811
+    """The JWKS cache lets ``max_waiters`` (4) requests wait for a stalled issuer, sized so they
+    cannot take the request threads API-token callers need (security round three). On PostgreSQL
+    the submit route has only 4 admission threads: if the OIDC wait ran on them, four unauthenticated
+    garbage JWTs sent to POST /experiments stalled every tenant's submit for as long as the issuer
+    stalls. An OIDC token's check must wait where it waited before, not on the admission threads."""
+    timing = JwksTiming(fetch_timeout_seconds=60, wait_seconds=60)
+    oidc = OidcSettings(issuer=ISSUER, audience=AUDIENCE, jwks_url=issuer.url, claim="repository_owner", tenants=(("acme-finetune", "finetune"),),
+                        jwks_timing=timing)
+    issuer.stalled.set()  # accepts and never answers
+    clock = FakeClock()
+    app = create_app(ServiceSettings(db_url=pg_url, worker=False, oidc=oidc), runner=UnusedRunner(), catalog=_without_budgets(catalog), clock=clock)
+    assert app.state.admission_threads == ADMISSION_THREADS["postgresql"] == timing.max_waiters
+    with app.state.ctx.sessions() as session, session.begin():
+        token = create_token(session, tenant="finetune", admin=False, name="t", now=clock())[1]
+    with serve(app) as base, ThreadPoolExecutor(timing.max_waiters) as flood:
+        def garbage_submit(i: int) -> int:
+            try:
+                return httpx.post(f"{base}/api/v1/experiments", json={"job": "finetune-llama", "meta": {**META, "run_id": f"g{i}"}},
+                                  headers={"Authorization": f"Bearer {_junk(i)}"}, timeout=90).status_code
+            except httpx.HTTPError:
+                return 0
+
+        waiting = [flood.submit(garbage_submit, i) for i in range(timing.max_waiters)]
+        deadline = time.monotonic() + 30
+        while app.state.jwks._waiters._value:  # every waiter's place is taken (BoundedSemaphore's count)
+            assert time.monotonic() < deadline, "the garbage submits never all waited for the issuer"
+            time.sleep(0.05)
+        try:
+            answer = httpx.post(f"{base}/api/v1/experiments", json={"job": "finetune-llama", "meta": {**META, "run_id": "tenant"}},
+                                headers={"Authorization": f"Bearer {token}", "Idempotency-Key": "tenant"}, timeout=20)
+        except httpx.ReadTimeout:
+            raise AssertionError("an API-token submit waited behind garbage JWTs for the stalled issuer's keys") from None
+        finally:
+            issuer.close()  # the fetch fails at once, the waiters are answered
+        assert answer.status_code == 202, answer.text
+        assert all(f.result(timeout=90) in (401, 503) for f in waiting)
