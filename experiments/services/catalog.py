@@ -53,10 +53,14 @@ class Catalog:
         """
         files = self._job_files()
         path = files.get(name)
-        if path is None:
+        try:
+            status = path.stat() if path is not None else None
+        except FileNotFoundError:
+            status = None  # removed since the listing was taken: as unknown as a name never listed
+        if path is None or status is None:
             raise ApiError(422, f"no job {name!r}{did_you_mean(name, files)}", field="job",
                            fix=f"allowed: {', '.join(sorted(files)) or '(none)'}; name a job file of {self.jobs_dir.name}/ without its suffix")
-        mtime = path.stat().st_mtime
+        mtime = status.st_mtime
         with self._lock:
             cached = self._cache.get(path)
         if cached and cached[0] == mtime:

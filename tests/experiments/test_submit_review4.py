@@ -63,3 +63,38 @@ def test_garbage_jwts_on_the_submit_route_do_not_hold_back_api_token_submits(pg_
             issuer.close()  # the fetch fails at once, the waiters are answered
         assert answer.status_code == 202, answer.text
         assert all(f.result(timeout=90) in (401, 503) for f in waiting)
+
+
+def _jobs(tmp_path, catalog):
+    import shutil
+
+    from experiments.services.catalog import Catalog
+    from jobs.loader import JOBS_DIR
+
+    directory = tmp_path / "jobs"
+    directory.mkdir()
+    shutil.copy(JOBS_DIR / "finetune-llama.yaml", directory / "finetune-llama.yaml")
+    return directory, Catalog(directory, configs=catalog.configs, vault=catalog.vault)
+
+
+def test_a_job_file_removed_under_a_kept_listing_is_an_unknown_job_not_a_500(tmp_path, catalog):
+    """A listing is kept while the directory's mtime stays put; a filesystem whose mtime did not move
+    (a coarse stamp restored, NFS attribute caching) leaves a removed file in it. The submit must get
+    the unknown job's 422, not FileNotFoundError (a 500)."""
+    import os
+    import time
+
+    from experiments.errors import ApiError
+
+    directory, jobs = _jobs(tmp_path, catalog)
+    stamp = time.time_ns() - 60 * 1_000_000_000
+    os.utime(directory, ns=(stamp, stamp))
+    jobs.admit("finetune-llama")
+    (directory / "finetune-llama.yaml").unlink()
+    os.utime(directory, ns=(stamp, stamp))
+    try:
+        jobs.admit("finetune-llama")
+    except ApiError as refused:
+        assert refused.status == 422 and "no job 'finetune-llama'" in str(refused)
+    else:
+        raise AssertionError("a removed job file was admitted")
