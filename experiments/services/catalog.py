@@ -35,7 +35,7 @@ class Catalog:
         self.configs = configs if configs is not None else clusters.load_all()
         self.vault = vault if vault is not None else load_vault_view()
         self._by_name = {c.name: c for c in self.configs}
-        self._cache: dict[Path, tuple[float, FinetuneSpec, dict[str, Any]]] = {}
+        self._cache: dict[Path, tuple[tuple[int, int, int], FinetuneSpec, dict[str, Any]]] = {}  # (mtime ns, size, inode)
         self._lock = threading.Lock()
         self._listing: tuple[int, dict[str, Path]] | None = None  # (jobs/'s mtime in ns, the job files by name)
 
@@ -60,18 +60,21 @@ class Catalog:
         if path is None or status is None:
             raise ApiError(422, f"no job {name!r}{did_you_mean(name, files)}", field="job",
                            fix=f"allowed: {', '.join(sorted(files)) or '(none)'}; name a job file of {self.jobs_dir.name}/ without its suffix")
-        mtime = status.st_mtime
+        stamp = (status.st_mtime_ns, status.st_size, status.st_ino)
         with self._lock:
             cached = self._cache.get(path)
-        if cached and cached[0] == mtime:
+        if cached and cached[0] == stamp:
             return cached[1], cached[2]
         try:
             spec, document = load_admitted(path, cluster_configs=self.configs, vault=self.vault)
         except ConfigError as exc:
             raise ApiError(422, f"job file {path.name} does not pass gpufleet check: {self._relative(exc.problems[0])}", field="job",
                            fix="fix the job file (gpufleet check lists every problem) and submit again") from None
-        with self._lock:
-            self._cache[path] = (mtime, spec, document)
+        if time.time_ns() - status.st_mtime_ns > RACY_S * 1_000_000_000:
+            # Kept only once the file is older than RACY_S, for the reason _job_files gives: a second write
+            # in the same mtime tick as the one read here would leave the stamp as it is.
+            with self._lock:
+                self._cache[path] = (stamp, spec, document)
         return spec, document
 
     def _job_files(self) -> dict[str, Path]:

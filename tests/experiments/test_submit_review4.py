@@ -77,6 +77,23 @@ def _jobs(tmp_path, catalog):
     return directory, Catalog(directory, configs=catalog.configs, vault=catalog.vault)
 
 
+def test_an_edit_within_the_files_mtime_tick_is_seen(tmp_path, catalog):
+    """An edit in place moves the file's mtime, not the directory's, so the checked spec is kept by the
+    file's mtime. The kernel stamps mtimes from a coarse clock (a jiffy; a second or two on some
+    filesystems): a spec read between two writes of the same tick must not be served after the second
+    write. Before: the spec of the first write (here priority 60) was admitted for good."""
+    import os
+
+    directory, jobs = _jobs(tmp_path, catalog)
+    path = directory / "finetune-llama.yaml"
+    assert jobs.admit("finetune-llama")[0].priority == 60
+    status = path.stat()
+    path.write_text(path.read_text().replace("priority: 60", "priority: 61"))  # same size, same inode
+    os.utime(path, ns=(status.st_atime_ns, status.st_mtime_ns))  # the second write landed in the same tick
+    assert path.stat().st_mtime_ns == status.st_mtime_ns
+    assert jobs.admit("finetune-llama")[0].priority == 61
+
+
 def test_a_job_file_removed_under_a_kept_listing_is_an_unknown_job_not_a_500(tmp_path, catalog):
     """A listing is kept while the directory's mtime stays put; a filesystem whose mtime did not move
     (a coarse stamp restored, NFS attribute caching) leaves a removed file in it. The submit must get
