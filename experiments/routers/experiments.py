@@ -59,20 +59,26 @@ async def no_duplicate_keys(request: Request, _who: Annotated[Caller, Depends(ad
 @router.post("/experiments", status_code=202, dependencies=[Depends(no_duplicate_keys)])
 async def submit(request: Request, body: SubmitRequest, who: Annotated[Caller, Depends(admission_caller)], ctx: Annotated[Context, Depends(context)],
                  idempotency_key: Annotated[str | None, Header(max_length=255)] = None) -> JSONResponse:
-    """Authenticated and admitted on the admission threads (``deps.admission_limiter``)."""
+    """Authenticated and admitted on the admission threads (``deps.admission_limiter``); a submit that
+    would wait on its tenant's budget lock is admitted on anyio's default pool (``service.waits_on_a_budget_lock``)."""
     if (body.job is None) == (body.job_file is None):
         what = "add it" if body.job is None else "send one of them, not both"
         raise ApiError(422, "job: required field is missing" if body.job is None else "job and job_file together", field="job",
                        fix=f"{what}: job names a file of jobs/; job_file is instead an ad-hoc job file's text (gpufleet exp submit -f)")
 
-    def admit() -> JSONResponse:
+    def admit(on_admission_threads: bool) -> JSONResponse | None:
         with ctx.sessions() as session:
+            if on_admission_threads and service.waits_on_a_budget_lock(session, ctx.catalog, who, body.job if body.job_file is None else None):
+                return None  # it would wait on its tenant's budget lock: on the default pool (below), not on these threads
             exp, created = service.submit(session, ctx.catalog, who, job=body.job, job_file=body.job_file, meta=body.meta,
                                           deadline_hours=body.deadline_hours, idempotency_key=idempotency_key, scheduler=run_scheduler(ctx.runner),
                                           now=ctx.clock(), clusters=getattr(ctx.runner, "clusters", None))
         return JSONResponse(service.view(exp, now=ctx.clock()), status_code=202 if created else 200)
 
-    return await anyio.to_thread.run_sync(admit, limiter=admission_limiter(request))
+    answer = await anyio.to_thread.run_sync(admit, True, limiter=admission_limiter(request))
+    if answer is None:
+        answer = await anyio.to_thread.run_sync(admit, False)
+    return answer
 
 
 @router.get("/experiments")
