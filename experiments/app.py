@@ -82,7 +82,7 @@ def create_app(settings: ServiceSettings, *, runner: Runner, catalog: Catalog | 
 
     engine = db.make_engine(settings.db_url)
     db.upgrade(engine)
-    cost.load_prices()  # read once here: otherwise each of the first concurrent submits parses prices.yaml
+    cost.prices_at_start()  # read once here: otherwise each of the first concurrent submits parses prices.yaml
     sessions = db.session_factory(engine)
     metrics = Metrics(sessions, clock, runner)
     health = SchedulerHealth(runner)

@@ -19,7 +19,7 @@ META = {"dataset_uri": "hf://datasets/acme/chat@v3"}
 
 
 def test_postgresql_admits_on_at_most_its_admission_threads(make_service, pg_url, catalog, monkeypatch):
-    """32 clients at once (four barrier rounds of 8): never more than 8 admissions run together, and every one is admitted once."""
+    """32 clients at once (barrier rounds of ADMISSION_THREADS["postgresql"]): never more admissions than that run together, and every one is admitted once."""
     svc = make_service(pg_url, UnusedRunner(), jobs=_without_budgets(catalog, quota=10_000))
     headers = svc.token("finetune")
     running, most, lock = 0, 0, threading.Lock()

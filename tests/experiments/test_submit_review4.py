@@ -8,6 +8,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
+import pytest
 import jwt
 
 from experiments.app import ADMISSION_THREADS, ServiceSettings, create_app
@@ -152,3 +153,37 @@ def test_a_budgeted_tenants_submits_waiting_on_its_lock_do_not_hold_back_other_t
             holder.rollback()  # the lock goes with the transaction
         assert answer.status_code == 202, answer.text
         assert [f.result(timeout=60).status_code for f in blocked] == [202] * waiting
+
+
+@pytest.fixture
+def broken_prices(tmp_path, monkeypatch):
+    """prices.yaml as a hand edit can leave it; the service must not start (uvicorn.run refuses)."""
+    import uvicorn
+
+    from experiments.services import cost
+
+    real = cost.load_prices
+
+    def use(text: str):
+        path = tmp_path / "prices.yaml"
+        path.write_text(text)
+        monkeypatch.setattr(cost, "load_prices", lambda path=path: real.__wrapped__(path))
+        monkeypatch.setattr(uvicorn, "run", lambda *a, **k: (_ for _ in ()).throw(AssertionError("gpufleet serve started with a broken prices.yaml")))
+        return path
+
+    return use
+
+
+@pytest.mark.parametrize("text", ["source: x\ndate: 2026-12-01\ncurrency: USD\nprices:\n\tnvidia-a100: {}\n", "source: x\ndate: 2026-12-01\ncurrency: USD\n"])
+def test_fails_with_one_line_and_exit_2_when_prices_yaml_is_broken_at_start(broken_prices, sqlite_url, capsys, text):
+    """The branch reads prices.yaml once when the service starts (before, the first submit read it, and
+    each submit was a 500 while it was broken): a broken file now stops ``gpufleet serve`` at start, and
+    that must be the one-line user error every other bad input gets, not a traceback."""
+    from gpufleet.cli import main
+
+    broken_prices(text)
+    code = main(["serve", "--scheduler", "local", "--db", sqlite_url, "--no-worker"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert err.startswith("error: experiments/prices.yaml") and err.count("\n") == 1 and "Traceback" not in err, err
+    assert "tools/refresh_gpu_prices.py" in err
