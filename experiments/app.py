@@ -18,6 +18,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from clusters.secrets import detect
@@ -128,6 +129,11 @@ def create_app(settings: ServiceSettings, *, runner: Runner, catalog: Catalog | 
     async def _api_error(_request: Request, exc: ApiError) -> JSONResponse:
         return JSONResponse(exc.body(), status_code=exc.status)
 
+    def _unavailable() -> JSONResponse:
+        return JSONResponse({"error": "the database is unavailable right now", "field": None,
+                             "fix": "retry in a few seconds; a submission retried with the same Idempotency-Key returns its experiment if it was created"},
+                            status_code=503, headers={"Retry-After": "2"})
+
     @app.exception_handler(OperationalError)
     async def _database_unavailable(_request: Request, exc: OperationalError) -> JSONResponse:
         """The database connection failed under a request: a restart, a terminated backend, a server
@@ -136,9 +142,15 @@ def create_app(settings: ServiceSettings, *, runner: Runner, catalog: Catalog | 
         exception's text: it carries the SQL, its parameters and the server's context lines. A submission's
         one statement may have committed before the answer was lost, so the fix names the key."""
         log.warning("database error under a request, answered 503: %s (SQLSTATE %s)", type(exc.orig).__name__, getattr(exc.orig, "sqlstate", None))
-        return JSONResponse({"error": "the database is unavailable right now", "field": None,
-                             "fix": "retry in a few seconds; a submission retried with the same Idempotency-Key returns its experiment if it was created"},
-                            status_code=503, headers={"Retry-After": "2"})
+        return _unavailable()
+
+    @app.exception_handler(PoolTimeout)
+    async def _pool_exhausted(_request: Request, exc: PoolTimeout) -> JSONResponse:
+        """No pooled connection came free within the pool's timeout (30 s). On SQLite the 40 admission
+        threads and anyio's 40 default ones share a pool of 60, so under a long write lock 80 requests may
+        wait for one. The database is unavailable for now: the same 503, not a 500 with a traceback."""
+        log.warning("no database connection free under a request, answered 503: %s", type(exc).__name__)
+        return _unavailable()
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:

@@ -187,3 +187,24 @@ def test_fails_with_one_line_and_exit_2_when_prices_yaml_is_broken_at_start(brok
     assert code == 2, err
     assert err.startswith("error: experiments/prices.yaml") and err.count("\n") == 1 and "Traceback" not in err, err
     assert "tools/refresh_gpu_prices.py" in err
+
+
+def test_a_pool_timeout_is_a_503_with_retry_after(make_service, sqlite_url):
+    """SQLite: 40 admission threads besides anyio's 40 default ones share one pool of 60 connections
+    (20 + 40 overflow), so 80 requests can now want a connection at once where 40 could before. A
+    checkout that waits out the pool's timeout raised sqlalchemy.exc.TimeoutError: a 500 with a
+    traceback. It is the database being unavailable for now, answered like the others: 503 with
+    Retry-After. (The pool's 30 s timeout is shortened here; every connection is held by the test.)"""
+    svc = make_service(sqlite_url, UnusedRunner())
+    headers = svc.token("finetune")
+    engine = svc.client.app.state.engine
+    engine.pool._timeout = 0.2
+    held = [engine.connect() for _ in range(engine.pool.size() + engine.pool._max_overflow)]
+    try:
+        answer = svc.submit({**headers, "Idempotency-Key": "k"})
+    finally:
+        for connection in held:
+            connection.close()
+    assert answer.status_code == 503 and answer.headers["Retry-After"] == "2", answer.text
+    assert "QueuePool" not in answer.text and "sqlite" not in answer.text.lower()
+    assert svc.submit({**headers, "Idempotency-Key": "k"}).status_code == 202
