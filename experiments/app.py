@@ -12,11 +12,13 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
+import weakref
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from clusters.secrets import detect
@@ -32,6 +34,7 @@ from experiments.limits import MAX_BODY_BYTES, BodyLimit
 from experiments.metrics import Metrics
 from experiments.routers.ops import SCHEMA_PATH
 from jobs.runner import Runner
+from experiments.services import cost
 from experiments.services.catalog import Catalog
 from experiments.services.sessions import SessionSettings
 
@@ -48,6 +51,14 @@ class ServiceSettings:
     oidc: OidcSettings | None = None
     max_body_bytes: int = MAX_BODY_BYTES
     sessions: SessionSettings = field(default_factory=SessionSettings)
+    # Threads that run submissions (routers.deps.admission_limiter); None: ADMISSION_THREADS of the database.
+    admission_threads: int | None = None
+
+
+# PostgreSQL: a submit is two short round trips, so 4 threads keep the one core of this process busy,
+# and more only queue for the GIL and the pool_usage row (docs/submit-path.md, "Threads"). SQLite: anyio's
+# default of 40, as every route had before (its writers wait in SQLite's busy handler, off the GIL).
+ADMISSION_THREADS = {"postgresql": 4, "sqlite": 40}
 
 
 def _field_of(loc: tuple[Any, ...]) -> str:
@@ -72,6 +83,7 @@ def create_app(settings: ServiceSettings, *, runner: Runner, catalog: Catalog | 
 
     engine = db.make_engine(settings.db_url)
     db.upgrade(engine)
+    cost.prices_at_start()  # read once here: otherwise each of the first concurrent submits parses prices.yaml
     sessions = db.session_factory(engine)
     metrics = Metrics(sessions, clock, runner)
     health = SchedulerHealth(runner)
@@ -108,12 +120,19 @@ def create_app(settings: ServiceSettings, *, runner: Runner, catalog: Catalog | 
     app.state.oidc = settings.oidc
     app.state.jwks = jwks
     app.state.session_settings = settings.sessions
+    app.state.admission_threads = settings.admission_threads or ADMISSION_THREADS[engine.dialect.name]
+    app.state.admission_limiters = weakref.WeakKeyDictionary()  # event loop -> its limiter
     # Outermost (added last): the limit holds before authentication and before any body parsing.
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
 
     @app.exception_handler(ApiError)
     async def _api_error(_request: Request, exc: ApiError) -> JSONResponse:
         return JSONResponse(exc.body(), status_code=exc.status)
+
+    def _unavailable() -> JSONResponse:
+        return JSONResponse({"error": "the database is unavailable right now", "field": None,
+                             "fix": "retry in a few seconds; a submission retried with the same Idempotency-Key returns its experiment if it was created"},
+                            status_code=503, headers={"Retry-After": "2"})
 
     @app.exception_handler(OperationalError)
     async def _database_unavailable(_request: Request, exc: OperationalError) -> JSONResponse:
@@ -123,9 +142,15 @@ def create_app(settings: ServiceSettings, *, runner: Runner, catalog: Catalog | 
         exception's text: it carries the SQL, its parameters and the server's context lines. A submission's
         one statement may have committed before the answer was lost, so the fix names the key."""
         log.warning("database error under a request, answered 503: %s (SQLSTATE %s)", type(exc.orig).__name__, getattr(exc.orig, "sqlstate", None))
-        return JSONResponse({"error": "the database is unavailable right now", "field": None,
-                             "fix": "retry in a few seconds; a submission retried with the same Idempotency-Key returns its experiment if it was created"},
-                            status_code=503, headers={"Retry-After": "2"})
+        return _unavailable()
+
+    @app.exception_handler(PoolTimeout)
+    async def _pool_exhausted(_request: Request, exc: PoolTimeout) -> JSONResponse:
+        """No pooled connection came free within the pool's timeout (30 s). On SQLite the 40 admission
+        threads and anyio's 40 default ones share a pool of 60, so under a long write lock 80 requests may
+        wait for one. The database is unavailable for now: the same 503, not a 500 with a traceback."""
+        log.warning("no database connection free under a request, answered 503: %s", type(exc).__name__)
+        return _unavailable()
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:

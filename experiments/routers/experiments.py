@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any
 
+import anyio
 from fastapi import APIRouter, Depends, Header, Query, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
@@ -13,7 +14,7 @@ from experiments.auth import Caller
 from experiments.background.context import Context
 from experiments.errors import ApiError
 from experiments.limits import MAX_BODY_BYTES
-from experiments.routers.deps import caller, context
+from experiments.routers.deps import admission_caller, admission_limiter, caller, context
 from experiments.scheduler import run_scheduler
 from experiments.services import experiments as service
 from experiments.services import logs as run_logs
@@ -34,7 +35,7 @@ class SubmitRequest(BaseModel):
     deadline_hours: float | None = None
 
 
-async def no_duplicate_keys(request: Request, _who: Annotated[Caller, Depends(caller)]) -> None:
+async def no_duplicate_keys(request: Request, _who: Annotated[Caller, Depends(admission_caller)]) -> None:
     """A JSON body naming a key twice is refused: parsed last-wins, a body naming one job first
     would be submitted as another. Runs after authentication (it depends on ``caller``), and each
     object is checked with a set, so a body of many keys costs its length, not its square."""
@@ -56,17 +57,28 @@ async def no_duplicate_keys(request: Request, _who: Annotated[Caller, Depends(ca
 
 
 @router.post("/experiments", status_code=202, dependencies=[Depends(no_duplicate_keys)])
-def submit(body: SubmitRequest, who: Annotated[Caller, Depends(caller)], ctx: Annotated[Context, Depends(context)],
-           idempotency_key: Annotated[str | None, Header(max_length=255)] = None) -> JSONResponse:
+async def submit(request: Request, body: SubmitRequest, who: Annotated[Caller, Depends(admission_caller)], ctx: Annotated[Context, Depends(context)],
+                 idempotency_key: Annotated[str | None, Header(max_length=255)] = None) -> JSONResponse:
+    """Authenticated and admitted on the admission threads (``deps.admission_limiter``); a submit that
+    would wait on its tenant's budget lock is admitted on anyio's default pool (``service.waits_on_a_budget_lock``)."""
     if (body.job is None) == (body.job_file is None):
         what = "add it" if body.job is None else "send one of them, not both"
         raise ApiError(422, "job: required field is missing" if body.job is None else "job and job_file together", field="job",
                        fix=f"{what}: job names a file of jobs/; job_file is instead an ad-hoc job file's text (gpufleet exp submit -f)")
-    with ctx.sessions() as session:
-        exp, created = service.submit(session, ctx.catalog, who, job=body.job, job_file=body.job_file, meta=body.meta, deadline_hours=body.deadline_hours,
-                                      idempotency_key=idempotency_key, scheduler=run_scheduler(ctx.runner), now=ctx.clock(),
-                                      clusters=getattr(ctx.runner, "clusters", None))
-    return JSONResponse(service.view(exp, now=ctx.clock()), status_code=202 if created else 200)
+
+    def admit(on_admission_threads: bool) -> JSONResponse | None:
+        with ctx.sessions() as session:
+            if on_admission_threads and service.waits_on_a_budget_lock(session, ctx.catalog, who, body.job if body.job_file is None else None):
+                return None  # it would wait on its tenant's budget lock: on the default pool (below), not on these threads
+            exp, created = service.submit(session, ctx.catalog, who, job=body.job, job_file=body.job_file, meta=body.meta,
+                                          deadline_hours=body.deadline_hours, idempotency_key=idempotency_key, scheduler=run_scheduler(ctx.runner),
+                                          now=ctx.clock(), clusters=getattr(ctx.runner, "clusters", None))
+        return JSONResponse(service.view(exp, now=ctx.clock()), status_code=202 if created else 200)
+
+    answer = await anyio.to_thread.run_sync(admit, True, limiter=admission_limiter(request))
+    if answer is None:
+        answer = await anyio.to_thread.run_sync(admit, False)
+    return answer
 
 
 @router.get("/experiments")

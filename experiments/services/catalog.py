@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ from jobs.vault_refs import VaultView, load_vault_view
 
 # How an ad-hoc job file is named in errors: the request body's field, never a path on the server.
 ADHOC_SOURCE = Path("job_file")
+RACY_S = 2  # seconds after jobs/ last changed before its listing is kept (Catalog._job_files)
 
 
 class Catalog:
@@ -33,8 +35,9 @@ class Catalog:
         self.configs = configs if configs is not None else clusters.load_all()
         self.vault = vault if vault is not None else load_vault_view()
         self._by_name = {c.name: c for c in self.configs}
-        self._cache: dict[Path, tuple[float, FinetuneSpec, dict[str, Any]]] = {}
+        self._cache: dict[Path, tuple[tuple[int, int, int], FinetuneSpec, dict[str, Any]]] = {}  # (mtime ns, size, inode)
         self._lock = threading.Lock()
+        self._listing: tuple[int, dict[str, Path]] | None = None  # (jobs/'s mtime in ns, the job files by name)
 
     def job(self, name: str) -> FinetuneSpec:
         """The checked spec of job ``name``; an unknown name or a bad file is a 422 on field ``job``."""
@@ -48,24 +51,52 @@ class Catalog:
         ``/`` or ``..``, or one of a file that exists outside ``jobs/``, gets the very same answer
         as any unknown name, so the API is no oracle for files on the server (issue 22).
         """
-        files = {p.stem: p for p in reversed(job_files(self.jobs_dir))}  # .yaml wins over .yml, as jobs.loader.find
+        files = self._job_files()
         path = files.get(name)
-        if path is None:
+        try:
+            status = path.stat() if path is not None else None
+        except FileNotFoundError:
+            status = None  # removed since the listing was taken: as unknown as a name never listed
+        if path is None or status is None:
             raise ApiError(422, f"no job {name!r}{did_you_mean(name, files)}", field="job",
                            fix=f"allowed: {', '.join(sorted(files)) or '(none)'}; name a job file of {self.jobs_dir.name}/ without its suffix")
-        mtime = path.stat().st_mtime
+        stamp = (status.st_mtime_ns, status.st_size, status.st_ino)
         with self._lock:
             cached = self._cache.get(path)
-        if cached and cached[0] == mtime:
+        if cached and cached[0] == stamp:
             return cached[1], cached[2]
         try:
             spec, document = load_admitted(path, cluster_configs=self.configs, vault=self.vault)
         except ConfigError as exc:
             raise ApiError(422, f"job file {path.name} does not pass gpufleet check: {self._relative(exc.problems[0])}", field="job",
                            fix="fix the job file (gpufleet check lists every problem) and submit again") from None
-        with self._lock:
-            self._cache[path] = (mtime, spec, document)
+        if time.time_ns() - status.st_mtime_ns > RACY_S * 1_000_000_000:
+            # Kept only once the file is older than RACY_S, for the reason _job_files gives: a second write
+            # in the same mtime tick as the one read here would leave the stamp as it is.
+            with self._lock:
+                self._cache[path] = (stamp, spec, document)
         return spec, document
+
+    def _job_files(self) -> dict[str, Path]:
+        """The job files by name (.yaml wins over .yml, as jobs.loader.find), listed again only when
+        jobs/ changed: adding, removing or renaming a file in it moves the directory's mtime, and an edit
+        in place is caught by the file's own mtime in ``admit``. Listing (two globs) costs about 0.1 ms of
+        CPU on every submission, a stat about 4 us. A listing taken less than ``RACY_S`` after the
+        directory's last change is not kept (git's "racy clean" rule): the kernel stamps mtimes from a
+        coarse clock, so a second change within the same tick would leave the stamp as it was."""
+        try:
+            stamp = self.jobs_dir.stat().st_mtime_ns
+        except OSError:
+            stamp = None  # no jobs/: nothing to list, nothing to keep
+        with self._lock:
+            listing = self._listing
+        if stamp is not None and listing is not None and listing[0] == stamp:
+            return listing[1]
+        files = {p.stem: p for p in reversed(job_files(self.jobs_dir))}
+        if stamp is not None and time.time_ns() - stamp > RACY_S * 1_000_000_000:
+            with self._lock:
+                self._listing = (stamp, files)
+        return files
 
     def admit_text(self, text: str) -> tuple[FinetuneSpec, dict[str, Any]]:
         """An ad-hoc job file sent in the request (``job_file``), checked by the loader exactly as a file of

@@ -14,8 +14,10 @@ from functools import lru_cache
 from pathlib import Path
 
 from ruamel.yaml import YAML
+from ruamel.yaml.error import YAMLError
 
 from clusters.derive.pools import GpuPoolSpec
+from clusters.errors import UserError
 
 PRICES = Path(__file__).resolve().parent.parent / "prices.yaml"
 
@@ -44,6 +46,20 @@ def load_prices(path: Path = PRICES) -> PriceTable:
         (name, tuple(sorted((where, tuple(sorted((k, float(v)) for k, v in kinds.items()))) for where, kinds in by_region.items())))
         for name, by_region in data["prices"].items()))
     return PriceTable(str(data["source"]), str(data["date"]), str(data["currency"]), rows)
+
+
+def prices_at_start() -> PriceTable:
+    """``load_prices`` when the service starts (it is read once there, not by the first submits): a
+    missing or broken file stops the start with one line, the user error every bad input gets, not a
+    traceback (before, each submit was a 500 while it was broken)."""
+    try:
+        return load_prices()
+    except (OSError, YAMLError, KeyError, TypeError, ValueError, AttributeError) as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"experiments/{PRICES.name}" + (f" line {mark.line + 1}" if mark is not None else "")
+        problem = exc.strerror if isinstance(exc, OSError) and exc.strerror else (str(exc).strip().splitlines() or [""])[0]
+        raise UserError(f"{where}: not a price table ({type(exc).__name__}: {problem}); fix: restore it with git,"
+                        " or regenerate it with tools/refresh_gpu_prices.py (source, date, currency, prices)") from None
 
 
 def price_kind(pool: GpuPoolSpec) -> str:

@@ -173,6 +173,26 @@ def submit(session: Session, catalog: Catalog, caller: Caller, *, job: str | Non
     return in_transaction()
 
 
+def waits_on_a_budget_lock(session: Session, catalog: Catalog, caller: Caller, job: str | None) -> bool:
+    """On PostgreSQL, whether this submit takes the transactional path behind its tenant's budget lock
+    (``budgets.lock``: a tenant with a money budget), where it waits, not computes, while the tenant's
+    other submits commit. The route runs those on anyio's default pool, not on the few admission threads
+    (docs/submit-path.md, "Threads"): a budgeted tenant's burst queued on its lock held back every other
+    tenant's submit. SQLite: False (every submit queues on BEGIN IMMEDIATE, on its 40 admission threads).
+    ``job`` None is an ad-hoc file, whose tenant is known only once parsed: the caller's own tenant decides
+    (an admin's may be any). A job that ``submit`` refuses is False: it is refused before any lock."""
+    if not _one_statement(session):
+        return False
+    budgeted = budgets.budgets_of(catalog.configs)
+    if job is None:
+        return caller.tenant is None or any(tenant == caller.tenant for _, tenant in budgeted)
+    try:
+        spec = catalog.job(job)
+    except ApiError:
+        return False
+    return (spec.cluster, spec.namespace) in budgeted
+
+
 def _one_statement(session: Session) -> bool:
     """PostgreSQL admits a tenant without a money budget in one statement (``services.one_statement``).
     SQLite has no data-modifying CTEs, and its writers already serialize on BEGIN IMMEDIATE; a money
