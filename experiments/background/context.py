@@ -75,9 +75,9 @@ def _orphan_memory() -> OrphanMemory:
 class Timing:
     poll_seconds: float = 2.0
     # The dispatch loop polls at the smaller of this and poll_seconds while the outbox is empty (a pass that
-    # dispatched starts the next at once): an idle probe is one indexed query, and a submission should not
-    # wait seconds for its dispatch.
-    dispatch_poll_seconds: float = 0.5
+    # dispatched starts the next at once): an idle probe is one statement without a transaction
+    # (background.dispatch._anything_due), and a submission should not wait long for its dispatch.
+    dispatch_poll_seconds: float = 0.1
     # Dispatches one worker has in flight at once (each a thread: the claim, Vault's mint, the scheduler's
     # answer and the record are mostly waits). Each row is claimed by one thread only; 1 is sequential.
     dispatch_concurrency: int = 8
