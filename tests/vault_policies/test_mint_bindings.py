@@ -78,10 +78,14 @@ def test_kept_bindings_expire(vault: VaultHandle, monkeypatch) -> None:
 def test_a_dispatch_thread_keeps_its_vault_client_until_the_token_changes(vault: VaultHandle, monkeypatch) -> None:
     """A new HTTP session (and connection) per secret_id was a large part of a dispatch's CPU; a new
     VAULT_TOKEN still gets a client of its own, and the mint still answers with a working wrap."""
+    import threading
+
+    import jobs.vault_mint as vault_mint
     import vault_policies.client as client_module
     from jobs.loader import find, load
     from jobs.vault_mint import mint_wrapped_secret_id
 
+    monkeypatch.setattr(vault_mint, "_clients", threading.local())  # none kept from earlier tests on this thread
     made: list[str] = []
     real_make = client_module.make_client
     monkeypatch.setattr(client_module, "make_client", lambda addr, **k: made.append(k["token"]) or real_make(addr, **k))
