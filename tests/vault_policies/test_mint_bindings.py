@@ -97,3 +97,24 @@ def test_a_dispatch_thread_keeps_its_vault_client_until_the_token_changes(vault:
     wraps.append(mint_wrapped_secret_id(spec, {**env, "VAULT_TOKEN": other}, expected_queue_seconds=0))
     assert made == [vault.orchestrator.token, other]
     assert all(w is not None and vault.client(w.wrapping_token).sys.unwrap()["data"]["secret_id"] for w in wraps)
+
+
+def test_a_role_narrowed_without_its_policy_is_refused_as_before(vault: VaultHandle) -> None:
+    """The role's bindings narrowed behind the policy's back (drift): the kept, wider values are refused by
+    the role itself (a secret_id's CIDRs must lie within the role's), read again, and the fresh ones by the
+    policy: the same refusal as without kept values, never a secret_id with the old bindings."""
+    import pytest
+
+    from clusters.errors import UserError
+
+    role = f"probe-{uuid.uuid4().hex[:8]}"
+    minter = _role_and_minter(vault, role, "10.50.0.0/20")
+    try:
+        issue_wrapped_secret_id(minter, role, wrap_ttl_seconds=120)
+        base = f"auth/{APPROLE_MOUNT}/role/{role}"
+        vault.root.write(base, secret_id_bound_cidrs="10.50.1.0/24", token_bound_cidrs="10.50.1.0/24")
+        with pytest.raises(UserError, match="may not mint secret_ids"):
+            issue_wrapped_secret_id(minter, role, wrap_ttl_seconds=120)
+    finally:
+        vault.root.delete(f"auth/{APPROLE_MOUNT}/role/{role}")
+        vault.root.sys.delete_acl_policy(f"{role}-minter")
