@@ -96,7 +96,10 @@ class Timing:
     # one silent for worker_lost_seconds whose advisory lock no session holds (it exited: background.membership).
     heartbeat_seconds: float = 0.5
     worker_ttl_seconds: float = 10.0
-    worker_lost_seconds: float = 2.0
+    # 1.5 s, not 2: a dead worker's claims wait this long after its last beat, a fixed wait that a kill -9 in the
+    # middle of a burst of 200 (about 1.2 s clean) made longer than the burst itself (docs/dispatch-throughput.md).
+    # A live worker fences itself one heartbeat period earlier (1 s without a successful beat).
+    worker_lost_seconds: float = 1.5
     # How often the pool_usage counters are compared with the sum over live runs (background.pool_usage).
     pool_usage_check_seconds: float = 300.0
     # An accepted experiment not handed to the scheduler within this fails with the last error.

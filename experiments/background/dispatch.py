@@ -107,7 +107,10 @@ def process_outbox(ctx: Context, *, batch: int = 200) -> int:
             if more and room > 0 and (room >= step or not running) and not ctx.fenced():
                 try:
                     claims = _claim(ctx, None, skip=seen, limit=room)
-                    more = len(claims) == room
+                    # Fewer rows than asked is not the end of the burst: another worker's claim may have held the rest
+                    # for a moment (SKIP LOCKED), and stopping here drained this pass's threads before the next pass
+                    # claimed again. Only a claim that finds nothing ends this pass's claiming.
+                    more = bool(claims)
                 except Exception:  # noqa: BLE001 - the dispatches in flight still finish and report; the next pass claims again
                     log.exception("claiming outbox rows failed")
                     claims, more = [], False

@@ -280,7 +280,8 @@ def test_a_failed_claim_leaves_the_dispatches_in_flight_to_finish_and_report(mak
 def test_a_pass_claims_ahead_of_its_threads_in_batches(make_service, db_url, nomad, nomad_runner, catalog, monkeypatch):
     """Claiming one or two rows per freed thread spent about a third of a dispatch's CPU on claim
     transactions. A pass claims while at least half its width is free (or nothing is in flight), up to
-    half its width again beyond its threads; every experiment is still dispatched exactly once."""
+    half its width again beyond its threads, until a claim finds nothing (a short claim may only mean
+    another worker held rows for a moment); every experiment is still dispatched exactly once."""
     from experiments.background import dispatch
     from tests.experiments.test_scale_out import _roomy
 
@@ -298,6 +299,6 @@ def test_a_pass_claims_ahead_of_its_threads_in_batches(make_service, db_url, nom
     assert process_outbox(svc.ctx) == len(burst)
     assert taken[0] == (width + width // 2, width + width // 2)
     assert all(limit >= width // 2 for limit, _ in taken), taken
-    assert len(taken) <= 1 + -(-(len(burst) - taken[0][1]) // (width // 2)), taken
+    assert len(taken) <= 2 + -(-(len(burst) - taken[0][1]) // (width // 2)), taken  # and one last claim that finds nothing
     tokens = [call.query["idempotency_token"][0] for call in nomad.calls("POST", "dispatch")]
     assert sorted(tokens) == sorted(burst)
