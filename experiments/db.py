@@ -126,6 +126,14 @@ def single_statements(engine: Engine) -> Iterator[Connection]:
         yield connection
 
 
+def single_statement_session(session: Session) -> Session:
+    """``single_statements`` for ORM reads: on PostgreSQL each of this (new) session's statements is its own
+    transaction (the dispatch loop's due-check and claim read-back); SQLite keeps its transactions."""
+    if session.get_bind().dialect.name == "postgresql":
+        session.connection(execution_options={"isolation_level": "AUTOCOMMIT"})
+    return session
+
+
 def _alembic(engine: Engine, action: str, target: str) -> None:
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS))

@@ -7,6 +7,7 @@ policy; only the wrapping token leaves this function, never a plain secret_id.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
@@ -15,6 +16,8 @@ from clusters.errors import UserError
 from jobs.spec import FinetuneSpec
 
 if TYPE_CHECKING:
+    import hvac
+
     from vault_policies.orchestrator import WrappedSecretId
 
 
@@ -22,6 +25,8 @@ if TYPE_CHECKING:
 # scales from zero must boot a node and install drivers first; a warm pool only queues.
 SCALE_FROM_ZERO_QUEUE_SECONDS = 20 * 60
 WARM_POOL_QUEUE_SECONDS = 5 * 60
+# Each thread's Vault client and the settings it was made with (``_client``).
+_clients = threading.local()
 
 
 def default_queue_seconds(pool: GpuPoolSpec) -> int:
@@ -48,14 +53,14 @@ def mint_wrapped_secret_id(spec: FinetuneSpec, environ: Mapping[str, str], *, ex
     which has no role: nothing is minted and Vault is not contacted (no VAULT_TOKEN needed)."""
     if spec.vault_role is None:
         return None
-    from vault_policies.client import VaultClientError, make_client
+    from vault_policies.client import VaultClientError
     from vault_policies.orchestrator import issue_wrapped_secret_id, wrap_ttl_for_queue
 
     addr, token = environ.get("VAULT_ADDR"), environ.get("VAULT_TOKEN")
     if not addr or not token:
         missing = " and ".join(n for n, v in (("VAULT_ADDR", addr), ("VAULT_TOKEN", token)) if not v)
         raise UserError(f"{missing} not set; the dispatcher needs a Vault token with the orchestrator policy (locally: gpufleet dev up; eval \"$(gpufleet dev env)\")")
-    client = make_client(addr, token=token, cacert=environ.get("VAULT_CACERT") or None, namespace=environ.get("VAULT_NAMESPACE") or None)
+    client = _client(addr, token, environ.get("VAULT_CACERT") or None, environ.get("VAULT_NAMESPACE") or None)
     import requests
 
     try:
@@ -64,6 +69,22 @@ def mint_wrapped_secret_id(spec: FinetuneSpec, environ: Mapping[str, str], *, ex
         raise UserError(f"cannot reach Vault at {addr}; check VAULT_ADDR (locally: gpufleet dev up)") from None
     except VaultClientError as exc:
         raise UserError(str(exc)) from None
+
+
+def _client(addr: str, token: str, cacert: str | None, namespace: str | None) -> hvac.Client:
+    """This thread's client for these settings, made once: a dispatcher minting for every run opened a new
+    HTTP session and connection (a TLS handshake, with a real Vault) per secret_id. One per thread, because a
+    requests session is not documented as safe to share between threads; the dispatcher's threads are few
+    and long-lived. The token lives here as long as it does in the environment it came from."""
+    from vault_policies.client import make_client
+
+    key = (addr, token, cacert, namespace)
+    kept = getattr(_clients, "last", None)
+    if kept is not None and kept[0] == key:
+        return kept[1]
+    client = make_client(addr, token=token, cacert=cacert, namespace=namespace)
+    _clients.last = (key, client)  # one a thread: a new token (or address) replaces it
+    return client
 
 
 def platform_meta(wrapped: WrappedSecretId | None) -> dict[str, str]:

@@ -75,9 +75,9 @@ def _orphan_memory() -> OrphanMemory:
 class Timing:
     poll_seconds: float = 2.0
     # The dispatch loop polls at the smaller of this and poll_seconds while the outbox is empty (a pass that
-    # dispatched starts the next at once): an idle probe is one indexed query, and a submission should not
-    # wait seconds for its dispatch.
-    dispatch_poll_seconds: float = 0.5
+    # dispatched starts the next at once): an idle probe is one statement without a transaction
+    # (background.dispatch._anything_due), and a submission should not wait long for its dispatch.
+    dispatch_poll_seconds: float = 0.1
     # Dispatches one worker has in flight at once (each a thread: the claim, Vault's mint, the scheduler's
     # answer and the record are mostly waits). Each row is claimed by one thread only; 1 is sequential.
     dispatch_concurrency: int = 8
@@ -96,7 +96,10 @@ class Timing:
     # one silent for worker_lost_seconds whose advisory lock no session holds (it exited: background.membership).
     heartbeat_seconds: float = 0.5
     worker_ttl_seconds: float = 10.0
-    worker_lost_seconds: float = 2.0
+    # 1.5 s, not 2: a dead worker's claims wait this long after its last beat, a fixed wait that a kill -9 in the
+    # middle of a burst of 200 (about 1.2 s clean) made longer than the burst itself (docs/dispatch-throughput.md).
+    # A live worker fences itself one heartbeat period earlier (1 s without a successful beat).
+    worker_lost_seconds: float = 1.5
     # How often the pool_usage counters are compared with the sum over live runs (background.pool_usage).
     pool_usage_check_seconds: float = 300.0
     # An accepted experiment not handed to the scheduler within this fails with the last error.

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import os
 import re
+import threading
+import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -171,6 +173,9 @@ class NomadClient:
     def __init__(self, settings: NomadSettings) -> None:
         self.settings = settings
         self._session = _session(settings)
+        # find_dispatch's listings of a parent's children, by (namespace, prefix): when it completed, and the stubs.
+        self._listed: dict[tuple[str, str], tuple[float, list[dict[str, Any]]]] = {}
+        self._listing = threading.Lock()
 
     def _api(self, namespace: str | None) -> nomad.Nomad:
         import nomad
@@ -300,7 +305,7 @@ class NomadClient:
         experiments.attempts). Reading every child cost one GET per run of the parent per takeover.
         A child this misses (made without that meta) is still never made twice: the submit that
         follows a None sends the same idempotency token, and Nomad answers with the existing child."""
-        for stub in self._list_jobs_with_meta(namespace, f"{parent}/dispatch-"):
+        for stub in self._children_listed(namespace, f"{parent}/dispatch-"):
             mark = str((stub.get("Meta") or {}).get(EXPERIMENT_META, ""))
             if not mark or not (idempotency_token == mark or idempotency_token.startswith(f"{mark}.")):
                 continue
@@ -309,6 +314,22 @@ class NomadClient:
             if job.get("ParentID") == parent and job.get("DispatchIdempotencyToken") == idempotency_token:
                 return str(stub["ID"])
         return None
+
+    def _children_listed(self, namespace: str, prefix: str) -> list[dict[str, Any]]:
+        """The children's stubs for ``find_dispatch``, one listing for the finds that wait on it: a worker
+        that takes over a dead worker's claims finds each of them at once (up to 12, one per dispatch
+        thread), and each listed every child of the parent, thousands of stubs each time. A find uses a
+        listing that completed after the find began (one it waited on), never one done before it: the
+        listing it reads started at most one listing's time before it asked. A child that listing misses
+        is still never made twice (``find_dispatch``: the submit that follows sends the same token)."""
+        asked = time.monotonic()
+        with self._listing:
+            done = self._listed.get((namespace, prefix))
+            if done is not None and done[0] >= asked:
+                return done[1]
+            stubs = self._list_jobs_with_meta(namespace, prefix)
+            self._listed[(namespace, prefix)] = (time.monotonic(), stubs)
+            return stubs
 
     def list_allocations(self, namespace: str, *, task_states: bool = True) -> list[dict[str, Any]]:
         """``GET /v1/allocations?namespace=&task_states=true``: every AllocationListStub of the

@@ -106,3 +106,46 @@ def test_the_frozen_document_holds_vault_references_and_its_digest(make_service,
         document, digest = exp.job_spec, exp.job_spec_sha256
     assert document["gpu"]["count"] == 1 and document["secrets"]["env"] == {"HF_TOKEN": "ml-api-keys/huggingface#token"}
     assert digest is not None and len(digest) == 64
+
+
+def test_a_frozen_spec_is_checked_once_per_digest_and_an_altered_row_is_still_refused(catalog, tmp_path, monkeypatch):
+    """Dispatch asks for the frozen spec of every run; a burst of one job checked the same document each
+    time. The checked spec is kept per name and digest, but the digest is recomputed from the row every
+    time, so a document altered under its old digest is refused even once that digest's spec is kept."""
+    import experiments.services.catalog as catalog_module
+    from experiments.errors import ApiError
+    from jobs.loader import document_sha256
+
+    _, jobs = _jobs_copy(tmp_path, catalog)
+    document = jobs.admit(NOMAD_JOB)[1]
+    digest = document_sha256(document)
+    checks = []
+    real = catalog_module.load_frozen
+    monkeypatch.setattr(catalog_module, "load_frozen", lambda *a, **k: checks.append(1) or real(*a, **k))
+    first = jobs.frozen(NOMAD_JOB, document, digest)
+    assert jobs.frozen(NOMAD_JOB, document, digest) is first and len(checks) == 1
+    altered = {**document, "gpu": {**document["gpu"], "count": 8}}
+    try:
+        jobs.frozen(NOMAD_JOB, altered, digest)
+    except ApiError as exc:
+        assert "does not match its digest" in exc.error
+    else:
+        raise AssertionError("an altered document was served under the kept digest")
+    assert len(checks) == 1
+
+
+def test_a_frozen_document_that_fails_its_checks_is_refused_every_time(catalog, tmp_path):
+    """Only specs that pass are kept: a document that no longer passes is checked, and refused, each time."""
+    from experiments.errors import ApiError
+    from jobs.loader import document_sha256
+
+    _, jobs = _jobs_copy(tmp_path, catalog)
+    document = jobs.admit(NOMAD_JOB)[1]
+    bad = {**document, "cluster": "no-such-cluster"}
+    for _ in range(2):
+        try:
+            jobs.frozen(NOMAD_JOB, bad, document_sha256(bad))
+        except ApiError as exc:
+            assert "no longer passes gpufleet check" in exc.error
+        else:
+            raise AssertionError("a document that fails its checks was served")

@@ -331,6 +331,10 @@ def test_two_worker_processes_dispatch_exactly_once_through_a_kill_9(make_servic
             assert survivor.poll() is None and time.monotonic() < deadline, "worker B never dispatched"
             time.sleep(0.05)
         assert not in_flight & recorded() and not takeovers()  # A lives: its claims hold, whatever B does
+        with svc.ctx.sessions() as session:  # A's claims: its hung submits, and the rows it claimed ahead for its threads
+            held = set(session.scalars(select(Outbox.experiment_id).join(WorkerBeat, WorkerBeat.id == Outbox.claimed_by)
+                                       .where(WorkerBeat.pid == doomed.pid)).all())
+        assert in_flight <= held
         os.kill(doomed.pid, signal.SIGKILL)
         doomed.wait(timeout=30)
         while len(recorded()) < len(burst):
@@ -346,7 +350,7 @@ def test_two_worker_processes_dispatch_exactly_once_through_a_kill_9(make_servic
     with svc.ctx.sessions() as session:
         runs = dict(session.execute(select(Experiment.id, Experiment.run_id).where(Experiment.id.in_(burst))).all())
     assert {runs[token] for token in children.values()} == {f"finetune/{job_id}" for job_id in children}
-    assert sorted(takeovers()) == sorted(in_flight)
+    assert sorted(takeovers()) == sorted(held)
     tokens = [call.query["idempotency_token"][0] for call in nomad.calls("POST", "dispatch")]
     assert sorted(tokens) == sorted(burst)  # A's in-flight ones found by B, not submitted again
     _counters_match(svc.ctx)

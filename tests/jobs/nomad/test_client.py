@@ -195,3 +195,48 @@ def test_find_dispatch_reads_only_the_children_whose_meta_can_be_that_dispatchs(
     assert client.find_dispatch("finetune", llama.name, "exp-7") is None  # attempt 1 of exp-7 never reached Nomad
     assert client.find_dispatch("finetune", llama.name, "exp-3.attempt-2") is None
     assert len(nomad.calls("GET", "job")) - before == 5  # one child each, plus exp-7's and exp-3's children read and refused
+
+
+def test_finds_that_wait_on_one_listing_share_it_and_a_later_find_lists_again(nomad: NomadDouble, client_for: ClientFor,
+                                                                               llama: FinetuneSpec, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A takeover finds up to 12 claims at once, each listing every child of the parent: finds that arrive
+    while a listing is in flight use it; a find that starts after a listing completed lists again, so it
+    sees a child made since (freshness is never traded for the saving)."""
+    import threading
+
+    import jobs.nomad.client as client_module
+
+    client = client_for(nomad)
+    client.register(llama)
+    made = [client.dispatch(llama, {**META, "gpufleet_experiment": f"exp-{i}"}, role_id="role-id-1", wrapping_token=WRAP,
+                            idempotency_token=f"exp-{i}").dispatched_job_id for i in range(4)]
+    asked, release, real_list = [], threading.Event(), client._list_jobs_with_meta
+    real_monotonic = client_module.time.monotonic
+
+    def counted_monotonic() -> float:
+        asked.append(1)
+        return real_monotonic()
+
+    listed: list[str] = []
+
+    def held_list(namespace: str, prefix: str):  # type: ignore[no-untyped-def]
+        release.wait(timeout=60)
+        listed.append(prefix)
+        return real_list(namespace, prefix)
+
+    monkeypatch.setattr(client_module.time, "monotonic", counted_monotonic)
+    monkeypatch.setattr(client, "_list_jobs_with_meta", held_list)
+    found: dict[int, str | None] = {}
+    threads = [threading.Thread(target=lambda i=i: found.__setitem__(i, client.find_dispatch("finetune", llama.name, f"exp-{i}"))) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    while len(asked) < 4:  # every find has asked (its start time) before the listing may finish
+        threading.Event().wait(0.01)
+    release.set()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert found == dict(enumerate(made))
+    assert len(listed) == 1
+    later = client.dispatch(llama, {**META, "gpufleet_experiment": "exp-9"}, role_id="role-id-1", wrapping_token=WRAP, idempotency_token="exp-9")
+    assert client.find_dispatch("finetune", llama.name, "exp-9") == later.dispatched_job_id
+    assert len(listed) == 2
