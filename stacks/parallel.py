@@ -223,7 +223,10 @@ def early_workers(clusters: int, jobs: int | None = None) -> Iterator[None]:
     for index in range(1, count + 1):
         core = cores[index % len(cores)] if cores else None
         argv, env = _worker_argv("--early", "" if core is None else str(core))
-        _early.append(subprocess.Popen(argv, env=env, stdin=subprocess.PIPE))
+        # Its own process group: the terminal's Ctrl-C (sent to the foreground group) reaches only this
+        # process, whose ``finally`` closes the worker's stdin, so a worker still warming up ends quietly
+        # instead of printing a KeyboardInterrupt traceback into a failed or interrupted loading.
+        _early.append(subprocess.Popen(argv, env=env, stdin=subprocess.PIPE, process_group=0))
     if count:
         _early_kernel.append(threading.Thread(target=_start_kernel, args=(cores[0] if cores else None,),
                                               name="gpufleet-early-kernel", daemon=True))

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -156,3 +160,32 @@ def test_an_early_worker_whose_kernel_cannot_start_still_reports_through_its_job
         proc = parallel._start_worker(example_configs, names, tmp_path / ".part-1", None, None)
         with pytest.raises(UserError, match="GPUFLEET_JSII_RUNTIME='bogus': not a jsii runtime gpufleet knows"):
             parallel._finish_worker(proc, tmp_path / ".part-1")
+
+
+_INTERRUPTED_LOADING = """
+import signal, sys
+from stacks import parallel
+try:
+    with parallel.early_workers(parallel.PARALLEL_MIN_CLUSTERS, 3):
+        print(" ".join(str(proc.pid) for proc in parallel._early), flush=True)
+        signal.pause()  # the cluster files load here; the terminal's Ctrl-C interrupts it
+except KeyboardInterrupt:
+    sys.exit(130)
+"""
+
+
+def test_ctrl_c_while_the_files_load_ends_the_early_workers_without_a_traceback() -> None:
+    """The terminal sends Ctrl-C's SIGINT to its whole foreground process group. Early workers in the caller's group
+    each printed a KeyboardInterrupt traceback (from their warm-up or their wait for a job) into what was a quiet
+    interrupted loading before early workers; in a group of their own they see only their stdin close and exit."""
+    caller = subprocess.Popen([sys.executable, "-P", "-c", _INTERRUPTED_LOADING], cwd=parallel.CODE_ROOT,
+                              env=dict(os.environ, PYTHONPATH=str(parallel.CODE_ROOT)), start_new_session=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert caller.stdout is not None
+    workers = [int(pid) for pid in caller.stdout.readline().split()]
+    assert len(workers) == 2
+    assert all(os.getpgid(pid) not in (caller.pid, os.getpgrp()) for pid in workers)  # Ctrl-C does not reach them
+    os.killpg(caller.pid, signal.SIGINT)
+    _, stderr = caller.communicate(timeout=120)  # EOF once every worker, which shares this stderr, has exited
+    assert caller.returncode == 130
+    assert "KeyboardInterrupt" not in stderr, stderr
