@@ -356,7 +356,21 @@ def _early_main(core: str) -> int:
     except Exception:  # noqa: BLE001  (synth_group starts it again and reports the error as any worker does)
         pass
     line = sys.stdin.readline().strip()
-    return _worker_main(Path(line)) if line else 0
+    if not line:
+        return 0
+    _join_callers_group()
+    return _worker_main(Path(line))
+
+
+def _join_callers_group() -> None:
+    """An early worker starts in a process group of its own (``early_workers``); with its job it joins its
+    caller's, as a late-started worker is, so a signal to the whole group (``timeout``, a CI job cancelled,
+    Ctrl-C during the synthesis) ends it too instead of leaving it synthesizing for nobody. A caller already
+    gone (its group now in no relation to this session) leaves it where it is."""
+    try:
+        os.setpgid(0, os.getpgid(os.getppid()))
+    except OSError:
+        pass
 
 
 def _worker_main(job: Path) -> int:

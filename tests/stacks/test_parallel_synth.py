@@ -182,10 +182,30 @@ def test_ctrl_c_while_the_files_load_ends_the_early_workers_without_a_traceback(
                               env=dict(os.environ, PYTHONPATH=str(parallel.CODE_ROOT)), start_new_session=True,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert caller.stdout is not None
-    workers = [int(pid) for pid in caller.stdout.readline().split()]
-    assert len(workers) == 2
-    assert all(os.getpgid(pid) not in (caller.pid, os.getpgrp()) for pid in workers)  # Ctrl-C does not reach them
-    os.killpg(caller.pid, signal.SIGINT)
-    _, stderr = caller.communicate(timeout=120)  # EOF once every worker, which shares this stderr, has exited
+    try:
+        workers = [int(pid) for pid in caller.stdout.readline().split()]
+        groups = {os.getpgid(pid) for pid in workers}
+    finally:
+        os.killpg(caller.pid, signal.SIGINT)
+        _, stderr = caller.communicate(timeout=120)  # EOF once every worker, which shares this stderr, has exited
+    assert len(workers) == 2 and not groups & {caller.pid, os.getpgrp()}  # Ctrl-C does not reach them
     assert caller.returncode == 130
     assert "KeyboardInterrupt" not in stderr, stderr
+
+
+def test_an_early_worker_joins_its_callers_process_group_with_its_job(example_configs, tmp_path: Path) -> None:
+    """Out of the caller's group while it waits (Ctrl-C during loading), back in it once it synthesizes: a signal to
+    the caller's group (``timeout``, a cancelled CI job, Ctrl-C) must end it as it ends a late-started worker."""
+    names = parallel.partition(plan_stacks(example_configs), 2)[1]
+    with parallel.early_workers(parallel.PARALLEL_MIN_CLUSTERS, 2):
+        proc = parallel._early[0]
+        assert os.getpgid(proc.pid) == proc.pid
+        proc = parallel._start_worker(example_configs, names, tmp_path / ".part-1", None, None)
+        groups = set()
+        while proc.poll() is None and os.getpgrp() not in groups:  # it moves when it reads its job
+            try:
+                groups.add(os.getpgid(proc.pid))
+            except ProcessLookupError:
+                break
+        parallel._finish_worker(proc, tmp_path / ".part-1")
+    assert os.getpgrp() in groups
