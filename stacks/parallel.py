@@ -220,18 +220,19 @@ def early_workers(clusters: int, jobs: int | None = None) -> Iterator[None]:
         count = 0
     cores = _cores()
     _early_cores[:] = cores
-    for index in range(1, count + 1):
-        core = cores[index % len(cores)] if cores else None
-        argv, env = _worker_argv("--early", "" if core is None else str(core))
-        # Its own process group: the terminal's Ctrl-C (sent to the foreground group) reaches only this
-        # process, whose ``finally`` closes the worker's stdin, so a worker still warming up ends quietly
-        # instead of printing a KeyboardInterrupt traceback into a failed or interrupted loading.
-        _early.append(subprocess.Popen(argv, env=env, stdin=subprocess.PIPE, process_group=0))
-    if count:
-        _early_kernel.append(threading.Thread(target=_start_kernel, args=(cores[0] if cores else None,),
-                                              name="gpufleet-early-kernel", daemon=True))
-        _early_kernel[0].start()
-    try:
+    try:  # a start that fails half-way (no more processes, no memory) leaves no worker waiting in this module
+        for index in range(1, count + 1):
+            core = cores[index % len(cores)] if cores else None
+            argv, env = _worker_argv("--early", "" if core is None else str(core))
+            # Its own process group: the terminal's Ctrl-C (sent to the foreground group) reaches only this
+            # process, whose ``finally`` closes the worker's stdin, so a worker still warming up ends quietly
+            # instead of printing a KeyboardInterrupt traceback into a failed or interrupted loading.
+            _early.append(subprocess.Popen(argv, env=env, stdin=subprocess.PIPE, process_group=0))
+        if count:
+            kernel = threading.Thread(target=_start_kernel, args=(cores[0] if cores else None,),
+                                      name="gpufleet-early-kernel", daemon=True)
+            kernel.start()
+            _early_kernel.append(kernel)
         yield
     finally:
         for proc in _early:  # not needed: it exits by itself (removing its kernel's files), nobody waits for it

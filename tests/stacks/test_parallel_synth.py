@@ -209,3 +209,23 @@ def test_an_early_worker_joins_its_callers_process_group_with_its_job(example_co
                 break
         parallel._finish_worker(proc, tmp_path / ".part-1")
     assert os.getpgrp() in groups
+
+
+def test_an_early_start_that_fails_half_way_leaves_no_worker_behind(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The second worker cannot start (EAGAIN: no more processes): the error propagates, and the first worker is
+    neither left waiting on an open stdin for the life of this process nor handed the next synthesis's job."""
+    real = subprocess.Popen
+    started: list[subprocess.Popen] = []
+
+    def second_fails(*args, **kwargs) -> subprocess.Popen:
+        if started:
+            raise BlockingIOError(11, "Resource temporarily unavailable")
+        started.append(real(*args, **kwargs))
+        return started[-1]
+
+    monkeypatch.setattr(parallel.subprocess, "Popen", second_fails)
+    with pytest.raises(BlockingIOError):
+        with parallel.early_workers(parallel.PARALLEL_MIN_CLUSTERS, 3):
+            pass
+    assert parallel._early == [] and parallel._early_cores == [] and parallel._early_kernel == []
+    assert started[0].wait(timeout=120) == 0  # its stdin closed: it exits without a job
