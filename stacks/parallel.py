@@ -210,6 +210,7 @@ def early_workers(clusters: int, jobs: int | None = None) -> Iterator[None]:
     late, so the output is the same bytes. Workers get their cores as ``synthesize_parallel`` would give
     them (the caller's share keeps the first), and this process's share takes the same first core then.
     A bad ``--jobs``/``GPUFLEET_SYNTH_JOBS`` starts nothing here: the synthesis reports it after the files.
+    More workers than cores: one per other core starts here, the rest after the files.
 
     When workers start, this process's own jsii kernel starts meanwhile too, in a thread pinned to the
     first core (``_start_kernel``): Node boots and loads cdktf while this process parses YAML, and
@@ -218,6 +219,10 @@ def early_workers(clusters: int, jobs: int | None = None) -> Iterator[None]:
         count = worker_count(clusters, jobs) - 1 if clusters else 0
     except UserError:
         count = 0
+    # At most one per other core: more could not warm up at once, and a ``--jobs`` far above the cores
+    # (GPUFLEET_SYNTH_JOBS=64 left in a shell) would boot that many kernels for a cluster file that then
+    # fails to load; the synthesis starts any further workers it asks for after the files, as before.
+    count = min(count, available_cores() - 1)
     cores = _cores()
     _early_cores[:] = cores
     try:  # a start that fails half-way (no more processes, no memory) leaves no worker waiting in this module

@@ -125,21 +125,24 @@ def test_this_process_share_keeps_the_core_it_runs_on(monkeypatch: pytest.Monkey
 
 @pytest.mark.parametrize("jobs", [2, 3])
 def test_workers_started_before_the_files_load_write_the_same_bytes(serial_out: Path, example_configs, tmp_path: Path,
-                                                                     jobs: int) -> None:
-    """``early_workers`` (gpufleet synth, cache off): the workers started first take the jobs, the output is serial's."""
+                                                                     jobs: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``early_workers`` (gpufleet synth, cache off): the workers started first take the jobs, the output is serial's;
+    on 2 cores one worker starts early, so ``--jobs 3`` hands one job to an early worker and starts the other late."""
+    monkeypatch.setattr(parallel, "available_cores", lambda: 2)
     with parallel.early_workers(len(example_configs), jobs):
         early = list(parallel._early)
-        assert len(early) == jobs - 1 and len(parallel._early_kernel) == 1
+        assert len(early) == 1 and len(parallel._early_kernel) == 1
         synthesize(example_configs, tmp_path / "cdktf.out", jobs=jobs)
         assert parallel._early == [] and parallel._early_kernel == []  # synth_group waited for the kernel thread
-    assert [proc.wait(timeout=60) for proc in early] == [0] * (jobs - 1)
+    assert [proc.wait(timeout=60) for proc in early] == [0]
     serial, merged = _tree(serial_out), _tree(tmp_path / "cdktf.out")
     assert sorted(merged) == sorted(serial)
     assert [name for name in serial if merged[name] != serial[name]] == []
 
 
-def test_an_early_worker_nobody_needs_exits_without_synthesizing() -> None:
+def test_an_early_worker_nobody_needs_exits_without_synthesizing(monkeypatch: pytest.MonkeyPatch) -> None:
     """Loading failed, or the synthesis asked for fewer workers: closing its stdin ends it with code 0."""
+    monkeypatch.setattr(parallel, "available_cores", lambda: 2)
     with parallel.early_workers(parallel.PARALLEL_MIN_CLUSTERS, 2):
         early = list(parallel._early)
         assert len(early) == 1
@@ -154,6 +157,7 @@ def test_an_early_worker_whose_kernel_cannot_start_still_reports_through_its_job
     """Its warm-up failing (here: an unknown GPUFLEET_JSII_RUNTIME) must not end the worker: it takes its job and
     hands back the error a late-started worker reports (a one-line UserError), not "exited without a result"."""
     monkeypatch.setenv("GPUFLEET_JSII_RUNTIME", "bogus")
+    monkeypatch.setattr(parallel, "available_cores", lambda: 2)
     names = parallel.partition(plan_stacks(example_configs), 2)[1]
     with parallel.early_workers(parallel.PARALLEL_MIN_CLUSTERS, 2):
         assert len(parallel._early) == 1
@@ -165,6 +169,7 @@ def test_an_early_worker_whose_kernel_cannot_start_still_reports_through_its_job
 _INTERRUPTED_LOADING = """
 import signal, sys
 from stacks import parallel
+parallel.available_cores = lambda: 4
 try:
     with parallel.early_workers(parallel.PARALLEL_MIN_CLUSTERS, 3):
         print(" ".join(str(proc.pid) for proc in parallel._early), flush=True)
@@ -193,9 +198,11 @@ def test_ctrl_c_while_the_files_load_ends_the_early_workers_without_a_traceback(
     assert "KeyboardInterrupt" not in stderr, stderr
 
 
-def test_an_early_worker_joins_its_callers_process_group_with_its_job(example_configs, tmp_path: Path) -> None:
+def test_an_early_worker_joins_its_callers_process_group_with_its_job(example_configs, tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """Out of the caller's group while it waits (Ctrl-C during loading), back in it once it synthesizes: a signal to
     the caller's group (``timeout``, a cancelled CI job, Ctrl-C) must end it as it ends a late-started worker."""
+    monkeypatch.setattr(parallel, "available_cores", lambda: 2)
     names = parallel.partition(plan_stacks(example_configs), 2)[1]
     with parallel.early_workers(parallel.PARALLEL_MIN_CLUSTERS, 2):
         proc = parallel._early[0]
@@ -224,8 +231,22 @@ def test_an_early_start_that_fails_half_way_leaves_no_worker_behind(monkeypatch:
         return started[-1]
 
     monkeypatch.setattr(parallel.subprocess, "Popen", second_fails)
+    monkeypatch.setattr(parallel, "available_cores", lambda: 4)
     with pytest.raises(BlockingIOError):
         with parallel.early_workers(parallel.PARALLEL_MIN_CLUSTERS, 3):
             pass
     assert parallel._early == [] and parallel._early_cores == [] and parallel._early_kernel == []
     assert started[0].wait(timeout=120) == 0  # its stdin closed: it exits without a job
+
+
+def test_a_jobs_count_above_the_cores_starts_one_early_worker_per_other_core(monkeypatch: pytest.MonkeyPatch) -> None:
+    """GPUFLEET_SYNTH_JOBS=64 left in a shell, 200 cluster files, one of them bad: before the files load, at most one
+    worker per other core starts (the synthesis starts the rest after loading), not 63 jsii kernels booted for an
+    error. The workers here are plain interpreters that wait on stdin, as an early worker does."""
+    monkeypatch.setattr(parallel, "available_cores", lambda: 2)
+    monkeypatch.setattr(parallel, "_worker_argv", lambda *args: ([sys.executable, "-c", "import sys; sys.stdin.read()"], None))
+    monkeypatch.setenv(parallel.JOBS_ENV, "64")
+    with parallel.early_workers(200):
+        early = list(parallel._early)
+    assert len(early) == 1
+    assert [proc.wait(timeout=60) for proc in early] == [0]
