@@ -187,7 +187,7 @@ def _start_worker(configs: tuple[ClusterConfig, ...], names: tuple[str, ...], pa
         proc = _early.pop(0)
         assert proc.stdin is not None
         try:
-            proc.stdin.write(f"{job}\n".encode())
+            proc.stdin.write(os.fsencode(job))  # the whole of stdin: a path may hold a newline
             proc.stdin.close()
         except BrokenPipeError:  # it died meanwhile: _finish_worker reports that it left no result
             pass
@@ -204,7 +204,7 @@ def early_workers(clusters: int, jobs: int | None = None) -> Iterator[None]:
     Why: a worker spends about a second starting (an interpreter, cdktf's import, its jsii kernel, the
     fleet's modules) before it synthesizes anything, and the caller spends as long loading the cluster
     files (2 s at 200 clusters); started first, a worker does its part of that on its own core meanwhile.
-    A started worker waits for one line on stdin, the path of its job file; without one (the loading
+    A started worker reads its stdin to its end: the path of its job file; without one (the loading
     failed, or the synthesis wanted fewer workers) it exits when this block closes its stdin, without
     having synthesized anything. The job and what the worker does with it are those of a worker started
     late, so the output is the same bytes. Workers get their cores as ``synthesize_parallel`` would give
@@ -350,7 +350,7 @@ def manifest_json(value: object, depth: int = 0) -> str:
 
 def _early_main(core: str) -> int:
     """A worker started by ``early_workers``: on its core, start the jsii kernel and import the fleet's code,
-    then run the job file named on stdin; no line (stdin closed) means no job."""
+    then run the job file named on stdin (all of it); nothing before stdin closes means no job."""
     if core:
         _set_affinity({int(core)})
     try:
@@ -361,11 +361,11 @@ def _early_main(core: str) -> int:
         import stacks.fleet  # noqa: F401
     except Exception:  # noqa: BLE001  (synth_group starts it again and reports the error as any worker does)
         pass
-    line = sys.stdin.readline().strip()
-    if not line:
+    job = sys.stdin.buffer.read()  # up to EOF: the path's bytes as written, whatever characters they hold
+    if not job:
         return 0
     _join_callers_group()
-    return _worker_main(Path(line))
+    return _worker_main(Path(os.fsdecode(job)))
 
 
 def _join_callers_group() -> None:

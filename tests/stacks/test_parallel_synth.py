@@ -250,3 +250,19 @@ def test_a_jobs_count_above_the_cores_starts_one_early_worker_per_other_core(mon
         early = list(parallel._early)
     assert len(early) == 1
     assert [proc.wait(timeout=60) for proc in early] == [0]
+
+
+def test_an_early_worker_takes_a_job_whose_path_holds_a_newline(example_configs, tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """The job's path went as one line on stdin: with ``--out`` under a directory whose name holds a newline the worker
+    read only the part before it (here ``<tmp>/out``, a directory; a file there would have been unpickled as the job)
+    and exited 1 without a result, where a worker started after loading gets its path in argv and synthesizes."""
+    monkeypatch.setattr(parallel, "available_cores", lambda: 2)
+    names = parallel.partition(plan_stacks(example_configs), 2)[1]
+    staging = tmp_path / "out\nlet"
+    (tmp_path / "out").mkdir()
+    staging.mkdir()
+    with parallel.early_workers(parallel.PARALLEL_MIN_CLUSTERS, 2):
+        proc = parallel._start_worker(example_configs, names, staging / ".part-1", None, None)
+        manifest = parallel._finish_worker(proc, staging / ".part-1")
+    assert sorted(manifest["stacks"]) == sorted(names)
