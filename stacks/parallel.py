@@ -220,7 +220,7 @@ def _start_worker(configs: tuple[ClusterConfig, ...], names: tuple[str, ...], pa
         proc = _early.pop(0)
         assert proc.stdin is not None
         try:
-            proc.stdin.write(f"{job}\n".encode())
+            proc.stdin.write(os.fsencode(job))  # the whole of stdin: a path may hold a newline
             proc.stdin.close()
         except BrokenPipeError:  # it died meanwhile: _finish_worker reports that it left no result
             pass
@@ -237,12 +237,13 @@ def early_workers(clusters: int, jobs: int | None = None) -> Iterator[None]:
     Why: a worker spends about a second starting (an interpreter, cdktf's import, its jsii kernel, the
     fleet's modules) before it synthesizes anything, and the caller spends as long loading the cluster
     files (2 s at 200 clusters); started first, a worker does its part of that on its own core meanwhile.
-    A started worker waits for one line on stdin, the path of its job file; without one (the loading
+    A started worker reads its stdin to its end: the path of its job file; without one (the loading
     failed, or the synthesis wanted fewer workers) it exits when this block closes its stdin, without
     having synthesized anything. The job and what the worker does with it are those of a worker started
     late, so the output is the same bytes. Workers get their cores as ``synthesize_parallel`` would give
     them (the caller's share keeps the first), and this process's share takes the same first core then.
     A bad ``--jobs``/``GPUFLEET_SYNTH_JOBS`` starts nothing here: the synthesis reports it after the files.
+    More workers than cores: one per other core starts here, the rest after the files.
 
     When workers start, this process's own jsii kernel starts meanwhile too, in a thread pinned to the
     first core (``_start_kernel``): Node boots and loads cdktf while this process parses YAML, and
@@ -251,17 +252,25 @@ def early_workers(clusters: int, jobs: int | None = None) -> Iterator[None]:
         count = worker_count(clusters, jobs) - 1 if clusters else 0
     except UserError:
         count = 0
+    # At most one per other core: more could not warm up at once, and a ``--jobs`` far above the cores
+    # (GPUFLEET_SYNTH_JOBS=64 left in a shell) would boot that many kernels for a cluster file that then
+    # fails to load; the synthesis starts any further workers it asks for after the files, as before.
+    count = min(count, available_cores() - 1)
     cores = _cores()
     _early_cores[:] = cores
-    for index in range(1, count + 1):
-        core = cores[index % len(cores)] if cores else None
-        argv, env = _worker_argv("--early", "" if core is None else str(core))
-        _early.append(subprocess.Popen(argv, env=env, stdin=subprocess.PIPE))
-    if count:
-        _early_kernel.append(threading.Thread(target=_start_kernel, args=(cores[0] if cores else None,),
-                                              name="gpufleet-early-kernel", daemon=True))
-        _early_kernel[0].start()
-    try:
+    try:  # a start that fails half-way (no more processes, no memory) leaves no worker waiting in this module
+        for index in range(1, count + 1):
+            core = cores[index % len(cores)] if cores else None
+            argv, env = _worker_argv("--early", "" if core is None else str(core))
+            # Its own process group: the terminal's Ctrl-C (sent to the foreground group) reaches only this
+            # process, whose ``finally`` closes the worker's stdin, so a worker still warming up ends quietly
+            # instead of printing a KeyboardInterrupt traceback into a failed or interrupted loading.
+            _early.append(subprocess.Popen(argv, env=env, stdin=subprocess.PIPE, process_group=0))
+        if count:
+            kernel = threading.Thread(target=_start_kernel, args=(cores[0] if cores else None,),
+                                      name="gpufleet-early-kernel", daemon=True)
+            kernel.start()
+            _early_kernel.append(kernel)
         yield
     finally:
         for proc in _early:  # not needed: it exits by itself (removing its kernel's files), nobody waits for it
@@ -380,7 +389,7 @@ def manifest_json(value: object, depth: int = 0) -> str:
 
 def _early_main(core: str) -> int:
     """A worker started by ``early_workers``: on its core, start the jsii kernel and import the fleet's code,
-    then run the job file named on stdin; no line (stdin closed) means no job."""
+    then run the job file named on stdin (all of it); nothing before stdin closes means no job."""
     if core:
         _set_affinity({int(core)})
     try:
@@ -391,8 +400,22 @@ def _early_main(core: str) -> int:
         import stacks.fleet  # noqa: F401
     except Exception:  # noqa: BLE001  (synth_group starts it again and reports the error as any worker does)
         pass
-    line = sys.stdin.readline().strip()
-    return _worker_main(Path(line)) if line else 0
+    job = sys.stdin.buffer.read()  # up to EOF: the path's bytes as written, whatever characters they hold
+    if not job:
+        return 0
+    _join_callers_group()
+    return _worker_main(Path(os.fsdecode(job)))
+
+
+def _join_callers_group() -> None:
+    """An early worker starts in a process group of its own (``early_workers``); with its job it joins its
+    caller's, as a late-started worker is, so a signal to the whole group (``timeout``, a CI job cancelled,
+    Ctrl-C during the synthesis) ends it too instead of leaving it synthesizing for nobody. A caller already
+    gone (its group now in no relation to this session) leaves it where it is."""
+    try:
+        os.setpgid(0, os.getpgid(os.getppid()))
+    except OSError:
+        pass
 
 
 def _worker_main(job: Path) -> int:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import random
 import re
 import shutil
 import subprocess
@@ -21,6 +22,7 @@ import pytest
 import clusters
 from clusters.errors import UserError
 from clusters.schema import StaticIp
+from stacks import interpolation
 from stacks.interpolation import TEMPLATES, allowed, check_outdir, find, sequences
 from stacks.synth import synthesize
 from tests.conftest import load_fleet
@@ -88,6 +90,72 @@ def test_check_outdir_reports_what_the_walk_reports(tmp_path: Path, value: str) 
             assert str(caught.value) == "\n".join(expected)
         else:
             check_outdir(tmp_path)
+
+
+def _scan_char_by_char(text: str) -> list[tuple[str, str]]:
+    """The scanner before the mark-to-mark jump (main before issue 28's fast path), kept as this file's oracle."""
+    found, i = [], 0
+    while i < len(text):
+        if text.startswith(("$${", "%%{"), i):
+            i += 3
+        elif text.startswith(("${", "%{"), i):
+            end = interpolation._closing(text, i + 2)
+            found.append((text[i:i + 2], text[i + 2:end] if end >= 0 else text[i + 2:]))
+            i = end + 1 if end >= 0 else len(text)
+        else:
+            i += 1
+    return found
+
+
+_PIECES = ("$", "%", "{", "}", '"', "\\", "a", ".", "(", ")", " ", "\n", "é", "＄", "\x00", "$${", "%%{", "${", "%{",
+           "var.x", "google_x.y.z", "base64decode(", "file(", "${var.x}", "${var.x()}", "${google_x.y.z}")
+
+
+def _fuzz_string(rng: random.Random) -> str:
+    return "".join(rng.choice(_PIECES) for _ in range(rng.randint(0, 40)))
+
+
+def _fuzz_tree(rng: random.Random, depth: int = 0) -> object:
+    roll = rng.random()
+    if depth > 3 or roll < 0.4:
+        return _fuzz_string(rng) if rng.random() < 0.8 else rng.choice([1, 2.5, None, True])
+    if roll < 0.7:
+        return [_fuzz_tree(rng, depth + 1) for _ in range(rng.randint(0, 4))]
+    return {_fuzz_string(rng): _fuzz_tree(rng, depth + 1) for _ in range(rng.randint(0, 4))}
+
+
+def _refused_by_oracle(node: object) -> bool:
+    if isinstance(node, dict):
+        return any(_refused_by_oracle(k) or _refused_by_oracle(v) for k, v in node.items())
+    if isinstance(node, list):
+        return any(_refused_by_oracle(v) for v in node)
+    return isinstance(node, str) and any(m == "%{" or not allowed(e) for m, e in _scan_char_by_char(node))
+
+
+def test_the_fast_template_check_refuses_what_the_char_by_char_scan_refused(tmp_path: Path) -> None:
+    """Differential fuzz (fixed seed) of the security boundary's fast path against the scanner it replaced:
+    every string's sequences, and every stack's verdict through ``check_outdir`` (several stacks per output,
+    keys and values, nested lists and maps, repeated expressions across stacks for the per-stack verdict cache)."""
+    rng = random.Random(28)
+    for _ in range(20000):
+        text = _fuzz_string(rng)
+        assert list(sequences(text)) == _scan_char_by_char(text), repr(text)
+    for round_ in range(300):
+        trees = [{"resource": {"x": _fuzz_tree(rng)}} for _ in range(3)]
+        out = tmp_path / str(round_)
+        for index, tree in enumerate(trees):
+            (out / "stacks" / f"s{index}").mkdir(parents=True)
+            (out / "stacks" / f"s{index}" / "cdk.tf.json").write_text(json.dumps(tree))
+        refused = [index for index, tree in enumerate(trees) if _refused_by_oracle(tree)]
+        hits = [[str(hit) for hit in find(tree, str(out / "stacks" / f"s{index}" / "cdk.tf.json"))]
+                for index, tree in enumerate(trees)]
+        assert [index for index, found in enumerate(hits) if found] == refused
+        if not refused:
+            check_outdir(out)
+            continue
+        with pytest.raises(UserError) as caught:
+            check_outdir(out)
+        assert str(caught.value) == "\n".join(line for found in hits for line in found)
 
 
 def test_fails_when_a_map_key_holds_an_interpolation() -> None:

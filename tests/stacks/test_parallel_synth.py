@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -121,21 +125,24 @@ def test_this_process_share_keeps_the_core_it_runs_on(monkeypatch: pytest.Monkey
 
 @pytest.mark.parametrize("jobs", [2, 3])
 def test_workers_started_before_the_files_load_write_the_same_bytes(serial_out: Path, example_configs, tmp_path: Path,
-                                                                     jobs: int) -> None:
-    """``early_workers`` (gpufleet synth, cache off): the workers started first take the jobs, the output is serial's."""
+                                                                     jobs: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``early_workers`` (gpufleet synth, cache off): the workers started first take the jobs, the output is serial's;
+    on 2 cores one worker starts early, so ``--jobs 3`` hands one job to an early worker and starts the other late."""
+    monkeypatch.setattr(parallel, "available_cores", lambda: 2)
     with parallel.early_workers(len(example_configs), jobs):
         early = list(parallel._early)
-        assert len(early) == jobs - 1 and len(parallel._early_kernel) == 1
+        assert len(early) == 1 and len(parallel._early_kernel) == 1
         synthesize(example_configs, tmp_path / "cdktf.out", jobs=jobs)
         assert parallel._early == [] and parallel._early_kernel == []  # synth_group waited for the kernel thread
-    assert [proc.wait(timeout=60) for proc in early] == [0] * (jobs - 1)
+    assert [proc.wait(timeout=60) for proc in early] == [0]
     serial, merged = _tree(serial_out), _tree(tmp_path / "cdktf.out")
     assert sorted(merged) == sorted(serial)
     assert [name for name in serial if merged[name] != serial[name]] == []
 
 
-def test_an_early_worker_nobody_needs_exits_without_synthesizing() -> None:
+def test_an_early_worker_nobody_needs_exits_without_synthesizing(monkeypatch: pytest.MonkeyPatch) -> None:
     """Loading failed, or the synthesis asked for fewer workers: closing its stdin ends it with code 0."""
+    monkeypatch.setattr(parallel, "available_cores", lambda: 2)
     with parallel.early_workers(parallel.PARALLEL_MIN_CLUSTERS, 2):
         early = list(parallel._early)
         assert len(early) == 1
@@ -150,6 +157,7 @@ def test_an_early_worker_whose_kernel_cannot_start_still_reports_through_its_job
     """Its warm-up failing (here: an unknown GPUFLEET_JSII_RUNTIME) must not end the worker: it takes its job and
     hands back the error a late-started worker reports (a one-line UserError), not "exited without a result"."""
     monkeypatch.setenv("GPUFLEET_JSII_RUNTIME", "bogus")
+    monkeypatch.setattr(parallel, "available_cores", lambda: 2)
     names = parallel.partition(plan_stacks(example_configs), 2)[1]
     with parallel.early_workers(parallel.PARALLEL_MIN_CLUSTERS, 2):
         assert len(parallel._early) == 1
@@ -183,3 +191,105 @@ def test_a_streamed_synthesis_is_byte_identical_and_tells_each_stack_once_with_i
         assert sorted(heard) == sorted(names)
         assert {name: (out / "stacks" / name / "cdk.tf.json").read_bytes() for name in names} == heard
         assert not any(p.name.startswith((".part-", ".batch-")) for p in out.rglob("*"))
+
+
+_INTERRUPTED_LOADING = """
+import signal, sys
+from stacks import parallel
+parallel.available_cores = lambda: 4
+try:
+    with parallel.early_workers(parallel.PARALLEL_MIN_CLUSTERS, 3):
+        print(" ".join(str(proc.pid) for proc in parallel._early), flush=True)
+        signal.pause()  # the cluster files load here; the terminal's Ctrl-C interrupts it
+except KeyboardInterrupt:
+    sys.exit(130)
+"""
+
+
+def test_ctrl_c_while_the_files_load_ends_the_early_workers_without_a_traceback() -> None:
+    """The terminal sends Ctrl-C's SIGINT to its whole foreground process group. Early workers in the caller's group
+    each printed a KeyboardInterrupt traceback (from their warm-up or their wait for a job) into what was a quiet
+    interrupted loading before early workers; in a group of their own they see only their stdin close and exit."""
+    caller = subprocess.Popen([sys.executable, "-P", "-c", _INTERRUPTED_LOADING], cwd=parallel.CODE_ROOT,
+                              env=dict(os.environ, PYTHONPATH=str(parallel.CODE_ROOT)), start_new_session=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert caller.stdout is not None
+    try:
+        workers = [int(pid) for pid in caller.stdout.readline().split()]
+        groups = {os.getpgid(pid) for pid in workers}
+    finally:
+        os.killpg(caller.pid, signal.SIGINT)
+        _, stderr = caller.communicate(timeout=120)  # EOF once every worker, which shares this stderr, has exited
+    assert len(workers) == 2 and not groups & {caller.pid, os.getpgrp()}  # Ctrl-C does not reach them
+    assert caller.returncode == 130
+    assert "KeyboardInterrupt" not in stderr, stderr
+
+
+def test_an_early_worker_joins_its_callers_process_group_with_its_job(example_configs, tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Out of the caller's group while it waits (Ctrl-C during loading), back in it once it synthesizes: a signal to
+    the caller's group (``timeout``, a cancelled CI job, Ctrl-C) must end it as it ends a late-started worker."""
+    monkeypatch.setattr(parallel, "available_cores", lambda: 2)
+    names = parallel.partition(plan_stacks(example_configs), 2)[1]
+    with parallel.early_workers(parallel.PARALLEL_MIN_CLUSTERS, 2):
+        proc = parallel._early[0]
+        assert os.getpgid(proc.pid) == proc.pid
+        proc = parallel._start_worker(example_configs, names, tmp_path / ".part-1", None, None)
+        groups = set()
+        while proc.poll() is None and os.getpgrp() not in groups:  # it moves when it reads its job
+            try:
+                groups.add(os.getpgid(proc.pid))
+            except ProcessLookupError:
+                break
+        parallel._finish_worker(proc, tmp_path / ".part-1")
+    assert os.getpgrp() in groups
+
+
+def test_an_early_start_that_fails_half_way_leaves_no_worker_behind(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The second worker cannot start (EAGAIN: no more processes): the error propagates, and the first worker is
+    neither left waiting on an open stdin for the life of this process nor handed the next synthesis's job."""
+    real = subprocess.Popen
+    started: list[subprocess.Popen] = []
+
+    def second_fails(*args, **kwargs) -> subprocess.Popen:
+        if started:
+            raise BlockingIOError(11, "Resource temporarily unavailable")
+        started.append(real(*args, **kwargs))
+        return started[-1]
+
+    monkeypatch.setattr(parallel.subprocess, "Popen", second_fails)
+    monkeypatch.setattr(parallel, "available_cores", lambda: 4)
+    with pytest.raises(BlockingIOError):
+        with parallel.early_workers(parallel.PARALLEL_MIN_CLUSTERS, 3):
+            pass
+    assert parallel._early == [] and parallel._early_cores == [] and parallel._early_kernel == []
+    assert started[0].wait(timeout=120) == 0  # its stdin closed: it exits without a job
+
+
+def test_a_jobs_count_above_the_cores_starts_one_early_worker_per_other_core(monkeypatch: pytest.MonkeyPatch) -> None:
+    """GPUFLEET_SYNTH_JOBS=64 left in a shell, 200 cluster files, one of them bad: before the files load, at most one
+    worker per other core starts (the synthesis starts the rest after loading), not 63 jsii kernels booted for an
+    error. The workers here are plain interpreters that wait on stdin, as an early worker does."""
+    monkeypatch.setattr(parallel, "available_cores", lambda: 2)
+    monkeypatch.setattr(parallel, "_worker_argv", lambda *args: ([sys.executable, "-c", "import sys; sys.stdin.read()"], None))
+    monkeypatch.setenv(parallel.JOBS_ENV, "64")
+    with parallel.early_workers(200):
+        early = list(parallel._early)
+    assert len(early) == 1
+    assert [proc.wait(timeout=60) for proc in early] == [0]
+
+
+def test_an_early_worker_takes_a_job_whose_path_holds_a_newline(example_configs, tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """The job's path went as one line on stdin: with ``--out`` under a directory whose name holds a newline the worker
+    read only the part before it (here ``<tmp>/out``, a directory; a file there would have been unpickled as the job)
+    and exited 1 without a result, where a worker started after loading gets its path in argv and synthesizes."""
+    monkeypatch.setattr(parallel, "available_cores", lambda: 2)
+    names = parallel.partition(plan_stacks(example_configs), 2)[1]
+    staging = tmp_path / "out\nlet"
+    (tmp_path / "out").mkdir()
+    staging.mkdir()
+    with parallel.early_workers(parallel.PARALLEL_MIN_CLUSTERS, 2):
+        proc = parallel._start_worker(example_configs, names, staging / ".part-1", None, None)
+        manifest = parallel._finish_worker(proc, staging / ".part-1")
+    assert sorted(manifest["stacks"]) == sorted(names)
