@@ -429,14 +429,17 @@ class Stream:
                 self.results[result.stack] = result
 
     def finish(self, stack_dirs: Iterable[Path], *, workers: int | None = None) -> CheckovSummary:
-        """The summary ``run(stack_dirs)`` gives: results of copies whose bytes are the final stack's, the rest scanned now."""
+        """The summary ``run(stack_dirs)`` gives: results of copies whose bytes are the final stack's, the rest
+        (and any stack the stream's worker failed on) scanned now."""
         self._stop()
         final = sorted(Path(d) for d in stack_dirs)
+        # an error (the worker died beside synthesis, say) is no result of the bytes: that stack is scanned again
         streamed = {d: self.results[d.name] for d in final
-                    if d.name in self.results and self.copied.get(d.name) == (d / "cdk.tf.json").read_bytes()}
+                    if d.name in self.results and self.results[d.name].error is None
+                    and self.copied.get(d.name) == (d / "cdk.tf.json").read_bytes()}
         warm, self.worker = self.worker, None
         if warm is not None and warm.process.poll() is not None:
-            warm.close()  # it died: its stacks are errors already, the rest get a fresh worker
+            warm.close()  # it died: its stacks and the rest get a fresh worker
             warm = None
         return _scan([d for d in final if d not in streamed], self.skips, workers, warm, streamed, self.cache)
 
