@@ -290,9 +290,11 @@ def run(stack_dirs: Iterable[Path], skip_ids: Iterable[str] | None = None, *, wo
     rules) are not scanned again. ``warm`` (``prestart``) is used as the first process, or discarded
     when every stack's result is cached.
     """
-    directories = sorted(Path(d) for d in stack_dirs)
-    skips = _skips(skip_ids)
-    return _scan(directories, skips, workers, warm, {}, _cache() if directories else None)
+    try:
+        directories = sorted(Path(d) for d in stack_dirs)
+        return _run(directories, _skips(skip_ids), workers, warm, {}, _cache() if directories else None)
+    finally:
+        _discard_unused(warm)
 
 
 def _cache() -> Path | None:
@@ -303,20 +305,16 @@ def _cache() -> Path | None:
     return cache_trust.prepare(cache, checkov_cache.CACHE_ENV) if cache is not None else None
 
 
-def _scan(directories: list[Path], skips: tuple[str, ...], workers: int | None, warm: _Worker | None,
-          known: dict[Path, StackResult], cache: Path | None) -> CheckovSummary:
-    """``run`` with the cache already prepared (``Stream`` prepares it when it starts, so a refused cache is
-    reported once). ``known`` are results ``Stream`` scanned already, of stacks with these very bytes: they go
-    into the summary and, like every scanned result, the cache."""
-    try:
-        return _run(directories, skips, workers, warm, known, cache)
-    finally:
-        if warm is not None and not warm.ended:
-            warm.discard()  # nothing was left to scan (or the scan failed before it started)
+def _discard_unused(warm: _Worker | None) -> None:
+    if warm is not None and not warm.ended:
+        warm.discard()  # nothing was left to scan (or the scan failed before it started)
 
 
 def _run(directories: list[Path], skips: tuple[str, ...], workers: int | None, warm: _Worker | None,
          known: dict[Path, StackResult], cache: Path | None) -> CheckovSummary:
+    """``run``'s scan, with the cache already prepared (``Stream`` prepares it when it starts, so a refused cache
+    is reported once). ``known`` are results ``Stream`` scanned already, of stacks with these very bytes: they
+    go into the summary and, like every scanned result, the cache."""
     from safety import checkov_cache
 
     if not directories and not known:
@@ -441,7 +439,10 @@ class Stream:
         if warm is not None and warm.process.poll() is not None:
             warm.close()  # it died: its stacks and the rest get a fresh worker
             warm = None
-        return _scan([d for d in final if d not in streamed], self.skips, workers, warm, streamed, self.cache)
+        try:
+            return _run([d for d in final if d not in streamed], self.skips, workers, warm, streamed, self.cache)
+        finally:
+            _discard_unused(warm)
 
     def _stop(self) -> None:
         """Let the worker end the chunk it scans; it takes no other."""
