@@ -283,31 +283,43 @@ def default_workers(stacks: int) -> int:
 
 
 def run(stack_dirs: Iterable[Path], skip_ids: Iterable[str] | None = None, *, workers: int | None = None,
-        warm: _Worker | None = None, known: dict[Path, StackResult] | None = None) -> CheckovSummary:
+        warm: _Worker | None = None) -> CheckovSummary:
     """Scan every stack directory, split over ``workers`` concurrent checkov processes (default: ``default_workers``).
 
     Stacks whose result is in ``safety.checkov_cache`` (same JSON bytes, checkov version, skips and
     rules) are not scanned again. ``warm`` (``prestart``) is used as the first process, or discarded
-    when every stack's result is cached. ``known`` are results ``Stream`` scanned already, of stacks
-    with these very bytes: they go into the summary and, like every scanned result, the cache.
+    when every stack's result is cached.
     """
     try:
-        return _run(stack_dirs, _skips(skip_ids), workers, warm, known or {})
+        directories = sorted(Path(d) for d in stack_dirs)
+        return _run(directories, _skips(skip_ids), workers, warm, {}, _cache() if directories else None)
     finally:
-        if warm is not None and not warm.ended:
-            warm.discard()  # nothing was left to scan (or the scan failed before it started)
+        _discard_unused(warm)
 
 
-def _run(stack_dirs: Iterable[Path], skips: tuple[str, ...], workers: int | None, warm: _Worker | None,
-         known: dict[Path, StackResult]) -> CheckovSummary:
+def _cache() -> Path | None:
+    """The checkov cache directory, made and trusted (``cache_trust.prepare`` says once on stderr why not), or None."""
     from safety import checkov_cache
 
-    directories = sorted(Path(d) for d in stack_dirs)
+    cache = checkov_cache.cache_dir()
+    return cache_trust.prepare(cache, checkov_cache.CACHE_ENV) if cache is not None else None
+
+
+def _discard_unused(warm: _Worker | None) -> None:
+    if warm is not None and not warm.ended:
+        warm.discard()  # nothing was left to scan (or the scan failed before it started)
+
+
+def _run(directories: list[Path], skips: tuple[str, ...], workers: int | None, warm: _Worker | None,
+         known: dict[Path, StackResult], cache: Path | None) -> CheckovSummary:
+    """``run``'s scan, with the cache already prepared (``Stream`` prepares it when it starts, so a refused cache
+    is reported once). ``known`` are results ``Stream`` scanned already, of stacks with these very bytes: they
+    go into the summary and, like every scanned result, the cache."""
+    from safety import checkov_cache
+
     if not directories and not known:
         return CheckovSummary((), skips)
     binary = checkov_binary()
-    cache = checkov_cache.cache_dir()
-    cache = cache_trust.prepare(cache, checkov_cache.CACHE_ENV) if cache is not None else None
     keys: dict[Path, str] = {}
     results: list[StackResult] = list(known.values())
     if cache is not None:
@@ -359,8 +371,7 @@ class Stream:
             warm = None
         self.worker = warm
         self.python = python
-        cache = checkov_cache.cache_dir()
-        self.cache = cache_trust.prepare(cache, checkov_cache.CACHE_ENV) if cache is not None else None
+        self.cache = _cache()
         self.version = checkov_cache.checkov_version(self.binary) if self.cache is not None else ""
         self.root = Path(tempfile.mkdtemp(prefix="gpufleet-checkov-stream-"))
         self.copied: dict[str, bytes | None] = {}  # stack name -> the bytes its copy holds (None: not to be used)
@@ -416,17 +427,22 @@ class Stream:
                 self.results[result.stack] = result
 
     def finish(self, stack_dirs: Iterable[Path], *, workers: int | None = None) -> CheckovSummary:
-        """The summary ``run(stack_dirs)`` gives: results of copies whose bytes are the final stack's, the rest scanned now."""
+        """The summary ``run(stack_dirs)`` gives: results of copies whose bytes are the final stack's, the rest
+        (and any stack the stream's worker failed on) scanned now."""
         self._stop()
         final = sorted(Path(d) for d in stack_dirs)
+        # an error (the worker died beside synthesis, say) is no result of the bytes: that stack is scanned again
         streamed = {d: self.results[d.name] for d in final
-                    if d.name in self.results and self.copied.get(d.name) == (d / "cdk.tf.json").read_bytes()}
+                    if d.name in self.results and self.results[d.name].error is None
+                    and self.copied.get(d.name) == (d / "cdk.tf.json").read_bytes()}
         warm, self.worker = self.worker, None
         if warm is not None and warm.process.poll() is not None:
-            warm.close()  # it died: its stacks are errors already, the rest get a fresh worker
+            warm.close()  # it died: its stacks and the rest get a fresh worker
             warm = None
-        summary = run([d for d in final if d not in streamed], self.skips, workers=workers, warm=warm, known=streamed)
-        return summary
+        try:
+            return _run([d for d in final if d not in streamed], self.skips, workers, warm, streamed, self.cache)
+        finally:
+            _discard_unused(warm)
 
     def _stop(self) -> None:
         """Let the worker end the chunk it scans; it takes no other."""

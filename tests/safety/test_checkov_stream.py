@@ -109,3 +109,43 @@ def test_a_stack_told_twice_is_scanned_after_synthesis(stacks: list[Path], monke
         summary = stream.finish(stacks)
     assert scanned == [STACKS[0]]
     assert summary == checkov_scan.run(stacks)
+
+
+def test_a_cache_another_user_could_write_is_reported_once_as_run_reports_it(stacks: list[Path], tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch,
+                                                                            capfd: pytest.CaptureFixture) -> None:
+    """``cache_trust.prepare`` prints one line when it refuses a cache: a streamed check prints it once, as the scan
+    after synthesis does, not once when the stream starts and again in ``finish``."""
+    cache = tmp_path / "shared-cache"
+    cache.mkdir()
+    cache.chmod(0o777)
+    monkeypatch.setenv(checkov_cache.CACHE_ENV, str(cache))
+    plain = checkov_scan.run(stacks[:1])
+    assert capfd.readouterr().err.count("chmod go-w") == 1
+    with checkov_scan.streamed(True) as stream:
+        assert stream is not None
+        stream.add(stacks[0])
+        _drained(stream, [STACKS[0]])
+        summary = stream.finish(stacks[:1])
+    assert summary == plain
+    assert capfd.readouterr().err.count("chmod go-w") == 1
+    assert _entries(cache) == {}
+
+
+def test_a_stack_the_streams_worker_could_not_scan_is_scanned_again(stacks: list[Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stream's worker runs beside synthesis (the memory of both at once): killed there, every stack it had
+    is an error, which is no result of the stack's bytes. ``finish`` scans those stacks again, with a fresh worker,
+    so the check reports what the scan after synthesis reports."""
+    monkeypatch.setenv(checkov_cache.CACHE_ENV, "off")
+    with checkov_scan.streamed(True) as stream:
+        assert stream is not None
+        stream.add(stacks[0])
+        _drained(stream, [STACKS[0]])
+        assert stream.worker is not None
+        stream.worker.process.kill()
+        for directory in stacks[1:]:
+            stream.add(directory)
+        _drained(stream, list(STACKS[1:]))
+        assert all(stream.results[name].error for name in STACKS[1:])
+        summary = stream.finish(stacks)
+    assert summary == checkov_scan.run(stacks) and summary.ok
