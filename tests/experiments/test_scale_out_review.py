@@ -302,3 +302,25 @@ def test_a_pass_claims_ahead_of_its_threads_in_batches(make_service, db_url, nom
     assert len(taken) <= 2 + -(-(len(burst) - taken[0][1]) // (width // 2)), taken  # and one last claim that finds nothing
     tokens = [call.query["idempotency_token"][0] for call in nomad.calls("POST", "dispatch")]
     assert sorted(tokens) == sorted(burst)
+
+
+def test_the_idle_check_does_not_count_a_live_workers_claim_as_due_but_counts_a_silent_ones(make_service, db_url, nomad, nomad_runner, monkeypatch):
+    """The idle dispatch loop asks ``_anything_due`` every 0.1 s and runs a claim pass (a transaction,
+    the dead-worker subquery over ``pg_locks``, a thread pool) when it answers yes. Counting a row a live
+    worker holds as due made a worker idle at ten claim passes a second, each finding nothing, for as long
+    as another worker had a dispatch in flight (up to the 120 s lease of a stuck call): five times the
+    passes of the old 0.5 s loop. A row whose holder's heartbeat is older than the shorter bound may be
+    claimable (``membership.dead_workers``), so it still counts: the check never hides a row a claim takes."""
+    from experiments.background import dispatch
+
+    svc = make_service(db_url, nomad_runner)
+    _submit(svc.ctx, 1)
+    a, b = _worker(svc, svc.clock), _worker(svc, svc.clock)
+    assert _claim(a, None)
+    real_claim, claims = dispatch._claim, []
+    monkeypatch.setattr(dispatch, "_claim", lambda *args, **kwargs: claims.append(1) or real_claim(*args, **kwargs))
+    assert process_outbox(b) == 0 and claims == []  # A is alive and holds the only due row
+    svc.clock.advance(seconds=TIMING.worker_lost_seconds + 0.5)  # A silent past the shorter bound
+    b.membership.beat(b.sessions, svc.clock())
+    process_outbox(b)
+    assert claims, "a row whose holder may be dead was hidden from the claim"
