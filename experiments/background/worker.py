@@ -111,7 +111,14 @@ class Worker:
                 log.exception("could not remove this worker's heartbeat row")
 
     def _heartbeat(self) -> None:
-        while not self._stop.wait(self._ctx.timing.heartbeat_seconds):
+        """Beat every ``heartbeat_seconds`` from the previous beat's start, not from its end: the worker fences
+        itself once its last successful beat started more than ``worker_lost_seconds`` less one period ago (1 s),
+        and a pause counted from each beat's end let two commits of a quarter second in a row fence a live worker
+        that no other could take over. This way only one beat slower than a whole period fences it."""
+        period = self._ctx.timing.heartbeat_seconds
+        started = time.monotonic()
+        while not self._stop.wait(max(0.0, started + period - time.monotonic())):
+            started = time.monotonic()
             try:
                 self._ctx.membership.beat(self._ctx.sessions, self._ctx.clock())
             except Exception:  # noqa: BLE001 - a missed beat fences this worker after the TTL; the next one may succeed

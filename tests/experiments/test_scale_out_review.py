@@ -324,3 +324,52 @@ def test_the_idle_check_does_not_count_a_live_workers_claim_as_due_but_counts_a_
     b.membership.beat(b.sessions, svc.clock())
     process_outbox(b)
     assert claims, "a row whose holder may be dead was hidden from the claim"
+
+
+@pytest.mark.parametrize("commit_seconds", [0.3, 0.45])
+def test_a_worker_whose_heartbeat_commits_take_a_few_hundred_ms_never_fences_itself(make_service, pg_url, nomad_runner, monkeypatch, commit_seconds):
+    """With the production timing (0.5 s beats, the others' short bound 1.5 s, so the self-fence at 1 s),
+    a beat that waited 0.5 s after the previous one *completed* started every 0.5 s plus its commit: two
+    commits of 0.3 s in a row left the last successful beat's start more than 1 s old before the next
+    one completed, so a live worker nobody could take over (its heartbeat never 1.5 s old) fenced itself
+    and gave its claims back, again and again, under a busy database. Beats start every
+    ``heartbeat_seconds`` from the previous start: only a single beat slower than one period fences."""
+    from experiments.background.context import Timing
+    from experiments.background.worker import Worker
+    from experiments.background import worker as worker_module
+
+    ticks = [1000.0]
+    fake_time = types.SimpleNamespace(monotonic=lambda: ticks[0])
+    monkeypatch.setattr(membership_module, "time", fake_time)
+    monkeypatch.setattr(worker_module, "time", fake_time)
+    timing = Timing()
+    svc = make_service(pg_url, nomad_runner, timing=timing)
+    ctx = _worker(svc, svc.clock, timing)
+    fenced_at_commit: list[bool] = []
+
+    def commit_waits(session: Session) -> None:
+        ticks[0] += commit_seconds
+        svc.clock.advance(seconds=commit_seconds)
+        fenced_at_commit.append(ctx.fenced())  # the worst moment: the last successful beat is still the previous one
+
+    class Stop:
+        """``Worker._stop`` on the fake clock: a wait passes its time at once; the loop ends after 8 beats."""
+        waits = 0
+
+        def wait(self, seconds: float) -> bool:
+            ticks[0] += max(0.0, seconds)
+            svc.clock.advance(seconds=max(0.0, seconds))
+            Stop.waits += 1
+            return Stop.waits > 8
+
+        def is_set(self) -> bool:
+            return Stop.waits > 8
+
+    worker = Worker(ctx)
+    worker._stop = Stop()  # type: ignore[assignment]
+    event.listen(Session, "before_commit", commit_waits)
+    try:
+        worker._heartbeat()
+    finally:
+        event.remove(Session, "before_commit", commit_waits)
+    assert len(fenced_at_commit) >= 8 and not any(fenced_at_commit), fenced_at_commit
