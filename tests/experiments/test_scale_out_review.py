@@ -373,3 +373,53 @@ def test_a_worker_whose_heartbeat_commits_take_a_few_hundred_ms_never_fences_its
     finally:
         event.remove(Session, "before_commit", commit_waits)
     assert len(fenced_at_commit) >= 8 and not any(fenced_at_commit), fenced_at_commit
+
+
+def test_a_worker_frozen_with_claims_held_ahead_of_its_threads_submits_none_of_them_after_a_takeover(make_service, db_url, nomad, nomad_runner, catalog, monkeypatch):
+    """A pass holds up to one and a half widths of claims: eight on its threads and four waiting for one.
+    Frozen past the TTL with all twelve not yet submitted, its claims pass to B; woken, it beats again (so
+    it is not fenced) and each of its threads, running or queued, reads its claim back, finds it B's, and
+    submits nothing. B dispatches every one once."""
+    from experiments.background import dispatch
+    from tests.experiments.test_scale_out import _roomy
+
+    ticks = [1000.0]
+    monkeypatch.setattr(membership_module, "time", types.SimpleNamespace(monotonic=lambda: ticks[0]))
+    svc = make_service(db_url, nomad_runner, jobs=_roomy(catalog))
+    burst = {_submit(svc.ctx, i).id for i in range(12)}
+    a = _worker(svc, svc.clock)
+    width = a.timing.dispatch_concurrency
+    assert width + width // 2 == len(burst)
+    real, wake, entered = dispatch._dispatch_claimed, threading.Event(), []
+
+    def frozen(ctx, claim):
+        entered.append(claim.experiment_id)
+        assert wake.wait(30)
+        return real(ctx, claim)
+
+    monkeypatch.setattr(dispatch, "_dispatch_claimed", frozen)
+    results: list[int] = []
+    pass_a = threading.Thread(target=lambda: results.append(process_outbox(a)))
+    pass_a.start()
+    for _ in range(600):
+        if len(entered) == width:
+            break
+        threading.Event().wait(0.05)
+    with svc.ctx.sessions() as session:
+        held = set(session.scalars(select(dispatch.Outbox.experiment_id).where(dispatch.Outbox.claimed_by == a.membership.worker_id)))
+    assert held == burst  # eight on threads, four queued behind them
+
+    svc.clock.advance(seconds=TIMING.worker_ttl_seconds + 1)  # A frozen past the TTL
+    ticks[0] += TIMING.worker_ttl_seconds + 1
+    b = _worker(svc, svc.clock)
+    taken = _claim(b, None, limit=len(burst))
+    assert {c.experiment_id for c in taken} == burst
+    a.membership.beat(a.sessions, svc.clock())  # A wakes and beats again: not fenced any more
+    assert not a.fenced()
+    wake.set()
+    pass_a.join(timeout=60)
+    assert results == [0] and not nomad.calls("POST", "dispatch")
+    for claim in taken:
+        assert real(b, claim)
+    tokens = [call.query["idempotency_token"][0] for call in nomad.calls("POST", "dispatch")]
+    assert sorted(tokens) == sorted(burst)
