@@ -49,7 +49,7 @@ from experiments.background.context import Context, log
 from experiments.background.membership import dead_workers
 from experiments.db import single_statement_session
 from experiments.errors import ApiError
-from experiments.models import Experiment, Outbox, RunAttempt
+from experiments.models import Experiment, Outbox, RunAttempt, WorkerBeat
 from jobs.runner import NomadRunner, SchedulerUnavailable
 from jobs.spec import EXPERIMENT_META, RUN_DEADLINE_META
 from experiments.services.lifecycle import record, transition
@@ -131,11 +131,18 @@ def _anything_due(ctx: Context) -> bool:
     ``db.single_statement_session``). The idle dispatch loop asks this every ``Timing.dispatch_poll_seconds``
     instead of running a claim pass (a transaction, the dead-worker subquery over ``pg_locks``, a thread
     pool): about a quarter of the CPU, so it can look five times as often for what a pass every 0.5 s
-    cost. It ignores leases (a row another worker is dispatching counts as due, and the pass that
-    follows claims nothing), so it never hides a row a claim would take."""
+    cost. A row a worker with a fresh heartbeat holds under a running lease is not due: counted, it made
+    an idle worker run ten claim passes a second that found nothing for as long as another worker had a
+    dispatch in flight (up to the lease of a stuck call). The check is a superset of what a claim takes,
+    so it never hides a claimable row: every worker ``membership.dead_workers`` lists has a heartbeat
+    older than the shorter of its two bounds, which is all this asks (no ``pg_locks``)."""
     from experiments.scheduler import bound_clause
 
-    query = select(Outbox.experiment_id).where(Outbox.next_attempt_at <= ctx.clock()).limit(1)
+    now = ctx.clock()
+    silent = select(WorkerBeat.id).where(
+        WorkerBeat.heartbeat_at < now - timedelta(seconds=min(ctx.timing.worker_ttl_seconds, ctx.timing.worker_lost_seconds)))
+    query = (select(Outbox.experiment_id).where(Outbox.next_attempt_at <= now)
+             .where(or_(Outbox.lease_until.is_(None), Outbox.lease_until < now, Outbox.claimed_by.in_(silent))).limit(1))
     bound = bound_clause(ctx.runner, Experiment.cluster, Experiment.scheduler)
     if bound is not None:
         query = query.join(Experiment, Experiment.id == Outbox.experiment_id).where(bound)

@@ -43,7 +43,8 @@ one heartbeat period (less two for the TTL; the shorter bound only on PostgreSQL
 database where it applies), or, on PostgreSQL, while its last beat found its lock not held, it
 claims no dispatch, submits nothing and follows no bucket, because the others may already have
 taken its work over. Heartbeat times come from each worker's clock: the workers' clocks must
-agree to well within the shorter bound (NTP does).
+agree to well within one heartbeat period (NTP does), the margin between a worker's own fence and
+the others' takeover on the shorter bound; a clock ahead by that much leaves none.
 
 A context no ``Worker`` registered (``worker.run_once``: tests, tools) follows every run and
 its claims end only with their lease, as before.

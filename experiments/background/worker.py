@@ -57,15 +57,16 @@ FOLLOW_STEPS: tuple[Step, ...] = (refresh_bindings, _timed_reconcile, process_ov
                                   check_pool_usage)
 
 
-def _run(ctx: Context, steps: tuple[Step, ...]) -> int:
-    """The steps in order; returns the work they reported (a failing step counts 0)."""
-    done = 0
+def _run(ctx: Context, steps: tuple[Step, ...]) -> tuple[int, bool]:
+    """The steps in order; returns the work they reported (a failing step counts 0) and whether one failed."""
+    done, failed = 0, False
     for step in steps:
         try:
             done += step(ctx)
         except Exception:  # noqa: BLE001 - the loop must survive a bad pass; the next pass retries
             log.exception("background step %s failed", step.__name__)
-    return done
+            failed = True
+    return done, failed
 
 
 def run_once(ctx: Context) -> None:
@@ -111,7 +112,14 @@ class Worker:
                 log.exception("could not remove this worker's heartbeat row")
 
     def _heartbeat(self) -> None:
-        while not self._stop.wait(self._ctx.timing.heartbeat_seconds):
+        """Beat every ``heartbeat_seconds`` from the previous beat's start, not from its end: the worker fences
+        itself once its last successful beat started more than ``worker_lost_seconds`` less one period ago (1 s),
+        and a pause counted from each beat's end let two commits of a quarter second in a row fence a live worker
+        that no other could take over. This way only one beat slower than a whole period fences it."""
+        period = self._ctx.timing.heartbeat_seconds
+        started = time.monotonic()
+        while not self._stop.wait(max(0.0, started + period - time.monotonic())):
+            started = time.monotonic()
             try:
                 self._ctx.membership.beat(self._ctx.sessions, self._ctx.clock())
             except Exception:  # noqa: BLE001 - a missed beat fences this worker after the TTL; the next one may succeed
@@ -124,9 +132,12 @@ class Worker:
 
     def _loop(self, name: str, steps: tuple[Step, ...]) -> None:
         while not self._stop.is_set():
-            dispatched = _run(self._ctx, steps)
+            dispatched, failed = _run(self._ctx, steps)
             self._beats[name] = time.monotonic()
-            if name == "dispatch" and dispatched:
+            if name == "dispatch" and dispatched and not failed:
                 continue  # a burst is drained pass after pass, not one batch per poll interval
             timing = self._ctx.timing
-            self._stop.wait(min(timing.poll_seconds, timing.dispatch_poll_seconds) if name == "dispatch" else timing.poll_seconds)
+            # A failing pass (the database down, say) retries at the poll interval: the idle dispatch check's
+            # 0.1 s would log its traceback ten times a second for as long as the outage lasts.
+            quick = name == "dispatch" and not failed
+            self._stop.wait(min(timing.poll_seconds, timing.dispatch_poll_seconds) if quick else timing.poll_seconds)

@@ -149,3 +149,29 @@ def test_a_frozen_document_that_fails_its_checks_is_refused_every_time(catalog, 
             assert "no longer passes gpufleet check" in exc.error
         else:
             raise AssertionError("a document that fails its checks was served")
+
+
+def test_kept_frozen_specs_are_capped_and_each_distinct_document_is_checked(catalog, tmp_path, monkeypatch):
+    """Each distinct document (digest) is checked, secret detector included, the first time it is seen, and
+    at most ``FROZEN_KEPT`` checked specs are kept, the least recently used going first."""
+    import experiments.services.catalog as catalog_module
+    from jobs.loader import document_sha256
+
+    _, jobs = _jobs_copy(tmp_path, catalog)
+    document = jobs.admit(NOMAD_JOB)[1]
+    monkeypatch.setattr(catalog_module, "FROZEN_KEPT", 2)
+    checks: list[str] = []
+    real = catalog_module.load_frozen
+    monkeypatch.setattr(catalog_module, "load_frozen", lambda doc, *a, **k: checks.append(document_sha256(doc)) or real(doc, *a, **k))
+    docs = [{**document, "command": f"{document['command']} --seed {i}"} if "command" in document else {**document, "image": f"{document['image']}-{i}"}
+            for i in range(3)]
+    digests = [document_sha256(d) for d in docs]
+    assert len(set(digests)) == 3
+    for d, digest in zip(docs, digests):
+        jobs.frozen(NOMAD_JOB, d, digest)
+    assert checks == digests  # every distinct content checked once
+    jobs.frozen(NOMAD_JOB, docs[2], digests[2])
+    jobs.frozen(NOMAD_JOB, docs[1], digests[1])
+    assert checks == digests  # the two most recent are kept
+    jobs.frozen(NOMAD_JOB, docs[0], digests[0])
+    assert checks == [*digests, digests[0]] and len(jobs._frozen) == 2  # the first was evicted, checked again

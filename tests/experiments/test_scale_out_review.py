@@ -302,3 +302,124 @@ def test_a_pass_claims_ahead_of_its_threads_in_batches(make_service, db_url, nom
     assert len(taken) <= 2 + -(-(len(burst) - taken[0][1]) // (width // 2)), taken  # and one last claim that finds nothing
     tokens = [call.query["idempotency_token"][0] for call in nomad.calls("POST", "dispatch")]
     assert sorted(tokens) == sorted(burst)
+
+
+def test_the_idle_check_does_not_count_a_live_workers_claim_as_due_but_counts_a_silent_ones(make_service, db_url, nomad, nomad_runner, monkeypatch):
+    """The idle dispatch loop asks ``_anything_due`` every 0.1 s and runs a claim pass (a transaction,
+    the dead-worker subquery over ``pg_locks``, a thread pool) when it answers yes. Counting a row a live
+    worker holds as due made a worker idle at ten claim passes a second, each finding nothing, for as long
+    as another worker had a dispatch in flight (up to the 120 s lease of a stuck call): five times the
+    passes of the old 0.5 s loop. A row whose holder's heartbeat is older than the shorter bound may be
+    claimable (``membership.dead_workers``), so it still counts: the check never hides a row a claim takes."""
+    from experiments.background import dispatch
+
+    svc = make_service(db_url, nomad_runner)
+    _submit(svc.ctx, 1)
+    a, b = _worker(svc, svc.clock), _worker(svc, svc.clock)
+    assert _claim(a, None)
+    real_claim, claims = dispatch._claim, []
+    monkeypatch.setattr(dispatch, "_claim", lambda *args, **kwargs: claims.append(1) or real_claim(*args, **kwargs))
+    assert process_outbox(b) == 0 and claims == []  # A is alive and holds the only due row
+    svc.clock.advance(seconds=TIMING.worker_lost_seconds + 0.5)  # A silent past the shorter bound
+    b.membership.beat(b.sessions, svc.clock())
+    process_outbox(b)
+    assert claims, "a row whose holder may be dead was hidden from the claim"
+
+
+@pytest.mark.parametrize("commit_seconds", [0.3, 0.45])
+def test_a_worker_whose_heartbeat_commits_take_a_few_hundred_ms_never_fences_itself(make_service, pg_url, nomad_runner, monkeypatch, commit_seconds):
+    """With the production timing (0.5 s beats, the others' short bound 1.5 s, so the self-fence at 1 s),
+    a beat that waited 0.5 s after the previous one *completed* started every 0.5 s plus its commit: two
+    commits of 0.3 s in a row left the last successful beat's start more than 1 s old before the next
+    one completed, so a live worker nobody could take over (its heartbeat never 1.5 s old) fenced itself
+    and gave its claims back, again and again, under a busy database. Beats start every
+    ``heartbeat_seconds`` from the previous start: only a single beat slower than one period fences."""
+    from experiments.background.context import Timing
+    from experiments.background.worker import Worker
+    from experiments.background import worker as worker_module
+
+    ticks = [1000.0]
+    fake_time = types.SimpleNamespace(monotonic=lambda: ticks[0])
+    monkeypatch.setattr(membership_module, "time", fake_time)
+    monkeypatch.setattr(worker_module, "time", fake_time)
+    timing = Timing()
+    svc = make_service(pg_url, nomad_runner, timing=timing)
+    ctx = _worker(svc, svc.clock, timing)
+    fenced_at_commit: list[bool] = []
+
+    def commit_waits(session: Session) -> None:
+        ticks[0] += commit_seconds
+        svc.clock.advance(seconds=commit_seconds)
+        fenced_at_commit.append(ctx.fenced())  # the worst moment: the last successful beat is still the previous one
+
+    class Stop:
+        """``Worker._stop`` on the fake clock: a wait passes its time at once; the loop ends after 8 beats."""
+        waits = 0
+
+        def wait(self, seconds: float) -> bool:
+            ticks[0] += max(0.0, seconds)
+            svc.clock.advance(seconds=max(0.0, seconds))
+            Stop.waits += 1
+            return Stop.waits > 8
+
+        def is_set(self) -> bool:
+            return Stop.waits > 8
+
+    worker = Worker(ctx)
+    worker._stop = Stop()  # type: ignore[assignment]
+    event.listen(Session, "before_commit", commit_waits)
+    try:
+        worker._heartbeat()
+    finally:
+        event.remove(Session, "before_commit", commit_waits)
+    assert len(fenced_at_commit) >= 8 and not any(fenced_at_commit), fenced_at_commit
+
+
+def test_a_worker_frozen_with_claims_held_ahead_of_its_threads_submits_none_of_them_after_a_takeover(make_service, db_url, nomad, nomad_runner, catalog, monkeypatch):
+    """A pass holds up to one and a half widths of claims: eight on its threads and four waiting for one.
+    Frozen past the TTL with all twelve not yet submitted, its claims pass to B; woken, it beats again (so
+    it is not fenced) and each of its threads, running or queued, reads its claim back, finds it B's, and
+    submits nothing. B dispatches every one once."""
+    from experiments.background import dispatch
+    from tests.experiments.test_scale_out import _roomy
+
+    ticks = [1000.0]
+    monkeypatch.setattr(membership_module, "time", types.SimpleNamespace(monotonic=lambda: ticks[0]))
+    svc = make_service(db_url, nomad_runner, jobs=_roomy(catalog))
+    burst = {_submit(svc.ctx, i).id for i in range(12)}
+    a = _worker(svc, svc.clock)
+    width = a.timing.dispatch_concurrency
+    assert width + width // 2 == len(burst)
+    real, wake, entered = dispatch._dispatch_claimed, threading.Event(), []
+
+    def frozen(ctx, claim):
+        entered.append(claim.experiment_id)
+        assert wake.wait(30)
+        return real(ctx, claim)
+
+    monkeypatch.setattr(dispatch, "_dispatch_claimed", frozen)
+    results: list[int] = []
+    pass_a = threading.Thread(target=lambda: results.append(process_outbox(a)))
+    pass_a.start()
+    for _ in range(600):
+        if len(entered) == width:
+            break
+        threading.Event().wait(0.05)
+    with svc.ctx.sessions() as session:
+        held = set(session.scalars(select(dispatch.Outbox.experiment_id).where(dispatch.Outbox.claimed_by == a.membership.worker_id)))
+    assert held == burst  # eight on threads, four queued behind them
+
+    svc.clock.advance(seconds=TIMING.worker_ttl_seconds + 1)  # A frozen past the TTL
+    ticks[0] += TIMING.worker_ttl_seconds + 1
+    b = _worker(svc, svc.clock)
+    taken = _claim(b, None, limit=len(burst))
+    assert {c.experiment_id for c in taken} == burst
+    a.membership.beat(a.sessions, svc.clock())  # A wakes and beats again: not fenced any more
+    assert not a.fenced()
+    wake.set()
+    pass_a.join(timeout=60)
+    assert results == [0] and not nomad.calls("POST", "dispatch")
+    for claim in taken:
+        assert real(b, claim)
+    tokens = [call.query["idempotency_token"][0] for call in nomad.calls("POST", "dispatch")]
+    assert sorted(tokens) == sorted(burst)

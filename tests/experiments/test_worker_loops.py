@@ -63,3 +63,36 @@ def test_a_stalled_reconcile_does_not_delay_the_dispatch_of_a_new_submission(mak
     finally:
         runner.release.set()
         worker.stop()
+
+
+class _OneWait(threading.Event):
+    """The loop's stop event: records how long the loop asked to wait, and stops it at its first wait."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waits: list[float | None] = []
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.waits.append(timeout)
+        self.set()
+        return True
+
+
+def test_a_failing_dispatch_pass_retries_at_the_poll_interval_not_the_idle_checks():
+    """The idle dispatch check runs every 0.1 s; with the database down it raised on every one, and the
+    loop logged a traceback ten times a second. A pass with a failing step waits the poll interval
+    (fails on the loop that waited 0.1 s whatever the pass did); a quiet idle pass still waits 0.1 s."""
+    from types import SimpleNamespace
+
+    timing = Timing()
+    worker = Worker(SimpleNamespace(timing=timing))  # the loop reads only the timing
+
+    def database_down(_ctx: object) -> int:
+        raise RuntimeError("connection refused")
+
+    worker._stop = _OneWait()
+    worker._loop("dispatch", (database_down,))
+    assert worker._stop.waits == [timing.poll_seconds]
+    worker._stop = _OneWait()
+    worker._loop("dispatch", (lambda _ctx: 0,))
+    assert worker._stop.waits == [min(timing.poll_seconds, timing.dispatch_poll_seconds)] and timing.dispatch_poll_seconds < timing.poll_seconds

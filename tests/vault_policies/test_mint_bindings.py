@@ -118,3 +118,27 @@ def test_a_role_narrowed_without_its_policy_is_refused_as_before(vault: VaultHan
     finally:
         vault.root.delete(f"auth/{APPROLE_MOUNT}/role/{role}")
         vault.root.sys.delete_acl_policy(f"{role}-minter")
+
+
+def test_a_kept_client_whose_token_was_revoked_mints_nothing(vault: VaultHandle, monkeypatch) -> None:
+    """The thread's kept client and the kept bindings outlive nothing Vault decides: once its token is
+    revoked, the next mint on the same thread (same client, bindings kept) is refused with the one-line
+    error, and no wrap comes back."""
+    import threading
+
+    import pytest
+
+    import jobs.vault_mint as vault_mint
+    from clusters.errors import UserError
+    from jobs.loader import find, load
+    from jobs.vault_mint import mint_wrapped_secret_id
+
+    monkeypatch.setattr(vault_mint, "_clients", threading.local())
+    spec = load(find("finetune-llama"))
+    token = vault.root.auth.token.create(policies=["orchestrator"], ttl="10m", no_default_policy=True)["auth"]["client_token"]
+    env = {"VAULT_ADDR": vault.addr, "VAULT_TOKEN": token}
+    assert mint_wrapped_secret_id(spec, env, expected_queue_seconds=0) is not None
+    vault.root.auth.token.revoke(token)
+    with pytest.raises(UserError) as refused:
+        mint_wrapped_secret_id(spec, env, expected_queue_seconds=0)
+    assert token not in str(refused.value)

@@ -4,6 +4,7 @@ requests it sends, and what it does when Nomad is slow, flaky, strict or absent.
 from __future__ import annotations
 
 import socket
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -240,3 +241,51 @@ def test_finds_that_wait_on_one_listing_share_it_and_a_later_find_lists_again(no
     later = client.dispatch(llama, {**META, "gpufleet_experiment": "exp-9"}, role_id="role-id-1", wrapping_token=WRAP, idempotency_token="exp-9")
     assert client.find_dispatch("finetune", llama.name, "exp-9") == later.dispatched_job_id
     assert len(listed) == 2
+
+
+def test_a_child_made_while_a_shared_listing_was_in_flight_is_never_made_twice(nomad: NomadDouble, client_for: ClientFor,
+                                                                               llama: FinetuneSpec, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A find may read a listing that began before it asked (one it waited on), so a child made in between
+    is not found. The submit that follows sends the same idempotency token, and Nomad answers with that
+    child instead of making a second (nomad/job_endpoint.go at v1.10.5, Job.Dispatch lines 2049-2083: the
+    children of the parent are scanned for DispatchIdempotencyToken before a new one is derived); the
+    double does the same."""
+    import threading
+
+    client = client_for(nomad)
+    client.register(llama)
+    client.dispatch(llama, {**META, "gpufleet_experiment": "exp-0"}, role_id="role-id-1", wrapping_token=WRAP, idempotency_token="exp-0")
+    listed, made, real_list = threading.Event(), threading.Event(), client._list_jobs_with_meta
+
+    def listing_then_a_child(namespace: str, prefix: str):  # type: ignore[no-untyped-def]
+        stubs = real_list(namespace, prefix)  # the listing's answer is in: exp-5's child comes after it
+        listed.set()
+        assert made.wait(timeout=60)
+        return stubs
+
+    import types
+
+    import jobs.nomad.client as client_module
+
+    asks: list[float] = []  # the client module's clock readings: each find's start, then each listing's end
+    monkeypatch.setattr(client_module, "time", types.SimpleNamespace(monotonic=lambda: asks.append(time.monotonic()) or asks[-1]))
+    monkeypatch.setattr(client, "_list_jobs_with_meta", listing_then_a_child)
+    first = threading.Thread(target=lambda: client.find_dispatch("finetune", llama.name, "exp-0"))
+    first.start()
+    assert listed.wait(timeout=60)
+    child = client.dispatch(llama, {**META, "gpufleet_experiment": "exp-5"}, role_id="role-id-1", wrapping_token=WRAP,
+                            idempotency_token="exp-5").dispatched_job_id
+    found: list[str | None] = []
+    second = threading.Thread(target=lambda: found.append(client.find_dispatch("finetune", llama.name, "exp-5")))
+    second.start()
+    while len(asks) < 2:  # the second find has asked, and waits on the first one's listing
+        assert second.is_alive()
+        threading.Event().wait(0.01)
+    made.set()
+    first.join(timeout=60)
+    second.join(timeout=60)
+    assert found == [None]  # the shared listing began before exp-5's child was made
+    again = client.dispatch(llama, {**META, "gpufleet_experiment": "exp-5"}, role_id="role-id-1", wrapping_token=WRAP, idempotency_token="exp-5")
+    assert again.dispatched_job_id == child
+    assert len([t for t in nomad.calls("POST", "dispatch") if t.query["idempotency_token"][0] == "exp-5"]) == 2
+    assert len({j for (_, j), job in nomad.state.jobs.items() if job.get("DispatchIdempotencyToken") == "exp-5"}) == 1
