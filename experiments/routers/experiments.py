@@ -59,8 +59,9 @@ async def no_duplicate_keys(request: Request, _who: Annotated[Caller, Depends(ad
 @router.post("/experiments", status_code=202, dependencies=[Depends(no_duplicate_keys)])
 async def submit(request: Request, body: SubmitRequest, who: Annotated[Caller, Depends(admission_caller)], ctx: Annotated[Context, Depends(context)],
                  idempotency_key: Annotated[str | None, Header(max_length=255)] = None) -> JSONResponse:
-    """Authenticated and admitted on the admission threads (``deps.admission_limiter``); a submit that
-    would wait on its tenant's budget lock is admitted on anyio's default pool (``service.waits_on_a_budget_lock``)."""
+    # Authenticated and admitted on the admission threads (``deps.admission_limiter``); a submit that would
+    # wait on its tenant's budget lock is admitted on anyio's default pool (``service.waits_on_a_budget_lock``).
+    # A comment, not the docstring: FastAPI publishes a route's docstring as its API description.
     if (body.job is None) == (body.job_file is None):
         what = "add it" if body.job is None else "send one of them, not both"
         raise ApiError(422, "job: required field is missing" if body.job is None else "job and job_file together", field="job",
