@@ -443,20 +443,12 @@ def test_a_stopped_worker_leaves_and_its_share_passes_on_at_once(make_service, d
 def test_gpufleet_serve_worker_only_joins_the_workers_and_leaves_on_sigterm(tmp_path, pg_url):
     """The real CLI, API-less: its heartbeat row appears while it runs, and SIGTERM (how systemd
     and Kubernetes stop it) removes the row at once instead of leaving it to go stale."""
-    import shutil
-
     from experiments import db
     from experiments.db import database_url
     from experiments.models import WorkerBeat
-    from tests.conftest import FLEET_CLUSTERS
+    from tests.experiments.test_worker_only_stop import worker_repo
 
-    repo = tmp_path / "repo"
-    (repo / "clusters").mkdir(parents=True)
-    shutil.copy(REPO_ROOT / "cdktf.json", repo / "cdktf.json")
-    for path in FLEET_CLUSTERS.glob("*.yaml"):
-        shutil.copy(path, repo / "clusters" / path.name)
-    for tree in ("jobs", "vault_policies"):  # the job catalog and the roles it checks jobs against
-        shutil.copytree(REPO_ROOT / tree, repo / tree, ignore=shutil.ignore_patterns("out", "__pycache__"))
+    repo = worker_repo(tmp_path)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "GPUFLEET_"))}
     process = subprocess.Popen([sys.executable, "-m", "gpufleet.cli", "--repo", str(repo), "serve", "--worker-only", "--scheduler", "local",
                                 "--db", pg_url], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

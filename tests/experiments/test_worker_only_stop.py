@@ -14,7 +14,8 @@ from typer.testing import CliRunner
 from tests.conftest import FLEET_CLUSTERS, REPO_ROOT
 
 
-def _repo(tmp_path):
+def worker_repo(tmp_path):
+    """A repository of the example fleet's cluster files, jobs and Vault roles: what `serve` loads."""
     repo = tmp_path / "repo"
     (repo / "clusters").mkdir(parents=True)
     shutil.copy(REPO_ROOT / "cdktf.json", repo / "cdktf.json")
@@ -44,7 +45,7 @@ def test_a_sigterm_right_after_the_first_heartbeat_exits_0_and_removes_the_row(t
 
     monkeypatch.setattr(Membership, "beat", beat_then_sigterm)
     try:
-        result = CliRunner().invoke(app, ["--repo", str(_repo(tmp_path)), "serve", "--worker-only", "--scheduler", "local", "--db", pg_url])
+        result = CliRunner().invoke(app, ["--repo", str(worker_repo(tmp_path)), "serve", "--worker-only", "--scheduler", "local", "--db", pg_url])
     finally:
         clusters.repo.use(None)  # --repo pins the process: the next tests read this checkout again
     assert beats == [1], "the interrupt was meant to land in the first beat"

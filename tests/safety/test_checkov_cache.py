@@ -16,6 +16,11 @@ STACKS = ("dev-gke", "dev-gke-scheduler")
 def scans(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[str]:
     """Stack names checkov really scanned (real checkov; the cache in a fresh directory)."""
     monkeypatch.setenv(checkov_cache.CACHE_ENV, str(tmp_path / "cache"))
+    return count_scans(monkeypatch)
+
+
+def count_scans(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Stack names ``checkov_scan.scan_chunks`` is handed from now on (the scan after synthesis)."""
     scanned: list[str] = []
     real = checkov_scan.scan_chunks
 

@@ -28,15 +28,9 @@ def stacks(fleet_out: Path, tmp_path: Path) -> list[Path]:
 
 def _scanned(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Stack names ``run`` (the part after synthesis) scanned."""
-    scanned: list[str] = []
-    real = checkov_scan.scan_chunks
+    from tests.safety.test_checkov_cache import count_scans
 
-    def counting(chunks, skip_ids, binary, workers, done, warm=None):
-        scanned.extend(d.name for chunk in chunks for d in chunk)
-        return real(chunks, skip_ids, binary, workers, done, warm)
-
-    monkeypatch.setattr(checkov_scan, "scan_chunks", counting)
-    return scanned
+    return count_scans(monkeypatch)
 
 
 def _drained(stream: checkov_scan.Stream, names: list[str]) -> None:

@@ -145,13 +145,8 @@ def test_files_libyaml_and_the_pure_loader_read_differently_get_the_clis_result(
         sorted(plain, key=lambda r: r.stack)
 
 
-def test_an_assignment_rendered_in_one_stack_does_not_leak_into_another(tmp_path: Path) -> None:
-    """checkov renders with asteval over one module-level symbol table (safe_eval_functions.SAFE_EVAL_DICT,
-    checkov 3.3.30), so rendering is not a function of the string alone: rendering ``everyone = 'allUsers'``
-    defines ``everyone`` for every later rendering in that process, and ``${everyone}`` then renders to
-    ``allUsers``. Alone, the CLI fails ``both`` (it assigns and reads) on CKV2_GCP_6 and passes ``reads``.
-    The worker must do the same with ``reads`` scanned before ``both`` (a remembered rendering of
-    ``${everyone}`` must not hide the failure) and after it (each chunk starts from checkov's own symbols)."""
+def _reads_both_reads(tmp_path: Path) -> list[Path]:
+    """Three stacks: ``a-reads`` and ``c-reads`` read ``${everyone}``; ``b-both`` between them also assigns it."""
     resources = {
         "google_kms_crypto_key": {"key": {"name": "k", "key_ring": "r", "rotation_period": "7776000s", "purpose": "${local.set}"}},
         "google_kms_crypto_key_iam_member": {"m": {"crypto_key_id": "${google_kms_crypto_key.key.id}",
@@ -160,6 +155,17 @@ def test_an_assignment_rendered_in_one_stack_does_not_leak_into_another(tmp_path
     reads = json.dumps({"locals": {"set": "ENCRYPT_DECRYPT", "who": "${everyone}"}, "resource": resources}, indent=2)
     both = json.dumps({"locals": {"set": "everyone = 'allUsers'", "who": "${everyone}"}, "resource": resources}, indent=2)
     stacks = [_stack(tmp_path, "a-reads", reads), _stack(tmp_path, "b-both", both), _stack(tmp_path, "c-reads", reads)]
+    return stacks
+
+
+def test_an_assignment_rendered_in_one_stack_does_not_leak_into_another(tmp_path: Path) -> None:
+    """checkov renders with asteval over one module-level symbol table (safe_eval_functions.SAFE_EVAL_DICT,
+    checkov 3.3.30), so rendering is not a function of the string alone: rendering ``everyone = 'allUsers'``
+    defines ``everyone`` for every later rendering in that process, and ``${everyone}`` then renders to
+    ``allUsers``. Alone, the CLI fails ``both`` (it assigns and reads) on CKV2_GCP_6 and passes ``reads``.
+    The worker must do the same with ``reads`` scanned before ``both`` (a remembered rendering of
+    ``${everyone}`` must not hide the failure) and after it (each chunk starts from checkov's own symbols)."""
+    stacks = _reads_both_reads(tmp_path)
     plain = [cli([s])[0] for s in stacks]
     assert ("CKV2_GCP_6", "google_kms_crypto_key.key") in {(f.check_id, f.resource) for f in plain[1].failures}
     assert not any(f.check_id == "CKV2_GCP_6" for f in plain[0].failures + plain[2].failures)
@@ -172,14 +178,7 @@ def test_a_stacks_result_is_its_own_whichever_stacks_share_its_chunk(tmp_path: P
     table: ``b-both`` assigns ``everyone``, and ``c-reads`` scanned after it in the same run failed
     CKV2_GCP_6 although alone (and in a one-cluster re-scan) it passes. In one chunk, every stack
     must get the result ``checkov -f <that stack>`` gives."""
-    resources = {
-        "google_kms_crypto_key": {"key": {"name": "k", "key_ring": "r", "rotation_period": "7776000s", "purpose": "${local.set}"}},
-        "google_kms_crypto_key_iam_member": {"m": {"crypto_key_id": "${google_kms_crypto_key.key.id}",
-                                                   "role": "roles/cloudkms.cryptoKeyEncrypter", "member": "${local.who}"}},
-    }
-    reads = json.dumps({"locals": {"set": "ENCRYPT_DECRYPT", "who": "${everyone}"}, "resource": resources}, indent=2)
-    both = json.dumps({"locals": {"set": "everyone = 'allUsers'", "who": "${everyone}"}, "resource": resources}, indent=2)
-    stacks = [_stack(tmp_path, "a-reads", reads), _stack(tmp_path, "b-both", both), _stack(tmp_path, "c-reads", reads)]
+    stacks = _reads_both_reads(tmp_path)
     alone = [cli([s])[0] for s in stacks]
     assert not any(f.check_id == "CKV2_GCP_6" for f in alone[2].failures)
     with pytest.MonkeyPatch.context() as patch:

@@ -35,12 +35,18 @@ def _secret_id_cidrs(vault: VaultHandle, role: str, wrapping_token: str) -> list
     return list(looked["cidr_list"])
 
 
-def test_bindings_are_read_once_a_minute_and_a_change_applies_at_the_next_mint(vault: VaultHandle, monkeypatch) -> None:
-    role = f"probe-{uuid.uuid4().hex[:8]}"
-    minter = _role_and_minter(vault, role, "10.50.0.0/20")
+def _count_reads(monkeypatch) -> list[str]:
+    """Every path any Vault client reads from now on, in order."""
     reads: list[str] = []
     real_read = hvac.Client.read
     monkeypatch.setattr(hvac.Client, "read", lambda self, path, *a, **k: reads.append(path) or real_read(self, path, *a, **k))
+    return reads
+
+
+def test_bindings_are_read_once_a_minute_and_a_change_applies_at_the_next_mint(vault: VaultHandle, monkeypatch) -> None:
+    role = f"probe-{uuid.uuid4().hex[:8]}"
+    minter = _role_and_minter(vault, role, "10.50.0.0/20")
+    reads = _count_reads(monkeypatch)
     try:
         first = issue_wrapped_secret_id(minter, role, wrap_ttl_seconds=120)
         second = issue_wrapped_secret_id(minter, role, wrap_ttl_seconds=120)
@@ -62,9 +68,7 @@ def test_bindings_are_read_once_a_minute_and_a_change_applies_at_the_next_mint(v
 def test_kept_bindings_expire(vault: VaultHandle, monkeypatch) -> None:
     role = f"probe-{uuid.uuid4().hex[:8]}"
     minter = _role_and_minter(vault, role, "10.50.0.0/20")
-    reads: list[str] = []
-    real_read = hvac.Client.read
-    monkeypatch.setattr(hvac.Client, "read", lambda self, path, *a, **k: reads.append(path) or real_read(self, path, *a, **k))
+    reads = _count_reads(monkeypatch)
     try:
         issue_wrapped_secret_id(minter, role, wrap_ttl_seconds=120)
         monkeypatch.setattr(orchestrator, "BINDINGS_KEPT_SECONDS", 0.0)
