@@ -1,7 +1,7 @@
 """Per-stack checkov results kept between runs, so a one-cluster edit re-scans only its stacks.
 
 The key is a SHA-256 over everything a stack's result depends on: the stack's name and the
-bytes of its ``cdk.tf.json``, checkov's version, the skipped check ids (``.checkov-skips.yaml``),
+bytes of its ``cdk.tf.json``, checkov's version (with asteval's, PyYAML's and libyaml's), the skipped check ids (``.checkov-skips.yaml``),
 checkov's own settings (its environment variables and ``.checkov.yaml`` files, ``_checkov_settings``)
 and the source of the code that runs checkov and turns its report into a result (``checkov_scan.py``,
 ``checkov_worker.py``, and
@@ -38,11 +38,17 @@ def cache_dir() -> Path | None:
     return cache_trust.configured_dir(CACHE_ENV, "checkov")
 
 
+# Libraries whose version can change a result without checkov's changing: the worker renders expressions
+# with asteval and parses plain ASCII JSON with PyYAML's libyaml loader (docs/checkov-workers.md).
+RESULT_LIBRARIES = ("asteval", "PyYAML")
+
+
 def checkov_version(binary: str) -> str:
-    """The installed checkov's version: from package metadata when it is this interpreter's, else ``--version``."""
+    """The installed checkov's version: from package metadata when it is this interpreter's (with the versions of
+    ``RESULT_LIBRARIES`` and libyaml, which the worker uses in the same interpreter), else ``--version``."""
     if Path(binary).parent == Path(sys.executable).parent:
         try:
-            return importlib.metadata.version("checkov")
+            return ";".join([importlib.metadata.version("checkov"), *_library_versions()])
         except importlib.metadata.PackageNotFoundError:
             pass
     done = subprocess.run([binary, "--version"], capture_output=True, text=True, check=False)
@@ -59,6 +65,22 @@ CHECKOV_ENV = ("CREATE_COMPLEX_VERTICES", "CREATE_EDGES", "RAW_TF_IN_GRAPH", "MA
                "RENDER_EDGES_DUPLICATE_ITER_COUNT", "RENDER_EDGES_DUPLICATE_PERCENT", "RENDER_VARIABLES_ASYNC",
                "DOWNLOAD_EXTERNAL_MODULES", "EXTERNAL_MODULES_DIR", "HCL_PARSE_TIMEOUT_SEC", "ENABLE_CONFIG_FILE_VALIDATION")
 CHECKOV_CONFIG_FILES = (".checkov.yaml", ".checkov.yml")
+
+
+def _library_versions() -> list[str]:
+    versions = []
+    for name in RESULT_LIBRARIES:
+        try:
+            versions.append(f"{name}={importlib.metadata.version(name)}")
+        except importlib.metadata.PackageNotFoundError:
+            versions.append(f"{name}=absent")
+    try:
+        from yaml import _yaml  # libyaml's binding; absent when PyYAML was built without it
+
+        versions.append(f"libyaml={_yaml.get_version_string()}")
+    except ImportError:
+        versions.append("libyaml=absent")
+    return versions
 
 
 def _checkov_settings() -> bytes:

@@ -66,6 +66,22 @@ def test_another_checkov_version_scans_everything_again(scans: list[str], stacks
     assert sorted(scans) == sorted(STACKS * 2)
 
 
+@pytest.mark.parametrize("library", ["asteval", "PyYAML"])
+def test_another_version_of_a_library_the_worker_renders_or_parses_with_is_another_key(library: str,
+                                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """asteval renders expressions and libyaml parses the JSON inside the worker: a new version of either can change
+    a result while checkov's own version stays, so each is part of the version the key holds."""
+    import importlib.metadata
+    import sys
+
+    binary = str(Path(sys.executable).with_name("checkov"))  # this interpreter's checkov, the one the worker runs
+    before = checkov_cache.checkov_version(binary)
+    real = importlib.metadata.version
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "0.0.0-other" if name == library else real(name))
+    after = checkov_cache.checkov_version(binary)
+    assert after != before and after.split(";")[0] == before.split(";")[0]  # checkov's own version unchanged
+
+
 def test_other_skips_scan_everything_again(scans: list[str], stacks: list[Path]) -> None:
     checkov_scan.run(stacks, [])
     skipped = checkov_scan.run(stacks, ["CKV_GCP_1"])
