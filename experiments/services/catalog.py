@@ -32,6 +32,12 @@ RACY_S = 2  # seconds after jobs/ last changed before its listing is kept (Catal
 FROZEN_KEPT = 256
 
 
+
+def _settled(mtime_ns: int) -> bool:
+    """Whether a stamp is older than ``RACY_S``: only then can a later change no longer share its tick."""
+    return time.time_ns() - mtime_ns > RACY_S * 1_000_000_000
+
+
 class Catalog:
     def __init__(self, jobs_dir: Path | None = None, *, configs: tuple[ClusterConfig, ...] | None = None, vault: VaultView | None = None) -> None:
         self.jobs_dir = Path(jobs_dir or repo.jobs_dir())
@@ -74,7 +80,7 @@ class Catalog:
         except ConfigError as exc:
             raise ApiError(422, f"job file {path.name} does not pass gpufleet check: {self._relative(exc.problems[0])}", field="job",
                            fix="fix the job file (gpufleet check lists every problem) and submit again") from None
-        if time.time_ns() - status.st_mtime_ns > RACY_S * 1_000_000_000:
+        if _settled(status.st_mtime_ns):
             # Kept only once the file is older than RACY_S, for the reason _job_files gives: a second write
             # in the same mtime tick as the one read here would leave the stamp as it is.
             with self._lock:
@@ -97,7 +103,7 @@ class Catalog:
         if stamp is not None and listing is not None and listing[0] == stamp:
             return listing[1]
         files = {p.stem: p for p in reversed(job_files(self.jobs_dir))}
-        if stamp is not None and time.time_ns() - stamp > RACY_S * 1_000_000_000:
+        if stamp is not None and _settled(stamp):
             with self._lock:
                 self._listing = (stamp, files)
         return files
