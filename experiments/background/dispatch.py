@@ -35,7 +35,7 @@ scheduler cannot settle yet is retried with backoff and shown in the experiment'
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -73,7 +73,7 @@ class Claim:
         return outbox is not None and outbox.claimed_by == self.worker and outbox.attempts == self.attempt
 
 
-def process_outbox(ctx: Context, *, batch: int = 200) -> int:
+def process_outbox(ctx: Context, *, batch: int = 200, stopping: Callable[[], bool] = lambda: False) -> int:
     """One pass: claim due rows a few at a time (``FOR UPDATE SKIP LOCKED`` on PostgreSQL, so several
     workers each take different rows without waiting on each other) and dispatch them on up to
     ``Timing.dispatch_concurrency`` threads, claiming more as threads free up, until nothing is due
@@ -91,7 +91,13 @@ def process_outbox(ctx: Context, *, batch: int = 200) -> int:
     waiting for a thread, and claims only when at least half the width is free to claim, so each claim
     takes several rows and no thread waits for one. A claim waiting for its thread is checked like any
     other before its submit (the fence, then ``_still_held``), and a dead worker's waiting claims pass
-    on with its others."""
+    on with its others.
+
+    Once ``stopping`` says so (the worker was asked to stop: SIGTERM on ``serve --worker-only``) the pass
+    claims nothing more and returns when the rows it holds are dispatched. It used to claim on to the end of
+    the burst (up to ``batch`` rows): against a slow scheduler that outlasted the worker's 30 s join, so the
+    process exited with dispatches in flight and its heartbeat row left to go stale, and the rows it had not
+    reached waited for it instead of going to the live workers at once."""
     if not _anything_due(ctx):
         return 0
     width = max(1, ctx.timing.dispatch_concurrency)
@@ -104,7 +110,7 @@ def process_outbox(ctx: Context, *, batch: int = 200) -> int:
         running: set[Future[bool]] = set()
         while True:
             room = min(ahead - len(running), batch - len(seen))
-            if more and room > 0 and (room >= step or not running) and not ctx.fenced():
+            if more and room > 0 and (room >= step or not running) and not ctx.fenced() and not stopping():
                 try:
                     claims = _claim(ctx, None, skip=seen, limit=room)
                     # Fewer rows than asked is not the end of the burst: another worker's claim may have held the rest

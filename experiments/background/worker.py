@@ -48,9 +48,9 @@ def refresh_bindings(ctx: Context) -> int:
     return 0
 
 
-# Identities are checked in the follow loop only: asking a scheduler that does not answer takes
-# its client's timeouts, which must never hold up dispatch to the other clusters.
-DISPATCH_STEPS: tuple[Step, ...] = (process_outbox,)
+# The dispatch loop runs process_outbox alone (``Worker.process_outbox``). Identities are checked in the follow
+# loop only: asking a scheduler that does not answer takes its client's timeouts, which must never hold up
+# dispatch to the other clusters.
 # Budgets and the idle policy act after the reconcile pass has refreshed states, usage and log tails;
 # process_holders after the reconcile: it proves the release of the runs that pass saw end, and lists orphans.
 FOLLOW_STEPS: tuple[Step, ...] = (refresh_bindings, _timed_reconcile, process_overdue, process_holders, process_budgets, process_idle,
@@ -72,7 +72,7 @@ def _run(ctx: Context, steps: tuple[Step, ...]) -> tuple[int, bool]:
 def run_once(ctx: Context) -> None:
     """One pass of every step in order (tests and tools that step the service by hand); a
     failing step is logged and the others still run."""
-    _run(ctx, (refresh_bindings, *DISPATCH_STEPS, *FOLLOW_STEPS[1:]))
+    _run(ctx, (refresh_bindings, process_outbox, *FOLLOW_STEPS[1:]))
 
 
 class Worker:
@@ -84,7 +84,7 @@ class Worker:
         self._stop = threading.Event()
         self._beats: dict[str, float | None] = {"dispatch": None, "follow": None}
         self._threads = [threading.Thread(target=self._loop, args=(name, steps), name=f"gpufleet-{name}", daemon=True)
-                         for name, steps in (("dispatch", DISPATCH_STEPS), ("follow", FOLLOW_STEPS))]
+                         for name, steps in (("dispatch", (self.process_outbox,)), ("follow", FOLLOW_STEPS))]
 
     @property
     def heartbeat(self) -> float | None:
@@ -124,6 +124,10 @@ class Worker:
                 self._ctx.membership.beat(self._ctx.sessions, self._ctx.clock())
             except Exception:  # noqa: BLE001 - a missed beat fences this worker after the TTL; the next one may succeed
                 log.exception("heartbeat failed")
+
+    def process_outbox(self, ctx: Context) -> int:
+        """The dispatch loop's one step: a pass that stops claiming once ``stop`` is called."""
+        return process_outbox(ctx, stopping=self._stop.is_set)
 
     def wait(self) -> None:
         """Block until ``stop`` (``gpufleet serve --worker-only``)."""
