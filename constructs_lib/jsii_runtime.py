@@ -1,9 +1,10 @@
 """How gpufleet starts the jsii kernel for a synthesis: jsii's kernel program itself, without its
-relay process and without a stack trace recorded for every cdktf token.
+relay process, without a stack trace recorded for every cdktf token, and without the undefined
+attributes cdktf would resolve only to skip.
 
 A synthesis is tens of thousands of request/reply round trips between Python and the Node
 kernel; per cluster, the Node side was the larger half of the CPU time and all of the memory
-that grows with the fleet (bench/check.py, issue 28). Two costs in it are not the kernel's work:
+that grows with the fleet (bench/check.py, issue 28). Three costs in it are not the kernel's work:
 
 - jsii's packaged entry point (``bin/jsii-runtime.js`` of ``@jsii/runtime``) spawns a second Node
   process running ``lib/program.js`` and pipes every message between its own stdin/stdout and the
@@ -29,8 +30,19 @@ that grows with the fleet (bench/check.py, issue 28). Two costs in it are not th
   (cdktf's and constructs' helpers pass a plain ``{stack: ""}`` and then read back no frames);
   errors keep their stacks, so a failing synthesis still reports where.
 
-Neither changes what is synthesized: both only touch how messages travel and what error messages
-could quote. ``tests/stacks/test_parallel_synth.py`` compares worker processes (started this way)
+- cdktf resolves each element's attributes twice (``prepareStack``, the stack's ``toTerraform``) and
+  a generated resource hands it every optional attribute, most of them ``undefined``. For each such
+  key ``resolve`` (``cdktf/lib/tokens/private/resolve.js``) builds two contexts (each copying the key
+  path) and resolves the key as a string, only to skip the value. The launcher wraps cdktf's
+  module-level ``resolve`` (``cdktf/lib/_tokens.js``, the one ``TerraformStack`` calls) so that it gets
+  its input without those keys: only in plain objects (not in a resolvable, a class instance or an
+  object with a token key, where cdktf's map-token rules count keys), only for identifier keys that
+  hold no digit-``e``-digit run (cdktf would test such a key for an encoded number), never an array's
+  elements; a copy is made where something is dropped, so no caller's object changes. About 11% of the
+  kernel's CPU at 100 generated clusters (issue 28, fourth round).
+
+None of these changes what is synthesized: they only touch how messages travel, what error messages
+could quote, and keys cdktf would skip. ``tests/stacks/test_parallel_synth.py`` compares worker processes (started this way)
 with a synthesis in the test process (jsii's packaged entry point) byte for byte.
 
 The files are written into a fresh private temporary directory per process (jsii extracts its
@@ -89,6 +101,60 @@ process.on("uncaughtException", (error) => {
 // --preserve-symlinks comes through NODE_OPTIONS, which execArgv does not list; the kernel reads
 // execArgv to choose between one symlink per package and a tree of hard links it removes at exit.
 if (!process.execArgv.includes("--preserve-symlinks")) process.execArgv.push("--preserve-symlinks");
+// cdktf resolves every element's attributes twice (prepareStack, then toTerraform) before the stack's
+// whole tree once more; a generated resource hands it every optional attribute, most of them undefined,
+// and resolve builds two contexts and tests a key for tokens before it skips an undefined value. Drop
+// those keys first (a plain object's, whose key holds no token and no encoded number: resolving such a
+// key has no effect), so resolve walks only what it keeps. Only cdktf's module-level resolve is wrapped.
+const Module = require("module");
+const path = require("path");
+const PRUNED = Symbol("gpufleet.pruned");
+const INERT_KEY = /^[A-Za-z_][A-Za-z0-9_]*$/;
+const NUMBERISH_KEY = /[0-9]e[0-9eE]/;
+function plain(x) {
+  if (x === null || typeof x !== "object") return false;
+  const proto = Object.getPrototypeOf(x);
+  return proto === Object.prototype || proto === null;
+}
+function prune(x) {
+  if (Array.isArray(x)) {
+    let out = null;
+    for (let i = 0; i < x.length; i++) {
+      const v = x[i], p = prune(v);
+      if (out === null && p !== v) out = x.slice(0, i);
+      if (out !== null) out.push(p);
+    }
+    return out === null ? x : out;
+  }
+  if (!plain(x) || typeof x.resolve === "function") return x;
+  const keys = Object.keys(x);
+  for (const key of keys) if (key.includes("TfToken[")) return x;
+  let out = null;
+  for (let i = 0; i < keys.length; i++) {
+    const key = keys[i], v = x[key];
+    const drop = v === undefined && INERT_KEY.test(key) && !NUMBERISH_KEY.test(key);
+    const p = drop ? undefined : prune(v);
+    if (out === null && (drop || p !== v)) {
+      out = {};
+      for (let j = 0; j < i; j++) out[keys[j]] = x[keys[j]];
+    }
+    if (out !== null && !drop) out[key] = p;
+  }
+  return out === null ? x : out;
+}
+const load = Module._load;
+Module._load = function (request, parent) {
+  const loaded = load.apply(this, arguments);
+  if (request === "./_tokens" && parent && path.basename(path.dirname(parent.filename)) === "lib"
+      && path.basename(path.dirname(path.dirname(parent.filename))) === "cdktf"
+      && typeof loaded.resolve === "function" && !loaded.resolve[PRUNED]) {
+    const resolve = loaded.resolve;
+    const pruned = function (scope, obj, preparing) { return resolve.call(this, scope, prune(obj), preparing); };
+    pruned[PRUNED] = true;
+    loaded.resolve = pruned;
+  }
+  return loaded;
+};
 require("./program.js");
 """
 _state: dict[str, Path | None] = {}
