@@ -111,16 +111,21 @@ const path = require("path");
 const PRUNED = Symbol("gpufleet.pruned");
 const INERT_KEY = /^[A-Za-z_][A-Za-z0-9_]*$/;
 const NUMBERISH_KEY = /[0-9]e[0-9eE]/;
+// cdktf throws "circular reference" for a value whose key path is longer than 200 before it looks at the
+// value (lib/tokens/private/resolve.js), so a node at depth 200 is left whole: its undefined values still
+// throw there, and a cyclic object reaches cdktf's error instead of overflowing the stack here.
+const CDKTF_MAX_DEPTH = 200;
 function plain(x) {
   if (x === null || typeof x !== "object") return false;
   const proto = Object.getPrototypeOf(x);
   return proto === Object.prototype || proto === null;
 }
-function prune(x) {
+function prune(x, depth) {
+  if (depth >= CDKTF_MAX_DEPTH) return x;
   if (Array.isArray(x)) {
     let out = null;
     for (let i = 0; i < x.length; i++) {
-      const v = x[i], p = prune(v);
+      const v = x[i], p = prune(v, depth + 1);
       if (out === null && p !== v) out = x.slice(0, i);
       if (out !== null) out.push(p);
     }
@@ -133,7 +138,7 @@ function prune(x) {
   for (let i = 0; i < keys.length; i++) {
     const key = keys[i], v = x[key];
     const drop = v === undefined && INERT_KEY.test(key) && !NUMBERISH_KEY.test(key);
-    const p = drop ? undefined : prune(v);
+    const p = drop ? undefined : prune(v, depth + 1);
     if (out === null && (drop || p !== v)) {
       out = {};
       for (let j = 0; j < i; j++) out[keys[j]] = x[keys[j]];
@@ -149,7 +154,7 @@ Module._load = function (request, parent) {
       && path.basename(path.dirname(path.dirname(parent.filename))) === "cdktf"
       && typeof loaded.resolve === "function" && !loaded.resolve[PRUNED]) {
     const resolve = loaded.resolve;
-    const pruned = function (scope, obj, preparing) { return resolve.call(this, scope, prune(obj), preparing); };
+    const pruned = function (scope, obj, preparing) { return resolve.call(this, scope, prune(obj, 0), preparing); };
     pruned[PRUNED] = true;
     loaded.resolve = pruned;
   }

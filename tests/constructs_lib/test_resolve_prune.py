@@ -1,0 +1,108 @@
+"""The launcher's wrapper around cdktf's module-level ``resolve`` (constructs_lib/jsii_runtime.py) against
+the real cdktf this repository pins, not a stand-in: the same script resolves the same inputs through
+``cdktf/lib/_tokens.js`` once under plain Node (cdktf's own ``resolve``) and once under the launcher (the
+wrapped one), and every result or error message must be the same.
+
+The inputs are built in JavaScript so that they can hold what cdktf may meet but Python cannot send:
+tokens of every kind (string, number, list, map, a token as a key), null-prototype and frozen objects,
+objects shared twice, keys such as ``constructor``/``resolve``/``_children``,
+undefined values at cdktf's depth limit (``prefix.length > 200`` in ``lib/tokens/private/resolve.js`` of
+cdktf 0.21.0 throws before it looks at the value) and a cycle. On a cdktf upgrade this runs on
+the new version, so a change in how cdktf treats any of these shows up here."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import tarfile
+from pathlib import Path
+
+import cdktf
+import constructs
+
+from constructs_lib import jsii_runtime
+
+HARNESS = r"""
+"use strict";
+const fs = require("fs");
+const path = require("path");
+const root = process.env.GPUFLEET_TEST_NODE_MODULES;
+const cdktf = require(path.join(root, "cdktf"));
+const tokens = require(path.join(root, "cdktf", "lib", "_tokens.js"));
+const { App, TerraformStack, Lazy, Token } = cdktf;
+const stack = new TerraformStack(new App({ outdir: path.join(root, "..", "out") }), "s");
+const JSII_OBJID = Symbol.for("$__jsii__objid__$");
+function nest(depth, leaf) { let o = leaf; for (let i = 0; i < depth; i++) o = { a: o }; return o; }
+const cases = {
+  generated: () => ({ resource: { google_container_node_pool: { p: {
+    name: "gpu", node_count: undefined, autoscaling: [{ max_node_count: 4, min_node_count: undefined }],
+    node_config: [{ labels: { a: "1" }, taint: [{ key: "k", value: undefined, effect: "NO_SCHEDULE" }],
+                    guest_accelerator: undefined }],
+    lifecycle: undefined, count: undefined, provider: undefined, "//": { metadata: { path: "s/p" } } } } } }),
+  arrays: () => ({ list: [{ a: undefined, b: 1 }, undefined, "s", [{ c: undefined }], null], empty: [undefined] }),
+  nullPrototype: () => ({ o: Object.assign(Object.create(null), { a: 1, b: undefined, c: { d: undefined } }) }),
+  specialKeys: () => ({ constructor: undefined, toString: undefined, resolve: undefined, _children: undefined,
+                        _metadata: {}, hasOwnProperty: undefined, valueOf: 1, e2e: undefined, v1e5: undefined,
+                        "kubernetes.io/name": undefined, "1": undefined, "0": 2 }),
+  frozen: () => Object.freeze({ a: undefined, b: Object.freeze({ c: undefined, d: [Object.freeze({ e: undefined })] }) }),
+  shared: () => { const s = { a: undefined, b: 1 }; return { x: s, y: s, z: [s, s] }; },
+  tokens: () => ({
+    s: Lazy.stringValue({ produce: () => "v" }), gone: undefined,
+    n: Token.asNumber(Lazy.numberValue({ produce: () => 3 })),
+    l: Token.asList(Lazy.listValue({ produce: () => ["a", "b"] })),
+    inner: Lazy.anyValue({ produce: () => ({ q: undefined, r: { s: undefined, t: 2 } }) }),
+    concat: `x-${Lazy.stringValue({ produce: () => "y" })}`,
+  }),
+  tokenKey: () => ({ [Lazy.stringValue({ produce: () => "k" })]: 1, other: undefined, m: { [Token.asString(3)]: undefined } }),
+  mapToken: () => ({ m: { ...Token.asStringMap(Lazy.anyValue({ produce: () => ({ a: "b" }) })), extra: undefined } }),
+  listTokenWithObject: () => ({ l: [Token.asList(Lazy.listValue({ produce: () => ["a"] }))[0], { x: undefined }] }),
+  depth200: () => nest(199, { x: undefined, y: 1 }),
+  depth201: () => nest(200, { x: undefined }),
+  cycle: () => { const o = { a: undefined, b: {} }; o.b.c = o; return o; },
+};
+const out = { wrapped: tokens.resolve.name !== "resolve", cases: {} };
+for (const [name, make] of Object.entries(cases)) {
+  for (const preparing of [true, false]) {
+    let result;
+    try { result = { ok: JSON.stringify(tokens.resolve(stack, make(), preparing)) }; }
+    catch (error) { result = { error: `${error.constructor.name}: ${error.message}` }; }
+    out.cases[`${name}/${preparing ? "preparing" : "final"}`] = result;
+  }
+}
+fs.writeSync(1, JSON.stringify(out) + "\n");
+"""
+
+
+def _node_modules(directory: Path) -> Path:
+    """The pinned cdktf and constructs packages, unpacked from the jsii assemblies the kernel loads."""
+    modules = directory / "node_modules"
+    for package, module in (("cdktf", cdktf), ("constructs", constructs)):
+        (tarball,) = Path(module.__file__).parent.joinpath("_jsii").glob("*.jsii.tgz")
+        with tarfile.open(tarball) as archive:
+            archive.extractall(directory / "unpack" / package, filter="tar")
+        shutil.move(directory / "unpack" / package / "package", modules / package)
+    return modules
+
+
+def _run(argv: list[str], modules: Path) -> dict:
+    done = subprocess.run(argv, capture_output=True, text=True, check=True, stdin=subprocess.DEVNULL, timeout=120,
+                          env={"PATH": "/usr/bin:/bin", "GPUFLEET_TEST_NODE_MODULES": str(modules)})
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def test_wrapped_resolve_gives_what_cdktf_gives_for_every_edge_case(tmp_path: Path) -> None:
+    modules = _node_modules(tmp_path)
+    launcher = jsii_runtime.write_runtime(tmp_path / "runtime")
+    assert launcher is not None
+    program = tmp_path / "runtime" / jsii_runtime.PROGRAM
+    program.write_text(HARNESS)
+    node = shutil.which("node") or "node"
+    plain = _run([node, "--preserve-symlinks", str(program)], modules)
+    wrapped = _run([node, "--preserve-symlinks", str(launcher)], modules)
+    assert plain["wrapped"] is False and wrapped["wrapped"] is True  # the hook applies to the pinned cdktf
+    assert plain["cases"]["depth201/final"]["error"].startswith("Error: Unable to resolve")  # the limit is real
+    assert "error" in plain["cases"]["cycle/final"]
+    differing = {name: (plain["cases"][name], wrapped["cases"][name])
+                 for name in plain["cases"] if plain["cases"][name] != wrapped["cases"][name]}
+    assert differing == {}
