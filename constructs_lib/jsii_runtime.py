@@ -133,7 +133,9 @@ function prune(x, depth) {
   }
   if (!plain(x) || typeof x.resolve === "function") return x;
   const keys = Object.keys(x);
-  for (const key of keys) if (key.includes("TfToken[")) return x;
+  // An own "__proto__" key would set the copy's prototype (cdktf's result drops it, but a copy whose
+  // prototype is a token would be resolved as that token): such an object is left whole.
+  for (const key of keys) if (key.includes("TfToken[") || key === "__proto__") return x;
   let out = null;
   for (let i = 0; i < keys.length; i++) {
     const key = keys[i], v = x[key];

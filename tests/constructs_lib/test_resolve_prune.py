@@ -5,7 +5,7 @@ wrapped one), and every result or error message must be the same.
 
 The inputs are built in JavaScript so that they can hold what cdktf may meet but Python cannot send:
 tokens of every kind (string, number, list, map, a token as a key), null-prototype and frozen objects,
-objects shared twice, keys such as ``constructor``/``resolve``/``_children``,
+objects shared twice, keys such as ``constructor``/``resolve``/``_children``, an own ``__proto__`` key,
 undefined values at cdktf's depth limit (``prefix.length > 200`` in ``lib/tokens/private/resolve.js`` of
 cdktf 0.21.0 throws before it looks at the value) and a cycle. On a cdktf upgrade this runs on
 the new version, so a change in how cdktf treats any of these shows up here."""
@@ -45,6 +45,12 @@ const cases = {
   specialKeys: () => ({ constructor: undefined, toString: undefined, resolve: undefined, _children: undefined,
                         _metadata: {}, hasOwnProperty: undefined, valueOf: 1, e2e: undefined, v1e5: undefined,
                         "kubernetes.io/name": undefined, "1": undefined, "0": 2 }),
+  ownProtoKey: () => {
+    const o = { x: undefined, y: 1 };
+    Object.defineProperty(o, "__proto__", { value: Lazy.anyValue({ produce: () => "from a token" }),
+                                            enumerable: true, writable: true, configurable: true });
+    return o;
+  },
   frozen: () => Object.freeze({ a: undefined, b: Object.freeze({ c: undefined, d: [Object.freeze({ e: undefined })] }) }),
   shared: () => { const s = { a: undefined, b: 1 }; return { x: s, y: s, z: [s, s] }; },
   tokens: () => ({
