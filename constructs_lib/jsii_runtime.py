@@ -109,6 +109,9 @@ if (!process.execArgv.includes("--preserve-symlinks")) process.execArgv.push("--
 const Module = require("module");
 const path = require("path");
 const PRUNED = Symbol("gpufleet.pruned");
+// The kernel tags each object it passes by reference (@jsii/kernel objects.ts); one made for a Python
+// object has getters that call back into Python, which a walk here would call once more than cdktf does.
+const JSII_OBJID = Symbol.for("$__jsii__objid__$");
 const INERT_KEY = /^[A-Za-z_][A-Za-z0-9_]*$/;
 const NUMBERISH_KEY = /[0-9]e[0-9eE]/;
 // cdktf throws "circular reference" for a value whose key path is longer than 200 before it looks at the
@@ -131,7 +134,7 @@ function prune(x, depth) {
     }
     return out === null ? x : out;
   }
-  if (!plain(x) || typeof x.resolve === "function") return x;
+  if (!plain(x) || typeof x.resolve === "function" || x[JSII_OBJID] !== undefined) return x;
   const keys = Object.keys(x);
   // An own "__proto__" key would set the copy's prototype (cdktf's result drops it, but a copy whose
   // prototype is a token would be resolved as that token): such an object is left whole.

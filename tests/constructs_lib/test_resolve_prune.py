@@ -7,7 +7,8 @@ The inputs are built in JavaScript so that they can hold what cdktf may meet but
 tokens of every kind (string, number, list, map, a token as a key), null-prototype and frozen objects,
 objects shared twice, keys such as ``constructor``/``resolve``/``_children``, an own ``__proto__`` key,
 undefined values at cdktf's depth limit (``prefix.length > 200`` in ``lib/tokens/private/resolve.js`` of
-cdktf 0.21.0 throws before it looks at the value) and a cycle. On a cdktf upgrade this runs on
+cdktf 0.21.0 throws before it looks at the value), a cycle, and an object the jsii kernel tags as passed
+by reference (its properties are getters that call back into Python). On a cdktf upgrade this runs on
 the new version, so a change in how cdktf treats any of these shows up here."""
 
 from __future__ import annotations
@@ -66,6 +67,14 @@ const cases = {
   depth200: () => nest(199, { x: undefined, y: 1 }),
   depth201: () => nest(200, { x: undefined }),
   cycle: () => { const o = { a: undefined, b: {} }; o.b.c = o; return o; },
+  jsiiByReference: () => {
+    let reads = 0;
+    const o = {};
+    Object.defineProperty(o, JSII_OBJID, { value: "Object@10000" });
+    Object.defineProperty(o, "name", { enumerable: true, get: () => `read ${++reads}` });
+    Object.defineProperty(o, "unset", { enumerable: true, get: () => undefined });
+    return { value: o };
+  },
 };
 const out = { wrapped: tokens.resolve.name !== "resolve", cases: {} };
 for (const [name, make] of Object.entries(cases)) {
