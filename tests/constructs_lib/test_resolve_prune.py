@@ -121,3 +121,59 @@ def test_wrapped_resolve_gives_what_cdktf_gives_for_every_edge_case(tmp_path: Pa
     differing = {name: (plain["cases"][name], wrapped["cases"][name])
                  for name in plain["cases"] if plain["cases"][name] != wrapped["cases"][name]}
     assert differing == {}
+
+
+# Synthesizes one stack of escape hatches and Python-made values through the real jsii kernel (started
+# as gpufleet starts it unless GPUFLEET_JSII_RUNTIME=packaged) and prints its Terraform JSON.
+KERNEL_CHILD = r'''
+import sys
+from constructs_lib.jsii_runtime import direct_kernel
+with direct_kernel():
+    import jsii
+    from cdktf import App, DataResource, Fn, IResolvable, TerraformLocal, TerraformOutput, TerraformStack
+
+@jsii.implements(IResolvable)
+class Resolvable:
+    creation_stack = []
+    def resolve(self, context):
+        return {"set": "v", "unset": None, "nested": [{"unset": None, "n": 1}]}
+    def to_string(self):
+        return "resolvable"
+
+app = App(outdir=sys.argv[1])
+stack = TerraformStack(app, "edges")
+data = DataResource(stack, "d", input={"a": None, "b": [None, {"c": None, "constructor": 1}], "e2e": None},
+                    triggers_replace={"x": "y", "unset": None})
+data.add_override("input.removed", None)
+data.add_override("input.deep.constructor", {"toString": None, "valueOf": 2, "resolve": None})
+data.add_override("input.list", [{"unset": None, "set": 1}, None])
+data.add_override("lifecycle.create_before_destroy", None)
+data.add_override("triggers_replace", None)
+local = TerraformLocal(stack, "l", {"m": {"unset": None, "k": "v"}})
+TerraformOutput(stack, "o", value={"unset": None, "r": Resolvable(), "lookup": Fn.lookup(local.as_any_map, "m", None)})
+TerraformOutput(stack, "gone", value="x")
+stack.add_override("output.gone", None)
+stack.add_override("output.o.sensitive", None)
+stack.add_override("terraform.required_version", ">= 1.11")
+print(app.synth() or "")
+'''
+
+
+def test_kernel_synthesizes_escape_hatches_the_same_with_and_without_the_wrapper(tmp_path: Path) -> None:
+    """The same stack of overrides that delete keys (a None value), nested override maps with keys such as
+    ``constructor``, Python lists and maps holding None, a Python-made IResolvable and map lookups, synthesized
+    through the real kernel under gpufleet's launcher and under jsii's packaged entry point: the same bytes."""
+    import os
+    import sys
+
+    outputs = {}
+    for runtime in ("", "packaged"):
+        out = tmp_path / (runtime or "launcher")
+        env = {k: v for k, v in os.environ.items() if k not in ("JSII_RUNTIME", "NODE_OPTIONS")} | {
+            "GPUFLEET_JSII_RUNTIME": runtime}
+        subprocess.run([sys.executable, "-c", KERNEL_CHILD, str(out)], cwd=Path(__file__).resolve().parents[2],
+                       env=env, check=True, capture_output=True, text=True, timeout=300)
+        outputs[runtime] = (out / "stacks" / "edges" / "cdk.tf.json").read_bytes()
+    document = json.loads(outputs[""])
+    assert "gone" not in document["output"] and "removed" not in document["resource"]["terraform_data"]["d"]["input"]
+    assert outputs[""] == outputs["packaged"]
