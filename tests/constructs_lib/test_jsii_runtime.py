@@ -174,6 +174,7 @@ def test_launcher_drops_undefined_attributes_before_cdktf_resolves_them(tmp_path
     for package in ("cdktf", "other"):
         lib = tmp_path / "node_modules" / package / "lib"
         lib.mkdir(parents=True)
+        (lib.parent / "package.json").write_text(json.dumps({"name": package, "version": "0.21.0"}))  # the reviewed cdktf
         (lib / "_tokens.js").write_text("exports.resolve = function (scope, obj, preparing) { return { scope, obj, preparing }; };\n")
         (lib / "terraform-stack.js").write_text('const _tokens_1 = require("./_tokens");\n'
                                                 "exports.call = (obj) => (0, _tokens_1.resolve)('stack', obj, true);\n")
@@ -219,3 +220,33 @@ fs.writeSync(1, JSON.stringify({
     assert out["tokenKeys"] == ["resolve", "unset"] and out["blockKeys"] == ["unset"]
     assert out["sameKept"] and out["sameToken"] and out["sameBlock"]
     assert out["inputUntouched"] and out["otherUntouched"]
+
+
+def test_launcher_wraps_only_the_reviewed_cdktf_and_passes_every_argument(tmp_path: Path) -> None:
+    """The wrapper's safety rests on cdktf 0.21.0's ``resolve``: another cdktf version (an upgrade) is left
+    unwrapped, so its output is cdktf's own until someone reads the new ``resolve``; and an argument a
+    newer ``_tokens.resolve`` might take after ``preparing`` still reaches it. Stand-in packages record calls."""
+    launcher = jsii_runtime.write_runtime(tmp_path)
+    assert launcher is not None
+    for version in ("0.21.0", "0.22.0"):
+        package = tmp_path / version / "node_modules" / "cdktf"
+        (package / "lib").mkdir(parents=True)
+        (package / "package.json").write_text(json.dumps({"name": "cdktf", "version": version}))
+        (package / "lib" / "_tokens.js").write_text("exports.resolve = function () { return Array.from(arguments); };\n")
+        (package / "lib" / "terraform-stack.js").write_text(
+            'const _tokens_1 = require("./_tokens");\nexports.call = (...args) => (0, _tokens_1.resolve)(...args);\n')
+    (tmp_path / jsii_runtime.PROGRAM).write_text("""
+const fs = require("fs");
+const got = {};
+for (const version of ["0.21.0", "0.22.0"]) {
+  const stack = require(`../${version}/node_modules/cdktf/lib/terraform-stack.js`);
+  got[version] = stack.call("stack", { kept: 1, unset: undefined }, true, "fourth");
+}
+fs.writeSync(1, JSON.stringify({ reviewed: got["0.21.0"], upgraded: got["0.22.0"],
+                                 upgradedKeys: Object.keys(got["0.22.0"][1]) }) + "\\n");
+""")
+    done = subprocess.run([shutil.which("node") or "node", str(launcher)], capture_output=True, text=True, check=True,
+                          stdin=subprocess.DEVNULL, timeout=60)
+    out = json.loads(done.stdout)
+    assert out["reviewed"] == ["stack", {"kept": 1}, True, "fourth"]
+    assert out["upgradedKeys"] == ["kept", "unset"]  # not pruned: cdktf 0.22.0's resolve was never read
