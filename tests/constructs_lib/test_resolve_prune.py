@@ -64,6 +64,10 @@ const cases = {
   tokenKey: () => ({ [Lazy.stringValue({ produce: () => "k" })]: 1, other: undefined, m: { [Token.asString(3)]: undefined } }),
   mapToken: () => ({ m: { ...Token.asStringMap(Lazy.anyValue({ produce: () => ({ a: "b" }) })), extra: undefined } }),
   listTokenWithObject: () => ({ l: [Token.asList(Lazy.listValue({ produce: () => ["a"] }))[0], { x: undefined }] }),
+  listTokenInScalar: () => ({ gone: undefined, s: { t: Token.asList(Lazy.listValue({ produce: () => ["a"] }))[0] + "", u: undefined } }),
+  mapValueInScalar: () => ({ gone: undefined, k: Token.STRING_MAP_TOKEN_VALUE }),
+  functionValue: () => ({ gone: undefined, n: { f: () => 1, g: undefined } }),
+  nonStringKey: () => ({ gone: undefined, [Token.asString(Lazy.anyValue({ produce: () => 3 }))]: "v" }),
   depth200: () => nest(199, { x: undefined, y: 1 }),
   depth201: () => nest(200, { x: undefined }),
   cycle: () => { const o = { a: undefined, b: {} }; o.b.c = o; return o; },
@@ -121,6 +125,8 @@ def test_wrapped_resolve_gives_what_cdktf_gives_for_every_edge_case(tmp_path: Pa
         "(REVIEWED_CDKTF in constructs_lib/jsii_runtime.py): read its lib/tokens/private/resolve.js, then name it there")
     assert plain["cases"]["depth201/final"]["error"].startswith("Error: Unable to resolve")  # the limit is real
     assert "error" in plain["cases"]["cycle/final"]
+    assert all("error" in plain["cases"][f"{name}/final"]
+               for name in ("listTokenInScalar", "mapValueInScalar", "functionValue", "nonStringKey"))
     differing = {name: (plain["cases"][name], wrapped["cases"][name])
                  for name in plain["cases"] if plain["cases"][name] != wrapped["cases"][name]}
     assert differing == {}
