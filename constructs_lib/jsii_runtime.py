@@ -1,9 +1,10 @@
 """How gpufleet starts the jsii kernel for a synthesis: jsii's kernel program itself, without its
-relay process and without a stack trace recorded for every cdktf token.
+relay process, without a stack trace recorded for every cdktf token, and without the undefined
+attributes cdktf would resolve only to skip.
 
 A synthesis is tens of thousands of request/reply round trips between Python and the Node
 kernel; per cluster, the Node side was the larger half of the CPU time and all of the memory
-that grows with the fleet (bench/check.py, issue 28). Two costs in it are not the kernel's work:
+that grows with the fleet (bench/check.py, issue 28). Three costs in it are not the kernel's work:
 
 - jsii's packaged entry point (``bin/jsii-runtime.js`` of ``@jsii/runtime``) spawns a second Node
   process running ``lib/program.js`` and pipes every message between its own stdin/stdout and the
@@ -29,8 +30,22 @@ that grows with the fleet (bench/check.py, issue 28). Two costs in it are not th
   (cdktf's and constructs' helpers pass a plain ``{stack: ""}`` and then read back no frames);
   errors keep their stacks, so a failing synthesis still reports where.
 
-Neither changes what is synthesized: both only touch how messages travel and what error messages
-could quote. ``tests/stacks/test_parallel_synth.py`` compares worker processes (started this way)
+- cdktf resolves each element's attributes twice (``prepareStack``, the stack's ``toTerraform``) and
+  a generated resource hands it every optional attribute, most of them ``undefined``. For each such
+  key ``resolve`` (``cdktf/lib/tokens/private/resolve.js``) builds two contexts (each copying the key
+  path) and resolves the key as a string, only to skip the value. The launcher wraps cdktf's
+  module-level ``resolve`` (``cdktf/lib/_tokens.js``, the one ``TerraformStack`` calls) so that it gets
+  its input without those keys: only in plain objects (not in a resolvable, a class instance or an
+  object with a token key, where cdktf's map-token rules count keys), only for identifier keys that
+  hold no digit-``e``-digit run (cdktf would test such a key for an encoded number), never an array's
+  elements, nor in an object with an own ``__proto__`` key, an object the kernel passes by reference
+  (its getters call Python) or a node at cdktf's depth limit; a copy is made where something is dropped,
+  so no caller's object changes. Only cdktf 0.21.0 is wrapped, the version whose ``resolve`` was read
+  (``tests/constructs_lib/test_resolve_prune.py`` compares both on the real package). About 11% of the
+  kernel's CPU at 100 generated clusters (issue 28, fourth round).
+
+None of these changes what is synthesized: they only touch how messages travel, what error messages
+could quote, and keys cdktf would skip. ``tests/stacks/test_parallel_synth.py`` compares worker processes (started this way)
 with a synthesis in the test process (jsii's packaged entry point) byte for byte.
 
 The files are written into a fresh private temporary directory per process (jsii extracts its
@@ -89,6 +104,76 @@ process.on("uncaughtException", (error) => {
 // --preserve-symlinks comes through NODE_OPTIONS, which execArgv does not list; the kernel reads
 // execArgv to choose between one symlink per package and a tree of hard links it removes at exit.
 if (!process.execArgv.includes("--preserve-symlinks")) process.execArgv.push("--preserve-symlinks");
+// cdktf resolves every element's attributes twice (prepareStack, then toTerraform) before the stack's
+// whole tree once more; a generated resource hands it every optional attribute, most of them undefined,
+// and resolve builds two contexts and tests a key for tokens before it skips an undefined value. Drop
+// those keys first (a plain object's, whose key holds no token and no encoded number: resolving such a
+// key has no effect), so resolve walks only what it keeps. Only cdktf's module-level resolve is wrapped.
+const Module = require("module");
+const path = require("path");
+const PRUNED = Symbol("gpufleet.pruned");
+// The kernel tags each object it passes by reference (@jsii/kernel objects.ts); one made for a Python
+// object has getters that call back into Python, which a walk here would call once more than cdktf does.
+const JSII_OBJID = Symbol.for("$__jsii__objid__$");
+const INERT_KEY = /^[A-Za-z_][A-Za-z0-9_]*$/;
+const NUMBERISH_KEY = /[0-9]e[0-9eE]/;
+// cdktf throws "circular reference" for a value whose key path is longer than 200 before it looks at the
+// value (lib/tokens/private/resolve.js), so a node at depth 200 is left whole: its undefined values still
+// throw there, and a cyclic object reaches cdktf's error instead of overflowing the stack here.
+const CDKTF_MAX_DEPTH = 200;
+function plain(x) {
+  if (x === null || typeof x !== "object") return false;
+  const proto = Object.getPrototypeOf(x);
+  return proto === Object.prototype || proto === null;
+}
+function prune(x, depth) {
+  if (depth >= CDKTF_MAX_DEPTH) return x;
+  if (Array.isArray(x)) {
+    let out = null;
+    for (let i = 0; i < x.length; i++) {
+      const v = x[i], p = prune(v, depth + 1);
+      if (out === null && p !== v) out = x.slice(0, i);
+      if (out !== null) out.push(p);
+    }
+    return out === null ? x : out;
+  }
+  if (!plain(x) || typeof x.resolve === "function" || x[JSII_OBJID] !== undefined) return x;
+  const keys = Object.keys(x);
+  // An own "__proto__" key would set the copy's prototype (cdktf's result drops it, but a copy whose
+  // prototype is a token would be resolved as that token): such an object is left whole.
+  for (const key of keys) if (key.includes("TfToken[") || key === "__proto__") return x;
+  let out = null;
+  for (let i = 0; i < keys.length; i++) {
+    const key = keys[i], v = x[key];
+    const drop = v === undefined && INERT_KEY.test(key) && !NUMBERISH_KEY.test(key);
+    const p = drop ? undefined : prune(v, depth + 1);
+    if (out === null && (drop || p !== v)) {
+      out = {};
+      for (let j = 0; j < i; j++) out[keys[j]] = x[keys[j]];
+    }
+    if (out !== null && !drop) out[key] = p;
+  }
+  return out === null ? x : out;
+}
+// Only the cdktf whose resolve was read for this (another version may give an undefined value a meaning;
+// tests/constructs_lib/test_resolve_prune.py fails until the new one is read and named here).
+const REVIEWED_CDKTF = "0.21.0";
+function reviewedCdktf(lib) {
+  try { return require(path.join(lib, "..", "package.json")).version === REVIEWED_CDKTF; } catch { return false; }
+}
+const load = Module._load;
+Module._load = function (request, parent) {
+  const loaded = load.apply(this, arguments);
+  if (request === "./_tokens" && parent && path.basename(path.dirname(parent.filename)) === "lib"
+      && path.basename(path.dirname(path.dirname(parent.filename))) === "cdktf"
+      && typeof loaded.resolve === "function" && !loaded.resolve[PRUNED] && reviewedCdktf(path.dirname(parent.filename))) {
+    const resolve = loaded.resolve;
+    const pruned = function (scope, obj, ...rest) { return resolve.call(this, scope, prune(obj, 0), ...rest); };
+    pruned[PRUNED] = true;
+    loaded.resolve = pruned;
+  }
+  return loaded;
+};
 require("./program.js");
 """
 _state: dict[str, Path | None] = {}

@@ -161,3 +161,92 @@ setTimeout(() => {
     done = subprocess.run([shutil.which("node") or "node", str(launcher)], input='{"request":1}\n', capture_output=True,
                           text=True, check=True, timeout=60)
     assert json.loads(done.stdout) == {"kernel": '{"request":1}\n', "stolen": ""}
+
+
+def test_launcher_drops_undefined_attributes_before_cdktf_resolves_them(tmp_path: Path) -> None:
+    """cdktf's module-level ``resolve`` (``cdktf/lib/_tokens.js``, what ``TerraformStack`` calls) gets its
+    input without the plain objects' undefined values, and nothing else changes: a key that could hold a
+    token or an encoded number, an object with a map-token key, a resolvable, a class instance and an
+    array's undefined elements are left to cdktf; unchanged parts keep their identity, the input is not
+    mutated, and another package's ``_tokens`` module is not wrapped. A stand-in cdktf records what it got."""
+    launcher = jsii_runtime.write_runtime(tmp_path)
+    assert launcher is not None
+    for package in ("cdktf", "other"):
+        lib = tmp_path / "node_modules" / package / "lib"
+        lib.mkdir(parents=True)
+        (lib.parent / "package.json").write_text(json.dumps({"name": package, "version": "0.21.0"}))  # the reviewed cdktf
+        (lib / "_tokens.js").write_text("exports.resolve = function (scope, obj, preparing) { return { scope, obj, preparing }; };\n")
+        (lib / "terraform-stack.js").write_text('const _tokens_1 = require("./_tokens");\n'
+                                                "exports.call = (obj) => (0, _tokens_1.resolve)('stack', obj, true);\n")
+    (tmp_path / jsii_runtime.PROGRAM).write_text("""
+const fs = require("fs");
+const stack = require("../node_modules/cdktf/lib/terraform-stack.js");
+const other = require("../node_modules/other/lib/terraform-stack.js");
+class Block { constructor() { this.unset = undefined; } }
+const kept = { name: "n", labels: { a: "1" } };
+const input = {
+  name: "x", description: undefined, count: 0, enabled: false, nothing: null, kept,
+  nested: { machine_type: undefined, disk: { size: 10, type: undefined } },
+  list: [{ a: undefined, b: 1 }, undefined, "s"],
+  "kubernetes.io/name": undefined, e2e: undefined, v1e5: undefined,
+  tokenKey: { "${TfToken[TOKEN.1]}": undefined, other: undefined },
+  map: { "&{TfToken[TOKEN.3]}": "v", gone: undefined },
+  token: { resolve: () => 1, unset: undefined },
+  block: new Block(),
+};
+const before = JSON.stringify(Object.keys(input.nested.disk));
+const got = stack.call(input);
+const untouched = other.call(input);
+const out = got.obj;
+fs.writeSync(1, JSON.stringify({
+  scope: got.scope, preparing: got.preparing,
+  keys: Object.keys(out), nested: out.nested, disk: Object.keys(out.nested.disk),
+  list: out.list.map((x) => x === undefined ? "undefined" : x), listA: "a" in out.list[0],
+  mapKeys: Object.keys(out.map), tokenKeyKeys: Object.keys(out.tokenKey), tokenKeys: Object.keys(out.token), blockKeys: Object.keys(out.block),
+  sameKept: out.kept === kept, sameToken: out.token === input.token, sameBlock: out.block === input.block,
+  inputUntouched: before === JSON.stringify(Object.keys(input.nested.disk)) && "description" in input,
+  otherUntouched: untouched.obj === input,
+}) + "\\n");
+""")
+    done = subprocess.run([shutil.which("node") or "node", str(launcher)], capture_output=True, text=True, check=True,
+                          stdin=subprocess.DEVNULL, timeout=60)
+    out = json.loads(done.stdout)
+    assert out["scope"] == "stack" and out["preparing"] is True
+    assert out["keys"] == ["name", "count", "enabled", "nothing", "kept", "nested", "list", "kubernetes.io/name",
+                           "v1e5", "tokenKey", "map", "token", "block"]  # "e2e" holds no number cdktf would decode
+    assert out["nested"] == {"disk": {"size": 10}} and out["disk"] == ["size"]
+    assert out["list"] == [{"b": 1}, "undefined", "s"] and out["listA"] is False
+    assert out["mapKeys"] == ["&{TfToken[TOKEN.3]}", "gone"] and out["tokenKeyKeys"] == ["${TfToken[TOKEN.1]}", "other"]
+    assert out["tokenKeys"] == ["resolve", "unset"] and out["blockKeys"] == ["unset"]
+    assert out["sameKept"] and out["sameToken"] and out["sameBlock"]
+    assert out["inputUntouched"] and out["otherUntouched"]
+
+
+def test_launcher_wraps_only_the_reviewed_cdktf_and_passes_every_argument(tmp_path: Path) -> None:
+    """The wrapper's safety rests on cdktf 0.21.0's ``resolve``: another cdktf version (an upgrade) is left
+    unwrapped, so its output is cdktf's own until someone reads the new ``resolve``; and an argument a
+    newer ``_tokens.resolve`` might take after ``preparing`` still reaches it. Stand-in packages record calls."""
+    launcher = jsii_runtime.write_runtime(tmp_path)
+    assert launcher is not None
+    for version in ("0.21.0", "0.22.0"):
+        package = tmp_path / version / "node_modules" / "cdktf"
+        (package / "lib").mkdir(parents=True)
+        (package / "package.json").write_text(json.dumps({"name": "cdktf", "version": version}))
+        (package / "lib" / "_tokens.js").write_text("exports.resolve = function () { return Array.from(arguments); };\n")
+        (package / "lib" / "terraform-stack.js").write_text(
+            'const _tokens_1 = require("./_tokens");\nexports.call = (...args) => (0, _tokens_1.resolve)(...args);\n')
+    (tmp_path / jsii_runtime.PROGRAM).write_text("""
+const fs = require("fs");
+const got = {};
+for (const version of ["0.21.0", "0.22.0"]) {
+  const stack = require(`../${version}/node_modules/cdktf/lib/terraform-stack.js`);
+  got[version] = stack.call("stack", { kept: 1, unset: undefined }, true, "fourth");
+}
+fs.writeSync(1, JSON.stringify({ reviewed: got["0.21.0"], upgraded: got["0.22.0"],
+                                 upgradedKeys: Object.keys(got["0.22.0"][1]) }) + "\\n");
+""")
+    done = subprocess.run([shutil.which("node") or "node", str(launcher)], capture_output=True, text=True, check=True,
+                          stdin=subprocess.DEVNULL, timeout=60)
+    out = json.loads(done.stdout)
+    assert out["reviewed"] == ["stack", {"kept": 1}, True, "fourth"]
+    assert out["upgradedKeys"] == ["kept", "unset"]  # not pruned: cdktf 0.22.0's resolve was never read
