@@ -636,11 +636,14 @@ def main(parts: tuple[str, ...] = ("submit", "dispatch", "reconcile", "workers",
         if "submit" in parts:
             say(f"submit ({SUBMISSIONS} from {CLIENTS} clients, {LIVE} runs live in the pool) | admission | errors | lost | duplicated | p50 ms | p99 ms | submissions/s")
         for baseline in (True, False) if "submit" in parts else ():
+            p50: dict[str, float] = {}
             for kind, make in databases.items():  # interleaved, so load drift hits both the same
                 s = bench_submit(make(f"submit_{int(baseline)}"), baseline=baseline)
                 path = "before: all under an advisory lock, sum of live runs" if baseline else (
                     "now: one statement, counter + quota + inserts" if kind == "postgresql" else "now: one pool_usage row, UPDATE ... RETURNING")
                 say(f"  {kind:10} | {path} | {s['errors']} | {s['lost']} | {s['duplicated']} | {s['p50_ms']:.0f} | {s['p99_ms']:.0f} | {s['per_s']:.0f}")
+                p50[kind] = s["p50_ms"]
+            say(f"  PostgreSQL p50 / SQLite p50 ({'before' if baseline else 'now'}; the issue's goal <= 1.5x): x{p50['postgresql'] / p50['sqlite']:.2f}")
         if "dispatch" in parts:
             say(f"dispatch ({DISPATCHES}, medians) | direct runner ms | via the service ms | overhead")
         for kind, make in databases.items() if "dispatch" in parts else ():
