@@ -259,3 +259,112 @@ def test_lighten_stops_the_debug_buffer_and_keeps_checkovs_stderr(level: str) ->
     assert done.stdout.split() == ["0"]
     assert "a warning record" in done.stderr
     assert ("a debug record" in done.stderr) == (level == "DEBUG")
+
+
+SHORTCUTS = r'''
+import contextlib, copy, importlib.util, io, json, sys
+spec = importlib.util.spec_from_file_location("checkov_worker", sys.argv[1])
+worker = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(worker)
+from checkov.common.graph.checks_infra.registry import BaseRegistry
+from checkov.main import Checkov
+from checkov.terraform.graph_builder import local_graph, utils
+from checkov.terraform.graph_builder.graph_components.blocks import TerraformBlock
+from checkov.terraform.graph_builder.variable_rendering import renderer
+
+class Own(TerraformBlock):  # checkov's own method at every level it recurses into (it looks itself up on cls)
+    get_inner_attributes = TerraformBlock.__dict__["get_inner_attributes"]
+
+original = {"nested": utils.attribute_has_nested_attributes, "inner": Own.get_inner_attributes,
+            "run_checks": BaseRegistry.run_checks}
+worker.equivalent_shortcuts()
+shortcut = {"nested": utils.attribute_has_nested_attributes, "inner": TerraformBlock.get_inner_attributes,
+            "run_checks": BaseRegistry.run_checks}
+assert local_graph.attribute_has_nested_attributes is renderer.attribute_has_nested_attributes is shortcut["nested"]
+compared = dict.fromkeys(original, 0)
+mismatches = []
+
+def ordered(value):
+    """A value with every dict's key order made part of it (dict equality ignores order)."""
+    if isinstance(value, dict):
+        return [type(value).__name__, [(repr(k), ordered(v)) for k, v in value.items()]]
+    if isinstance(value, list):
+        return [ordered(v) for v in value]
+    return [type(value).__name__, repr(value)]
+
+def outcome(function, *args):
+    try:
+        return ("returned", ordered(function(*args)))
+    except Exception as error:
+        return ("raised", type(error).__name__)
+
+def nested(attribute_key, attributes, attribute_is_leaf=None):
+    compared["nested"] += 1
+    old = outcome(original["nested"], attribute_key, attributes, attribute_is_leaf)
+    if outcome(shortcut["nested"], attribute_key, attributes, attribute_is_leaf) != old:
+        mismatches.append(["nested", attribute_key])
+    return original["nested"](attribute_key, attributes, attribute_is_leaf)
+
+def inner(cls, attribute_key, attribute_value, strip_list=True):
+    compared["inner"] += 1
+    mine, theirs = copy.deepcopy(attribute_value), copy.deepcopy(attribute_value)
+    old = (outcome(original["inner"], attribute_key, theirs, strip_list), ordered(theirs))
+    if (outcome(shortcut["inner"], attribute_key, mine, strip_list), ordered(mine)) != old:
+        mismatches.append(["inner", attribute_key])
+    return original["inner"](attribute_key, attribute_value, strip_list)
+
+def results(found):
+    return sorted((check.id, str(r["result"]), r["entity"].get("id"), sorted(r["evaluated_keys"]))
+                  for check, rows in found.items() for r in rows)
+
+def run_checks(self, graph_connector, runner_filter, report_type):
+    compared["run_checks"] += 1
+    old = original["run_checks"](self, graph_connector, runner_filter, report_type)
+    if results(shortcut["run_checks"](self, graph_connector, runner_filter, report_type)) != results(old):
+        mismatches.append(["run_checks", report_type])
+    return old
+
+utils.attribute_has_nested_attributes = local_graph.attribute_has_nested_attributes = nested
+renderer.attribute_has_nested_attributes = nested
+TerraformBlock.get_inner_attributes = classmethod(inner)
+BaseRegistry.run_checks = run_checks
+
+# values real stacks do not have: keys that make two paths meet, non-string and empty keys, deep nesting
+deep = "leaf"
+for _ in range(240):
+    deep = {"d": [deep, 1]}
+unusual = [{"a.b": 1, "a": {"b": 2}}, {"a": {"b": 2}, "a.b": 1}, {"x": {"a": {"b": {"c": 1}}, "a.b": [2]}}, {"": {"x": 1}, "y": [{"": 2, "z": [3]}]}, {1: "one", "1": "two"},
+           [[{"k": "v"}]], [], {}, [1], [[1]], {"list": [{"q": 1}], "x.0": 2}, deep, "scalar", None,
+           {"e": [[], [[]], {}], "n": [None, True, 1.5]}]
+for value in unusual:
+    for strip in (True, False):
+        inner(TerraformBlock, "attr", value, strip)
+for attributes in ({"a": [1], "a.0": 1}, {"a": [1, 2], "a.x": 1}, {"a": {"b": 1}, "a.b": 1}, {"a": "s", "ab.1": 2}, {"a": [1, 2], "ab.1": 2},
+                   {"a": [{"b": 1}], "a.0": {"b": 1}, "a.0.b": 1}, {"a": 1}, {"a": [], "a.1x": 0}):
+    for key in attributes:
+        for leaf in (None, {}, utils.get_attribute_is_leaf(type("V", (), {"attributes": attributes})())):
+            nested(key, attributes, leaf)
+
+for path in sys.argv[2:]:
+    with contextlib.redirect_stdout(io.StringIO()):
+        Checkov(["-f", path, "--framework", "terraform_json", "--output", "json", "--compact", "--skip-download"]).run()
+print(json.dumps({"compared": compared, "mismatches": mismatches[:20]}))
+'''
+
+
+def test_the_shortcuts_return_what_checkovs_own_functions_return(stacks: list[Path]) -> None:
+    """``equivalent_shortcuts`` replaces three checkov functions (docs/checkov-workers.md). In the interpreter
+    checkov runs in, a real checkov run over every stack (the example fleet, generated clusters, the
+    known failures) calls checkov's original and the replacement with the same arguments at every call
+    and requires the same return value (dict key order included), the same exception, and the same
+    changes to the arguments; the same for values real stacks do not hold (keys whose paths meet, empty and
+    non-string keys, nesting too deep for the replacement's own walk)."""
+    python = checkov_scan.checkov_python(checkov_scan.checkov_binary())
+    files = [str((d / "cdk.tf.json").resolve()) for d in stacks]
+    done = subprocess.run([python, "-c", SHORTCUTS, str(checkov_scan.WORKER), *files], capture_output=True, text=True,
+                          env=checkov_scan.checkov_env(), check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    assert found["mismatches"] == []
+    assert found["compared"]["run_checks"] == len(files)
+    assert found["compared"]["inner"] > 1000 and found["compared"]["nested"] > 1000, found["compared"]
