@@ -179,18 +179,26 @@ def _flatten(out: dict[str, Any], key: Any, value: Any, strip_list: bool, depth:
             if name == "":
                 del value[name]
                 continue
-            inner = f"{key}.{name}"
-            _flatten(out, inner, value[name], True, depth + 1)
-            mapping[name] = out[inner]
+            inner, item = f"{key}.{name}", value[name]
+            if isinstance(item, (dict, list)):
+                _flatten(out, inner, item, True, depth + 1)
+                item = out[inner]
+            else:  # a leaf inline: most entries are, and a call each was the largest cost left
+                out[inner] = item
+            mapping[name] = item
     elif isinstance(value, list):
         if depth > _FLATTEN_DEPTH:
             raise _Unusual
         items: list[Any] = [None] * len(value)
         out[key] = items
         for index in range(len(value)):
-            inner = f"{key}.{index}"
-            _flatten(out, inner, value[index], True, depth + 1)
-            items[index] = out[inner]
+            inner, item = f"{key}.{index}", value[index]
+            if isinstance(item, (dict, list)):
+                _flatten(out, inner, item, True, depth + 1)
+                item = out[inner]
+            else:
+                out[inner] = item
+            items[index] = item
     else:
         out[key] = value
 
