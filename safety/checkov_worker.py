@@ -225,7 +225,10 @@ def equivalent_shortcuts() -> None:
       one run on a new ``ThreadPoolExecutor``; each check reads the graph and writes only its own entry
       of the results (registry.py:38-50). The replacement runs them one after another in this thread,
       which is one of the orders the pool may already run them in; results keep the checks' order
-      instead of their finishing order, and ``checkov_scan`` sorts findings anyway.
+      instead of their finishing order, and ``checkov_scan`` sorts findings anyway. checkov only waits
+      for the futures (registry.py:32-35), never reads them: a check that raises (a complex check's
+      ``not_contains`` on a number, for one) leaves no result and the others run on, so the loop
+      drops its exception the same way.
     """
     from checkov.common.graph.checks_infra.registry import BaseRegistry
     from checkov.terraform.graph_builder import local_graph, utils
@@ -260,7 +263,10 @@ def equivalent_shortcuts() -> None:
     def run_checks(self: Any, graph_connector: Any, runner_filter: Any, report_type: str) -> dict[Any, Any]:
         check_results: dict[Any, Any] = {}
         for check in [c for c in self.checks if runner_filter.should_run_check(c, report_type=report_type)]:
-            self.run_check_parallel(check, check_results, graph_connector)
+            try:
+                self.run_check_parallel(check, check_results, graph_connector)
+            except Exception:  # noqa: BLE001 - the pool's future kept it and nobody read it: the check leaves no result
+                continue
         return check_results
 
     utils.attribute_has_nested_attributes = attribute_has_nested_attributes

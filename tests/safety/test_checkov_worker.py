@@ -368,3 +368,25 @@ def test_the_shortcuts_return_what_checkovs_own_functions_return(stacks: list[Pa
     assert found["mismatches"] == []
     assert found["compared"]["run_checks"] == len(files)
     assert found["compared"]["inner"] > 1000 and found["compared"]["nested"] > 1000, found["compared"]
+
+
+# CKV2_GCP_17's first condition is ``database_version not_contains POSTGRES`` (checkov 3.3.30,
+# terraform/checks/graph_checks/gcp/GCPPostgreSQLDatabaseFlaglog_statement_statsIsSetToOFF.json): on a
+# number it raises TypeError (``in`` on an int) out of the complex solver, which has no try
+# (common/checks_infra/solvers/complex_solvers/base_complex_solver.py:35-50).
+RAISES = {"resource": {"google_sql_database_instance": {
+    "a": {"name": "a", "database_version": "POSTGRES_15",
+          "settings": {"tier": "db-f1-micro", "database_flags": [{"name": "log_statement_stats", "value": "on"}]}},
+    "b": {"name": "b", "database_version": 15, "settings": {"tier": "db-f1-micro"}},
+}}}
+
+
+def test_a_graph_check_that_raises_is_dropped_as_the_cli_drops_it(tmp_path: Path) -> None:
+    """checkov runs each graph check as a future and only waits for them (common/graph/checks_infra/registry.py:31-35):
+    a check that raises leaves no result and the others still report. Run one after another, the exception must
+    not end the stack's run (an error where the CLI reports findings) nor stop the checks after it."""
+    stack = _stack(tmp_path, "raises", json.dumps(RAISES, indent=2))
+    plain = cli([stack])[0]
+    assert plain.error is None and plain.passed > 0  # the CLI reports the other checks
+    assert not any(f.check_id == "CKV2_GCP_17" for f in plain.failures)  # a.database_flags fails it, but the check raised
+    assert _workers_one_stack_per_chunk([stack]) == [plain]
