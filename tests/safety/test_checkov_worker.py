@@ -277,7 +277,7 @@ class Own(TerraformBlock):  # checkov's own method at every level it recurses in
 
 original = {"nested": utils.attribute_has_nested_attributes, "inner": Own.get_inner_attributes,
             "run_checks": BaseRegistry.run_checks}
-worker.equivalent_shortcuts()
+assert worker.equivalent_shortcuts(), "not the reviewed checkov: see test_the_shortcuts_apply_only_to_the_checkov_whose_source_was_read"
 shortcut = {"nested": utils.attribute_has_nested_attributes, "inner": TerraformBlock.get_inner_attributes,
             "run_checks": BaseRegistry.run_checks}
 assert local_graph.attribute_has_nested_attributes is renderer.attribute_has_nested_attributes is shortcut["nested"]
@@ -390,3 +390,50 @@ def test_a_graph_check_that_raises_is_dropped_as_the_cli_drops_it(tmp_path: Path
     assert plain.error is None and plain.passed > 0  # the CLI reports the other checks
     assert not any(f.check_id == "CKV2_GCP_17" for f in plain.failures)  # a.database_flags fails it, but the check raised
     assert _workers_one_stack_per_chunk([stack]) == [plain]
+
+
+GATED = r'''
+import importlib.util, json, sys
+spec = importlib.util.spec_from_file_location("checkov_worker", sys.argv[1])
+worker = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(worker)
+import checkov.version
+from checkov.common.graph.checks_infra.registry import BaseRegistry
+from checkov.terraform.graph_builder import local_graph, utils
+from checkov.terraform.graph_builder.graph_components.blocks import TerraformBlock
+from checkov.terraform.graph_builder.variable_rendering import renderer
+functions = lambda: [utils.attribute_has_nested_attributes, local_graph.attribute_has_nested_attributes,
+                     renderer.attribute_has_nested_attributes, TerraformBlock.__dict__["get_inner_attributes"],
+                     BaseRegistry.run_checks]
+if sys.argv[2] != "installed":
+    checkov.version.version = sys.argv[2]
+before = functions()
+applied = worker.equivalent_shortcuts()
+after = functions()
+print(json.dumps({"applied": applied, "installed": checkov.version.version,
+                  "replaced": [a is not b for a, b in zip(before, after)]}))
+'''
+
+
+@pytest.mark.parametrize("version", ["installed", "3.3.31", "3.3.3"])
+def test_the_shortcuts_apply_only_to_the_checkov_whose_source_was_read(version: str) -> None:
+    """The three replacements are equal to checkov 3.3.30's own functions, read line by line
+    (docs/checkov-workers.md); another checkov may change those functions or their callers, so there the
+    worker must run checkov's own code. The pinned checkov must be the reviewed one: an upgrade fails
+    here until someone re-reads the new source and names its version in ``REVIEWED_CHECKOV``."""
+    from safety import checkov_worker
+
+    python = checkov_scan.checkov_python(checkov_scan.checkov_binary())
+    done = subprocess.run([python, "-c", GATED, str(checkov_scan.WORKER), version], capture_output=True, text=True,
+                          env=checkov_scan.checkov_env(), check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    if version == "installed":
+        assert found["installed"] == checkov_worker.REVIEWED_CHECKOV, (
+            f"checkov {found['installed']} is not the version whose source equivalent_shortcuts() was checked against "
+            f"({checkov_worker.REVIEWED_CHECKOV}): re-read terraform/graph_builder/utils.py attribute_has_nested_attributes "
+            "and its callers, both get_inner_attributes and common/graph/checks_infra/registry.py run_checks at the new "
+            "version, then name it in REVIEWED_CHECKOV (safety/checkov_worker.py)")
+        assert found == {"applied": True, "installed": checkov_worker.REVIEWED_CHECKOV, "replaced": [True] * 5}
+    else:
+        assert found == {"applied": False, "installed": version, "replaced": [False] * 5}
