@@ -44,6 +44,39 @@ EXPECTED = {
     ("CKV2_GCP_6", "google_kms_crypto_key.key"),  # graph connection check, key <- iam member "allUsers" (rendered)
 }
 
+# Terraform JSON shapes the example stacks do not have, for the comparisons below: for_each, count, a dynamic
+# block, a module, variables and locals rendered into other blocks, strings that look like JSON or HCL, keys
+# with dots whose paths meet (``a.b`` and ``a`` > ``b``), an empty key, numeric-looking keys, lists of lists,
+# empty lists and dicts, None, a one-item list of blocks next to a two-item one, and nesting six deep.
+EDGES = {
+    "variable": {"ranges": {"default": ["0.0.0.0/0", "10.0.0.0/8"]},
+                 "cfg": {"default": {"a.b": {"c": [1, [2, {"d": None}]]}, "": 1, "x": []}}},
+    "locals": {"open": "0.0.0.0/0", "tags": {"a": "b", "a.b": "c", "list": [[1], [[2]], {}]}, "js": '{"a": [1, {"b": 2}]}',
+               "hcl": "${jsonencode({a = [1, 2]})}", "deep": {"l1": {"l2": {"l3": {"l4": [{"l5": {"l6": ["x"]}}]}}}}},
+    "module": {"m": {"source": "./nowhere", "count": 2, "x": "${var.cfg}"}},
+    "data": {"google_client_config": {"c": {}}},
+    "resource": {
+        "google_compute_firewall": {
+            "fe": {"for_each": "${toset(var.ranges)}", "name": "fw-${each.key}", "network": "default", "source_ranges": ["${each.value}"],
+                   "allow": [{"protocol": "tcp", "ports": ["22", "80"]}, {"protocol": "udp"}],
+                   "dynamic": {"deny": {"for_each": "${var.ranges}", "content": {"protocol": "${deny.value}"}}}},
+            "cnt": {"count": 3, "name": "fw-${count.index}", "network": "default", "source_ranges": "${var.ranges}", "allow": {"protocol": "all"}},
+            "weird": {"name": "w", "network": "default", "allow": [[{"protocol": "all"}]], "source_ranges": [["0.0.0.0/0"]], "log_config": [{}],
+                      "target_tags": "${local.tags}", "description": "${local.js}", "priority": "${local.hcl}", "a.b": {"c": 1}, "a": {"b": {"c": 2}}}},
+        "google_storage_bucket": {"b": {"name": "b", "location": "EU", "labels": {"a": "${local.open}", "b.c": "${var.cfg}"}, "versioning": [{"enabled": "${true}"}],
+                                        "lifecycle_rule": "${local.deep}", "cors": [{"origin": [], "method": [[]]}],
+                                        "uniform_bucket_level_access": None, "logging": {"log_bucket": "${google_storage_bucket.b.name}"}}},
+        "google_container_cluster": {"c": {"name": "c", "location": "eu", "node_config": [{"metadata": {"disable-legacy-endpoints": "true"}}],
+                                           "master_authorized_networks_config": {"cidr_blocks": [{"cidr_block": "${local.open}"}]},
+                                           "private_cluster_config": [{"enable_private_nodes": True}, {"enable_private_nodes": False}],
+                                           "resource_labels": {"0": "zero", "1.2": "x"}}},
+        "google_sql_database_instance": {"s": {
+            "name": "s", "database_version": '${upper("postgres_15")}',
+            "settings": [{"tier": "t", "database_flags": [{"name": "log_statement_stats", "value": "on"}, {"name": "x", "value": "${var.cfg}"}],
+                          "ip_configuration": {"authorized_networks": "${[for r in var.ranges : {value = r}]}"}}]}},
+    },
+}
+
 
 def cli(directories: list[Path]) -> list[checkov_scan.StackResult]:
     """The plain ``checkov`` CLI over every stack file in one process (how checkov_scan ran before the worker)."""
@@ -58,7 +91,7 @@ def cli(directories: list[Path]) -> list[checkov_scan.StackResult]:
 
 @pytest.fixture(scope="module")
 def stacks(fleet_out: Path, tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
-    """The example fleet's stacks, three generated clusters' stacks and the known-failures stack."""
+    """The example fleet's stacks, three generated clusters' stacks, the known-failures stack and ``EDGES``."""
     from clusters import load_all
     from stacks.synth import synthesize
 
@@ -72,7 +105,10 @@ def stacks(fleet_out: Path, tmp_path_factory: pytest.TempPathFactory) -> list[Pa
     known = root / "known" / "known-failures"
     known.mkdir(parents=True)
     (known / "cdk.tf.json").write_text(json.dumps(KNOWN, indent=2))
-    found = sorted((fleet_out / "stacks").iterdir()) + sorted((generated / "stacks").iterdir()) + [known]
+    edges = root / "edges" / "edge-shapes"
+    edges.mkdir(parents=True)
+    (edges / "cdk.tf.json").write_text(json.dumps(EDGES, indent=2))
+    found = sorted((fleet_out / "stacks").iterdir()) + sorted((generated / "stacks").iterdir()) + [known, edges]
     assert len(found) > 12, found
     return found
 
