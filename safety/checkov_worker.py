@@ -235,7 +235,11 @@ def equivalent_shortcuts() -> bool:
       instead of their finishing order, and ``checkov_scan`` sorts findings anyway. checkov only waits
       for the futures (registry.py:32-35), never reads them: a check that raises (a complex check's
       ``not_contains`` on a number, for one) leaves no result and the others run on, so the loop
-      drops its exception the same way.
+      drops its exception the same way. Checks also write into the graph's vertices (a jsonpath
+      match's path, common/checks_infra/solvers/attribute_solvers/base_attribute_solver.py:179-182; a
+      connection check's connected node, connections_solvers/connection_exists_solver.py:86-87): no
+      terraform graph check reads a path with a bracket or a top-level wildcard, and the connected node
+      is not in what ``checkov_scan`` reads (``_cut``), so which check writes first changes no finding.
     """
     from checkov.version import version
 
