@@ -148,6 +148,150 @@ def parse_with_libyaml() -> None:
     loader.SafeLineLoader = line_loader  # checkov's loads() passes it to yaml.load_all, which only calls it
 
 
+class _Unusual(Exception):
+    """A value nested deeper than ``_flatten`` walks; the caller falls back to checkov's own code, so a value too
+    deep for checkov's recursion fails as it does there."""
+
+
+_FLATTEN_DEPTH = 200
+
+
+def _flatten(out: dict[str, Any], key: Any, value: Any, strip_list: bool, depth: int) -> None:
+    """Into ``out``: what checkov's ``get_inner_attributes`` returns for (key, value), same keys in the same order.
+
+    checkov (3.3.30, common/graph/graph_builder/graph_components/blocks.py:293-320 and its terraform override,
+    terraform/graph_builder/graph_components/blocks.py:227-239) builds one dict per nesting level and
+    merges each into its parent's (``inner_attributes.update``), so a value nested n deep is copied n
+    times. Writing every entry once into one dict, in the order checkov first inserts it, gives the same
+    dict: a path is written before its descendants, whose paths are longer, so the value read back for
+    a container's item is the one its own walk wrote; where two paths meet (``a.b`` under ``x`` is also the
+    path of ``b`` under ``x.a``) the later write wins in place, as with ``update``. Like checkov, a one-item
+    list is unwrapped below the top level, and an empty-string key is deleted from the caller's dict
+    (blocks.py:315-316), not walked. Deeper than ``_FLATTEN_DEPTH`` it raises ``_Unusual``."""
+    if strip_list and isinstance(value, list) and len(value) == 1:
+        value = value[0]
+    if isinstance(value, dict):
+        if depth > _FLATTEN_DEPTH:
+            raise _Unusual
+        mapping: dict[str, Any] = {}
+        out[key] = mapping
+        for name in list(value.keys()):
+            if name == "":
+                del value[name]
+                continue
+            inner, item = f"{key}.{name}", value[name]
+            if isinstance(item, (dict, list)):
+                _flatten(out, inner, item, True, depth + 1)
+                item = out[inner]
+            else:  # a leaf inline: most entries are, and a call each was the largest cost left
+                out[inner] = item
+            mapping[name] = item
+    elif isinstance(value, list):
+        if depth > _FLATTEN_DEPTH:
+            raise _Unusual
+        items: list[Any] = [None] * len(value)
+        out[key] = items
+        for index in range(len(value)):
+            inner, item = f"{key}.{index}", value[index]
+            if isinstance(item, (dict, list)):
+                _flatten(out, inner, item, True, depth + 1)
+                item = out[inner]
+            else:
+                out[inner] = item
+            items[index] = item
+    else:
+        out[key] = value
+
+
+# The checkov whose source the replacements of ``equivalent_shortcuts`` were checked against, line by line.
+# Another version runs checkov's own functions; tests/safety/test_checkov_worker.py fails on an upgrade
+# until the new source is read and named here.
+REVIEWED_CHECKOV = "3.3.30"
+
+
+def equivalent_shortcuts() -> bool:
+    """Replace three checkov functions the profile of a stack's run ranks high with ones that return the same;
+    only in checkov ``REVIEWED_CHECKOV`` (returns whether they were replaced).
+
+    Measured with cProfile and per-phase CPU timers over 41 synthesized stacks of a 20-cluster fleet
+    (docs/checkov-workers.md): about 9 ms of a stack's 65 went to ``attribute_has_nested_attributes``,
+    3 ms to ``get_inner_attributes`` merging dicts level by level, and 4 ms to the thread pool each run
+    starts for the graph checks. ``tests/safety/test_checkov_worker.py`` compares each replacement with
+    checkov's original on every vertex of real stacks and on unusual values, and the worker's findings
+    with the CLI's.
+
+    - ``attribute_has_nested_attributes`` (terraform/graph_builder/utils.py:301-318) lists, for every
+      attribute, every other attribute key it prefixes and searches them for ``.<digits>``, and only then
+      looks at the value: True for a dict, False for anything but a list, and for a list whether that
+      search found something. The replacement looks at the value first and searches only for a list
+      that is not a leaf. It is imported by name into local_graph.py:33 and renderer.py:27, its only
+      callers, so those names are replaced too.
+    - ``TerraformBlock.get_inner_attributes``: ``_flatten``, and checkov's own code for what it does not
+      reproduce (``_Unusual``).
+    - ``BaseRegistry.run_checks`` (common/graph/checks_infra/registry.py:24-36) runs the graph checks of
+      one run on a new ``ThreadPoolExecutor``; each check reads the graph and writes only its own entry
+      of the results (registry.py:38-50). The replacement runs them one after another in this thread,
+      which is one of the orders the pool may already run them in; results keep the checks' order
+      instead of their finishing order, and ``checkov_scan`` sorts findings anyway. checkov only waits
+      for the futures (registry.py:32-35), never reads them: a check that raises (a complex check's
+      ``not_contains`` on a number, for one) leaves no result and the others run on, so the loop
+      drops its exception the same way. Checks also write into the graph's vertices (a jsonpath
+      match's path, common/checks_infra/solvers/attribute_solvers/base_attribute_solver.py:179-182; a
+      connection check's connected node, connections_solvers/connection_exists_solver.py:86-87): no
+      terraform graph check reads a path with a bracket or a top-level wildcard, and the connected node
+      is not in what ``checkov_scan`` reads (``_cut``), so which check writes first changes no finding.
+    """
+    from checkov.version import version
+
+    if version != REVIEWED_CHECKOV:
+        return False
+    from checkov.common.graph.checks_infra.registry import BaseRegistry
+    from checkov.terraform.graph_builder import local_graph, utils
+    from checkov.terraform.graph_builder.graph_components.blocks import TerraformBlock
+    from checkov.terraform.graph_builder.variable_rendering import renderer
+
+    nested = utils.NESTED_ATTRIBUTE_PATTERN
+
+    class CheckovsOwn(TerraformBlock):  # type: ignore[misc]
+        """checkov's own ``get_inner_attributes``, also for the levels it recurses into: its recursion looks the
+        method up on the class it is called on (blocks.py:313), which would otherwise find the replacement."""
+
+        get_inner_attributes = TerraformBlock.__dict__["get_inner_attributes"]
+
+    def attribute_has_nested_attributes(attribute_key: str, attributes: dict[str, Any],
+                                        attribute_is_leaf: dict[str, bool] | None = None) -> bool:
+        value = attributes[attribute_key]
+        if isinstance(value, dict):
+            return True
+        if not isinstance(value, list) or (attribute_is_leaf and attribute_is_leaf.get(attribute_key)):
+            return False
+        return any(nested.search(key) for key in attributes if key.startswith(attribute_key) and key != attribute_key)
+
+    def get_inner_attributes(cls: type, attribute_key: Any, attribute_value: Any, strip_list: bool = True) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        try:
+            _flatten(out, attribute_key, attribute_value, strip_list, 0)
+        except _Unusual:
+            return CheckovsOwn.get_inner_attributes(attribute_key, attribute_value, strip_list)
+        return out
+
+    def run_checks(self: Any, graph_connector: Any, runner_filter: Any, report_type: str) -> dict[Any, Any]:
+        check_results: dict[Any, Any] = {}
+        for check in [c for c in self.checks if runner_filter.should_run_check(c, report_type=report_type)]:
+            try:
+                self.run_check_parallel(check, check_results, graph_connector)
+            except Exception:  # noqa: BLE001 - the pool's future kept it and nobody read it: the check leaves no result
+                continue
+        return check_results
+
+    utils.attribute_has_nested_attributes = attribute_has_nested_attributes
+    local_graph.attribute_has_nested_attributes = attribute_has_nested_attributes
+    renderer.attribute_has_nested_attributes = attribute_has_nested_attributes
+    TerraformBlock.get_inner_attributes = classmethod(get_inner_attributes)  # type: ignore[method-assign, assignment]
+    BaseRegistry.run_checks = run_checks  # type: ignore[method-assign]
+    return True
+
+
 def _cut(report: dict[str, Any]) -> dict[str, Any]:
     """The parts of one checkov JSON report that ``checkov_scan`` reads."""
     results = report.get("results", {})
@@ -241,6 +385,7 @@ def main(checkov_args: list[str]) -> int:
     os.dup2(2, 1)
     reset_rendering = remember_rendering()
     parse_with_libyaml()
+    equivalent_shortcuts()
     import checkov.main  # noqa: F401 - the rest of checkov's imports now, while the caller still synthesizes (prestart)
 
     lighten()

@@ -44,6 +44,39 @@ EXPECTED = {
     ("CKV2_GCP_6", "google_kms_crypto_key.key"),  # graph connection check, key <- iam member "allUsers" (rendered)
 }
 
+# Terraform JSON shapes the example stacks do not have, for the comparisons below: for_each, count, a dynamic
+# block, a module, variables and locals rendered into other blocks, strings that look like JSON or HCL, keys
+# with dots whose paths meet (``a.b`` and ``a`` > ``b``), an empty key, numeric-looking keys, lists of lists,
+# empty lists and dicts, None, a one-item list of blocks next to a two-item one, and nesting six deep.
+EDGES = {
+    "variable": {"ranges": {"default": ["0.0.0.0/0", "10.0.0.0/8"]},
+                 "cfg": {"default": {"a.b": {"c": [1, [2, {"d": None}]]}, "": 1, "x": []}}},
+    "locals": {"open": "0.0.0.0/0", "tags": {"a": "b", "a.b": "c", "list": [[1], [[2]], {}]}, "js": '{"a": [1, {"b": 2}]}',
+               "hcl": "${jsonencode({a = [1, 2]})}", "deep": {"l1": {"l2": {"l3": {"l4": [{"l5": {"l6": ["x"]}}]}}}}},
+    "module": {"m": {"source": "./nowhere", "count": 2, "x": "${var.cfg}"}},
+    "data": {"google_client_config": {"c": {}}},
+    "resource": {
+        "google_compute_firewall": {
+            "fe": {"for_each": "${toset(var.ranges)}", "name": "fw-${each.key}", "network": "default", "source_ranges": ["${each.value}"],
+                   "allow": [{"protocol": "tcp", "ports": ["22", "80"]}, {"protocol": "udp"}],
+                   "dynamic": {"deny": {"for_each": "${var.ranges}", "content": {"protocol": "${deny.value}"}}}},
+            "cnt": {"count": 3, "name": "fw-${count.index}", "network": "default", "source_ranges": "${var.ranges}", "allow": {"protocol": "all"}},
+            "weird": {"name": "w", "network": "default", "allow": [[{"protocol": "all"}]], "source_ranges": [["0.0.0.0/0"]], "log_config": [{}],
+                      "target_tags": "${local.tags}", "description": "${local.js}", "priority": "${local.hcl}", "a.b": {"c": 1}, "a": {"b": {"c": 2}}}},
+        "google_storage_bucket": {"b": {"name": "b", "location": "EU", "labels": {"a": "${local.open}", "b.c": "${var.cfg}"}, "versioning": [{"enabled": "${true}"}],
+                                        "lifecycle_rule": "${local.deep}", "cors": [{"origin": [], "method": [[]]}],
+                                        "uniform_bucket_level_access": None, "logging": {"log_bucket": "${google_storage_bucket.b.name}"}}},
+        "google_container_cluster": {"c": {"name": "c", "location": "eu", "node_config": [{"metadata": {"disable-legacy-endpoints": "true"}}],
+                                           "master_authorized_networks_config": {"cidr_blocks": [{"cidr_block": "${local.open}"}]},
+                                           "private_cluster_config": [{"enable_private_nodes": True}, {"enable_private_nodes": False}],
+                                           "resource_labels": {"0": "zero", "1.2": "x"}}},
+        "google_sql_database_instance": {"s": {
+            "name": "s", "database_version": '${upper("postgres_15")}',
+            "settings": [{"tier": "t", "database_flags": [{"name": "log_statement_stats", "value": "on"}, {"name": "x", "value": "${var.cfg}"}],
+                          "ip_configuration": {"authorized_networks": "${[for r in var.ranges : {value = r}]}"}}]}},
+    },
+}
+
 
 def cli(directories: list[Path]) -> list[checkov_scan.StackResult]:
     """The plain ``checkov`` CLI over every stack file in one process (how checkov_scan ran before the worker)."""
@@ -58,7 +91,7 @@ def cli(directories: list[Path]) -> list[checkov_scan.StackResult]:
 
 @pytest.fixture(scope="module")
 def stacks(fleet_out: Path, tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
-    """The example fleet's stacks, three generated clusters' stacks and the known-failures stack."""
+    """The example fleet's stacks, three generated clusters' stacks, the known-failures stack and ``EDGES``."""
     from clusters import load_all
     from stacks.synth import synthesize
 
@@ -72,7 +105,10 @@ def stacks(fleet_out: Path, tmp_path_factory: pytest.TempPathFactory) -> list[Pa
     known = root / "known" / "known-failures"
     known.mkdir(parents=True)
     (known / "cdk.tf.json").write_text(json.dumps(KNOWN, indent=2))
-    found = sorted((fleet_out / "stacks").iterdir()) + sorted((generated / "stacks").iterdir()) + [known]
+    edges = root / "edges" / "edge-shapes"
+    edges.mkdir(parents=True)
+    (edges / "cdk.tf.json").write_text(json.dumps(EDGES, indent=2))
+    found = sorted((fleet_out / "stacks").iterdir()) + sorted((generated / "stacks").iterdir()) + [known, edges]
     assert len(found) > 12, found
     return found
 
@@ -259,3 +295,181 @@ def test_lighten_stops_the_debug_buffer_and_keeps_checkovs_stderr(level: str) ->
     assert done.stdout.split() == ["0"]
     assert "a warning record" in done.stderr
     assert ("a debug record" in done.stderr) == (level == "DEBUG")
+
+
+SHORTCUTS = r'''
+import contextlib, copy, importlib.util, io, json, sys
+spec = importlib.util.spec_from_file_location("checkov_worker", sys.argv[1])
+worker = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(worker)
+from checkov.common.graph.checks_infra.registry import BaseRegistry
+from checkov.main import Checkov
+from checkov.terraform.graph_builder import local_graph, utils
+from checkov.terraform.graph_builder.graph_components.blocks import TerraformBlock
+from checkov.terraform.graph_builder.variable_rendering import renderer
+
+class Own(TerraformBlock):  # checkov's own method at every level it recurses into (it looks itself up on cls)
+    get_inner_attributes = TerraformBlock.__dict__["get_inner_attributes"]
+
+original = {"nested": utils.attribute_has_nested_attributes, "inner": Own.get_inner_attributes,
+            "run_checks": BaseRegistry.run_checks}
+assert worker.equivalent_shortcuts(), "not the reviewed checkov: see test_the_shortcuts_apply_only_to_the_checkov_whose_source_was_read"
+shortcut = {"nested": utils.attribute_has_nested_attributes, "inner": TerraformBlock.get_inner_attributes,
+            "run_checks": BaseRegistry.run_checks}
+assert local_graph.attribute_has_nested_attributes is renderer.attribute_has_nested_attributes is shortcut["nested"]
+compared = dict.fromkeys(original, 0)
+mismatches = []
+
+def ordered(value):
+    """A value with every dict's key order made part of it (dict equality ignores order)."""
+    if isinstance(value, dict):
+        return [type(value).__name__, [(repr(k), ordered(v)) for k, v in value.items()]]
+    if isinstance(value, list):
+        return [ordered(v) for v in value]
+    return [type(value).__name__, repr(value)]
+
+def outcome(function, *args):
+    try:
+        return ("returned", ordered(function(*args)))
+    except Exception as error:
+        return ("raised", type(error).__name__)
+
+def nested(attribute_key, attributes, attribute_is_leaf=None):
+    compared["nested"] += 1
+    old = outcome(original["nested"], attribute_key, attributes, attribute_is_leaf)
+    if outcome(shortcut["nested"], attribute_key, attributes, attribute_is_leaf) != old:
+        mismatches.append(["nested", attribute_key])
+    return original["nested"](attribute_key, attributes, attribute_is_leaf)
+
+def inner(cls, attribute_key, attribute_value, strip_list=True):
+    compared["inner"] += 1
+    mine, theirs = copy.deepcopy(attribute_value), copy.deepcopy(attribute_value)
+    old = (outcome(original["inner"], attribute_key, theirs, strip_list), ordered(theirs))
+    if (outcome(shortcut["inner"], attribute_key, mine, strip_list), ordered(mine)) != old:
+        mismatches.append(["inner", attribute_key])
+    return original["inner"](attribute_key, attribute_value, strip_list)
+
+def results(found):
+    return sorted((check.id, str(r["result"]), r["entity"].get("id"), sorted(r["evaluated_keys"]))
+                  for check, rows in found.items() for r in rows)
+
+def run_checks(self, graph_connector, runner_filter, report_type):
+    compared["run_checks"] += 1
+    old = original["run_checks"](self, graph_connector, runner_filter, report_type)
+    if results(shortcut["run_checks"](self, graph_connector, runner_filter, report_type)) != results(old):
+        mismatches.append(["run_checks", report_type])
+    return old
+
+utils.attribute_has_nested_attributes = local_graph.attribute_has_nested_attributes = nested
+renderer.attribute_has_nested_attributes = nested
+TerraformBlock.get_inner_attributes = classmethod(inner)
+BaseRegistry.run_checks = run_checks
+
+# values real stacks do not have: keys that make two paths meet, non-string and empty keys, deep nesting
+deep = "leaf"
+for _ in range(240):
+    deep = {"d": [deep, 1]}
+unusual = [{"a.b": 1, "a": {"b": 2}}, {"a": {"b": 2}, "a.b": 1}, {"x": {"a": {"b": {"c": 1}}, "a.b": [2]}}, {"": {"x": 1}, "y": [{"": 2, "z": [3]}]}, {1: "one", "1": "two"},
+           [[{"k": "v"}]], [], {}, [1], [[1]], {"list": [{"q": 1}], "x.0": 2}, deep, "scalar", None,
+           {"e": [[], [[]], {}], "n": [None, True, 1.5]}]
+for value in unusual:
+    for strip in (True, False):
+        inner(TerraformBlock, "attr", value, strip)
+for attributes in ({"a": [1], "a.0": 1}, {"a": [1, 2], "a.x": 1}, {"a": {"b": 1}, "a.b": 1}, {"a": "s", "ab.1": 2}, {"a": [1, 2], "ab.1": 2},
+                   {"a": [{"b": 1}], "a.0": {"b": 1}, "a.0.b": 1}, {"a": 1}, {"a": [], "a.1x": 0}):
+    for key in attributes:
+        for leaf in (None, {}, utils.get_attribute_is_leaf(type("V", (), {"attributes": attributes})())):
+            nested(key, attributes, leaf)
+
+for path in sys.argv[2:]:
+    with contextlib.redirect_stdout(io.StringIO()):
+        Checkov(["-f", path, "--framework", "terraform_json", "--output", "json", "--compact", "--skip-download"]).run()
+print(json.dumps({"compared": compared, "mismatches": mismatches[:20]}))
+'''
+
+
+def test_the_shortcuts_return_what_checkovs_own_functions_return(stacks: list[Path]) -> None:
+    """``equivalent_shortcuts`` replaces three checkov functions (docs/checkov-workers.md). In the interpreter
+    checkov runs in, a real checkov run over every stack (the example fleet, generated clusters, the
+    known failures) calls checkov's original and the replacement with the same arguments at every call
+    and requires the same return value (dict key order included), the same exception, and the same
+    changes to the arguments; the same for values real stacks do not hold (keys whose paths meet, empty and
+    non-string keys, nesting too deep for the replacement's own walk)."""
+    python = checkov_scan.checkov_python(checkov_scan.checkov_binary())
+    files = [str((d / "cdk.tf.json").resolve()) for d in stacks]
+    done = subprocess.run([python, "-c", SHORTCUTS, str(checkov_scan.WORKER), *files], capture_output=True, text=True,
+                          env=checkov_scan.checkov_env(), check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    assert found["mismatches"] == []
+    assert found["compared"]["run_checks"] == len(files)
+    assert found["compared"]["inner"] > 1000 and found["compared"]["nested"] > 1000, found["compared"]
+
+
+# CKV2_GCP_17's first condition is ``database_version not_contains POSTGRES`` (checkov 3.3.30,
+# terraform/checks/graph_checks/gcp/GCPPostgreSQLDatabaseFlaglog_statement_statsIsSetToOFF.json): on a
+# number it raises TypeError (``in`` on an int) out of the complex solver, which has no try
+# (common/checks_infra/solvers/complex_solvers/base_complex_solver.py:35-50).
+RAISES = {"resource": {"google_sql_database_instance": {
+    "a": {"name": "a", "database_version": "POSTGRES_15",
+          "settings": {"tier": "db-f1-micro", "database_flags": [{"name": "log_statement_stats", "value": "on"}]}},
+    "b": {"name": "b", "database_version": 15, "settings": {"tier": "db-f1-micro"}},
+}}}
+
+
+def test_a_graph_check_that_raises_is_dropped_as_the_cli_drops_it(tmp_path: Path) -> None:
+    """checkov runs each graph check as a future and only waits for them (common/graph/checks_infra/registry.py:31-35):
+    a check that raises leaves no result and the others still report. Run one after another, the exception must
+    not end the stack's run (an error where the CLI reports findings) nor stop the checks after it."""
+    stack = _stack(tmp_path, "raises", json.dumps(RAISES, indent=2))
+    plain = cli([stack])[0]
+    assert plain.error is None and plain.passed > 0  # the CLI reports the other checks
+    assert not any(f.check_id == "CKV2_GCP_17" for f in plain.failures)  # a.database_flags fails it, but the check raised
+    assert _workers_one_stack_per_chunk([stack]) == [plain]
+
+
+GATED = r'''
+import importlib.util, json, sys
+spec = importlib.util.spec_from_file_location("checkov_worker", sys.argv[1])
+worker = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(worker)
+import checkov.version
+from checkov.common.graph.checks_infra.registry import BaseRegistry
+from checkov.terraform.graph_builder import local_graph, utils
+from checkov.terraform.graph_builder.graph_components.blocks import TerraformBlock
+from checkov.terraform.graph_builder.variable_rendering import renderer
+functions = lambda: [utils.attribute_has_nested_attributes, local_graph.attribute_has_nested_attributes,
+                     renderer.attribute_has_nested_attributes, TerraformBlock.__dict__["get_inner_attributes"],
+                     BaseRegistry.run_checks]
+if sys.argv[2] != "installed":
+    checkov.version.version = sys.argv[2]
+before = functions()
+applied = worker.equivalent_shortcuts()
+after = functions()
+print(json.dumps({"applied": applied, "installed": checkov.version.version,
+                  "replaced": [a is not b for a, b in zip(before, after)]}))
+'''
+
+
+@pytest.mark.parametrize("version", ["installed", "3.3.31", "3.3.3"])
+def test_the_shortcuts_apply_only_to_the_checkov_whose_source_was_read(version: str) -> None:
+    """The three replacements are equal to checkov 3.3.30's own functions, read line by line
+    (docs/checkov-workers.md); another checkov may change those functions or their callers, so there the
+    worker must run checkov's own code. The pinned checkov must be the reviewed one: an upgrade fails
+    here until someone re-reads the new source and names its version in ``REVIEWED_CHECKOV``."""
+    from safety import checkov_worker
+
+    python = checkov_scan.checkov_python(checkov_scan.checkov_binary())
+    done = subprocess.run([python, "-c", GATED, str(checkov_scan.WORKER), version], capture_output=True, text=True,
+                          env=checkov_scan.checkov_env(), check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    if version == "installed":
+        assert found["installed"] == checkov_worker.REVIEWED_CHECKOV, (
+            f"checkov {found['installed']} is not the version whose source equivalent_shortcuts() was checked against "
+            f"({checkov_worker.REVIEWED_CHECKOV}): re-read terraform/graph_builder/utils.py attribute_has_nested_attributes "
+            "and its callers, both get_inner_attributes and common/graph/checks_infra/registry.py run_checks at the new "
+            "version, then name it in REVIEWED_CHECKOV (safety/checkov_worker.py)")
+        assert found == {"applied": True, "installed": checkov_worker.REVIEWED_CHECKOV, "replaced": [True] * 5}
+    else:
+        assert found == {"applied": False, "installed": version, "replaced": [False] * 5}
