@@ -58,6 +58,19 @@ from typing import Any
 _IMMUTABLE = (str, int, float, bool, type(None))
 
 
+# The checkov whose source every replacement here was checked against, line by line: the remembered
+# renderings (``remember_rendering``), the libyaml loader (``parse_with_libyaml``) and ``equivalent_shortcuts``.
+# Another version runs checkov's own functions; tests/safety/test_checkov_worker.py fails on an upgrade
+# until the new source is read and named here.
+REVIEWED_CHECKOV = "3.3.30"
+
+
+def _reviewed() -> bool:
+    from checkov.version import version
+
+    return version == REVIEWED_CHECKOV
+
+
 def remember_rendering() -> Callable[[], None]:
     """Memoize checkov's ``evaluate_terraform`` per (string, keep_interpolations) in this process; returns
     the reset each chunk starts with.
@@ -67,7 +80,8 @@ def remember_rendering() -> Callable[[], None]:
     safe_eval_functions.py, ``get_asteval``), so rendering a string such as ``x = 'allUsers'``
     defines ``x`` for every later rendering in the process. So a rendering is remembered and served
     only while that table is untouched, and each chunk starts from checkov's own table, as a fresh
-    ``checkov`` process does.
+    ``checkov`` process does. With a checkov other than ``REVIEWED_CHECKOV`` nothing is remembered, but each chunk
+    still starts from checkov's own table (the reset).
     """
     from checkov.terraform.graph_builder.variable_rendering import evaluate_terraform as module
     from checkov.terraform.graph_builder.variable_rendering import safe_eval_functions
@@ -100,7 +114,8 @@ def remember_rendering() -> Callable[[], None]:
         symbols.update(pristine)
 
     # the renderer and evaluate_terraform's own recursion both look it up on the module at each call
-    module.evaluate_terraform = evaluate_terraform
+    if _reviewed():
+        module.evaluate_terraform = evaluate_terraform
     return reset
 
 
@@ -116,11 +131,12 @@ _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 def parse_with_libyaml() -> None:
     """checkov's ``SafeLineLoader`` (its constructor: line marks, booleans) over libyaml's scanner and parser,
-    for text both read alike (JSON matching ``_LIBYAML_READS_ALIKE``); any other text gets checkov's own loader."""
+    for text both read alike (JSON matching ``_LIBYAML_READS_ALIKE``); any other text gets checkov's own loader.
+    Only with checkov ``REVIEWED_CHECKOV``."""
     import yaml
     from checkov.common.parsers.yaml import loader
 
-    if not getattr(yaml, "__with_libyaml__", False):
+    if not getattr(yaml, "__with_libyaml__", False) or not _reviewed():
         return
     from yaml._yaml import CParser  # type: ignore[import-not-found]
     from yaml.constructor import SafeConstructor
@@ -203,12 +219,6 @@ def _flatten(out: dict[str, Any], key: Any, value: Any, strip_list: bool, depth:
         out[key] = value
 
 
-# The checkov whose source the replacements of ``equivalent_shortcuts`` were checked against, line by line.
-# Another version runs checkov's own functions; tests/safety/test_checkov_worker.py fails on an upgrade
-# until the new source is read and named here.
-REVIEWED_CHECKOV = "3.3.30"
-
-
 def equivalent_shortcuts() -> bool:
     """Replace three checkov functions the profile of a stack's run ranks high with ones that return the same;
     only in checkov ``REVIEWED_CHECKOV`` (returns whether they were replaced).
@@ -241,9 +251,7 @@ def equivalent_shortcuts() -> bool:
       terraform graph check reads a path with a bracket or a top-level wildcard, and the connected node
       is not in what ``checkov_scan`` reads (``_cut``), so which check writes first changes no finding.
     """
-    from checkov.version import version
-
-    if version != REVIEWED_CHECKOV:
+    if not _reviewed():
         return False
     from checkov.common.graph.checks_infra.registry import BaseRegistry
     from checkov.terraform.graph_builder import local_graph, utils

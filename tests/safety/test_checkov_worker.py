@@ -438,12 +438,16 @@ from checkov.common.graph.checks_infra.registry import BaseRegistry
 from checkov.terraform.graph_builder import local_graph, utils
 from checkov.terraform.graph_builder.graph_components.blocks import TerraformBlock
 from checkov.terraform.graph_builder.variable_rendering import renderer
+from checkov.terraform.graph_builder.variable_rendering import evaluate_terraform
+from checkov.common.parsers.yaml import loader
 functions = lambda: [utils.attribute_has_nested_attributes, local_graph.attribute_has_nested_attributes,
                      renderer.attribute_has_nested_attributes, TerraformBlock.__dict__["get_inner_attributes"],
-                     BaseRegistry.run_checks]
+                     BaseRegistry.run_checks, evaluate_terraform.evaluate_terraform, loader.SafeLineLoader]
 if sys.argv[2] != "installed":
     checkov.version.version = sys.argv[2]
 before = functions()
+worker.remember_rendering()
+worker.parse_with_libyaml()
 applied = worker.equivalent_shortcuts()
 after = functions()
 print(json.dumps({"applied": applied, "installed": checkov.version.version,
@@ -453,9 +457,9 @@ print(json.dumps({"applied": applied, "installed": checkov.version.version,
 
 @pytest.mark.parametrize("version", ["installed", "3.3.31", "3.3.3"])
 def test_the_shortcuts_apply_only_to_the_checkov_whose_source_was_read(version: str) -> None:
-    """The three replacements are equal to checkov 3.3.30's own functions, read line by line
-    (docs/checkov-workers.md); another checkov may change those functions or their callers, so there the
-    worker must run checkov's own code. The pinned checkov must be the reviewed one: an upgrade fails
+    """The three replacements (and the remembered renderings and libyaml loader of earlier rounds) are equal to
+    checkov 3.3.30's own functions, read line by line (docs/checkov-workers.md); another checkov may change those
+    functions or their callers, so there the worker must run checkov's own code. The pinned checkov must be the reviewed one: an upgrade fails
     here until someone re-reads the new source and names its version in ``REVIEWED_CHECKOV``."""
     from safety import checkov_worker
 
@@ -468,8 +472,9 @@ def test_the_shortcuts_apply_only_to_the_checkov_whose_source_was_read(version: 
         assert found["installed"] == checkov_worker.REVIEWED_CHECKOV, (
             f"checkov {found['installed']} is not the version whose source equivalent_shortcuts() was checked against "
             f"({checkov_worker.REVIEWED_CHECKOV}): re-read terraform/graph_builder/utils.py attribute_has_nested_attributes "
-            "and its callers, both get_inner_attributes and common/graph/checks_infra/registry.py run_checks at the new "
-            "version, then name it in REVIEWED_CHECKOV (safety/checkov_worker.py)")
-        assert found == {"applied": True, "installed": checkov_worker.REVIEWED_CHECKOV, "replaced": [True] * 5}
+            "and its callers, both get_inner_attributes, common/graph/checks_infra/registry.py run_checks, "
+            "variable_rendering/evaluate_terraform.py with safe_eval_functions.py, and common/parsers/yaml/loader.py at the "
+            "new version, then name it in REVIEWED_CHECKOV (safety/checkov_worker.py)")
+        assert found == {"applied": True, "installed": checkov_worker.REVIEWED_CHECKOV, "replaced": [True] * 7}
     else:
-        assert found == {"applied": False, "installed": version, "replaced": [False] * 5}
+        assert found == {"applied": False, "installed": version, "replaced": [False] * 7}
