@@ -52,7 +52,8 @@ def exemptions(stack: dict[str, Any]) -> Iterator[tuple[str, str, str]]:
             for check in ("CKV_GCP_9", "CKV_GCP_10"):
                 yield check, f"google_container_node_pool.{name}", DWS
     for name, bucket in resources.get("google_storage_bucket", {}).items():
-        if (bucket.get("labels") or {}).get(CHECKPOINT_LABEL[0]) == CHECKPOINT_LABEL[1] and "logging" not in bucket:
+        labels = bucket.get("labels")  # a reference such as "${local.tags}" shows no label: no exemption
+        if isinstance(labels, dict) and labels.get(CHECKPOINT_LABEL[0]) == CHECKPOINT_LABEL[1] and "logging" not in bucket:
             yield "CKV_GCP_62", f"google_storage_bucket.{name}", CHECKPOINTS
     roce = {name for name, network in resources.get("google_compute_network", {}).items() if str(network.get("network_profile", "")).endswith("-vpc-roce")}
     for name in sorted(roce):

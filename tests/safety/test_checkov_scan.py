@@ -110,6 +110,11 @@ def test_required_findings_are_exempted_per_resource_not_per_check(example_confi
         bucket["labels"].pop("gpufleet-purpose")  # a bucket that is not the checkpoint bucket
     assert "rdma" in plain["resource"]["google_compute_network"]
     assert list(exemptions(plain)) == []
+    # Labels that are a reference, not a map, cannot show the checkpoint label: no exemption, and no traceback
+    # (an AttributeError on str.get before)
+    for bucket in plain["resource"]["google_storage_bucket"].values():
+        bucket["labels"] = "${local.tags}"
+    assert list(exemptions(plain)) == []
 
 
 def test_a_prestarted_worker_scans_and_no_other_process_starts(stacks: list[Path], unskipped: checkov_scan.CheckovSummary,
