@@ -98,25 +98,18 @@ def test_a_failing_dispatch_pass_retries_at_the_poll_interval_not_the_idle_check
     assert worker._stop.waits == [min(timing.poll_seconds, timing.dispatch_poll_seconds)] and timing.dispatch_poll_seconds < timing.poll_seconds
 
 
-class _HeldSubmits:
-    """The Nomad runner, except that every submit waits for ``release`` (and says it has begun)."""
+class _HeldSubmits(StallingRunner):
+    """The Nomad runner, except that every submit (not the poll) waits for ``release``; ``stalled`` says one began
+    and ``submitted`` has the keys of all that did."""
 
-    scheduler = "nomad"
-
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
-        self.begun = threading.Event()
-        self.release = threading.Event()
-        self.keys: list[str] = []
+    def poll(self, run_ids: Sequence[str], known: Mapping[str, str]) -> Any:
+        return self.inner.poll(run_ids, known)
 
     def submit(self, job: Any, meta: Mapping[str, str], *, idempotency_key: str | None = None, attempt: int = 1) -> str:
-        self.keys.append(str(idempotency_key))
-        self.begun.set()
+        self.submitted.setdefault(str(idempotency_key), threading.Event())
+        self.stalled.set()
         assert self.release.wait(WAIT_SECONDS), "the test never released the submits"
         return self.inner.submit(job, meta, idempotency_key=idempotency_key, attempt=attempt)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
 
 
 def test_a_stopped_worker_claims_no_more_of_a_burst_and_leaves_the_rest_to_the_others(make_service, sqlite_url, nomad_runner, catalog):
@@ -132,7 +125,7 @@ def test_a_stopped_worker_claims_no_more_of_a_burst_and_leaves_the_rest_to_the_o
     ids = [_submit(svc.ctx, i).id for i in range(12)]
     worker = Worker(svc.ctx)
     worker.start()
-    assert runner.begun.wait(WAIT_SECONDS), "the worker never dispatched"
+    assert runner.stalled.wait(WAIT_SECONDS), "the worker never dispatched"
     stopping = threading.Thread(target=worker.stop)
     stopping.start()
     assert worker._stop.wait(WAIT_SECONDS)
@@ -140,9 +133,10 @@ def test_a_stopped_worker_claims_no_more_of_a_burst_and_leaves_the_rest_to_the_o
     stopping.join(WAIT_SECONDS * 2)
     assert not stopping.is_alive()
     # 2 threads and a claim of 1 more waiting for one: 3 rows at most were the pass's when the stop came
-    assert 1 <= len(runner.keys) <= 3, runner.keys
+    submitted = set(runner.submitted)
+    assert 1 <= len(submitted) <= 3, submitted
     with svc.ctx.sessions() as session:
-        left = [session.get(Outbox, i) for i in ids if i not in runner.keys]
-        assert len(left) == 12 - len(runner.keys)
+        left = [session.get(Outbox, i) for i in ids if i not in submitted]
+        assert len(left) == 12 - len(submitted)
         assert all(row is not None and row.claimed_by is None for row in left)  # free for the live workers at once
-        assert {session.get(Experiment, i).state for i in ids if i not in runner.keys} == {"pending"}
+        assert {session.get(Experiment, i).state for i in ids if i not in submitted} == {"pending"}
