@@ -38,6 +38,28 @@ STACKS_PER_PROCESS = 8
 # for little.
 STACKS_PER_CHUNK = 4
 WORKER = Path(__file__).with_name("checkov_worker.py")
+# How long a worker may take to answer one chunk before it is stopped and the chunk's stacks are reported as errors.
+# A chunk is a few stacks of about 0.1 s of checkov each (a 200-cluster fleet's largest well under a second), so
+# only a hung checkov (a deadlock, a pathological regex or rendering loop) reaches it; without it `gpufleet check`
+# waited forever.
+TIMEOUT_ENV = "GPUFLEET_CHECKOV_TIMEOUT_SECONDS"
+DEFAULT_TIMEOUT_SECONDS = 600.0
+
+
+def answer_timeout() -> float:
+    """``$GPUFLEET_CHECKOV_TIMEOUT_SECONDS`` (a positive number of seconds), else ``DEFAULT_TIMEOUT_SECONDS``."""
+    from clusters.errors import UserError
+
+    raw = os.environ.get(TIMEOUT_ENV, "").strip()
+    if not raw:
+        return DEFAULT_TIMEOUT_SECONDS
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = 0.0
+    if not 0 < seconds < float("inf"):
+        raise UserError(f"{TIMEOUT_ENV}={raw!r}: not a positive number of seconds; set it to a bound such as 600, or unset it")
+    return seconds
 
 
 @dataclass(frozen=True)
@@ -176,22 +198,37 @@ class _Worker:
 
     def __init__(self, python: str, skip_ids: tuple[str, ...]) -> None:
         self.python, self.skip_ids, self.env, self.ended = python, skip_ids, checkov_env(), False
+        self.timeout, self.timed_out = answer_timeout(), False
         self.stderr = tempfile.TemporaryFile(mode="w+", encoding="utf-8")
         self.process = subprocess.Popen([python, str(WORKER), *checkov_args(skip_ids)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                         stderr=self.stderr, text=True, env=self.env)
 
     def scan(self, directories: tuple[Path, ...]) -> list[StackResult]:
+        """The chunk's results; a worker that gives no answer within ``timeout`` is killed (``timed_out``) and
+        the chunk's stacks get that as their error."""
         assert self.process.stdin is not None and self.process.stdout is not None
+        timer = threading.Timer(self.timeout, self._time_out)
+        timer.daemon = True
+        timer.start()
         try:
             self.process.stdin.write(json.dumps([str((d / "cdk.tf.json").resolve()) for d in directories]) + "\n")
             self.process.stdin.flush()
             answer = json.loads(self.process.stdout.readline() or "null")
         except (OSError, ValueError):
             answer = None
+        finally:
+            timer.cancel()
+        if answer is None and self.timed_out:
+            error = f"checkov gave no answer within {self.timeout:g} s ({TIMEOUT_ENV}); its worker was stopped"
+            return [StackResult(d.name, 0, (), error=error) for d in directories]
         error = answer.get("error") if isinstance(answer, dict) else self._last_error()
         if error is None and isinstance(answer, dict) and isinstance(answer.get("reports"), list):
             return split_reports(directories, answer["reports"])
         return [StackResult(d.name, 0, (), error=str(error or self._last_error())) for d in directories]
+
+    def _time_out(self) -> None:
+        self.timed_out = True
+        self.process.kill()
 
     def _last_error(self) -> str:
         """Why a chunk got no answer: the signal that killed the worker (its last stderr line is then just
@@ -267,6 +304,9 @@ def scan_chunks(chunks: list[tuple[Path, ...]], skip_ids: tuple[str, ...], binar
                     chunk = todo.get_nowait()
                 except queue.Empty:
                     return
+                if worker.timed_out:  # stopped on an earlier chunk: the rest get a fresh one (a worker that died of its
+                    worker.close()     # own accord, a broken install say, is not restarted chunk after chunk)
+                    worker = _Worker(python, skip_ids)
                 done(chunk, worker.scan(chunk))
         finally:
             worker.close()

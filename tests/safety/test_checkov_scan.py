@@ -157,3 +157,46 @@ def test_a_prestarted_worker_from_another_environment_is_not_used(stacks: list[P
     summary = checkov_scan.run(stacks, skip_ids=(), workers=1, warm=warm)
     assert warm.ended
     assert summary == unskipped
+
+
+HANGING_WORKER = r'''
+import json, sys, time
+for line in sys.stdin:
+    if any("hang" in path for path in json.loads(line)):
+        time.sleep(3600)  # a hung checkov: no answer, ever
+    sys.stdout.write(json.dumps({"reports": []}) + "\n")
+    sys.stdout.flush()
+'''
+
+
+def test_a_worker_that_never_answers_is_stopped_and_the_rest_are_scanned(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A hung checkov made `gpufleet check` wait forever: the chunk's worker is now killed after
+    GPUFLEET_CHECKOV_TIMEOUT_SECONDS, its stacks get that as their error (never cached: errors are not stored),
+    and the next chunk gets a fresh worker. The worker here is a stand-in that hangs on a stack named "hang"
+    and answers an empty report otherwise (fails on the code before the change: the scan never returns)."""
+    import threading
+
+    script = tmp_path / "worker.py"
+    script.write_text(HANGING_WORKER)
+    monkeypatch.setattr(checkov_scan, "WORKER", script)
+    monkeypatch.setenv(checkov_scan.TIMEOUT_ENV, "1")
+    chunks = []
+    for name in ("hang", "fine"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "cdk.tf.json").write_text("{}")
+        chunks.append((tmp_path / name,))
+    results: dict[str, checkov_scan.StackResult] = {}
+    done = lambda chunk, scanned: results.update((r.stack, r) for r in scanned)  # noqa: E731
+    scan = threading.Thread(target=checkov_scan.scan_chunks, args=(chunks, (), checkov_scan.checkov_binary(), 1, done), daemon=True)
+    scan.start()
+    scan.join(60)
+    assert not scan.is_alive(), "the scan still waits on a worker that never answers"
+    assert results["hang"].error == f"checkov gave no answer within 1 s ({checkov_scan.TIMEOUT_ENV}); its worker was stopped"
+    assert results["fine"].error is None  # a fresh worker took the chunk after the stopped one
+
+
+@pytest.mark.parametrize("raw", ["soon", "0", "-5", "inf", "nan"])
+def test_a_bad_checkov_timeout_is_one_line(monkeypatch: pytest.MonkeyPatch, raw: str) -> None:
+    monkeypatch.setenv(checkov_scan.TIMEOUT_ENV, raw)
+    with pytest.raises(UserError, match=rf"^{checkov_scan.TIMEOUT_ENV}=.*not a positive number of seconds; set it to"):
+        checkov_scan.answer_timeout()
