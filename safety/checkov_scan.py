@@ -218,6 +218,9 @@ class _Worker:
             answer = None
         finally:
             timer.cancel()
+            # A timer that fired as the answer came (it had checked ``finished`` before ``cancel``) is still to kill
+            # the worker: wait for it, so ``timed_out`` is settled before the worker is given another chunk.
+            timer.join()
         if answer is None and self.timed_out:
             error = f"checkov gave no answer within {self.timeout:g} s ({TIMEOUT_ENV}); its worker was stopped"
             return [StackResult(d.name, 0, (), error=error) for d in directories]

@@ -82,6 +82,7 @@ class Worker:
     def __init__(self, ctx: Context) -> None:
         self._ctx = ctx
         self._stop = threading.Event()
+        self._loops_done = threading.Event()  # the heartbeat beats until the loops are done (or the stop's join gives up)
         self._beats: dict[str, float | None] = {"dispatch": None, "follow": None}
         self._threads = [threading.Thread(target=self._loop, args=(name, steps), name=f"gpufleet-{name}", daemon=True)
                          for name, steps in (("dispatch", (self.process_outbox,)), ("follow", FOLLOW_STEPS))]
@@ -102,8 +103,14 @@ class Worker:
         """Stop the loops; once they are done, leave the membership (the others re-split at once).
         A loop still busy after 30 s keeps the row, which then goes stale: its claims pass on after the TTL."""
         self._stop.set()
+        # The loops first, the heartbeat beating meanwhile: a dispatch still in flight belongs to a live worker (a
+        # silent one is taken for dead after the TTL and its claim taken over while the submit is in flight).
         for thread in self._threads:
-            if thread.ident is not None:  # a stop during start: threads not started yet have nothing to join
+            if thread.ident is not None and thread.name != "gpufleet-heartbeat":
+                thread.join(timeout=30)  # a stop during start: threads not started yet have nothing to join
+        self._loops_done.set()
+        for thread in self._threads:
+            if thread.ident is not None and thread.name == "gpufleet-heartbeat":
                 thread.join(timeout=30)
         if not any(thread.is_alive() for thread in self._threads):
             try:
@@ -118,7 +125,7 @@ class Worker:
         that no other could take over. This way only one beat slower than a whole period fences it."""
         period = self._ctx.timing.heartbeat_seconds
         started = time.monotonic()
-        while not self._stop.wait(max(0.0, started + period - time.monotonic())):
+        while not self._loops_done.wait(max(0.0, started + period - time.monotonic())):
             started = time.monotonic()
             try:
                 self._ctx.membership.beat(self._ctx.sessions, self._ctx.clock())

@@ -353,7 +353,7 @@ def test_a_worker_whose_heartbeat_commits_take_a_few_hundred_ms_never_fences_its
         fenced_at_commit.append(ctx.fenced())  # the worst moment: the last successful beat is still the previous one
 
     class Stop:
-        """``Worker._stop`` on the fake clock: a wait passes its time at once; the loop ends after 8 beats."""
+        """``Worker._loops_done`` (what the heartbeat waits on) on the fake clock: a wait passes its time at once; the loop ends after 8 beats."""
         waits = 0
 
         def wait(self, seconds: float) -> bool:
@@ -366,7 +366,7 @@ def test_a_worker_whose_heartbeat_commits_take_a_few_hundred_ms_never_fences_its
             return Stop.waits > 8
 
     worker = Worker(ctx)
-    worker._stop = Stop()  # type: ignore[assignment]
+    worker._loops_done = Stop()  # type: ignore[assignment]
     event.listen(Session, "before_commit", commit_waits)
     try:
         worker._heartbeat()

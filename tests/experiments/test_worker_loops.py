@@ -140,3 +140,37 @@ def test_a_stopped_worker_claims_no_more_of_a_burst_and_leaves_the_rest_to_the_o
         assert len(left) == 12 - len(submitted)
         assert all(row is not None and row.claimed_by is None for row in left)  # free for the live workers at once
         assert {session.get(Experiment, i).state for i in ids if i not in submitted} == {"pending"}
+
+
+def test_a_stopping_worker_keeps_beating_while_its_dispatches_are_in_flight(make_service, sqlite_url, nomad_runner, catalog):
+    """``stop`` lets the dispatch in flight finish (up to the 30 s join), but the heartbeat thread watched the same
+    stop event and ended at once: after the TTL the others took the worker for dead and could take over the claim
+    whose submit was still in flight (a second submit of its key), and the worker fenced itself mid-dispatch.
+    The heartbeat must go on until the loops are done. Latches: the submit is held until a beat is seen after the
+    stop was asked for (fails on 4bce025: no beat comes, the latch times out)."""
+    from tests.experiments.test_scale_out import _roomy, _submit
+
+    runner = _HeldSubmits(nomad_runner)
+    svc = make_service(sqlite_url, runner, jobs=_roomy(catalog), timing=Timing(poll_seconds=0.05, dispatch_concurrency=1))
+    _submit(svc.ctx, 0)
+    worker = Worker(svc.ctx)
+    beat_after_stop = threading.Event()
+    membership, beat = svc.ctx.membership, svc.ctx.membership.beat
+
+    def watched_beat(*args: Any, **kwargs: Any) -> Any:
+        if worker._stop.is_set():
+            beat_after_stop.set()
+        return beat(*args, **kwargs)
+
+    membership.beat = watched_beat  # type: ignore[method-assign]
+    worker.start()
+    assert runner.stalled.wait(WAIT_SECONDS), "the worker never dispatched"
+    stopping = threading.Thread(target=worker.stop)
+    stopping.start()
+    assert worker._stop.wait(WAIT_SECONDS)
+    beaten = beat_after_stop.wait(WAIT_SECONDS)
+    runner.release.set()
+    stopping.join(WAIT_SECONDS * 2)
+    assert not stopping.is_alive()
+    assert beaten, "the heartbeat stopped while a dispatch was still in flight"
+    assert len(runner.submitted) == 1

@@ -200,3 +200,47 @@ def test_a_bad_checkov_timeout_is_one_line(monkeypatch: pytest.MonkeyPatch, raw:
     monkeypatch.setenv(checkov_scan.TIMEOUT_ENV, raw)
     with pytest.raises(UserError, match=rf"^{checkov_scan.TIMEOUT_ENV}=.*not a positive number of seconds; set it to"):
         checkov_scan.answer_timeout()
+
+
+class _LateTimer:
+    """A ``threading.Timer`` that fires just as it is cancelled: ``Timer.run`` checks ``finished`` and then calls the
+    function, so a ``cancel`` between the two returns while the kill is still to come (CPython Lib/threading.py,
+    class Timer, ``run``). The late kill lands when the next chunk's timer is made, unless ``join`` waited for it."""
+
+    pending: list = []
+
+    def __init__(self, interval: float, function) -> None:  # noqa: ANN001 - threading.Timer's signature
+        while _LateTimer.pending:
+            _LateTimer.pending.pop()()
+        self.function, self.daemon = function, True
+
+    def start(self) -> None:
+        pass
+
+    def cancel(self) -> None:
+        _LateTimer.pending.append(self.function)
+
+    def join(self, timeout: float | None = None) -> None:
+        while _LateTimer.pending:
+            _LateTimer.pending.pop()()
+
+
+def test_a_timer_that_fires_as_the_answer_arrives_does_not_kill_the_next_chunk(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The answer came in time, but the timer fired as it was cancelled: the chunk's results stand, and the kill
+    must not land on the same worker once it scans the next chunk (that chunk was reported as timed out, though it
+    took no time at all). Fails on f84b0aa: the second chunk gets the timeout error."""
+    script = tmp_path / "worker.py"
+    script.write_text(HANGING_WORKER)
+    monkeypatch.setattr(checkov_scan, "WORKER", script)
+    monkeypatch.setattr(checkov_scan.threading, "Timer", _LateTimer)
+    _LateTimer.pending.clear()
+    chunks = []
+    for name in ("first", "second"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "cdk.tf.json").write_text("{}")
+        chunks.append((tmp_path / name,))
+    results: dict[str, checkov_scan.StackResult] = {}
+    done = lambda chunk, scanned: results.update((r.stack, r) for r in scanned)  # noqa: E731
+    checkov_scan.scan_chunks(chunks, (), checkov_scan.checkov_binary(), 1, done)
+    assert results["first"].error is None
+    assert results["second"].error is None
