@@ -169,6 +169,21 @@ for line in sys.stdin:
 '''
 
 
+def _stand_in_scan(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, names: tuple[str, ...]):
+    """The stand-in worker (``HANGING_WORKER``) in checkov's place, one chunk per name (an empty stack each), and
+    where the results land: (chunks, results by stack, the ``done`` callback for ``scan_chunks``)."""
+    script = tmp_path / "worker.py"
+    script.write_text(HANGING_WORKER)
+    monkeypatch.setattr(checkov_scan, "WORKER", script)
+    chunks = []
+    for name in names:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "cdk.tf.json").write_text("{}")
+        chunks.append((tmp_path / name,))
+    results: dict[str, checkov_scan.StackResult] = {}
+    return chunks, results, lambda chunk, scanned: results.update((r.stack, r) for r in scanned)
+
+
 def test_a_worker_that_never_answers_is_stopped_and_the_rest_are_scanned(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """A hung checkov made `gpufleet check` wait forever: the chunk's worker is now killed after
     GPUFLEET_CHECKOV_TIMEOUT_SECONDS, its stacks get that as their error (never cached: errors are not stored),
@@ -176,17 +191,8 @@ def test_a_worker_that_never_answers_is_stopped_and_the_rest_are_scanned(monkeyp
     and answers an empty report otherwise (fails on the code before the change: the scan never returns)."""
     import threading
 
-    script = tmp_path / "worker.py"
-    script.write_text(HANGING_WORKER)
-    monkeypatch.setattr(checkov_scan, "WORKER", script)
     monkeypatch.setenv(checkov_scan.TIMEOUT_ENV, "1")
-    chunks = []
-    for name in ("hang", "fine"):
-        (tmp_path / name).mkdir()
-        (tmp_path / name / "cdk.tf.json").write_text("{}")
-        chunks.append((tmp_path / name,))
-    results: dict[str, checkov_scan.StackResult] = {}
-    done = lambda chunk, scanned: results.update((r.stack, r) for r in scanned)  # noqa: E731
+    chunks, results, done = _stand_in_scan(monkeypatch, tmp_path, ("hang", "fine"))
     scan = threading.Thread(target=checkov_scan.scan_chunks, args=(chunks, (), checkov_scan.checkov_binary(), 1, done), daemon=True)
     scan.start()
     scan.join(60)
@@ -229,18 +235,9 @@ def test_a_timer_that_fires_as_the_answer_arrives_does_not_kill_the_next_chunk(m
     """The answer came in time, but the timer fired as it was cancelled: the chunk's results stand, and the kill
     must not land on the same worker once it scans the next chunk (that chunk was reported as timed out, though it
     took no time at all). Fails on f84b0aa: the second chunk gets the timeout error."""
-    script = tmp_path / "worker.py"
-    script.write_text(HANGING_WORKER)
-    monkeypatch.setattr(checkov_scan, "WORKER", script)
+    chunks, results, done = _stand_in_scan(monkeypatch, tmp_path, ("first", "second"))
     monkeypatch.setattr(checkov_scan.threading, "Timer", _LateTimer)
     _LateTimer.pending.clear()
-    chunks = []
-    for name in ("first", "second"):
-        (tmp_path / name).mkdir()
-        (tmp_path / name / "cdk.tf.json").write_text("{}")
-        chunks.append((tmp_path / name,))
-    results: dict[str, checkov_scan.StackResult] = {}
-    done = lambda chunk, scanned: results.update((r.stack, r) for r in scanned)  # noqa: E731
     checkov_scan.scan_chunks(chunks, (), checkov_scan.checkov_binary(), 1, done)
     assert results["first"].error is None
     assert results["second"].error is None
