@@ -84,8 +84,9 @@ class Worker:
         self._stop = threading.Event()
         self._loops_done = threading.Event()  # the heartbeat beats until the loops are done (or the stop's join gives up)
         self._beats: dict[str, float | None] = {"dispatch": None, "follow": None}
-        self._threads = [threading.Thread(target=self._loop, args=(name, steps), name=f"gpufleet-{name}", daemon=True)
-                         for name, steps in (("dispatch", (self.process_outbox,)), ("follow", FOLLOW_STEPS))]
+        self._loops = [threading.Thread(target=self._loop, args=(name, steps), name=f"gpufleet-{name}", daemon=True)
+                       for name, steps in (("dispatch", (self.process_outbox,)), ("follow", FOLLOW_STEPS))]
+        self._beating = threading.Thread(target=self._heartbeat, name="gpufleet-heartbeat", daemon=True)
 
     @property
     def heartbeat(self) -> float | None:
@@ -95,8 +96,7 @@ class Worker:
     def start(self) -> None:
         """Register (the first heartbeat, so the loops start with their share), then run."""
         self._ctx.membership.beat(self._ctx.sessions, self._ctx.clock())
-        self._threads.append(threading.Thread(target=self._heartbeat, name="gpufleet-heartbeat", daemon=True))
-        for thread in self._threads:
+        for thread in (*self._loops, self._beating):
             thread.start()
 
     def stop(self) -> None:
@@ -105,14 +105,13 @@ class Worker:
         self._stop.set()
         # The loops first, the heartbeat beating meanwhile: a dispatch still in flight belongs to a live worker (a
         # silent one is taken for dead after the TTL and its claim taken over while the submit is in flight).
-        for thread in self._threads:
-            if thread.ident is not None and thread.name != "gpufleet-heartbeat":
-                thread.join(timeout=30)  # a stop during start: threads not started yet have nothing to join
-        self._loops_done.set()
-        for thread in self._threads:
-            if thread.ident is not None and thread.name == "gpufleet-heartbeat":
+        for thread in self._loops:
+            if thread.ident is not None:  # a stop during start: threads not started yet have nothing to join
                 thread.join(timeout=30)
-        if not any(thread.is_alive() for thread in self._threads):
+        self._loops_done.set()
+        if self._beating.ident is not None:
+            self._beating.join(timeout=30)
+        if not any(thread.is_alive() for thread in (*self._loops, self._beating)):
             try:
                 self._ctx.membership.leave(self._ctx.sessions)
             except Exception:  # noqa: BLE001 - the row then goes stale instead, with the same effect after the TTL

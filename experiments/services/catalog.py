@@ -32,7 +32,6 @@ RACY_S = 2  # seconds after jobs/ last changed before its listing is kept (Catal
 FROZEN_KEPT = 256
 
 
-
 def _settled(mtime_ns: int) -> bool:
     """Whether a stamp is older than ``RACY_S``: only then can a later change no longer share its tick."""
     return time.time_ns() - mtime_ns > RACY_S * 1_000_000_000
