@@ -30,6 +30,11 @@ that grows with the fleet (bench/check.py, issue 28). Three costs in it are not 
   (cdktf's and constructs' helpers pass a plain ``{stack: ""}`` and then read back no frames);
   errors keep their stacks, so a failing synthesis still reports where.
 
+- A SIGTERM sent to the whole process group would end the kernel before its Python process, which
+  unwinds on it (``clusters.termination``) and whose exit hook then fails on the closed pipe and
+  leaves the kernel's temporary files. The launcher leaves SIGTERM to the Python side: the kernel
+  exits when asked, or when its stdin closes because the Python process is gone.
+
 - cdktf resolves each element's attributes twice (``prepareStack``, the stack's ``toTerraform``) and
   a generated resource hands it every optional attribute, most of them ``undefined``. For each such
   key ``resolve`` (``cdktf/lib/tokens/private/resolve.js``) builds two contexts (each copying the key
@@ -101,6 +106,12 @@ process.on("uncaughtException", (error) => {
   stderr.write(require("util").inspect(error) + "\\n");
   process.exit(1);
 });
+// A SIGTERM to the whole process group (`timeout`, a cancelled CI job) reaches this kernel too. Its Python
+// process unwinds on it (clusters/termination.py) and its exit hook then asks this kernel to exit, which
+// removes the kernel's temporary files; killed by the signal first, the kernel would leave them and that
+// hook would fail on a closed pipe. So SIGTERM is left to the Python side; a Python process that is gone
+// closes stdin, which ends this kernel too.
+process.on("SIGTERM", () => {});
 // --preserve-symlinks comes through NODE_OPTIONS, which execArgv does not list; the kernel reads
 // execArgv to choose between one symlink per package and a tree of hard links it removes at exit.
 if (!process.execArgv.includes("--preserve-symlinks")) process.execArgv.push("--preserve-symlinks");

@@ -1,0 +1,189 @@
+"""SIGTERM during a synthesis or a check: the command unwinds, stops what it started and removes what it
+wrote (clusters/termination.py). Real processes: the CLI, its synthesis worker, their jsii kernels (Node)
+and the checkov worker, each with a private TMPDIR so every temporary file they leave is seen."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from clusters import termination
+from tests.conftest import FLEET_CLUSTERS, copy_checkout
+
+ROOT = Path(__file__).resolve().parents[2]
+GPUFLEET = str(Path(sys.executable).with_name("gpufleet"))
+FLEETGEN = ROOT / "bench" / "fleetgen.py"
+# Written by lark (checkov's HCL parser) as a cache for every later run; not something gpufleet made.
+NOT_OURS = (".lark_cache_",)
+
+
+@pytest.fixture(scope="module")
+def checkout(tmp_path_factory) -> Path:
+    """A throwaway checkout whose clusters/ holds the suite's fixture fleet (the job files name its clusters)
+    and enough generated clusters that a synthesis over 2 processes still runs seconds after it starts."""
+    spec = importlib.util.spec_from_file_location("bench_fleetgen", FLEETGEN)
+    assert spec and spec.loader
+    fleetgen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fleetgen)
+    dest = copy_checkout(tmp_path_factory.mktemp("checkout"))
+    for path in (dest / "clusters").glob("*.yaml"):
+        path.unlink()
+    for path in FLEET_CLUSTERS.glob("*.yaml"):
+        shutil.copy2(path, dest / "clusters" / path.name)
+    fleetgen.generated_fleet(dest / "clusters", range(36))
+    return dest
+
+
+def _descendants(pid: int) -> set[int]:
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(parent, []).append(int(entry.name))
+    found, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), ()):
+            found.add(child)
+            todo.append(child)
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _terminate_mid_run(argv: list[str], cwd: Path, tmp_path: Path, *, group: bool, stage: str, busy: int) -> tuple[subprocess.Popen, str, set[int]]:
+    """Start ``argv`` with a private TMPDIR, wait for its ``stage:`` line and until ``busy`` processes work
+    under it, then SIGTERM it (or its whole process group, as ``timeout`` and a cancelled CI job do)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("GPUFLEET_SYNTH_JOBS",)}
+    env |= {"TMPDIR": str(tmp_path / "tmp"), "GPUFLEET_SYNTH_CACHE": "off", "GPUFLEET_CHECKOV_CACHE": str(tmp_path / "cache")}
+    (tmp_path / "tmp").mkdir()
+    proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, process_group=0)
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if line.startswith(f"stage: {stage}"):
+            break
+    else:
+        pytest.fail(f"{argv[1]} ended before its {stage!r} stage: {proc.wait()} {proc.stderr.read() if proc.stderr else ''}")
+    deadline = time.monotonic() + 60
+    while len(_descendants(proc.pid)) < busy:
+        assert time.monotonic() < deadline and proc.poll() is None, "the command's processes never started"
+        time.sleep(0.05)
+    time.sleep(1.0)  # well inside the synthesis: the processes are exchanging jsii messages
+    started = _descendants(proc.pid)
+    assert proc.poll() is None, "the command ended before the signal: make the fleet larger"
+    if group:
+        os.killpg(proc.pid, signal.SIGTERM)
+    else:
+        proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=termination.GRACE_SECONDS + 20)
+    return proc, err, started
+
+
+def _assert_clean(proc: subprocess.Popen, err: str, started: set[int], tmp_path: Path, out: Path) -> None:
+    assert proc.returncode == -signal.SIGTERM, err  # as the default action ends it, after the clean-up
+    assert err.strip() == "terminated"
+    assert [pid for pid in started if _alive(pid)] == []
+    left = sorted(name for name in os.listdir(tmp_path / "tmp") if not name.startswith(NOT_OURS))
+    assert left == [], "temporary files left behind"
+    assert sorted(os.listdir(out.parent)) == [], "a staging directory (or an output) left behind"
+
+
+@pytest.mark.parametrize("group", [False, True], ids=["the command", "its process group"])
+def test_sigterm_during_a_parallel_synthesis_leaves_nothing(checkout: Path, tmp_path: Path, group: bool) -> None:
+    """Before: exit -15 at once, the staging directory beside --out, the worker synthesizing on for nobody,
+    and each process's jsii launcher, jsii runtime and (group) Node kernel directories in TMPDIR."""
+    out = tmp_path / "out" / "cdktf.out"
+    out.parent.mkdir()
+    argv = [GPUFLEET, "synth", "--jobs", "2", "--out", str(out), "--clusters-dir", str(checkout / "clusters")]
+    proc, err, started = _terminate_mid_run(argv, checkout, tmp_path, group=group, stage="synthesizing", busy=3)
+    _assert_clean(proc, err, started, tmp_path, out)
+
+
+@pytest.mark.parametrize("group", [False, True], ids=["the command", "its process group"])
+def test_sigterm_during_a_check_leaves_nothing(checkout: Path, tmp_path: Path, group: bool) -> None:
+    """The check synthesizes while a checkov worker scans the stacks written so far."""
+    out = tmp_path / "out" / "cdktf.out"
+    out.parent.mkdir()
+    argv = [GPUFLEET, "check", "--out", str(out), "--clusters-dir", str(checkout / "clusters")]
+    proc, err, started = _terminate_mid_run(argv, checkout, tmp_path, group=group, stage="synth", busy=2)
+    _assert_clean(proc, err, started, tmp_path, out)
+
+
+def _run_snippet(code: str, tmp_path: Path) -> tuple[subprocess.CompletedProcess, float]:
+    script = tmp_path / "snippet.py"
+    script.write_text(textwrap.dedent(code))
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, str(script), str(tmp_path)], env=env, capture_output=True, text=True, timeout=60)
+    return done, time.monotonic() - started
+
+
+def test_a_second_sigterm_does_not_cut_the_exit_hooks_short(tmp_path: Path) -> None:
+    """A group SIGTERM reaches a synthesis worker, and its caller then stops it with one more: that one
+    must not end the worker half-way through removing its files."""
+    done, _ = _run_snippet("""
+        import atexit, os, signal, sys, time
+        from pathlib import Path
+        from clusters.termination import Terminated, sigterm_unwinds, EXIT_TERMINATED
+
+        def hook():
+            os.kill(os.getpid(), signal.SIGTERM)  # the caller's second signal, during the clean-up
+            time.sleep(0.2)
+            Path(sys.argv[1], "cleaned").write_text("yes")
+
+        try:
+            with sigterm_unwinds():
+                atexit.register(hook)  # as jsii's hooks are: after the block's own, so it runs first
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(5)
+        except Terminated:
+            sys.exit(EXIT_TERMINATED)
+    """, tmp_path)
+    assert done.returncode == -signal.SIGTERM, done.stderr
+    assert (tmp_path / "cleaned").read_text() == "yes"
+
+
+def test_an_unwinding_that_hangs_is_ended_after_the_grace(tmp_path: Path) -> None:
+    done, took = _run_snippet("""
+        import atexit, os, signal, sys, time
+        import clusters.termination as termination
+
+        termination.GRACE_SECONDS = 0.5
+        try:
+            with termination.sigterm_unwinds():
+                atexit.register(time.sleep, 30)  # a clean-up that never ends
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(5)
+        except termination.Terminated:
+            sys.exit(termination.EXIT_TERMINATED)
+    """, tmp_path)
+    assert done.returncode == termination.EXIT_TERMINATED, done.stderr
+    assert took < 15
+
+
+def test_the_handler_before_is_put_back_after_a_normal_exit() -> None:
+    """``gpufleet.cli.main`` runs in-process in tests and tools: it must not leave its handler behind."""
+    before = signal.getsignal(signal.SIGTERM)
+    with termination.sigterm_unwinds():
+        assert signal.getsignal(signal.SIGTERM) is not before
+    assert signal.getsignal(signal.SIGTERM) is before
+    with pytest.raises(ValueError):
+        with termination.sigterm_unwinds():
+            raise ValueError("a command's own error")
+    assert signal.getsignal(signal.SIGTERM) is before
