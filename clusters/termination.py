@@ -38,7 +38,7 @@ EXIT_TERMINATED = 128 + signal.SIGTERM
 GRACE_SECONDS = 10.0
 
 
-_state = {"terminated": False, "hooked": False}
+_state = {"terminated": False, "hooked": False, "holding": 0, "pending": False}
 
 
 class Terminated(BaseException):
@@ -68,7 +68,26 @@ def _terminate(_signum: int, _frame: FrameType | None) -> None:
     deadline = threading.Timer(GRACE_SECONDS, os._exit, (EXIT_TERMINATED,))
     deadline.daemon = True
     deadline.start()
+    if _state["holding"]:
+        _state["pending"] = True  # raised when the step ``held`` guards is whole (the grace runs meanwhile)
+        return
     raise Terminated
+
+
+@contextmanager
+def held() -> Iterator[None]:
+    """A step that must not stop half-way, such as swapping a new output tree for the previous one
+    (two renames): ``Terminated`` raised between them would leave neither tree in place, and the
+    caller's ``finally`` would then delete the new one. A SIGTERM inside raises ``Terminated`` when
+    the block ends, replacing an exception the block raised meanwhile; the grace timer already runs."""
+    _state["holding"] += 1
+    try:
+        yield
+    finally:
+        _state["holding"] -= 1
+        if _state["pending"] and not _state["holding"]:
+            _state["pending"] = False
+            raise Terminated
 
 
 @contextmanager

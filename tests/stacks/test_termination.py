@@ -187,3 +187,51 @@ def test_the_handler_before_is_put_back_after_a_normal_exit() -> None:
         with termination.sigterm_unwinds():
             raise ValueError("a command's own error")
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+SWAP_SNIPPET = """
+    import os, shutil, signal, sys
+    from pathlib import Path
+    from clusters import outputs
+    from clusters.termination import EXIT_TERMINATED, Terminated, sigterm_unwinds
+    from stacks.synth import _merge
+
+    root = Path(sys.argv[1])
+    target = outputs.ensure_dir(root / "out" / "cdktf.out")
+    (target / "stacks" / "a").mkdir(parents=True)
+    (target / "stacks" / "a" / "cdk.tf.json").write_text("previous")
+    (target / "manifest.json").write_text('{"stacks": {"a": {}}}')
+    new = outputs.staging_dir(target)
+    (new / "stacks" / "a").mkdir(parents=True)
+    (new / "stacks" / "a" / "cdk.tf.json").write_text("fresh")
+    (new / "manifest.json").write_text('{"stacks": {"a": {}}}')
+    rename = os.replace
+
+    def replace(src, dst):
+        rename(src, dst)
+        if ".old." in Path(dst).name:  # the SIGTERM arrives while the previous tree is renamed away
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    os.replace = replace
+    try:
+        with sigterm_unwinds():
+            try:
+                MERGE
+            finally:  # as stacks.synth.synthesize's
+                shutil.rmtree(new, ignore_errors=True)
+    except Terminated:
+        sys.exit(EXIT_TERMINATED)
+"""
+
+
+@pytest.mark.parametrize("merge", ["outputs.replace_dir(new, target)", "_merge(new, target, ('a',))"], ids=["synth", "synth <stack>"])
+def test_a_sigterm_during_the_swap_leaves_an_output_in_place(tmp_path: Path, merge: str) -> None:
+    """Before: Terminated raised between the two renames left no cdktf.out (the previous tree in a
+    ``.cdktf.out.old.*`` directory) and the caller's ``finally`` deleted the new one; the default SIGTERM
+    had at least left both trees. Now the swap completes, then the command dies of the signal."""
+    done, _ = _run_snippet(SWAP_SNIPPET.replace("MERGE", merge), tmp_path)
+    assert done.returncode == -signal.SIGTERM, done.stderr
+    out = tmp_path / "out"
+    assert sorted(os.listdir(out)) == ["cdktf.out"], "a staging or previous tree left beside --out"
+    assert sorted(os.listdir(out / "cdktf.out" / "stacks")) == ["a"]
+    assert (out / "cdktf.out" / "stacks" / "a" / "cdk.tf.json").read_text() == "fresh"
