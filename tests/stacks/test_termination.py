@@ -235,3 +235,34 @@ def test_a_sigterm_during_the_swap_leaves_an_output_in_place(tmp_path: Path, mer
     assert sorted(os.listdir(out)) == ["cdktf.out"], "a staging or previous tree left beside --out"
     assert sorted(os.listdir(out / "cdktf.out" / "stacks")) == ["a"]
     assert (out / "cdktf.out" / "stacks" / "a" / "cdk.tf.json").read_text() == "fresh"
+
+
+def test_sigterm_to_a_plan_lets_terraform_release_its_state_lock(tmp_path: Path) -> None:
+    """A group SIGTERM (``timeout``, a cancelled CI job) during ``gpufleet plan`` reaches terraform, which
+    stops and releases its state lock. Before: gpufleet's unwinding went through ``subprocess.run``, which
+    SIGKILLs its child on any exception, so terraform died holding the lock (with the local backend, its
+    ``.terraform.tfstate.lock.info`` stays; with GCS, S3 or Terraform Cloud, a lock to force-unlock).
+    Real terraform 1.11 on its built-in ``terraform_data``, enough instances that the plan runs seconds."""
+    out = tmp_path / "cdktf.out"
+    stack = out / "stacks" / "big"
+    stack.mkdir(parents=True)
+    (out / ".gpufleet-output").write_text("gpufleet made this directory\n")
+    (stack / "cdk.tf.json").write_text('{"resource": {"terraform_data": {"many": {"count": 4000, "input": "x"}}}}')
+    lock = stack / ".terraform.tfstate.lock.info"
+    env = dict(os.environ, TMPDIR=str(tmp_path))
+    proc = subprocess.Popen([GPUFLEET, "plan", "big", "--out-dir", str(out)], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, process_group=0)
+    deadline = time.monotonic() + 120
+    while not lock.exists():
+        assert proc.poll() is None and time.monotonic() < deadline, f"terraform never took its lock: {proc.communicate()}"
+        time.sleep(0.02)
+    started = _descendants(proc.pid)
+    assert started, "terraform is not running under gpufleet plan"
+    os.killpg(proc.pid, signal.SIGTERM)
+    _, err = proc.communicate(timeout=termination.GRACE_SECONDS + 20)
+    assert proc.returncode == -signal.SIGTERM, err
+    deadline = time.monotonic() + 60  # terraform may outlive gpufleet's grace: it stops on its own then
+    while [pid for pid in started if _alive(pid)]:
+        assert time.monotonic() < deadline, "terraform never stopped"
+        time.sleep(0.1)
+    assert not lock.exists(), "terraform was killed while it held its state lock"
