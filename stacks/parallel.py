@@ -276,6 +276,11 @@ def early_workers(clusters: int, jobs: int | None = None) -> Iterator[None]:
             kernel.start()
             _early_kernel.append(kernel)
         yield
+    except Terminated:
+        # Its own process group kept the group's SIGTERM from it, and a closed stdin ends it only once it has
+        # warmed up, after this process is gone: stopped now, it unwinds and removes its jsii files meanwhile.
+        _stop_workers(_early)
+        raise
     finally:
         for proc in _early:  # not needed: it exits by itself (removing its kernel's files), nobody waits for it
             assert proc.stdin is not None

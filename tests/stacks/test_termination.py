@@ -266,3 +266,27 @@ def test_sigterm_to_a_plan_lets_terraform_release_its_state_lock(tmp_path: Path)
         assert time.monotonic() < deadline, "terraform never stopped"
         time.sleep(0.1)
     assert not lock.exists(), "terraform was killed while it held its state lock"
+
+
+def test_sigterm_while_the_cluster_files_load_leaves_no_early_worker(checkout: Path, tmp_path: Path) -> None:
+    """A worker started before the files load (``early_workers``) sits in a process group of its own and, on
+    its caller's way out, only had its stdin closed: before, it went on warming up (Node and cdktf loading)
+    after the command had exited, and a CI runner reaping that orphan with SIGKILL left its jsii files."""
+    out = tmp_path / "out" / "cdktf.out"
+    out.parent.mkdir()
+    argv = [GPUFLEET, "synth", "--jobs", "2", "--out", str(out), "--clusters-dir", str(checkout / "clusters")]
+    env = {k: v for k, v in os.environ.items() if k != "GPUFLEET_SYNTH_JOBS"} | {"TMPDIR": str(tmp_path / "tmp"), "GPUFLEET_SYNTH_CACHE": "off"}
+    (tmp_path / "tmp").mkdir()
+    proc = subprocess.Popen(argv, cwd=checkout, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, process_group=0)
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if line.startswith("stage: loading"):
+            break
+    deadline = time.monotonic() + 30
+    while not _descendants(proc.pid):
+        assert time.monotonic() < deadline and proc.poll() is None, "no early worker started"
+        time.sleep(0.01)
+    started = _descendants(proc.pid)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=termination.GRACE_SECONDS + 20)
+    _assert_clean(proc, err, started, tmp_path, out)
