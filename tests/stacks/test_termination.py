@@ -290,3 +290,36 @@ def test_sigterm_while_the_cluster_files_load_leaves_no_early_worker(checkout: P
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=termination.GRACE_SECONDS + 20)
     _assert_clean(proc, err, started, tmp_path, out)
+
+
+def test_sigterm_to_a_check_while_checkov_scans_leaves_nothing(checkout: Path, tmp_path: Path) -> None:
+    """SIGTERM to the command alone once synthesis is done: before, leaving the scan's thread pool waited for its
+    threads to scan every chunk left with checkov workers no signal reached, so the grace timer ended the check
+    (exit 143, no ``terminated``) with a checkov worker still running and its jsii and stream files in TMPDIR."""
+    out = tmp_path / "out" / "cdktf.out"
+    out.parent.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "GPUFLEET_SYNTH_JOBS"}
+    env |= {"TMPDIR": str(tmp_path / "tmp"), "GPUFLEET_SYNTH_CACHE": "off", "GPUFLEET_CHECKOV_CACHE": str(tmp_path / "cache")}
+    (tmp_path / "tmp").mkdir()
+    # On one core nothing is scanned during synthesis (checkov_scan.Stream needs two): every stack is left to the
+    # checkov stage, long enough that a scan going on for nobody outlasts the grace on any machine.
+    argv = [GPUFLEET, "check", "--out", str(out), "--clusters-dir", str(checkout / "clusters")]
+    proc = subprocess.Popen(argv, cwd=checkout, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, process_group=0,
+                            preexec_fn=lambda: os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}))
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if line.startswith("stage: checkov"):
+            break
+    else:
+        pytest.fail(f"check ended before its checkov stage: {proc.wait()} {proc.stderr.read() if proc.stderr else ''}")
+    time.sleep(0.2)  # the scan's threads have taken their first chunks
+    started = _descendants(proc.pid)
+    assert proc.poll() is None, "the check ended before the signal: make the fleet larger"
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=termination.GRACE_SECONDS + 20)
+    assert proc.returncode == -signal.SIGTERM, err
+    assert err.strip() == "terminated"
+    assert [pid for pid in started if _alive(pid)] == []
+    left = sorted(name for name in os.listdir(tmp_path / "tmp") if not name.startswith(NOT_OURS))
+    assert left == [], "temporary files left behind"
+    assert sorted(os.listdir(out.parent)) == ["cdktf.out"], "a staging directory left beside --out"
