@@ -114,18 +114,23 @@ def sigterm_unwinds() -> Iterator[None]:
     signal.signal(signal.SIGTERM, previous)
 
 
-def run_to_end(args: list[str], **popen: object) -> subprocess.CompletedProcess:
-    """``subprocess.run`` (``check=False``; ``popen`` are ``Popen``'s arguments) for a child that must
-    not be cut short. ``subprocess.run`` SIGKILLs its child on any exception it sees, ``Terminated``
+def run_to_end(args: list[str], timeout: float | None = None, **popen: object) -> subprocess.CompletedProcess:
+    """``subprocess.run`` (``check=False``; ``popen`` are ``Popen``'s arguments; past ``timeout`` the child is
+    killed and ``subprocess.TimeoutExpired`` raised, as there) for a child that must not be cut short. ``subprocess.run`` SIGKILLs its child on any exception it sees, ``Terminated``
     included: terraform, which on its own SIGTERM stops and releases its state lock, then left the
     lock held; gpufleet-exec, which on its SIGTERM stops its task and revokes the task's Vault token,
-    left the token alive. On ``Terminated`` the child is left to act on the SIGTERM its process group
+    left the token alive; a base synthesis of ``gpufleet preview`` (``main.py``, which unwinds on SIGTERM)
+    left its jsii files. On ``Terminated`` the child is left to act on the SIGTERM its process group
     got (or to finish, when only this process got one) and waited for, its output still read; the
     grace timer bounds that wait, and a child outliving it goes on alone, as before SIGTERM unwound."""
     with subprocess.Popen(args, **popen) as proc:  # type: ignore[call-overload]
         try:
-            out, err = proc.communicate()
+            out, err = proc.communicate(timeout=timeout)
         except Terminated:
+            proc.communicate()
+            raise
+        except subprocess.TimeoutExpired:
+            proc.kill()
             proc.communicate()
             raise
         except BaseException:

@@ -323,3 +323,41 @@ def test_sigterm_to_a_check_while_checkov_scans_leaves_nothing(checkout: Path, t
     left = sorted(name for name in os.listdir(tmp_path / "tmp") if not name.startswith(NOT_OURS))
     assert left == [], "temporary files left behind"
     assert sorted(os.listdir(out.parent)) == ["cdktf.out"], "a staging directory left beside --out"
+
+
+def test_sigterm_during_a_preview_lets_the_base_synthesis_clean_up(tmp_path: Path) -> None:
+    """``gpufleet preview`` synthesizes a side whose code differs from the running one in a subprocess with that
+    side's own ``main.py``, which unwinds on SIGTERM too. Before: ``subprocess.run`` SIGKILLed it as the preview
+    unwound from the group's SIGTERM, so its jsii files stayed in TMPDIR."""
+    repo = copy_checkout(tmp_path / "repo")
+    env = dict(os.environ, GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@example.com", GIT_COMMITTER_NAME="t", GIT_COMMITTER_EMAIL="t@example.com")
+    for args in (["init", "-q", "-b", "main"], ["add", "-A"], ["commit", "-qm", "base"]):
+        subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, env=env)
+    static_ips = repo / "constructs_lib" / "static_ips.py"  # a code edit: the working tree synthesizes in a subprocess
+    static_ips.write_text(static_ips.read_text().replace('f"ip_{ip.name}"', 'f"static_ip_{ip.name}"', 1))
+    (tmp_path / "tmp").mkdir()
+    env |= {"TMPDIR": str(tmp_path / "tmp"), "GPUFLEET_SYNTH_CACHE": "off"}
+    argv = [GPUFLEET, "--repo", str(repo), "preview", "--base", "HEAD", "--cache-dir", str(tmp_path / "cache")]
+    proc = subprocess.Popen(argv, cwd=repo, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, process_group=0)
+    deadline = time.monotonic() + 120
+
+    def side_synthesis() -> int | None:
+        for pid in _descendants(proc.pid):
+            try:
+                if b"runpy.run_path('main.py'" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    return pid
+            except OSError:
+                continue
+        return None
+
+    while (side := side_synthesis()) is None or not _descendants(side):  # main.py runs and its jsii kernel is up
+        assert proc.poll() is None and time.monotonic() < deadline, f"no subprocess synthesis: {proc.communicate()}"
+        time.sleep(0.05)
+    time.sleep(1.0)
+    started = _descendants(proc.pid)
+    os.killpg(proc.pid, signal.SIGTERM)
+    _, err = proc.communicate(timeout=termination.GRACE_SECONDS + 20)
+    assert proc.returncode == -signal.SIGTERM, err
+    assert [pid for pid in started if _alive(pid)] == []
+    left = sorted(name for name in os.listdir(tmp_path / "tmp") if not name.startswith(NOT_OURS))
+    assert left == [], "temporary files left behind"
