@@ -80,7 +80,12 @@ def held() -> Iterator[None]:
     """A step that must not stop half-way, such as swapping a new output tree for the previous one
     (two renames): ``Terminated`` raised between them would leave neither tree in place, and the
     caller's ``finally`` would then delete the new one. A SIGTERM inside raises ``Terminated`` when
-    the block ends, replacing an exception the block raised meanwhile; the grace timer already runs."""
+    the block ends, replacing an exception the block raised meanwhile; the grace timer already runs.
+    Only the main thread's blocks count: the handler runs there, and ``Terminated`` must be raised there.
+    Another thread's block (a checkov scan thread storing a result) changes nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
     _state["holding"] += 1
     try:
         yield

@@ -361,3 +361,64 @@ def test_sigterm_during_a_preview_lets_the_base_synthesis_clean_up(tmp_path: Pat
     assert [pid for pid in started if _alive(pid)] == []
     left = sorted(name for name in os.listdir(tmp_path / "tmp") if not name.startswith(NOT_OURS))
     assert left == [], "temporary files left behind"
+
+
+def test_a_sigterm_while_a_cache_entry_is_written_leaves_no_partial_file(tmp_path: Path) -> None:
+    """Synthesis and checkov cache entries are written to a ``.partial.*`` file renamed into place; before, a
+    SIGTERM between the two left that file in the cache for good (no later run removes it)."""
+    done, _ = _run_snippet("""
+        import os, signal, sys, tempfile
+        from pathlib import Path
+        from clusters import cache_trust
+        from clusters.termination import EXIT_TERMINATED, Terminated, sigterm_unwinds
+
+        made = tempfile.mkstemp
+
+        def mkstemp(*args, **kwargs):
+            handle = made(*args, **kwargs)
+            os.kill(os.getpid(), signal.SIGTERM)  # the SIGTERM arrives while the entry is being written
+            return handle
+
+        tempfile.mkstemp = mkstemp
+        Path(sys.argv[1], "cache").mkdir()
+        try:
+            with sigterm_unwinds():
+                cache_trust.write(Path(sys.argv[1], "cache", "ab", "entry.json"), "{}")
+        except Terminated:
+            sys.exit(EXIT_TERMINATED)
+    """, tmp_path)
+    assert done.returncode == -signal.SIGTERM, done.stderr
+    assert os.listdir(tmp_path / "cache" / "ab") == ["entry.json"]
+
+
+def test_a_hold_in_another_thread_leaves_sigterm_to_the_main_thread(tmp_path: Path) -> None:
+    """``held`` counts the main thread's blocks only: a checkov scan thread writing a cache entry must not turn
+    the main thread's SIGTERM into a ``Terminated`` raised later in that scan thread."""
+    done, _ = _run_snippet("""
+        import os, signal, sys, threading, time
+        from pathlib import Path
+        from clusters.termination import EXIT_TERMINATED, Terminated, held, sigterm_unwinds
+
+        inside, release = threading.Event(), threading.Event()
+
+        def scan():
+            with held():
+                inside.set()
+                release.wait(5)
+
+        try:
+            with sigterm_unwinds():
+                thread = threading.Thread(target=scan)
+                thread.start()
+                inside.wait(5)
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(3)
+                sys.exit(0)  # not reached: the main thread unwinds at once
+        except Terminated:
+            Path(sys.argv[1], "unwound").write_text("yes")
+            release.set()
+            thread.join()
+            sys.exit(EXIT_TERMINATED)
+    """, tmp_path)
+    assert done.returncode == -signal.SIGTERM, done.stderr
+    assert (tmp_path / "unwound").is_file(), "the main thread did not unwind on SIGTERM"
