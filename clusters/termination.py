@@ -36,7 +36,10 @@ from types import FrameType
 
 # 128 + SIGTERM: what a shell reports for a process SIGTERM ended (the grace timer's exit status).
 EXIT_TERMINATED = 128 + signal.SIGTERM
-GRACE_SECONDS = 10.0
+# Room for a synthesis worker's clean-up (``stacks.parallel.STOP_SECONDS``: jsii's exit hook alone may take
+# 5 s waiting for a busy kernel and 5 s joining its stderr reader) and this process's own; well inside what
+# systemd (90 s) and Kubernetes (30 s) give a stopped process before SIGKILL.
+GRACE_SECONDS = 20.0
 
 
 _state = {"terminated": False, "hooked": False, "holding": 0, "pending": False}

@@ -64,7 +64,10 @@ _early_kernel: list[threading.Thread] = []
 # Clusters per App when a caller wants each stack as soon as it is written (``synth_streamed``).
 STREAM_CLUSTERS = 10
 # How long a worker asked to stop (SIGTERM) may take to remove its files before it is killed.
-STOP_SECONDS = 10.0
+# Past jsii's own exit hook at its slowest (5 s for a busy kernel, 5 s for its stderr reader), and well inside
+# the grace (clusters.termination.GRACE_SECONDS): a worker using all of its own would outlive this process's,
+# which would then end before it can kill the worker or remove the staging directory.
+STOP_SECONDS = 12.0
 # Told each stack directory (under the staging tree) once its files are written and final.
 Written = Callable[[Path], None]
 

@@ -422,3 +422,20 @@ def test_a_hold_in_another_thread_leaves_sigterm_to_the_main_thread(tmp_path: Pa
     """, tmp_path)
     assert done.returncode == -signal.SIGTERM, done.stderr
     assert (tmp_path / "unwound").is_file(), "the main thread did not unwind on SIGTERM"
+
+
+def test_a_kernel_that_does_not_exit_when_asked_is_killed_by_the_launchers_exit_hook(tmp_path: Path) -> None:
+    """The launcher's Node kernel ignores SIGTERM, so jsii's fallback (a SIGTERM 5 s after an unanswered exit
+    request) is void: the launcher's hook kills such a kernel, and only a running child of this process."""
+    from constructs_lib.jsii_runtime import clean_up
+
+    hung = subprocess.Popen([sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"])
+    (tmp_path / "k" / "lib").mkdir(parents=True)
+    (tmp_path / "k" / "lib" / "kernel.pid").write_text(str(hung.pid))
+    clean_up(tmp_path / "k")
+    assert not _alive(hung.pid) and not (tmp_path / "k").exists()  # killed and reaped by the hook
+    hung.wait(timeout=5)
+    (tmp_path / "n" / "lib").mkdir(parents=True)
+    (tmp_path / "n" / "lib" / "kernel.pid").write_text(str(os.getppid()))  # not a child: left alone
+    clean_up(tmp_path / "n")
+    assert _alive(os.getppid()) and not (tmp_path / "n").exists()
