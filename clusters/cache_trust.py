@@ -19,6 +19,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from clusters import termination
+
 _WRITABLE_BY_OTHERS = stat.S_IWGRP | stat.S_IWOTH
 
 
@@ -91,11 +93,13 @@ def entry(directory: Path, *relative: str) -> Path | None:
 def write(target: Path, text: str) -> None:
     """Write one entry atomically (a reader sees the old file or the whole new one), its folder 0700;
     a read-only or full cache only costs speed, so an OSError is dropped."""
-    try:
-        target.parent.mkdir(mode=0o700, exist_ok=True)
-        handle, partial = tempfile.mkstemp(prefix=".partial.", dir=target.parent)
-        with os.fdopen(handle, "w", encoding="utf-8") as out:
-            out.write(text)
-        os.replace(partial, target)
-    except OSError:
-        pass
+    # Held (clusters.termination): a SIGTERM between mkstemp and the rename left a ``.partial.*`` file for good.
+    with termination.held():
+        try:
+            target.parent.mkdir(mode=0o700, exist_ok=True)
+            handle, partial = tempfile.mkstemp(prefix=".partial.", dir=target.parent)
+            with os.fdopen(handle, "w", encoding="utf-8") as out:
+                out.write(text)
+            os.replace(partial, target)
+        except OSError:
+            pass

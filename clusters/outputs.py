@@ -28,6 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from clusters import repo as repo_mod
+from clusters import termination
 from clusters.errors import UserError
 
 MARKER = ".gpufleet-output"
@@ -109,10 +110,13 @@ def replace_dir(new: Path, target: Path, *, option: str = "--out") -> None:
     if not target.exists():
         os.replace(new, target)
         return
-    old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old.", dir=target.parent))
-    os.replace(target, old)  # onto the empty temp dir: POSIX rename replaces an empty directory
-    os.replace(new, target)
-    shutil.rmtree(old, ignore_errors=True)
+    # Held (clusters.termination): a SIGTERM between the renames would leave no ``target``, and the
+    # caller's ``finally`` then deletes ``new``; the swap completes and the signal acts after it.
+    with termination.held():
+        old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old.", dir=target.parent))
+        os.replace(target, old)  # onto the empty temp dir: POSIX rename replaces an empty directory
+        os.replace(new, target)
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def refuse_symlinks(directory: Path, *relative: str, option: str = "--out") -> None:

@@ -30,6 +30,11 @@ that grows with the fleet (bench/check.py, issue 28). Three costs in it are not 
   (cdktf's and constructs' helpers pass a plain ``{stack: ""}`` and then read back no frames);
   errors keep their stacks, so a failing synthesis still reports where.
 
+- A SIGTERM sent to the whole process group would end the kernel before its Python process, which
+  unwinds on it (``clusters.termination``) and whose exit hook then fails on the closed pipe and
+  leaves the kernel's temporary files. The launcher leaves SIGTERM to the Python side: the kernel
+  exits when asked, or when its stdin closes because the Python process is gone.
+
 - cdktf resolves each element's attributes twice (``prepareStack``, the stack's ``toTerraform``) and
   a generated resource hands it every optional attribute, most of them ``undefined``. For each such
   key ``resolve`` (``cdktf/lib/tokens/private/resolve.js``) builds two contexts (each copying the key
@@ -61,6 +66,7 @@ import atexit
 import importlib.resources
 import os
 import shutil
+import signal
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -101,6 +107,14 @@ process.on("uncaughtException", (error) => {
   stderr.write(require("util").inspect(error) + "\\n");
   process.exit(1);
 });
+// A SIGTERM to the whole process group (`timeout`, a cancelled CI job) reaches this kernel too. Its Python
+// process unwinds on it (clusters/termination.py) and its exit hook then asks this kernel to exit, which
+// removes the kernel's temporary files; killed by the signal first, the kernel would leave them and that
+// hook would fail on a closed pipe. So SIGTERM is left to the Python side; a Python process that is gone
+// closes stdin, which ends this kernel too. jsii's own fallback for a kernel that does not answer its exit
+// request is a SIGTERM, which this makes void: the launcher's exit hook kills such a kernel by the pid here.
+process.on("SIGTERM", () => {});
+fs.writeFileSync(require("path").join(__dirname, "kernel.pid"), String(process.pid));
 // --preserve-symlinks comes through NODE_OPTIONS, which execArgv does not list; the kernel reads
 // execArgv to choose between one symlink per package and a tree of hard links it removes at exit.
 if (!process.execArgv.includes("--preserve-symlinks")) process.execArgv.push("--preserve-symlinks");
@@ -209,11 +223,26 @@ def write_runtime(directory: Path) -> Path | None:
     return launcher
 
 
+def clean_up(directory: Path) -> None:
+    """The launcher's exit hook, after jsii's: a kernel that has not exited by now (it did not answer jsii's
+    exit request within jsii's 5 s, and ignores the SIGTERM jsii then sends) is killed, as that SIGTERM killed
+    it before the launcher ignored it; then the launcher's files go. Only a child of this process that is
+    still running is killed (``waitpid`` refuses any other pid, so a reused pid is safe)."""
+    try:
+        pid = int((directory / "lib" / "kernel.pid").read_text())
+        if os.waitpid(pid, os.WNOHANG) == (0, 0):
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+    except (OSError, ValueError):  # no kernel started, or it has exited (and is reaped now), or not a child
+        pass
+    shutil.rmtree(directory, ignore_errors=True)
+
+
 def _launcher() -> Path | None:
     """This process's launcher, written on first use (None: start jsii as packaged)."""
     if "launcher" not in _state:
         directory = Path(tempfile.mkdtemp(prefix="gpufleet-jsii-"))
-        atexit.register(shutil.rmtree, directory, ignore_errors=True)  # runs after jsii's own exit hook stops the kernel
+        atexit.register(clean_up, directory)  # runs after jsii's own exit hook stops the kernel
         try:
             _state["launcher"] = write_runtime(directory)
         except OSError:

@@ -3,6 +3,7 @@
 Command modules are imported at start-up, so they must stay cheap to import: anything that
 loads cdktf, providers, hvac or python-nomad is imported inside the command function.
 User errors (ConfigError, UserError) become one line per problem on stderr and exit 2.
+SIGTERM unwinds a command as Ctrl-C does (``clusters.termination``) and exits 143.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import typer
 import clusters.repo
 
 from clusters.errors import ConfigError, Problem, UserError
+from clusters.termination import EXIT_TERMINATED, Terminated, sigterm_unwinds
 from gpufleet import doctor_cmd, exp_cmd, fleet_cmd, jobs_cmd, nomad_cmd, ops_cmd, preview_cmd, serve_cmd, vault_cmd
 
 app = typer.Typer(
@@ -72,7 +74,11 @@ def _relative(problem: Problem) -> Problem:
 
 def main(argv: list[str] | None = None) -> int:
     try:
-        rc = _command()(args=argv, standalone_mode=False)
+        with sigterm_unwinds():
+            rc = _command()(args=argv, standalone_mode=False)
+    except Terminated:
+        print("terminated", file=sys.stderr)
+        return EXIT_TERMINATED
     except ConfigError as exc:
         for problem in exc.problems:
             print(f"error: {_relative(problem)}", file=sys.stderr)

@@ -22,7 +22,6 @@ import os
 import re
 import secrets
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -31,6 +30,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from clusters.errors import UserError
+from clusters.termination import run_to_end
 from jobs.meta import validate_meta
 from jobs.nomad.render import JOB_META_ROLE, render, task_env
 from jobs.spec import TASK, FinetuneSpec, exec_argv
@@ -157,7 +157,8 @@ def run_local(spec: FinetuneSpec, meta: Mapping[str, str], *, environ: Mapping[s
         argv = local_argv(spec)
         role = render(spec)["Job"]["Meta"].get(JOB_META_ROLE, "none: a job without secrets")
         print(f"run-local {job_id} (role {role}, alloc dir {root})", file=sys.stderr, flush=True)
-        code = subprocess.run(argv, cwd=REPO_ROOT, env=env, check=False).returncode
+        # Not subprocess.run: a SIGTERM would SIGKILL gpufleet-exec before it revokes the task's token (termination.run_to_end).
+        code = run_to_end(argv, cwd=REPO_ROOT, env=env).returncode
     finally:
         if not keep_alloc_dir:
             shutil.rmtree(root, ignore_errors=True)

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from clusters.errors import UserError
+from clusters.termination import run_to_end
 
 CACHE_VERSION = 1
 SYNTH_TIMEOUT_S = 900
@@ -174,7 +175,9 @@ def synth_tree(tree: Path, outdir: Path, label: str = "the base", subprocess_ok:
     env.pop("GPUFLEET_CLUSTERS_DIR", None)
     check = f"import sys; sys.path.insert(0, {str(tree)!r}); import runpy; runpy.run_path('main.py', run_name='__main__')"
     try:
-        result = subprocess.run([sys.executable, "-c", check], cwd=tree, env=env, capture_output=True, text=True, timeout=SYNTH_TIMEOUT_S)
+        # Not subprocess.run: a SIGTERM would SIGKILL main.py before it removes its jsii files (termination.run_to_end).
+        result = run_to_end([sys.executable, "-c", check], cwd=tree, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            timeout=SYNTH_TIMEOUT_S)
     except subprocess.TimeoutExpired:
         raise UserError(f"{label} did not finish synthesizing in {SYNTH_TIMEOUT_S} s; run `gpufleet synth` there to see why") from None
     if result.returncode != 0:

@@ -298,9 +298,14 @@ def scan_chunks(chunks: list[tuple[Path, ...]], skip_ids: tuple[str, ...], binar
         warm.discard()
         warm = None
     started = iter([warm] if warm is not None else [])
+    stopped = threading.Event()
+    running: list[_Worker] = []
 
     def work() -> None:
         worker = next(started, None) or _Worker(python, skip_ids)
+        running.append(worker)
+        if stopped.is_set():  # started as the scan was abandoned: ``_abandon`` may have missed it
+            worker.process.kill()
         try:
             while True:
                 try:
@@ -315,8 +320,29 @@ def scan_chunks(chunks: list[tuple[Path, ...]], skip_ids: tuple[str, ...], binar
             worker.close()
 
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        for future in [pool.submit(work) for _ in range(workers)]:
-            future.result()
+        futures = [pool.submit(work) for _ in range(workers)]
+        try:
+            for future in futures:
+                future.result()
+        except BaseException:
+            _abandon(todo, running, stopped)
+            raise
+
+
+def _abandon(todo: queue.SimpleQueue[tuple[Path, ...]], running: list[_Worker], stopped: threading.Event) -> None:
+    """The caller is unwinding (SIGTERM, Ctrl-C, an error in ``done``): leaving the pool waits for its threads,
+    which would otherwise scan every chunk left, for nobody, with workers no signal reached (SIGTERM to the
+    command alone), until the grace timer ended the process with its temporary files still there. The threads
+    take no further chunk and the workers are killed, so the chunk each scans ends at once (an error result,
+    which the checkov cache never stores)."""
+    stopped.set()
+    while True:
+        try:
+            todo.get_nowait()
+        except queue.Empty:
+            break
+    for worker in list(running):
+        worker.process.kill()
 
 
 def default_workers(stacks: int) -> int:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from clusters.errors import UserError
 from clusters.source import did_you_mean
+from clusters.termination import run_to_end
 
 PLANFILE = "gpufleet.tfplan"
 PLAN_JSON = "gpufleet.plan.json"
@@ -110,7 +111,8 @@ def stack_dir(out_dir: Path, stack: str) -> Path:
 
 def _run(args: list[str], cwd: Path, step: str) -> str:
     env = dict(os.environ, TF_IN_AUTOMATION="1", TF_INPUT="0")
-    done = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, check=False)
+    # Not subprocess.run: a SIGTERM would SIGKILL terraform mid-plan and leave its state lock (termination.run_to_end).
+    done = run_to_end(args, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     if done.returncode != 0:
         raise TerraformFailed(step, done.stderr, done.stdout)
     return done.stdout

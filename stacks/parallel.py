@@ -44,12 +44,14 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from clusters.errors import UserError
 from clusters.schema import ClusterConfig
+from clusters.termination import EXIT_TERMINATED, Terminated, sigterm_unwinds
 from stacks.layout import StackInfo, plan_stacks
 
 CODE_ROOT = Path(__file__).resolve().parent.parent
@@ -61,6 +63,11 @@ _early_cores: list[int] = []
 _early_kernel: list[threading.Thread] = []
 # Clusters per App when a caller wants each stack as soon as it is written (``synth_streamed``).
 STREAM_CLUSTERS = 10
+# How long a worker asked to stop (SIGTERM) may take to remove its files before it is killed.
+# Past jsii's own exit hook at its slowest (5 s for a busy kernel, 5 s for its stderr reader), and well inside
+# the grace (clusters.termination.GRACE_SECONDS): a worker using all of its own would outlive this process's,
+# which would then end before it can kill the worker or remove the staging directory.
+STOP_SECONDS = 12.0
 # Told each stack directory (under the staging tree) once its files are written and final.
 Written = Callable[[Path], None]
 
@@ -272,6 +279,11 @@ def early_workers(clusters: int, jobs: int | None = None) -> Iterator[None]:
             kernel.start()
             _early_kernel.append(kernel)
         yield
+    except Terminated:
+        # Its own process group kept the group's SIGTERM from it, and a closed stdin ends it only once it has
+        # warmed up, after this process is gone: stopped now, it unwinds and removes its jsii files meanwhile.
+        _stop_workers(_early)
+        raise
     finally:
         for proc in _early:  # not needed: it exits by itself (removing its kernel's files), nobody waits for it
             assert proc.stdin is not None
@@ -342,10 +354,7 @@ def synthesize_parallel(configs: tuple[ClusterConfig, ...], tmp: Path, workers: 
             for name in manifests[-1]["stacks"] if written is not None else ():
                 written(part / "stacks" / name)
     finally:
-        for proc in started:  # after an error here, a worker still running has nothing left to do
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+        _stop_workers(started)  # after an error here, a worker still running has nothing left to do
     entries: dict[str, dict] = {}
     (tmp / "stacks").mkdir()
     for part, manifest in zip(parts, manifests):
@@ -360,6 +369,21 @@ def synthesize_parallel(configs: tuple[ClusterConfig, ...], tmp: Path, workers: 
     order = [s.name for s in info if s.name in entries]
     (tmp / "manifest.json").write_text(manifest_json({**manifests[0], "stacks": entries}), encoding="utf-8")
     return tuple(order)
+
+
+def _stop_workers(procs: list[subprocess.Popen]) -> None:
+    """SIGTERM every worker still running, so it unwinds and its exit hooks remove its jsii files
+    (``clusters.termination``); one that has not ended ``STOP_SECONDS`` later is killed."""
+    running = [proc for proc in procs if proc.poll() is None]
+    for proc in running:
+        proc.terminate()
+    deadline = time.monotonic() + STOP_SECONDS
+    for proc in running:
+        try:
+            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def _cores() -> list[int]:
@@ -435,5 +459,15 @@ def _worker_main(job: Path) -> int:
     return 0
 
 
+def _main(argv: list[str]) -> int:
+    """A worker's entry: SIGTERM (its caller stopping it, or a signal to the whole group) unwinds it, so
+    the exit hooks stop its jsii kernel and remove the kernel's files before it exits."""
+    try:
+        with sigterm_unwinds():
+            return _early_main(argv[2]) if argv[1] == "--early" else _worker_main(Path(argv[1]))
+    except Terminated:
+        return EXIT_TERMINATED
+
+
 if __name__ == "__main__":
-    sys.exit(_early_main(sys.argv[2]) if sys.argv[1] == "--early" else _worker_main(Path(sys.argv[1])))
+    sys.exit(_main(sys.argv))

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from clusters.errors import UserError
 from clusters.schema import ClusterConfig, TfcState
-from clusters import cache_trust, outputs
+from clusters import cache_trust, outputs, termination
 from stacks import synth_cache
 from stacks.interpolation import check_outdir
 from stacks.layout import TFC_WORKSPACES_STACK, StackInfo, plan_stacks
@@ -203,6 +203,12 @@ def _merge(new: Path, target: Path, stacks: tuple[str, ...]) -> None:
     outputs.ensure_dir(target)
     outputs.refuse_symlinks(target, "manifest.json", *(f"stacks/{stack}" for stack in stacks))
     (target / "stacks").mkdir(exist_ok=True)
+    with termination.held():  # a SIGTERM acts once every stack and the manifest are swapped, not between two renames
+        _merge_stacks(new, target, stacks)
+
+
+def _merge_stacks(new: Path, target: Path, stacks: tuple[str, ...]) -> None:
+    """``_merge``'s swaps and manifest update, one step a SIGTERM does not cut (``termination.held``)."""
     for stack in stacks:
         _swap(new / "stacks" / stack, target / "stacks" / stack)
     manifest_path = target / "manifest.json"
