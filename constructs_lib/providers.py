@@ -58,6 +58,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
 
+from constructs_lib import jsii_structs
+
+# Every synthesis imports the providers through here: from now on this process hands structs to the
+# kernel without calling each generated getter (constructs_lib/jsii_structs.py; jsii 1.142.0 only).
+jsii_structs.install()
+
 _loading = {"naive": False, "started": False}
 
 
