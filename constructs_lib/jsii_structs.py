@@ -133,7 +133,10 @@ def _struct_of(cls: type) -> _Struct | None:
 
 def make_reference_for_native(kernel: Any, d: Any) -> Any:
     """jsii's ``_make_reference_for_native`` with struct values read as described in the module docstring."""
-    struct = _struct_of(type(d))
+    cls = type(d)
+    if cls is str or cls is int or cls is float or cls is bool or d is None:
+        return d  # what upstream returns for these exact types (line 190), after its three checks
+    struct = _struct_of(cls)
     if struct is None or getattr(d, "__jsii_type__", None) is None \
             or getattr(d, "__jsii_name_mapping__", None) is not struct.mapping:
         return _state["upstream"](kernel, d)

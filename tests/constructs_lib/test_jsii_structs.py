@@ -73,7 +73,7 @@ def test_nested_structs_lists_and_maps_serialize_as_upstream(fleet_out):
     config = pool.ContainerNodePoolNodeConfig(machine_type="a3-highgpu-8g", labels={"a": "1"},
                                               taint=[pool.ContainerNodePoolNodeConfigTaint(key="k", value="v",
                                                                                           effect="NO_SCHEDULE")])
-    for value in (autoscaling, config, [autoscaling, {"m": config}], {"x": [config, None, 1.5, True]}):
+    for value in (autoscaling, config, [autoscaling, {"m": config}], {"x": [config, None, 1.5, True]}, "s", 0, None, False, 2.5):
         assert jsii_structs.make_reference_for_native(None, value) == _upstream()(None, value)
 
 
