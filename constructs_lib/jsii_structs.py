@@ -1,35 +1,38 @@
 """Struct values sent to the jsii kernel without calling each generated property getter.
 
-Whenever Python hands a struct (a ``@jsii.data_type`` class: a resource's config, a block of
-it) to the kernel, jsii 1.142.0 serializes it in ``_make_reference_for_native``
-(``jsii/_kernel/__init__.py:154-206``): for every entry of the class's name mapping it calls
-the property getter, ``getattr(d, python_name)`` (line 182), and serializes the result. Each
-getter jsii-pacmak generated reads ``self._values.get("<key>")`` and returns
-``typing.cast(typing.Optional[<type>], result)`` (a required property asserts
-``result is not None`` first): ``typing.cast`` returns its second argument unchanged, so all the
-getter adds to the dictionary read is building the subscripted type, a ``typing`` cache lookup
-per getter. A generated provider struct has dozens of optional properties, mostly unset; a
-generated cluster passes about 2,800 getters per cluster, about 4 us each (11 ms of a cluster's
-~88 ms of CPU, issue 28 fifth round).
+Whenever Python hands a struct (a ``@jsii.data_type`` class: a resource's config, a block of it) to the
+kernel, jsii 1.142.0 serializes it in ``_make_reference_for_native``
+(``jsii/_kernel/__init__.py:154-206``): for every entry of the class's name mapping it calls the
+property getter, ``getattr(d, python_name)`` (line 182), and serializes the result. Each getter
+jsii-pacmak generated reads ``self._values.get("<key>")`` and returns
+``typing.cast(typing.Optional[<type>], result)`` (a required property asserts ``result is not None``
+first): ``typing.cast`` returns its second argument unchanged, so all the getter adds to the dictionary
+read is building the subscripted type, a ``typing`` cache lookup per getter. A generated provider struct
+has dozens of optional properties, mostly unset; a generated cluster passes about 2,800 getters per
+cluster, about 4 us each (11 ms of a cluster's ~88 ms of CPU, issue 28 fifth round).
 
-Here the same function reads ``_values`` directly, but only for a property whose getter is
-provably the generated one: the class attribute (``inspect.getattr_static``, the same lookup
-``getattr`` makes for a data descriptor) is a plain ``property`` whose getter's bytecode is
+Here the same function reads ``_values`` directly, but only for a property whose getter is provably the
+generated one: the class attribute (the first one on the class's MRO, which is what ``getattr`` finds
+for a data descriptor when the metaclass is ``type``) is a plain ``property`` whose getter's bytecode is
 exactly the generator's shape (``_generated_key`` below: ``self._values.get(<str constant>)``,
 optionally the ``is not None`` assert, then ``typing.cast(<type expression>, result)`` where the type
-expression only loads existing global names and their attributes, subscripts and builds tuples,
-and ``typing.cast`` is the real one). Anything else (a user subclass overriding a getter, a
-class with its own ``__getattribute__``, a non-dict ``_values``, another Python's bytecode) is
-read through the getter as before. A required property whose value is missing is read through
-its getter too, so it fails with the generated ``AssertionError`` and message. The values are read
-and serialized one after another in the mapping's order, as upstream does (serializing a value
-may create a kernel object, and object ids follow that order).
+expression only loads existing global names and their attributes, subscripts and builds tuples, and
+``typing.cast`` is the real one). Anything else (a user subclass overriding a getter, a class with its
+own ``__getattribute__`` or metaclass, a missing or non-dict ``_values``, another Python's bytecode) is
+read through the getter as before. A required property whose value is missing is read through its getter
+too, so it fails with the generated ``AssertionError`` and message. The values are read and serialized
+one after another in the mapping's order, as upstream does (serializing a value may create a kernel
+object, and object ids follow that order).
 
-Each class is examined once per process, and getters that compile to the same bytecode, names and constant
-types (all getters of one property type: a few hundred layouts) are disassembled once: about 10 ms a
-process for the example fleet's 150 struct classes, against ~75 ms disassembling each getter. Installed only on jsii ``REVIEWED_JSII``, the version whose
-``_make_reference_for_native`` was read (``tests/constructs_lib/test_jsii_structs.py`` fails on an
-upgrade until the new one is read and named here); on any other version jsii's own function runs.
+Each class is examined on its first use in a process (a getter replaced on a class after that keeps the
+reading chosen then; generated code never replaces one), and getters that compile to the same bytecode,
+names and constant types (all getters of one property type: a few hundred layouts) are disassembled
+once: about 10 ms a process for the example fleet's 150 struct classes, against ~75 ms disassembling
+each getter.
+
+Installed only on jsii ``REVIEWED_JSII``, the version whose ``_make_reference_for_native`` was read
+(``tests/constructs_lib/test_jsii_structs.py`` fails on an upgrade until the new one is read and named
+here); on any other version jsii's own function runs.
 """
 
 from __future__ import annotations
@@ -170,7 +173,7 @@ def make_reference_for_native(kernel: Any, d: Any) -> Any:
     if struct is None or getattr(d, "__jsii_type__", None) is None \
             or getattr(d, "__jsii_name_mapping__", None) is not struct.mapping:
         return _state["upstream"](kernel, d)
-    values = d._values
+    values = getattr(d, "_values", None)  # not there, or not a dict: jsii's function, which fails as it fails
     if type(values) is not dict:
         return _state["upstream"](kernel, d)
     module = _state["module"]

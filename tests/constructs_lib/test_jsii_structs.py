@@ -92,6 +92,15 @@ def test_a_subclass_overriding_a_getter_is_called(fleet_out):
         "locationPolicy"] is None
 
 
+def test_a_struct_without_values_fails_as_upstream(fleet_out):
+    obj = google.container_node_pool.ContainerNodePoolAutoscaling.__new__(google.container_node_pool.ContainerNodePoolAutoscaling)
+    with pytest.raises(AttributeError) as upstream_error:
+        _upstream()(None, obj)
+    with pytest.raises(AttributeError) as fast_error:
+        jsii_structs.make_reference_for_native(None, obj)
+    assert str(fast_error.value) == str(upstream_error.value)
+
+
 _GENERATED = '''
 @builtins.property
 def optional(self) -> typing.Optional[builtins.str]:
