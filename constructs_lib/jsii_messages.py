@@ -16,18 +16,32 @@ request with a field of an unexpected type. The JSON text is then made by the sa
 so the bytes are the same; ``tests/constructs_lib/test_jsii_messages.py`` records every message of a
 real synthesis both ways and compares the bytes. Every other request, and every reply, is jsii's code.
 
-Installed only on jsii ``REVIEWED_JSII`` (``constructs_lib/jsii_structs.py``); any other version sends
-as packaged, and the test fails on an upgrade.
+Installed only on jsii ``REVIEWED_JSII`` (``constructs_lib/jsii_structs.py``) with cattrs
+``REVIEWED_CATTRS``: the bytes jsii sends depend on cattrs too, which jsii 1.142.0 accepts from 1.8 to
+26.x. Up to 23.x cattrs hands an element of a ``List[Any]`` on as it is (an ``IntEnum`` argument is sent
+as its number), where 24.1 and later, like the copy here, unstructure it by its class (the same
+``IntEnum`` reaches jsii's enum hook and fails). With any other jsii or cattrs the packaged ``send``
+runs, and the test fails on an upgrade of either.
 """
 
 from __future__ import annotations
 
 import json
+from importlib import metadata
 from typing import Any
 
 from constructs_lib.jsii_structs import reviewed_jsii
 
+REVIEWED_CATTRS = "26.2.1"
 _state: dict[str, Any] = {}
+
+
+def reviewed_cattrs() -> bool:
+    """The cattrs installed is the one whose unstructuring ``unstructure`` below was compared with."""
+    try:
+        return metadata.version("cattrs") == REVIEWED_CATTRS
+    except metadata.PackageNotFoundError:
+        return False
 
 
 def _copy(value: Any, unstructure: Any) -> Any:
@@ -112,7 +126,7 @@ def install() -> bool:
 
     if process._NodeProcess.send is send:
         return True
-    if not reviewed_jsii():
+    if not (reviewed_jsii() and reviewed_cattrs()):
         return False
     _state.update(process=process, types=types, upstream=process._NodeProcess.send)
     process._NodeProcess.send = send

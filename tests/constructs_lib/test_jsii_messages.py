@@ -28,7 +28,11 @@ def _both(converter, request) -> tuple[bytes, bytes]:
 
 
 def test_installed_only_on_the_reviewed_jsii():
+    # An upgrade of jsii or of cattrs fails here until the new one is compared and named.
+    import importlib.metadata
+
     assert jsii.__version__ == jsii_structs.REVIEWED_JSII
+    assert importlib.metadata.version("cattrs") == jsii_messages.REVIEWED_CATTRS
     assert process._NodeProcess.send is jsii_messages.send
 
 
@@ -88,3 +92,19 @@ def test_unusual_values_encode_as_cattrs_does():
     for request in requests:
         upstream, mine = _both(converter, request)
         assert mine == upstream, request
+
+
+def test_not_installed_with_a_cattrs_other_than_the_reviewed_one(monkeypatch):
+    """jsii 1.142.0 accepts cattrs>=1.8,<27 (its METADATA), and what the bytes are depends on cattrs, not
+    only on jsii: cattrs 23.2.3 hands a ``List[Any]`` element on as it is, so an ``IntEnum`` argument
+    (``TerraformOutput(value=Replicas.TWO)``) synthesizes as ``2`` with jsii's own ``send``, while the copy
+    here, which asks cattrs for the element by its class as 26.2.1 does, raised ``AttributeError:
+    __jsii_type__`` (jsii's enum hook). With another cattrs the packaged ``send`` must run."""
+    import importlib.metadata
+
+    real_version = importlib.metadata.version
+    monkeypatch.setattr(process._NodeProcess, "send", jsii_messages._state["upstream"])
+    monkeypatch.setattr(importlib.metadata, "version",
+                        lambda name: "23.2.3" if name == "cattrs" else real_version(name))
+    assert jsii_messages.install() is False
+    assert process._NodeProcess.send is jsii_messages._state["upstream"]
