@@ -30,7 +30,7 @@ import json
 from importlib import metadata
 from typing import Any
 
-from constructs_lib.jsii_structs import reviewed_jsii
+from constructs_lib.jsii_structs import hide_from_host_stack_traces, reviewed_jsii
 
 REVIEWED_CATTRS = "26.2.1"
 _state: dict[str, Any] = {}
@@ -129,5 +129,6 @@ def install() -> bool:
     if not (reviewed_jsii() and reviewed_cattrs()):
         return False
     _state.update(process=process, types=types, upstream=process._NodeProcess.send)
+    hide_from_host_stack_traces(send)
     process._NodeProcess.send = send
     return True

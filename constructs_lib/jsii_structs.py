@@ -189,6 +189,18 @@ def make_reference_for_native(kernel: Any, d: Any) -> Any:
     return {"$jsii.struct": {"fqn": getattr(d, "__jsii_type__"), "data": data}}
 
 
+def hide_from_host_stack_traces(function: FunctionType) -> None:
+    """Leave ``function``'s file out of the Python stack jsii sends with each request when
+    ``JSII_HOST_STACK_TRACES`` is set, as jsii leaves out its own files (``jsii/_stack_trace.py``: frames
+    whose file starts with one of ``_INTERNAL_PREFIXES``, jsii's directory). This module's and
+    ``jsii_messages``' functions run where jsii's own ran, so the request lists the same frames as jsii's."""
+    from jsii import _stack_trace
+
+    filename = function.__code__.co_filename
+    if filename not in _stack_trace._INTERNAL_PREFIXES:
+        _stack_trace._INTERNAL_PREFIXES += (filename,)
+
+
 def reviewed_jsii() -> bool:
     import jsii
 
@@ -205,5 +217,6 @@ def install() -> bool:
         return False
     _state["upstream"] = module._make_reference_for_native
     _state["module"] = module
+    hide_from_host_stack_traces(make_reference_for_native)
     module._make_reference_for_native = make_reference_for_native
     return True

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import collections
 import enum
+import inspect
 import json
 
 import jsii
+import pytest
 from jsii._kernel import types
 from jsii._kernel.providers import process
 
@@ -108,3 +110,57 @@ def test_not_installed_with_a_cattrs_other_than_the_reviewed_one(monkeypatch):
                         lambda name: "23.2.3" if name == "cattrs" else real_version(name))
     assert jsii_messages.install() is False
     assert process._NodeProcess.send is jsii_messages._state["upstream"]
+
+
+class _Recorder:
+    """A kernel's stdin that keeps what is written and passes it on."""
+
+    def __init__(self, stdin) -> None:
+        self.stdin, self.lines = stdin, []
+
+    def write(self, data: bytes) -> int:
+        self.lines.append(data)
+        return self.stdin.write(data)
+
+    def flush(self) -> None:
+        self.stdin.flush()
+
+
+@pytest.mark.parametrize("sender", ["copy", "jsii's own (another cattrs)"])
+def test_host_stack_traces_leave_out_the_copies_frames_as_jsii_leaves_out_its_own(monkeypatch, sender):
+    """With ``JSII_HOST_STACK_TRACES=1`` every request carries the Python stack, jsii's own frames left out
+    (``jsii/_stack_trace.py``: every file under jsii's directory). The copied ``send`` and the struct
+    serializer stand where jsii's frames stood, so their frames are left out too: the request a struct
+    holding a Python object sends (``create``) names the caller first, as jsii 1.142.0's does, whether the
+    copied ``send`` or jsii's (with another cattrs only the struct serializer is installed) sends it. The
+    copies used to add themselves (``constructs_lib/jsii_messages.py``, ``send``; ``jsii_structs.py``), so
+    the message was not jsii's byte for byte."""
+    import types as pytypes
+
+    import cdktf
+    from jsii._runtime import kernel
+
+    from constructs_lib.providers import google
+
+    @jsii.implements(cdktf.IResolvable)
+    class Resolvable:
+        creation_stack = []
+
+        def resolve(self, context):
+            return 4
+
+    node = kernel.provider._process
+    recorder = _Recorder(node._process.stdin)
+    monkeypatch.setattr(node, "_process", pytypes.SimpleNamespace(stdin=recorder, stdout=node._process.stdout))
+    monkeypatch.setenv("JSII_HOST_STACK_TRACES", "1")
+    if sender != "copy":
+        monkeypatch.setattr(process._NodeProcess, "send", jsii_messages._state["upstream"])
+    cls = google.container_node_pool.ContainerNodePoolAutoscaling
+    struct = cls.__new__(cls)
+    struct._values = {"max_node_count": Resolvable()}
+    here = inspect.currentframe()
+    line = here.f_lineno + 1
+    jsii_structs._state["module"]._make_reference_for_native(kernel, [struct])
+    (sent,) = [m for m in map(json.loads, recorder.lines) if m.get("api") == "create" and m["fqn"] == "Object"]
+    assert sent["$jsii.stacktrace"][0] == [here.f_code.co_filename, line, 0, here.f_code.co_name]
+    assert not [f for f in sent["$jsii.stacktrace"] if f[0] in (jsii_messages.__file__, jsii_structs.__file__)]
