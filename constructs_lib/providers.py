@@ -58,6 +58,14 @@ from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
 
+from constructs_lib import jsii_messages, jsii_structs
+
+# Every synthesis imports the providers through here: from now on this process hands structs to the
+# kernel without calling each generated getter (constructs_lib/jsii_structs.py) and encodes its most
+# frequent requests without cattrs (constructs_lib/jsii_messages.py); jsii 1.142.0 only.
+jsii_structs.install()
+jsii_messages.install()
+
 _loading = {"naive": False, "started": False}
 
 

@@ -90,6 +90,19 @@ def test_builders_are_pure():
     assert policies() == policies()
 
 
+def test_rules_built_once_equal_a_fresh_build_and_are_not_shared():
+    """privilege_rules and exec_rule are built once per process (each cluster used to rebuild them):
+    the remembered ones equal a build from scratch, and a caller changing its dict changes no one else's."""
+    from constructs_lib import k8s_queue_policy
+
+    assert privilege_rules() == dict(k8s_queue_policy._privilege_rules.__wrapped__())
+    assert exec_rule() == k8s_queue_policy.exec_rule.__wrapped__()
+    mine = privilege_rules()
+    mine["non_root"] = "true"
+    del mine["ephemeral"]
+    assert privilege_rules() == dict(k8s_queue_policy._privilege_rules.__wrapped__())
+
+
 
 def _rxdm(index: int = 1, **changes) -> dict:
     """Upstream's RxDM daemon as gpufleet renders it: a native sidecar, root, unconfined."""

@@ -1,0 +1,134 @@
+"""The three requests a synthesis sends most, turned into jsii's message without cattrs.
+
+jsii 1.142.0 sends every request to the kernel as ``json.dumps(converter.unstructure(request),
+default=jdefault)`` (``jsii/_kernel/providers/process.py:330-344``). A generated cluster sends about 275
+requests, nearly all ``create``, ``invoke`` and ``get``; for them cattrs walks and copies each argument
+(a resource's whole config) through a hook lookup per value, about 5 us of a message's 16 us of encoding.
+
+``unstructure`` below builds the same dictionary for those three request types: the fields in the
+class's order and then ``api`` (what ``_with_api_key`` around ``unstructure_attrs_asdict`` makes,
+process.py:106-112 and 168-197), the object reference through jsii's own ``_unstructure_ref``
+(process.py:121), overrides as their three fields. Arguments are copied the way cattrs copies a value
+typed ``Any`` (by its runtime class): only values of exactly ``dict`` (with ``str`` keys), ``list``,
+``str``, ``int``, ``float``, ``bool`` or ``None`` are copied here; any other value (a jsii object, an
+``ObjRef``, an enum member, a tuple, a subclass of any of these) is handed to cattrs itself, and so is a
+request with a field of an unexpected type. The JSON text is then made by the same ``json.dumps`` call,
+so the bytes are the same; ``tests/constructs_lib/test_jsii_messages.py`` records every message of a
+real synthesis both ways and compares the bytes. Every other request, and every reply, is jsii's code.
+
+Installed only on jsii ``REVIEWED_JSII`` (``constructs_lib/jsii_structs.py``) with cattrs
+``REVIEWED_CATTRS``: the bytes jsii sends depend on cattrs too, which jsii 1.142.0 accepts from 1.8 to
+26.x. Up to 23.x cattrs hands an element of a ``List[Any]`` on as it is (an ``IntEnum`` argument is sent
+as its number), where 24.1 and later, like the copy here, unstructure it by its class (the same
+``IntEnum`` reaches jsii's enum hook and fails). With any other jsii or cattrs the packaged ``send``
+runs, and the test fails on an upgrade of either.
+"""
+
+from __future__ import annotations
+
+import json
+from importlib import metadata
+from typing import Any
+
+from constructs_lib.jsii_structs import hide_from_host_stack_traces, reviewed_jsii
+
+REVIEWED_CATTRS = "26.2.1"
+_state: dict[str, Any] = {}
+
+
+def reviewed_cattrs() -> bool:
+    """The cattrs installed is the one whose unstructuring ``unstructure`` below was compared with."""
+    try:
+        return metadata.version("cattrs") == REVIEWED_CATTRS
+    except metadata.PackageNotFoundError:
+        return False
+
+
+def _copy(value: Any, unstructure: Any) -> Any:
+    """``value`` as cattrs unstructures a value typed ``Any``: plain JSON types copied, the rest by cattrs."""
+    cls = type(value)
+    if cls is str or cls is int or cls is float or cls is bool or value is None:
+        return value
+    if cls is list:
+        return [_copy(item, unstructure) for item in value]
+    if cls is dict:
+        for key in value:
+            if type(key) is not str:
+                return unstructure(value)
+        return {key: _copy(item, unstructure) for key, item in value.items()}
+    return unstructure(value)
+
+
+def _strings(values: Any) -> bool:
+    return type(values) is list and all(type(v) is str for v in values)
+
+
+def unstructure(converter: Any, request: Any) -> dict[str, Any]:
+    """What ``converter.unstructure(request)`` returns, without cattrs for create, invoke and get."""
+    process, types = _state["process"], _state["types"]
+    CreateRequest, GetRequest, InvokeRequest, ObjRef, Override = (  # noqa: N806
+        types.CreateRequest, types.GetRequest, types.InvokeRequest, types.ObjRef, types.Override)
+    cls = type(request)
+    if cls is InvokeRequest:
+        args = request.args
+        if isinstance(request.objref, ObjRef) and type(request.method) is str and (args is None or type(args) is list):
+            return {"objref": process._unstructure_ref(request.objref), "method": request.method,
+                    "args": None if args is None else _copy(args, converter.unstructure), "api": "invoke"}
+    elif cls is GetRequest:
+        if isinstance(request.objref, ObjRef) and type(request.property) is str:
+            return {"objref": process._unstructure_ref(request.objref), "property": request.property, "api": "get"}
+    elif cls is CreateRequest:
+        overrides, interfaces = request.overrides, request.interfaces
+        if type(request.fqn) is str and type(request.args) is list and type(overrides) is list \
+                and all(type(o) is Override and all(v is None or type(v) is str for v in (o.method, o.property, o.cookie))
+                        for o in overrides) \
+                and (interfaces is None or _strings(interfaces)):
+            return {"fqn": request.fqn, "args": _copy(request.args, converter.unstructure),
+                    "overrides": [{"method": o.method, "property": o.property, "cookie": o.cookie} for o in overrides],
+                    "interfaces": None if interfaces is None else list(interfaces), "api": "create"}
+    return converter.unstructure(request)
+
+
+def send(self: Any, request: Any, response_type: Any) -> Any:
+    """jsii 1.142.0's ``_NodeProcess.send`` (process.py:330-358), line for line, with ``unstructure`` above."""
+    process = _state["process"]
+
+    req_dict = unstructure(self._serializer, request)
+
+    if process._stack_traces_enabled():
+        stack_trace = process.capture_stack_trace()
+        if stack_trace:
+            req_dict["$jsii.stacktrace"] = stack_trace
+
+    data = json.dumps(req_dict, default=process.jdefault).encode("utf8")
+
+    assert self._process.stdin is not None
+    self._process.stdin.write(b"%b\n" % (data,))
+    self._process.stdin.flush()
+
+    resp = self._serializer.structure(self._next_message(), process._ProcessResponse)
+
+    if isinstance(resp, process._OkayResponse):
+        return self._serializer.structure(resp.ok, response_type)
+    elif isinstance(resp, process._CallbackResponse):
+        return resp.callback
+    else:
+        if resp.name == process.ErrorType.JSII_FAULT.value:
+            raise process.JSIIError(resp.error) from process.JavaScriptError(resp.stack)
+        raise RuntimeError(resp.error) from process.JavaScriptError(resp.stack)
+
+
+def install() -> bool:
+    """Send this way from now on in this process (True), or leave jsii's ``send`` (False). Works for a
+    kernel already started too: ``send`` is looked up on the class."""
+    from jsii._kernel import types
+    from jsii._kernel.providers import process
+
+    if process._NodeProcess.send is send:
+        return True
+    if not (reviewed_jsii() and reviewed_cattrs()):
+        return False
+    _state.update(process=process, types=types, upstream=process._NodeProcess.send)
+    hide_from_host_stack_traces(send)
+    process._NodeProcess.send = send
+    return True
