@@ -19,7 +19,7 @@ from ruamel.yaml.error import MarkedYAMLError, YAMLError
 from ruamel.yaml.events import (AliasEvent, MappingEndEvent, MappingStartEvent, ScalarEvent, SequenceEndEvent,
                                   SequenceStartEvent)
 
-from clusters import repo
+from clusters import repo, yaml_fast
 from clusters.errors import ConfigError, Problem
 from clusters.secrets import detect
 
@@ -153,14 +153,22 @@ def read_yaml(path: Path) -> YamlDocument:
     return parse_yaml(path, text)
 
 
+def _ruamel_load(path: Path, text: str) -> Any:
+    """The alias bound, then ruamel.yaml's round-trip loader: every document outside the fast path's subset."""
+    expanded = _expansion(path, text)
+    if expanded is not None:
+        raise ConfigError([expanded])
+    return YAML(typ="rt").load(text)
+
+
 def parse_yaml(path: Path, text: str) -> YamlDocument:
     """``read_yaml`` of text already in hand (an ad-hoc job file sent to the API): the same parser, alias
-    bound and top-level check; ``path`` only names the source in errors and is never read."""
+    bound and top-level check; ``path`` only names the source in errors and is never read. Common documents
+    are parsed by libyaml with ruamel's result (clusters/yaml_fast.py); the rest, and every error, by ruamel."""
     try:
-        expanded = _expansion(path, text)
-        if expanded is not None:
-            raise ConfigError([expanded])
-        raw = YAML(typ="rt").load(text)
+        raw = yaml_fast.load(text, MAX_EXPANDED_NODES)
+        if raw is None:
+            raw = _ruamel_load(path, text)
     except MarkedYAMLError as exc:
         line = exc.problem_mark.line + 1 if exc.problem_mark else None
         fix = "indent with spaces (YAML forbids tabs in indentation)" if "'\\t'" in str(exc.problem) else "fix the syntax"

@@ -1,0 +1,176 @@
+"""libyaml's C parser for the common shapes of reviewed YAML files, with ruamel.yaml's round-trip result.
+
+ruamel.yaml 0.19.1's round-trip loader is pure Python (~7 ms a 2 KB cluster file, most of it scanning and
+parsing); libyaml (PyYAML 6.0.4's ``yaml._yaml.CParser``) parses the same text in ~0.1 ms. ``load`` builds
+what ``YAML(typ="rt").load`` builds, as far as ``clusters.source`` looks at it (the values and their types,
+key order, and the line of every key and item), but only for a subset of YAML where both parsers are known
+to read the same text the same way; for anything else, and for every libyaml error, it returns None and the
+caller loads with ruamel as before, so errors keep ruamel's words. docs/large-fleets.md, "Reading cluster
+files with libyaml", says why the results are equal; tests/clusters/test_yaml_fast.py checks them.
+
+What is left to ruamel (``None``):
+- text ruamel's reader refuses or reads differently: characters outside its printable set
+  (ruamel/yaml/reader.py:187), tabs, CR, NEL, LS, PS and a byte-order mark (line breaks and separators
+  that YAML 1.1 and 1.2 treat differently);
+- directives, explicit tags, anchors and aliases (so no merge keys), more than one document, a top level
+  that is not a mapping, more nodes than ``source._expansion`` allows;
+- block scalars (``|``, ``>``: ruamel returns its own string subclasses carrying comments) and scalars
+  spanning lines (line folding, and escaped line ends, are where the YAML versions differ);
+- keys that are not strings (ruamel would keep an int key, ``_plain`` would make it text), duplicate
+  keys (ruamel raises), and scalars ruamel's resolver types as anything but str, int, float, bool, null
+  or timestamp (``<<``, ``=``).
+
+Escapes in one-line double-quoted scalars need no restriction: libyaml and ruamel share one table
+(libyaml src/scanner.c:3124-3215 at 840b65c, ruamel/yaml/scanner.py:1363-1384), and the escapes only
+ruamel accepts (surrogates such as ``\ud83d``) are libyaml errors, so ruamel loads those files. Where the
+two scanners' rules for plain scalars differ (``:``, ``?`` and ``#`` in flow collections, YAML 1.2's
+ruamel/yaml/scanner.py:768-800 and 1515-1530), libyaml refuses the text or reads it the same way: the
+differential test generates those cases.
+
+Scalar types come from ruamel itself: the tag from its ``VersionedResolver`` for YAML 1.2 (the version
+ruamel uses without a ``%YAML`` directive, ruamel/yaml/resolver.py:380-392) and every typed value from its
+``RoundTripConstructor`` (ScalarFloat, ScalarInt, ScalarBoolean, ... as ruamel makes them). Two shapes skip
+the constructor because its result is the input: a string (for a plain or quoted scalar without anchor
+construct_scalar returns the scanned text, ruamel/yaml/constructor.py:947-1004) and a decimal integer
+without sign, underscore or leading zero (a plain ``int``, constructor.py:1006-1104).
+
+Only the reviewed versions take this path (``REVIEWED``): a new PyYAML, libyaml or ruamel.yaml falls back
+to ruamel until someone reruns the differential test and updates the pins (a test fails on a bump).
+"""
+
+from __future__ import annotations
+
+import re
+
+import yaml
+from ruamel.yaml import YAML, __version__ as ruamel_version
+from ruamel.yaml.comments import CommentedMap, CommentedSeq
+from ruamel.yaml.constructor import RoundTripConstructor
+from ruamel.yaml.nodes import ScalarNode
+from ruamel.yaml.reader import Reader
+from yaml.events import (AliasEvent, DocumentEndEvent, DocumentStartEvent, MappingEndEvent, MappingStartEvent,
+                         ScalarEvent, SequenceEndEvent, SequenceStartEvent, StreamEndEvent)
+
+try:
+    from yaml._yaml import CParser, get_version_string
+except ImportError:  # a PyYAML built without libyaml: ruamel loads every file
+    CParser, get_version_string = None, lambda: None
+
+REVIEWED = {"pyyaml": "6.0.4", "libyaml": "0.2.6", "ruamel.yaml": "0.19.1"}
+INSTALLED = {"pyyaml": yaml.__version__, "libyaml": get_version_string(), "ruamel.yaml": ruamel_version}
+ENABLED = INSTALLED == REVIEWED
+
+_UNSAFE_TEXT = re.compile("[\t\r\x85\u2028\u2029\ufeff]")
+_STR = "tag:yaml.org,2002:str"
+_INT = "tag:yaml.org,2002:int"
+_DECIMAL = re.compile("[1-9][0-9]*")
+# Plain scalars resolve as YAML 1.2 (ruamel's version without a %YAML directive, ruamel/yaml/resolver.py:380-392).
+# One resolver serves all threads: its rule table is filled on the first call, here, and only read after.
+_RESOLVER = YAML(typ="rt").resolver
+_RESOLVER.resolve(ScalarNode, "", (True, False))
+_TYPED = frozenset(f"tag:yaml.org,2002:{kind}" for kind in ("int", "float", "bool", "null", "timestamp"))
+
+
+class _Decline(Exception):
+    """The document is outside the subset: ruamel loads it."""
+
+
+def load(text: str, max_nodes: int) -> CommentedMap | None:
+    """The top-level mapping ruamel's round-trip loader makes of ``text``, or None to load it with ruamel.
+    A document of more than ``max_nodes`` nodes is left to ruamel, so that its alias bound decides it as before."""
+    if not ENABLED or _UNSAFE_TEXT.search(text) or Reader.NON_PRINTABLE.search(text):
+        return None
+    try:
+        return _Builder(text, max_nodes).build()
+    except (_Decline, yaml.YAMLError):
+        return None
+
+
+class _Builder:
+    """One pass over libyaml's events; containers are filled in place, so no recursion limit applies."""
+
+    def __init__(self, text: str, max_nodes: int) -> None:
+        self.parser = CParser(text)
+        self.max_nodes = max_nodes
+        self.constructor: RoundTripConstructor | None = None  # made for the first typed scalar
+        self.nodes = 0
+
+    def build(self) -> CommentedMap:
+        get = self.parser.get_event
+        get()  # StreamStartEvent
+        start = get()
+        if not isinstance(start, DocumentStartEvent) or start.version or start.tags:
+            raise _Decline
+        event = get()
+        if type(event) is not MappingStartEvent:
+            raise _Decline
+        root = CommentedMap()
+        self._check_collection(event)
+        # Each open container: [container, key waiting for its value, that key's mark].
+        stack: list[list] = [[root, None, None]]
+        while stack:
+            event = get()
+            kind = type(event)
+            if kind is MappingEndEvent or kind is SequenceEndEvent:
+                stack.pop()
+                continue
+            top = stack[-1]
+            if kind is ScalarEvent:
+                value = self._scalar(event)
+            elif kind is MappingStartEvent or kind is SequenceStartEvent:
+                self._check_collection(event)
+                value = CommentedMap() if kind is MappingStartEvent else CommentedSeq()
+            else:  # an alias
+                raise _Decline
+            container = top[0]
+            if type(container) is CommentedSeq:
+                mark = event.start_mark
+                container._yaml_set_idx_line_col(len(container), [mark.line, mark.column])
+                container.append(value)
+            elif top[1] is None:
+                if type(value) is not str or event.tag is not None or value in container:
+                    raise _Decline
+                top[1], top[2] = value, event.start_mark
+                continue
+            else:
+                key, key_mark, value_mark = top[1], top[2], event.start_mark
+                container._yaml_set_kv_line_col(key, [key_mark.line, key_mark.column, value_mark.line, value_mark.column])
+                container[key] = value
+                top[1] = None
+            if kind is not ScalarEvent:
+                stack.append([value, None, None])
+        if type(get()) is not DocumentEndEvent or type(get()) is not StreamEndEvent:
+            raise _Decline
+        return root
+
+    def _check_collection(self, event: MappingStartEvent | SequenceStartEvent) -> None:
+        self.nodes += 1
+        if event.anchor is not None or event.tag is not None or self.nodes > self.max_nodes:
+            raise _Decline
+
+    def _scalar(self, event: ScalarEvent) -> object:
+        """The value ruamel constructs for one scalar: the tag from its resolver, the object from its constructor."""
+        self.nodes += 1
+        style, value, start = event.style, event.value, event.start_mark
+        if (event.anchor is not None or event.tag is not None or self.nodes > self.max_nodes
+                or style not in ("", "'", '"') or start.line != event.end_mark.line):
+            raise _Decline
+        if style:
+            # ruamel's parser marks an untagged quoted scalar implicit (False, True) (ruamel/yaml/parser.py:441-446)
+            # and its resolver gives that the default str tag (ruamel/yaml/resolver.py:352-372).
+            return value
+        tag = _RESOLVER.resolve(ScalarNode, value, (True, False)).suffix
+        if tag == _STR:
+            return value
+        if tag == _INT and _DECIMAL.fullmatch(value):
+            # construct_yaml_int's last branch: no sign, base prefix, underscore or leading zero (a lone 0 is
+            # a ScalarInt of width 1) (ruamel/yaml/constructor.py:1006-1104)
+            return int(value)
+        if tag not in _TYPED:
+            raise _Decline
+        if self.constructor is None:
+            self.constructor = YAML(typ="rt").constructor
+        try:
+            return self.constructor.construct_document(ScalarNode(tag, value, start, event.end_mark))
+        except Exception:  # whatever ruamel's constructor raises, ruamel's own load must raise it too
+            raise _Decline from None
