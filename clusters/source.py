@@ -21,7 +21,7 @@ from ruamel.yaml.events import (AliasEvent, MappingEndEvent, MappingStartEvent, 
 
 from clusters import repo, yaml_fast
 from clusters.errors import ConfigError, Problem
-from clusters.secrets import detect
+from clusters.secrets import Hit, detect
 
 FieldPath = tuple[str | int, ...]
 M = TypeVar("M", bound=BaseModel)
@@ -322,12 +322,29 @@ def _strings(node: Any, path: FieldPath = (), field: str = "") -> Iterator[tuple
         yield path, node, field, False
 
 
+# ``detect`` is a pure function of (string, name), and a fleet's files repeat most of their strings (every
+# key name, regions, machine types): a pair found clean is remembered, so each is scanned once per process.
+# Only clean pairs (no credential is kept), only short strings, and at most _CLEAN_MAX of them.
+_CLEAN: set[tuple[str, str]] = set()
+_CLEAN_MAX = 1 << 16
+_CLEAN_LONGEST = 256
+
+
+def _detect(value: str, field: str) -> Hit | None:
+    if (value, field) in _CLEAN:
+        return None
+    hit = detect(value, field)
+    if hit is None and len(value) <= _CLEAN_LONGEST and len(_CLEAN) < _CLEAN_MAX:
+        _CLEAN.add((value, field))
+    return hit
+
+
 def secret_problems(doc: YamlDocument) -> list[Problem]:
     """Credentials anywhere in a reviewed file (values and keys), masked; checked before the schema so
     no schema message can echo one."""
     problems = []
     for path, value, field, is_key in _strings(doc.data):
-        hit = detect(value, field)
+        hit = _detect(value, field)
         if hit is None:
             continue
         where = path[:-1] if is_key else path
