@@ -230,7 +230,7 @@ def test_generated_cluster_files_load_the_same(tmp_path: Path, monkeypatch: pyte
         assert check(path.read_text(), monkeypatch)
 
 
-@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("seed", range(6))
 def test_generated_documents_load_the_same(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
     docs = corpus(seed, 500)
     taken = sum(check(text, monkeypatch) for text in docs)
