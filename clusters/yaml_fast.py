@@ -21,14 +21,14 @@ What is left to ruamel (``None``):
   or timestamp (``<<``, ``=``).
 
 Escapes in one-line double-quoted scalars need no restriction: libyaml and ruamel share one table
-(libyaml src/scanner.c:3124-3215 at 840b65c, ruamel/yaml/scanner.py:1363-1384), and the escapes only
+(libyaml src/scanner.c:3125-3249 at 840b65c, ruamel/yaml/scanner.py:1363-1384), and the escapes only
 ruamel accepts (surrogates such as ``\ud83d``) are libyaml errors, so ruamel loads those files. Where the
 two scanners' rules for plain scalars differ (``:``, ``?`` and ``#`` in flow collections, YAML 1.2's
 ruamel/yaml/scanner.py:768-800 and 1515-1530), libyaml refuses the text or reads it the same way: the
 differential test generates those cases.
 
 Scalar types come from ruamel itself: the tag from its ``VersionedResolver`` for YAML 1.2 (the version
-ruamel uses without a ``%YAML`` directive, ruamel/yaml/resolver.py:380-392) and every typed value from its
+ruamel uses without a ``%YAML`` directive, ruamel/yaml/resolver.py:376-392) and every typed value from its
 ``RoundTripConstructor`` (ScalarFloat, ScalarInt, ScalarBoolean, ... as ruamel makes them). Two shapes skip
 the constructor because its result is the input: a string (for a plain or quoted scalar without anchor
 construct_scalar returns the scanned text, ruamel/yaml/constructor.py:947-1004) and a decimal integer
@@ -48,7 +48,7 @@ from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.constructor import RoundTripConstructor
 from ruamel.yaml.nodes import ScalarNode
 from ruamel.yaml.reader import Reader
-from yaml.events import (AliasEvent, DocumentEndEvent, DocumentStartEvent, MappingEndEvent, MappingStartEvent,
+from yaml.events import (DocumentEndEvent, DocumentStartEvent, MappingEndEvent, MappingStartEvent,
                          ScalarEvent, SequenceEndEvent, SequenceStartEvent, StreamEndEvent)
 
 try:
@@ -64,7 +64,7 @@ _UNSAFE_TEXT = re.compile("[\t\r\x85\u2028\u2029\ufeff]")
 _STR = "tag:yaml.org,2002:str"
 _INT = "tag:yaml.org,2002:int"
 _DECIMAL = re.compile("[1-9][0-9]*")
-# Plain scalars resolve as YAML 1.2 (ruamel's version without a %YAML directive, ruamel/yaml/resolver.py:380-392).
+# Plain scalars resolve as YAML 1.2 (ruamel's version without a %YAML directive, ruamel/yaml/resolver.py:376-392).
 # One resolver serves all threads: its rule table is filled on the first call, here, and only read after.
 _RESOLVER = YAML(typ="rt").resolver
 _RESOLVER.resolve(ScalarNode, "", (True, False))
@@ -128,7 +128,7 @@ class _Builder:
                 container._yaml_set_idx_line_col(len(container), [mark.line, mark.column])
                 container.append(value)
             elif top[1] is None:
-                if type(value) is not str or event.tag is not None or value in container:
+                if type(value) is not str or value in container:
                     raise _Decline
                 top[1], top[2] = value, event.start_mark
                 continue
