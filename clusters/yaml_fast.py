@@ -63,7 +63,7 @@ ENABLED = INSTALLED == REVIEWED
 _UNSAFE_TEXT = re.compile("[\t\r\x85\u2028\u2029\ufeff]")
 _STR = "tag:yaml.org,2002:str"
 _INT = "tag:yaml.org,2002:int"
-_DECIMAL = re.compile("[1-9][0-9]*")
+_DECIMAL = re.compile("[1-9][0-9]{0,17}")  # past 18 digits, ruamel's int() is asked (and its limit applies)
 # Plain scalars resolve as YAML 1.2 (ruamel's version without a %YAML directive, ruamel/yaml/resolver.py:376-392).
 # One resolver serves all threads: its rule table is filled on the first call, here, and only read after.
 _RESOLVER = YAML(typ="rt").resolver
