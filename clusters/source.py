@@ -324,7 +324,7 @@ def _strings(node: Any, path: FieldPath = (), field: str = "") -> Iterator[tuple
 
 # ``detect`` is a pure function of (string, name), and a fleet's files repeat most of their strings (every
 # key name, regions, machine types): a pair found clean is remembered, so each is scanned once per process.
-# Only clean pairs (no credential is kept), only short strings, and at most _CLEAN_MAX of them.
+# Only clean pairs (no credential is kept), only short ones, and at most _CLEAN_MAX of them.
 _CLEAN: set[tuple[str, str]] = set()
 _CLEAN_MAX = 1 << 16
 _CLEAN_LONGEST = 256
@@ -334,7 +334,7 @@ def _detect(value: str, field: str) -> Hit | None:
     if (value, field) in _CLEAN:
         return None
     hit = detect(value, field)
-    if hit is None and len(value) <= _CLEAN_LONGEST and len(_CLEAN) < _CLEAN_MAX:
+    if hit is None and len(value) + len(field) <= _CLEAN_LONGEST and len(_CLEAN) < _CLEAN_MAX:
         _CLEAN.add((value, field))
     return hit
 

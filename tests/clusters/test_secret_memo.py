@@ -52,6 +52,6 @@ def test_remembered_results_are_the_scanned_ones() -> None:
 
 
 def test_long_strings_are_not_remembered() -> None:
-    long = "x" * (source._CLEAN_LONGEST + 1)
-    assert source.secret_problems(_doc(f"a: {long}\n")) == []
-    assert (long, "a") not in source._CLEAN
+    long = "x" * source._CLEAN_LONGEST
+    assert source.secret_problems(_doc(f"a: {long}\nargs: ['--{long}', b]\n")) == []
+    assert not any(long in value or long in field for value, field in source._CLEAN)
