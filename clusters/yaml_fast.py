@@ -16,6 +16,8 @@ What is left to ruamel (``None``):
   that is not a mapping, more nodes than ``source._expansion`` allows;
 - block scalars (``|``, ``>``: ruamel returns its own string subclasses carrying comments) and scalars
   spanning lines (line folding, and escaped line ends, are where the YAML versions differ);
+- in a flow collection, a value not set apart from its ``:`` by a space or line break; a comment between
+  a key and its plain value on a later line (ruamel raises on some, see ``_COMMENT_CRASH``);
 - keys that are not strings (ruamel would keep an int key, ``_plain`` would make it text), duplicate
   keys (ruamel raises), and scalars ruamel's resolver types as anything but str, int, float, bool, null
   or timestamp (``<<``, ``=``).
@@ -68,6 +70,14 @@ _DECIMAL = re.compile("[1-9][0-9]{0,17}")  # past 18 digits, ruamel's int() is a
 # One resolver serves all threads: its rule table is filled on the first call, here, and only read after.
 _RESOLVER = YAML(typ="rt").resolver
 _RESOLVER.resolve(ScalarNode, "", (True, False))
+# In a flow collection a value must stand apart from its ':' (``["x":y]`` is a pair to libyaml and an
+# error to ruamel's YAML 1.2 scanner, ruamel/yaml/scanner.py:751-767 check_value); nor may a comment sit
+# between key and value. Mark indexes count characters (libyaml's SKIP, src/scanner.c:495-499).
+_FLOW_VALUE = re.compile("[ \n]*:[ \n]+")
+# _COMMENT_CRASH: ruamel 0.19.1 raises NotImplementedError("overlap in comment") when a comment after a
+# key's ':' moves onto a plain scalar on a later line that has a comment of its own (blank lines after it):
+# ruamel/yaml/parser.py:626-635 parse_block_mapping_value, ruamel/yaml/tokens.py:117-146 move_old_comment.
+# Such a file is left to ruamel, so it fails as it does today.
 _TYPED = frozenset(f"tag:yaml.org,2002:{kind}" for kind in ("int", "float", "bool", "null", "timestamp"))
 
 
@@ -90,6 +100,7 @@ class _Builder:
     """One pass over libyaml's events; containers are filled in place, so no recursion limit applies."""
 
     def __init__(self, text: str, max_nodes: int) -> None:
+        self.text = text
         self.parser = CParser(text)
         self.max_nodes = max_nodes
         self.constructor: RoundTripConstructor | None = None  # made for the first typed scalar
@@ -106,8 +117,8 @@ class _Builder:
             raise _Decline
         root = CommentedMap()
         self._check_collection(event)
-        # Each open container: [container, key waiting for its value, that key's mark].
-        stack: list[list] = [[root, None, None]]
+        # Each open container: [container, key waiting for its value, that key's event, is in a flow collection].
+        stack: list[list] = [[root, None, None, bool(event.flow_style)]]
         while stack:
             event = get()
             kind = type(event)
@@ -130,15 +141,20 @@ class _Builder:
             elif top[1] is None:
                 if type(value) is not str or value in container:
                     raise _Decline
-                top[1], top[2] = value, event.start_mark
+                top[1], top[2] = value, event
                 continue
             else:
-                key, key_mark, value_mark = top[1], top[2], event.start_mark
-                container._yaml_set_kv_line_col(key, [key_mark.line, key_mark.column, value_mark.line, value_mark.column])
+                key, key_start, value_start = top[1], top[2].start_mark, event.start_mark
+                if top[3] and not _FLOW_VALUE.fullmatch(self.text, top[2].end_mark.index, value_start.index):
+                    raise _Decline
+                if (kind is ScalarEvent and event.style == "" and value_start.line > key_start.line
+                        and "#" in self.text[top[2].end_mark.index:value_start.index]):
+                    raise _Decline  # ruamel's parser raises on this comment (see _COMMENT_CRASH)
+                container._yaml_set_kv_line_col(key, [key_start.line, key_start.column, value_start.line, value_start.column])
                 container[key] = value
                 top[1] = None
             if kind is not ScalarEvent:
-                stack.append([value, None, None])
+                stack.append([value, None, None, top[3] or bool(event.flow_style)])
         if type(get()) is not DocumentEndEvent or type(get()) is not StreamEndEvent:
             raise _Decline
         return root

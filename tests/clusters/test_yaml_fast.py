@@ -97,6 +97,7 @@ SCALARS = [
     '"\\ud83d\\ude42"', '"\\q"', '"\\t\\n\\r\\b\\f\\v"', '"a # b"', "'a: b'", '"yes"', "'017'", '"~"', '"\\x"',
     "[]", "{}", "[a, [b, {c: d}]]", "{a: [1, 2], b: {c: ~}}", "[a: b]", "[? a : b]", "{a}", "{a: }", "[a, ]",
     "[:a]", "[a:]", "[a:b]", "{a:b}", '{"a":1}', "[a #b]", "[a#b]", "[a?b]", "[?a]", "[-a]", "[- a]", "{? a}",
+    '["x":y]', "['x':y]", '{"x":y}', '["x" :y]', '{"x" :y}', '["x":]', '["x":[1]]', "[x: ]", "{x:}", "[a :b]",
     "[a,b]", "{a:1,b:2}", "[a ,b]", "[a , ]", "{a: [b,c]:d}", "[{a: b}: c]", "[a\n ,b]", "{a: 1\n, b: 2}",
     "[\n  a,\n  b\n]", "{\n a: 1,\n b: [x,\n y]}", "[a\n# c\n, b]", "a # [b]", "[a] # c", "[a] x",
 ]
@@ -230,14 +231,14 @@ def test_generated_cluster_files_load_the_same(tmp_path: Path, monkeypatch: pyte
         assert check(path.read_text(), monkeypatch)
 
 
-@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("seed", range(8))
 def test_generated_documents_load_the_same(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
     docs = corpus(seed, 500)
     taken = sum(check(text, monkeypatch) for text in docs)
     assert 0 < taken < len(docs)  # both sides are exercised
 
 
-@pytest.mark.parametrize("seed", range(2))
+@pytest.mark.parametrize("seed", range(4))
 def test_mutated_repository_files_load_the_same(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
     docs = mutations(seed, 400)
     taken = sum(check(text, monkeypatch) for text in docs)
@@ -251,6 +252,7 @@ def test_mutated_repository_files_load_the_same(seed: int, monkeypatch: pytest.M
     # past source.MAX_EXPANDED_NODES: refused as an alias bomb when the text holds '&' or '*', else loaded
     "a: '&'\nb: [" + ",".join(["1"] * 10_001) + "]\n", "b: [" + ",".join(["1"] * 10_001) + "]\n",
     "a: " + "1" * 5000 + "\n",  # past Python's int() digit limit: ruamel's ValueError, as today
+    "a: # c\n  b\n\nc: 1\n",  # ruamel 0.19.1's "overlap in comment" NotImplementedError, as today
 ], ids=lambda text: text[:40])
 def test_documents_outside_the_subset_give_todays_result(text: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Errors (duplicate keys, syntax, tabs, control characters, a list or nothing at the top, alias
