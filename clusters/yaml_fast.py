@@ -13,7 +13,7 @@ What is left to ruamel (``None``):
   (ruamel/yaml/reader.py:187), tabs, CR, NEL, LS, PS and a byte-order mark (line breaks and separators
   that YAML 1.1 and 1.2 treat differently);
 - directives, explicit tags, anchors and aliases (so no merge keys), more than one document, a top level
-  that is not a mapping, more nodes than ``source._expansion`` allows;
+  that is not a mapping, more nodes than ``source._expansion`` allows, more than ``MAX_DEPTH`` levels;
 - block scalars (``|``, ``>``: ruamel returns its own string subclasses carrying comments) and scalars
   spanning lines (line folding, and escaped line ends, are where the YAML versions differ);
 - in a flow collection, a value not set apart from its ``:`` by a space or line break; a comment between
@@ -78,6 +78,12 @@ _FLOW_VALUE = re.compile("[ \n]*:[ \n]+")
 # key's ':' moves onto a plain scalar on a later line that has a comment of its own (blank lines after it):
 # ruamel/yaml/parser.py:626-635 parse_block_mapping_value, ruamel/yaml/tokens.py:117-146 move_old_comment.
 # Such a file is left to ruamel, so it fails as it does today.
+# ruamel composes and constructs recursively (ruamel/yaml/composer.py:110-125 compose_node, about three Python
+# frames a level; YAML().max_depth is 0, no bound, main.py:97): a document some 300 levels deep raises RecursionError
+# there, while libyaml parses up to 1,000 levels (0.2.6's default yaml_set_max_nest_level, "Limit depth of nesting
+# by default") and this builder needs no recursion. Deeper than MAX_DEPTH is left to ruamel, so such a file fails
+# as it does today; 64 levels leave ruamel far from the interpreter's limit even deep in a request's stack.
+MAX_DEPTH = 64
 _TYPED = frozenset(f"tag:yaml.org,2002:{kind}" for kind in ("int", "float", "bool", "null", "timestamp"))
 
 
@@ -154,6 +160,8 @@ class _Builder:
                 container[key] = value
                 top[1] = None
             if kind is not ScalarEvent:
+                if len(stack) >= MAX_DEPTH:
+                    raise _Decline
                 stack.append([value, None, None, top[3] or bool(event.flow_style)])
         if type(get()) is not DocumentEndEvent or type(get()) is not StreamEndEvent:
             raise _Decline

@@ -253,6 +253,8 @@ def test_mutated_repository_files_load_the_same(seed: int, monkeypatch: pytest.M
     "a: '&'\nb: [" + ",".join(["1"] * 10_001) + "]\n", "b: [" + ",".join(["1"] * 10_001) + "]\n",
     "a: " + "1" * 5000 + "\n",  # past Python's int() digit limit: ruamel's ValueError, as today
     "a: # c\n  b\n\nc: 1\n",  # ruamel 0.19.1's "overlap in comment" NotImplementedError, as today
+    # nested deeper than ruamel's recursive composer reaches (RecursionError today), though far under the node bound
+    "a: " + "[" * 400 + "]" * 400 + "\n", "".join(" " * i + f"k{i}:\n" for i in range(400)) + " " * 400 + "x: 1\n",
 ], ids=lambda text: text[:40])
 def test_documents_outside_the_subset_give_todays_result(text: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Errors (duplicate keys, syntax, tabs, control characters, a list or nothing at the top, alias
@@ -261,6 +263,19 @@ def test_documents_outside_the_subset_give_todays_result(text: str, monkeypatch:
     fast, slow = outcome(text, True, monkeypatch), outcome(text, False, monkeypatch)
     shown = lambda result: repr(result.data) if isinstance(result, source.YamlDocument) else result  # noqa: E731
     assert shown(fast) == shown(slow)
+
+
+def test_nesting_up_to_the_depth_bound_is_taken_and_agrees(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The root mapping is level 1: documents of MAX_DEPTH levels are the deepest the fast path builds."""
+    def flow(levels: int) -> str:
+        return "a: " + "[" * (levels - 1) + "]" * (levels - 1) + "\n"
+
+    def block(levels: int) -> str:
+        return "".join(" " * i + f"k{i}:\n" for i in range(levels - 1)) + " " * (levels - 1) + "x: 1\n"
+
+    assert check(flow(yaml_fast.MAX_DEPTH), monkeypatch) and check(block(yaml_fast.MAX_DEPTH), monkeypatch)
+    assert yaml_fast.load(flow(yaml_fast.MAX_DEPTH + 1), source.MAX_EXPANDED_NODES) is None
+    assert yaml_fast.load(block(yaml_fast.MAX_DEPTH + 1), source.MAX_EXPANDED_NODES) is None
 
 
 def test_the_fast_path_loads_the_example_fleet(monkeypatch: pytest.MonkeyPatch) -> None:
