@@ -12,7 +12,8 @@ What is left to ruamel (``None``):
 - text ruamel's reader refuses or reads differently: characters outside its printable set
   (ruamel/yaml/reader.py:187), tabs, CR, NEL, LS, PS and a byte-order mark (line breaks and separators
   that YAML 1.1 and 1.2 treat differently);
-- directives, explicit tags, anchors and aliases (so no merge keys), more than one document, a top level
+- directives, explicit tags, anchors and aliases (so no merge keys), more than one document (a second ``...``
+  counts: ruamel reads an empty document after it), a top level
   that is not a mapping, more nodes than ``source._expansion`` allows, more than ``MAX_DEPTH`` levels;
 - block scalars (``|``, ``>``: ruamel returns its own string subclasses carrying comments) and scalars
   spanning lines (line folding, and escaped line ends, are where the YAML versions differ);
@@ -85,6 +86,16 @@ _FLOW_VALUE = re.compile("[ \n]*:[ \n]+")
 # as it does today; 64 levels leave ruamel far from the interpreter's limit even deep in a request's stack.
 MAX_DEPTH = 64
 _TYPED = frozenset(f"tag:yaml.org,2002:{kind}" for kind in ("int", "float", "bool", "null", "timestamp"))
+
+
+def _blank_or_comments(text: str) -> bool:
+    """Only blank lines and comments: all that may follow an explicit document end ('...') on the fast path.
+    libyaml skips any further '...' (src/parser.c yaml_parser_parse_document_start, "Parse extra document end
+    indicators"), while ruamel's YAML 1.2 parser opens an implicit document at the next one
+    (ruamel/yaml/parser.py:243-275 parse_document_end, then parse_implicit_document_start): an empty second
+    document, which load() refuses. Checked line by line, not by a regex alternating blanks and comments,
+    which backtracks exponentially over a tenant's line of '#'."""
+    return all(not line.strip(" ") or line.lstrip(" ").startswith("#") for line in text.split("\n"))
 
 
 class _Decline(Exception):
@@ -163,8 +174,11 @@ class _Builder:
                 if len(stack) >= MAX_DEPTH:
                     raise _Decline
                 stack.append([value, None, None, top[3] or bool(event.flow_style)])
-        if type(get()) is not DocumentEndEvent or type(get()) is not StreamEndEvent:
+        end = get()
+        if type(end) is not DocumentEndEvent or type(get()) is not StreamEndEvent:
             raise _Decline
+        if end.explicit and not _blank_or_comments(self.text[end.end_mark.index:]):
+            raise _Decline  # another '...': a second, empty document to ruamel (see _blank_or_comments)
         return root
 
     def _check_collection(self, event: MappingStartEvent | SequenceStartEvent) -> None:
