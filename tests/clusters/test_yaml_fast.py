@@ -196,6 +196,52 @@ def corpus(seed: int, count: int) -> list[str]:
     return docs
 
 
+def commented(rng: random.Random) -> str:
+    """A block document with comments and blank lines at token boundaries: after keys, '?', '-' and
+    values, between a key and its value on a later line (where ruamel's comment handling raises,
+    _COMMENT_CRASH), and in nested sequences and mappings."""
+    def eol() -> str:
+        return rng.choice(["", "", " # c", "  #c"])
+
+    def gaps(indent: str) -> str:
+        return "".join(rng.choice(["\n", "\n# x", f"\n{indent}# y", f"\n{indent}   # z", "\n   "])
+                       for _ in range(rng.choice([0, 0, 1, 1, 2, 3])))
+
+    def value(indent: str, depth: int) -> str:
+        roll = rng.random()
+        if depth < 3 and roll < 0.3:
+            return mapping(indent + rng.choice(["  ", " "]), depth + 1)
+        if depth < 3 and roll < 0.55:
+            return sequence(indent + rng.choice(["  ", "", " "]), depth + 1)
+        text = rng.choice(["b", "'b'", '"b"', "[b]", "{b: 1}", "1", "", "b c", f"[b,\n{indent}  c]"])
+        if rng.random() < 0.3:
+            return eol() + gaps(indent) + f"\n{indent}  {text}" + eol()
+        return f" {text}" + eol()
+
+    def mapping(indent: str, depth: int) -> str:
+        out = ""
+        for index in range(rng.randint(1, 3)):
+            key = f"? k{index}{eol()}{gaps(indent)}\n{indent}:" if rng.random() < 0.1 else f"k{index}:"
+            out += f"\n{indent}{key}{value(indent, depth)}{gaps(indent)}"
+        return out
+
+    def sequence(indent: str, depth: int) -> str:
+        out = ""
+        for _ in range(rng.randint(1, 3)):
+            roll = rng.random()
+            if roll < 0.3 and depth < 3:
+                out += f"\n{indent}-{eol()}{gaps(indent)}{mapping(indent + '  ', depth + 1)}"
+            elif roll < 0.45 and depth < 3:
+                out += f"\n{indent}- " + mapping(indent + "  ", depth + 1).lstrip()
+            else:
+                out += f"\n{indent}-{value(indent, depth)}"
+            out += gaps(indent)
+        return out
+
+    head = rng.choice(["", "# top\n", "\n", "---\n", "--- # c\n"])
+    return head + mapping("", 0).lstrip("\n") + rng.choice(["\n", "", "\n# end\n", "\n...\n"])
+
+
 def mutations(seed: int, count: int) -> list[str]:
     """Repository files with one to three characters inserted, replaced or deleted at random."""
     rng = random.Random(seed)
@@ -236,6 +282,13 @@ def test_generated_documents_load_the_same(seed: int, monkeypatch: pytest.Monkey
     docs = corpus(seed, 500)
     taken = sum(check(text, monkeypatch) for text in docs)
     assert 0 < taken < len(docs)  # both sides are exercised
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_commented_documents_load_the_same(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = random.Random(seed)
+    taken = sum(check(commented(rng), monkeypatch) for _ in range(400))
+    assert 0 < taken < 400
 
 
 @pytest.mark.parametrize("seed", range(4))
