@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from functools import cache
+from collections.abc import Mapping
+from functools import cache, cached_property
 from pathlib import Path
+from types import MappingProxyType
 
 TABLE = Path(__file__).resolve().parent / "gcp_zones.json"
 
@@ -22,12 +24,13 @@ class ZoneTable:
     retrieved: str
     zones: dict[str, frozenset[str]]
 
-    @property
-    def regions(self) -> dict[str, tuple[str, ...]]:
+    @cached_property
+    def regions(self) -> Mapping[str, tuple[str, ...]]:
+        """Zones by region, sorted; worked out once per table (every pool of every cluster file asks), read-only."""
         out: dict[str, list[str]] = {}
         for zone in sorted(self.zones):
             out.setdefault(region_of(zone), []).append(zone)
-        return {r: tuple(z) for r, z in out.items()}
+        return MappingProxyType({r: tuple(z) for r, z in out.items()})
 
     def offering(self, region: str, series: str) -> tuple[str, ...]:
         return tuple(z for z in self.regions.get(region, ()) if series in self.zones[z])

@@ -19,9 +19,9 @@ from ruamel.yaml.error import MarkedYAMLError, YAMLError
 from ruamel.yaml.events import (AliasEvent, MappingEndEvent, MappingStartEvent, ScalarEvent, SequenceEndEvent,
                                   SequenceStartEvent)
 
-from clusters import repo
+from clusters import repo, yaml_fast
 from clusters.errors import ConfigError, Problem
-from clusters.secrets import detect
+from clusters.secrets import Hit, detect
 
 FieldPath = tuple[str | int, ...]
 M = TypeVar("M", bound=BaseModel)
@@ -153,14 +153,22 @@ def read_yaml(path: Path) -> YamlDocument:
     return parse_yaml(path, text)
 
 
+def _ruamel_load(path: Path, text: str) -> Any:
+    """The alias bound, then ruamel.yaml's round-trip loader: every document outside the fast path's subset."""
+    expanded = _expansion(path, text)
+    if expanded is not None:
+        raise ConfigError([expanded])
+    return YAML(typ="rt").load(text)
+
+
 def parse_yaml(path: Path, text: str) -> YamlDocument:
     """``read_yaml`` of text already in hand (an ad-hoc job file sent to the API): the same parser, alias
-    bound and top-level check; ``path`` only names the source in errors and is never read."""
+    bound and top-level check; ``path`` only names the source in errors and is never read. Common documents
+    are parsed by libyaml with ruamel's result (clusters/yaml_fast.py); the rest, and every error, by ruamel."""
     try:
-        expanded = _expansion(path, text)
-        if expanded is not None:
-            raise ConfigError([expanded])
-        raw = YAML(typ="rt").load(text)
+        raw = yaml_fast.load(text, MAX_EXPANDED_NODES)
+        if raw is None:
+            raw = _ruamel_load(path, text)
     except MarkedYAMLError as exc:
         line = exc.problem_mark.line + 1 if exc.problem_mark else None
         fix = "indent with spaces (YAML forbids tabs in indentation)" if "'\\t'" in str(exc.problem) else "fix the syntax"
@@ -314,12 +322,29 @@ def _strings(node: Any, path: FieldPath = (), field: str = "") -> Iterator[tuple
         yield path, node, field, False
 
 
+# ``detect`` is a pure function of (string, name), and a fleet's files repeat most of their strings (every
+# key name, regions, machine types): a pair found clean is remembered, so each is scanned once per process.
+# Only clean pairs (no credential is kept), only short ones, and at most _CLEAN_MAX of them.
+_CLEAN: set[tuple[str, str]] = set()
+_CLEAN_MAX = 1 << 16
+_CLEAN_LONGEST = 256
+
+
+def _detect(value: str, field: str) -> Hit | None:
+    if (value, field) in _CLEAN:
+        return None
+    hit = detect(value, field)
+    if hit is None and len(value) + len(field) <= _CLEAN_LONGEST and len(_CLEAN) < _CLEAN_MAX:
+        _CLEAN.add((value, field))
+    return hit
+
+
 def secret_problems(doc: YamlDocument) -> list[Problem]:
     """Credentials anywhere in a reviewed file (values and keys), masked; checked before the schema so
     no schema message can echo one."""
     problems = []
     for path, value, field, is_key in _strings(doc.data):
-        hit = detect(value, field)
+        hit = _detect(value, field)
         if hit is None:
             continue
         where = path[:-1] if is_key else path
