@@ -9,7 +9,7 @@ from clusters.checks import cross_check
 from clusters.errors import ConfigError, Problem
 from clusters.schema import ClusterConfig
 from clusters.collisions import cross_cluster
-from clusters.source import YamlDocument, read_yaml, validate_document
+from clusters.source import YamlDocument, read_yaml, remembering_clean, validate_document
 
 # The package's own directory: the example cluster files of this checkout (tests read them).
 # Commands never default to it; they read ``clusters.repo.clusters_dir()`` of the repository they run in.
@@ -51,11 +51,12 @@ def load_all(directory: Path | None = None) -> tuple[ClusterConfig, ...]:
         raise ConfigError([Problem(str(directory), None, "", "no cluster files (*.yaml, *.yml) found; add clusters/<name>.yaml")])
     loaded: list[tuple[YamlDocument, ClusterConfig]] = []
     problems: list[Problem] = []
-    for path in files:
-        try:
-            loaded.append(_load(path))
-        except ConfigError as exc:
-            problems.extend(exc.problems)
+    with remembering_clean():  # the fleet's repeated strings are scanned for secrets once in this load
+        for path in files:
+            try:
+                loaded.append(_load(path))
+            except ConfigError as exc:
+                problems.extend(exc.problems)
     for index, field, message in cross_cluster([(str(doc.path), config) for doc, config in loaded]):
         problems.append(loaded[index][0].problem(field, message))
     if problems:

@@ -9,6 +9,8 @@ from __future__ import annotations
 import difflib
 import re
 from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -323,19 +325,35 @@ def _strings(node: Any, path: FieldPath = (), field: str = "") -> Iterator[tuple
 
 
 # ``detect`` is a pure function of (string, name), and a fleet's files repeat most of their strings (every
-# key name, regions, machine types): a pair found clean is remembered, so each is scanned once per process.
-# Only clean pairs (no credential is kept), only short ones, and at most _CLEAN_MAX of them.
-_CLEAN: set[tuple[str, str]] = set()
+# key name, regions, machine types): within ``remembering_clean`` (``load_all`` of a fleet) a pair found clean
+# is remembered, so each is scanned once per load. Only clean pairs (no credential is kept), only short ones,
+# at most _CLEAN_MAX of them, and only for that load: the set is dropped with it, so nothing a file or a
+# tenant's job text held stays in the process (an API request's text is never remembered: no block is open).
+# A ContextVar, so the API's other threads never see another thread's set.
+_CLEAN: ContextVar[set[tuple[str, str]] | None] = ContextVar("gpufleet_clean_strings", default=None)
 _CLEAN_MAX = 1 << 16
 _CLEAN_LONGEST = 256
 
 
+@contextmanager
+def remembering_clean() -> Iterator[None]:
+    """Scan each (string, name) pair once inside this block (this thread only)."""
+    token = _CLEAN.set(set())
+    try:
+        yield
+    finally:
+        _CLEAN.reset(token)
+
+
 def _detect(value: str, field: str) -> Hit | None:
-    if (value, field) in _CLEAN:
+    clean = _CLEAN.get()
+    if clean is None:
+        return detect(value, field)
+    if (value, field) in clean:
         return None
     hit = detect(value, field)
-    if hit is None and len(value) + len(field) <= _CLEAN_LONGEST and len(_CLEAN) < _CLEAN_MAX:
-        _CLEAN.add((value, field))
+    if hit is None and len(value) + len(field) <= _CLEAN_LONGEST and len(clean) < _CLEAN_MAX:
+        clean.add((value, field))
     return hit
 
 
