@@ -177,9 +177,30 @@ def parse_yaml(path: Path, text: str) -> YamlDocument:
         raise ConfigError([Problem(str(path), line, "", f"invalid YAML: {exc.problem}; {fix}")]) from None
     except YAMLError as exc:  # e.g. ReaderError: control characters the YAML spec forbids
         raise ConfigError([Problem(str(path), None, "", f"invalid YAML: {str(exc).splitlines()[0]}; remove the offending characters")]) from None
+    except (ValueError, NotImplementedError, RecursionError) as exc:
+        raise ConfigError([_unreadable(path, exc)]) from None
     if not isinstance(raw, CommentedMap):
         raise ConfigError([Problem(str(path), 1, "", "top level must be a mapping of fields; see the examples beside it")])
-    return YamlDocument(path, raw)
+    try:
+        return YamlDocument(path, raw)
+    except RecursionError as exc:
+        raise ConfigError([_unreadable(path, exc)]) from None
+
+
+def _unreadable(path: Path, exc: BaseException) -> Problem:
+    """What ruamel.yaml 0.19.1 raises outside its own error classes, as one line instead of a traceback: a value
+    its constructor refuses (a timestamp-shaped ``2026-13-45``: "month must be in 1..12"; an integer past
+    Python's 4,300 digits), a comment where its round-trip reader cannot keep it (``key: # c`` with the value
+    on the next line: "overlap in comment"), and nesting deeper than its recursive constructor reaches."""
+    if isinstance(exc, RecursionError):
+        return Problem(str(path), None, "", "invalid YAML: nested too deeply to read; flatten the structure")
+    if isinstance(exc, NotImplementedError):
+        return Problem(str(path), None, "", "invalid YAML: a comment the reader cannot place (between a key and its value on a"
+                       " later line?); move the comment onto a line of its own")
+    reason = str(exc).split(";")[0]
+    if reason.startswith("Exceeds the limit"):
+        reason = "an integer longer than 4,300 digits"
+    return Problem(str(path), None, "", f"invalid YAML value: {reason}; quote the value to keep it as text, or correct it")
 
 
 def did_you_mean(value: str, choices: Iterable[str]) -> str:

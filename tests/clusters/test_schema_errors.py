@@ -84,6 +84,22 @@ def test_fails_when_yaml_is_not_parseable(tmp_path):
         clusters.load(path)
 
 
+@pytest.mark.parametrize(("text", "message"), [
+    ("name: x\nkey: # c\n  value\n\n", r"invalid YAML: a comment the reader cannot place .*; move the comment onto a line of its own"),
+    ("name: x\nn: " + "1" * 5000 + "\n", r"invalid YAML value: an integer longer than 4,300 digits; quote the value"),
+    ("name: x\nd: 2026-13-45\n", r"invalid YAML value: month must be in 1\.\.12; quote the value"),
+    ("name: x\na: " + "[" * 400 + "]" * 400 + "\n", r"invalid YAML: nested too deeply to read; flatten the structure"),
+    ("name: x\n" + "".join("  " * i + f"k{i}:\n" for i in range(400)) + "  " * 400 + "v: 1\n", r"invalid YAML: nested too deeply to read"),
+], ids=["comment overlap", "huge integer", "bad timestamp", "deep flow", "deep block"])
+def test_what_ruamel_raises_outside_its_error_classes_is_one_line(tmp_path, text, message):
+    """ruamel.yaml 0.19.1 raised NotImplementedError, ValueError or RecursionError here: a traceback, not a line."""
+    path = tmp_path / "odd.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=r"odd\.yaml: " + message) as caught:
+        clusters.load(path)
+    assert len(caught.value.problems) == 1
+
+
 def test_fails_when_directory_has_no_cluster_files(tmp_path):
     with pytest.raises(ConfigError, match="no cluster files"):
         clusters.load_all(tmp_path)
