@@ -190,6 +190,12 @@ def _suspect(tree: Any) -> bool:
 def check_outdir(outdir: Path, shown_as: Path | None = None, stacks: Iterable[str] | None = None) -> None:
     """Refuse a synthesis whose Terraform JSON holds a template sequence gpufleet did not generate.
     ``stacks``: only those (the synthesis cache checks what it synthesized before storing it)."""
+    refuse(findings(outdir, shown_as, stacks))
+
+
+def findings(outdir: Path, shown_as: Path | None = None, stacks: Iterable[str] | None = None) -> list[Interpolation]:
+    """What ``check_outdir`` refuses, in its order (by stack name, then as ``find`` walks each file); each part
+    of a parallel synthesis is checked in its own process and the parts' lists merged (``merged``)."""
     found: list[Interpolation] = []
     files = sorted(Path(outdir).glob("stacks/*/cdk.tf.json")) if stacks is None else \
         [Path(outdir) / "stacks" / name / "cdk.tf.json" for name in sorted(stacks)]
@@ -198,5 +204,16 @@ def check_outdir(outdir: Path, shown_as: Path | None = None, stacks: Iterable[st
         tree = json.loads(file.read_text())
         if _suspect(tree):
             found.extend(find(tree, name))
+    return found
+
+
+def merged(parts: Iterable[list[Interpolation]]) -> list[Interpolation]:
+    """The findings of parts holding different stacks, in the order one ``findings`` over all of them gives:
+    by file as paths sort (one per stack; ``a`` before ``a-b``, as ``sorted`` of the globbed paths), each file's
+    own in their order (a stable sort)."""
+    return sorted((f for part in parts for f in part), key=lambda f: Path(f.file))
+
+
+def refuse(found: list[Interpolation]) -> None:
     if found:
         raise UserError("\n".join(str(f) for f in found))

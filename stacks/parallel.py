@@ -47,11 +47,13 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 
 from clusters.errors import UserError
 from clusters.schema import ClusterConfig
 from clusters.termination import EXIT_TERMINATED, Terminated, sigterm_unwinds
+from stacks import interpolation
 from stacks.layout import StackInfo, plan_stacks
 
 CODE_ROOT = Path(__file__).resolve().parent.parent
@@ -219,10 +221,11 @@ def _worker_argv(*args: str) -> tuple[list[str], dict[str, str]]:
 
 
 def _start_worker(configs: tuple[ClusterConfig, ...], names: tuple[str, ...], part: Path,
-                  imported_dir: Path | None, core: int | None) -> subprocess.Popen:
-    """A worker for the job ``part``: one started early (``early_workers``) if one waits, else a new one."""
+                  imported_dir: Path | None, core: int | None, check: bool = False) -> subprocess.Popen:
+    """A worker for the job ``part``: one started early (``early_workers``) if one waits, else a new one.
+    ``check``: it also runs the template check over what it wrote (``_findings``)."""
     job = part.with_name(f"{part.name}.job")
-    job.write_bytes(pickle.dumps((configs, names, part, imported_dir, core)))
+    job.write_bytes(pickle.dumps((configs, names, part, imported_dir, core, check)))
     if _early:
         proc = _early.pop(0)
         assert proc.stdin is not None
@@ -318,8 +321,14 @@ def join_early_kernel() -> None:
         _early_kernel.pop().join()
 
 
-def _finish_worker(proc: subprocess.Popen, part: Path) -> dict:
-    """The worker's manifest, or its exception raised here (a UserError stays a one-line error)."""
+def _findings(part: Path) -> list[interpolation.Interpolation]:
+    """The template check's findings over one part, named relative to it (``stacks/<name>/cdk.tf.json``)."""
+    return interpolation.findings(part, shown_as=Path())
+
+
+def _finish_worker(proc: subprocess.Popen, part: Path) -> tuple[dict, list[interpolation.Interpolation]]:
+    """The worker's manifest and template-check findings (``_findings``; empty when it was not asked), or its
+    exception raised here (a UserError stays a one-line error)."""
     code = proc.wait()
     result = part.with_name(f"{part.name}.result")
     if not result.is_file():
@@ -332,29 +341,41 @@ def _finish_worker(proc: subprocess.Popen, part: Path) -> dict:
 
 def synthesize_parallel(configs: tuple[ClusterConfig, ...], tmp: Path, workers: int,
                         imported_dir: Path | None = None, names: tuple[str, ...] | None = None,
-                        written: Written | None = None) -> tuple[str, ...]:
+                        written: Written | None = None, shown_as: Path | None = None) -> tuple[str, ...]:
     """Synthesize into ``tmp`` (a fresh staging dir) over ``workers`` processes, this one included;
     returns every stack name in ``plan_stacks`` order. ``names`` (whole clusters, as the synthesis
     cache asks) builds only those stacks, still from every config. ``written`` hears this process's
-    stacks as it writes them (``synth_streamed``), the workers' once they are done."""
+    stacks as it writes them (``synth_streamed``), the workers' once they are done.
+
+    ``shown_as`` (the output directory as errors name it): the template check (``stacks.interpolation``)
+    runs here, each process over the stacks it wrote, this one while the workers finish theirs, instead of
+    once over the whole tree afterwards (0.2 s at 200 clusters, the last step before the output moves);
+    the parts' findings are merged into what one check over the tree reports, and refused the same way."""
     info = plan_stacks(configs)
     if names is not None:
         info = tuple(s for s in info if s.name in names)
     groups = partition(info, workers)
     parts = [tmp / f".part-{i}" for i in range(len(groups))]
     cores = list(_early_cores) if _early else _cores()
-    started = [_start_worker(configs, names, part, imported_dir, cores[index % len(cores)] if cores else None)
+    check = shown_as is not None
+    started = [_start_worker(configs, names, part, imported_dir, cores[index % len(cores)] if cores else None, check)
                for index, (names, part) in enumerate(zip(groups[1:], parts[1:]), start=1)]
     try:
         with one_core(cores[0] if cores else None):
             manifests = [synth_group(configs, groups[0], parts[0], imported_dir) if written is None
                          else synth_streamed(configs, groups[0], parts[0], imported_dir, written)]
+        found = [_findings(parts[0])] if check else []
         for proc, part in zip(started, parts[1:]):
-            manifests.append(_finish_worker(proc, part))
+            manifest, part_found = _finish_worker(proc, part)
+            manifests.append(manifest)
+            found.append(part_found)
             for name in manifests[-1]["stacks"] if written is not None else ():
                 written(part / "stacks" / name)
     finally:
         _stop_workers(started)  # after an error here, a worker still running has nothing left to do
+    if check:
+        assert shown_as is not None
+        interpolation.refuse([replace(f, file=str(shown_as / f.file)) for f in interpolation.merged(found)])
     entries: dict[str, dict] = {}
     (tmp / "stacks").mkdir()
     for part, manifest in zip(parts, manifests):
@@ -444,11 +465,12 @@ def _join_callers_group() -> None:
 
 def _worker_main(job: Path) -> int:
     """Run one job file written by ``_start_worker``; the outcome goes to ``<part>.result``."""
-    configs, names, part, imported_dir, core = pickle.loads(job.read_bytes())
+    configs, names, part, imported_dir, core, check = pickle.loads(job.read_bytes())
     if core is not None:
         _set_affinity({core})
     try:
-        outcome = (True, synth_group(configs, names, part, imported_dir))
+        manifest = synth_group(configs, names, part, imported_dir)
+        outcome = (True, (manifest, _findings(part) if check else []))
     except Exception as exc:  # handed to the parent, which raises it
         try:
             pickle.dumps(exc)

@@ -72,13 +72,13 @@ def synthesize(configs: tuple[ClusterConfig, ...], outdir: Path = DEFAULT_OUTDIR
         cache = cache_trust.prepare(cache, synth_cache.CACHE_ENV) if cache is not None else None
         if cache is not None:
             names = _synthesize_cached(configs, tmp, imported_dir, jobs, cache, shown_as=outdir, written=written)
-        elif workers > 1:
-            names = synthesize_parallel(configs, tmp, workers, imported_dir, written=written)
+        elif workers > 1:  # checks the template sequences as each process finishes its stacks
+            names = synthesize_parallel(configs, tmp, workers, imported_dir, written=written, shown_as=outdir)
         elif written is not None:
             names = _synthesize_streamed(configs, tmp, imported_dir, written)
         else:
             names = _synthesize_here(configs, tmp, imported_dir)
-        if cache is None:
+        if cache is None and workers == 1:
             check_outdir(tmp, shown_as=outdir)
         if only:
             _merge(tmp, outdir, only)

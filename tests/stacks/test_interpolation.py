@@ -226,3 +226,28 @@ def test_fails_when_a_config_that_bypassed_the_schema_is_synthesized_and_keeps_t
     with pytest.raises(UserError, match=r"google_compute_address\.ip_nomad_ui\.description: .*did not generate"):
         synthesize((bad,), out, only=("prod-nomad",))
     assert (out / "previous").read_text() == "kept" and not (out / "stacks").exists()
+
+
+@pytest.mark.parametrize("bad_clusters", [("prod-nomad",), ("prod-nomad", "prod-gke", "dev-gke")], ids=["one share", "both shares"])
+def test_a_parallel_synthesis_refuses_as_one_process_does(tmp_path: Path, bad_clusters: tuple[str, ...]) -> None:
+    """Over 2 processes each checks the stacks it wrote (stacks.parallel ``_findings``) and the parent merges them:
+    the same one error, the same lines in the same order, as one check over the tree after one process."""
+    from stacks import parallel
+    from stacks.layout import plan_stacks
+
+    def bad(config):
+        ip = StaticIp.model_construct(name="ui", description=PAYLOAD)
+        return config.model_copy(update={"gcp": config.gcp.model_copy(update={"static_ips": (*config.gcp.static_ips, ip)})})
+
+    configs = tuple(bad(c) if c.name in bad_clusters else c for c in load_fleet())
+    shares = [{s.cluster for s in plan_stacks(configs) if s.name in group} for group in parallel.partition(plan_stacks(configs), 2)]
+    assert all(any(name in share for name in bad_clusters) for share in shares) == (len(bad_clusters) > 1)
+    errors = []
+    for jobs in (1, 2):
+        out = tmp_path / f"out{jobs}" / "cdktf.out"
+        out.parent.mkdir()
+        with pytest.raises(UserError) as caught:
+            synthesize(configs, out, jobs=jobs)
+        errors.append(str(caught.value).replace(str(out), "<out>"))
+        assert not out.exists() and [p.name for p in out.parent.iterdir()] == []
+    assert errors[0] == errors[1] and errors[0].count("did not generate") >= len(bad_clusters)
