@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import hvac
+import hvac.exceptions
 import pytest
 
 from clusters.errors import UserError
@@ -148,3 +149,16 @@ def prod_vault(_prod_server: tuple[DevServer, tuple[str, str]]) -> VaultHandle:
     """The repo's definitions exactly as production gets them (no loopback binding)."""
     server, tokens = _prod_server
     return _handle(server, tokens, repo_definitions())
+
+
+def live_role_tokens(vault: VaultHandle, role: str) -> set[str]:
+    """Accessors of live tokens created by logging in to ``role`` (root can list them)."""
+    live = set()
+    for accessor in vault.root.auth.token.list_accessors()["data"]["keys"]:
+        try:
+            data = vault.root.auth.token.lookup_accessor(accessor)["data"]
+        except hvac.exceptions.InvalidRequest:
+            continue
+        if (data.get("meta") or {}).get("role_name") == role:
+            live.add(accessor)
+    return live

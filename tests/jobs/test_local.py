@@ -13,7 +13,7 @@ from jobs.local import task_environment
 from jobs.loader import find, load
 from jobs.spec import RUN_DEADLINE_META
 from tests.conftest import REPO_ROOT
-from tests.openbao_fixture import FAKE_KEYS, VaultHandle
+from tests.openbao_fixture import FAKE_KEYS, VaultHandle, live_role_tokens
 from vault_policies.exec import run_limits
 
 GPUFLEET = str(Path(sys.executable).parent / "gpufleet")
@@ -78,21 +78,6 @@ def test_fails_when_run_local_role_cannot_read_its_key(vault: VaultHandle, tmp_p
     assert "no secret at secret/data/ml-api-keys/openai (wanted for OPENAI_API_KEY)" in done.stderr
 
 
-def _live_role_tokens(vault: VaultHandle, role: str) -> set[str]:
-    """Accessors of live tokens created by logging in to ``role`` (root can list them)."""
-    import hvac
-
-    live = set()
-    for accessor in vault.root.auth.token.list_accessors()["data"]["keys"]:
-        try:
-            data = vault.root.auth.token.lookup_accessor(accessor)["data"]
-        except hvac.exceptions.InvalidRequest:
-            continue
-        if (data.get("meta") or {}).get("role_name") == role:
-            live.add(accessor)
-    return live
-
-
 def test_sigterm_to_run_local_lets_gpufleet_exec_revoke_the_task_token(vault: VaultHandle, tmp_path: Path) -> None:
     """A group SIGTERM (``timeout``, a cancelled CI job) during ``jobs run-local`` reaches gpufleet-exec, which
     stops its task and revokes the task's Vault token. Before (clusters/termination.py then): gpufleet unwound
@@ -107,7 +92,7 @@ def test_sigterm_to_run_local_lets_gpufleet_exec_revoke_the_task_token(vault: Va
                                 f"args: [-c, \"import pathlib, time; pathlib.Path('{ready}').touch(); time.sleep(60)\"]"))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("VAULT_", "NOMAD_"))}
     env.update({"VAULT_ADDR": vault.addr, "VAULT_TOKEN": vault.orchestrator.token})
-    before = _live_role_tokens(vault, "finetune")
+    before = live_role_tokens(vault, "finetune")
     proc = subprocess.Popen([GPUFLEET, "--repo", str(REPO_ROOT), "jobs", "run-local", str(job), *META], cwd=tmp_path, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, process_group=0)
     try:
@@ -115,7 +100,7 @@ def test_sigterm_to_run_local_lets_gpufleet_exec_revoke_the_task_token(vault: Va
         while not ready.exists():
             assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
             time.sleep(0.05)
-        during = _live_role_tokens(vault, "finetune") - before
+        during = live_role_tokens(vault, "finetune") - before
         assert len(during) == 1, "the run should hold exactly one live token"
         os.killpg(proc.pid, signal.SIGTERM)
         _, err = proc.communicate(timeout=30)
@@ -124,4 +109,4 @@ def test_sigterm_to_run_local_lets_gpufleet_exec_revoke_the_task_token(vault: Va
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == -signal.SIGTERM, err
     assert "token revoked" in err
-    assert _live_role_tokens(vault, "finetune") & during == set(), "the task token is still alive after SIGTERM"
+    assert live_role_tokens(vault, "finetune") & during == set(), "the task token is still alive after SIGTERM"

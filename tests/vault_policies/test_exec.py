@@ -15,24 +15,11 @@ from pathlib import Path
 import hvac.exceptions
 import pytest
 
-from tests.openbao_fixture import VaultHandle
+from tests.openbao_fixture import VaultHandle, live_role_tokens
 from vault_policies.devserver import free_port
 
 EXEC = str(Path(sys.executable).parent / "gpufleet-exec")
 FINETUNE_SECRETS = "HF_TOKEN=ml-api-keys/huggingface#token,WANDB_API_KEY=ml-api-keys/wandb#api_key"
-
-
-def _live_role_tokens(vault: VaultHandle, role: str) -> set[str]:
-    """Accessors of live tokens created by logging in to ``role`` (root can list them)."""
-    live = set()
-    for accessor in vault.root.auth.token.list_accessors()["data"]["keys"]:
-        try:
-            data = vault.root.auth.token.lookup_accessor(accessor)["data"]
-        except hvac.exceptions.InvalidRequest:
-            continue
-        if (data.get("meta") or {}).get("role_name") == role:
-            live.add(accessor)
-    return live
 
 
 def _run(vault: VaultHandle, command: list[str], secrets: str = FINETUNE_SECRETS) -> subprocess.CompletedProcess[str]:
@@ -42,12 +29,12 @@ def _run(vault: VaultHandle, command: list[str], secrets: str = FINETUNE_SECRETS
 
 def test_child_gets_keys_as_env_and_its_exit_code_returns(vault: VaultHandle) -> None:
     script = 'test "$HF_TOKEN" = fake-hf-test-0000 && test "$WANDB_API_KEY" = fake-wandb-test-0000 && test -z "$GPUFLEET_VAULT_WRAPPED_SECRET_ID" && exit 7'
-    before = _live_role_tokens(vault, "finetune")
+    before = live_role_tokens(vault, "finetune")
     result = _run(vault, ["sh", "-c", script])
     assert result.returncode == 7, result.stderr
     assert "passing HF_TOKEN, WANDB_API_KEY to sh" in result.stderr and "token revoked" in result.stderr
     assert "fake-" not in result.stdout + result.stderr
-    assert _live_role_tokens(vault, "finetune") == before
+    assert live_role_tokens(vault, "finetune") == before
 
 
 def test_child_never_sees_the_wrapping_token_under_its_nomad_meta_names(vault: VaultHandle) -> None:
@@ -65,14 +52,14 @@ def test_child_never_sees_the_wrapping_token_under_its_nomad_meta_names(vault: V
 def test_sigterm_reaches_child_and_token_is_revoked(vault: VaultHandle, tmp_path: Path) -> None:
     ready = tmp_path / "ready"
     env = {**os.environ, **vault.task_env("finetune", FINETUNE_SECRETS)}
-    before = _live_role_tokens(vault, "finetune")
+    before = live_role_tokens(vault, "finetune")
     proc = subprocess.Popen([EXEC, "--", "sh", "-c", f'touch {ready}; trap "exit 42" TERM; while :; do sleep 0.1; done'], env=env, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 20
         while not ready.exists() and time.monotonic() < deadline:
             time.sleep(0.05)
         assert ready.exists(), "the child never started"
-        during = _live_role_tokens(vault, "finetune") - before
+        during = live_role_tokens(vault, "finetune") - before
         assert len(during) == 1, "the run should hold exactly one live token"
         proc.send_signal(signal.SIGTERM)
         _, stderr = proc.communicate(timeout=20)
@@ -90,11 +77,11 @@ def test_sigterm_reaches_child_and_token_is_revoked(vault: VaultHandle, tmp_path
 
 
 def test_fails_when_child_command_missing(vault: VaultHandle) -> None:
-    before = _live_role_tokens(vault, "finetune")
+    before = live_role_tokens(vault, "finetune")
     result = _run(vault, ["/nonexistent/train"])
     assert result.returncode == 127
     assert "cannot start '/nonexistent/train'" in result.stderr
-    assert _live_role_tokens(vault, "finetune") == before
+    assert live_role_tokens(vault, "finetune") == before
 
 
 def test_fails_when_wrapping_token_already_used(vault: VaultHandle) -> None:
@@ -129,7 +116,7 @@ def _limited(vault: VaultHandle, max_run: str, grace: str) -> dict[str, str]:
 
 def test_child_stopped_when_it_outruns_max_run_seconds(vault: VaultHandle) -> None:
     """Nomad 1.10 ignores MaxRunDuration and the finetune token lives 24h: gpufleet-exec stops it."""
-    before = _live_role_tokens(vault, "finetune")
+    before = live_role_tokens(vault, "finetune")
     started = time.monotonic()
     result = subprocess.run([EXEC, "--", "sleep", "120"], env=_limited(vault, "2", "30"), capture_output=True, text=True, timeout=150)
     elapsed = time.monotonic() - started
@@ -137,7 +124,7 @@ def test_child_stopped_when_it_outruns_max_run_seconds(vault: VaultHandle) -> No
     assert "ran longer than its run limit (2s: the smaller of GPUFLEET_MAX_RUN_SECONDS and GPUFLEET_RUN_DEADLINE_SECONDS); sending SIGTERM" in result.stderr
     assert "ignored SIGTERM" not in result.stderr and "token revoked" in result.stderr
     assert 2 <= elapsed < 60, f"stopped after {elapsed:.1f}s"
-    assert _live_role_tokens(vault, "finetune") == before
+    assert live_role_tokens(vault, "finetune") == before
 
 
 def test_child_stopped_at_the_experiment_deadline_when_it_is_the_smaller_bound(vault: VaultHandle) -> None:
@@ -180,7 +167,7 @@ def test_fails_when_the_run_deadline_is_malformed(vault: VaultHandle, bad: str) 
 
 def test_child_killed_when_it_ignores_sigterm_past_max_run(vault: VaultHandle, tmp_path: Path) -> None:
     ready = tmp_path / "ready"
-    before = _live_role_tokens(vault, "finetune")
+    before = live_role_tokens(vault, "finetune")
     started = time.monotonic()
     command = ["sh", "-c", f'trap "" TERM; touch {ready}; exec sleep 120']
     result = subprocess.run([EXEC, "--", *command], env=_limited(vault, "2", "1"), capture_output=True, text=True, timeout=150)
@@ -188,7 +175,7 @@ def test_child_killed_when_it_ignores_sigterm_past_max_run(vault: VaultHandle, t
     assert result.returncode == 124, result.stderr
     assert "ignored SIGTERM for 1s (GPUFLEET_KILL_GRACE_SECONDS); sending SIGKILL" in result.stderr and "token revoked" in result.stderr
     assert time.monotonic() - started < 60
-    assert _live_role_tokens(vault, "finetune") == before
+    assert live_role_tokens(vault, "finetune") == before
 
 
 def test_fails_when_max_run_seconds_is_malformed(vault: VaultHandle) -> None:
@@ -209,21 +196,21 @@ def test_library_revokes_on_sigterm(vault: VaultHandle, tmp_path: Path) -> None:
         "    time.sleep(30)\n"
     )
     env = {**os.environ, **vault.task_env("finetune", FINETUNE_SECRETS)}
-    before = _live_role_tokens(vault, "finetune")
+    before = live_role_tokens(vault, "finetune")
     proc = subprocess.Popen([sys.executable, "-c", program], env=env, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 20
         while not ready.exists() and time.monotonic() < deadline:
             time.sleep(0.05)
         assert ready.exists(), "the task never logged in"
-        assert len(_live_role_tokens(vault, "finetune") - before) == 1
+        assert len(live_role_tokens(vault, "finetune") - before) == 1
         proc.send_signal(signal.SIGTERM)
         _, stderr = proc.communicate(timeout=20)
     finally:
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 128 + signal.SIGTERM, stderr
-    assert _live_role_tokens(vault, "finetune") == before
+    assert live_role_tokens(vault, "finetune") == before
 
 
 # --- issue 16 points 9-12 and 16 -------------------------------------------------------------
@@ -311,11 +298,11 @@ def test_revoked_token_stops_the_run_at_once(vault: VaultHandle, short_role: str
     SIGTERM, SIGKILL after the grace for a child that ignores it, exit 80 (it ran on before)."""
     ready = tmp_path / "ready"
     env = {**os.environ, **vault.task_env(short_role, "OPENAI_API_KEY=ml-api-keys/openai#api_key", minter=vault.root), "GPUFLEET_KILL_GRACE_SECONDS": "1"}
-    before = _live_role_tokens(vault, short_role)
+    before = live_role_tokens(vault, short_role)
     proc = subprocess.Popen([EXEC, "--", "sh", "-c", f'trap "" TERM; touch {ready}; while :; do sleep 0.1; done'], env=env, stderr=subprocess.PIPE, text=True)
     try:
         _wait_for(ready)
-        (accessor,) = _live_role_tokens(vault, short_role) - before
+        (accessor,) = live_role_tokens(vault, short_role) - before
         vault.root.auth.token.revoke_accessor(accessor)
         revoked_at = time.monotonic()
         _, stderr = proc.communicate(timeout=30)
@@ -346,12 +333,12 @@ def test_sigkill_of_the_wrapper_takes_the_child_and_leaves_a_short_lived_token(v
     keys) dies with it (PR_SET_PDEATHSIG) and the orphaned token expires within 5 minutes."""
     pid_file = tmp_path / "child.pid"
     env = {**os.environ, **vault.task_env("finetune", FINETUNE_SECRETS)}
-    before = _live_role_tokens(vault, "finetune")
+    before = live_role_tokens(vault, "finetune")
     proc = subprocess.Popen([EXEC, "--", "sh", "-c", f'echo $$ > {pid_file}.tmp && mv {pid_file}.tmp {pid_file}; exec sleep 120'], env=env, stderr=subprocess.DEVNULL)
     try:
         _wait_for(pid_file)
         child = int(pid_file.read_text())
-        (accessor,) = _live_role_tokens(vault, "finetune") - before
+        (accessor,) = live_role_tokens(vault, "finetune") - before
         proc.kill()
         proc.wait(timeout=10)
         deadline = time.monotonic() + 10
