@@ -10,10 +10,14 @@ and checked against that rendering in validate.py.
 
 from __future__ import annotations
 
+import functools
+import json
 import re
+import threading
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from clusters.errors import Problem
 from vault_policies.layout import (
@@ -96,10 +100,33 @@ def text_line(data: bytes, offset: int) -> int:
     return data[:offset].count(b"\n") + 1
 
 
+# pyhcl 0.4.5 (pinned): ``hcl.loads`` (hcl/api.py:79-83) builds a new ``HclParser`` for every call, and its
+# ``__init__`` (hcl/parser.py:636-639) runs PLY's LALR table generation again each time (its vendored yacc keeps
+# no table cache): about 25 ms a policy file, ten of them per ``gpufleet check``. One parser per process parses
+# the same way (PLY's ``parse`` starts from fresh stacks on every call); the lock keeps one parse at a time.
+_HCL_LOCK = threading.Lock()
+
+
+@functools.cache
+def _hcl_parser() -> Any:
+    from hcl.parser import HclParser
+
+    return HclParser()
+
+
+def hcl_loads(text: str) -> Any:
+    """``hcl.loads(text)``: the same result and the same ValueError, with one parser per process."""
+    from hcl.api import isHcl, u
+
+    decoded = u(text)
+    if not isHcl(decoded):
+        return json.loads(decoded)
+    with _HCL_LOCK:
+        return _hcl_parser().parse(decoded)
+
+
 def parse_policy(file: Path) -> tuple[PolicyFile | None, list[Problem]]:
     """One policy file; problems instead of exceptions so every file is reported in one pass."""
-    import hcl
-
     where = str(file)
     name = file.stem
     problems: list[Problem] = []
@@ -116,7 +143,7 @@ def parse_policy(file: Path) -> tuple[PolicyFile | None, list[Problem]]:
     if MANAGED_MARKER in text and name not in OPERATOR_POLICIES:
         problems.append(Problem(where, line_of_text(text, MANAGED_MARKER), "", f"{MANAGED_MARKER!r} is added by the sync; remove that line from the file"))
     try:
-        parsed = hcl.loads(text)
+        parsed = hcl_loads(text)
     except ValueError as exc:
         line, message = hcl_error(str(exc), text)
         return None, [*problems, Problem(where, line, "", f"invalid HCL: {message}; fix the syntax (blocks look like: path \"secret/data/...\" {{ capabilities = [\"read\"] }})")]
