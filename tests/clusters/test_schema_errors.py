@@ -114,3 +114,27 @@ def test_fails_when_the_file_is_not_clean_text(tmp_path, content, message):
     path.write_bytes(content)
     with pytest.raises(ConfigError, match=message):
         clusters.load(path)
+
+
+_TOKEN = "ghp_AbCdEfGhIjKlMnOpQrStUvWxYz0123456789"  # GitHub's token shape (clusters/secrets.py SELF_IDENTIFYING)
+
+
+@pytest.mark.parametrize("text", [
+    f"name: x\nkey: !!int {_TOKEN}\n",  # int() echoes its input (ruamel/yaml/constructor.py:1006-1104)
+    f"name: x\nkey: !!float {_TOKEN}\n",  # float() echoes it lower-cased
+    f"name: x\nkey: !!timestamp {_TOKEN}\n",  # ConstructorError 'failed to construct timestamp from "..."' (:542)
+    f"name: x\ntoken: {_TOKEN}\ntoken: {_TOKEN}\n",  # DuplicateKeyError names both values (:281)
+    f"name: x\nk: *{_TOKEN}\n",  # ComposerError 'found undefined alias ...'
+], ids=["int tag", "float tag", "timestamp tag", "duplicate key", "undefined alias"])
+def test_an_unreadable_value_is_never_echoed_in_the_error(tmp_path, text):
+    """The parse error is checked before the secret scan ever runs, and goes to the CLI, the API's response and
+    its log: it must not carry a credential from the file, however ruamel.yaml's message spells it."""
+    path = tmp_path / "odd.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as caught:
+        clusters.load(path)
+    message = str(caught.value)
+    assert len(caught.value.problems) == 1, message
+    assert "odd.yaml" in message
+    squeezed = message.replace("_", "").lower()
+    assert "abcdefghijklmnopqrstuvwxyz0123456789" not in squeezed, message
