@@ -180,7 +180,11 @@ def parse_yaml(path: Path, text: str) -> YamlDocument:
         raise ConfigError([Problem(str(path), line, "", f"invalid YAML: {_unechoed(exc)}; {fix}")]) from None
     except YAMLError as exc:  # e.g. ReaderError: control characters the YAML spec forbids
         raise ConfigError([Problem(str(path), None, "", f"invalid YAML: {str(exc).splitlines()[0]}; remove the offending characters")]) from None
-    except (ValueError, NotImplementedError, RecursionError) as exc:
+    except RecursionError as exc:
+        raise ConfigError([_unreadable(path, exc)]) from None
+    except (ValueError, KeyError, IndexError, NotImplementedError) as exc:
+        if not _raised_by_ruamel(exc):
+            raise
         raise ConfigError([_unreadable(path, exc)]) from None
     if not isinstance(raw, CommentedMap):
         raise ConfigError([Problem(str(path), 1, "", "top level must be a mapping of fields; see the examples beside it")])
@@ -190,11 +194,22 @@ def parse_yaml(path: Path, text: str) -> YamlDocument:
         raise ConfigError([_unreadable(path, exc)]) from None
 
 
+def _raised_by_ruamel(exc: BaseException) -> bool:
+    """Whether the innermost Python frame of ``exc`` is ruamel.yaml's (its constructor calling int(), float(),
+    datetime or a dict lookup on the file's text): the file's fault. The same exception from gpufleet's own code
+    on the way (clusters/yaml_fast.py, ``_expansion``) is a bug and keeps its traceback."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and str(tb.tb_frame.f_globals.get("__name__", "")).startswith("ruamel.yaml.")
+
+
 def _unreadable(path: Path, exc: BaseException) -> Problem:
     """What ruamel.yaml 0.19.1 raises outside its own error classes, as one line instead of a traceback: a value
     its constructor refuses (a timestamp-shaped ``2026-13-45``: "month must be in 1..12"; an integer past
-    Python's 4,300 digits), a comment where its round-trip reader cannot keep it (``key: # c`` with the value
-    on the next line: "overlap in comment"), and nesting deeper than its recursive constructor reaches."""
+    Python's 4,300 digits; a !!bool it has no word for, KeyError; ``0b_``, IndexError), a comment where its
+    round-trip reader cannot keep it (``key: # c`` with the value on the next line: "overlap in comment"), and
+    nesting deeper than its recursive constructor reaches."""
     if isinstance(exc, RecursionError):
         return Problem(str(path), None, "", "invalid YAML: nested too deeply to read; flatten the structure")
     if isinstance(exc, NotImplementedError):

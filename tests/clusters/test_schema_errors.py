@@ -138,3 +138,31 @@ def test_an_unreadable_value_is_never_echoed_in_the_error(tmp_path, text):
     assert "odd.yaml" in message
     squeezed = message.replace("_", "").lower()
     assert "abcdefghijklmnopqrstuvwxyz0123456789" not in squeezed, message
+
+
+@pytest.mark.parametrize("text", ["name: x\nflag: !!bool maybe\n", "name: x\nmask: 0b_\n", "name: x\nmask: -0x_\n"],
+                         ids=["bool tag", "empty binary", "empty hex"])
+def test_the_constructors_key_and_index_errors_are_one_line(tmp_path, text):
+    """ruamel.yaml 0.19.1 raises KeyError for a !!bool it has no word for (constructor.py:443-445) and IndexError
+    for an integer that is only a base prefix and underscores (construct_yaml_int, constructor.py:1023): ValueError
+    was not all it raises outside its error classes."""
+    path = tmp_path / "odd.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=r"odd\.yaml: invalid YAML value: .*; quote the value") as caught:
+        clusters.load(path)
+    assert len(caught.value.problems) == 1
+
+
+def test_a_value_error_of_gpufleets_own_reading_is_not_called_invalid_yaml(tmp_path, monkeypatch):
+    """Only what ruamel.yaml itself raises is the file's fault: a ValueError from gpufleet's own code on the way
+    (clusters/yaml_fast.py here) is a bug to see as one, not a valid file refused as 'invalid YAML value'."""
+    from clusters import yaml_fast
+
+    def broken(text: str, max_nodes: int) -> None:
+        raise ValueError("a bug in gpufleet")
+
+    monkeypatch.setattr(yaml_fast, "load", broken)
+    path = tmp_path / "fine.yaml"
+    path.write_text("name: x\n")
+    with pytest.raises(ValueError, match="a bug in gpufleet"):
+        clusters.load(path)
