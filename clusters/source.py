@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 from ruamel.yaml import YAML
-from ruamel.yaml.comments import CommentedMap, CommentedSeq
+from ruamel.yaml.comments import CommentedMap, CommentedSeq, TaggedScalar
 from ruamel.yaml.constructor import ConstructorError, DuplicateKeyError
 from ruamel.yaml.error import MarkedYAMLError, YAMLError
 from ruamel.yaml.events import (AliasEvent, MappingEndEvent, MappingStartEvent, ScalarEvent, SequenceEndEvent,
@@ -382,6 +382,9 @@ def _strings(node: Any, path: FieldPath = (), field: str = "") -> Iterator[tuple
             previous = item if isinstance(item, str) and item.startswith("-") else field
     elif isinstance(node, str):
         yield path, node, field, False
+    elif isinstance(node, TaggedScalar):  # ``!custom <text>``: ruamel keeps the tag and the text, neither a str node
+        yield path, str(node.tag), field, False
+        yield from _strings(node.value, path, field)
 
 
 # ``detect`` is a pure function of (string, name), and a fleet's files repeat most of their strings (every

@@ -166,3 +166,18 @@ def test_a_value_error_of_gpufleets_own_reading_is_not_called_invalid_yaml(tmp_p
     path.write_text("name: x\n")
     with pytest.raises(ValueError, match="a bug in gpufleet"):
         clusters.load(path)
+
+
+@pytest.mark.parametrize("text", [f"name: x\nk: !custom {_TOKEN}\n", f"name: x\nk: !{_TOKEN} x\n", f"name: x\nk: [a, !custom {_TOKEN}]\n"],
+                         ids=["tagged value", "tag itself", "tagged item"])
+def test_a_credential_under_a_local_tag_is_found_by_the_secret_scan(tmp_path, text):
+    """ruamel.yaml's round-trip loader keeps a scalar with a local tag (``!custom <value>``) as a TaggedScalar,
+    not a str (ruamel/yaml/comments.py:1167): the secret scan walked past it, and the schema's error then quoted
+    its repr, the token's first characters included."""
+    path = tmp_path / "odd.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as caught:
+        clusters.load(path)
+    message = str(caught.value)
+    assert "looks like a credential" in message and "github-token" in message, message
+    assert "AbCdEf" not in message, message
