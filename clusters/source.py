@@ -16,7 +16,8 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 from ruamel.yaml import YAML
-from ruamel.yaml.comments import CommentedMap, CommentedSeq
+from ruamel.yaml.comments import CommentedMap, CommentedSeq, TaggedScalar
+from ruamel.yaml.constructor import ConstructorError, DuplicateKeyError
 from ruamel.yaml.error import MarkedYAMLError, YAMLError
 from ruamel.yaml.events import (AliasEvent, MappingEndEvent, MappingStartEvent, ScalarEvent, SequenceEndEvent,
                                   SequenceStartEvent)
@@ -173,11 +174,17 @@ def parse_yaml(path: Path, text: str) -> YamlDocument:
             raw = _ruamel_load(path, text)
     except MarkedYAMLError as exc:
         line = exc.problem_mark.line + 1 if exc.problem_mark else None
-        fix = "indent with spaces (YAML forbids tabs in indentation)" if "'\\t'" in str(exc.problem) else "fix the syntax"
-        raise ConfigError([Problem(str(path), line, "", f"invalid YAML: {exc.problem}; {fix}")]) from None
+        fix = ("keep one of them" if isinstance(exc, DuplicateKeyError)
+               else "quote the value to keep it as text, or correct it" if isinstance(exc, ConstructorError)
+               else "indent with spaces (YAML forbids tabs in indentation)" if "'\\t'" in str(exc.problem) else "fix the syntax")
+        raise ConfigError([Problem(str(path), line, "", f"invalid YAML: {_unechoed(exc)}; {fix}")]) from None
     except YAMLError as exc:  # e.g. ReaderError: control characters the YAML spec forbids
         raise ConfigError([Problem(str(path), None, "", f"invalid YAML: {str(exc).splitlines()[0]}; remove the offending characters")]) from None
-    except (ValueError, NotImplementedError, RecursionError) as exc:
+    except RecursionError as exc:
+        raise ConfigError([_unreadable(path, exc)]) from None
+    except (ValueError, KeyError, IndexError, NotImplementedError) as exc:
+        if not _raised_by_ruamel(exc):
+            raise
         raise ConfigError([_unreadable(path, exc)]) from None
     if not isinstance(raw, CommentedMap):
         raise ConfigError([Problem(str(path), 1, "", "top level must be a mapping of fields; see the examples beside it")])
@@ -187,11 +194,22 @@ def parse_yaml(path: Path, text: str) -> YamlDocument:
         raise ConfigError([_unreadable(path, exc)]) from None
 
 
+def _raised_by_ruamel(exc: BaseException) -> bool:
+    """Whether the innermost Python frame of ``exc`` is ruamel.yaml's (its constructor calling int(), float(),
+    datetime or a dict lookup on the file's text): the file's fault. The same exception from gpufleet's own code
+    on the way (clusters/yaml_fast.py, ``_expansion``) is a bug and keeps its traceback."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and str(tb.tb_frame.f_globals.get("__name__", "")).startswith("ruamel.yaml.")
+
+
 def _unreadable(path: Path, exc: BaseException) -> Problem:
     """What ruamel.yaml 0.19.1 raises outside its own error classes, as one line instead of a traceback: a value
     its constructor refuses (a timestamp-shaped ``2026-13-45``: "month must be in 1..12"; an integer past
-    Python's 4,300 digits), a comment where its round-trip reader cannot keep it (``key: # c`` with the value
-    on the next line: "overlap in comment"), and nesting deeper than its recursive constructor reaches."""
+    Python's 4,300 digits; a !!bool it has no word for, KeyError; ``0b_``, IndexError), a comment where its
+    round-trip reader cannot keep it (``key: # c`` with the value on the next line: "overlap in comment"), and
+    nesting deeper than its recursive constructor reaches."""
     if isinstance(exc, RecursionError):
         return Problem(str(path), None, "", "invalid YAML: nested too deeply to read; flatten the structure")
     if isinstance(exc, NotImplementedError):
@@ -200,7 +218,28 @@ def _unreadable(path: Path, exc: BaseException) -> Problem:
     reason = str(exc).split(";")[0]
     if reason.startswith("Exceeds the limit"):
         reason = "an integer longer than 4,300 digits"
+    elif not _DATE_RANGE.fullmatch(reason):  # int()/float() of a tagged value echo the text: "!!int <token>"
+        reason = "not the number, date or boolean its form or tag (!!int, !!float, ...) says (not shown)"
     return Problem(str(path), None, "", f"invalid YAML value: {reason}; quote the value to keep it as text, or correct it")
+
+
+# datetime's range messages (CPython Modules/_datetimemodule.c check_date_args/check_time_args): they name no value.
+_DATE_RANGE = re.compile(r"(year|month|day|hour|minute|second|microsecond) (must be in [0-9.]+|is out of range for month)"
+                         r"|year [0-9]+ is out of range")
+
+
+def _unechoed(exc: MarkedYAMLError) -> str:
+    """ruamel.yaml's problem text, unless it quotes the file's values: a constructor's ("failed to construct
+    timestamp from "<value>"", ruamel/yaml/constructor.py:542), a duplicate key's (both values, :281), or any
+    problem the secret detector flags (an undefined alias named like a token). The parse error comes before the
+    secret scan and reaches the CLI, the API's response and its log."""
+    problem = str(exc.problem)
+    if isinstance(exc, DuplicateKeyError):
+        return "a key appears twice in one mapping (values not shown)"
+    if isinstance(exc, ConstructorError):
+        return "a value is not what its form or tag says (not shown)"
+    hit = detect(problem)
+    return problem if hit is None else f"near a value that looks like a credential (not shown; detected: {hit.kind}); delete and rotate it"
 
 
 def did_you_mean(value: str, choices: Iterable[str]) -> str:
@@ -343,6 +382,9 @@ def _strings(node: Any, path: FieldPath = (), field: str = "") -> Iterator[tuple
             previous = item if isinstance(item, str) and item.startswith("-") else field
     elif isinstance(node, str):
         yield path, node, field, False
+    elif isinstance(node, TaggedScalar):  # ``!custom <text>``: ruamel keeps the tag and the text, neither a str node
+        yield path, str(node.tag), field, False
+        yield from _strings(node.value, path, field)
 
 
 # ``detect`` is a pure function of (string, name), and a fleet's files repeat most of their strings (every

@@ -24,7 +24,7 @@ from pathlib import Path
 from clusters.derive.pools import derive_gpu_pools
 from clusters.errors import ConfigError, UserError
 from clusters.schema import ClusterConfig
-from clusters.source import YamlDocument, validate_document
+from clusters.source import parse_yaml, validate_document
 from stacks.layout import plan_stacks
 
 BASE_ENV = "GPUFLEET_BASE_REF"
@@ -129,15 +129,14 @@ def _not_head(repo: Path, base: Base, spelled: str, head: str) -> Base:
 
 
 def _old_config(repo: Path, ref: str, path: str) -> ClusterConfig | None:
-    from ruamel.yaml import YAML
-    from ruamel.yaml.error import YAMLError
-
+    """The base's file read as the working tree's are (``parse_yaml``: its alias bound, and what ruamel.yaml raises
+    outside its error classes as a ConfigError), so no base file is a traceback or an unbounded expansion."""
     text = _git(repo, "show", f"{ref}:{path}")
     if text is None:
         return None
     try:
-        return validate_document(YamlDocument(Path(path), YAML(typ="rt").load(text)), ClusterConfig)
-    except (ConfigError, YAMLError):
+        return validate_document(parse_yaml(Path(path), text), ClusterConfig)
+    except ConfigError:
         return None  # a base that did not validate protected nothing gpufleet could have applied
 
 

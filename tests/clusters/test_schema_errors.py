@@ -114,3 +114,70 @@ def test_fails_when_the_file_is_not_clean_text(tmp_path, content, message):
     path.write_bytes(content)
     with pytest.raises(ConfigError, match=message):
         clusters.load(path)
+
+
+_TOKEN = "ghp_AbCdEfGhIjKlMnOpQrStUvWxYz0123456789"  # GitHub's token shape (clusters/secrets.py SELF_IDENTIFYING)
+
+
+@pytest.mark.parametrize("text", [
+    f"name: x\nkey: !!int {_TOKEN}\n",  # int() echoes its input (ruamel/yaml/constructor.py:1006-1104)
+    f"name: x\nkey: !!float {_TOKEN}\n",  # float() echoes it lower-cased
+    f"name: x\nkey: !!timestamp {_TOKEN}\n",  # ConstructorError 'failed to construct timestamp from "..."' (:542)
+    f"name: x\ntoken: {_TOKEN}\ntoken: {_TOKEN}\n",  # DuplicateKeyError names both values (:281)
+    f"name: x\nk: *{_TOKEN}\n",  # ComposerError 'found undefined alias ...'
+], ids=["int tag", "float tag", "timestamp tag", "duplicate key", "undefined alias"])
+def test_an_unreadable_value_is_never_echoed_in_the_error(tmp_path, text):
+    """The parse error is checked before the secret scan ever runs, and goes to the CLI, the API's response and
+    its log: it must not carry a credential from the file, however ruamel.yaml's message spells it."""
+    path = tmp_path / "odd.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as caught:
+        clusters.load(path)
+    message = str(caught.value)
+    assert len(caught.value.problems) == 1, message
+    assert "odd.yaml" in message
+    squeezed = message.replace("_", "").lower()
+    assert "abcdefghijklmnopqrstuvwxyz0123456789" not in squeezed, message
+
+
+@pytest.mark.parametrize("text", ["name: x\nflag: !!bool maybe\n", "name: x\nmask: 0b_\n", "name: x\nmask: -0x_\n"],
+                         ids=["bool tag", "empty binary", "empty hex"])
+def test_the_constructors_key_and_index_errors_are_one_line(tmp_path, text):
+    """ruamel.yaml 0.19.1 raises KeyError for a !!bool it has no word for (constructor.py:443-445) and IndexError
+    for an integer that is only a base prefix and underscores (construct_yaml_int, constructor.py:1023): ValueError
+    was not all it raises outside its error classes."""
+    path = tmp_path / "odd.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=r"odd\.yaml: invalid YAML value: .*; quote the value") as caught:
+        clusters.load(path)
+    assert len(caught.value.problems) == 1
+
+
+def test_a_value_error_of_gpufleets_own_reading_is_not_called_invalid_yaml(tmp_path, monkeypatch):
+    """Only what ruamel.yaml itself raises is the file's fault: a ValueError from gpufleet's own code on the way
+    (clusters/yaml_fast.py here) is a bug to see as one, not a valid file refused as 'invalid YAML value'."""
+    from clusters import yaml_fast
+
+    def broken(text: str, max_nodes: int) -> None:
+        raise ValueError("a bug in gpufleet")
+
+    monkeypatch.setattr(yaml_fast, "load", broken)
+    path = tmp_path / "fine.yaml"
+    path.write_text("name: x\n")
+    with pytest.raises(ValueError, match="a bug in gpufleet"):
+        clusters.load(path)
+
+
+@pytest.mark.parametrize("text", [f"name: x\nk: !custom {_TOKEN}\n", f"name: x\nk: !{_TOKEN} x\n", f"name: x\nk: [a, !custom {_TOKEN}]\n"],
+                         ids=["tagged value", "tag itself", "tagged item"])
+def test_a_credential_under_a_local_tag_is_found_by_the_secret_scan(tmp_path, text):
+    """ruamel.yaml's round-trip loader keeps a scalar with a local tag (``!custom <value>``) as a TaggedScalar,
+    not a str (ruamel/yaml/comments.py:1167): the secret scan walked past it, and the schema's error then quoted
+    its repr, the token's first characters included."""
+    path = tmp_path / "odd.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as caught:
+        clusters.load(path)
+    message = str(caught.value)
+    assert "looks like a credential" in message and "github-token" in message, message
+    assert "AbCdEf" not in message, message

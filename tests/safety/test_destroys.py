@@ -176,3 +176,19 @@ def test_pull_request_merge_commit_against_the_base_sha_is_compared(git_repo: Pa
     monkeypatch.setenv(destroys.BASE_ENV, base_sha)
     (found,) = _announce(git_repo)
     assert found.blocking and f"is gone since {base_sha[:12]}" in found.line
+
+
+@pytest.mark.parametrize("text", ["name: odd\nkey: # c\n  value\n\n", "name: odd\nd: 2026-13-45\n", "name: odd\nflag: !!bool maybe\n",
+                                  "name: odd\na: " + "[" * 400 + "]" * 400 + "\n"],
+                         ids=["comment overlap", "bad timestamp", "bool tag", "deep nesting"])
+def test_a_base_file_ruamel_cannot_read_protected_nothing(git_repo: Path, text: str) -> None:
+    """The base's cluster files are read like the working tree's (clusters.source.parse_yaml): ruamel.yaml
+    0.19.1's NotImplementedError, ValueError, KeyError or RecursionError for a file at the base was a traceback
+    from `gpufleet check`; a file gpufleet could not read then was never applied, so it protected nothing."""
+    odd = git_repo / "clusters" / "odd.yaml"
+    odd.write_text(text)
+    git(git_repo, "add", "-A")
+    git(git_repo, "commit", "-qm", "an unreadable file")
+    git(git_repo, "update-ref", "refs/remotes/origin/main", "HEAD")
+    odd.unlink()
+    assert _announce(git_repo) == []
