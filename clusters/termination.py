@@ -101,10 +101,10 @@ def held() -> Iterator[None]:
 
 @contextmanager
 def sigterm_unwinds() -> Iterator[None]:
-    """Within this block (entered in the main thread) SIGTERM raises ``Terminated``; the handler
-    before it is put back after, unless ``Terminated`` leaves the block: then the exit hooks still to
-    run must not be cut short by the default action of a further SIGTERM. Elsewhere than the main thread Python refuses signal handlers,
-    and the block changes nothing."""
+    """Within this block (entered in the main thread) SIGTERM raises ``Terminated``; the handler before it
+    is put back after, unless a SIGTERM came: then the process is on its way out, and the exit hooks still
+    to run must not be cut short by the default action of a further one. Elsewhere than the main thread
+    Python refuses signal handlers, and the block changes nothing."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -114,18 +114,15 @@ def sigterm_unwinds() -> Iterator[None]:
     previous = signal.signal(signal.SIGTERM, _terminate)
     try:
         yield
-    except Terminated:
-        raise  # the process is on its way out: a further SIGTERM stays ignored through its exit hooks
-    except BaseException:
-        signal.signal(signal.SIGTERM, previous)
-        raise
-    signal.signal(signal.SIGTERM, previous)
+    finally:
+        if not _state["terminated"]:
+            signal.signal(signal.SIGTERM, previous)
 
 
 def run_to_end(args: list[str], timeout: float | None = None, **popen: object) -> subprocess.CompletedProcess:
     """``subprocess.run`` (``check=False``; ``popen`` are ``Popen``'s arguments; past ``timeout`` the child is
-    killed and ``subprocess.TimeoutExpired`` raised, as there) for a child that must not be cut short. ``subprocess.run`` SIGKILLs its child on any exception it sees, ``Terminated``
-    included: terraform, which on its own SIGTERM stops and releases its state lock, then left the
+    killed and ``subprocess.TimeoutExpired`` raised, as there) for a child that must not be cut short.
+    ``subprocess.run`` SIGKILLs its child on any exception it sees, ``Terminated`` included: terraform, which on its own SIGTERM stops and releases its state lock, then left the
     lock held; gpufleet-exec, which on its SIGTERM stops its task and revokes the task's Vault token,
     left the token alive; a base synthesis of ``gpufleet preview`` (``main.py``, which unwinds on SIGTERM)
     left its jsii files. On ``Terminated`` the child is left to act on the SIGTERM its process group
