@@ -34,11 +34,12 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ColumnElement, Row, not_, or_, select, update
+from sqlalchemy import ColumnElement, Row, not_, or_, select
 from sqlalchemy.orm import Session
 
 from experiments import attempts
 from experiments.background.context import Context, log
+from experiments.background.unlocked import update_unlocked
 from experiments.background.usage import Candidate, sample_usage
 from experiments.background.vanished import hold_mass_vanishing
 from experiments.errors import ApiError
@@ -191,8 +192,8 @@ def _note_not_bound(ctx: Context, bound: ColumnElement[bool]) -> None:
         pairs = session.execute(select(Experiment.cluster, Experiment.scheduler).where(on_scheduler, not_(bound)).distinct()).all()
         for cluster, scheduler in pairs:
             reason = not_bound(ctx.runner, cluster, scheduler)
-            session.execute(update(Experiment).where(on_scheduler, Experiment.cluster == cluster, Experiment.scheduler == scheduler,
-                                                     or_(Experiment.reason.is_(None), Experiment.reason != reason)).values(reason=reason))
+            update_unlocked(session, on_scheduler & (Experiment.cluster == cluster) & (Experiment.scheduler == scheduler)
+                            & or_(Experiment.reason.is_(None), Experiment.reason != reason), reason=reason)
 
 
 def _keep_logs(ctx: Context, ended: set[str], bound: ColumnElement[bool] | None) -> None:
@@ -264,9 +265,11 @@ def _apply_all(ctx: Context, moves: list[Move], reconciled: list[str]) -> tuple[
     now = ctx.clock()
     ended: set[str] = set()
     failed: set[str] = set()
-    with ctx.sessions() as session, session.begin():  # one commit for the stamps: a row each, no lock held on anything else
+    # One commit for the stamps, never waiting on a row (background.unlocked): a run a chunk of another
+    # worker is moving right now keeps its old stamp, and that chunk stamps it itself (_apply).
+    with ctx.sessions() as session, session.begin():
         for start in range(0, len(reconciled), STAMP_BATCH):
-            session.execute(update(Experiment).where(Experiment.id.in_(reconciled[start:start + STAMP_BATCH])).values(reconciled_at=now))
+            update_unlocked(session, Experiment.id.in_(reconciled[start:start + STAMP_BATCH]), reconciled_at=now)
     chunks = [moves[start:start + COMMIT_BATCH] for start in range(0, len(moves), COMMIT_BATCH)]
     # Chunks hold disjoint rows, so on PostgreSQL they commit side by side: thousands of runs that end at
     # once are recorded in a fraction of one commit after another (each waits mostly on the database).

@@ -16,10 +16,10 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import update
 from sqlalchemy.engine import Row
 
 from experiments.background.context import Context, log
+from experiments.background.unlocked import update_unlocked
 from experiments.models import Experiment
 from experiments.states import ON_SCHEDULER
 from jobs.runner import Polled
@@ -43,8 +43,7 @@ def hold_mass_vanishing(ctx: Context, tracked: Sequence[Row[Any]], results: Mapp
                       f"service reaches as {cluster}")
             log.error("cluster %s: %s", cluster, reason)
             with ctx.sessions() as session, session.begin():
-                session.execute(update(Experiment).where(Experiment.id.in_(gone), Experiment.state.in_([s.value for s in ON_SCHEDULER]))
-                                .values(reason=reason))
+                update_unlocked(session, Experiment.id.in_(gone) & Experiment.state.in_([s.value for s in ON_SCHEDULER]), reason=reason)
     if not held:
         return dict(results)
     skip = {row.run_id for cluster in held for row in answered[cluster]}

@@ -549,3 +549,52 @@ def test_two_workers_reconciling_the_same_runs_at_once_move_each_once(make_servi
     assert set(states.values()) == {"succeeded"}
     assert sorted(ended) == sorted(ids), "each run moved to succeeded exactly once"
     _counters_match(svc.ctx)
+
+
+def test_a_reconcile_pass_stamps_around_a_row_another_worker_holds_instead_of_waiting(make_service, pg_url, nomad, nomad_runner, catalog):
+    """The stamp of a pass (one UPDATE over every run the scheduler answered for) never waits on a
+    row lock (PostgreSQL). It used to lock its rows in heap order: holding a run that another
+    worker's chunk (which locks in id order) wanted next while waiting on one that chunk held, a
+    deadlock PostgreSQL broke by aborting one of them (seen in CI in the test above). Here another
+    transaction holds the lowest run, as such a chunk would: the pass stamps the other runs and
+    commits while that lock is still held, and the held run keeps its old stamp."""
+    from experiments.background import reconcile
+    from experiments.db import database_url
+
+    svc = make_service(database_url(pg_url), nomad_runner, jobs=_roomy(catalog))
+    ids = sorted(_submit(svc.ctx, i).id for i in range(4))
+    svc.step()
+    for job in nomad.dispatched(PARENT):
+        nomad.finish(job, client_status="running")
+    svc.step()
+    with svc.ctx.sessions() as session:
+        before = dict(session.execute(select(Experiment.id, Experiment.reconciled_at).where(Experiment.id.in_(ids))).all())
+    svc.clock.advance(seconds=60)
+    holder = svc.ctx.sessions()
+    done = threading.Event()
+    errors: list[BaseException] = []
+
+    def stamp() -> None:
+        try:
+            reconcile._apply_all(svc.ctx, [], ids)
+        except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
+            errors.append(exc)
+        done.set()
+
+    try:
+        holder.begin()
+        holder.execute(select(Experiment.id).where(Experiment.id == ids[0]).with_for_update()).all()
+        thread = threading.Thread(target=stamp)
+        thread.start()
+        assert done.wait(30), "the stamp waited on the row another transaction holds"
+        assert not errors, errors
+        # Had the stamp kept any row locked, this would now wait on it (a cycle with the stamp waiting on ids[0]).
+        holder.execute(select(Experiment.id).where(Experiment.id.in_(ids)).order_by(Experiment.id).with_for_update()).all()
+    finally:
+        holder.rollback()
+        holder.close()
+    thread.join()
+    with svc.ctx.sessions() as session:
+        after = dict(session.execute(select(Experiment.id, Experiment.reconciled_at).where(Experiment.id.in_(ids))).all())
+    assert after[ids[0]] == before[ids[0]], "the held run keeps its stamp (the chunk holding it stamps it itself)"
+    assert all(after[i] == svc.clock() and after[i] != before[i] for i in ids[1:]), (before, after)
