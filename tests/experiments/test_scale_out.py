@@ -598,3 +598,72 @@ def test_a_reconcile_pass_stamps_around_a_row_another_worker_holds_instead_of_wa
         after = dict(session.execute(select(Experiment.id, Experiment.reconciled_at).where(Experiment.id.in_(ids))).all())
     assert after[ids[0]] == before[ids[0]], "the held run keeps its stamp (the chunk holding it stamps it itself)"
     assert all(after[i] == svc.clock() and after[i] != before[i] for i in ids[1:]), (before, after)
+
+
+def _done_or_waiting_on_a_lock(engine, done: threading.Event, *, besides: int) -> None:
+    """Return once ``done`` is set or a session of this database other than ``besides`` (a backend pid)
+    waits on a lock: PostgreSQL's own view of it (pg_stat_activity, read afresh each time), not a sleep."""
+    from sqlalchemy import text
+
+    deadline = time.monotonic() + 60
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as connection:
+        while not done.wait(0.02):
+            if connection.execute(text("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
+                                       " AND pid <> :besides"), {"besides": besides}).scalar():
+                return
+            assert time.monotonic() < deadline, "neither done nor waiting on a lock after 60 s"
+
+
+def test_events_written_for_several_runs_never_close_a_cycle_with_a_chunk_that_locks_them(make_service, pg_url, nomad, nomad_runner, monkeypatch):
+    """Each event's foreign key takes a key-share lock on its run's row (PostgreSQL). The idle policy
+    writes its notes for several running runs in one transaction, in the order its query returns them
+    (no ORDER BY: heap order). A reconcile chunk of another worker whose view of the membership
+    differs locks the same runs in id order. With the chunk's lock a plain FOR UPDATE, the notes held
+    the higher run's key share while waiting on the lower run the chunk held, and the chunk waited on
+    the higher one next: PostgreSQL aborted one of them (deadlock detected). The chunk's lock is FOR
+    NO KEY UPDATE (background.row_locks), which a key share does not conflict with."""
+    from sqlalchemy import text
+
+    from experiments.background import idle
+    from experiments.background.context import Context
+    from experiments.background.idle import UNKNOWN_UTIL
+    from experiments.background.row_locks import lock_in_id_order
+    from experiments.db import database_url
+    from tests.experiments.test_idle import _running
+
+    svc = make_service(database_url(pg_url), nomad_runner)
+    low, high = sorted(_running(svc, nomad, f"r{i}")[0] for i in range(2))
+    svc.step()  # both running since 08:00; no GPU stats, so their utilization stays unknown
+    svc.clock.advance(minutes=31)  # past the 30 min window: the idle pass notes that, once per run
+    tracked = idle._tracked
+    # Highest id first, as a heap may return them: the order that closes the cycle.
+    monkeypatch.setattr(idle, "_tracked", lambda ctx, session: sorted(tracked(ctx, session), key=lambda t: t.id, reverse=True))
+    other = Context(svc.ctx.sessions, svc.ctx.runner, svc.ctx.catalog, svc.clock, svc.ctx.metrics, svc.ctx.timing)
+    done = threading.Event()
+    errors: list[BaseException] = []
+
+    def notes() -> None:
+        try:
+            idle.process_idle(other)
+        except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
+            errors.append(exc)
+        finally:
+            done.set()
+
+    chunk = svc.ctx.sessions()
+    thread = threading.Thread(target=notes)
+    try:
+        chunk.begin()
+        lock_in_id_order(chunk, [low])  # a chunk over both runs has locked the first in id order ...
+        pid = chunk.execute(text("SELECT pg_backend_pid()")).scalar()
+        thread.start()
+        _done_or_waiting_on_a_lock(chunk.get_bind(), done, besides=pid)
+        lock_in_id_order(chunk, [high])  # ... and takes the next (its one SELECT locks row by row, in this order)
+    finally:
+        chunk.rollback()
+        chunk.close()
+        thread.join()
+    assert not errors, errors
+    with svc.ctx.sessions() as session:
+        noted = session.scalars(select(Event.experiment_id).where(Event.kind == UNKNOWN_UTIL)).all()
+    assert sorted(noted) == [low, high]
