@@ -667,3 +667,65 @@ def test_events_written_for_several_runs_never_close_a_cycle_with_a_chunk_that_l
     with svc.ctx.sessions() as session:
         noted = session.scalars(select(Event.experiment_id).where(Event.kind == UNKNOWN_UTIL)).all()
     assert sorted(noted) == [low, high]
+
+
+def test_two_workers_keeping_one_runs_log_tail_at_once_both_succeed(make_service, pg_url, nomad, nomad_runner):
+    """Two workers whose views of the membership differ pick the same running run for its log tail
+    (the least recently kept come first on both) and write it at once (PostgreSQL). It used to be a
+    DELETE then an INSERT of the (run, rank, stream) row: the second worker's INSERT waited on the
+    first's uncommitted row and, once that committed, failed on the primary key (UniqueViolation),
+    ending its reconcile pass with an error. The tail is one INSERT ... ON CONFLICT DO UPDATE now."""
+    from sqlalchemy import event, text
+
+    from experiments.db import database_url
+    from experiments.models import RunLog
+    from experiments.services import logs as run_logs
+    from tests.experiments.test_idle import _running
+
+    svc = make_service(database_url(pg_url), nomad_runner)
+    exp_id, _, alloc = _running(svc, nomad, "tail")
+    nomad.write_log(alloc, "step 1 loss 2.31\n")
+    flushed, release = threading.Event(), threading.Event()
+    held: list[int] = []  # the backend of the first worker's held transaction
+
+    def first_sessions():
+        """The first worker's sessions: its first commit waits, with its write done, until released."""
+        session = svc.ctx.sessions()
+
+        @event.listens_for(session, "before_commit")
+        def hold(session) -> None:
+            if not held:
+                session.flush()
+                held.append(session.execute(text("SELECT pg_backend_pid()")).scalar())
+                flushed.set()
+                assert release.wait(60)
+        return session
+
+    errors: list[BaseException] = []
+    done = threading.Event()
+
+    def keep(sessions, finished: threading.Event | None = None) -> None:
+        try:
+            run_logs.keep(sessions, svc.ctx.runner, [exp_id], now=svc.clock())
+        except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
+            errors.append(exc)
+        finally:
+            if finished is not None:
+                finished.set()
+
+    first = threading.Thread(target=keep, args=(first_sessions,))
+    second = threading.Thread(target=keep, args=(svc.ctx.sessions, done))
+    first.start()
+    try:
+        assert flushed.wait(60), "the first worker did not write its tail"
+        second.start()
+        _done_or_waiting_on_a_lock(svc.ctx.sessions().get_bind(), done, besides=held[0])
+    finally:
+        release.set()
+        first.join()
+        if second.ident is not None:
+            second.join()
+    assert not errors, errors
+    with svc.ctx.sessions() as session:
+        kept = session.scalars(select(RunLog.text).where(RunLog.experiment_id == exp_id, RunLog.stream == "stdout")).all()
+    assert kept == ["step 1 loss 2.31\n"], kept
