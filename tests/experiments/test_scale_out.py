@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import replace
 from datetime import datetime
 
 import pytest
@@ -206,6 +207,13 @@ def test_two_workers_ending_one_run_at_once_release_its_gpus_once(make_service, 
     _counters_match(svc.ctx)
 
 
+# For the tests that do not measure the fence itself. A worker fences itself once its own last beat started
+# longer ago than worker_lost_seconds less a heartbeat, in wall-clock time (0.6 s with TIMING), while these
+# tests move only the service's clock: under load (CPU-bound processes on both cores) their own steps
+# between two beats took longer than that, and a live worker followed nothing (share() false, 0 dispatches).
+STEADY = replace(TIMING, worker_ttl_seconds=60.0, worker_lost_seconds=30.0)
+
+
 def _worker(svc, clock, timing=TIMING):
     """Another worker's context on the same database, registered with a heartbeat at ``clock``."""
     from experiments.background.context import Context
@@ -272,7 +280,7 @@ def test_live_workers_split_the_runs_and_a_dead_ones_share_passes_on(make_servic
     assert sorted(b for i in range(3) for b in buckets_of(i, 3)) == [f"{b:02x}" for b in range(BUCKETS)]
     svc = make_service(db_url, nomad_runner, jobs=_roomy(catalog))
     ids = {_submit(svc.ctx, i).id for i in range(40)}
-    a, b = _worker(svc, svc.clock), _worker(svc, svc.clock)
+    a, b = _worker(svc, svc.clock, STEADY), _worker(svc, svc.clock, STEADY)
 
     def followed(ctx) -> set[str]:
         with ctx.sessions() as session:
@@ -280,7 +288,7 @@ def test_live_workers_split_the_runs_and_a_dead_ones_share_passes_on(make_servic
 
     mine_a, mine_b = followed(a), followed(b)
     assert mine_a and mine_b and not mine_a & mine_b and mine_a | mine_b == ids
-    svc.clock.advance(seconds=TIMING.worker_ttl_seconds + 1)
+    svc.clock.advance(seconds=STEADY.worker_ttl_seconds + 1)
     b.membership.beat(b.sessions, svc.clock())  # A stays silent
     with b.sessions() as session:
         assert b.share(session, Experiment.id) is None  # B alone: every run
@@ -393,10 +401,10 @@ def test_a_fenced_worker_gives_its_claims_back_instead_of_holding_them_for_the_l
     row back at once (due again, not held for the 600 s lease); the next live worker dispatches them."""
     svc = make_service(db_url, nomad_runner, jobs=_roomy(catalog))
     ids = {_submit(svc.ctx, i).id for i in range(3)}
-    a, b = _worker(svc, svc.clock), _worker(svc, svc.clock)
+    a, b = _worker(svc, svc.clock, STEADY), _worker(svc, svc.clock, STEADY)
     claims = _claim(a, None, limit=3)
     assert {c.experiment_id for c in claims} == ids
-    a.membership._last_beat -= TIMING.worker_ttl_seconds  # its heartbeat thread has not written for a TTL
+    a.membership._last_beat -= STEADY.worker_ttl_seconds  # its heartbeat thread has not written for a TTL
     assert not any(_dispatch_claimed(a, claim) for claim in claims) and not nomad.calls("POST", "dispatch")
     assert process_outbox(b) == 3
     assert sorted(call.query["idempotency_token"][0] for call in nomad.calls("POST", "dispatch")) == sorted(ids)
@@ -415,7 +423,7 @@ def test_two_workers_scan_for_orphans_once(make_service, pg_url, nomad, nomad_ru
 
     svc = make_service(database_url(pg_url), ClusterRunners(nomad=("prod-nomad", nomad_runner)))
     _stray(nomad, load_fleet(), load_vault_view(), "operator-1")
-    a, b = _worker(svc, svc.clock), _worker(svc, svc.clock)
+    a, b = _worker(svc, svc.clock, STEADY), _worker(svc, svc.clock, STEADY)
     scanned = [process_holders(a), process_holders(b)]
     with svc.ctx.sessions() as session:
         orphans = session.scalars(select(Event).where(Event.kind == "orphan")).all()
@@ -431,8 +439,8 @@ def test_a_stopped_worker_leaves_and_its_share_passes_on_at_once(make_service, d
 
     svc = make_service(db_url, nomad_runner)
     clock = svc.clock
-    worker = Worker(_worker(svc, clock))
-    other = _worker(svc, clock)
+    worker = Worker(_worker(svc, clock, STEADY))
+    other = _worker(svc, clock, STEADY)
     worker.start()
     worker.stop()
     with other.sessions() as session:
@@ -729,3 +737,4 @@ def test_two_workers_keeping_one_runs_log_tail_at_once_both_succeed(make_service
     with svc.ctx.sessions() as session:
         kept = session.scalars(select(RunLog.text).where(RunLog.experiment_id == exp_id, RunLog.stream == "stdout")).all()
     assert kept == ["step 1 loss 2.31\n"], kept
+
