@@ -738,3 +738,71 @@ def test_two_workers_keeping_one_runs_log_tail_at_once_both_succeed(make_service
         kept = session.scalars(select(RunLog.text).where(RunLog.experiment_id == exp_id, RunLog.stream == "stdout")).all()
     assert kept == ["step 1 loss 2.31\n"], kept
 
+
+def test_two_workers_downsampling_one_runs_usage_at_once_keep_every_sample(make_service, pg_url, nomad_runner):
+    """Two workers whose views of the membership differ sample the same run in the same moment, and
+    its series reaches MAX_POINTS rows in both (PostgreSQL). Each halved the series: it read the rows,
+    deleted them and inserted the merged pairs. The second one's DELETE waited on the first's and
+    then, its snapshot older than the first's commit, deleted none of the first's merged rows, and its
+    own merged pairs (the same timestamps) failed on the primary key (UniqueViolation), losing its
+    sample. The run's row is locked before the series is counted for halving: the second then counts
+    what the first left. Every sample counts once: the sum of ``samples`` is what was recorded."""
+    from datetime import timedelta
+
+    from sqlalchemy import event, func, text
+
+    from experiments.db import database_url
+    from experiments.models import RunUsage
+    from experiments.services import usage as run_usage
+    from jobs.usage import Usage
+
+    svc = make_service(database_url(pg_url), nomad_runner)
+    exp_id = _submit(svc.ctx, 1).id
+    start = svc.clock()
+    with svc.ctx.sessions() as session, session.begin():
+        session.add_all(RunUsage(experiment_id=exp_id, at=start + timedelta(minutes=i), samples=1, util_mean_pct=50.0, util_peak_pct=50.0,
+                                 memory_peak_mib=1000.0, util_max_pct=50.0) for i in range(run_usage.MAX_POINTS))
+    flushed, release = threading.Event(), threading.Event()
+    held: list[int] = []
+
+    def first_sessions():
+        """The first worker's session: its commit waits, with its writes done, until released."""
+        session = svc.ctx.sessions()
+
+        @event.listens_for(session, "before_commit")
+        def hold(session) -> None:
+            session.flush()
+            held.append(session.execute(text("SELECT pg_backend_pid()")).scalar())
+            flushed.set()
+            assert release.wait(60)
+        return session
+
+    errors: list[BaseException] = []
+    done = threading.Event()
+
+    def record(sessions, minutes: int, finished: threading.Event | None = None) -> None:
+        try:
+            with sessions() as session, session.begin():
+                run_usage.record(session, {exp_id: Usage(10.0, 2000.0, 1, 10.0)}, now=start + timedelta(minutes=minutes))
+        except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
+            errors.append(exc)
+        finally:
+            if finished is not None:
+                finished.set()
+
+    first = threading.Thread(target=record, args=(first_sessions, 1000))
+    second = threading.Thread(target=record, args=(svc.ctx.sessions, 1001, done))
+    first.start()
+    try:
+        assert flushed.wait(60), "the first worker did not write its sample"
+        second.start()
+        _done_or_waiting_on_a_lock(svc.ctx.sessions().get_bind(), done, besides=held[0])
+    finally:
+        release.set()
+        first.join()
+        if second.ident is not None:
+            second.join()
+    assert not errors, errors
+    with svc.ctx.sessions() as session:
+        rows, samples = session.execute(select(func.count(), func.sum(RunUsage.samples)).where(RunUsage.experiment_id == exp_id)).one()
+    assert samples == run_usage.MAX_POINTS + 2 and rows <= run_usage.MAX_POINTS, (rows, samples)
