@@ -806,3 +806,55 @@ def test_two_workers_downsampling_one_runs_usage_at_once_keep_every_sample(make_
     with svc.ctx.sessions() as session:
         rows, samples = session.execute(select(func.count(), func.sum(RunUsage.samples)).where(RunUsage.experiment_id == exp_id)).one()
     assert samples == run_usage.MAX_POINTS + 2 and rows <= run_usage.MAX_POINTS, (rows, samples)
+
+
+def test_two_workers_back_after_an_outage_beat_at_once_without_a_deadlock(make_service, pg_url, nomad_runner):
+    """Both workers' heartbeats are older than PRUNE_AFTER (the database was out for longer), and both
+    beat at once (PostgreSQL). A beat updates its own row, then deletes the long-dead ones: each
+    deleted the other's row while holding its own, and waited on it, and PostgreSQL aborted one beat
+    (deadlock detected). The prune skips a row another beat holds: that worker is refreshing it. A
+    long-dead row nobody holds is still pruned."""
+    from datetime import timedelta
+
+    from sqlalchemy import event
+
+    from experiments.background.membership import PRUNE_AFTER
+    from experiments.db import database_url
+
+    svc = make_service(database_url(pg_url), nomad_runner)
+    a, b = _worker(svc, svc.clock, STEADY), _worker(svc, svc.clock, STEADY)
+    gone = _worker(svc, svc.clock, STEADY)  # long dead: its row is pruned all the same
+    with svc.ctx.sessions() as session, session.begin():
+        session.execute(update(WorkerBeat).values(heartbeat_at=svc.clock() - PRUNE_AFTER - timedelta(minutes=1)))
+    svc.clock.advance(seconds=1)
+    both = threading.Barrier(2, timeout=60)
+    beating = {}
+
+    def prune_together(conn, cursor, statement, parameters, context, executemany) -> None:
+        """Each beat reaches its prune with its own row updated; both prune only then."""
+        if threading.current_thread().name in beating and statement.lstrip().upper().startswith("DELETE FROM WORKERS"):
+            both.wait()
+
+    engine = svc.ctx.sessions().get_bind()
+    event.listen(engine, "before_cursor_execute", prune_together)
+    errors: list[BaseException] = []
+
+    def beat(ctx) -> None:
+        try:
+            ctx.membership.beat(ctx.sessions, svc.clock())
+        except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=beat, args=(ctx,), name=f"beat-{i}") for i, ctx in enumerate((a, b))]
+    beating.update((thread.name, thread) for thread in threads)
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        event.remove(engine, "before_cursor_execute", prune_together)
+    assert not errors, errors
+    with svc.ctx.sessions() as session:
+        beats = dict(session.execute(select(WorkerBeat.id, WorkerBeat.heartbeat_at)).all())
+    assert beats == {a.membership.worker_id: svc.clock(), b.membership.worker_id: svc.clock()}, (beats, gone.membership.worker_id)
