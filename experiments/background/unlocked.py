@@ -7,10 +7,10 @@ order the plan visits them (heap order on PostgreSQL), so next to those it can c
 it holds a row a chunk of another worker wants next while it waits on one that chunk holds,
 and PostgreSQL aborts one of them (``deadlock detected``). The writes here are bookkeeping
 that every pass makes again (the reconciled stamp, a reason why a run is not followed), so a
-row another transaction holds right now is skipped (``FOR UPDATE SKIP LOCKED``, in id order)
-instead of waited on: this statement never waits, and so never closes a cycle. The lock it
-takes is the writers' ``FOR NO KEY UPDATE`` (background.row_locks), so a row that is merely
-referenced by an insert in flight (an event of it) is stamped, not skipped. SQLite has one
+row another transaction holds right now is skipped (``FOR NO KEY UPDATE SKIP LOCKED``, in id
+order) instead of waited on: this statement never waits, and so never closes a cycle. NO KEY
+UPDATE is the writers' lock (background.row_locks), so a row that is merely referenced by an
+insert in flight (an event of it) is stamped, not skipped. SQLite has one
 writer and no row locks; there the plain UPDATE runs.
 """
 
