@@ -117,7 +117,10 @@ class Membership:
                 held = held and bool(listed)
             elif not session.execute(beat).rowcount:
                 session.add(WorkerBeat(id=self.worker_id, host=socket.gethostname()[:255], pid=os.getpid(), started_at=now, heartbeat_at=now))
-            session.execute(delete(WorkerBeat).where(WorkerBeat.heartbeat_at < now - PRUNE_AFTER))
+            # Long-dead rows, but not one another worker's beat holds right now (it is refreshing it): two workers
+            # back after an outage longer than PRUNE_AFTER each deleted the other's row while holding their own.
+            dead = select(WorkerBeat.id).where(WorkerBeat.heartbeat_at < now - PRUNE_AFTER).with_for_update(skip_locked=True)
+            session.execute(delete(WorkerBeat).where(WorkerBeat.id.in_(dead.scalar_subquery())))
         with self._lock:
             if early and not held and self._locked:
                 log.warning("worker %s lost its advisory lock: fenced until it holds it again", self.worker_id)

@@ -39,6 +39,7 @@ from sqlalchemy.orm import Session
 
 from experiments import attempts
 from experiments.background.context import Context, log
+from experiments.background.row_locks import lock_in_id_order
 from experiments.background.unlocked import update_unlocked
 from experiments.background.usage import Candidate, sample_usage
 from experiments.background.vanished import hold_mass_vanishing
@@ -299,10 +300,9 @@ def _writers(ctx: Context, wanted: int) -> int:
 def _apply_chunk(ctx: Context, chunk: list[Move], now: datetime) -> list[tuple[str, State, State]]:
     changed = []
     with ctx.sessions() as session, session.begin():
-        # Locked in id order (two chunks or two workers never wait on each other in a cycle) and read
-        # fresh: a run another worker ended meanwhile is seen ended, not ended twice.
-        loaded = {e.id: e for e in session.scalars(select(Experiment).where(Experiment.id.in_([m.experiment_id for m in chunk]))
-                                                   .order_by(Experiment.id).with_for_update().execution_options(populate_existing=True))}
+        # Locked in id order (two chunks or two workers never wait on each other in a cycle; background.row_locks)
+        # and read fresh: a run another worker ended meanwhile is seen ended, not ended twice.
+        loaded = lock_in_id_order(session, [m.experiment_id for m in chunk])
         if ctx.fenced():  # lapsed while waiting for the locks: as before the pass's writes (process_scheduled)
             return changed
         for move in chunk:

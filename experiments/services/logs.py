@@ -20,7 +20,9 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import ColumnElement, delete, func, or_, select
+from sqlalchemy import ColumnElement, and_, case, func, or_, select
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session, sessionmaker
 
 from experiments.errors import ApiError
@@ -82,12 +84,21 @@ def keep(sessions: sessionmaker[Session], runner: Any, experiment_ids: Iterable[
                     log.info("logs of %s (rank %d, %s) not kept: %s", experiment_id, rank, stream, exc)
                     continue
                 with sessions() as session, session.begin():
-                    before = session.execute(select(RunLog.text, RunLog.changed_at).where(
-                        RunLog.experiment_id == experiment_id, RunLog.rank == rank, RunLog.stream == stream)).first()
-                    # Unchanged text keeps when it last changed: the idle policy's "no log output since".
-                    changed = before.changed_at if before is not None and before.text == text and before.changed_at is not None else now
-                    session.execute(delete(RunLog).where(RunLog.experiment_id == experiment_id, RunLog.rank == rank, RunLog.stream == stream))
-                    session.add(RunLog(experiment_id=experiment_id, rank=rank, stream=stream, text=text, captured_at=now, changed_at=changed))
+                    session.execute(_kept(session, experiment_id=experiment_id, rank=rank, stream=stream, text=text, now=now))
+
+
+def _kept(session: Session, *, experiment_id: str, rank: int, stream: str, text: str, now: datetime) -> Any:
+    """One tail written whether or not it was kept before: ``INSERT ... ON CONFLICT DO UPDATE``, one
+    statement that two workers keeping the same run at once (their views of the membership differ
+    for a pass) both complete, the second after the first commits. A DELETE then an INSERT made the
+    second one's INSERT fail on the primary key. Unchanged text keeps when it last changed (the idle
+    policy's "no log output since"), as read from the row it replaces, under that row's lock."""
+    insert = pg_insert if session.get_bind().dialect.name == "postgresql" else sqlite_insert
+    statement = insert(RunLog).values(experiment_id=experiment_id, rank=rank, stream=stream, text=text, captured_at=now, changed_at=now)
+    unchanged = and_(RunLog.text == statement.excluded.text, RunLog.changed_at.is_not(None))
+    return statement.on_conflict_do_update(index_elements=[RunLog.experiment_id, RunLog.rank, RunLog.stream],
+                                           set_={"text": statement.excluded.text, "captured_at": statement.excluded.captured_at,
+                                                 "changed_at": case((unchanged, RunLog.changed_at), else_=statement.excluded.changed_at)})
 
 
 def keep_running(sessions: sessionmaker[Session], runner: Any, *, bound: ColumnElement[bool] | None, now: datetime, limit: int,

@@ -31,11 +31,25 @@ def record(session: Session, samples: Mapping[str, Usage], *, now: datetime) -> 
         session.merge(RunUsage(experiment_id=experiment_id, at=now, samples=1, util_mean_pct=usage.util_pct,
                                util_peak_pct=usage.util_pct, memory_peak_mib=usage.memory_mib, util_max_pct=busiest))
     session.flush()
-    counts = session.execute(select(RunUsage.experiment_id, func.count()).where(RunUsage.experiment_id.in_(list(samples)))
-                             .group_by(RunUsage.experiment_id)).all()
-    for experiment_id, count in counts:
+    over = sorted(experiment_id for experiment_id, count in _counts(session, list(samples)) if count > MAX_POINTS)
+    if not over:
+        return
+    # Halving rewrites a run's whole series. Two workers sampling one run at once (their views of the membership
+    # differ for a pass) both halved what each saw before the other's commit: the second's rewrite failed on the
+    # primary key, its sample lost. The runs' rows are locked first, in id order, FOR NO KEY UPDATE (as
+    # background.row_locks: no cycle with a reconcile chunk, none with a sample's key share), and counted again
+    # under the lock: the second worker counts what the first left.
+    session.execute(select(Experiment.id).where(Experiment.id.in_(over)).order_by(Experiment.id).with_for_update(key_share=True))
+    for experiment_id, count in _counts(session, over):
         if count > MAX_POINTS:
             _halve(session, experiment_id)
+
+
+def _counts(session: Session, experiment_ids: list[str]) -> list[tuple[str, int]]:
+    """Rows per run of these runs' series (sorted: halved in id order)."""
+    rows = session.execute(select(RunUsage.experiment_id, func.count()).where(RunUsage.experiment_id.in_(experiment_ids))
+                           .group_by(RunUsage.experiment_id).order_by(RunUsage.experiment_id)).all()
+    return [(experiment_id, count) for experiment_id, count in rows]
 
 
 def _max(a: float | None, b: float | None) -> float | None:

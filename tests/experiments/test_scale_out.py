@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import replace
 from datetime import datetime
 
 import pytest
@@ -206,6 +207,13 @@ def test_two_workers_ending_one_run_at_once_release_its_gpus_once(make_service, 
     _counters_match(svc.ctx)
 
 
+# For the tests that do not measure the fence itself. A worker fences itself once its own last beat started
+# longer ago than worker_lost_seconds less a heartbeat, in wall-clock time (0.6 s with TIMING), while these
+# tests move only the service's clock: under load (CPU-bound processes on both cores) their own steps
+# between two beats took longer than that, and a live worker followed nothing (share() false, 0 dispatches).
+STEADY = replace(TIMING, worker_ttl_seconds=60.0, worker_lost_seconds=30.0)
+
+
 def _worker(svc, clock, timing=TIMING):
     """Another worker's context on the same database, registered with a heartbeat at ``clock``."""
     from experiments.background.context import Context
@@ -272,7 +280,7 @@ def test_live_workers_split_the_runs_and_a_dead_ones_share_passes_on(make_servic
     assert sorted(b for i in range(3) for b in buckets_of(i, 3)) == [f"{b:02x}" for b in range(BUCKETS)]
     svc = make_service(db_url, nomad_runner, jobs=_roomy(catalog))
     ids = {_submit(svc.ctx, i).id for i in range(40)}
-    a, b = _worker(svc, svc.clock), _worker(svc, svc.clock)
+    a, b = _worker(svc, svc.clock, STEADY), _worker(svc, svc.clock, STEADY)
 
     def followed(ctx) -> set[str]:
         with ctx.sessions() as session:
@@ -280,7 +288,7 @@ def test_live_workers_split_the_runs_and_a_dead_ones_share_passes_on(make_servic
 
     mine_a, mine_b = followed(a), followed(b)
     assert mine_a and mine_b and not mine_a & mine_b and mine_a | mine_b == ids
-    svc.clock.advance(seconds=TIMING.worker_ttl_seconds + 1)
+    svc.clock.advance(seconds=STEADY.worker_ttl_seconds + 1)
     b.membership.beat(b.sessions, svc.clock())  # A stays silent
     with b.sessions() as session:
         assert b.share(session, Experiment.id) is None  # B alone: every run
@@ -393,10 +401,10 @@ def test_a_fenced_worker_gives_its_claims_back_instead_of_holding_them_for_the_l
     row back at once (due again, not held for the 600 s lease); the next live worker dispatches them."""
     svc = make_service(db_url, nomad_runner, jobs=_roomy(catalog))
     ids = {_submit(svc.ctx, i).id for i in range(3)}
-    a, b = _worker(svc, svc.clock), _worker(svc, svc.clock)
+    a, b = _worker(svc, svc.clock, STEADY), _worker(svc, svc.clock, STEADY)
     claims = _claim(a, None, limit=3)
     assert {c.experiment_id for c in claims} == ids
-    a.membership._last_beat -= TIMING.worker_ttl_seconds  # its heartbeat thread has not written for a TTL
+    a.membership._last_beat -= STEADY.worker_ttl_seconds  # its heartbeat thread has not written for a TTL
     assert not any(_dispatch_claimed(a, claim) for claim in claims) and not nomad.calls("POST", "dispatch")
     assert process_outbox(b) == 3
     assert sorted(call.query["idempotency_token"][0] for call in nomad.calls("POST", "dispatch")) == sorted(ids)
@@ -415,7 +423,7 @@ def test_two_workers_scan_for_orphans_once(make_service, pg_url, nomad, nomad_ru
 
     svc = make_service(database_url(pg_url), ClusterRunners(nomad=("prod-nomad", nomad_runner)))
     _stray(nomad, load_fleet(), load_vault_view(), "operator-1")
-    a, b = _worker(svc, svc.clock), _worker(svc, svc.clock)
+    a, b = _worker(svc, svc.clock, STEADY), _worker(svc, svc.clock, STEADY)
     scanned = [process_holders(a), process_holders(b)]
     with svc.ctx.sessions() as session:
         orphans = session.scalars(select(Event).where(Event.kind == "orphan")).all()
@@ -431,8 +439,8 @@ def test_a_stopped_worker_leaves_and_its_share_passes_on_at_once(make_service, d
 
     svc = make_service(db_url, nomad_runner)
     clock = svc.clock
-    worker = Worker(_worker(svc, clock))
-    other = _worker(svc, clock)
+    worker = Worker(_worker(svc, clock, STEADY))
+    other = _worker(svc, clock, STEADY)
     worker.start()
     worker.stop()
     with other.sessions() as session:
@@ -598,3 +606,255 @@ def test_a_reconcile_pass_stamps_around_a_row_another_worker_holds_instead_of_wa
         after = dict(session.execute(select(Experiment.id, Experiment.reconciled_at).where(Experiment.id.in_(ids))).all())
     assert after[ids[0]] == before[ids[0]], "the held run keeps its stamp (the chunk holding it stamps it itself)"
     assert all(after[i] == svc.clock() and after[i] != before[i] for i in ids[1:]), (before, after)
+
+
+def _done_or_waiting_on_a_lock(engine, done: threading.Event, *, besides: int) -> None:
+    """Return once ``done`` is set or a session of this database other than ``besides`` (a backend pid)
+    waits on a lock: PostgreSQL's own view of it (pg_stat_activity, read afresh each time), not a sleep."""
+    from sqlalchemy import text
+
+    deadline = time.monotonic() + 60
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as connection:
+        while not done.wait(0.02):
+            if connection.execute(text("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
+                                       " AND pid <> :besides"), {"besides": besides}).scalar():
+                return
+            assert time.monotonic() < deadline, "neither done nor waiting on a lock after 60 s"
+
+
+def test_events_written_for_several_runs_never_close_a_cycle_with_a_chunk_that_locks_them(make_service, pg_url, nomad, nomad_runner, monkeypatch):
+    """Each event's foreign key takes a key-share lock on its run's row (PostgreSQL). The idle policy
+    writes its notes for several running runs in one transaction, in the order its query returns them
+    (no ORDER BY: heap order). A reconcile chunk of another worker whose view of the membership
+    differs locks the same runs in id order. With the chunk's lock a plain FOR UPDATE, the notes held
+    the higher run's key share while waiting on the lower run the chunk held, and the chunk waited on
+    the higher one next: PostgreSQL aborted one of them (deadlock detected). The chunk's lock is FOR
+    NO KEY UPDATE (background.row_locks), which a key share does not conflict with."""
+    from sqlalchemy import text
+
+    from experiments.background import idle
+    from experiments.background.context import Context
+    from experiments.background.idle import UNKNOWN_UTIL
+    from experiments.background.row_locks import lock_in_id_order
+    from experiments.db import database_url
+    from tests.experiments.test_idle import _running
+
+    svc = make_service(database_url(pg_url), nomad_runner)
+    low, high = sorted(_running(svc, nomad, f"r{i}")[0] for i in range(2))
+    svc.step()  # both running since 08:00; no GPU stats, so their utilization stays unknown
+    svc.clock.advance(minutes=31)  # past the 30 min window: the idle pass notes that, once per run
+    tracked = idle._tracked
+    # Highest id first, as a heap may return them: the order that closes the cycle.
+    monkeypatch.setattr(idle, "_tracked", lambda ctx, session: sorted(tracked(ctx, session), key=lambda t: t.id, reverse=True))
+    other = Context(svc.ctx.sessions, svc.ctx.runner, svc.ctx.catalog, svc.clock, svc.ctx.metrics, svc.ctx.timing)
+    done = threading.Event()
+    errors: list[BaseException] = []
+
+    def notes() -> None:
+        try:
+            idle.process_idle(other)
+        except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
+            errors.append(exc)
+        finally:
+            done.set()
+
+    chunk = svc.ctx.sessions()
+    thread = threading.Thread(target=notes)
+    try:
+        chunk.begin()
+        lock_in_id_order(chunk, [low])  # a chunk over both runs has locked the first in id order ...
+        pid = chunk.execute(text("SELECT pg_backend_pid()")).scalar()
+        thread.start()
+        _done_or_waiting_on_a_lock(chunk.get_bind(), done, besides=pid)
+        lock_in_id_order(chunk, [high])  # ... and takes the next (its one SELECT locks row by row, in this order)
+    finally:
+        chunk.rollback()
+        chunk.close()
+        thread.join()
+    assert not errors, errors
+    with svc.ctx.sessions() as session:
+        noted = session.scalars(select(Event.experiment_id).where(Event.kind == UNKNOWN_UTIL)).all()
+    assert sorted(noted) == [low, high]
+
+
+def test_two_workers_keeping_one_runs_log_tail_at_once_both_succeed(make_service, pg_url, nomad, nomad_runner):
+    """Two workers whose views of the membership differ pick the same running run for its log tail
+    (the least recently kept come first on both) and write it at once (PostgreSQL). It used to be a
+    DELETE then an INSERT of the (run, rank, stream) row: the second worker's INSERT waited on the
+    first's uncommitted row and, once that committed, failed on the primary key (UniqueViolation),
+    ending its reconcile pass with an error. The tail is one INSERT ... ON CONFLICT DO UPDATE now."""
+    from sqlalchemy import event, text
+
+    from experiments.db import database_url
+    from experiments.models import RunLog
+    from experiments.services import logs as run_logs
+    from tests.experiments.test_idle import _running
+
+    svc = make_service(database_url(pg_url), nomad_runner)
+    exp_id, _, alloc = _running(svc, nomad, "tail")
+    nomad.write_log(alloc, "step 1 loss 2.31\n")
+    flushed, release = threading.Event(), threading.Event()
+    held: list[int] = []  # the backend of the first worker's held transaction
+
+    def first_sessions():
+        """The first worker's sessions: its first commit waits, with its write done, until released."""
+        session = svc.ctx.sessions()
+
+        @event.listens_for(session, "before_commit")
+        def hold(session) -> None:
+            if not held:
+                session.flush()
+                held.append(session.execute(text("SELECT pg_backend_pid()")).scalar())
+                flushed.set()
+                assert release.wait(60)
+        return session
+
+    errors: list[BaseException] = []
+    done = threading.Event()
+
+    def keep(sessions, finished: threading.Event | None = None) -> None:
+        try:
+            run_logs.keep(sessions, svc.ctx.runner, [exp_id], now=svc.clock())
+        except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
+            errors.append(exc)
+        finally:
+            if finished is not None:
+                finished.set()
+
+    first = threading.Thread(target=keep, args=(first_sessions,))
+    second = threading.Thread(target=keep, args=(svc.ctx.sessions, done))
+    first.start()
+    try:
+        assert flushed.wait(60), "the first worker did not write its tail"
+        second.start()
+        _done_or_waiting_on_a_lock(svc.ctx.sessions().get_bind(), done, besides=held[0])
+    finally:
+        release.set()
+        first.join()
+        if second.ident is not None:
+            second.join()
+    assert not errors, errors
+    with svc.ctx.sessions() as session:
+        kept = session.scalars(select(RunLog.text).where(RunLog.experiment_id == exp_id, RunLog.stream == "stdout")).all()
+    assert kept == ["step 1 loss 2.31\n"], kept
+
+
+def test_two_workers_downsampling_one_runs_usage_at_once_keep_every_sample(make_service, pg_url, nomad_runner):
+    """Two workers whose views of the membership differ sample the same run in the same moment, and
+    its series reaches MAX_POINTS rows in both (PostgreSQL). Each halved the series: it read the rows,
+    deleted them and inserted the merged pairs. The second one's DELETE waited on the first's and
+    then, its snapshot older than the first's commit, deleted none of the first's merged rows, and its
+    own merged pairs (the same timestamps) failed on the primary key (UniqueViolation), losing its
+    sample. The run's row is locked before the series is counted for halving: the second then counts
+    what the first left. Every sample counts once: the sum of ``samples`` is what was recorded."""
+    from datetime import timedelta
+
+    from sqlalchemy import event, func, text
+
+    from experiments.db import database_url
+    from experiments.models import RunUsage
+    from experiments.services import usage as run_usage
+    from jobs.usage import Usage
+
+    svc = make_service(database_url(pg_url), nomad_runner)
+    exp_id = _submit(svc.ctx, 1).id
+    start = svc.clock()
+    with svc.ctx.sessions() as session, session.begin():
+        session.add_all(RunUsage(experiment_id=exp_id, at=start + timedelta(minutes=i), samples=1, util_mean_pct=50.0, util_peak_pct=50.0,
+                                 memory_peak_mib=1000.0, util_max_pct=50.0) for i in range(run_usage.MAX_POINTS))
+    flushed, release = threading.Event(), threading.Event()
+    held: list[int] = []
+
+    def first_sessions():
+        """The first worker's session: its commit waits, with its writes done, until released."""
+        session = svc.ctx.sessions()
+
+        @event.listens_for(session, "before_commit")
+        def hold(session) -> None:
+            session.flush()
+            held.append(session.execute(text("SELECT pg_backend_pid()")).scalar())
+            flushed.set()
+            assert release.wait(60)
+        return session
+
+    errors: list[BaseException] = []
+    done = threading.Event()
+
+    def record(sessions, minutes: int, finished: threading.Event | None = None) -> None:
+        try:
+            with sessions() as session, session.begin():
+                run_usage.record(session, {exp_id: Usage(10.0, 2000.0, 1, 10.0)}, now=start + timedelta(minutes=minutes))
+        except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
+            errors.append(exc)
+        finally:
+            if finished is not None:
+                finished.set()
+
+    first = threading.Thread(target=record, args=(first_sessions, 1000))
+    second = threading.Thread(target=record, args=(svc.ctx.sessions, 1001, done))
+    first.start()
+    try:
+        assert flushed.wait(60), "the first worker did not write its sample"
+        second.start()
+        _done_or_waiting_on_a_lock(svc.ctx.sessions().get_bind(), done, besides=held[0])
+    finally:
+        release.set()
+        first.join()
+        if second.ident is not None:
+            second.join()
+    assert not errors, errors
+    with svc.ctx.sessions() as session:
+        rows, samples = session.execute(select(func.count(), func.sum(RunUsage.samples)).where(RunUsage.experiment_id == exp_id)).one()
+    assert samples == run_usage.MAX_POINTS + 2 and rows <= run_usage.MAX_POINTS, (rows, samples)
+
+
+def test_two_workers_back_after_an_outage_beat_at_once_without_a_deadlock(make_service, pg_url, nomad_runner):
+    """Both workers' heartbeats are older than PRUNE_AFTER (the database was out for longer), and both
+    beat at once (PostgreSQL). A beat updates its own row, then deletes the long-dead ones: each
+    deleted the other's row while holding its own, and waited on it, and PostgreSQL aborted one beat
+    (deadlock detected). The prune skips a row another beat holds: that worker is refreshing it. A
+    long-dead row nobody holds is still pruned."""
+    from datetime import timedelta
+
+    from sqlalchemy import event
+
+    from experiments.background.membership import PRUNE_AFTER
+    from experiments.db import database_url
+
+    svc = make_service(database_url(pg_url), nomad_runner)
+    a, b = _worker(svc, svc.clock, STEADY), _worker(svc, svc.clock, STEADY)
+    gone = _worker(svc, svc.clock, STEADY)  # long dead: its row is pruned all the same
+    with svc.ctx.sessions() as session, session.begin():
+        session.execute(update(WorkerBeat).values(heartbeat_at=svc.clock() - PRUNE_AFTER - timedelta(minutes=1)))
+    svc.clock.advance(seconds=1)
+    both = threading.Barrier(2, timeout=60)
+    beating = {}
+
+    def prune_together(conn, cursor, statement, parameters, context, executemany) -> None:
+        """Each beat reaches its prune with its own row updated; both prune only then."""
+        if threading.current_thread().name in beating and statement.lstrip().upper().startswith("DELETE FROM WORKERS"):
+            both.wait()
+
+    engine = svc.ctx.sessions().get_bind()
+    event.listen(engine, "before_cursor_execute", prune_together)
+    errors: list[BaseException] = []
+
+    def beat(ctx) -> None:
+        try:
+            ctx.membership.beat(ctx.sessions, svc.clock())
+        except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=beat, args=(ctx,), name=f"beat-{i}") for i, ctx in enumerate((a, b))]
+    beating.update((thread.name, thread) for thread in threads)
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        event.remove(engine, "before_cursor_execute", prune_together)
+    assert not errors, errors
+    with svc.ctx.sessions() as session:
+        beats = dict(session.execute(select(WorkerBeat.id, WorkerBeat.heartbeat_at)).all())
+    assert beats == {a.membership.worker_id: svc.clock(), b.membership.worker_id: svc.clock()}, (beats, gone.membership.worker_id)
