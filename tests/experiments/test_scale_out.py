@@ -38,6 +38,7 @@ from tests.experiments.worker_process import TIMING
 
 META = {"dataset_uri": "hf://datasets/acme/chat@v3"}
 QUOTA = 8  # finetune's a100 quota in tests/fleet/clusters/prod-nomad.yaml; finetune-llama asks for 1 GPU
+pytestmark = pytest.mark.usefixtures("still_fence")  # workers beaten by hand (_worker) age only when a test says so
 
 
 def _submit(ctx, i: int, *, tenant: str = "finetune", job: str = "finetune-llama", catalog: Catalog | None = None):
@@ -207,7 +208,8 @@ def test_two_workers_ending_one_run_at_once_release_its_gpus_once(make_service, 
 
 
 def _worker(svc, clock, timing=TIMING):
-    """Another worker's context on the same database, registered with a heartbeat at ``clock``."""
+    """Another worker's context on the same database, registered with a heartbeat at ``clock``; its own fence
+    needs the ``still_fence`` fixture (conftest) to hold still between the test's steps."""
     from experiments.background.context import Context
 
     ctx = Context(svc.ctx.sessions, svc.ctx.runner, svc.ctx.catalog, clock, svc.ctx.metrics, timing)

@@ -8,6 +8,7 @@ docs, view pg_locks; src/backend/utils/adt/lockfuncs.c, SET_LOCKTAG_INT32): what
 from __future__ import annotations
 
 import psycopg
+import pytest
 from sqlalchemy import literal, select, text, update
 
 from experiments.background.dispatch import _claim, _dispatch_claimed, process_outbox
@@ -15,6 +16,8 @@ from experiments.background.membership import LOCK_CLASS, lock_held
 from experiments.db import database_url
 from experiments.models import Outbox, WorkerBeat
 from tests.experiments.test_scale_out import TIMING, _submit, _worker
+
+pytestmark = pytest.mark.usefixtures("still_fence")  # workers beaten by hand (_worker) age only when a test says so
 
 
 def _holders(svc, worker_id: str) -> list[int]:
