@@ -18,7 +18,7 @@ import time
 from datetime import datetime
 
 import pytest
-from sqlalchemy import select, update
+from sqlalchemy import literal, select, update
 from sqlalchemy.orm.exc import StaleDataError
 
 from experiments.auth import Caller
@@ -362,7 +362,23 @@ def _ghost(svc, clock):
     """A worker of a process that has exited: its advisory lock's connection closed, so no session holds the lock."""
     ctx = _worker(svc, clock)
     ctx.membership.release()
+    _lock_released(svc, ctx.membership.worker_id)
     return ctx
+
+
+def _lock_released(svc, worker_id: str) -> None:
+    """Wait until no session holds ``worker_id``'s advisory lock. Closing the lock's connection only sends
+    PostgreSQL its Terminate message; the backend releases the session's locks as it exits, a moment later: on a
+    loaded machine pg_locks still listed the lock at another session's next query."""
+    from experiments.background.membership import lock_held
+
+    deadline = time.monotonic() + 30  # a hang guard, not a speed bound
+    while True:
+        with svc.ctx.sessions() as session:
+            if not session.scalar(select(lock_held(literal(worker_id)))):
+                return
+        assert time.monotonic() < deadline, f"the advisory lock of worker {worker_id} is still held 30 s after its connection closed"
+        time.sleep(0.02)
 
 
 def test_an_exited_workers_claim_is_taken_over_before_the_ttl(make_service, pg_url, nomad_runner):

@@ -15,7 +15,7 @@ from experiments.background.dispatch import _claim, _dispatch_claimed, process_o
 from experiments.background.membership import LOCK_CLASS, lock_held
 from experiments.db import database_url
 from experiments.models import Outbox, WorkerBeat
-from tests.experiments.test_scale_out import TIMING, _submit, _worker
+from tests.experiments.test_scale_out import TIMING, _lock_released, _submit, _worker
 
 pytestmark = pytest.mark.usefixtures("still_fence")  # workers beaten by hand (_worker) age only when a test says so
 
@@ -36,6 +36,7 @@ def test_a_worker_holds_its_lock_on_a_connection_of_its_own_and_the_server_lists
     with svc.ctx.sessions() as session:
         assert session.scalar(text("SELECT pg_backend_pid()")) != pid  # not a pooled session
     a.membership.leave(a.sessions)
+    _lock_released(svc, a.membership.worker_id)  # the lock goes with the connection, as its backend exits
     assert _holders(svc, a.membership.worker_id) == []
 
 
