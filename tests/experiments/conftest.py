@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -73,6 +74,23 @@ def db_url(request: pytest.FixtureRequest) -> str:
     from experiments.db import database_url
 
     return database_url(request.getfixturevalue("sqlite_url" if request.param == "sqlite" else "pg_url"))
+
+
+@pytest.fixture
+def still_fence(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """A worker a test beats by hand (``test_scale_out._worker``: heartbeat rows written at the test's
+    ``FakeClock``) still judges its own heartbeat's age by ``time.monotonic`` (``Membership.fenced``), and
+    ``worker_process.TIMING`` fences it 0.6 s after its last beat on PostgreSQL (1.1 s on SQLite). On a
+    loaded machine that much real time passes between a beat and the step a test checks (an orphan scan,
+    a claim, a ``pg_terminate_backend``): the worker had fenced itself and did nothing (1 run in 5 of
+    ``test_two_workers_scan_for_orphans_once`` at load 10). Here the membership's monotonic clock stands
+    still, so a beat ages only when the test says so (``_last_beat -= ...``, or ``ticks[0] += ...`` on the
+    list returned), as it does between a test's steps on an idle machine."""
+    from experiments.background import membership
+
+    ticks = [1000.0]
+    monkeypatch.setattr(membership, "time", SimpleNamespace(monotonic=lambda: ticks[0]))
+    return ticks
 
 
 @dataclass

@@ -5,15 +5,13 @@ on 127.0.0.1 in this process; its peak memory is read from /proc (VmHWM) around 
 from __future__ import annotations
 
 import http.client
-import socket
 import threading
-import time
 
 import pytest
-import uvicorn
 
 from experiments.app import ServiceSettings, create_app
 from experiments.limits import MAX_BODY_BYTES
+from tests.experiments.uvicorn_server import serve
 
 CHUNK = b"x" * (64 * 1024)
 TOTAL = 150 * 1024 * 1024
@@ -45,21 +43,13 @@ class PeakRss:
 
 @pytest.fixture
 def server(sqlite_url, nomad_runner, request):
+    """The port of the service under uvicorn. Through ``serve``: it binds port 0 itself and fails when uvicorn has
+    not started within 20 s; this fixture used to pick a free port that uvicorn bound later (another process could
+    take it first) and went on after 4 s whether or not uvicorn had started (a connection refused on a loaded host)."""
     limit = getattr(request, "param", MAX_BODY_BYTES)
     app = create_app(ServiceSettings(db_url=sqlite_url, worker=False, max_body_bytes=limit), runner=nomad_runner)
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on"))
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    for _ in range(200):
-        if srv.started:
-            break
-        time.sleep(0.02)
-    yield port
-    srv.should_exit = True
-    thread.join(10)
+    with serve(app) as base:
+        yield int(base.rsplit(":", 1)[1])
 
 
 def _post_streamed(port: int, path: str, *, declared: bool) -> tuple[int, bytes]:

@@ -19,7 +19,7 @@ from dataclasses import replace
 from datetime import datetime
 
 import pytest
-from sqlalchemy import select, update
+from sqlalchemy import literal, select, update
 from sqlalchemy.orm.exc import StaleDataError
 
 from experiments.auth import Caller
@@ -39,6 +39,7 @@ from tests.experiments.worker_process import TIMING
 
 META = {"dataset_uri": "hf://datasets/acme/chat@v3"}
 QUOTA = 8  # finetune's a100 quota in tests/fleet/clusters/prod-nomad.yaml; finetune-llama asks for 1 GPU
+pytestmark = pytest.mark.usefixtures("still_fence")  # workers beaten by hand (_worker) age only when a test says so
 
 
 def _submit(ctx, i: int, *, tenant: str = "finetune", job: str = "finetune-llama", catalog: Catalog | None = None):
@@ -215,7 +216,8 @@ STEADY = replace(TIMING, worker_ttl_seconds=60.0, worker_lost_seconds=30.0)
 
 
 def _worker(svc, clock, timing=TIMING):
-    """Another worker's context on the same database, registered with a heartbeat at ``clock``."""
+    """Another worker's context on the same database, registered with a heartbeat at ``clock``; its own fence
+    needs the ``still_fence`` fixture (conftest) to hold still between the test's steps."""
     from experiments.background.context import Context
 
     ctx = Context(svc.ctx.sessions, svc.ctx.runner, svc.ctx.catalog, clock, svc.ctx.metrics, timing)
@@ -368,7 +370,23 @@ def _ghost(svc, clock):
     """A worker of a process that has exited: its advisory lock's connection closed, so no session holds the lock."""
     ctx = _worker(svc, clock)
     ctx.membership.release()
+    _lock_released(svc, ctx.membership.worker_id)
     return ctx
+
+
+def _lock_released(svc, worker_id: str) -> None:
+    """Wait until no session holds ``worker_id``'s advisory lock. Closing the lock's connection only sends
+    PostgreSQL its Terminate message; the backend releases the session's locks as it exits, a moment later: on a
+    loaded machine pg_locks still listed the lock at another session's next query."""
+    from experiments.background.membership import lock_held
+
+    deadline = time.monotonic() + 30  # a hang guard, not a speed bound
+    while True:
+        with svc.ctx.sessions() as session:
+            if not session.scalar(select(lock_held(literal(worker_id)))):
+                return
+        assert time.monotonic() < deadline, f"the advisory lock of worker {worker_id} is still held 30 s after its connection closed"
+        time.sleep(0.02)
 
 
 def test_an_exited_workers_claim_is_taken_over_before_the_ttl(make_service, pg_url, nomad_runner):

@@ -19,6 +19,8 @@ from experiments.states import State
 from tests.experiments.test_dispatch import PARENT
 from tests.experiments.test_scale_out import TIMING, _submit, _worker
 
+pytestmark = pytest.mark.usefixtures("still_fence")  # workers beaten by hand (_worker) age only when a test says so
+
 
 def test_a_worker_others_see_dead_has_fenced_itself_even_when_its_heartbeat_commit_was_slow(make_service, db_url, nomad_runner, monkeypatch):
     """The others judge a worker by the ``heartbeat_at`` it wrote, the time taken before its beat's

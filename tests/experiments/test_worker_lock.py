@@ -8,13 +8,16 @@ docs, view pg_locks; src/backend/utils/adt/lockfuncs.c, SET_LOCKTAG_INT32): what
 from __future__ import annotations
 
 import psycopg
+import pytest
 from sqlalchemy import literal, select, text, update
 
 from experiments.background.dispatch import _claim, _dispatch_claimed, process_outbox
 from experiments.background.membership import LOCK_CLASS, lock_held
 from experiments.db import database_url
 from experiments.models import Outbox, WorkerBeat
-from tests.experiments.test_scale_out import TIMING, _submit, _worker
+from tests.experiments.test_scale_out import TIMING, _lock_released, _submit, _worker
+
+pytestmark = pytest.mark.usefixtures("still_fence")  # workers beaten by hand (_worker) age only when a test says so
 
 
 def _holders(svc, worker_id: str) -> list[int]:
@@ -33,6 +36,7 @@ def test_a_worker_holds_its_lock_on_a_connection_of_its_own_and_the_server_lists
     with svc.ctx.sessions() as session:
         assert session.scalar(text("SELECT pg_backend_pid()")) != pid  # not a pooled session
     a.membership.leave(a.sessions)
+    _lock_released(svc, a.membership.worker_id)  # the lock goes with the connection, as its backend exits
     assert _holders(svc, a.membership.worker_id) == []
 
 

@@ -193,14 +193,21 @@ def test_a_streamed_synthesis_is_byte_identical_and_tells_each_stack_once_with_i
         assert not any(p.name.startswith((".part-", ".batch-")) for p in out.rglob("*"))
 
 
+# Ctrl-C is a KeyboardInterrupt here as in a terminal's program, whatever this run inherited: a test run started as a
+# script's background job (`make test &`, nohup) has SIGINT ignored, so Python installs no handler and the caller never
+# ended. The loading is a loop of short sleeps, not signal.pause(): a SIGINT landing between the print and the pause()
+# call only flags itself for the interpreter, which looks at the flag after pause() returns (CPython's signal_pause_impl),
+# so pause() waited for a second signal.
 _INTERRUPTED_LOADING = """
-import signal, sys
+import signal, sys, time
+signal.signal(signal.SIGINT, signal.default_int_handler)
 from stacks import parallel
 parallel.available_cores = lambda: 4
 try:
     with parallel.early_workers(parallel.PARALLEL_MIN_CLUSTERS, 3):
         print(" ".join(str(proc.pid) for proc in parallel._early), flush=True)
-        signal.pause()  # the cluster files load here; the terminal's Ctrl-C interrupts it
+        while True:  # the cluster files load here; the terminal's Ctrl-C interrupts it
+            time.sleep(0.05)
 except KeyboardInterrupt:
     sys.exit(130)
 """
