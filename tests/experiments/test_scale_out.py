@@ -695,27 +695,17 @@ def test_events_written_for_several_runs_never_close_a_cycle_with_a_chunk_that_l
     assert sorted(noted) == [low, high]
 
 
-def test_two_workers_keeping_one_runs_log_tail_at_once_both_succeed(make_service, pg_url, nomad, nomad_runner):
-    """Two workers whose views of the membership differ pick the same running run for its log tail
-    (the least recently kept come first on both) and write it at once (PostgreSQL). It used to be a
-    DELETE then an INSERT of the (run, rank, stream) row: the second worker's INSERT waited on the
-    first's uncommitted row and, once that committed, failed on the primary key (UniqueViolation),
-    ending its reconcile pass with an error. The tail is one INSERT ... ON CONFLICT DO UPDATE now."""
+def _the_second_meets_the_firsts_held_commit(svc, work) -> None:
+    """Two workers do ``work(sessions, n)`` at once (n = 0, then 1; PostgreSQL): the first's first commit
+    waits, its writes flushed, while the second runs until it ends or waits on a lock (held by the first),
+    then the first commits. Fails with whatever either raised."""
     from sqlalchemy import event, text
 
-    from experiments.db import database_url
-    from experiments.models import RunLog
-    from experiments.services import logs as run_logs
-    from tests.experiments.test_idle import _running
-
-    svc = make_service(database_url(pg_url), nomad_runner)
-    exp_id, _, alloc = _running(svc, nomad, "tail")
-    nomad.write_log(alloc, "step 1 loss 2.31\n")
-    flushed, release = threading.Event(), threading.Event()
+    flushed, release, done = threading.Event(), threading.Event(), threading.Event()
     held: list[int] = []  # the backend of the first worker's held transaction
+    errors: list[BaseException] = []
 
     def first_sessions():
-        """The first worker's sessions: its first commit waits, with its write done, until released."""
         session = svc.ctx.sessions()
 
         @event.listens_for(session, "before_commit")
@@ -727,23 +717,20 @@ def test_two_workers_keeping_one_runs_log_tail_at_once_both_succeed(make_service
                 assert release.wait(60)
         return session
 
-    errors: list[BaseException] = []
-    done = threading.Event()
-
-    def keep(sessions, finished: threading.Event | None = None) -> None:
+    def run(sessions, n: int, finished: threading.Event | None = None) -> None:
         try:
-            run_logs.keep(sessions, svc.ctx.runner, [exp_id], now=svc.clock())
+            work(sessions, n)
         except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
             errors.append(exc)
         finally:
             if finished is not None:
                 finished.set()
 
-    first = threading.Thread(target=keep, args=(first_sessions,))
-    second = threading.Thread(target=keep, args=(svc.ctx.sessions, done))
+    first = threading.Thread(target=run, args=(first_sessions, 0))
+    second = threading.Thread(target=run, args=(svc.ctx.sessions, 1, done))
     first.start()
     try:
-        assert flushed.wait(60), "the first worker did not write its tail"
+        assert flushed.wait(60), "the first worker did not write"
         second.start()
         _done_or_waiting_on_a_lock(svc.ctx.sessions().get_bind(), done, besides=held[0])
     finally:
@@ -752,6 +739,23 @@ def test_two_workers_keeping_one_runs_log_tail_at_once_both_succeed(make_service
         if second.ident is not None:
             second.join()
     assert not errors, errors
+
+
+def test_two_workers_keeping_one_runs_log_tail_at_once_both_succeed(make_service, pg_url, nomad, nomad_runner):
+    """Two workers whose views of the membership differ pick the same running run for its log tail
+    (the least recently kept come first on both) and write it at once (PostgreSQL). It used to be a
+    DELETE then an INSERT of the (run, rank, stream) row: the second worker's INSERT waited on the
+    first's uncommitted row and, once that committed, failed on the primary key (UniqueViolation),
+    ending its reconcile pass with an error. The tail is one INSERT ... ON CONFLICT DO UPDATE now."""
+    from experiments.db import database_url
+    from experiments.models import RunLog
+    from experiments.services import logs as run_logs
+    from tests.experiments.test_idle import _running
+
+    svc = make_service(database_url(pg_url), nomad_runner)
+    exp_id, _, alloc = _running(svc, nomad, "tail")
+    nomad.write_log(alloc, "step 1 loss 2.31\n")
+    _the_second_meets_the_firsts_held_commit(svc, lambda sessions, _: run_logs.keep(sessions, svc.ctx.runner, [exp_id], now=svc.clock()))
     with svc.ctx.sessions() as session:
         kept = session.scalars(select(RunLog.text).where(RunLog.experiment_id == exp_id, RunLog.stream == "stdout")).all()
     assert kept == ["step 1 loss 2.31\n"], kept
@@ -767,7 +771,7 @@ def test_two_workers_downsampling_one_runs_usage_at_once_keep_every_sample(make_
     what the first left. Every sample counts once: the sum of ``samples`` is what was recorded."""
     from datetime import timedelta
 
-    from sqlalchemy import event, func, text
+    from sqlalchemy import func
 
     from experiments.db import database_url
     from experiments.models import RunUsage
@@ -780,47 +784,12 @@ def test_two_workers_downsampling_one_runs_usage_at_once_keep_every_sample(make_
     with svc.ctx.sessions() as session, session.begin():
         session.add_all(RunUsage(experiment_id=exp_id, at=start + timedelta(minutes=i), samples=1, util_mean_pct=50.0, util_peak_pct=50.0,
                                  memory_peak_mib=1000.0, util_max_pct=50.0) for i in range(run_usage.MAX_POINTS))
-    flushed, release = threading.Event(), threading.Event()
-    held: list[int] = []
 
-    def first_sessions():
-        """The first worker's session: its commit waits, with its writes done, until released."""
-        session = svc.ctx.sessions()
+    def record(sessions, n: int) -> None:
+        with sessions() as session, session.begin():
+            run_usage.record(session, {exp_id: Usage(10.0, 2000.0, 1, 10.0)}, now=start + timedelta(minutes=1000 + n))
 
-        @event.listens_for(session, "before_commit")
-        def hold(session) -> None:
-            session.flush()
-            held.append(session.execute(text("SELECT pg_backend_pid()")).scalar())
-            flushed.set()
-            assert release.wait(60)
-        return session
-
-    errors: list[BaseException] = []
-    done = threading.Event()
-
-    def record(sessions, minutes: int, finished: threading.Event | None = None) -> None:
-        try:
-            with sessions() as session, session.begin():
-                run_usage.record(session, {exp_id: Usage(10.0, 2000.0, 1, 10.0)}, now=start + timedelta(minutes=minutes))
-        except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
-            errors.append(exc)
-        finally:
-            if finished is not None:
-                finished.set()
-
-    first = threading.Thread(target=record, args=(first_sessions, 1000))
-    second = threading.Thread(target=record, args=(svc.ctx.sessions, 1001, done))
-    first.start()
-    try:
-        assert flushed.wait(60), "the first worker did not write its sample"
-        second.start()
-        _done_or_waiting_on_a_lock(svc.ctx.sessions().get_bind(), done, besides=held[0])
-    finally:
-        release.set()
-        first.join()
-        if second.ident is not None:
-            second.join()
-    assert not errors, errors
+    _the_second_meets_the_firsts_held_commit(svc, record)
     with svc.ctx.sessions() as session:
         rows, samples = session.execute(select(func.count(), func.sum(RunUsage.samples)).where(RunUsage.experiment_id == exp_id)).one()
     assert samples == run_usage.MAX_POINTS + 2 and rows <= run_usage.MAX_POINTS, (rows, samples)
