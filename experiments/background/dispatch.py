@@ -47,7 +47,7 @@ from experiments.attempts import attempt_key
 from experiments.deadline import run_seconds_left
 from experiments.background.context import Context, log
 from experiments.background.membership import dead_workers
-from experiments.background.row_locks import lock_in_id_order
+from experiments.row_locks import lock_in_id_order
 from experiments.db import single_statement_session
 from experiments.errors import ApiError
 from experiments.models import Experiment, Outbox, RunAttempt, WorkerBeat
@@ -183,7 +183,7 @@ def _claim(ctx: Context, experiment_id: str | None, *, skip: Collection[str] = (
         rows = session.scalars(query.where(or_(Outbox.lease_until.is_(None), Outbox.lease_until < now, Outbox.claimed_by.in_(dead)))).all()
         if not rows:
             return claims
-        # The experiments locked in id order, as the reconciler locks them (background.row_locks): no two transactions wait in a cycle.
+        # The experiments locked in id order, as the reconciler locks them (experiments.row_locks): no two transactions wait in a cycle.
         experiments = lock_in_id_order(session, [o.experiment_id for o in rows])
         for outbox in rows:
             taken_from = outbox.claimed_by if outbox.lease_until is not None and outbox.lease_until >= now else None

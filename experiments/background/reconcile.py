@@ -39,12 +39,11 @@ from sqlalchemy.orm import Session
 
 from experiments import attempts
 from experiments.background.context import Context, log
-from experiments.background.row_locks import lock_in_id_order
-from experiments.background.unlocked import update_unlocked
 from experiments.background.usage import Candidate, sample_usage
 from experiments.background.vanished import hold_mass_vanishing
 from experiments.errors import ApiError
 from experiments.models import Experiment
+from experiments.row_locks import lock_in_id_order, update_unlocked
 from experiments.scheduler import bound_clause, not_bound
 from experiments.services import logs as run_logs
 from experiments.services.lifecycle import record, transition
@@ -266,7 +265,7 @@ def _apply_all(ctx: Context, moves: list[Move], reconciled: list[str]) -> tuple[
     now = ctx.clock()
     ended: set[str] = set()
     failed: set[str] = set()
-    # One commit for the stamps, never waiting on a row (background.unlocked): a run a chunk of another
+    # One commit for the stamps, never waiting on a row (experiments.row_locks): a run a chunk of another
     # worker is moving right now keeps its old stamp, and that chunk stamps it itself (_apply).
     with ctx.sessions() as session, session.begin():
         for start in range(0, len(reconciled), STAMP_BATCH):
@@ -300,7 +299,7 @@ def _writers(ctx: Context, wanted: int) -> int:
 def _apply_chunk(ctx: Context, chunk: list[Move], now: datetime) -> list[tuple[str, State, State]]:
     changed = []
     with ctx.sessions() as session, session.begin():
-        # Locked in id order (two chunks or two workers never wait on each other in a cycle; background.row_locks)
+        # Locked in id order (two chunks or two workers never wait on each other in a cycle; experiments.row_locks)
         # and read fresh: a run another worker ended meanwhile is seen ended, not ended twice.
         loaded = lock_in_id_order(session, [m.experiment_id for m in chunk])
         if ctx.fenced():  # lapsed while waiting for the locks: as before the pass's writes (process_scheduled)

@@ -19,7 +19,7 @@ from typing import Any
 from sqlalchemy.engine import Row
 
 from experiments.background.context import Context, log
-from experiments.background.unlocked import update_unlocked
+from experiments.row_locks import update_unlocked
 from experiments.models import Experiment
 from experiments.states import ON_SCHEDULER
 from jobs.runner import Polled

@@ -12,10 +12,11 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import delete, func, select
+from sqlalchemy import Row, delete, func, select
 from sqlalchemy.orm import Session
 
 from experiments.models import Experiment, RunUsage
+from experiments.row_locks import lock_in_id_order
 from jobs.usage import Usage
 
 MAX_POINTS = 360
@@ -36,20 +37,19 @@ def record(session: Session, samples: Mapping[str, Usage], *, now: datetime) -> 
         return
     # Halving rewrites a run's whole series. Two workers sampling one run at once (their views of the membership
     # differ for a pass) both halved what each saw before the other's commit: the second's rewrite failed on the
-    # primary key, its sample lost. The runs' rows are locked first, in id order, FOR NO KEY UPDATE (as
-    # background.row_locks: no cycle with a reconcile chunk, none with a sample's key share), and counted again
-    # under the lock: the second worker counts what the first left.
-    session.execute(select(Experiment.id).where(Experiment.id.in_(over)).order_by(Experiment.id).with_for_update(key_share=True))
+    # primary key, its sample lost. The runs' rows are locked first (experiments.row_locks: no cycle with a
+    # reconcile chunk, none with a sample's key share), and counted again under the lock: the second worker
+    # counts what the first left.
+    lock_in_id_order(session, over)
     for experiment_id, count in _counts(session, over):
         if count > MAX_POINTS:
             _halve(session, experiment_id)
 
 
-def _counts(session: Session, experiment_ids: list[str]) -> list[tuple[str, int]]:
-    """Rows per run of these runs' series (sorted: halved in id order)."""
-    rows = session.execute(select(RunUsage.experiment_id, func.count()).where(RunUsage.experiment_id.in_(experiment_ids))
+def _counts(session: Session, experiment_ids: list[str]) -> Sequence[Row[Any]]:
+    """(run, rows) per run of these runs' series (sorted: halved in id order)."""
+    return session.execute(select(RunUsage.experiment_id, func.count()).where(RunUsage.experiment_id.in_(experiment_ids))
                            .group_by(RunUsage.experiment_id).order_by(RunUsage.experiment_id)).all()
-    return [(experiment_id, count) for experiment_id, count in rows]
 
 
 def _max(a: float | None, b: float | None) -> float | None:

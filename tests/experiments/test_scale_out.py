@@ -647,13 +647,13 @@ def test_events_written_for_several_runs_never_close_a_cycle_with_a_chunk_that_l
     differs locks the same runs in id order. With the chunk's lock a plain FOR UPDATE, the notes held
     the higher run's key share while waiting on the lower run the chunk held, and the chunk waited on
     the higher one next: PostgreSQL aborted one of them (deadlock detected). The chunk's lock is FOR
-    NO KEY UPDATE (background.row_locks), which a key share does not conflict with."""
+    NO KEY UPDATE (experiments.row_locks), which a key share does not conflict with."""
     from sqlalchemy import text
 
     from experiments.background import idle
     from experiments.background.context import Context
     from experiments.background.idle import UNKNOWN_UTIL
-    from experiments.background.row_locks import lock_in_id_order
+    from experiments.row_locks import lock_in_id_order
     from experiments.db import database_url
     from tests.experiments.test_idle import _running
 
