@@ -22,6 +22,20 @@ Installed only on jsii ``REVIEWED_JSII`` (``constructs_lib/jsii_structs.py``) wi
 as its number), where 24.1 and later, like the copy here, unstructure it by its class (the same
 ``IntEnum`` reaches jsii's enum hook and fails). With any other jsii or cattrs the packaged ``send``
 runs, and the test fails on an upgrade of either.
+
+Logical ids ride along (``defer_logical_id``). ``constructs_lib.naming.pin`` overrides the logical id of
+about 100 elements a generated cluster, each an ``overrideLogicalId`` round trip of its own: a third of a
+synthesis's messages, about 3 ms of Python's CPU a cluster plus the kernel's reading and writing of each.
+When the kernel is gpufleet's launcher (``constructs_lib/jsii_runtime.py``, which applies them), the
+overrides wait in this process and travel with the next request as its ``"gpufleet.pins"`` field; the
+kernel invokes ``overrideLogicalId`` on each, in the order they were asked for, before it handles that
+request. Nothing runs in the kernel in between, so every step the kernel takes sees the same logical ids as
+with one round trip each. Only requests the kernel's ``processRequest`` handles carry them (``create``,
+``get``, ``set``, ``invoke`` and their static forms); before any other request (a callback's ``complete``,
+``load``, ``naming``, ``begin``/``end``, ``del``) waiting overrides go first on a ``stats`` request (which
+it handles and which changes nothing). An override that fails fails the request that carried it, with the kernel's error
+prefixed by the override. ``tests/stacks/test_parallel_synth.py`` compares workers (which defer) with a
+synthesis through jsii's packaged runtime (which does not) byte for byte.
 """
 
 from __future__ import annotations
@@ -33,7 +47,10 @@ from typing import Any
 from constructs_lib.jsii_structs import hide_from_host_stack_traces, reviewed_jsii
 
 REVIEWED_CATTRS = "26.2.1"
+PINS_FIELD = "gpufleet.pins"
 _state: dict[str, Any] = {}
+# Logical id overrides waiting for the next request: (the element's ObjRef, its new logical id).
+_pins: list[tuple[Any, str]] = []
 
 
 def reviewed_cattrs() -> bool:
@@ -89,11 +106,47 @@ def unstructure(converter: Any, request: Any) -> dict[str, Any]:
     return converter.unstructure(request)
 
 
+def defer_logical_id(element: Any, logical_id: str) -> bool:
+    """Send ``element.overrideLogicalId(logical_id)`` with the next request (True), or not at all (False:
+    the caller makes the call itself) when this kernel does not apply ridden-along overrides."""
+    if not _state.get("pins") or type(logical_id) is not str or "process" not in _state \
+            or _state["process"]._NodeProcess.send is not send:
+        return False
+    ref = getattr(element, "__jsii_ref__", None)
+    if not isinstance(ref, _state["types"].ObjRef):
+        return False
+    _pins.append((ref, logical_id))
+    return True
+
+
+def pins_ride_along(enabled: bool) -> None:
+    """Told by ``constructs_lib.jsii_runtime`` whether this process's kernel applies ``"gpufleet.pins"``
+    (they are deferred only while this module's ``send``, which attaches them, is jsii's)."""
+    _state["pins"] = enabled
+
+
+def _carries_pins(request: Any) -> bool:
+    types = _state["types"]
+    return type(request) in (types.CreateRequest, types.GetRequest, types.SetRequest, types.InvokeRequest,
+                             types.StaticGetRequest, types.StaticSetRequest, types.StaticInvokeRequest, types.StatsRequest)
+
+
 def send(self: Any, request: Any, response_type: Any) -> Any:
-    """jsii 1.142.0's ``_NodeProcess.send`` (process.py:330-358), line for line, with ``unstructure`` above."""
+    """jsii 1.142.0's ``_NodeProcess.send`` (process.py:330-358), line for line, with ``unstructure`` above
+    and waiting logical id overrides ridden along (the module's docstring)."""
     process = _state["process"]
 
+    pins = None
+    if _pins:
+        if not _carries_pins(request):
+            send(self, _state["types"].StatsRequest(), _state["types"].StatsResponse)
+        else:
+            pins = [[process._unstructure_ref(ref), logical_id] for ref, logical_id in _pins]
+            _pins.clear()
+
     req_dict = unstructure(self._serializer, request)
+    if pins is not None:
+        req_dict[PINS_FIELD] = pins
 
     if process._stack_traces_enabled():
         stack_trace = process.capture_stack_trace()

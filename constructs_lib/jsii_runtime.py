@@ -80,6 +80,8 @@ PROGRAM = "lib/program.js"
 LAUNCHER = "lib/gpufleet-kernel.js"
 _CHANNEL = b"readFD:3,writeFD:3"
 _STDIO = b"readFD:0,writeFD:1"
+_HOST = b"ie=new B.KernelHost(te,"
+_HOOKED_HOST = b'ie=new(globalThis[Symbol.for("gpufleet.kernelHost")](B.KernelHost))(te,'
 LAUNCHER_JS = """\
 "use strict";
 // Written by gpufleet (constructs_lib/jsii_runtime.py): jsii's kernel program without its relay process.
@@ -188,6 +190,34 @@ Module._load = function (request, parent) {
   }
   return loaded;
 };
+// Logical id overrides ride along with the next request (constructs_lib/jsii_messages.py, "gpufleet.pins"):
+// program.js builds its KernelHost through this, which applies them, in order, before the request itself.
+// An override that throws answers the request with that error, as processRequest answers one of its own.
+const PINS = "gpufleet.pins";
+globalThis[Symbol.for("gpufleet.kernelHost")] = function (KernelHost) {
+  const processRequest = KernelHost.prototype.processRequest;
+  KernelHost.prototype.processRequest = function (request, next, sync) {
+    if (request !== null && typeof request === "object" && Object.prototype.hasOwnProperty.call(request, PINS)) {
+      const pins = request[PINS];
+      delete request[PINS];
+      try {
+        for (const [objref, logicalId] of pins) {
+          try {
+            this.kernel.invoke({ api: "invoke", objref, method: "overrideLogicalId", args: [logicalId] });
+          } catch (error) {
+            error.message = `overrideLogicalId(${JSON.stringify(logicalId)}) on ${objref && objref["$jsii.byref"]}: ${error.message}`;
+            throw error;
+          }
+        }
+      } catch (error) {
+        this.writeError(error);
+        return next();
+      }
+    }
+    return processRequest.call(this, request, next, sync);
+  };
+  return KernelHost;
+};
 require("./program.js");
 """
 _state: dict[str, Path | None] = {}
@@ -210,9 +240,9 @@ def write_runtime(directory: Path) -> Path | None:
             continue
         data = files.joinpath(resource).read_bytes()
         if relative == PROGRAM:
-            if data.count(_CHANNEL) != 1:
+            if data.count(_CHANNEL) != 1 or data.count(_HOST) != 1:
                 return None
-            data = data.replace(_CHANNEL, _STDIO)
+            data = data.replace(_CHANNEL, _STDIO).replace(_HOST, _HOOKED_HOST)
         target = directory / relative
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(data)
@@ -270,6 +300,10 @@ def direct_kernel() -> Iterator[None]:
     os.environ["NODE_OPTIONS"] = f"{saved} --preserve-symlinks" if saved else "--preserve-symlinks"
     try:
         yield
+        if kernel_running():  # started here, through the launcher: it applies ridden-along logical ids
+            from constructs_lib import jsii_messages
+
+            jsii_messages.pins_ride_along(True)
     finally:
         del os.environ["JSII_RUNTIME"]
         if saved is None:

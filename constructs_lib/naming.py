@@ -11,6 +11,8 @@ from typing import TypeVar
 
 from cdktf import TerraformElement
 
+from constructs_lib.jsii_messages import defer_logical_id
+
 E = TypeVar("E", bound=TerraformElement)
 
 
@@ -19,5 +21,9 @@ def tf_id(name: str) -> str:
 
 
 def pin(element: E, logical_id: str) -> E:
-    element.override_logical_id(tf_id(logical_id))
+    """``element.override_logical_id``; the call rides along with the next kernel request where the kernel
+    allows it (``constructs_lib/jsii_messages.py``, a third of a synthesis's round trips)."""
+    name = tf_id(logical_id)
+    if not defer_logical_id(element, name):
+        element.override_logical_id(name)
     return element

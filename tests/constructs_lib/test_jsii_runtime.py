@@ -63,6 +63,7 @@ def test_program_js_reads_stdin_and_writes_stdout(tmp_path: Path) -> None:
     assert launcher == tmp_path / jsii_runtime.LAUNCHER
     program = (tmp_path / jsii_runtime.PROGRAM).read_bytes()
     assert program.count(b"readFD:0,writeFD:1") == 1 and b"readFD:3,writeFD:3" not in program
+    assert program.count(jsii_runtime._HOOKED_HOST) == 1 and jsii_runtime._HOST not in program
     assert (tmp_path / "lib" / "runtime-index-worker.js").is_file()  # the kernel starts it from its own folder
 
 
@@ -250,3 +251,86 @@ fs.writeSync(1, JSON.stringify({ reviewed: got["0.21.0"], upgraded: got["0.22.0"
     out = json.loads(done.stdout)
     assert out["reviewed"] == ["stack", {"kept": 1}, True, "fourth"]
     assert out["upgradedKeys"] == ["kept", "unset"]  # not pruned: cdktf 0.22.0's resolve was never read
+
+
+# Pins logical ids in a kernel started through the launcher (constructs_lib/jsii_messages.py, "Logical ids ride
+# along"); prints the requests written to the kernel per step and the synthesized locals' names.
+PINS_CHILD = """
+import json, sys
+from pathlib import Path
+from constructs_lib.jsii_runtime import direct_kernel
+with direct_kernel():
+    import cdktf
+import jsii
+from constructs import Construct
+from constructs_lib import jsii_messages, providers  # noqa: F401  (installs the messages' send)
+from constructs_lib.naming import pin
+from jsii._runtime import kernel
+
+pipe = kernel.provider._process._process
+written = []
+class Counting:
+    def __init__(self, raw):
+        self.raw = raw
+    def write(self, data):
+        written.append(json.loads(data))
+        return self.raw.write(data)
+    def flush(self):
+        return self.raw.flush()
+    def __getattr__(self, name):
+        return getattr(self.raw, name)
+pipe.stdin = Counting(pipe.stdin)
+
+app = cdktf.App(outdir=sys.argv[1])
+stack = cdktf.TerraformStack(app, "s")
+before = len(written)
+locals_ = [pin(cdktf.TerraformLocal(stack, f"l{i}", expression=str(i)), f"pinned-{i}") for i in range(20)]
+creates = len(written) - before
+late = cdktf.TerraformLocal(stack, "late", expression="late")
+
+@jsii.implements(cdktf.IStringProducer)
+class PinLate:
+    def produce(self, context):  # a kernel callback: the override waits, then its "complete" is sent
+        pin(late, "pinned_in_a_callback")
+        return "produced"
+
+resolver = cdktf.DefaultTokenResolver(cdktf.StringConcat())
+assert cdktf.Tokenization.resolve(cdktf.Lazy.string_value(PinLate()), scope=stack, resolver=resolver) == "produced"
+app.synth()
+names = sorted(json.loads((Path(sys.argv[1]) / "stacks" / "s" / "cdk.tf.json").read_text())["locals"])
+late_id = late.friendly_unique_id
+kinds = ["complete" if "complete" in r else r.get("api") for r in written]
+after_pin = kinds[next(i for i, r in enumerate(written) if r.get("gpufleet.pins") and r["gpufleet.pins"][0][1] == "pinned_in_a_callback"):]
+try:
+    jsii_messages.defer_logical_id(Construct(stack, "not-an-element"), "bad")
+    cdktf.TerraformLocal(stack, "after", expression="x")
+    error = None
+except Exception as exc:  # noqa: BLE001
+    error = f"{type(exc).__name__}: {exc}"
+print(json.dumps({"ride_along": jsii_messages._state.get("pins"), "creates": creates, "names": names,
+                  "pins_sent": [len(r.get("gpufleet.pins", [])) for r in written if "gpufleet.pins" in r],
+                  "override_requests": sum(r.get("method") == "overrideLogicalId" for r in written),
+                  "late_id": late_id, "after_pin": after_pin[:2],
+                  "error": error}))
+"""
+
+
+def test_logical_ids_ride_along_with_the_next_request_and_reach_the_output(tmp_path: Path) -> None:
+    """Through the launcher, ``pin`` sends no request of its own: 20 overrides travel on the next requests,
+    one pinned inside a kernel callback goes ahead of that callback's ``complete`` on a ``stats`` request (the
+    kernel does not hand a ``complete`` to ``processRequest``, so it could not carry it), and every pinned
+    name is in the synthesized JSON.
+    An override the kernel refuses fails the request that carried it, naming the override."""
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
+    env.pop("JSII_RUNTIME", None)
+    env.pop(jsii_runtime.RUNTIME_ENV, None)
+    done = subprocess.run([sys.executable, "-c", PINS_CHILD, str(tmp_path / "out")], cwd=REPO_ROOT, env=env,
+                          capture_output=True, text=True, check=True, timeout=120)
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["ride_along"] is True
+    assert out["override_requests"] == 0
+    assert out["creates"] == 20  # one request per element, none per override
+    assert sum(out["pins_sent"]) == 22
+    assert out["names"] == sorted(["pinned_in_a_callback"] + [f"pinned_{i}" for i in range(20)])
+    assert out["after_pin"] == ["stats", "complete"] and out["late_id"] == "pinned_in_a_callback"
+    assert out["error"] is not None and 'overrideLogicalId("bad") on constructs.Construct@' in out["error"]
