@@ -12,6 +12,7 @@ import functools
 import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import NoReturn
 
 import click
 
@@ -102,5 +103,17 @@ def main(argv: list[str] | None = None) -> int:
     return rc if isinstance(rc, int) else 0
 
 
+def run() -> NoReturn:
+    """The ``gpufleet`` command (pyproject's script): ``main``, then, in a process that ran a synthesis (its
+    jsii kernel started), an exit without the interpreter's teardown (``constructs_lib.jsii_runtime.exit_now``:
+    0.1-0.15 s of freeing memory at 100 clusters); any other command exits as usual."""
+    code = main()
+    from constructs_lib import jsii_runtime
+
+    if jsii_runtime.kernel_running():
+        jsii_runtime.exit_now(code)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

@@ -92,10 +92,10 @@ def synthesize(configs: tuple[ClusterConfig, ...], outdir: Path = DEFAULT_OUTDIR
 def _synthesize_here(configs: tuple[ClusterConfig, ...], tmp: Path, imported_dir: Path | None) -> tuple[str, ...]:
     """The whole fleet in this process's jsii kernel, on one core (``stacks.parallel.one_core``)."""
     from constructs_lib.jsii_runtime import direct_kernel
-    from stacks.parallel import join_early_kernel, one_core
+    from stacks.parallel import join_early_kernel, one_core, quiet_gc
 
     join_early_kernel()
-    with one_core():
+    with one_core(), quiet_gc():
         with direct_kernel():
             from cdktf import App
 

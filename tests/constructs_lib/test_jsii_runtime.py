@@ -334,3 +334,32 @@ def test_logical_ids_ride_along_with_the_next_request_and_reach_the_output(tmp_p
     assert out["names"] == sorted(["pinned_in_a_callback"] + [f"pinned_{i}" for i in range(20)])
     assert out["after_pin"] == ["stats", "complete"] and out["late_id"] == "pinned_in_a_callback"
     assert out["error"] is not None and 'overrideLogicalId("bad") on constructs.Construct@' in out["error"]
+
+
+EXIT_CHILD = """
+import atexit, sys, tempfile, threading, time
+from pathlib import Path
+from constructs_lib.jsii_runtime import exit_now
+out = Path(sys.argv[1])
+atexit.register(lambda: (out / "hook").write_text("ran"))
+kept = tempfile.TemporaryDirectory(dir=out)  # removed by weakref.finalize's exit hook if nobody cleans it up
+(out / "tmpdir").write_text(kept.name)
+if sys.argv[2] == "thread":
+    threading.Thread(target=lambda: (time.sleep(0.5), (out / "thread").write_text("done"))).start()
+sys.stdout.write("buffered, no newline")
+exit_now(7)
+"""
+
+
+@pytest.mark.parametrize("thread", ["", "thread"])
+def test_exit_now_runs_the_exit_hooks_flushes_and_waits_for_a_thread_as_an_exit_does(tmp_path: Path, thread: str) -> None:
+    """``exit_now`` skips only the interpreter's teardown: exit hooks (and the ``TemporaryDirectory`` clean-up
+    behind them) run, buffered output is written, the code is kept, and a thread that is not a daemon still
+    finishes first (then the process exits the usual way)."""
+    done = subprocess.run([sys.executable, "-c", EXIT_CHILD, str(tmp_path), thread], cwd=REPO_ROOT,
+                          env=dict(os.environ, PYTHONPATH=str(REPO_ROOT)), capture_output=True, text=True, timeout=60)
+    assert done.returncode == 7, done.stderr
+    assert done.stdout == "buffered, no newline"
+    assert (tmp_path / "hook").read_text() == "ran"
+    assert not Path((tmp_path / "tmpdir").read_text()).exists()
+    assert (tmp_path / "thread").exists() == bool(thread)
