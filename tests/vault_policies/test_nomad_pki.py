@@ -37,14 +37,21 @@ SPEC = NomadPkiSpec(cluster="pki-test", mount="pki-nomad-pki-test", ttl_hours=1,
     PkiRoleSpec("client", "client.global.nomad", "nomad-pki-pki-test-client", "nomad-pki-test-client", "pki-test-nodes@p.iam.gserviceaccount.com")))
 SERVER, CLIENT = SPEC.roles
 HUP_COUNTER = """
-import signal, sys, time
-count = 0
+import os, signal, sys, time
+counts = {"hups": 0, "syncs": 0}
+def write():
+    with open(sys.argv[1] + ".tmp", "w") as f:
+        f.write(f"{counts['hups']} {counts['syncs']}")
+    os.replace(sys.argv[1] + ".tmp", sys.argv[1])
 def hup(*_):
-    global count
-    count += 1
-    open(sys.argv[1], "w").write(str(count))
+    counts["hups"] += 1
+    write()
+def sync(*_):
+    counts["syncs"] += 1
+    write()
 signal.signal(signal.SIGHUP, hup)
-open(sys.argv[1], "w").write("0")
+signal.signal(signal.SIGUSR1, sync)
+write()
 while True:
     time.sleep(0.05)
 """
@@ -123,9 +130,22 @@ def agent(tmp_path, openbao):
         env = {"PATH": os.environ["PATH"], "GPUFLEET_CERT_ENV": str(tmp_path / "cert.env")} | ({"VAULT_TOKEN": vault_token} if vault_token else {})
         return subprocess.run(["bash", str(tmp_path / "gpufleet-nomad-cert")], env=env, capture_output=True, text=True, check=False, timeout=60)
 
+    def counts() -> tuple[int, int]:
+        hup_count, sync_count = counter_file.read_text().split()
+        return int(hup_count), int(sync_count)
+
     def hups() -> int:
-        time.sleep(0.2)
-        return int(counter_file.read_text() or 0)
+        """The SIGHUPs the process has handled: a SIGUSR1 sent now is handled after any SIGHUP already sent
+        to it (pending signals are delivered, and Python runs their handlers, lowest number first), so once
+        the process counts it, every reload the script asked for is counted. No fixed sleep, which a loaded
+        machine could outlast."""
+        before = counts()[1]
+        proc.send_signal(signal.SIGUSR1)
+        deadline = time.monotonic() + 30
+        while (now := counts())[1] == before:
+            assert time.monotonic() < deadline, "the signal counter stopped answering"
+            time.sleep(0.01)
+        return now[0]
 
     yield tmp_path / "tls", run, hups
     proc.send_signal(signal.SIGTERM)
