@@ -334,3 +334,38 @@ def test_logical_ids_ride_along_with_the_next_request_and_reach_the_output(tmp_p
     assert out["names"] == sorted(["pinned_in_a_callback"] + [f"pinned_{i}" for i in range(20)])
     assert out["after_pin"] == ["stats", "complete"] and out["late_id"] == "pinned_in_a_callback"
     assert out["error"] is not None and 'overrideLogicalId("bad") on constructs.Construct@' in out["error"]
+
+
+# A kernel started before ``direct_kernel`` without any ``<package>._jsii`` module imported (``kernel_running``
+# sees none), so ``direct_kernel`` sets the launcher's variables for a kernel that is already jsii's own.
+EARLY_KERNEL_CHILD = """
+import json, sys
+from pathlib import Path
+from jsii._runtime import kernel
+kernel.provider._process  # starts jsii's packaged entry point; no assembly module is imported yet
+from constructs_lib.jsii_runtime import direct_kernel
+with direct_kernel():
+    import cdktf
+from constructs_lib import jsii_messages, providers  # noqa: F401  (installs the messages' send)
+from constructs_lib.naming import pin
+app = cdktf.App(outdir=sys.argv[1])
+stack = cdktf.TerraformStack(app, "s")
+pin(cdktf.TerraformLocal(stack, "l", expression="x"), "pinned")
+app.synth()
+print(json.dumps({"ride_along": jsii_messages._state.get("pins"),
+                  "names": sorted(json.loads((Path(sys.argv[1]) / "stacks" / "s" / "cdk.tf.json").read_text())["locals"])}))
+"""
+
+
+def test_a_kernel_started_before_direct_kernel_keeps_its_logical_ids(tmp_path: Path) -> None:
+    """``direct_kernel`` turned ride-along overrides on whenever some assembly module was imported after it set
+    the variables, also when the kernel running was jsii's packaged one started earlier: that kernel ignores
+    ``"gpufleet.pins"``, and the pinned local was synthesized under its construct id ``l``."""
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
+    env.pop("JSII_RUNTIME", None)
+    env.pop(jsii_runtime.RUNTIME_ENV, None)
+    done = subprocess.run([sys.executable, "-c", EARLY_KERNEL_CHILD, str(tmp_path / "out")], cwd=REPO_ROOT, env=env,
+                          capture_output=True, text=True, check=True, timeout=120)
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["names"] == ["pinned"]
+    assert not out["ride_along"]
