@@ -369,3 +369,62 @@ def test_a_kernel_started_before_direct_kernel_keeps_its_logical_ids(tmp_path: P
     out = json.loads(done.stdout.strip().splitlines()[-1])
     assert out["names"] == ["pinned"]
     assert not out["ride_along"]
+
+
+# An override refused inside a kernel callback (a Lazy producer pins an element whose fqn was read), then more work.
+REFUSED_IN_A_CALLBACK_CHILD = """
+import json, sys
+from pathlib import Path
+from constructs_lib.jsii_runtime import direct_kernel
+with direct_kernel():
+    import cdktf
+import jsii
+from constructs_lib import jsii_messages, providers  # noqa: F401  (installs the messages' send)
+from constructs_lib.naming import pin
+app = cdktf.App(outdir=sys.argv[1])
+stack = cdktf.TerraformStack(app, "s")
+late = cdktf.TerraformLocal(stack, "late", expression="late")
+late.fqn
+
+@jsii.implements(cdktf.IStringProducer)
+class Produce:
+    def __init__(self, element):
+        self.element = element
+    def produce(self, context):
+        if self.element is not None:
+            pin(self.element, "too_late")
+        return "produced"
+
+def resolve(element):
+    resolver = cdktf.DefaultTokenResolver(cdktf.StringConcat())
+    return cdktf.Tokenization.resolve(cdktf.Lazy.string_value(Produce(element)), scope=stack, resolver=resolver)
+
+try:
+    resolve(late)
+    error = None
+except RuntimeError as exc:
+    error = str(exc)
+again = resolve(None)
+pin(cdktf.TerraformLocal(stack, "after", expression="x"), "pinned_after")
+app.synth()
+print(json.dumps({"ride_along": jsii_messages._state.get("pins"), "error": error, "again": again,
+                  "names": sorted(json.loads((Path(sys.argv[1]) / "stacks" / "s" / "cdk.tf.json").read_text())["locals"])}))
+"""
+
+
+def test_an_override_refused_in_a_callback_is_that_callbacks_error(tmp_path: Path) -> None:
+    """Inside a kernel callback an override waits for the callback's ``complete`` and goes first on a ``stats``
+    request; when the kernel refused it, the error was raised in Python before the ``complete`` was sent, so the
+    kernel stayed inside the callback and cdktf, which called back, never saw the error (jsii's packaged runtime
+    reports it as the callback's: ``Resolution error: ...``). Now it is the callback's error, and the kernel
+    goes on as after any failed callback."""
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
+    env.pop("JSII_RUNTIME", None)
+    env.pop(jsii_runtime.RUNTIME_ENV, None)
+    done = subprocess.run([sys.executable, "-c", REFUSED_IN_A_CALLBACK_CHILD, str(tmp_path / "out")], cwd=REPO_ROOT,
+                          env=env, capture_output=True, text=True, check=True, timeout=120)
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["ride_along"] is True
+    assert out["error"].startswith('Resolution error: overrideLogicalId("too_late") on cdktf.TerraformLocal@')
+    assert "Logical ID may not be overridden once .fqn has been requested" in out["error"]
+    assert out["again"] == "produced" and out["names"] == ["late", "pinned_after"]
