@@ -35,8 +35,10 @@ with one round trip each. Only requests the kernel's ``processRequest`` handles 
 ``load``, ``naming``, ``begin``/``end``, ``del``) waiting overrides go first on a ``stats`` request (which
 it handles and which changes nothing). An override that fails fails the request that carried it, with the kernel's error
 prefixed by the override; one that fails on the ``stats`` before a callback's ``complete`` is that callback's error, as
-it is when the override raises inside the callback with one round trip each. ``tests/stacks/test_parallel_synth.py`` compares workers (which defer) with a
-synthesis through jsii's packaged runtime (which does not) byte for byte.
+it is when the override raises inside the callback with one round trip each.
+``tests/constructs_lib/test_jsii_runtime.py`` (``test_direct_kernel_synthesizes_the_bytes_of_jsii_packaged_entry_point``)
+compares a synthesis through the launcher (which defers) with one through jsii's packaged runtime (which does not)
+byte for byte, recorded imports included; the parallel-synthesis tests defer on both sides.
 """
 
 from __future__ import annotations

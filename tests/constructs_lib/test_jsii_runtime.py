@@ -41,6 +41,9 @@ def _tree(root: Path) -> dict[str, bytes]:
 def _synthesize(tmp_path: Path, name: str, runtime: str) -> tuple[dict[str, bytes], str, list[str]]:
     imported = tmp_path / "imported"
     imported.mkdir(exist_ok=True)
+    # Recorded imports: apply_imports reads every resource's friendly_unique_id right after the pins (stacks/imported.py).
+    (imported / "dev-gke.json").write_text(json.dumps({"google_compute_network.vpc": "projects/p/global/networks/v",
+                                                        "google_compute_router.router": "projects/p/regions/r/routers/r"}))
     env = dict(os.environ, GPUFLEET_JSII_RUNTIME=runtime, GPUFLEET_SYNTH_CACHE="off", PYTHONPATH=str(REPO_ROOT))
     env.pop("JSII_RUNTIME", None)
     done = subprocess.run([sys.executable, "-c", CHILD, str(FLEET), str(tmp_path / name), str(imported)],
@@ -55,6 +58,7 @@ def test_direct_kernel_synthesizes_the_bytes_of_jsii_packaged_entry_point(tmp_pa
     assert "bin/jsii-runtime.js" in packaged_cmd and len(packaged_children) == 1  # jsii's relay and its kernel
     assert "lib/gpufleet-kernel.js" in direct_cmd and direct_children == []  # the kernel itself, no relay
     assert sorted(direct) == sorted(packaged) and len(direct) > 5
+    assert json.loads(packaged["stacks/dev-gke/cdk.tf.json"])["import"][0]["to"] == "google_compute_network.vpc"
     assert [name for name in packaged if direct[name] != packaged[name]] == []
 
 
