@@ -196,7 +196,7 @@ Module._load = function (request, parent) {
 const PINS = "gpufleet.pins";
 globalThis[Symbol.for("gpufleet.kernelHost")] = function (KernelHost) {
   const processRequest = KernelHost.prototype.processRequest;
-  KernelHost.prototype.processRequest = function (request, next, sync) {
+  KernelHost.prototype.processRequest = function (request, next, ...rest) {
     if (request !== null && typeof request === "object" && Object.prototype.hasOwnProperty.call(request, PINS)) {
       const pins = request[PINS];
       delete request[PINS];
@@ -214,7 +214,7 @@ globalThis[Symbol.for("gpufleet.kernelHost")] = function (KernelHost) {
         return next();
       }
     }
-    return processRequest.call(this, request, next, sync);
+    return processRequest.call(this, request, next, ...rest);  // all of them: the hook is not only on jsii 1.142.0
   };
   return KernelHost;
 };

@@ -432,3 +432,20 @@ def test_an_override_refused_in_a_callback_is_that_callbacks_error(tmp_path: Pat
     assert out["error"].startswith('Resolution error: overrideLogicalId("too_late") on cdktf.TerraformLocal@')
     assert "Logical ID may not be overridden once .fqn has been requested" in out["error"]
     assert out["again"] == "produced" and out["names"] == ["late", "pinned_after"]
+
+
+def test_the_request_hook_hands_on_every_argument(tmp_path: Path) -> None:
+    """The launcher wraps ``KernelHost.prototype.processRequest`` for every request on every jsii whose
+    ``program.js`` has the expected text, not only 1.142.0 (whose method takes three): a wrapper that passed on
+    exactly three dropped whatever another release's method takes after them."""
+    launcher = jsii_runtime.write_runtime(tmp_path)
+    assert launcher is not None
+    (tmp_path / jsii_runtime.PROGRAM).write_text("""
+const Host = globalThis[Symbol.for("gpufleet.kernelHost")](class {
+  processRequest(...args) { require("fs").writeSync(1, JSON.stringify(args) + "\\n"); }
+});
+new Host().processRequest({ api: "stats" }, null, true, "fourth");
+""")
+    done = subprocess.run([shutil.which("node") or "node", str(launcher)], capture_output=True, text=True, check=True,
+                          stdin=subprocess.DEVNULL, timeout=60)
+    assert json.loads(done.stdout) == [{"api": "stats"}, None, True, "fourth"]
