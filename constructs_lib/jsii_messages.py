@@ -34,8 +34,11 @@ with one round trip each. Only requests the kernel's ``processRequest`` handles 
 ``get``, ``set``, ``invoke`` and their static forms); before any other request (a callback's ``complete``,
 ``load``, ``naming``, ``begin``/``end``, ``del``) waiting overrides go first on a ``stats`` request (which
 it handles and which changes nothing). An override that fails fails the request that carried it, with the kernel's error
-prefixed by the override. ``tests/stacks/test_parallel_synth.py`` compares workers (which defer) with a
-synthesis through jsii's packaged runtime (which does not) byte for byte.
+prefixed by the override; one that fails on the ``stats`` before a callback's ``complete`` is that callback's error, as
+it is when the override raises inside the callback with one round trip each.
+``tests/constructs_lib/test_jsii_runtime.py`` (``test_direct_kernel_synthesizes_the_bytes_of_jsii_packaged_entry_point``)
+compares a synthesis through the launcher (which defers) with one through jsii's packaged runtime (which does not)
+byte for byte, recorded imports included; the parallel-synthesis tests defer on both sides.
 """
 
 from __future__ import annotations
@@ -131,6 +134,21 @@ def _carries_pins(request: Any) -> bool:
                              types.StaticGetRequest, types.StaticSetRequest, types.StaticInvokeRequest, types.StatsRequest)
 
 
+def _callback_failed(request: Any, error: Exception) -> Any:
+    """The ``complete`` that ends a callback, carrying ``error`` (an override made in the callback that the
+    kernel refused) as the callback's own error, which is what jsii sends when the override raises inside the
+    callback (``_callback_till_result``, jsii/_kernel/__init__.py:254-265). Raised instead, the error left the
+    kernel waiting inside the callback for a ``complete`` that never came, and the JavaScript that called back
+    never saw it (cdktf's ``Resolution error`` context). Any other request: ``error`` is raised, where jsii
+    would have raised it at the override."""
+    types, process = _state["types"], _state["process"]
+    if type(request) is process._CompleteRequest:
+        return process._CompleteRequest(complete=types.CompleteRequest(cbid=request.complete.cbid, err=str(error)))
+    if type(request) is types.CompleteRequest:
+        return types.CompleteRequest(cbid=request.cbid, err=str(error))
+    raise error
+
+
 def send(self: Any, request: Any, response_type: Any) -> Any:
     """jsii 1.142.0's ``_NodeProcess.send`` (process.py:330-358), line for line, with ``unstructure`` above
     and waiting logical id overrides ridden along (the module's docstring)."""
@@ -139,7 +157,10 @@ def send(self: Any, request: Any, response_type: Any) -> Any:
     pins = None
     if _pins:
         if not _carries_pins(request):
-            send(self, _state["types"].StatsRequest(), _state["types"].StatsResponse)
+            try:
+                send(self, _state["types"].StatsRequest(), _state["types"].StatsResponse)
+            except (process.JSIIError, RuntimeError) as error:
+                request = _callback_failed(request, error)
         else:
             pins = [[process._unstructure_ref(ref), logical_id] for ref, logical_id in _pins]
             _pins.clear()

@@ -198,7 +198,7 @@ Module._load = function (request, parent) {
 const PINS = "gpufleet.pins";
 globalThis[Symbol.for("gpufleet.kernelHost")] = function (KernelHost) {
   const processRequest = KernelHost.prototype.processRequest;
-  KernelHost.prototype.processRequest = function (request, next, sync) {
+  KernelHost.prototype.processRequest = function (request, next, ...rest) {
     if (request !== null && typeof request === "object" && Object.prototype.hasOwnProperty.call(request, PINS)) {
       const pins = request[PINS];
       delete request[PINS];
@@ -216,7 +216,7 @@ globalThis[Symbol.for("gpufleet.kernelHost")] = function (KernelHost) {
         return next();
       }
     }
-    return processRequest.call(this, request, next, sync);
+    return processRequest.call(this, request, next, ...rest);  // all of them: the hook is not only on jsii 1.142.0
   };
   return KernelHost;
 };
@@ -282,6 +282,18 @@ def _launcher() -> Path | None:
     return _state["launcher"]
 
 
+def runs_launcher(launcher: Path) -> bool:
+    """Whether this process's jsii kernel is the program ``launcher`` starts. ``kernel_running`` only sees that
+    an assembly's module was imported: a kernel started another way before (``jsii._runtime.kernel`` used
+    directly, jsii's own entry point) is the one the import used, and it ignores ``"gpufleet.pins"``, so every
+    pinned logical id would be lost without an error. Asked while the variables are still set: a kernel not yet
+    started starts here, through the launcher."""
+    from jsii._runtime import kernel
+
+    args = getattr(getattr(getattr(kernel.provider, "_process", None), "_process", None), "args", None)
+    return isinstance(args, list) and args[-1:] == [str(launcher)]
+
+
 @contextmanager
 def direct_kernel() -> Iterator[None]:
     """Start the jsii kernel (``import cdktf`` inside this block does) as this module describes.
@@ -302,7 +314,7 @@ def direct_kernel() -> Iterator[None]:
     os.environ["NODE_OPTIONS"] = f"{saved} --preserve-symlinks" if saved else "--preserve-symlinks"
     try:
         yield
-        if kernel_running():  # started here, through the launcher: it applies ridden-along logical ids
+        if kernel_running() and runs_launcher(launcher):  # it applies ridden-along logical ids
             from constructs_lib import jsii_messages
 
             jsii_messages.pins_ride_along(True)

@@ -41,6 +41,9 @@ def _tree(root: Path) -> dict[str, bytes]:
 def _synthesize(tmp_path: Path, name: str, runtime: str) -> tuple[dict[str, bytes], str, list[str]]:
     imported = tmp_path / "imported"
     imported.mkdir(exist_ok=True)
+    # Recorded imports: apply_imports reads every resource's friendly_unique_id right after the pins (stacks/imported.py).
+    (imported / "dev-gke.json").write_text(json.dumps({"google_compute_network.vpc": "projects/p/global/networks/v",
+                                                        "google_compute_router.router": "projects/p/regions/r/routers/r"}))
     env = dict(os.environ, GPUFLEET_JSII_RUNTIME=runtime, GPUFLEET_SYNTH_CACHE="off", PYTHONPATH=str(REPO_ROOT))
     env.pop("JSII_RUNTIME", None)
     done = subprocess.run([sys.executable, "-c", CHILD, str(FLEET), str(tmp_path / name), str(imported)],
@@ -55,6 +58,7 @@ def test_direct_kernel_synthesizes_the_bytes_of_jsii_packaged_entry_point(tmp_pa
     assert "bin/jsii-runtime.js" in packaged_cmd and len(packaged_children) == 1  # jsii's relay and its kernel
     assert "lib/gpufleet-kernel.js" in direct_cmd and direct_children == []  # the kernel itself, no relay
     assert sorted(direct) == sorted(packaged) and len(direct) > 5
+    assert json.loads(packaged["stacks/dev-gke/cdk.tf.json"])["import"][0]["to"] == "google_compute_network.vpc"
     assert [name for name in packaged if direct[name] != packaged[name]] == []
 
 
@@ -363,3 +367,114 @@ def test_exit_now_runs_the_exit_hooks_flushes_and_waits_for_a_thread_as_an_exit_
     assert (tmp_path / "hook").read_text() == "ran"
     assert not Path((tmp_path / "tmpdir").read_text()).exists()
     assert (tmp_path / "thread").exists() == bool(thread)
+
+
+# A kernel started before ``direct_kernel`` without any ``<package>._jsii`` module imported (``kernel_running``
+# sees none), so ``direct_kernel`` sets the launcher's variables for a kernel that is already jsii's own.
+EARLY_KERNEL_CHILD = """
+import json, sys
+from pathlib import Path
+from jsii._runtime import kernel
+kernel.provider._process  # starts jsii's packaged entry point; no assembly module is imported yet
+from constructs_lib.jsii_runtime import direct_kernel
+with direct_kernel():
+    import cdktf
+from constructs_lib import jsii_messages, providers  # noqa: F401  (installs the messages' send)
+from constructs_lib.naming import pin
+app = cdktf.App(outdir=sys.argv[1])
+stack = cdktf.TerraformStack(app, "s")
+pin(cdktf.TerraformLocal(stack, "l", expression="x"), "pinned")
+app.synth()
+print(json.dumps({"ride_along": jsii_messages._state.get("pins"),
+                  "names": sorted(json.loads((Path(sys.argv[1]) / "stacks" / "s" / "cdk.tf.json").read_text())["locals"])}))
+"""
+
+
+def test_a_kernel_started_before_direct_kernel_keeps_its_logical_ids(tmp_path: Path) -> None:
+    """``direct_kernel`` turned ride-along overrides on whenever some assembly module was imported after it set
+    the variables, also when the kernel running was jsii's packaged one started earlier: that kernel ignores
+    ``"gpufleet.pins"``, and the pinned local was synthesized under its construct id ``l``."""
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
+    env.pop("JSII_RUNTIME", None)
+    env.pop(jsii_runtime.RUNTIME_ENV, None)
+    done = subprocess.run([sys.executable, "-c", EARLY_KERNEL_CHILD, str(tmp_path / "out")], cwd=REPO_ROOT, env=env,
+                          capture_output=True, text=True, check=True, timeout=120)
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["names"] == ["pinned"]
+    assert not out["ride_along"]
+
+
+# An override refused inside a kernel callback (a Lazy producer pins an element whose fqn was read), then more work.
+REFUSED_IN_A_CALLBACK_CHILD = """
+import json, sys
+from pathlib import Path
+from constructs_lib.jsii_runtime import direct_kernel
+with direct_kernel():
+    import cdktf
+import jsii
+from constructs_lib import jsii_messages, providers  # noqa: F401  (installs the messages' send)
+from constructs_lib.naming import pin
+app = cdktf.App(outdir=sys.argv[1])
+stack = cdktf.TerraformStack(app, "s")
+late = cdktf.TerraformLocal(stack, "late", expression="late")
+late.fqn
+
+@jsii.implements(cdktf.IStringProducer)
+class Produce:
+    def __init__(self, element):
+        self.element = element
+    def produce(self, context):
+        if self.element is not None:
+            pin(self.element, "too_late")
+        return "produced"
+
+def resolve(element):
+    resolver = cdktf.DefaultTokenResolver(cdktf.StringConcat())
+    return cdktf.Tokenization.resolve(cdktf.Lazy.string_value(Produce(element)), scope=stack, resolver=resolver)
+
+try:
+    resolve(late)
+    error = None
+except RuntimeError as exc:
+    error = str(exc)
+again = resolve(None)
+pin(cdktf.TerraformLocal(stack, "after", expression="x"), "pinned_after")
+app.synth()
+print(json.dumps({"ride_along": jsii_messages._state.get("pins"), "error": error, "again": again,
+                  "names": sorted(json.loads((Path(sys.argv[1]) / "stacks" / "s" / "cdk.tf.json").read_text())["locals"])}))
+"""
+
+
+def test_an_override_refused_in_a_callback_is_that_callbacks_error(tmp_path: Path) -> None:
+    """Inside a kernel callback an override waits for the callback's ``complete`` and goes first on a ``stats``
+    request; when the kernel refused it, the error was raised in Python before the ``complete`` was sent, so the
+    kernel stayed inside the callback and cdktf, which called back, never saw the error (jsii's packaged runtime
+    reports it as the callback's: ``Resolution error: ...``). Now it is the callback's error, and the kernel
+    goes on as after any failed callback."""
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
+    env.pop("JSII_RUNTIME", None)
+    env.pop(jsii_runtime.RUNTIME_ENV, None)
+    done = subprocess.run([sys.executable, "-c", REFUSED_IN_A_CALLBACK_CHILD, str(tmp_path / "out")], cwd=REPO_ROOT,
+                          env=env, capture_output=True, text=True, check=True, timeout=120)
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["ride_along"] is True
+    assert out["error"].startswith('Resolution error: overrideLogicalId("too_late") on cdktf.TerraformLocal@')
+    assert "Logical ID may not be overridden once .fqn has been requested" in out["error"]
+    assert out["again"] == "produced" and out["names"] == ["late", "pinned_after"]
+
+
+def test_the_request_hook_hands_on_every_argument(tmp_path: Path) -> None:
+    """The launcher wraps ``KernelHost.prototype.processRequest`` for every request on every jsii whose
+    ``program.js`` has the expected text, not only 1.142.0 (whose method takes three): a wrapper that passed on
+    exactly three dropped whatever another release's method takes after them."""
+    launcher = jsii_runtime.write_runtime(tmp_path)
+    assert launcher is not None
+    (tmp_path / jsii_runtime.PROGRAM).write_text("""
+const Host = globalThis[Symbol.for("gpufleet.kernelHost")](class {
+  processRequest(...args) { require("fs").writeSync(1, JSON.stringify(args) + "\\n"); }
+});
+new Host().processRequest({ api: "stats" }, null, true, "fourth");
+""")
+    done = subprocess.run([shutil.which("node") or "node", str(launcher)], capture_output=True, text=True, check=True,
+                          stdin=subprocess.DEVNULL, timeout=60)
+    assert json.loads(done.stdout) == [{"api": "stats"}, None, True, "fourth"]
