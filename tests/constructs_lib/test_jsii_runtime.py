@@ -363,3 +363,38 @@ def test_exit_now_runs_the_exit_hooks_flushes_and_waits_for_a_thread_as_an_exit_
     assert (tmp_path / "hook").read_text() == "ran"
     assert not Path((tmp_path / "tmpdir").read_text()).exists()
     assert (tmp_path / "thread").exists() == bool(thread)
+
+
+STREAM_CHILD = """
+import sys
+print("the command's last line")  # block-buffered: a file, a pipe, a device, not a terminal
+if sys.argv[1] == "exit_now":
+    from constructs_lib.jsii_runtime import exit_now
+    exit_now(0)
+sys.exit(0)
+"""
+
+
+def _end_with(how: str, **popen: object) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # the user's shell sets no such thing
+    return subprocess.run([sys.executable, "-c", STREAM_CHILD, how], cwd=REPO_ROOT, env=dict(env, PYTHONPATH=str(REPO_ROOT)),
+                          stderr=subprocess.PIPE, text=True, timeout=60, **popen)
+
+
+@pytest.mark.parametrize("stdout", ["/dev/full", "closed"])
+def test_exit_now_reports_stdout_it_could_not_write_or_open_as_an_exit_does(stdout: str) -> None:
+    """Output that cannot be written when the process ends (a full disk: ``/dev/full`` is one, a closed pipe) makes
+    an exit say so on stderr and end 120 (CPython's ``Py_Exit``), not 0 with the output silently lost; a stdout closed
+    before start (``>&-``: ``sys.stdout`` is None) is no error at an exit, nor a traceback and 1."""
+    if stdout == "closed":
+        popen: dict = {"preexec_fn": lambda: os.close(1)}
+    else:
+        popen = {"stdout": open(stdout, "w")}  # noqa: SIM115  (closed with the test: the child holds its own copy)
+    try:
+        usual, fast = _end_with("sys.exit", **popen), _end_with("exit_now", **popen)
+    finally:
+        if "stdout" in popen:
+            popen["stdout"].close()
+    assert usual.returncode == (120 if stdout == "/dev/full" else 0), usual.stderr  # the reference: a plain exit
+    assert (fast.returncode, "Traceback" in fast.stderr) == (usual.returncode, False), fast.stderr
+    assert ("No space left on device" in fast.stderr) == (stdout == "/dev/full"), fast.stderr
