@@ -398,3 +398,16 @@ def test_exit_now_reports_stdout_it_could_not_write_or_open_as_an_exit_does(stdo
     assert usual.returncode == (120 if stdout == "/dev/full" else 0), usual.stderr  # the reference: a plain exit
     assert (fast.returncode, "Traceback" in fast.stderr) == (usual.returncode, False), fast.stderr
     assert ("No space left on device" in fast.stderr) == (stdout == "/dev/full"), fast.stderr
+
+
+@pytest.mark.parametrize("profiler", ["cProfile", "profile"])
+def test_exit_now_under_a_profiler_lets_it_write_its_results(tmp_path: Path, profiler: str) -> None:
+    """``python -m cProfile -o out .venv/bin/gpufleet synth`` (how this project's profiles are taken): the profiler
+    writes its results after the program's ``SystemExit``, which ``os._exit`` never raises, so the profile was
+    silently missing (exit code kept). A process being profiled or traced (a debugger, coverage) exits the usual way."""
+    script = tmp_path / "ends.py"
+    script.write_text("from constructs_lib.jsii_runtime import exit_now\nsum(range(1000))\nexit_now(3)\n")
+    done = subprocess.run([sys.executable, "-m", profiler, "-o", str(tmp_path / "out.prof"), str(script)], cwd=REPO_ROOT,
+                          env=dict(os.environ, PYTHONPATH=str(REPO_ROOT)), capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr  # the profiler's own ``except SystemExit: pass``, as for any program
+    assert (tmp_path / "out.prof").is_file(), "the profile was not written"
