@@ -387,14 +387,10 @@ def test_exit_now_reports_stdout_it_could_not_write_or_open_as_an_exit_does(stdo
     an exit say so on stderr and end 120 (CPython's ``Py_Exit``), not 0 with the output silently lost; a stdout closed
     before start (``>&-``: ``sys.stdout`` is None) is no error at an exit, nor a traceback and 1."""
     if stdout == "closed":
-        popen: dict = {"preexec_fn": lambda: os.close(1)}
+        usual, fast = (_end_with(how, preexec_fn=lambda: os.close(1)) for how in ("sys.exit", "exit_now"))
     else:
-        popen = {"stdout": open(stdout, "w")}  # noqa: SIM115  (closed with the test: the child holds its own copy)
-    try:
-        usual, fast = _end_with("sys.exit", **popen), _end_with("exit_now", **popen)
-    finally:
-        if "stdout" in popen:
-            popen["stdout"].close()
+        with open(stdout, "w") as device:
+            usual, fast = (_end_with(how, stdout=device) for how in ("sys.exit", "exit_now"))
     assert usual.returncode == (120 if stdout == "/dev/full" else 0), usual.stderr  # the reference: a plain exit
     assert (fast.returncode, "Traceback" in fast.stderr) == (usual.returncode, False), fast.stderr
     assert ("No space left on device" in fast.stderr) == (stdout == "/dev/full"), fast.stderr
