@@ -338,13 +338,23 @@ def exit_now(code: int) -> NoReturn:
     flushed, and ``os._exit`` skips the rest. What is skipped only frees memory: gpufleet's synthesis
     writes every file inside a ``with`` block and keeps no object whose ``__del__`` writes anything.
     A process still running a thread that is not a daemon (normal exit would wait for it) exits the
-    usual way."""
-    if any(thread is not threading.main_thread() and not thread.daemon for thread in threading.enumerate()):
+    usual way; so does one being profiled or traced (``python -m cProfile -o out gpufleet ...``, a
+    debugger, coverage: such a tool writes its results once the program's ``SystemExit`` reaches it,
+    which ``os._exit`` never raises), and one whose standard stream cannot take its last output (a
+    full disk, a closed pipe): the interpreter's own flush then says so on stderr and ends the process
+    with 120 (CPython's ``Py_Exit``), where swallowing the error ended it 0 with the output lost; the
+    exit hooks, already run, are not run again (``atexit._run_exitfuncs`` clears them). A stream that
+    is None (a process started with that descriptor closed) or closed is skipped, as the interpreter
+    skips it."""
+    if sys.getprofile() is not None or sys.gettrace() is not None or any(
+            thread is not threading.main_thread() and not thread.daemon for thread in threading.enumerate()):
         sys.exit(code)
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
+        if stream is None or getattr(stream, "closed", False):
+            continue
         try:
             stream.flush()
-        except (OSError, ValueError):  # a closed pipe or stream: as at a normal exit, nothing more to write
-            pass
+        except OSError:
+            sys.exit(code)
     os._exit(code)

@@ -478,3 +478,47 @@ new Host().processRequest({ api: "stats" }, null, true, "fourth");
     done = subprocess.run([shutil.which("node") or "node", str(launcher)], capture_output=True, text=True, check=True,
                           stdin=subprocess.DEVNULL, timeout=60)
     assert json.loads(done.stdout) == [{"api": "stats"}, None, True, "fourth"]
+
+
+STREAM_CHILD = """
+import sys
+print("the command's last line")  # block-buffered: a file, a pipe, a device, not a terminal
+if sys.argv[1] == "exit_now":
+    from constructs_lib.jsii_runtime import exit_now
+    exit_now(0)
+sys.exit(0)
+"""
+
+
+def _end_with(how: str, **popen: object) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # the user's shell sets no such thing
+    return subprocess.run([sys.executable, "-c", STREAM_CHILD, how], cwd=REPO_ROOT, env=dict(env, PYTHONPATH=str(REPO_ROOT)),
+                          stderr=subprocess.PIPE, text=True, timeout=60, **popen)
+
+
+@pytest.mark.parametrize("stdout", ["/dev/full", "closed"])
+def test_exit_now_reports_stdout_it_could_not_write_or_open_as_an_exit_does(stdout: str) -> None:
+    """Output that cannot be written when the process ends (a full disk: ``/dev/full`` is one, a closed pipe) makes
+    an exit say so on stderr and end 120 (CPython's ``Py_Exit``), not 0 with the output silently lost; a stdout closed
+    before start (``>&-``: ``sys.stdout`` is None) is no error at an exit, nor a traceback and 1."""
+    if stdout == "closed":
+        usual, fast = (_end_with(how, preexec_fn=lambda: os.close(1)) for how in ("sys.exit", "exit_now"))
+    else:
+        with open(stdout, "w") as device:
+            usual, fast = (_end_with(how, stdout=device) for how in ("sys.exit", "exit_now"))
+    assert usual.returncode == (120 if stdout == "/dev/full" else 0), usual.stderr  # the reference: a plain exit
+    assert (fast.returncode, "Traceback" in fast.stderr) == (usual.returncode, False), fast.stderr
+    assert ("No space left on device" in fast.stderr) == (stdout == "/dev/full"), fast.stderr
+
+
+@pytest.mark.parametrize("profiler", ["cProfile", "profile"])
+def test_exit_now_under_a_profiler_lets_it_write_its_results(tmp_path: Path, profiler: str) -> None:
+    """``python -m cProfile -o out .venv/bin/gpufleet synth`` (how this project's profiles are taken): the profiler
+    writes its results after the program's ``SystemExit``, which ``os._exit`` never raises, so the profile was
+    silently missing (exit code kept). A process being profiled or traced (a debugger, coverage) exits the usual way."""
+    script = tmp_path / "ends.py"
+    script.write_text("from constructs_lib.jsii_runtime import exit_now\nsum(range(1000))\nexit_now(3)\n")
+    done = subprocess.run([sys.executable, "-m", profiler, "-o", str(tmp_path / "out.prof"), str(script)], cwd=REPO_ROOT,
+                          env=dict(os.environ, PYTHONPATH=str(REPO_ROOT)), capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr  # the profiler's own ``except SystemExit: pass``, as for any program
+    assert (tmp_path / "out.prof").is_file(), "the profile was not written"

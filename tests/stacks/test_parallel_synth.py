@@ -300,3 +300,27 @@ def test_an_early_worker_takes_a_job_whose_path_holds_a_newline(example_configs,
         proc = parallel._start_worker(example_configs, names, staging / ".part-1", None, None)
         manifest, found = parallel._finish_worker(proc, staging / ".part-1")
     assert sorted(manifest["stacks"]) == sorted(names) and found == []  # not asked to check
+
+
+@pytest.mark.parametrize("jobs,fails", [(1, False), (1, True), (2, True)], ids=["serial", "serial failing", "own share failing"])
+def test_a_synthesis_in_this_process_leaves_its_garbage_collector_as_it_was(example_configs, tmp_path: Path, jobs: int,
+                                                                             fails: bool) -> None:
+    """``quiet_gc`` changes the whole process's collector (thresholds, objects frozen out of its reach) while this
+    process synthesizes; a caller that synthesizes in its own process (the tests, ``gpufleet check`` with its scan
+    threads) gets it back as it was, when the synthesis raises too: a threshold of 50,000 or a frozen heap left
+    behind would hold back every later collection of that process."""
+    import gc
+
+    imported = tmp_path / "imported"
+    imported.mkdir()
+    if fails:
+        failing = parallel.partition(plan_stacks(example_configs), jobs)[0][0]  # a stack of this process's share
+        (imported / f"{failing}.json").write_text("[]")  # load_imports refuses it
+    before = (gc.get_threshold(), gc.get_freeze_count(), gc.isenabled())
+    try:
+        synthesize(example_configs, tmp_path / "cdktf.out", jobs=jobs, imported_dir=imported)
+    except UserError as exc:
+        assert fails and "must be a JSON object" in str(exc)
+    else:
+        assert not fails
+    assert (gc.get_threshold(), gc.get_freeze_count(), gc.isenabled()) == before

@@ -439,3 +439,44 @@ def test_a_kernel_that_does_not_exit_when_asked_is_killed_by_the_launchers_exit_
     (tmp_path / "n" / "lib" / "kernel.pid").write_text(str(os.getppid()))  # not a child: left alone
     clean_up(tmp_path / "n")
     assert _alive(os.getppid()) and not (tmp_path / "n").exists()
+
+
+def _ours_alive(tmp: Path) -> list[str]:
+    """Processes still running that inherited this test's private TMPDIR: whatever the command started (its
+    synthesis workers, early ones in their own process group included, their Node kernels, checkov workers)."""
+    marker = f"TMPDIR={tmp}".encode() + b"\0"
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and _alive(int(entry.name)):
+            try:
+                if marker in (entry / "environ").read_bytes():
+                    found.append((entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"))
+            except OSError:
+                continue
+    return found
+
+
+@pytest.mark.parametrize("command", ["synth", "check"])
+def test_a_command_that_synthesized_ends_with_its_code_and_leaves_nothing(checkout: Path, tmp_path: Path, command: str) -> None:
+    """The ``gpufleet`` script ends a process that synthesized without the interpreter's teardown
+    (``jsii_runtime.exit_now``, from ``cli.run``, and in the worker): what the teardown never did is all it may
+    skip. The exit hooks still stop every jsii kernel and remove the launcher's, jsii's and (through their exit)
+    the kernels' directories, early workers, late workers and checkov workers are gone, the code is the
+    command's and its last output is there."""
+    out = tmp_path / "out" / "cdktf.out"
+    out.parent.mkdir()
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "GPUFLEET_SYNTH_JOBS"}
+    env |= {"TMPDIR": str(tmp), "GPUFLEET_SYNTH_CACHE": "off", "GPUFLEET_CHECKOV_CACHE": str(tmp_path / "cache")}
+    argv = [GPUFLEET, command, "--out", str(out), "--clusters-dir", str(checkout / "clusters")]
+    done = subprocess.run(argv + (["--jobs", "2"] if command == "synth" else []), cwd=checkout, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr + done.stdout[-3000:]
+    assert done.stdout.splitlines()[-1].startswith("synthesized ") if command == "synth" else "│ checkov " in done.stdout
+    deadline = time.monotonic() + 15  # an early worker left without a job ends on its own, unwaited for
+    while _ours_alive(tmp) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _ours_alive(tmp) == []
+    left = sorted(name for name in os.listdir(tmp) if not name.startswith(NOT_OURS))
+    assert left == [], "temporary files left behind"
