@@ -68,7 +68,35 @@ def test_program_js_reads_stdin_and_writes_stdout(tmp_path: Path) -> None:
     program = (tmp_path / jsii_runtime.PROGRAM).read_bytes()
     assert program.count(b"readFD:0,writeFD:1") == 1 and b"readFD:3,writeFD:3" not in program
     assert program.count(jsii_runtime._HOOKED_HOST) == 1 and jsii_runtime._HOST not in program
+    assert program.count(jsii_runtime._LAZY_MESSAGE) == 1 and jsii_runtime._EAGER_MESSAGE not in program
     assert (tmp_path / "lib" / "runtime-index-worker.js").is_file()  # the kernel starts it from its own folder
+
+
+def test_the_type_assert_fails_and_passes_as_jsii_s_own_with_its_message_built_only_on_failure() -> None:
+    """Both texts evaluated by Node with what they name in program.js (``assert``, ``util``): for each value the
+    same outcome and message; the replacement calls ``inspect`` only for a missing value."""
+    script = """
+const B = { default: require("assert") }, util = require("util");
+let inspected = 0;
+const K = { inspect: (v) => { inspected++; return util.inspect(v); } };
+const out = [];
+for (const e of [undefined, null, "void", { type: { primitive: "any" } }]) {
+  const row = [];
+  for (const text of [EAGER, LAZY]) {
+    inspected = 0;
+    try { eval(text); row.push(["ok", inspected]); } catch (error) { row.push([error.name + ": " + error.message, inspected]); }
+  }
+  out.push(row);
+}
+console.log(JSON.stringify(out));
+""".replace("EAGER", json.dumps(jsii_runtime._EAGER_MESSAGE.decode())).replace("LAZY", json.dumps(jsii_runtime._LAZY_MESSAGE.decode()))
+    done = subprocess.run([shutil.which("node") or "node", "-e", script], capture_output=True, text=True, check=True, timeout=60)
+    rows = json.loads(done.stdout)
+    for (eager, eager_calls), (lazy, lazy_calls) in rows:
+        assert eager == lazy
+        assert eager_calls == 1 and lazy_calls == (0 if eager == "ok" else 1)
+    assert [row[0][0] for row in rows][:2] == ["AssertionError: Kernel error: expected type information, got undefined",
+                                               "AssertionError: Kernel error: expected type information, got null"]
 
 
 def test_launcher_keeps_the_channel_clean_drops_token_traces_and_keeps_error_stacks(tmp_path: Path) -> None:
