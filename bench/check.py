@@ -3,7 +3,7 @@
 One command, every scenario in a fresh process, interleaved round by round; medians, the
 issue's ratios side by side, the load average printed:
 
-    .venv/bin/python bench/check.py [--clusters 200] [--runs 1] [--small-runs 3] [--synth-only] [--write]
+    .venv/bin/python bench/check.py [--clusters 200] [--runs 1] [--small-runs 3] [--synth-only] [--workdir DIR] [--write]
 
   example synth      `gpufleet synth` of the example fleet (clusters/, 4 clusters), default workers
   fleet synth x1     the generated fleet (bench/fleetgen.py, plus the 4 example clusters the job files
@@ -17,6 +17,11 @@ issue's ratios side by side, the load average printed:
 Every synthesis scenario runs with the synthesis cache off (cold), so only the check scenarios
 use it. ``--synth-only`` leaves out the two check scenarios (a cold check is checkov over every
 stack, minutes at 200 clusters) and the goal rows that need them. "Heavy" scenarios (the whole fleet) run --runs times, the others --small-runs times.
+Where the fleets, outputs and caches live (``--workdir``): by default ``.gpufleet/bench/`` in the repository,
+beside ``cdktf.out``, where a user's synthesis writes; a fleet's synthesis writes about 1,200 directories and
+files and the example's about 30, so a filesystem slow at creating them weighs on the fleet alone. The header
+prints what creating a directory and a small file cost there (on the machine of issue 28's rounds, /tmp took
+340-580 us for each against about 20 us under the repository, the same ext4 device).
 Peak RSS "tree" is the largest sum of VmRSS over the command and all its descendants (worker
 processes, Node kernels, checkov), sampled every 20 ms (bench/proctree.py). ``--write`` replaces
 this bench's section of BENCHMARKS.md (bench/mdsection.py).
@@ -30,6 +35,7 @@ import shutil
 import statistics
 import sys
 import tempfile
+import time
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -87,11 +93,28 @@ def measure(name: str, argv: list[str], extra: dict[str, str]) -> proctree.Sampl
     return sample
 
 
-def run(clusters: int, runs: int, small_runs: int, synth_only: bool = False) -> dict:
+def filesystem_probe(directory: Path, count: int = 200) -> tuple[float, float]:
+    """Microseconds to create a directory, and a 2 kB file in it, under ``directory`` (means over ``count``)."""
+    with tempfile.TemporaryDirectory(prefix="probe-", dir=directory) as tmp:
+        start = time.perf_counter()
+        for index in range(count):
+            os.mkdir(f"{tmp}/d{index}")
+        made = time.perf_counter()
+        for index in range(count):
+            with open(f"{tmp}/d{index}/f", "wb") as handle:
+                handle.write(b"x" * 2000)
+        written = time.perf_counter()
+    return (made - start) / count * 1e6, (written - made) / count * 1e6
+
+
+def run(clusters: int, runs: int, small_runs: int, synth_only: bool = False, workdir: Path | None = None) -> dict:
+    workdir = workdir or REPO_ROOT / ".gpufleet" / "bench"
+    workdir.mkdir(parents=True, exist_ok=True)
+    probe = filesystem_probe(workdir)
     before = os.getloadavg()
     samples: dict[str, list[proctree.Sample]] = {}
     off = {"GPUFLEET_SYNTH_CACHE": "off"}
-    with tempfile.TemporaryDirectory(prefix="gpufleet-bench-check-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="gpufleet-bench-check-", dir=workdir) as tmp:
         work = Path(tmp)
         source = fleet(work, clusters)
         synth = lambda out, where, *more: [GPUFLEET, "synth", *more, "--out", str(work / out), "--clusters-dir", str(where)]  # noqa: E731
@@ -114,7 +137,12 @@ def run(clusters: int, runs: int, small_runs: int, synth_only: bool = False) -> 
             print(f"round {round_}", file=sys.stderr, flush=True)
             for name, argv, extra in plan:
                 samples.setdefault(name, []).append(measure(name, argv, extra))
-    return {"samples": samples, "load": (before, os.getloadavg()), "clusters": clusters, "runs": runs, "small_runs": small_runs}
+    return {"samples": samples, "load": (before, os.getloadavg()), "clusters": clusters, "runs": runs, "small_runs": small_runs,
+            "workdir": workdir, "probe": probe}
+
+
+def _shown(path: Path) -> str:
+    return f"{path.relative_to(REPO_ROOT)}/ in the repository" if path.is_relative_to(REPO_ROOT) else f"{path}/"
 
 
 def render(result: dict) -> str:
@@ -126,7 +154,9 @@ def render(result: dict) -> str:
              f"example clusters); heavy scenarios (whole fleet) {result['runs']} run(s), the others median of "
              f"{result['small_runs']}, interleaved, after one uncounted example synthesis. "
              f"Load average (1/5/15 min) before: {before[0]:.2f}/{before[1]:.2f}/{before[2]:.2f}; "
-             f"after: {after[0]:.2f}/{after[1]:.2f}/{after[2]:.2f} (2 cores).", "",
+             f"after: {after[0]:.2f}/{after[1]:.2f}/{after[2]:.2f} (2 cores). Work directory: "
+             f"{_shown(result['workdir'])} (creating a directory {result['probe'][0]:.0f} us, a 2 kB file "
+             f"{result['probe'][1]:.0f} us).", "",
              "| scenario | runs | median wall s | min-max s | peak RSS tree MB (max) | exit codes |",
              "| --- | ---: | ---: | ---: | ---: | --- |"]
     for name, rows in samples.items():
@@ -152,9 +182,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--runs", type=int, default=1, help="runs of the whole-fleet scenarios")
     parser.add_argument("--small-runs", type=int, default=3, help="runs of the example and one-cluster scenarios")
     parser.add_argument("--synth-only", action="store_true", help="leave out the check scenarios (checkov over every stack)")
+    parser.add_argument("--workdir", type=Path, default=None,
+                        help="where the fleets, outputs and caches go (default: .gpufleet/bench/ in the repository)")
     parser.add_argument("--write", action="store_true", help="replace this bench's section of BENCHMARKS.md")
     args = parser.parse_args(argv)
-    table = render(run(args.clusters, args.runs, args.small_runs, args.synth_only))
+    table = render(run(args.clusters, args.runs, args.small_runs, args.synth_only, args.workdir and args.workdir.resolve()))
     print(table)
     if args.write:
         command = " ".join(["python bench/check.py", *argv])
