@@ -21,7 +21,7 @@ import typer
 import clusters.repo
 
 from clusters.errors import ConfigError, Problem, UserError
-from clusters.termination import EXIT_TERMINATED, Terminated, sigterm_unwinds
+from clusters.termination import EXIT_TERMINATED, Terminated, exit_now, sigterm_unwinds
 from gpufleet import doctor_cmd, exp_cmd, fleet_cmd, jobs_cmd, nomad_cmd, ops_cmd, preview_cmd, serve_cmd, vault_cmd
 
 app = typer.Typer(
@@ -105,13 +105,13 @@ def main(argv: list[str] | None = None) -> int:
 
 def run() -> NoReturn:
     """The ``gpufleet`` command (pyproject's script): ``main``, then, in a process that ran a synthesis (its
-    jsii kernel started), an exit without the interpreter's teardown (``constructs_lib.jsii_runtime.exit_now``:
+    jsii kernel started), an exit without the interpreter's teardown (``clusters.termination.exit_now``:
     0.1-0.15 s of freeing memory at 100 clusters); any other command exits as usual."""
     code = main()
     from constructs_lib import jsii_runtime
 
     if jsii_runtime.kernel_running():
-        jsii_runtime.exit_now(code)
+        exit_now(code)
     sys.exit(code)
 
 

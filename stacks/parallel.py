@@ -519,6 +519,6 @@ def _main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    from constructs_lib.jsii_runtime import exit_now
+    from clusters.termination import exit_now
 
     exit_now(_main(sys.argv))  # the caller waits for this process to end before it merges: no teardown

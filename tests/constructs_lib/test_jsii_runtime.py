@@ -371,7 +371,7 @@ def test_logical_ids_ride_along_with_the_next_request_and_reach_the_output(tmp_p
 EXIT_CHILD = """
 import atexit, sys, tempfile, threading, time
 from pathlib import Path
-from constructs_lib.jsii_runtime import exit_now
+from clusters.termination import exit_now
 out = Path(sys.argv[1])
 atexit.register(lambda: (out / "hook").write_text("ran"))
 kept = tempfile.TemporaryDirectory(dir=out)  # removed by weakref.finalize's exit hook if nobody cleans it up
@@ -512,7 +512,7 @@ STREAM_CHILD = """
 import sys
 print("the command's last line")  # block-buffered: a file, a pipe, a device, not a terminal
 if sys.argv[1] == "exit_now":
-    from constructs_lib.jsii_runtime import exit_now
+    from clusters.termination import exit_now
     exit_now(0)
 sys.exit(0)
 """
@@ -545,7 +545,7 @@ def test_exit_now_under_a_profiler_lets_it_write_its_results(tmp_path: Path, pro
     writes its results after the program's ``SystemExit``, which ``os._exit`` never raises, so the profile was
     silently missing (exit code kept). A process being profiled or traced (a debugger, coverage) exits the usual way."""
     script = tmp_path / "ends.py"
-    script.write_text("from constructs_lib.jsii_runtime import exit_now\nsum(range(1000))\nexit_now(3)\n")
+    script.write_text("from clusters.termination import exit_now\nsum(range(1000))\nexit_now(3)\n")
     done = subprocess.run([sys.executable, "-m", profiler, "-o", str(tmp_path / "out.prof"), str(script)], cwd=REPO_ROOT,
                           env=dict(os.environ, PYTHONPATH=str(REPO_ROOT)), capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr  # the profiler's own ``except SystemExit: pass``, as for any program

@@ -459,7 +459,7 @@ def _ours_alive(tmp: Path) -> list[str]:
 @pytest.mark.parametrize("command", ["synth", "check"])
 def test_a_command_that_synthesized_ends_with_its_code_and_leaves_nothing(checkout: Path, tmp_path: Path, command: str) -> None:
     """The ``gpufleet`` script ends a process that synthesized without the interpreter's teardown
-    (``jsii_runtime.exit_now``, from ``cli.run``, and in the worker): what the teardown never did is all it may
+    (``termination.exit_now``, from ``cli.run``, and in the worker): what the teardown never did is all it may
     skip. The exit hooks still stop every jsii kernel and remove the launcher's, jsii's and (through their exit)
     the kernels' directories, early workers, late workers and checkov workers are gone, the code is the
     command's and its last output is there."""
