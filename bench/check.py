@@ -20,8 +20,9 @@ stack, minutes at 200 clusters) and the goal rows that need them. "Heavy" scenar
 Where the fleets, outputs and caches live (``--workdir``): by default ``.gpufleet/bench/`` in the repository,
 beside ``cdktf.out``, where a user's synthesis writes; a fleet's synthesis writes about 1,200 directories and
 files and the example's about 30, so a filesystem slow at creating them weighs on the fleet alone. The header
-prints what creating a directory and a small file cost there (on the machine of issue 28's rounds, /tmp took
-340-580 us for each against about 20 us under the repository, the same ext4 device).
+prints what creating a directory and a small file cost there (on the machine of issue 28's seventh round, /tmp
+took 150-580 us for each, the repository's directory 20-170 us, on the same ext4 device: it varies from minute to
+minute, so read the header of each run).
 Peak RSS "tree" is the largest sum of VmRSS over the command and all its descendants (worker
 processes, Node kernels, checkov), sampled every 20 ms (bench/proctree.py). ``--write`` replaces
 this bench's section of BENCHMARKS.md (bench/mdsection.py).
