@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import base64
+import importlib.resources
 import json
 import os
 import shutil
@@ -11,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import jsii._embedded.jsii as embedded
 import pytest
 
 from clusters.errors import UserError
@@ -74,13 +76,21 @@ def test_program_js_reads_stdin_and_writes_stdout(tmp_path: Path) -> None:
 
 def test_the_type_assert_fails_and_passes_as_jsii_s_own_with_its_message_built_only_on_failure() -> None:
     """Both texts evaluated by Node with what they name in program.js (``assert``, ``util``): for each value the
-    same outcome and message; the replacement calls ``inspect`` only for a missing value."""
+    same outcome and message; the replacement calls ``inspect`` only for a missing value. Falsy values that are not
+    missing (0, "", false, NaN) must pass like the original's ``null!=e`` does (a ``e||`` rewrite would fail them)."""
+    program = importlib.resources.files(embedded).joinpath("lib__program.js").read_text(encoding="utf-8")
+    # In computeSerializationType's module, B is assert (``__importDefault``: ``{default: assert}``) and K is util.
+    assert program.count("B=F(m(2613)),K=m(9023)") == 1 and program.count('function computeSerializationType(e,p)') == 1
+    assert program.index("B=F(m(2613)),K=m(9023)") < program.index("function computeSerializationType(e,p)")
+    assert 'F=this&&this.__importDefault||function(e){return e&&e.__esModule?e:{default:e}}' in program
+    assert '2613(e){"use strict";e.exports=require("assert")}' in program
+    assert '9023(e){"use strict";e.exports=require("util")}' in program
     script = """
 const B = { default: require("assert") }, util = require("util");
 let inspected = 0;
 const K = { inspect: (v) => { inspected++; return util.inspect(v); } };
 const out = [];
-for (const e of [undefined, null, "void", { type: { primitive: "any" } }]) {
+for (const e of [undefined, null, 0, "", false, NaN, "void", { type: { primitive: "any" } }]) {
   const row = [];
   for (const text of [EAGER, LAZY]) {
     inspected = 0;
