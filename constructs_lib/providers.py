@@ -27,9 +27,10 @@ the packaged tarball is used and only speed is lost.
 
 Last, every generated method re-derives ``typing.get_type_hints(<stub>)`` on each call to
 type-check its arguments (~17% of a 50-cluster synthesis here). The hints of a stub
-never change, so the submodules we import, and cdktf's and constructs' own modules (about 3%
-more: a resource's lifecycle, an output's config, a backend's), get a ``typing`` whose
-``get_type_hints`` is memoised.
+never change, so the submodules we import, and cdktf's own module (about 3% more: a
+resource's lifecycle, an output's config, a backend's), get a ``typing`` whose
+``get_type_hints`` is memoised (constructs' generated code already uses jsii's
+``cached_type_hints``; swapping its ``typing`` changes nothing).
 
 The checks themselves (typeguard, ~11% of a synthesis) guard values gpufleet's own typed code
 already produced, so production synthesis skips them. The bindings' only switch is
