@@ -103,8 +103,9 @@ def held() -> Iterator[None]:
 @contextmanager
 def sigterm_unwinds() -> Iterator[None]:
     """Within this block (entered in the main thread) SIGTERM raises ``Terminated``; the handler before it
-    is put back after, unless a SIGTERM came: then the process is on its way out, and the exit hooks still
-    to run must not be cut short by the default action of a further one. Elsewhere than the main thread
+    is put back after, unless a SIGTERM came, or a Ctrl-C (``KeyboardInterrupt``) left the block: then the
+    process is on its way out, and the exit hooks still to run must not be cut short by the default action
+    of a further one. Elsewhere than the main thread
     Python refuses signal handlers, and the block changes nothing."""
     if threading.current_thread() is not threading.main_thread():
         yield
@@ -113,11 +114,27 @@ def sigterm_unwinds() -> Iterator[None]:
         atexit.register(_die_of_sigterm)
         _state["hooked"] = True
     previous = signal.signal(signal.SIGTERM, _terminate)
+    interrupted = False
     try:
         yield
+    except KeyboardInterrupt:
+        interrupted = True
+        raise
     finally:
-        if not _state["terminated"]:
+        if interrupted and not _state["terminated"]:
+            _interrupted()
+        elif not _state["terminated"]:
             signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupted() -> None:
+    """Ctrl-C unwound the block: the process is on its way out, as after a SIGTERM. A SIGTERM now (a synthesis
+    stopping its workers, which Ctrl-C reached too) must not cut its exit hooks short, and killed the worker
+    before it stopped its kernel and removed the kernel's files; it is ignored, with the same grace."""
+    signal.signal(signal.SIGTERM, _unwinding)
+    deadline = threading.Timer(GRACE_SECONDS, os._exit, (EXIT_TERMINATED,))
+    deadline.daemon = True
+    deadline.start()
 
 
 def run_to_end(args: list[str], timeout: float | None = None, **popen: object) -> subprocess.CompletedProcess:

@@ -33,7 +33,8 @@ that grows with the fleet (bench/check.py, issue 28). Three costs in it are not 
 - A SIGTERM sent to the whole process group would end the kernel before its Python process, which
   unwinds on it (``clusters.termination``) and whose exit hook then fails on the closed pipe and
   leaves the kernel's temporary files. The launcher leaves SIGTERM to the Python side: the kernel
-  exits when asked, or when its stdin closes because the Python process is gone.
+  exits when asked, or when its stdin closes because the Python process is gone. The same holds
+  for SIGINT (Ctrl-C in a terminal reaches the whole foreground group).
 
 - cdktf resolves each element's attributes twice (``prepareStack``, the stack's ``toTerraform``) and
   a generated resource hands it every optional attribute, most of them ``undefined``. For each such
@@ -121,6 +122,10 @@ process.on("uncaughtException", (error) => {
 // closes stdin, which ends this kernel too. jsii's own fallback for a kernel that does not answer its exit
 // request is a SIGTERM, which this makes void: the launcher's exit hook kills such a kernel by the pid here.
 process.on("SIGTERM", () => {});
+// Ctrl-C reaches the whole foreground process group, this kernel too, for the same reason: its Python process
+// unwinds on it (KeyboardInterrupt: "aborted", exit 130) and stops this kernel through its exit hook. Killed by
+// the signal first, the kernel left its files in TMPDIR and the user a JSONDecodeError traceback.
+process.on("SIGINT", () => {});
 fs.writeFileSync(require("path").join(__dirname, "kernel.pid"), String(process.pid));
 // --preserve-symlinks comes through NODE_OPTIONS, which execArgv does not list; the kernel reads
 // execArgv to choose between one symlink per package and a tree of hard links it removes at exit.

@@ -58,6 +58,7 @@ from stacks import interpolation
 from stacks.layout import StackInfo, plan_stacks
 
 CODE_ROOT = Path(__file__).resolve().parent.parent
+EXIT_INTERRUPTED = 130  # as a shell reports a process ended by SIGINT, and as ``gpufleet`` exits on Ctrl-C
 JOBS_ENV = "GPUFLEET_SYNTH_JOBS"
 PARALLEL_MIN_CLUSTERS = 8
 # Workers started by ``early_workers`` that wait for a job, and the cores they were given in that order.
@@ -510,12 +511,15 @@ def _worker_main(job: Path) -> int:
 
 def _main(argv: list[str]) -> int:
     """A worker's entry: SIGTERM (its caller stopping it, or a signal to the whole group) unwinds it, so
-    the exit hooks stop its jsii kernel and remove the kernel's files before it exits."""
+    the exit hooks stop its jsii kernel and remove the kernel's files before it exits; so does Ctrl-C,
+    without a traceback of its own (the caller reports it)."""
     try:
         with sigterm_unwinds():
             return _early_main(argv[2]) if argv[1] == "--early" else _worker_main(Path(argv[1]))
     except Terminated:
         return EXIT_TERMINATED
+    except KeyboardInterrupt:  # Ctrl-C reaches the caller's whole group: the caller says "aborted", once
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

@@ -67,13 +67,16 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def _terminate_mid_run(argv: list[str], cwd: Path, tmp_path: Path, *, group: bool, stage: str, busy: int) -> tuple[subprocess.Popen, str, set[int]]:
+def _terminate_mid_run(argv: list[str], cwd: Path, tmp_path: Path, *, group: bool, stage: str, busy: int,
+                       sig: int = signal.SIGTERM) -> tuple[subprocess.Popen, str, set[int]]:
     """Start ``argv`` with a private TMPDIR, wait for its ``stage:`` line and until ``busy`` processes work
-    under it, then SIGTERM it (or its whole process group, as ``timeout`` and a cancelled CI job do)."""
+    under it, then SIGTERM it (or its whole process group, as ``timeout`` and a cancelled CI job do), or send
+    ``sig``. SIGINT's disposition is reset for the command: a test run in the background inherits it ignored."""
     env = {k: v for k, v in os.environ.items() if k not in ("GPUFLEET_SYNTH_JOBS",)}
     env |= {"TMPDIR": str(tmp_path / "tmp"), "GPUFLEET_SYNTH_CACHE": "off", "GPUFLEET_CHECKOV_CACHE": str(tmp_path / "cache")}
     (tmp_path / "tmp").mkdir()
-    proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, process_group=0)
+    proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, process_group=0,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert proc.stdout is not None
     for line in proc.stdout:
         if line.startswith(f"stage: {stage}"):
@@ -88,16 +91,20 @@ def _terminate_mid_run(argv: list[str], cwd: Path, tmp_path: Path, *, group: boo
     started = _descendants(proc.pid)
     assert proc.poll() is None, "the command ended before the signal: make the fleet larger"
     if group:
-        os.killpg(proc.pid, signal.SIGTERM)
+        os.killpg(proc.pid, sig)
     else:
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(sig)
     _, err = proc.communicate(timeout=termination.GRACE_SECONDS + 20)
     return proc, err, started
 
 
-def _assert_clean(proc: subprocess.Popen, err: str, started: set[int], tmp_path: Path, out: Path) -> None:
-    assert proc.returncode == -signal.SIGTERM, err  # as the default action ends it, after the clean-up
-    assert err.strip() == "terminated"
+def _assert_clean(proc: subprocess.Popen, err: str, started: set[int], tmp_path: Path, out: Path,
+                  interrupted: bool = False) -> None:
+    if interrupted:  # Ctrl-C: typer's exit 130, quietly, as before any of this
+        assert proc.returncode == 130 and err.strip() == "", err
+    else:
+        assert proc.returncode == -signal.SIGTERM, err  # as the default action ends it, after the clean-up
+        assert err.strip() == "terminated"
     assert [pid for pid in started if _alive(pid)] == []
     left = sorted(name for name in os.listdir(tmp_path / "tmp") if not name.startswith(NOT_OURS))
     assert left == [], "temporary files left behind"
@@ -123,6 +130,22 @@ def test_sigterm_during_a_check_leaves_nothing(checkout: Path, tmp_path: Path, g
     argv = [GPUFLEET, "check", "--out", str(out), "--clusters-dir", str(checkout / "clusters")]
     proc, err, started = _terminate_mid_run(argv, checkout, tmp_path, group=group, stage="synth", busy=2)
     _assert_clean(proc, err, started, tmp_path, out)
+
+
+@pytest.mark.parametrize("command", ["synth", "check"])
+def test_ctrl_c_during_a_synthesis_or_a_check_leaves_nothing(checkout: Path, tmp_path: Path, command: str) -> None:
+    """Ctrl-C in a terminal is SIGINT to the whole foreground group: the command, its synthesis workers (an early
+    one joins the group with its job), their Node kernels and the checkov worker. Before: each kernel died of it
+    at once, so the command printed a JSONDecodeError traceback, exited 1 and left the kernel's directory in
+    TMPDIR; and a worker unwinding from its KeyboardInterrupt was killed by the SIGTERM its caller stops workers
+    with, before its exit hooks stopped its kernel and removed the launcher's files."""
+    out = tmp_path / "out" / "cdktf.out"
+    out.parent.mkdir()
+    argv = [GPUFLEET, command, *(["--jobs", "2"] if command == "synth" else []), "--out", str(out),
+            "--clusters-dir", str(checkout / "clusters")]
+    proc, err, started = _terminate_mid_run(argv, checkout, tmp_path, group=True, stage="synth", busy=3 if command == "synth" else 2,
+                                            sig=signal.SIGINT)
+    _assert_clean(proc, err, started, tmp_path, out, interrupted=True)
 
 
 def _run_snippet(code: str, tmp_path: Path) -> tuple[subprocess.CompletedProcess, float]:
