@@ -17,5 +17,6 @@ NON_TTY_WIDTH = 10_000
 
 def make_console(*, stderr: bool = False) -> Console:
     stream = sys.stderr if stderr else sys.stdout
-    width = None if stream.isatty() or os.environ.get("COLUMNS") else NON_TTY_WIDTH
+    # None: the process was started with that descriptor closed (``gpufleet ... >&-``); it is no terminal
+    width = None if (stream is not None and stream.isatty()) or os.environ.get("COLUMNS") else NON_TTY_WIDTH
     return Console(stderr=stderr, soft_wrap=True, width=width)

@@ -29,3 +29,16 @@ def test_a_terminal_gets_a_spinner_not_stage_lines():
     with Stages(Console(file=quiet, force_terminal=False), terminal_only=True) as stages:
         stages.step("waiting")
     assert quiet.getvalue() == ""
+
+
+def test_a_command_started_with_its_stdout_closed_runs_instead_of_crashing_at_import() -> None:
+    """``gpufleet ... >&-``: Python gives such a process ``sys.stdout = None``; the consoles built at import asked
+    it ``isatty()`` and every command ended with an AttributeError traceback before it started."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    gpufleet = str(Path(sys.executable).with_name("gpufleet"))
+    done = subprocess.run([gpufleet, "--help"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=60,
+                          preexec_fn=lambda: __import__("os").close(1))
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
