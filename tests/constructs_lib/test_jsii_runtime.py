@@ -357,18 +357,24 @@ print(json.dumps({"ride_along": jsii_messages._state.get("pins"), "creates": cre
 """
 
 
+def _child_through_the_launcher(code: str, out: Path) -> dict:
+    """``code`` run in a fresh interpreter whose kernel starts as gpufleet starts it (no runtime chosen by the
+    environment); its last line of output, as JSON."""
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
+    env.pop("JSII_RUNTIME", None)
+    env.pop(jsii_runtime.RUNTIME_ENV, None)
+    done = subprocess.run([sys.executable, "-c", code, str(out)], cwd=REPO_ROOT, env=env,
+                          capture_output=True, text=True, check=True, timeout=120)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 def test_logical_ids_ride_along_with_the_next_request_and_reach_the_output(tmp_path: Path) -> None:
     """Through the launcher, ``pin`` sends no request of its own: 20 overrides travel on the next requests,
     one pinned inside a kernel callback goes ahead of that callback's ``complete`` on a ``stats`` request (the
     kernel does not hand a ``complete`` to ``processRequest``, so it could not carry it), and every pinned
     name is in the synthesized JSON.
     An override the kernel refuses fails the request that carried it, naming the override."""
-    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
-    env.pop("JSII_RUNTIME", None)
-    env.pop(jsii_runtime.RUNTIME_ENV, None)
-    done = subprocess.run([sys.executable, "-c", PINS_CHILD, str(tmp_path / "out")], cwd=REPO_ROOT, env=env,
-                          capture_output=True, text=True, check=True, timeout=120)
-    out = json.loads(done.stdout.strip().splitlines()[-1])
+    out = _child_through_the_launcher(PINS_CHILD, tmp_path / "out")
     assert out["ride_along"] is True
     assert out["override_requests"] == 0
     assert out["creates"] == 20  # one request per element, none per override
@@ -432,12 +438,7 @@ def test_a_kernel_started_before_direct_kernel_keeps_its_logical_ids(tmp_path: P
     """``direct_kernel`` turned ride-along overrides on whenever some assembly module was imported after it set
     the variables, also when the kernel running was jsii's packaged one started earlier: that kernel ignores
     ``"gpufleet.pins"``, and the pinned local was synthesized under its construct id ``l``."""
-    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
-    env.pop("JSII_RUNTIME", None)
-    env.pop(jsii_runtime.RUNTIME_ENV, None)
-    done = subprocess.run([sys.executable, "-c", EARLY_KERNEL_CHILD, str(tmp_path / "out")], cwd=REPO_ROOT, env=env,
-                          capture_output=True, text=True, check=True, timeout=120)
-    out = json.loads(done.stdout.strip().splitlines()[-1])
+    out = _child_through_the_launcher(EARLY_KERNEL_CHILD, tmp_path / "out")
     assert out["names"] == ["pinned"]
     assert not out["ride_along"]
 
