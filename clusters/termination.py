@@ -37,6 +37,8 @@ from typing import NoReturn
 
 # 128 + SIGTERM: what a shell reports for a process SIGTERM ended (the grace timer's exit status).
 EXIT_TERMINATED = 128 + signal.SIGTERM
+# 128 + SIGINT: what a shell reports for a process Ctrl-C ended, and what a command Ctrl-C unwound exits with.
+EXIT_INTERRUPTED = 128 + signal.SIGINT
 # Room for a synthesis worker's clean-up (``stacks.parallel.STOP_SECONDS``: jsii's exit hook alone may take
 # 5 s waiting for a busy kernel and 5 s joining its stderr reader) and this process's own; well inside what
 # systemd (90 s) and Kubernetes (30 s) give a stopped process before SIGKILL.

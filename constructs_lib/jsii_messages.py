@@ -122,10 +122,10 @@ def defer_logical_id(element: Any, logical_id: str) -> bool:
     return True
 
 
-def pins_ride_along(enabled: bool) -> None:
-    """Told by ``constructs_lib.jsii_runtime`` whether this process's kernel applies ``"gpufleet.pins"``
-    (they are deferred only while this module's ``send``, which attaches them, is jsii's)."""
-    _state["pins"] = enabled
+def pins_ride_along() -> None:
+    """Told by ``constructs_lib.jsii_runtime`` that this process's kernel applies ``"gpufleet.pins"`` (they are
+    deferred only while this module's ``send``, which attaches them, is jsii's)."""
+    _state["pins"] = True
 
 
 def _carries_pins(request: Any) -> bool:

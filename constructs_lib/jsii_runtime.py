@@ -123,7 +123,7 @@ process.on("uncaughtException", (error) => {
 // request is a SIGTERM, which this makes void: the launcher's exit hook kills such a kernel by the pid here.
 process.on("SIGTERM", () => {});
 // Ctrl-C reaches the whole foreground process group, this kernel too, for the same reason: its Python process
-// unwinds on it (KeyboardInterrupt: "aborted", exit 130) and stops this kernel through its exit hook. Killed by
+// unwinds on it (KeyboardInterrupt; the command exits 130) and stops this kernel through its exit hook. Killed by
 // the signal first, the kernel left its files in TMPDIR and the user a JSONDecodeError traceback.
 process.on("SIGINT", () => {});
 fs.writeFileSync(require("path").join(__dirname, "kernel.pid"), String(process.pid));
@@ -327,11 +327,10 @@ def direct_kernel() -> Iterator[None]:
         if kernel_running() and runs_launcher(launcher):  # it applies ridden-along logical ids
             from constructs_lib import jsii_messages
 
-            jsii_messages.pins_ride_along(True)
+            jsii_messages.pins_ride_along()
     finally:
         del os.environ["JSII_RUNTIME"]
         if saved is None:
             del os.environ["NODE_OPTIONS"]
         else:
             os.environ["NODE_OPTIONS"] = saved
-

@@ -21,7 +21,7 @@ import typer
 import clusters.repo
 
 from clusters.errors import ConfigError, Problem, UserError
-from clusters.termination import EXIT_TERMINATED, Terminated, exit_now, sigterm_unwinds
+from clusters.termination import EXIT_INTERRUPTED, EXIT_TERMINATED, Terminated, exit_now, sigterm_unwinds
 from gpufleet import doctor_cmd, exp_cmd, fleet_cmd, jobs_cmd, nomad_cmd, ops_cmd, preview_cmd, serve_cmd, vault_cmd
 
 app = typer.Typer(
@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         return exc.exit_code
     except typer.Abort:
         print("aborted", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
     except typer.TyperException as exc:  # usage errors: unknown command, bad option value
         show = getattr(exc, "show", None)
         if show is None:

@@ -53,12 +53,11 @@ from pathlib import Path
 
 from clusters.errors import UserError
 from clusters.schema import ClusterConfig
-from clusters.termination import EXIT_TERMINATED, Terminated, sigterm_unwinds
+from clusters.termination import EXIT_INTERRUPTED, EXIT_TERMINATED, Terminated, exit_now, sigterm_unwinds
 from stacks import interpolation
 from stacks.layout import StackInfo, plan_stacks
 
 CODE_ROOT = Path(__file__).resolve().parent.parent
-EXIT_INTERRUPTED = 130  # as a shell reports a process ended by SIGINT, and as ``gpufleet`` exits on Ctrl-C
 JOBS_ENV = "GPUFLEET_SYNTH_JOBS"
 PARALLEL_MIN_CLUSTERS = 8
 # Workers started by ``early_workers`` that wait for a job, and the cores they were given in that order.
@@ -518,11 +517,9 @@ def _main(argv: list[str]) -> int:
             return _early_main(argv[2]) if argv[1] == "--early" else _worker_main(Path(argv[1]))
     except Terminated:
         return EXIT_TERMINATED
-    except KeyboardInterrupt:  # Ctrl-C reaches the caller's whole group: the caller says "aborted", once
+    except KeyboardInterrupt:  # Ctrl-C reaches the caller's whole group: the caller reports it, not each worker
         return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":
-    from clusters.termination import exit_now
-
     exit_now(_main(sys.argv))  # the caller waits for this process to end before it merges: no teardown
