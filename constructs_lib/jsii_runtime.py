@@ -37,21 +37,23 @@ that grows with the fleet (bench/check.py, issue 28). Three costs in it are not 
   for SIGINT (Ctrl-C in a terminal reaches the whole foreground group).
 
 - cdktf resolves each element's attributes twice (``prepareStack``, the stack's ``toTerraform``) and
-  a generated resource hands it every optional attribute, most of them ``undefined``. For each such
-  key ``resolve`` (``cdktf/lib/tokens/private/resolve.js``) builds two contexts (each copying the key
-  path) and resolves the key as a string, only to skip the value. The launcher wraps cdktf's
-  module-level ``resolve`` (``cdktf/lib/_tokens.js``, the one ``TerraformStack`` calls) so that it gets
-  its input without those keys: only in plain objects (not in a resolvable, a class instance or an
-  object with a token key, where cdktf's map-token rules count keys), only for identifier keys that
-  hold no digit-``e``-digit run (cdktf would test such a key for an encoded number), never an array's
-  elements, nor in an object with an own ``__proto__`` key, an object the kernel passes by reference
-  (its getters call Python) or a node at cdktf's depth limit; a copy is made where something is dropped,
-  so no caller's object changes. Only cdktf 0.21.0 is wrapped, the version whose ``resolve`` was read
-  (``tests/constructs_lib/test_resolve_prune.py`` compares both on the real package). About 11% of the
-  kernel's CPU at 100 generated clusters (issue 28, fourth round).
+  the stack's whole tree once more, and its ``resolve`` (``cdktf/lib/tokens/private/resolve.js``) pays
+  at every node, token or not (the key path joined, two contexts per key, the options copied, a
+  regular expression per string); most nodes hold no token, and a generated resource hands it every
+  optional attribute, mostly ``undefined``. The launcher wraps cdktf's module-level ``resolve``
+  (``cdktf/lib/_tokens.js``, the one ``TerraformStack`` calls) with a walk that copies the nodes cdktf
+  would only copy (no token marker, no encoded number, none of cdktf's map-token values, plain objects
+  and arrays; ``undefined`` left out) and hands every other node, with its key path, to cdktf's own
+  private ``resolve``, in cdktf's order: tokens, class instances, objects with their own ``resolve`` or
+  ``_children``, objects the kernel passes by reference (their getters call Python), arrays holding a
+  list token, nodes past cdktf's depth limit. Only cdktf 0.21.0 is wrapped, and only with the six files
+  the walk relies on as shipped (their digests): ``tests/constructs_lib/test_resolve_prune.py`` compares
+  both on the real package, edge cases, a red team's cases and generated trees, and names what the walk
+  does not reproduce (a Proxy's traps, a getter on an array element before a list token, stack depth). About 17% of the kernel's CPU at 40 generated clusters
+  (issue 28, eighth round), after an earlier wrapper that only dropped unset keys (about 11%).
 
 None of these changes what is synthesized: they only touch how messages travel, what error messages
-could quote, and keys cdktf would skip. ``tests/stacks/test_parallel_synth.py`` compares worker processes (started this way)
+could quote, and which code copies what cdktf would copy. ``tests/stacks/test_parallel_synth.py`` compares worker processes (started this way)
 with a synthesis in the test process (jsii's packaged entry point) byte for byte.
 
 The files are written into a fresh private temporary directory per process (jsii extracts its
@@ -130,73 +132,176 @@ fs.writeFileSync(require("path").join(__dirname, "kernel.pid"), String(process.p
 // --preserve-symlinks comes through NODE_OPTIONS, which execArgv does not list; the kernel reads
 // execArgv to choose between one symlink per package and a tree of hard links it removes at exit.
 if (!process.execArgv.includes("--preserve-symlinks")) process.execArgv.push("--preserve-symlinks");
-// cdktf resolves every element's attributes twice (prepareStack, then toTerraform) before the stack's
-// whole tree once more; a generated resource hands it every optional attribute, most of them undefined,
-// and resolve builds two contexts and tests a key for tokens before it skips an undefined value. Drop
-// those keys first (a plain object's, whose key holds no token and no encoded number: resolving such a
-// key has no effect), so resolve walks only what it keeps. Only cdktf's module-level resolve is wrapped.
+// cdktf resolves every element's attributes twice (prepareStack, then toTerraform) and then the stack's
+// whole tree once more (terraform-stack.js, toTerraform). Its resolve (lib/tokens/private/resolve.js) pays
+// at every node of that tree, token or not: the key path joined into a string, a context object and its
+// closures made twice per key (the second copying the path), the options spread into a new object per
+// call, a TokenString and a regular expression test per string; and a generated resource hands it every
+// optional attribute, most of them undefined, which it walks only to skip. Nearly all the nodes hold no
+// token. So the launcher wraps cdktf's module-level resolve (cdktf/lib/_tokens.js, the one TerraformStack
+// calls) with a walk that builds cdktf's result itself where cdktf's would be a plain copy, and hands
+// every other node, with its key path, to cdktf's own resolve (the private one, with the options
+// _tokens.js gives it): a node is copied here only when resolve.js would return it as it is or copy it
+// key by key with nothing else happening, namely
+//   undefined, null, a boolean;
+//   a number that is no encoded token (extractTokenDouble) and not Token.NUMBER_MAP_TOKEN_VALUE;
+//   a string with no "{TfToken[" in it (every string, list and map token marker has it), no run that
+//     resolve.js's encoded-number pattern matches, and not one of the two map-token values;
+//   an array of Array.prototype without its own some, map or constructor, none of whose elements is a string
+//     with "#{TfToken[" (the list token marker) or an encoded list number (cdktf resolves such an array as a
+//     list token): its elements walked in turn, holes and undefined results left out, as cdktf's some, some,
+//     map and filter do (each element read three times, the length taken once);
+//   a plain object (prototype Object.prototype or null) without its own "resolve" (a token's), "_children" (a
+//     construct's) or kernel tag (an object the kernel passes by reference: its getters call Python), whose
+//     keys are all such strings and none "__proto__": its values walked in key order, undefined results left out.
+// Everything else (a token, a class instance, a Date, a function, a node past cdktf's depth limit, which
+// it throws on) goes to cdktf whole, at the same key path, in the same order, so cdktf's own code makes
+// every token's value, every side effect (cross-stack references in a preparing pass) and every error.
+// What cdktf looks up at each call is looked up at each call here too (the map-token values, resolve.js's
+// export), and a replaced Tokenization.resolve (which _tokens.js calls) turns the walk off for that call.
+// Not reproduced: a Proxy's traps (the kernel and cdktf make none), a getter on an array element, read once
+// more when its array holds a list token marker, and the JavaScript stack a token's resolve has left (more
+// deep down, a few frames less at the top). Only the cdktf whose files were read for this (the version and
+// each file's digest, REVIEWED_FILES): tests/constructs_lib/test_resolve_prune.py compares both on the real
+// package over edge cases, a red team's cases and 400 generated trees, and fails until a new version is named.
 const Module = require("module");
 const path = require("path");
-const PRUNED = Symbol("gpufleet.pruned");
+const FAST = Symbol("gpufleet.fastResolve");
 // The kernel tags each object it passes by reference (@jsii/kernel objects.ts); one made for a Python
-// object has getters that call back into Python, which a walk here would call once more than cdktf does.
+// object has getters that call back into Python, which cdktf alone is to read.
 const JSII_OBJID = Symbol.for("$__jsii__objid__$");
-const INERT_KEY = /^[A-Za-z_][A-Za-z0-9_]*$/;
-const NUMBERISH_KEY = /[0-9]e[0-9eE]/;
-// cdktf throws "circular reference" for a value whose key path is longer than 200 before it looks at the
-// value (lib/tokens/private/resolve.js), so a node at depth 200 is left whole: its undefined values still
-// throw there, and a cyclic object reaches cdktf's error instead of overflowing the stack here.
+// resolve.js throws "circular reference" for a node whose key path is longer than 200, before it looks at it.
 const CDKTF_MAX_DEPTH = 200;
-function plain(x) {
-  if (x === null || typeof x !== "object") return false;
-  const proto = Object.getPrototypeOf(x);
-  return proto === Object.prototype || proto === null;
-}
-function prune(x, depth) {
-  if (depth >= CDKTF_MAX_DEPTH) return x;
-  if (Array.isArray(x)) {
-    let out = null;
-    for (let i = 0; i < x.length; i++) {
-      const v = x[i], p = prune(v, depth + 1);
-      if (out === null && p !== v) out = x.slice(0, i);
-      if (out !== null) out.push(p);
-    }
-    return out === null ? x : out;
-  }
-  if (!plain(x) || typeof x.resolve === "function" || x[JSII_OBJID] !== undefined) return x;
-  const keys = Object.keys(x);
-  // An own "__proto__" key would set the copy's prototype (cdktf's result drops it, but a copy whose
-  // prototype is a token would be resolved as that token): such an object is left whole.
-  for (const key of keys) if (key.includes("TfToken[") || key === "__proto__") return x;
-  let out = null;
-  for (let i = 0; i < keys.length; i++) {
-    const key = keys[i], v = x[key];
-    const drop = v === undefined && INERT_KEY.test(key) && !NUMBERISH_KEY.test(key);
-    const p = drop ? undefined : prune(v, depth + 1);
-    if (out === null && (drop || p !== v)) {
-      out = {};
-      for (let j = 0; j < i; j++) out[keys[j]] = x[keys[j]];
-    }
-    if (out !== null && !drop) out[key] = p;
-  }
-  return out === null ? x : out;
-}
-// Only the cdktf whose resolve was read for this (another version may give an undefined value a meaning;
-// tests/constructs_lib/test_resolve_prune.py fails until the new one is read and named here).
 const REVIEWED_CDKTF = "0.21.0";
+// The files whose code the walk stands in for or relies on, as cdktf 0.21.0 ships them (sha256 of each, in
+// lib/): resolve.js (the resolve it replaces for inert nodes), encoding.js (token markers, the encoded-number
+// pattern, extractTokenDouble), token-map.js (lookupNumberToken: no token where extractTokenDouble finds none),
+// token.js (the map-token values, Tokenization.resolve), resolvable.js (DefaultTokenResolver, StringConcat: no
+// state) and _tokens.js (what it passes). A cdktf with any of them changed (an upgrade, a patched copy) is left
+// unwrapped; tests/constructs_lib/test_resolve_prune.py fails until the new text is read and named here.
+const REVIEWED_FILES = {
+  "tokens/private/resolve.js": "08c4dba33a40b05fd4f4c1957bd4102695c1b30df595bbb1ad1fb95fdc4a0382",
+  "tokens/private/encoding.js": "5afaace6c605ac7a2da2a91f5fe0142ff0beadb69bc0c3650e9d071d136fd29f",
+  "tokens/private/token-map.js": "fb8ff3b278c2b1e778bed194e6d05aaebd2bd843eadd55f30d9ab1d6061931e3",
+  "tokens/token.js": "06a56ccc0d448fef5ea60be566f527b4b827a88e48eaff42c80ba9d9bc1535a8",
+  "tokens/resolvable.js": "7a5de9dbe84badef22bb28a58ee235e462689a458937c4a6d1b4ab9147884953",
+  "_tokens.js": "0fae1dd098cbee9f9a2bb4bdf650773035a9739086bf115b57658e61e2b466db",
+};
 function reviewedCdktf(lib) {
-  try { return require(path.join(lib, "..", "package.json")).version === REVIEWED_CDKTF; } catch { return false; }
+  try {
+    if (require(path.join(lib, "..", "package.json")).version !== REVIEWED_CDKTF) return false;
+    const crypto = require("crypto");
+    return Object.entries(REVIEWED_FILES).every(([file, digest]) =>
+      crypto.createHash("sha256").update(fs.readFileSync(path.join(lib, file))).digest("hex") === digest);
+  } catch { return false; }
+}
+function fastResolver(lib) {
+  let resolveJs, encoding, tokens;
+  try {
+    resolveJs = require(path.join(lib, "tokens", "private", "resolve.js"));
+    encoding = require(path.join(lib, "tokens", "private", "encoding.js"));
+    tokens = require(path.join(lib, "tokens", "index.js"));
+  } catch { return undefined; }
+  const Tokenization = tokens.Tokenization;
+  if (typeof resolveJs.resolve !== "function" || typeof encoding.extractTokenDouble !== "function" || !tokens.Token
+      || !Tokenization || typeof Tokenization.resolve !== "function"
+      || typeof tokens.DefaultTokenResolver !== "function" || typeof tokens.StringConcat !== "function") return undefined;
+  // _tokens.js's resolve goes through Tokenization.resolve (looked up at each call): replaced, the walk steps aside
+  const tokenizationResolve = Tokenization.resolve;
+  // what _tokens.js passes (its TOKEN_RESOLVER: a DefaultTokenResolver over a StringConcat, neither with state)
+  const resolver = new tokens.DefaultTokenResolver(new tokens.StringConcat());
+  // resolve.js's NUMBER_TOKEN_REGEX (encoding.js), without the global flag its test() resets
+  const NUMBERISH = /[-|\\d|.\\+]+(e[-|\\d|.|e|E|\\+]+)/;
+  const own = Object.prototype.hasOwnProperty;
+  const ARRAY = Array.prototype;
+  // cdktf reads "resolve" (a token has it as a function) and "_children" (then, if set, "_metadata": a construct
+  // has both) of every object: a plain object with its own "resolve" or "_children" goes to cdktf unread (a getter
+  // would answer each read); one without has none to read (Object.prototype has neither) and is no token or
+  // construct. The kernel's tag is an own property too, asked without reading it.
+  function plainObject(x) {
+    const proto = Object.getPrototypeOf(x);
+    return (proto === Object.prototype || proto === null) && !own.call(x, JSII_OBJID)
+      && !own.call(x, "resolve") && !own.call(x, "_children");
+  }
+  // cdktf calls an array's some (twice) and map (then filter on map's result), which an array of another prototype
+  // or with its own some, map or constructor (map's species) would answer differently.
+  function plainArray(x) {
+    return Object.getPrototypeOf(x) === ARRAY && !own.call(x, "some") && !own.call(x, "map") && !own.call(x, "constructor");
+  }
+  return function (scope, obj, preparing) {
+    if (Tokenization.resolve !== tokenizationResolve) return undefined;
+    // looked up at each call, as resolve.js does (a module's exports and Token's statics can be changed)
+    const privateResolve = resolveJs.resolve, extractTokenDouble = encoding.extractTokenDouble, Token = tokens.Token;
+    const STRING_MAP = Token.STRING_MAP_TOKEN_VALUE, ANY_MAP = Token.ANY_MAP_TOKEN_VALUE, NUMBER_MAP = Token.NUMBER_MAP_TOKEN_VALUE;
+    const inertString = (s) => !s.includes("{TfToken[") && !NUMBERISH.test(s) && s !== STRING_MAP && s !== ANY_MAP;
+    const prefix = [];
+    const cdktf = (x) => privateResolve(x, { scope, preparing, resolver, prefix: prefix.slice() });
+    function walk(x) {
+      if (prefix.length > CDKTF_MAX_DEPTH) return cdktf(x);
+      switch (typeof x) {
+        case "undefined": return undefined;
+        case "boolean": return x;
+        case "string": return inertString(x) ? x : cdktf(x);
+        case "number": return x !== NUMBER_MAP && extractTokenDouble(x, false) === undefined ? x : cdktf(x);
+        case "object": break;
+        default: return cdktf(x);
+      }
+      if (x === null) return null;
+      if (Array.isArray(x)) {
+        if (!plainArray(x)) return cdktf(x);
+        // as cdktf's two some() (each reads the elements up to its first hit; either hit makes the array a list
+        // token, which cdktf resolves whole) and then map() (the length as it starts, holes skipped) and filter()
+        const length = x.length;
+        for (let i = 0; i < length; i++) {
+          if (i in x) { const v = x[i]; if (typeof v === "string" && v.includes("#{TfToken[")) return cdktf(x); }
+        }
+        for (let i = 0; i < length; i++) {
+          if (i in x) { const v = x[i]; if (typeof v === "number" && extractTokenDouble(v, true) !== undefined) return cdktf(x); }
+        }
+        const out = [];
+        for (let i = 0; i < length; i++) {
+          if (!(i in x)) continue;
+          prefix.push(`${i}`);
+          const v = walk(x[i]);
+          prefix.pop();
+          if (v !== undefined) out.push(v);
+        }
+        return out;
+      }
+      if (!plainObject(x)) return cdktf(x);
+      const keys = Object.keys(x);
+      for (const key of keys) if (key === "__proto__" || !inertString(key)) return cdktf(x);
+      const out = {};
+      for (const key of keys) {
+        prefix.push(key);
+        const v = walk(x[key]);
+        prefix.pop();
+        if (v !== undefined) out[key] = v;
+      }
+      return out;
+    }
+    return { value: walk(obj) };
+  };
 }
 const load = Module._load;
 Module._load = function (request, parent) {
   const loaded = load.apply(this, arguments);
-  if (request === "./_tokens" && parent && path.basename(path.dirname(parent.filename)) === "lib"
+  if (request === "./_tokens" && parent && typeof parent.filename === "string" && loaded !== null
+      && (typeof loaded === "object" || typeof loaded === "function")
+      && path.basename(path.dirname(parent.filename)) === "lib"
       && path.basename(path.dirname(path.dirname(parent.filename))) === "cdktf"
-      && typeof loaded.resolve === "function" && !loaded.resolve[PRUNED] && reviewedCdktf(path.dirname(parent.filename))) {
-    const resolve = loaded.resolve;
-    const pruned = function (scope, obj, ...rest) { return resolve.call(this, scope, prune(obj, 0), ...rest); };
-    pruned[PRUNED] = true;
-    loaded.resolve = pruned;
+      && typeof loaded.resolve === "function" && !loaded.resolve[FAST] && reviewedCdktf(path.dirname(parent.filename))) {
+    const fast = fastResolver(path.dirname(parent.filename));
+    if (fast !== undefined) {
+      const resolve = loaded.resolve;
+      // _tokens.js 0.21.0: resolve(scope, obj, preparing = false); any further argument goes to cdktf's own
+      const wrapped = function (scope, obj, preparing = false, ...rest) {
+        const done = rest.length ? undefined : fast(scope, obj, preparing);
+        return done !== undefined ? done.value : resolve.call(this, scope, obj, preparing, ...rest);
+      };
+      wrapped[FAST] = true;
+      loaded.resolve = wrapped;
+    }
   }
   return loaded;
 };
