@@ -150,18 +150,22 @@ if (!process.execArgv.includes("--preserve-symlinks")) process.execArgv.push("--
 //   an array of Array.prototype without its own some, map or constructor, none of whose elements is a string
 //     with "#{TfToken[" (the list token marker) or an encoded list number (cdktf resolves such an array as a
 //     list token): its elements walked in turn, holes and undefined results left out, as cdktf's some, some,
-//     map and filter do (each element read three times, the length taken once);
+//     map and filter do (each element read three times, the length and the method taken as each starts);
 //   a plain object (prototype Object.prototype or null) without its own "resolve" (a token's), "_children" (a
 //     construct's) or kernel tag (an object the kernel passes by reference: its getters call Python), whose
 //     keys are all such strings and none "__proto__": its values walked in key order, undefined results left out.
 // Everything else (a token, a class instance, a Date, a function, a node past cdktf's depth limit, which
 // it throws on) goes to cdktf whole, at the same key path, in the same order, so cdktf's own code makes
 // every token's value, every side effect (cross-stack references in a preparing pass) and every error.
-// What cdktf looks up at each call is looked up at each call here too (the map-token values, resolve.js's
-// export), and a replaced Tokenization.resolve (which _tokens.js calls) turns the walk off for that call.
-// Not reproduced: a Proxy's traps (the kernel and cdktf make none), a getter on an array element, read once
-// more when its array holds a list token marker, and the JavaScript stack a token's resolve has left (more
-// deep down, a few frames less at the top). Only the cdktf whose files were read for this (the version and
+// What resolve.js looks up at each node (the map-token values, encoding's functions) is looked up here at each
+// call and again after each node cdktf resolved (only cdktf's code runs in the middle of a walk); a replaced
+// Tokenization.resolve or resolve.js export, or an Object.prototype with "resolve" or "_children", turns the walk
+// off for that call.
+// Not reproduced: a Proxy's traps (the kernel and cdktf make none); a getter on an array element, read more
+// often when the walk hands its array to cdktf after looking at it (a list token marker or an encoded list number
+// in it); a getter that changes cdktf's exports, Token's statics or its own array's "some" in the middle of a
+// walk; and the JavaScript
+// stack a token's resolve has left (more deep down, a few frames less at the top). Only the cdktf whose files were read for this (the version and
 // each file's digest, REVIEWED_FILES): tests/constructs_lib/test_resolve_prune.py compares both on the real
 // package over edge cases, a red team's cases and 400 generated trees, and fails until a new version is named.
 const Module = require("module");
@@ -177,7 +181,7 @@ const REVIEWED_CDKTF = "0.21.0";
 // lib/): resolve.js (the resolve it replaces for inert nodes), encoding.js (token markers, the encoded-number
 // pattern, extractTokenDouble), token-map.js (lookupNumberToken: no token where extractTokenDouble finds none),
 // token.js (the map-token values, Tokenization.resolve), resolvable.js (DefaultTokenResolver, StringConcat: no
-// state) and _tokens.js (what it passes). A cdktf with any of them changed (an upgrade, a patched copy) is left
+// state), _tokens.js (what it passes) and tokens/index.js (where the walk takes them from). A cdktf with any of them changed (an upgrade, a patched copy) is left
 // unwrapped; tests/constructs_lib/test_resolve_prune.py fails until the new text is read and named here.
 const REVIEWED_FILES = {
   "tokens/private/resolve.js": "08c4dba33a40b05fd4f4c1957bd4102695c1b30df595bbb1ad1fb95fdc4a0382",
@@ -186,6 +190,7 @@ const REVIEWED_FILES = {
   "tokens/token.js": "06a56ccc0d448fef5ea60be566f527b4b827a88e48eaff42c80ba9d9bc1535a8",
   "tokens/resolvable.js": "7a5de9dbe84badef22bb28a58ee235e462689a458937c4a6d1b4ab9147884953",
   "_tokens.js": "0fae1dd098cbee9f9a2bb4bdf650773035a9739086bf115b57658e61e2b466db",
+  "tokens/index.js": "6e832cbee60cfcf5a0185490bc5b1734562a8e472a0816bc0349c6c0228cab52",
 };
 function reviewedCdktf(lib) {
   try {
@@ -206,8 +211,10 @@ function fastResolver(lib) {
   if (typeof resolveJs.resolve !== "function" || typeof encoding.extractTokenDouble !== "function" || !tokens.Token
       || !Tokenization || typeof Tokenization.resolve !== "function"
       || typeof tokens.DefaultTokenResolver !== "function" || typeof tokens.StringConcat !== "function") return undefined;
-  // _tokens.js's resolve goes through Tokenization.resolve (looked up at each call): replaced, the walk steps aside
-  const tokenizationResolve = Tokenization.resolve;
+  // _tokens.js's resolve goes through Tokenization.resolve and that through resolve.js's export, each looked up at
+  // each call (resolve.js then recurses through its own function): either replaced, the walk steps aside; so it
+  // does when Object.prototype carries "resolve" or "_children" (every object would be a token or a construct)
+  const tokenizationResolve = Tokenization.resolve, privateResolve = resolveJs.resolve;
   // what _tokens.js passes (its TOKEN_RESOLVER: a DefaultTokenResolver over a StringConcat, neither with state)
   const resolver = new tokens.DefaultTokenResolver(new tokens.StringConcat());
   // resolve.js's NUMBER_TOKEN_REGEX (encoding.js), without the global flag its test() resets
@@ -229,13 +236,24 @@ function fastResolver(lib) {
     return Object.getPrototypeOf(x) === ARRAY && !own.call(x, "some") && !own.call(x, "map") && !own.call(x, "constructor");
   }
   return function (scope, obj, preparing) {
-    if (Tokenization.resolve !== tokenizationResolve) return undefined;
-    // looked up at each call, as resolve.js does (a module's exports and Token's statics can be changed)
-    const privateResolve = resolveJs.resolve, extractTokenDouble = encoding.extractTokenDouble, Token = tokens.Token;
-    const STRING_MAP = Token.STRING_MAP_TOKEN_VALUE, ANY_MAP = Token.ANY_MAP_TOKEN_VALUE, NUMBER_MAP = Token.NUMBER_MAP_TOKEN_VALUE;
+    if (Tokenization.resolve !== tokenizationResolve || resolveJs.resolve !== privateResolve
+        || own.call(Object.prototype, "resolve") || own.call(Object.prototype, "_children")) return undefined;
+    // what resolve.js looks up at each node (encoding's function, Token's statics), taken again after every node
+    // handed to cdktf: only cdktf's code (a token's resolve) runs in the middle of a walk
+    let extractTokenDouble, STRING_MAP, ANY_MAP, NUMBER_MAP;
+    const lookUp = () => {
+      extractTokenDouble = encoding.extractTokenDouble;
+      const Token = tokens.Token;
+      STRING_MAP = Token.STRING_MAP_TOKEN_VALUE; ANY_MAP = Token.ANY_MAP_TOKEN_VALUE; NUMBER_MAP = Token.NUMBER_MAP_TOKEN_VALUE;
+    };
+    lookUp();
     const inertString = (s) => !s.includes("{TfToken[") && !NUMBERISH.test(s) && s !== STRING_MAP && s !== ANY_MAP;
     const prefix = [];
-    const cdktf = (x) => privateResolve(x, { scope, preparing, resolver, prefix: prefix.slice() });
+    const cdktf = (x) => {
+      const resolved = privateResolve(x, { scope, preparing, resolver, prefix: prefix.slice() });
+      lookUp();
+      return resolved;
+    };
     function walk(x) {
       if (prefix.length > CDKTF_MAX_DEPTH) return cdktf(x);
       switch (typeof x) {
@@ -248,18 +266,19 @@ function fastResolver(lib) {
       }
       if (x === null) return null;
       if (Array.isArray(x)) {
-        if (!plainArray(x)) return cdktf(x);
         // as cdktf's two some() (each reads the elements up to its first hit; either hit makes the array a list
-        // token, which cdktf resolves whole) and then map() (the length as it starts, holes skipped) and filter()
-        const length = x.length;
-        for (let i = 0; i < length; i++) {
+        // token, which cdktf resolves whole) and then map() (holes skipped) and filter(): each takes the length as
+        // it starts, and map and its species are looked up after the scans (a getter may have set its own)
+        if (!plainArray(x)) return cdktf(x);
+        for (let i = 0, length = x.length; i < length; i++) {
           if (i in x) { const v = x[i]; if (typeof v === "string" && v.includes("#{TfToken[")) return cdktf(x); }
         }
-        for (let i = 0; i < length; i++) {
+        for (let i = 0, length = x.length; i < length; i++) {
           if (i in x) { const v = x[i]; if (typeof v === "number" && extractTokenDouble(v, true) !== undefined) return cdktf(x); }
         }
+        if (!plainArray(x)) return cdktf(x);
         const out = [];
-        for (let i = 0; i < length; i++) {
+        for (let i = 0, length = x.length; i < length; i++) {
           if (!(i in x)) continue;
           prefix.push(`${i}`);
           const v = walk(x[i]);

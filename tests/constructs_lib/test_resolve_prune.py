@@ -136,6 +136,51 @@ const cases = {
     a.push(Lazy.anyValue({ produce: () => { a.push("appended while resolving"); return "x"; } }), "y");
     return { a };
   },
+  // (red team, second pass) An element getter that appends on its first read, i.e. during cdktf's first some():
+  // cdktf's second some() and its map() each take the length anew and see the appended element; the walk took it once.
+  arrayGrowsDuringListTokenScan: () => {
+    const a = [];
+    let pushed = false;
+    Object.defineProperty(a, 0, { enumerable: true, get: () => { if (!pushed) { pushed = true; a.push("appended while scanned"); } return "v"; } });
+    return { a };
+  },
+  arrayGrowsListTokenDuringScan: () => {
+    const a = [];
+    let pushed = false;
+    const listElement = Token.asList(Lazy.listValue({ produce: () => ["l"] }))[0];
+    Object.defineProperty(a, 0, { enumerable: true, get: () => { if (!pushed) { pushed = true; a.push(listElement); } return "v"; } });
+    return { a };
+  },
+  // (red team, second pass) An element getter that gives its array an own "map" during cdktf's scan: cdktf looks
+  // obj.map up after its two some(), the walk checked for an own map before it.
+  arrayGetsOwnMapDuringScan: () => {
+    const a = [];
+    Object.defineProperty(a, 0, { enumerable: true, get: () => { a.map = () => ["from a map set while scanned"]; return "v"; } });
+    return { a };
+  },
+  // The same at the element's second read (cdktf's second some), and an own "some" set at its first read (which
+  // cdktf's second some then is).
+  arrayGetsOwnMapAtSecondRead: () => {
+    const a = [];
+    let reads = 0;
+    Object.defineProperty(a, 0, { enumerable: true, get: () => { if (++reads === 2) a.map = () => ["from a map set at the second read"]; return "v"; } });
+    return { a };
+  },
+  arrayGetsOwnSomeAtFirstRead: () => {
+    const a = [];
+    let reads = 0;
+    Object.defineProperty(a, 0, { enumerable: true, get: () => { if (++reads === 1) a.some = () => true; return 1; } });
+    return { a };
+  },
+  // (red team, second pass) An element before an encoded list number (not a "#{TfToken[" string): cdktf reads it
+  // twice (some, some); the walk reads it twice, finds the number, and cdktf reads it twice more.
+  elementReadsBeforeNumberListToken: () => {
+    const reads = {};
+    const a = [];
+    Object.defineProperty(a, 0, { enumerable: true, get: () => { reads.element = (reads.element || 0) + 1; return "v"; } });
+    a.push(Token.asNumberList(Lazy.anyValue({ produce: () => [1, 2] }))[0]);
+    return counting({ a }, reads);
+  },
   // Reads: cdktf reads each array element three times (some, some, map), an array's "constructor" once (map's
   // species), and never the jsii tag; a getter that throws shows the extra read as an error.
   arrayElementReads: () => {
@@ -237,6 +282,16 @@ def _node_modules(directory: Path) -> Path:
     return modules
 
 
+def _plain_and_launched(directory: Path, program_text: str, modules: Path) -> tuple[dict, dict]:
+    """``program_text`` run under plain Node and under the launcher (as gpufleet's kernel starts), each one's last line."""
+    launcher = jsii_runtime.write_runtime(directory / "runtime")
+    assert launcher is not None
+    (directory / "runtime" / jsii_runtime.PROGRAM).write_text(program_text)
+    node = shutil.which("node") or "node"
+    program = directory / "runtime" / jsii_runtime.PROGRAM
+    return _run([node, "--preserve-symlinks", str(program)], modules), _run([node, "--preserve-symlinks", str(launcher)], modules)
+
+
 def _run(argv: list[str], modules: Path) -> dict:
     done = subprocess.run(argv, capture_output=True, text=True, check=True, stdin=subprocess.DEVNULL, timeout=120,
                           env={"PATH": "/usr/bin:/bin", "GPUFLEET_TEST_NODE_MODULES": str(modules)})
@@ -244,22 +299,17 @@ def _run(argv: list[str], modules: Path) -> dict:
 
 
 # What the walk does not reproduce (constructs_lib/jsii_runtime.py says so): a Proxy's traps (jsii's kernel and cdktf
-# make no Proxy), a getter on an array element read once more when the array holds a list token marker (the walk
-# looks before it hands the array to cdktf, which looks again), and how much JavaScript stack a token's resolve has
-# left (more deep down, a few frames less at the top). Every other case must match.
-NOT_REPRODUCED = {"elementReadsBeforeListToken", "proxyTraps", "proxyKeysChange", "revokedProxy", "stackLeftAtTop",
-                  "stackLeftAtDepth195"}
+# make no Proxy), a getter on an array element read more often when the array holds a list token marker or an
+# encoded list number (the walk looks before it hands the array to cdktf, which looks again) or sets its array's own
+# "some" (cdktf's second some is then that one; handed over, cdktf starts again with it), and how much
+# JavaScript stack a token's resolve has left (more deep down, a few frames less at the top). Every other case,
+# results, errors and reads, must match.
+NOT_REPRODUCED = {"elementReadsBeforeListToken", "elementReadsBeforeNumberListToken", "arrayGetsOwnSomeAtFirstRead",
+                  "proxyTraps", "proxyKeysChange", "revokedProxy", "stackLeftAtTop", "stackLeftAtDepth195"}
 
 
 def test_wrapped_resolve_gives_what_cdktf_gives_for_every_edge_case(tmp_path: Path) -> None:
-    modules = _node_modules(tmp_path)
-    launcher = jsii_runtime.write_runtime(tmp_path / "runtime")
-    assert launcher is not None
-    program = tmp_path / "runtime" / jsii_runtime.PROGRAM
-    program.write_text(HARNESS)
-    node = shutil.which("node") or "node"
-    plain = _run([node, "--preserve-symlinks", str(program)], modules)
-    wrapped = _run([node, "--preserve-symlinks", str(launcher)], modules)
+    plain, wrapped = _plain_and_launched(tmp_path, HARNESS, _node_modules(tmp_path))
     assert plain["wrapped"] is False
     assert wrapped["wrapped"] is True, (
         f"cdktf {cdktf.__version__} is not the version whose resolve the launcher's wrapper was checked against "
@@ -355,8 +405,9 @@ fs.writeSync(1, JSON.stringify(out) + "\n");
 
 def test_the_launcher_loads_odd_cdktf_directories_as_node_does(tmp_path: Path) -> None:
     """A directory named cdktf that is not cdktf, and a cdktf 0.21.0 whose resolve.js was patched: each loads and
-    resolves under the launcher as under plain Node. (The wrapper reads ``loaded.resolve`` of any ``./_tokens``
-    required from a ``cdktf/lib`` directory before anything else, and trusts the version number alone.)"""
+    resolves under the launcher as under plain Node: the hook looks at what a ``./_tokens`` exports before it reads
+    it, and wraps only a cdktf whose six files the walk relies on have the reviewed digests, not one that only says
+    0.21.0."""
     modules = _node_modules(tmp_path)
     odd = tmp_path / "odd" / "cdktf"
     (odd / "lib").mkdir(parents=True)
@@ -372,14 +423,8 @@ def test_the_launcher_loads_odd_cdktf_directories_as_node_does(tmp_path: Path) -
     text = resolve_js.read_text()
     assert text.count('.filter((x) => typeof x !== "undefined")') == 1
     resolve_js.write_text(text.replace('.filter((x) => typeof x !== "undefined")', '.map((x) => (x === undefined ? null : x))'))
-    launcher = jsii_runtime.write_runtime(tmp_path / "runtime")
-    assert launcher is not None
-    program = tmp_path / "runtime" / jsii_runtime.PROGRAM
-    program.write_text(ODD_PACKAGES)
-    node = shutil.which("node") or "node"
-    plain = _run([node, "--preserve-symlinks", str(program)], modules)
+    plain, wrapped = _plain_and_launched(tmp_path, ODD_PACKAGES, modules)
     assert plain == {"nullExports": '{"tokens":null}', "namelessParent": '{"nameless":true}', "patchedResult": '{"a":[1,null]}'}
-    wrapped = _run([node, "--preserve-symlinks", str(launcher)], modules)
     assert wrapped == plain
 
 
@@ -408,17 +453,12 @@ fs.writeSync(1, JSON.stringify(out) + "\n");
 
 def test_the_wrapper_follows_what_cdktf_looks_up_at_each_call(tmp_path: Path) -> None:
     """Tokenization.resolve replaced, or Token.STRING_MAP_TOKEN_VALUE changed, after cdktf loaded: cdktf's resolve
-    follows; the wrapper does not (it calls resolve.js's resolve directly and copied the sentinels)."""
-    modules = _node_modules(tmp_path)
-    launcher = jsii_runtime.write_runtime(tmp_path / "runtime")
-    assert launcher is not None
-    program = tmp_path / "runtime" / jsii_runtime.PROGRAM
-    program.write_text(CHANGED_AFTER_LOAD)
-    node = shutil.which("node") or "node"
-    plain = _run([node, "--preserve-symlinks", str(program)], modules)
+    follows, and so does the wrapper (a replaced Tokenization.resolve turns the walk off; the map-token values are
+    read at each call)."""
+    plain, wrapped = _plain_and_launched(tmp_path, CHANGED_AFTER_LOAD, _node_modules(tmp_path))
     assert plain == {"tokenizationResolveCalls": 1,
                      "changedSentinel": "Error: Found an encoded map token in a scalar string context."}
-    assert _run([node, "--preserve-symlinks", str(launcher)], modules) == plain
+    assert wrapped == plain
 
 
 # Synthesizes one stack of escape hatches and Python-made values through the real jsii kernel (started
@@ -475,3 +515,66 @@ def test_kernel_synthesizes_escape_hatches_the_same_with_and_without_the_wrapper
     document = json.loads(outputs[""])
     assert "gone" not in document["output"] and "removed" not in document["resource"]["terraform_data"]["d"]["input"]
     assert outputs[""] == outputs["packaged"]
+
+
+ENVIRONMENT = r"""
+"use strict";
+// (red team, second pass) What the wrapper's walk takes from cdktf's modules and from Object.prototype, changed
+// after cdktf loaded, each change undone before the next.
+const fs = require("fs");
+const path = require("path");
+const root = process.env.GPUFLEET_TEST_NODE_MODULES;
+const cdktf = require(path.join(root, "cdktf"));
+const tokens = require(path.join(root, "cdktf", "lib", "_tokens.js"));
+const resolveJs = require(path.join(root, "cdktf", "lib", "tokens", "private", "resolve.js"));
+const encoding = require(path.join(root, "cdktf", "lib", "tokens", "private", "encoding.js"));
+const { Lazy, Token } = cdktf;
+const stack = new cdktf.TerraformStack(new cdktf.App({ outdir: path.join(root, "..", "out") }), "s");
+const out = {};
+function attempt(name, make) {
+  try { out[name] = JSON.stringify(tokens.resolve(stack, make())); }
+  catch (error) { out[name] = `${error.constructor.name}: ${error.message.split("\n")[0]}`; }
+}
+// resolve.js's export replaced (instrumentation, a patch at run time): Tokenization.resolve calls it once, at the root;
+// the walk calls it at every node it hands over, and not at all for an input with no token.
+const original = resolveJs.resolve;
+let calls = 0;
+resolveJs.resolve = function (obj, options) {
+  calls++;
+  const result = original.apply(this, arguments);
+  return typeof result === "string" ? result.toUpperCase() : result;
+};
+attempt("resolveExportReplaced", () => ({ a: "x", t: Lazy.stringValue({ produce: () => "y" }) }));
+attempt("resolveExportReplacedNoToken", () => ({ a: "x" }));
+out.resolveExportCalls = calls;
+resolveJs.resolve = original;
+// encoding.js's export replaced: resolve.js's containsNumberListTokenElement calls encoding.js's own function, the
+// walk the export.
+const extract = encoding.extractTokenDouble;
+encoding.extractTokenDouble = (x, list) => (list ? undefined : extract(x, list));
+attempt("extractExportReplaced", () => ({ l: Token.asNumberList(Lazy.anyValue({ produce: () => [1, 2] })) }));
+encoding.extractTokenDouble = extract;
+// Object.prototype with "_children" and "_metadata" (resolve.js's isConstruct reads them, inherited or not).
+for (const key of ["_children", "_metadata"]) Object.defineProperty(Object.prototype, key, { value: {}, configurable: true });
+attempt("prototypeConstruct", () => ({ a: { b: 1 } }));
+for (const key of ["_children", "_metadata"]) delete Object.prototype[key];
+// Object.prototype with a "resolve" function: every object is then a token to resolve.js.
+Object.defineProperty(Object.prototype, "resolve", { value: () => "every object a token", configurable: true, writable: true });
+attempt("prototypeResolvable", () => ({ a: { b: 1 } }));
+delete Object.prototype.resolve;
+// A token that changes Token.STRING_MAP_TOKEN_VALUE while the tree is resolved: resolve.js reads it at each string,
+// the walk once per call (a later sibling string equal to the new value).
+const sentinel = Token.STRING_MAP_TOKEN_VALUE;
+attempt("sentinelChangedMidWalk", () => ({ a: Lazy.anyValue({ produce: () => { Token.STRING_MAP_TOKEN_VALUE = "changed mid-walk"; return 1; } }),
+                                           b: "changed mid-walk" }));
+Token.STRING_MAP_TOKEN_VALUE = sentinel;
+fs.writeSync(1, JSON.stringify(out) + "\n");
+"""
+
+
+def test_the_wrapper_follows_cdktf_when_its_modules_or_object_prototype_change(tmp_path: Path) -> None:
+    """(red team, second pass) resolve.js's or encoding.js's export replaced after cdktf loaded, and an
+    Object.prototype with a construct's "_children"/"_metadata": the launcher resolves as plain Node does."""
+    plain, wrapped = _plain_and_launched(tmp_path, ENVIRONMENT, _node_modules(tmp_path))
+    assert "prototypeResolvable" in plain and "prototypeConstruct" in plain
+    assert {k: (plain[k], wrapped.get(k)) for k in plain if plain[k] != wrapped.get(k)} == {}
