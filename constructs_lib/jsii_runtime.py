@@ -46,7 +46,7 @@ that grows with the fleet (bench/check.py, issue 28). Three costs in it are not 
   and arrays; ``undefined`` left out) and hands every other node, with its key path, to cdktf's own
   private ``resolve``, in cdktf's order: tokens, class instances, objects with their own ``resolve`` or
   ``_children``, objects the kernel passes by reference (their getters call Python), arrays holding a
-  list token, nodes past cdktf's depth limit. Only cdktf 0.21.0 is wrapped, and only with the six files
+  list token, nodes past cdktf's depth limit. Only cdktf 0.21.0 is wrapped, and only with the seven files
   the walk relies on as shipped (their digests): ``tests/constructs_lib/test_resolve_prune.py`` compares
   both on the real package, edge cases, a red team's cases and generated trees, and names what the walk
   does not reproduce (a Proxy's traps, a getter on an array element before a list token, stack depth). About 17% of the kernel's CPU at 40 generated clusters

@@ -406,7 +406,7 @@ fs.writeSync(1, JSON.stringify(out) + "\n");
 def test_the_launcher_loads_odd_cdktf_directories_as_node_does(tmp_path: Path) -> None:
     """A directory named cdktf that is not cdktf, and a cdktf 0.21.0 whose resolve.js was patched: each loads and
     resolves under the launcher as under plain Node: the hook looks at what a ``./_tokens`` exports before it reads
-    it, and wraps only a cdktf whose six files the walk relies on have the reviewed digests, not one that only says
+    it, and wraps only a cdktf whose seven files the walk relies on have the reviewed digests, not one that only says
     0.21.0."""
     modules = _node_modules(tmp_path)
     odd = tmp_path / "odd" / "cdktf"
