@@ -47,10 +47,11 @@ that grows with the fleet (bench/check.py, issue 28). Three costs in it are not 
   private ``resolve``, in cdktf's order: tokens, class instances, objects with their own ``resolve`` or
   ``_children``, objects the kernel passes by reference (their getters call Python), arrays holding a
   list token, nodes past cdktf's depth limit. Only cdktf 0.21.0 is wrapped, and only with the seven files
-  the walk relies on as shipped (their digests): ``tests/constructs_lib/test_resolve_prune.py`` compares
-  both on the real package, edge cases, a red team's cases and generated trees, and names what the walk
-  does not reproduce (a Proxy's traps, a getter on an array element before a list token, stack depth). About 17% of the kernel's CPU at 40 generated clusters
-  (issue 28, eighth round), after an earlier wrapper that only dropped unset keys (about 11%).
+  the walk relies on as shipped (their digests): ``tests/constructs_lib/test_resolve_walk.py`` compares
+  both on the real package, edge cases, two red teams' cases and generated trees, and names what the walk
+  does not reproduce (a Proxy's traps, array element getters, stack depth). About 17% of the kernel's CPU
+  at 40 generated clusters (issue 28, eighth round), after an earlier wrapper that only dropped unset keys
+  (about 11%).
 
 None of these changes what is synthesized: they only touch how messages travel, what error messages
 could quote, and which code copies what cdktf would copy. ``tests/stacks/test_parallel_synth.py`` compares worker processes (started this way)
@@ -164,10 +165,10 @@ if (!process.execArgv.includes("--preserve-symlinks")) process.execArgv.push("--
 // Not reproduced: a Proxy's traps (the kernel and cdktf make none); a getter on an array element, read more
 // often when the walk hands its array to cdktf after looking at it (a list token marker or an encoded list number
 // in it); a getter that changes cdktf's exports, Token's statics or its own array's "some" in the middle of a
-// walk; and the JavaScript
-// stack a token's resolve has left (more deep down, a few frames less at the top). Only the cdktf whose files were read for this (the version and
-// each file's digest, REVIEWED_FILES): tests/constructs_lib/test_resolve_prune.py compares both on the real
-// package over edge cases, a red team's cases and 400 generated trees, and fails until a new version is named.
+// walk; and the JavaScript stack a token's resolve has left (more deep down, a few frames less at the top).
+// Only the cdktf whose files were read for this (the version and each file's digest, REVIEWED_FILES):
+// tests/constructs_lib/test_resolve_walk.py compares both on the real package over edge cases, two red teams'
+// cases and 400 generated trees, and fails until a new version is named.
 const Module = require("module");
 const path = require("path");
 const FAST = Symbol("gpufleet.fastResolve");
@@ -181,8 +182,9 @@ const REVIEWED_CDKTF = "0.21.0";
 // lib/): resolve.js (the resolve it replaces for inert nodes), encoding.js (token markers, the encoded-number
 // pattern, extractTokenDouble), token-map.js (lookupNumberToken: no token where extractTokenDouble finds none),
 // token.js (the map-token values, Tokenization.resolve), resolvable.js (DefaultTokenResolver, StringConcat: no
-// state), _tokens.js (what it passes) and tokens/index.js (where the walk takes them from). A cdktf with any of them changed (an upgrade, a patched copy) is left
-// unwrapped; tests/constructs_lib/test_resolve_prune.py fails until the new text is read and named here.
+// state), _tokens.js (what it passes) and tokens/index.js (where the walk takes them from). A cdktf with any of
+// them changed (an upgrade, a patched copy) is left unwrapped; tests/constructs_lib/test_resolve_walk.py fails
+// until the new text is read and named here.
 const REVIEWED_FILES = {
   "tokens/private/resolve.js": "08c4dba33a40b05fd4f4c1957bd4102695c1b30df595bbb1ad1fb95fdc4a0382",
   "tokens/private/encoding.js": "5afaace6c605ac7a2da2a91f5fe0142ff0beadb69bc0c3650e9d071d136fd29f",

@@ -10,7 +10,7 @@ undefined values at cdktf's depth limit (``prefix.length > 200`` in ``lib/tokens
 cdktf 0.21.0 throws before it looks at the value), a cycle, and an object the jsii kernel tags as passed
 by reference (its properties are getters that call back into Python); encoded numbers inside strings,
 cdktf's map-token values, sparse arrays, getters (and how often each is read), and 400 generated trees
-mixing all of these. A red team's cases (issue 28, eighth round) too: arrays with their own ``map``/``some``/
+mixing all of these. Two red teams' cases (issue 28, eighth round) too: arrays with their own ``map``/``some``/
 ``constructor`` or another prototype, an array a token appends to while it is resolved, Proxies, the stack
 left to a token, odd packages named cdktf, a patched cdktf 0.21.0, and values cdktf looks up at each call.
 ``NOT_REPRODUCED`` names the few cases where the walk may differ, as constructs_lib/jsii_runtime.py says. On a
@@ -26,6 +26,7 @@ from pathlib import Path
 
 import cdktf
 import constructs
+import pytest
 
 from constructs_lib import jsii_runtime
 
@@ -130,14 +131,14 @@ const cases = {
   // An array whose prototype is not Array.prototype has no "some" (cdktf: "xs.some is not a function").
   arrayNullPrototype: () => ({ a: Object.setPrototypeOf([1, { b: undefined }], null) }),
   arrayObjectPrototype: () => ({ a: Object.setPrototypeOf(["x"], Object.prototype) }),
-  // A Lazy that appends to the array it is in: cdktf's map stops at the length it started with, the walk rereads x.length.
+  // A Lazy that appends to the array it is in: cdktf's map stops at the length it started with.
   arrayGrowsWhileResolved: () => {
     const a = [];
     a.push(Lazy.anyValue({ produce: () => { a.push("appended while resolving"); return "x"; } }), "y");
     return { a };
   },
   // (red team, second pass) An element getter that appends on its first read, i.e. during cdktf's first some():
-  // cdktf's second some() and its map() each take the length anew and see the appended element; the walk took it once.
+  // cdktf's second some() and its map() each take the length anew and see the appended element.
   arrayGrowsDuringListTokenScan: () => {
     const a = [];
     let pushed = false;
@@ -152,7 +153,7 @@ const cases = {
     return { a };
   },
   // (red team, second pass) An element getter that gives its array an own "map" during cdktf's scan: cdktf looks
-  // obj.map up after its two some(), the walk checked for an own map before it.
+  // obj.map up after its two some().
   arrayGetsOwnMapDuringScan: () => {
     const a = [];
     Object.defineProperty(a, 0, { enumerable: true, get: () => { a.map = () => ["from a map set while scanned"]; return "v"; } });
@@ -271,14 +272,25 @@ fs.writeSync(1, JSON.stringify(out) + "\n");
 """
 
 
-def _node_modules(directory: Path) -> Path:
-    """The pinned cdktf and constructs packages, unpacked from the jsii assemblies the kernel loads."""
-    modules = directory / "node_modules"
+@pytest.fixture(scope="module")
+def packages(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The pinned cdktf and constructs packages, unpacked once from the jsii assemblies the kernel loads."""
+    directory = tmp_path_factory.mktemp("packages")
     for package, module in (("cdktf", cdktf), ("constructs", constructs)):
         (tarball,) = Path(module.__file__).parent.joinpath("_jsii").glob("*.jsii.tgz")
         with tarfile.open(tarball) as archive:
             archive.extractall(directory / "unpack" / package, filter="tar")
-        shutil.move(directory / "unpack" / package / "package", modules / package)
+        shutil.move(directory / "unpack" / package / "package", directory / package)
+    return directory
+
+
+def _node_modules(directory: Path, packages: Path) -> Path:
+    """A test's own ``node_modules`` (its siblings are the test's), linking the unpacked packages (Node runs with
+    --preserve-symlinks, as the kernel does, so modules are known by these paths)."""
+    modules = directory / "node_modules"
+    modules.mkdir()
+    for package in ("cdktf", "constructs"):
+        (modules / package).symlink_to(packages / package)
     return modules
 
 
@@ -308,8 +320,8 @@ NOT_REPRODUCED = {"elementReadsBeforeListToken", "elementReadsBeforeNumberListTo
                   "proxyTraps", "proxyKeysChange", "revokedProxy", "stackLeftAtTop", "stackLeftAtDepth195"}
 
 
-def test_wrapped_resolve_gives_what_cdktf_gives_for_every_edge_case(tmp_path: Path) -> None:
-    plain, wrapped = _plain_and_launched(tmp_path, HARNESS, _node_modules(tmp_path))
+def test_wrapped_resolve_gives_what_cdktf_gives_for_every_edge_case(tmp_path: Path, packages: Path) -> None:
+    plain, wrapped = _plain_and_launched(tmp_path, HARNESS, _node_modules(tmp_path, packages))
     assert plain["wrapped"] is False
     assert wrapped["wrapped"] is True, (
         f"cdktf {cdktf.__version__} is not the version whose resolve the launcher's wrapper was checked against "
@@ -355,12 +367,12 @@ fs.writeSync(1, JSON.stringify({
 """
 
 
-def test_the_walk_hands_cdktf_only_the_tokens_and_wraps_only_the_reviewed_version(tmp_path: Path) -> None:
+def test_the_walk_hands_cdktf_only_the_tokens_and_wraps_only_the_reviewed_version(tmp_path: Path, packages: Path) -> None:
     """Through the launcher, with the real cdktf: cdktf's own resolve gets the two token nodes of a generated
     resource, each with its key path, and nothing else; the result is cdktf's (compared above), made of new
     objects, the input untouched. The same cdktf package under another version number (an upgrade nobody has
     read) is left unwrapped."""
-    modules = _node_modules(tmp_path)
+    modules = _node_modules(tmp_path, packages)
     older = tmp_path / "older" / "cdktf"
     shutil.copytree(modules / "cdktf", older)
     manifest = json.loads((older / "package.json").read_text())
@@ -381,16 +393,16 @@ def test_the_walk_hands_cdktf_only_the_tokens_and_wraps_only_the_reviewed_versio
 
 ODD_PACKAGES = r"""
 "use strict";
-// Loads, under the launcher, a directory named cdktf whose lib/_tokens.js exports null, a "./_tokens" required by a
-// module without a filename, and a cdktf that says it is
-// 0.21.0 but whose resolve.js keeps an array's undefined elements as null (a patch-package style change).
+// Loads a directory named cdktf whose lib/_tokens.js exports null, a "./_tokens" required by a module without a
+// filename, and a cdktf that says it is 0.21.0 but whose resolve.js keeps an array's undefined elements as null (a
+// patch-package style change).
 const fs = require("fs");
 const path = require("path");
 const root = process.env.GPUFLEET_TEST_NODE_MODULES;
 const out = {};
 try { out.nullExports = JSON.stringify(require(path.join(root, "..", "odd", "cdktf"))); }
 catch (error) { out.nullExports = `${error.constructor.name}: ${error.message}`; }
-// A module made by hand has no filename: the hook's path.dirname(parent.filename) throws on its "./_tokens".
+// A module made by hand has no filename (the hook must not take path.dirname of it).
 process.chdir(path.join(root, "..", "nameless"));
 try { out.namelessParent = JSON.stringify(new (require("module"))("made by hand", null).require("./_tokens")); }
 catch (error) { out.namelessParent = `${error.constructor.name}: ${error.message}`; }
@@ -403,12 +415,12 @@ fs.writeSync(1, JSON.stringify(out) + "\n");
 """
 
 
-def test_the_launcher_loads_odd_cdktf_directories_as_node_does(tmp_path: Path) -> None:
+def test_the_launcher_loads_odd_cdktf_directories_as_node_does(tmp_path: Path, packages: Path) -> None:
     """A directory named cdktf that is not cdktf, and a cdktf 0.21.0 whose resolve.js was patched: each loads and
     resolves under the launcher as under plain Node: the hook looks at what a ``./_tokens`` exports before it reads
     it, and wraps only a cdktf whose seven files the walk relies on have the reviewed digests, not one that only says
     0.21.0."""
-    modules = _node_modules(tmp_path)
+    modules = _node_modules(tmp_path, packages)
     odd = tmp_path / "odd" / "cdktf"
     (odd / "lib").mkdir(parents=True)
     (odd / "package.json").write_text(json.dumps({"name": "cdktf", "version": "0.21.0", "main": "lib/index.js"}))
@@ -430,8 +442,7 @@ def test_the_launcher_loads_odd_cdktf_directories_as_node_does(tmp_path: Path) -
 
 CHANGED_AFTER_LOAD = r"""
 "use strict";
-// cdktf's _tokens.resolve looks up Tokenization.resolve, and resolve.js the Token sentinels, at each call; the
-// wrapper took its copies when _tokens loaded.
+// cdktf's _tokens.resolve looks up Tokenization.resolve, and resolve.js the Token sentinels, at each call.
 const fs = require("fs");
 const path = require("path");
 const root = process.env.GPUFLEET_TEST_NODE_MODULES;
@@ -451,14 +462,58 @@ fs.writeSync(1, JSON.stringify(out) + "\n");
 """
 
 
-def test_the_wrapper_follows_what_cdktf_looks_up_at_each_call(tmp_path: Path) -> None:
+def test_the_wrapper_follows_what_cdktf_looks_up_at_each_call(tmp_path: Path, packages: Path) -> None:
     """Tokenization.resolve replaced, or Token.STRING_MAP_TOKEN_VALUE changed, after cdktf loaded: cdktf's resolve
     follows, and so does the wrapper (a replaced Tokenization.resolve turns the walk off; the map-token values are
     read at each call)."""
-    plain, wrapped = _plain_and_launched(tmp_path, CHANGED_AFTER_LOAD, _node_modules(tmp_path))
+    plain, wrapped = _plain_and_launched(tmp_path, CHANGED_AFTER_LOAD, _node_modules(tmp_path, packages))
     assert plain == {"tokenizationResolveCalls": 1,
                      "changedSentinel": "Error: Found an encoded map token in a scalar string context."}
     assert wrapped == plain
+
+
+APP = r"""
+"use strict";
+// A two-stack app synthesized by cdktf itself: variables, locals with escapes and encoded-number-like text, a
+// for_each iterator, Fn functions, operators and conditionals, Lazy values (omitEmpty), overrides, and a
+// cross-stack reference (an output in one stack, a remote state in the other). Prints every file it wrote.
+const fs = require("fs");
+const path = require("path");
+const root = process.env.GPUFLEET_TEST_NODE_MODULES;
+const cdktf = require(path.join(root, "cdktf"));
+const tokens = require(path.join(root, "cdktf", "lib", "_tokens.js"));
+const { App, TerraformStack, TerraformVariable, TerraformLocal, TerraformOutput, DataResource, TerraformIterator,
+        Fn, Op, Lazy, conditional, propertyAccess } = cdktf;
+const outdir = path.join(root, "..", "app-out");
+const app = new App({ outdir, skipValidation: true });  // its validation runs `terraform version`, not on this PATH
+const a = new TerraformStack(app, "a");
+const b = new TerraformStack(app, "b");
+const name = new TerraformVariable(a, "name", { type: "string", default: "gpu" });
+const local = new TerraformLocal(a, "l", { plain: "x", escaped: "$${not.a.ref}", numberish: "1e5", unset: undefined,
+                                          nested: { list: [1, undefined, "s"], empty: Lazy.anyValue({ produce: () => [] }, { omitEmptyArray: true }) } });
+const it = TerraformIterator.fromList(["p", "q"]);
+const each = new DataResource(a, "each", { forEach: it, input: { key: it.value, joined: Fn.join("-", [name.stringValue, it.value]) } });
+const data = new DataResource(a, "d", { input: { sum: Op.add(1, 2), pick: conditional(true, "y", "n"),
+                                                 looked: Fn.lookup(local.asAnyMap, "plain", "none"), at: propertyAccess(local.expression, ["nested", "list"]) } });
+data.addOverride("input.extra", { k: "v", gone: undefined });
+new DataResource(b, "uses", { input: { from_a: data.output, count: each.fqn } });
+new TerraformOutput(a, "o", { value: data.id });
+app.synth();
+const files = {};
+for (const dir of fs.readdirSync(path.join(outdir, "stacks")).sort()) {
+  files[dir] = fs.readFileSync(path.join(outdir, "stacks", dir, "cdk.tf.json"), "utf8");
+}
+fs.writeSync(1, JSON.stringify({ wrapped: tokens.resolve.name !== "resolve", files }) + "\n");
+"""
+
+
+def test_a_cdktf_app_synthesizes_the_same_bytes_with_the_walk(tmp_path: Path, packages: Path) -> None:
+    """cdktf's own synthesis of a two-stack app (iterators, Fn, operators, Lazy, overrides, a cross-stack reference)
+    under plain Node and under the launcher: the same files, byte for byte, with the walk in use."""
+    plain, wrapped = _plain_and_launched(tmp_path, APP, _node_modules(tmp_path, packages))
+    assert plain["wrapped"] is False and wrapped["wrapped"] is True
+    assert "terraform_remote_state" in plain["files"]["b"] and "for_each" in plain["files"]["a"]
+    assert wrapped["files"] == plain["files"]
 
 
 # Synthesizes one stack of escape hatches and Python-made values through the real jsii kernel (started
@@ -535,8 +590,8 @@ function attempt(name, make) {
   try { out[name] = JSON.stringify(tokens.resolve(stack, make())); }
   catch (error) { out[name] = `${error.constructor.name}: ${error.message.split("\n")[0]}`; }
 }
-// resolve.js's export replaced (instrumentation, a patch at run time): Tokenization.resolve calls it once, at the root;
-// the walk calls it at every node it hands over, and not at all for an input with no token.
+// resolve.js's export replaced (instrumentation, a patch at run time): Tokenization.resolve calls it once, at the
+// root, token or not (the walk, which hands over nodes one by one, must step aside).
 const original = resolveJs.resolve;
 let calls = 0;
 resolveJs.resolve = function (obj, options) {
@@ -548,8 +603,7 @@ attempt("resolveExportReplaced", () => ({ a: "x", t: Lazy.stringValue({ produce:
 attempt("resolveExportReplacedNoToken", () => ({ a: "x" }));
 out.resolveExportCalls = calls;
 resolveJs.resolve = original;
-// encoding.js's export replaced: resolve.js's containsNumberListTokenElement calls encoding.js's own function, the
-// walk the export.
+// encoding.js's export replaced: resolve.js's containsNumberListTokenElement calls encoding.js's own function.
 const extract = encoding.extractTokenDouble;
 encoding.extractTokenDouble = (x, list) => (list ? undefined : extract(x, list));
 attempt("extractExportReplaced", () => ({ l: Token.asNumberList(Lazy.anyValue({ produce: () => [1, 2] })) }));
@@ -562,8 +616,8 @@ for (const key of ["_children", "_metadata"]) delete Object.prototype[key];
 Object.defineProperty(Object.prototype, "resolve", { value: () => "every object a token", configurable: true, writable: true });
 attempt("prototypeResolvable", () => ({ a: { b: 1 } }));
 delete Object.prototype.resolve;
-// A token that changes Token.STRING_MAP_TOKEN_VALUE while the tree is resolved: resolve.js reads it at each string,
-// the walk once per call (a later sibling string equal to the new value).
+// A token that changes Token.STRING_MAP_TOKEN_VALUE while the tree is resolved: resolve.js reads it at each string
+// (a later sibling string equal to the new value).
 const sentinel = Token.STRING_MAP_TOKEN_VALUE;
 attempt("sentinelChangedMidWalk", () => ({ a: Lazy.anyValue({ produce: () => { Token.STRING_MAP_TOKEN_VALUE = "changed mid-walk"; return 1; } }),
                                            b: "changed mid-walk" }));
@@ -572,9 +626,10 @@ fs.writeSync(1, JSON.stringify(out) + "\n");
 """
 
 
-def test_the_wrapper_follows_cdktf_when_its_modules_or_object_prototype_change(tmp_path: Path) -> None:
-    """(red team, second pass) resolve.js's or encoding.js's export replaced after cdktf loaded, and an
-    Object.prototype with a construct's "_children"/"_metadata": the launcher resolves as plain Node does."""
-    plain, wrapped = _plain_and_launched(tmp_path, ENVIRONMENT, _node_modules(tmp_path))
+def test_the_wrapper_follows_cdktf_when_its_modules_or_object_prototype_change(tmp_path: Path, packages: Path) -> None:
+    """(red team, second pass) resolve.js's or encoding.js's export replaced after cdktf loaded, an Object.prototype
+    with a construct's "_children"/"_metadata" or a token's "resolve", and a token that changes a map-token value in
+    the middle of a walk: the launcher resolves as plain Node does."""
+    plain, wrapped = _plain_and_launched(tmp_path, ENVIRONMENT, _node_modules(tmp_path, packages))
     assert "prototypeResolvable" in plain and "prototypeConstruct" in plain
     assert {k: (plain[k], wrapped.get(k)) for k in plain if plain[k] != wrapped.get(k)} == {}
