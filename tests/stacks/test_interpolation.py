@@ -145,7 +145,10 @@ def test_the_fast_template_check_refuses_what_the_char_by_char_scan_refused(tmp_
         out = tmp_path / str(round_)
         for index, tree in enumerate(trees):
             (out / "stacks" / f"s{index}").mkdir(parents=True)
-            (out / "stacks" / f"s{index}" / "cdk.tf.json").write_text(json.dumps(tree))
+            # odd rounds as JSON.stringify writes (no ASCII escaping): the text scan decides; even rounds
+            # escaped (\u00e9 and the like): the parsed tree decides
+            (out / "stacks" / f"s{index}" / "cdk.tf.json").write_text(json.dumps(tree, ensure_ascii=round_ % 2 == 0),
+                                                                      encoding="utf-8")
         refused = [index for index, tree in enumerate(trees) if _refused_by_oracle(tree)]
         hits = [[str(hit) for hit in find(tree, str(out / "stacks" / f"s{index}" / "cdk.tf.json"))]
                 for index, tree in enumerate(trees)]
@@ -156,6 +159,35 @@ def test_the_fast_template_check_refuses_what_the_char_by_char_scan_refused(tmp_
         with pytest.raises(UserError) as caught:
             check_outdir(out)
         assert str(caught.value) == "\n".join(line for found in hits for line in found)
+
+
+def test_the_text_scan_gives_the_parsed_trees_verdict() -> None:
+    """``findings`` tests a stack's text without parsing it (``_text_suspect``): over fuzzed trees written as cdktf's
+    JSON.stringify writes them (no ASCII escaping, so quotes, backslashes and markers meet in the raw text; compact and
+    indented, keys and values), its verdict is ``_suspect``'s of the parsed tree, with the per-literal and
+    per-expression memories shared across stacks as in one ``findings``; a text holding a ``\\u`` escape is left to
+    the parse. Invalid JSON around a marker is left to the parse too."""
+    rng = random.Random(2806)
+    literals: dict[str, bool] = {}
+    verdicts: dict[str, bool] = {}
+    scanned = refused = 0
+    for _ in range(4000):
+        tree = {"resource": {"x": _fuzz_tree(rng)}}
+        for text in (json.dumps(tree, ensure_ascii=False), json.dumps(tree, ensure_ascii=False, indent=2)):
+            verdict = interpolation._text_suspect(text, literals, verdicts)
+            if "\\u" in text:
+                assert verdict is None
+                continue
+            assert verdict is interpolation._suspect(tree), text
+            scanned += 1
+            refused += verdict
+    assert scanned > 3000 and 500 < refused < scanned - 500
+    assert interpolation._text_suspect('{"a": "x"} ${var.x}', {}, {}) is None
+    assert interpolation._text_suspect('{"a": "${var.x', {}, {}) is None
+    assert interpolation._text_suspect('["\\\\", "${file(\\"/x\\")}"]', {}, {}) is True
+    assert interpolation._text_suspect('["\\\\\\"${var.x}"]', {}, {}) is False
+    spelled = '["\\u0024{file(\\"/x\\")}"]'  # JSON for "${file(...)}" with its "$" escaped: no "${" in the text
+    assert interpolation._text_suspect(spelled, {}, {}) is None and interpolation._suspect(json.loads(spelled))
 
 
 def test_fails_when_a_map_key_holds_an_interpolation() -> None:
