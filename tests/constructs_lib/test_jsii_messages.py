@@ -41,17 +41,23 @@ def test_installed_only_on_the_reviewed_jsii():
 def test_every_message_of_a_synthesis_encodes_to_the_same_bytes(example_configs, tmp_path, monkeypatch):
     from stacks.synth import synthesize
 
-    narrow = jsii_messages.unstructure
+    narrow = jsii_messages._unstructure
     sent: collections.Counter = collections.Counter()
     different = []
 
     def recording(converter, request):
-        mine = narrow(converter, request)
+        mine, plain = narrow(converter, request)
         upstream = converter.unstructure(request)
-        if json.dumps(mine, default=process.jdefault) != json.dumps(upstream, default=process.jdefault):
+        jsii_text = json.dumps(upstream, default=process.jdefault)
+        if json.dumps(mine, default=process.jdefault) != jsii_text:
             different.append((request, mine, upstream))
+        # what the kernel parses from the line sent: the same value, keys in the same order
+        line = jsii_messages._encode(mine, plain, process.jdefault)
+        if _parsed(line) != _parsed(jsii_text):
+            different.append((request, line, jsii_text))
         sent[mine.get("api", type(request).__name__)] += 1
-        return mine
+        sent["written by orjson"] += line != jsii_text.encode()
+        return mine, plain
 
     from constructs_lib import naming
 
@@ -62,11 +68,18 @@ def test_every_message_of_a_synthesis_encodes_to_the_same_bytes(example_configs,
         sent["rode along"] += rode
         return rode
 
-    monkeypatch.setattr(jsii_messages, "unstructure", recording)
+    monkeypatch.setattr(jsii_messages, "_unstructure", recording)
     monkeypatch.setattr(naming, "defer_logical_id", counting)
     synthesize(example_configs, tmp_path / "out")
     assert different == []
     assert sent["create"] > 400 and sent["invoke"] + sent["rode along"] > 300 and sent["get"] > 100, sent
+    assert sent["written by orjson"] > 0.9 * (sent["create"] + sent["invoke"] + sent["get"]), sent
+
+
+def _parsed(text: str | bytes) -> object:
+    """A JSON text as ``JSON.parse`` reads it, objects as lists of pairs so that key order counts; numbers as
+    doubles, as in JavaScript."""
+    return json.loads(text, object_pairs_hook=list, parse_int=float)
 
 
 class Mode(str, enum.Enum):
@@ -174,3 +187,66 @@ def test_host_stack_traces_leave_out_the_copies_frames_as_jsii_leaves_out_its_ow
     (sent,) = [m for m in map(json.loads, recorder.lines) if m.get("api") == "create" and m["fqn"] == "Object"]
     assert sent["$jsii.stacktrace"][0] == [here.f_code.co_filename, line, 0, here.f_code.co_name]
     assert not [f for f in sent["$jsii.stacktrace"] if f[0] in (jsii_messages.__file__, jsii_structs.__file__)]
+
+
+class _Proxy:
+    """What a jsii proxy object carries: its kernel reference (cattrs hands such an object back as it is)."""
+
+    def __init__(self, ref: types.ObjRef) -> None:
+        self.__jsii_ref__ = ref
+
+
+class NamedProxy(str):
+    """A string that also carries a reference: json.dumps writes it as the string, never through jsii's jdefault."""
+
+    __jsii_ref__ = types.ObjRef(ref="s@2")
+
+
+def test_orjson_writes_only_what_the_kernel_parses_as_jsiis_own_line():
+    """``_encode`` writes a request holding only plain JSON values (and jsii objects, as their references) with
+    orjson: the kernel's JSON.parse gets the value of jsii's own line. Every value orjson would write otherwise
+    sends jsii's ``json.dumps`` bytes, exactly."""
+    import datetime
+    import math
+    import sys
+
+    from jsii._runtime import kernel
+
+    converter = kernel.provider._process._serializer
+    ref = types.ObjRef(ref="x@1", interfaces=["a.I"])
+    plain = [[1, -7, 2.5, 1e16, 1e-7, -0.0, 0.1 + 0.2, sys.float_info.max, 2**63 - 1, True, False, None, "x", 'q"\\\n\t'],
+             [{"k": [_Proxy(ref), _Proxy(types.ObjRef(ref="y@2"))], "": {"nested": [[]]}}], []]
+    other = [[math.nan], [math.inf], [-math.inf], [2**64], [-(2**63) - 1], ["é"], ["\ud800"], ["\u2028"], [Name("n")],
+             [NamedProxy("s")], [Mode.FAST], [Level.HIGH], [(1, 2)], [{1: "int key"}], [{Name("k"): 1}],
+             [datetime.datetime(2026, 12, 6, tzinfo=datetime.timezone.utc)], [{"k": [1, math.nan]}]]
+    for args in plain + other:
+        for request in (types.InvokeRequest(objref=ref, method="m", args=args), types.CreateRequest(fqn="f.F", args=args)):
+            mine, is_plain = jsii_messages._unstructure(converter, request)
+            line = jsii_messages._encode(mine, is_plain, process.jdefault)
+            jsii_line = json.dumps(converter.unstructure(request), default=process.jdefault).encode("utf8")
+            if args in plain:
+                assert is_plain and line != jsii_line and _parsed(line) == _parsed(jsii_line), args
+            else:
+                assert line == jsii_line, args
+    request = types.GetRequest(objref=ref, property="p")
+    assert _parsed(jsii_messages._encode(*jsii_messages._unstructure(converter, request), process.jdefault)) \
+        == _parsed(json.dumps(converter.unstructure(request)))
+
+
+def test_replies_decode_as_json_loads_with_jsiis_hook_decodes_them(monkeypatch):
+    """``_next_message`` keeps one decoder; each line must still read as ``json.loads(line, object_hook=ohook)``."""
+    import io
+
+    lines = [b'{"ok": {"$jsii.byref": "a@1"}}\n', b'{"ok": {"$jsii.byref": "a@1", "$jsii.interfaces": ["b.I"]}}\n',
+             b'{"ok": {"$jsii.enum": "m.E/V"}}\n', b'{"ok": {"$jsii.map": {"k": [1, 2.5, "\\u00e9"]}}}\n',
+             '{"ok": "é \u2028"}\n'.encode(), b'\xef\xbb\xbf{"ok": 1}\n', b'{"callback": {"cbid": "c1"}}\n']
+
+    class Node:
+        _process = type("P", (), {"stdout": io.BytesIO(b"".join(lines))})()
+
+    for line in lines:
+        assert repr(jsii_messages._next_message(Node())) == repr(json.loads(line, object_hook=process.ohook))
+    other_hook = lambda d: ("hooked", d)  # noqa: E731  (a replaced hook is used, as jsii looks it up per line)
+    monkeypatch.setattr(process, "ohook", other_hook)
+    Node._process.stdout = io.BytesIO(lines[0])
+    assert jsii_messages._next_message(Node()) == json.loads(lines[0], object_hook=other_hook)
