@@ -208,6 +208,7 @@ def test_orjson_writes_only_what_the_kernel_parses_as_jsiis_own_line():
     sends jsii's ``json.dumps`` bytes, exactly."""
     import datetime
     import math
+    import pathlib
     import sys
 
     from jsii._runtime import kernel
@@ -218,6 +219,7 @@ def test_orjson_writes_only_what_the_kernel_parses_as_jsiis_own_line():
              [{"k": [_Proxy(ref), _Proxy(types.ObjRef(ref="y@2"))], "": {"nested": [[]]}}], []]
     other = [[math.nan], [math.inf], [-math.inf], [2**64], [-(2**63) - 1], ["é"], ["\ud800"], ["\u2028"], [Name("n")],
              [NamedProxy("s")], [Mode.FAST], [Level.HIGH], [(1, 2)], [{1: "int key"}], [{Name("k"): 1}],
+             [{pathlib.Path("k"): math.nan}], [{"$jsii.map": {pathlib.Path("k"): datetime.datetime(2026, 12, 6, tzinfo=datetime.timezone.utc)}}],
              [datetime.datetime(2026, 12, 6, tzinfo=datetime.timezone.utc)], [{"k": [1, math.nan]}]]
     for args in plain + other:
         for request in (types.InvokeRequest(objref=ref, method="m", args=args), types.CreateRequest(fqn="f.F", args=args)):
