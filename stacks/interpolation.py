@@ -53,6 +53,38 @@ class Interpolation:
                 " remove '${'/'%{' from the cluster file or the override that put it there")
 
 
+@dataclass(frozen=True)
+class DuplicateKey:
+    """A key written twice in one object of a stack's JSON: a JSON parser keeps one of the values (the template
+    check reads what ``json.loads`` keeps), Terraform reads every one (HCL's JSON syntax keeps repeated block keys
+    as blocks of their own), so a sequence under the dropped one would be evaluated unchecked."""
+    file: str
+    key: str
+
+    def __str__(self) -> str:
+        return (f"{self.file}: the key {self.key!r} appears twice in one object; Terraform would read both and the"
+                " template check cannot vouch for the one a JSON parser drops; cdktf never writes a key twice:"
+                " remove whatever edited the synthesized file")
+
+
+class _Repeated(Exception):
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``json.loads``' ``object_pairs_hook``: the object, or ``_Repeated`` for its first key written twice."""
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _Repeated(key)
+            seen.add(key)
+    return obj
+
+
 def _closing(text: str, start: int) -> int:
     """Index of the ``}`` closing a template sequence whose body starts at ``start``; -1 if unclosed."""
     depth, i, quoted = 1, start, False
@@ -253,10 +285,15 @@ def check_outdir(outdir: Path, shown_as: Path | None = None, stacks: Iterable[st
     refuse(findings(outdir, shown_as, stacks))
 
 
-def findings(outdir: Path, shown_as: Path | None = None, stacks: Iterable[str] | None = None) -> list[Interpolation]:
+def findings(outdir: Path, shown_as: Path | None = None,
+             stacks: Iterable[str] | None = None) -> list[Interpolation | DuplicateKey]:
     """What ``check_outdir`` refuses, in its order (by stack name, then as ``find`` walks each file); each part
-    of a parallel synthesis is checked in its own process and the parts' lists merged (``merged``)."""
-    found: list[Interpolation] = []
+    of a parallel synthesis is checked in its own process and the parts' lists merged (``merged``).
+
+    A stack whose text holds no string with a sequence (``_text_suspect``) is not parsed, so a file that is not
+    JSON at all passes here when nothing in it could be a template (Terraform and checkov refuse it later); one
+    that is parsed and repeats a key in an object is refused (``DuplicateKey``)."""
+    found: list[Interpolation | DuplicateKey] = []
     files = sorted(Path(outdir).glob("stacks/*/cdk.tf.json")) if stacks is None else \
         [Path(outdir) / "stacks" / name / "cdk.tf.json" for name in sorted(stacks)]
     literals: dict[str, bool] = {}
@@ -265,19 +302,25 @@ def findings(outdir: Path, shown_as: Path | None = None, stacks: Iterable[str] |
         name = str((shown_as or outdir) / file.relative_to(outdir))
         text = file.read_text()
         suspect = _text_suspect(text, literals, verdicts)
-        tree = json.loads(text) if suspect is not False else None
-        if tree is not None and (suspect or _suspect(tree, verdicts)):
+        if suspect is False:
+            continue
+        try:
+            tree = json.loads(text, object_pairs_hook=_unique)
+        except _Repeated as repeated:
+            found.append(DuplicateKey(name, repeated.key))
+            continue
+        if suspect or _suspect(tree, verdicts):
             found.extend(find(tree, name))
     return found
 
 
-def merged(parts: Iterable[list[Interpolation]]) -> list[Interpolation]:
+def merged(parts: Iterable[list[Interpolation | DuplicateKey]]) -> list[Interpolation | DuplicateKey]:
     """The findings of parts holding different stacks, in the order one ``findings`` over all of them gives:
     by file as paths sort (one per stack; ``a`` before ``a-b``, as ``sorted`` of the globbed paths), each file's
     own in their order (a stable sort)."""
     return sorted((f for part in parts for f in part), key=lambda f: Path(f.file))
 
 
-def refuse(found: list[Interpolation]) -> None:
+def refuse(found: list[Interpolation | DuplicateKey]) -> None:
     if found:
         raise UserError("\n".join(str(f) for f in found))

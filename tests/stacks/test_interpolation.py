@@ -190,6 +190,22 @@ def test_the_text_scan_gives_the_parsed_trees_verdict() -> None:
     assert interpolation._text_suspect(spelled, {}, {}) is None and interpolation._suspect(json.loads(spelled))
 
 
+@pytest.mark.parametrize("text", [
+    '{"output": {"leak": {"value": "${file(\\"/etc/hostname\\")}"}}, "output": {}}',
+    '{"output": {"leak": {"value": "${file(\\"/etc/hostname\\")}"}}, "output": {"ok": {"value": "\\u00e9"}}}',
+], ids=["text scan", "parsed"])
+def test_a_repeated_key_is_refused_where_a_parser_would_drop_a_sequence(tmp_path: Path, text: str) -> None:
+    """A red team's case: json.loads keeps the last of two ``output`` keys, so the walk saw no sequence, while
+    Terraform keeps both blocks and evaluated ``file()`` in the first (``terraform plan`` printed the file). cdktf
+    never writes a key twice; a stack that does and holds a sequence is refused, on either path of ``findings``."""
+    stack = tmp_path / "stacks" / "s"
+    stack.mkdir(parents=True)
+    (stack / "cdk.tf.json").write_text(text)
+    assert not interpolation._suspect(json.loads(text))
+    with pytest.raises(UserError, match="'output' appears twice in one object"):
+        check_outdir(tmp_path)
+
+
 def test_fails_when_a_map_key_holds_an_interpolation() -> None:
     """In JSON syntax object keys inside an expression are templates too."""
     hits = list(find({"resource": {"terraform_data": {"x": {"input": {PAYLOAD: "v"}}}}}, "f"))
