@@ -244,8 +244,8 @@ def _quote(text: str, at: int, step: int) -> int:
 def _text_suspect(text: str, literals: dict[str, bool], verdicts: dict[str, bool]) -> bool | None:
     """``_suspect`` of the JSON document ``text`` without parsing it, or None where only the parsed tree can tell.
 
-    Only a string holding ``${`` or ``%{`` can hold a sequence (``sequences``), and in JSON text ``$``, ``%``
-    and ``{`` are written as themselves inside strings and cannot occur outside one. So each ``${``/``%{`` of
+    Only a string holding ``${`` or ``%{`` can hold a sequence (``sequences``). In JSON text ``$`` and ``%`` occur
+    only inside strings, and there ``$``, ``%`` and ``{`` are written as themselves. So each ``${``/``%{`` of
     the text lies in a string whose opening quote is the nearest unescaped ``"`` before it and whose closing
     quote the nearest after it; that string literal is decoded on its own and tested as ``_suspect`` tests a
     string (keys and values alike). A text holding a ``\\u`` escape could spell a marker another way (``\\u0024{``),
@@ -290,8 +290,8 @@ def findings(outdir: Path, shown_as: Path | None = None,
     """What ``check_outdir`` refuses, in its order (by stack name, then as ``find`` walks each file); each part
     of a parallel synthesis is checked in its own process and the parts' lists merged (``merged``).
 
-    A stack whose text holds no string with a sequence (``_text_suspect``) is not parsed, so a file that is not
-    JSON at all passes here when nothing in it could be a template (Terraform and checkov refuse it later); one
+    A stack whose text holds no sequence gpufleet did not generate (``_text_suspect``) is not parsed, so a file that
+    is not JSON at all passes here when nothing in it could be a template (Terraform and checkov refuse it later); one
     that is parsed and repeats a key in an object is refused (``DuplicateKey``)."""
     found: list[Interpolation | DuplicateKey] = []
     files = sorted(Path(outdir).glob("stacks/*/cdk.tf.json")) if stacks is None else \

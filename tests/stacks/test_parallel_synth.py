@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -39,13 +40,16 @@ def test_parallel_synthesis_is_byte_identical_to_serial(serial_out: Path, exampl
     assert "tfc-workspaces" in names and not any(p.name.startswith(".part-") for p in out.iterdir())
 
 
+@pytest.mark.parametrize("jobs", [None, 2])
 @pytest.mark.parametrize("cache", ["off", "cold", "warm"])
-@pytest.mark.parametrize("asked", [("tfc-workspaces",), ("prod-nomad-scheduler", "tfc-workspaces")], ids=["alone", "with a cluster"])
-def test_a_fleet_wide_stack_is_built_without_every_clusters_stacks(serial_out: Path, example_configs, tmp_path: Path,
-                                                                   monkeypatch, cache: str, asked: tuple[str, ...]) -> None:
+@pytest.mark.parametrize("asked", [("tfc-workspaces",), ("prod-nomad-scheduler", "tfc-workspaces", "dev-gke")],
+                         ids=["alone", "with clusters"])
+def test_a_fleet_wide_stack_is_built_without_every_clusters_stacks(serial_out: Path, example_configs, tmp_path: Path, monkeypatch,
+                                                                   cache: str, asked: tuple[str, ...], jobs: int | None) -> None:
     """``gpufleet synth tfc-workspaces`` reads every cluster file (the stack is derived from them) but builds only
-    that stack and the named clusters' (it built the whole fleet: 13 s at 200 clusters), with the bytes of a
-    whole synthesis, with the synthesis cache off, empty or holding the whole fleet."""
+    that stack and the named clusters' (it built the whole fleet: 13 s at 200 clusters), with the bytes and the
+    manifest entries of a whole synthesis, with the synthesis cache off, empty or holding the whole fleet, in one
+    process or over two (the fleet-wide stack and two clusters)."""
     import stacks.fleet
 
     monkeypatch.setenv("GPUFLEET_SYNTH_CACHE", "off" if cache == "off" else str(tmp_path / "cache"))
@@ -55,12 +59,18 @@ def test_a_fleet_wide_stack_is_built_without_every_clusters_stacks(serial_out: P
     cluster_stack = stacks.fleet.ClusterStack
     monkeypatch.setattr(stacks.fleet, "ClusterStack", lambda app, config: built.append(config.name) or cluster_stack(app, config))
     out = tmp_path / "cdktf.out"
-    assert synthesize(example_configs, out, only=asked) == tuple(sorted(asked))
-    assert built == ([] if cache == "warm" else sorted({name.removesuffix("-scheduler") for name in asked} - {"tfc-workspaces"}))
+    assert synthesize(example_configs, out, only=asked, jobs=jobs) == tuple(sorted(asked))
+    wanted = [] if cache == "warm" else sorted({name.removesuffix("-scheduler") for name in asked} - {"tfc-workspaces"})
+    if jobs is None or len(wanted) < 2:
+        assert sorted(built) == wanted
+    else:  # the worker process builds its share unseen here: this process built part of the named clusters only
+        assert built and set(built) < set(wanted)
+    manifest, whole = (json.loads((root / "manifest.json").read_text()) for root in (out, serial_out))
     for name in asked:
         stack = Path("stacks") / name
         assert {k: v for k, v in _tree(out).items() if k.startswith(f"{stack}/")} \
             == {k: v for k, v in _tree(serial_out).items() if k.startswith(f"{stack}/")} != {}
+        assert manifest["stacks"][name] == whole["stacks"][name]
 
 
 @pytest.mark.parametrize("share", [0, 1], ids=["in-process share", "worker process"])
