@@ -311,12 +311,18 @@ from checkov.terraform.graph_builder.variable_rendering import renderer
 class Own(TerraformBlock):  # checkov's own method at every level it recurses into (it looks itself up on cls)
     get_inner_attributes = TerraformBlock.__dict__["get_inner_attributes"]
 
+import dpath
+from checkov.terraform.checks.resource import base_resource_negative_value_check, base_resource_value_check
+
 original = {"nested": utils.attribute_has_nested_attributes, "inner": Own.get_inner_attributes,
-            "run_checks": BaseRegistry.run_checks}
+            "run_checks": BaseRegistry.run_checks, "dpath.search": dpath.search, "dpath.get": dpath.get}
+assert base_resource_value_check.dpath is base_resource_negative_value_check.dpath is dpath
 assert worker.equivalent_shortcuts(), "not the reviewed checkov: see test_the_shortcuts_apply_only_to_the_checkov_whose_source_was_read"
 shortcut = {"nested": utils.attribute_has_nested_attributes, "inner": TerraformBlock.get_inner_attributes,
-            "run_checks": BaseRegistry.run_checks}
+            "run_checks": BaseRegistry.run_checks, "dpath.search": base_resource_value_check.dpath.search,
+            "dpath.get": base_resource_value_check.dpath.get}
 assert local_graph.attribute_has_nested_attributes is renderer.attribute_has_nested_attributes is shortcut["nested"]
+assert type(base_resource_negative_value_check.dpath) is type(base_resource_value_check.dpath) is worker._Dpath
 compared = dict.fromkeys(original, 0)
 mismatches = []
 
@@ -360,10 +366,50 @@ def run_checks(self, graph_connector, runner_filter, report_type):
         mismatches.append(["run_checks", report_type])
     return old
 
+class Compared:
+    """dpath for the value checks: each search and get answered by dpath and by the worker's ``_Dpath``, compared
+    (the value, its type, dict key order; or the exception's type and message), and the conf left unchanged by both."""
+
+    def __getattr__(self, name):
+        return getattr(dpath, name)
+
+    def _both(self, name, obj, glob, *args, **kwargs):
+        compared["dpath." + name] += 1
+        before = ordered(obj)
+        old, new = (outcome_text(f, obj, glob, *args, **kwargs) for f in (original["dpath." + name], shortcut["dpath." + name]))
+        if old != new or ordered(obj) != before:
+            mismatches.append(["dpath." + name, repr(glob), repr(obj)[:300], old, new])
+        return original["dpath." + name](obj, glob, *args, **kwargs)
+
+    def search(self, obj, glob, *args, **kwargs):
+        return self._both("search", obj, glob, *args, **kwargs)
+
+    def get(self, obj, glob, *args, **kwargs):
+        return self._both("get", obj, glob, *args, **kwargs)
+
+def outcome_text(function, *args, **kwargs):
+    try:
+        return ("returned", ordered(function(*args, **kwargs)))
+    except Exception as error:
+        return ("raised", type(error).__name__, str(error))
+
 utils.attribute_has_nested_attributes = local_graph.attribute_has_nested_attributes = nested
 renderer.attribute_has_nested_attributes = nested
 TerraformBlock.get_inner_attributes = classmethod(inner)
 BaseRegistry.run_checks = run_checks
+base_resource_value_check.dpath = base_resource_negative_value_check.dpath = Compared()
+
+# confs and globs real stacks do not have: list positions counted from the end or spelled as int() reads them,
+# keys int() would read, empty and non-string keys (dpath raises or matches by their text), bytes, tuples, globs
+# with wildcards, a glob that is "/", a list glob, extra arguments
+confs = [{"a": [{"b": 1}, {"b": [2]}], "0": "zero", "x y": {"[0]": 3}}, {"a": [[1, 2], []], "b": None}, [{"a": 1}],
+         {"a": {"": 1}}, {"a": {1: "one", "1": "two"}}, {"a": (1, 2)}, {"a": b"bytes", "b": {"c": [None]}}, "scalar", {}, []]
+globs = ["a", "a/0", "a/[0]", "a/-1", "a/-2", "a/-3", "a/1/b", "a/[1]/b/[0]", "a/+1", "a/ 1", "a/01", "a/1_0", "/a/0",
+         "a//b", "", "/", "0", "[0]", "x y/[0]", "a/*", "**/b", "a/[01]", "a/?", ["a", "0"], "b/c/0", "a/1", "a/2"]
+for conf in confs:
+    for name, glob, more in [(name, glob, ()) for glob in globs for name in ("search", "get")] + [("search", "a", (True,)), ("get", "a", ("/", None))]:
+        with contextlib.suppress(Exception):  # compared inside; what dpath raises is the outcome compared
+            Compared()._both(name, conf, glob, *more)
 
 # values real stacks do not have: keys that make two paths meet, non-string and empty keys, deep nesting
 deep = "leaf"
@@ -389,7 +435,8 @@ print(json.dumps({"compared": compared, "mismatches": mismatches[:20]}))
 
 
 def test_the_shortcuts_return_what_checkovs_own_functions_return(stacks: list[Path]) -> None:
-    """``equivalent_shortcuts`` replaces three checkov functions (docs/checkov-workers.md). In the interpreter
+    """``equivalent_shortcuts`` replaces three checkov functions and dpath's search and get as checkov's value checks
+    see them (docs/checkov-workers.md). In the interpreter
     checkov runs in, a real checkov run over every stack (the example fleet, generated clusters, the
     known failures) calls checkov's original and the replacement with the same arguments at every call
     and requires the same return value (dict key order included), the same exception, and the same
@@ -404,6 +451,8 @@ def test_the_shortcuts_return_what_checkovs_own_functions_return(stacks: list[Pa
     assert found["mismatches"] == []
     assert found["compared"]["run_checks"] == len(files)
     assert found["compared"]["inner"] > 1000 and found["compared"]["nested"] > 1000, found["compared"]
+    # 280 of each are the unusual calls; the stacks' value checks make about 270 searches and 220 gets
+    assert found["compared"]["dpath.search"] > 280 + 200 and found["compared"]["dpath.get"] > 280 + 150, found["compared"]
 
 
 # CKV2_GCP_17's first condition is ``database_version not_contains POSTGRES`` (checkov 3.3.30,
@@ -440,9 +489,11 @@ from checkov.terraform.graph_builder.graph_components.blocks import TerraformBlo
 from checkov.terraform.graph_builder.variable_rendering import renderer
 from checkov.terraform.graph_builder.variable_rendering import evaluate_terraform
 from checkov.common.parsers.yaml import loader
+from checkov.terraform.checks.resource import base_resource_negative_value_check, base_resource_value_check
 functions = lambda: [utils.attribute_has_nested_attributes, local_graph.attribute_has_nested_attributes,
                      renderer.attribute_has_nested_attributes, TerraformBlock.__dict__["get_inner_attributes"],
-                     BaseRegistry.run_checks, evaluate_terraform.evaluate_terraform, loader.SafeLineLoader]
+                     BaseRegistry.run_checks, evaluate_terraform.evaluate_terraform, loader.SafeLineLoader,
+                     base_resource_value_check.dpath, base_resource_negative_value_check.dpath]
 if sys.argv[2] != "installed":
     checkov.version.version = sys.argv[2]
 before = functions()
@@ -473,8 +524,10 @@ def test_the_shortcuts_apply_only_to_the_checkov_whose_source_was_read(version: 
             f"checkov {found['installed']} is not the version whose source equivalent_shortcuts() was checked against "
             f"({checkov_worker.REVIEWED_CHECKOV}): re-read terraform/graph_builder/utils.py attribute_has_nested_attributes "
             "and its callers, both get_inner_attributes, common/graph/checks_infra/registry.py run_checks, "
-            "variable_rendering/evaluate_terraform.py with safe_eval_functions.py, and common/parsers/yaml/loader.py at the "
-            "new version, then name it in REVIEWED_CHECKOV (safety/checkov_worker.py)")
-        assert found == {"applied": True, "installed": checkov_worker.REVIEWED_CHECKOV, "replaced": [True] * 7}
+            "variable_rendering/evaluate_terraform.py with safe_eval_functions.py, common/parsers/yaml/loader.py, and the "
+            "value checks' dpath calls (terraform/checks/resource/base_resource_value_check.py, "
+            "base_resource_negative_value_check.py) with the dpath it pins at the new version, then name it in "
+            "REVIEWED_CHECKOV (and the dpath in REVIEWED_DPATH) (safety/checkov_worker.py)")
+        assert found == {"applied": True, "installed": checkov_worker.REVIEWED_CHECKOV, "replaced": [True] * 9}
     else:
-        assert found == {"applied": False, "installed": version, "replaced": [False] * 7}
+        assert found == {"applied": False, "installed": version, "replaced": [False] * 9}
