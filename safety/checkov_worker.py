@@ -311,7 +311,9 @@ class _Dpath:
     For a literal glob (``_literal_glob``) over a plain tree (``_plain_tree``) the answer is the one path found
     by following the glob (``_dpath_match``): ``search`` returns what dpath builds for it (``segments.set``
     with ``segments.types``, as dpath/__init__.py:236-241 does), or ``{}``; ``get`` its value, or
-    ``KeyError(glob)`` (dpath/__init__.py:170-193). Every other call, and any other attribute, is dpath's."""
+    ``KeyError(glob)`` (dpath/__init__.py:170-193). Every other call, and any other attribute, is dpath's. (A red
+    team found one difference, not reachable from parsed Terraform: called a frame or two from the interpreter's
+    recursion limit, one of the two may meet ``RecursionError`` where the other does not.)"""
 
     def __init__(self, dpath: Any) -> None:
         self._dpath = dpath
