@@ -225,7 +225,13 @@ def _merge_stacks(new: Path, target: Path, stacks: tuple[str, ...]) -> None:
         _swap(new / "stacks" / stack, target / "stacks" / stack)
     manifest_path = target / "manifest.json"
     if not manifest_path.exists():
-        os.replace(new / "manifest.json", manifest_path)
+        # Only the stacks written here: the synthesis built whole clusters (and named them all), and a manifest
+        # listing a stack whose directory is not there sends cdktf looking for it.
+        from stacks.parallel import manifest_json
+
+        fresh = json.loads((new / "manifest.json").read_text())
+        fresh["stacks"] = {name: entry for name, entry in fresh["stacks"].items() if name in stacks}
+        outputs.write_file(manifest_path, manifest_json(fresh), option="--out")
         return
     manifest = json.loads(manifest_path.read_text())
     missing = [s for s in stacks if s not in manifest.get("stacks", {})]

@@ -62,6 +62,20 @@ def test_partial_synthesis_replaces_only_the_requested_stack(example_configs, tm
     assert tree_digest(out) == before
 
 
+@pytest.mark.parametrize("asked", [("prod-nomad-scheduler",), ("dev-gke", "tfc-workspaces")])
+def test_partial_synthesis_into_a_new_directory_lists_only_the_stacks_it_wrote(example_configs, tmp_path, asked):
+    """A reviewer's find: the synthesis builds whole clusters, and into a new ``--out`` the whole clusters'
+    manifest was written, naming stacks (``prod-nomad``) whose directories were not; cdktf reads the manifest to
+    find a stack. Each entry kept is the whole synthesis's."""
+    whole = tmp_path / "whole"
+    synthesize(example_configs, whole)
+    out = tmp_path / "cdktf.out"
+    assert synthesize(example_configs, out, only=asked) == tuple(sorted(asked))
+    manifest, full = (json.loads((root / "manifest.json").read_text()) for root in (out, whole))
+    assert sorted(manifest["stacks"]) == sorted(p.name for p in (out / "stacks").iterdir()) == sorted(asked)
+    assert manifest == {**full, "stacks": {name: full["stacks"][name] for name in sorted(asked)}}
+
+
 def test_fails_when_an_unknown_stack_is_requested(example_configs, tmp_path):
     with pytest.raises(UserError, match=r"unknown stack 'prod-gkee'; known stacks: .*prod-gke"):
         synthesize(example_configs, tmp_path / "out", only=("prod-gkee",))
