@@ -279,12 +279,11 @@ def _list_index(part: str, length: int) -> int | None:
     return None
 
 
-def _dpath_match(obj: Any, parts: list[str]) -> tuple[tuple[Any, ...], Any] | None:
+def _dpath_match(obj: Any, parts: list[str], symmetric: Any) -> tuple[tuple[Any, ...], Any] | None:
     """The one path (keys, and ``SymmetricInt`` positions as dpath's walk names them) and value under ``obj`` that a
     literal glob matches, or None. Below a dict only the key equal to the segment can match (keys are ``str``),
-    below a list only ``_list_index``'s position, below a leaf nothing: at most one path matches."""
-    from dpath.types import SymmetricInt
-
+    below a list only ``_list_index``'s position, below a leaf nothing: at most one path matches. ``symmetric``:
+    dpath's ``SymmetricInt``."""
     node, path = obj, []
     for part in parts:
         if type(node) is dict:
@@ -296,7 +295,7 @@ def _dpath_match(obj: Any, parts: list[str]) -> tuple[tuple[Any, ...], Any] | No
             index = _list_index(part, len(node))
             if index is None:
                 return None
-            path.append(SymmetricInt(index, len(node)))
+            path.append(symmetric(index, len(node)))
             node = node[index]
         else:
             return None
@@ -316,7 +315,10 @@ class _Dpath:
     recursion limit, one of the two may meet ``RecursionError`` where the other does not.)"""
 
     def __init__(self, dpath: Any) -> None:
-        self._dpath = dpath
+        from dpath import segments
+        from dpath.types import SymmetricInt
+
+        self._dpath, self._segments, self._symmetric = dpath, segments, SymmetricInt
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._dpath, name)
@@ -325,20 +327,18 @@ class _Dpath:
         parts = None if args or kwargs else _literal_glob(glob)
         if parts is None or not _plain_tree(obj):
             return self._dpath.search(obj, glob, *args, **kwargs)
-        from dpath import segments
-
-        found = _dpath_match(obj, parts)
+        found = _dpath_match(obj, parts, self._symmetric)
         result: dict[Any, Any] = {}
         if found is not None:
             path, value = found
-            segments.set(result, path, value, hints=segments.types(obj, path))
+            self._segments.set(result, path, value, hints=self._segments.types(obj, path))
         return result
 
     def get(self, obj: Any, glob: Any, *args: Any, **kwargs: Any) -> Any:
         parts = None if args or kwargs else _literal_glob(glob)
         if parts is None or not _plain_tree(obj):
             return self._dpath.get(obj, glob, *args, **kwargs)
-        found = _dpath_match(obj, parts)
+        found = _dpath_match(obj, parts, self._symmetric)
         if found is None:
             raise KeyError(glob)
         return found[1]

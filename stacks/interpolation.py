@@ -67,6 +67,10 @@ class DuplicateKey:
                 " remove whatever edited the synthesized file")
 
 
+# What the check refuses: a sequence gpufleet did not generate, or a key a parser would drop.
+Finding = Interpolation | DuplicateKey
+
+
 class _Repeated(Exception):
     def __init__(self, key: str) -> None:
         super().__init__(key)
@@ -266,11 +270,9 @@ def _text_suspect(text: str, literals: dict[str, bool], verdicts: dict[str, bool
                 literal = text[start:end + 1]
                 verdict = literals.get(literal)
                 if verdict is None:
-                    try:
+                    try:  # quote to quote: a str, or not JSON at all
                         value = json.loads(literal)
                     except ValueError:
-                        return None
-                    if type(value) is not str:
                         return None
                     verdict = literals[literal] = _string_suspect(value, verdicts)
                 if verdict:
@@ -286,14 +288,14 @@ def check_outdir(outdir: Path, shown_as: Path | None = None, stacks: Iterable[st
 
 
 def findings(outdir: Path, shown_as: Path | None = None,
-             stacks: Iterable[str] | None = None) -> list[Interpolation | DuplicateKey]:
+             stacks: Iterable[str] | None = None) -> list[Finding]:
     """What ``check_outdir`` refuses, in its order (by stack name, then as ``find`` walks each file); each part
     of a parallel synthesis is checked in its own process and the parts' lists merged (``merged``).
 
     A stack whose text holds no sequence gpufleet did not generate (``_text_suspect``) is not parsed, so a file that
     is not JSON at all passes here when nothing in it could be a template (Terraform and checkov refuse it later); one
     that is parsed and repeats a key in an object is refused (``DuplicateKey``)."""
-    found: list[Interpolation | DuplicateKey] = []
+    found: list[Finding] = []
     files = sorted(Path(outdir).glob("stacks/*/cdk.tf.json")) if stacks is None else \
         [Path(outdir) / "stacks" / name / "cdk.tf.json" for name in sorted(stacks)]
     literals: dict[str, bool] = {}
@@ -314,13 +316,13 @@ def findings(outdir: Path, shown_as: Path | None = None,
     return found
 
 
-def merged(parts: Iterable[list[Interpolation | DuplicateKey]]) -> list[Interpolation | DuplicateKey]:
+def merged(parts: Iterable[list[Finding]]) -> list[Finding]:
     """The findings of parts holding different stacks, in the order one ``findings`` over all of them gives:
     by file as paths sort (one per stack; ``a`` before ``a-b``, as ``sorted`` of the globbed paths), each file's
     own in their order (a stable sort)."""
     return sorted((f for part in parts for f in part), key=lambda f: Path(f.file))
 
 
-def refuse(found: list[Interpolation | DuplicateKey]) -> None:
+def refuse(found: list[Finding]) -> None:
     if found:
         raise UserError("\n".join(str(f) for f in found))

@@ -348,12 +348,12 @@ def join_early_kernel() -> None:
         _early_kernel.pop().join()
 
 
-def _findings(part: Path) -> list[interpolation.Interpolation | interpolation.DuplicateKey]:
+def _findings(part: Path) -> list[interpolation.Finding]:
     """The template check's findings over one part, named relative to it (``stacks/<name>/cdk.tf.json``)."""
     return interpolation.findings(part, shown_as=Path())
 
 
-def _finish_worker(proc: subprocess.Popen, part: Path) -> tuple[dict, list[interpolation.Interpolation | interpolation.DuplicateKey]]:
+def _finish_worker(proc: subprocess.Popen, part: Path) -> tuple[dict, list[interpolation.Finding]]:
     """The worker's manifest and template-check findings (``_findings``; empty when it was not asked), or its
     exception raised here (a UserError stays a one-line error)."""
     code = proc.wait()

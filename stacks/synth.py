@@ -67,7 +67,8 @@ def synthesize(configs: tuple[ClusterConfig, ...], outdir: Path = DEFAULT_OUTDIR
     build: tuple[str, ...] | None = None
     if only:
         configs, only, build = _select(configs, only)
-    workers = worker_count(len(configs) if build is None else len({s.cluster for s in plan_stacks(configs) if s.cluster and s.name in build}), jobs)
+    built = len(configs) if build is None else len({s.cluster for s in plan_stacks(configs) if s.cluster and s.name in build})
+    workers = worker_count(built, jobs)
     outdir = outputs.claim_dir(outdir)
     if only:
         outputs.refuse_symlinks(outdir, "manifest.json", *(f"stacks/{stack}" for stack in only))
