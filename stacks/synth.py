@@ -224,12 +224,12 @@ def _merge_stacks(new: Path, target: Path, stacks: tuple[str, ...]) -> None:
     """``_merge``'s swaps and manifest update, one step a SIGTERM does not cut (``termination.held``)."""
     for stack in stacks:
         _swap(new / "stacks" / stack, target / "stacks" / stack)
+    from stacks.parallel import manifest_json
+
     manifest_path = target / "manifest.json"
     if not manifest_path.exists():
         # Only the stacks written here: the synthesis built whole clusters (and named them all), and a manifest
         # listing a stack whose directory is not there sends cdktf looking for it.
-        from stacks.parallel import manifest_json
-
         fresh = json.loads((new / "manifest.json").read_text())
         fresh["stacks"] = {name: entry for name, entry in fresh["stacks"].items() if name in stacks}
         outputs.write_file(manifest_path, manifest_json(fresh), option="--out")
@@ -239,4 +239,4 @@ def _merge_stacks(new: Path, target: Path, stacks: tuple[str, ...]) -> None:
     if missing:
         fresh = json.loads((new / "manifest.json").read_text())
         manifest["stacks"] = dict(sorted({**manifest.get("stacks", {}), **{s: fresh["stacks"][s] for s in missing}}.items()))
-        outputs.write_file(manifest_path, json.dumps(manifest, indent=2) + "\n", option="--out")
+        outputs.write_file(manifest_path, manifest_json(manifest), option="--out")  # cdktf's layout, as a whole synthesis

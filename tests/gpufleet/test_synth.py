@@ -76,6 +76,21 @@ def test_partial_synthesis_into_a_new_directory_lists_only_the_stacks_it_wrote(e
     assert manifest == {**full, "stacks": {name: full["stacks"][name] for name in sorted(asked)}}
 
 
+def test_partial_synthesis_adds_a_stack_to_the_manifest_in_cdktfs_layout(example_configs, tmp_path):
+    """A second partial synthesis into the same ``--out`` adds its stack's entry; the manifest stays in the
+    layout cdktf and a whole synthesis write (``manifest_json``), not ``json.dumps(indent=2)``."""
+    from stacks.parallel import manifest_json
+
+    whole = tmp_path / "whole"
+    synthesize(example_configs, whole)
+    full = json.loads((whole / "manifest.json").read_text())
+    out = tmp_path / "cdktf.out"
+    synthesize(example_configs, out, only=("prod-nomad-scheduler",))
+    synthesize(example_configs, out, only=("dev-gke",))
+    wanted = {**full, "stacks": {name: full["stacks"][name] for name in ("dev-gke", "prod-nomad-scheduler")}}
+    assert (out / "manifest.json").read_text() == manifest_json(wanted)
+
+
 def test_fails_when_an_unknown_stack_is_requested(example_configs, tmp_path):
     with pytest.raises(UserError, match=r"unknown stack 'prod-gkee'; known stacks: .*prod-gke"):
         synthesize(example_configs, tmp_path / "out", only=("prod-gkee",))
