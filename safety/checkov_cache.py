@@ -95,12 +95,23 @@ def _checkov_settings() -> bytes:
     return digest.digest()
 
 
-def key(stack_dir: Path, version: str, skip_ids: tuple[str, ...]) -> str:
+def shared() -> tuple[bytes, bytes]:
+    """The parts of a key every stack of one scan shares: the rules' source and checkov's settings (``key``).
+    Read once per scan, not once per stack (three files and checkov's config files at every stack)."""
+    return b"".join(hashlib.sha256(p.read_bytes()).digest() for p in _RULES), _checkov_settings()
+
+
+def key(stack_dir: Path, version: str, skip_ids: tuple[str, ...], common: tuple[bytes, bytes] | None = None) -> str:
+    """The key of the stack in ``stack_dir``; ``common``: ``shared()``, read once for a whole scan."""
+    return key_of(stack_dir.name, (stack_dir / "cdk.tf.json").read_bytes(), version, skip_ids, common)
+
+
+def key_of(stack: str, data: bytes, version: str, skip_ids: tuple[str, ...], common: tuple[bytes, bytes] | None = None) -> str:
+    """``key`` of a stack named ``stack`` whose ``cdk.tf.json`` holds ``data``, wherever that file is."""
+    rules, settings = common or shared()
     digest = hashlib.sha256()
-    rules = b"".join(hashlib.sha256(p.read_bytes()).digest() for p in _RULES)
-    data = (stack_dir / "cdk.tf.json").read_bytes()
-    for part in (str(CACHE_VERSION).encode(), stack_dir.name.encode(), version.encode(),
-                 "\n".join(sorted(skip_ids)).encode(), rules, _checkov_settings(), data):
+    for part in (str(CACHE_VERSION).encode(), stack.encode(), version.encode(),
+                 "\n".join(sorted(skip_ids)).encode(), rules, settings, data):
         digest.update(len(part).to_bytes(8, "big") + part)
     return digest.hexdigest()
 

@@ -380,22 +380,24 @@ def _discard_unused(warm: _Worker | None) -> None:
 
 
 def _run(directories: list[Path], skips: tuple[str, ...], workers: int | None, warm: _Worker | None,
-         known: dict[Path, StackResult], cache: Path | None) -> CheckovSummary:
+         known: dict[Path, StackResult], cache: Path | None, served: tuple[StackResult, ...] = ()) -> CheckovSummary:
     """``run``'s scan, with the cache already prepared (``Stream`` prepares it when it starts, so a refused cache
     is reported once). ``known`` are results ``Stream`` scanned already, of stacks with these very bytes: they
-    go into the summary and, like every scanned result, the cache."""
+    go into the summary and, like every scanned result, the cache. ``served``: results ``Stream`` took from the
+    cache for stacks with these very bytes; they go into the summary only."""
     from safety import checkov_cache
 
-    if not directories and not known:
+    if not directories and not known and not served:
         return CheckovSummary((), skips)
     binary = checkov_binary()
     keys: dict[Path, str] = {}
-    results: list[StackResult] = list(known.values())
-    if cache is not None:
+    results: list[StackResult] = [*served, *known.values()]
+    if cache is not None and (directories or known):
         version = checkov_cache.checkov_version(binary)
+        common = checkov_cache.shared()
         for directory, result in known.items():
-            checkov_cache.store(cache, checkov_cache.key(directory, version, skips), result)
-        keys = {d: checkov_cache.key(d, version, skips) for d in directories}
+            checkov_cache.store(cache, checkov_cache.key(directory, version, skips, common), result)
+        keys = {d: checkov_cache.key(d, version, skips, common) for d in directories}
         cached = {d: checkov_cache.load(cache, keys[d], d.name) for d in directories}
         results += [r for r in cached.values() if r is not None]
         directories = [d for d in directories if cached[d] is None]
@@ -442,34 +444,44 @@ class Stream:
         self.python = python
         self.cache = _cache()
         self.version = checkov_cache.checkov_version(self.binary) if self.cache is not None else ""
+        self.common = checkov_cache.shared() if self.cache is not None else None
         self.root = Path(tempfile.mkdtemp(prefix="gpufleet-checkov-stream-"))
         self.copied: dict[str, bytes | None] = {}  # stack name -> the bytes its copy holds (None: not to be used)
         self.results: dict[str, StackResult] = {}
+        self.served: dict[str, StackResult] = {}  # stack name -> the cache's result for the bytes in ``copied``
         self.todo: queue.SimpleQueue[Path | None] = queue.SimpleQueue()
         self.thread: threading.Thread | None = None
         self.stopping = False
 
     def add(self, stack_dir: Path) -> None:
-        """Copy one written stack and queue it (a result the checkov cache holds is taken from there in ``finish``).
-        A stack told twice, or one that cannot be copied, is left to ``finish``: no copy's result is used for it."""
+        """Look one written stack up in the checkov cache (a hit is kept for ``finish``), else copy it and queue it.
+        A stack told twice, or one that cannot be read or copied, is left to ``finish``: no result of this stream
+        is used for it. Only a miss is copied: in a one-cluster edit most of the fleet is a hit."""
         name = Path(stack_dir).name
         if name in self.copied:
             self.copied[name] = None
+            self.served.pop(name, None)
             return
         self.copied[name] = None
-        copy = self.root / name
         try:
             data = (Path(stack_dir) / "cdk.tf.json").read_bytes()
+        except OSError:
+            return
+        if self.cache is not None:
+            from safety import checkov_cache
+
+            hit = checkov_cache.load(self.cache, checkov_cache.key_of(name, data, self.version, self.skips, self.common), name)
+            if hit is not None:
+                self.copied[name] = data
+                self.served[name] = hit
+                return
+        copy = self.root / name
+        try:
             copy.mkdir()
             (copy / "cdk.tf.json").write_bytes(data)
         except OSError:
             return
         self.copied[name] = data
-        if self.cache is not None:
-            from safety import checkov_cache
-
-            if checkov_cache.load(self.cache, checkov_cache.key(copy, self.version, self.skips), copy.name) is not None:
-                return
         if self.thread is None:
             self.thread = threading.Thread(target=self._work, name="checkov-stream", daemon=True)
             self.thread.start()
@@ -501,15 +513,17 @@ class Stream:
         self._stop()
         final = sorted(Path(d) for d in stack_dirs)
         # an error (the worker died beside synthesis, say) is no result of the bytes: that stack is scanned again
+        same = {d for d in final if self.copied.get(d.name) is not None and self.copied[d.name] == (d / "cdk.tf.json").read_bytes()}
         streamed = {d: self.results[d.name] for d in final
-                    if d.name in self.results and self.results[d.name].error is None
-                    and self.copied.get(d.name) == (d / "cdk.tf.json").read_bytes()}
+                    if d in same and d.name in self.results and self.results[d.name].error is None}
+        served = {d: self.served[d.name] for d in final if d in same and d.name in self.served}
         warm, self.worker = self.worker, None
         if warm is not None and warm.process.poll() is not None:
             warm.close()  # it died: its stacks and the rest get a fresh worker
             warm = None
         try:
-            return _run([d for d in final if d not in streamed], self.skips, workers, warm, streamed, self.cache)
+            return _run([d for d in final if d not in streamed and d not in served], self.skips, workers, warm, streamed,
+                        self.cache, tuple(served.values()))
         finally:
             _discard_unused(warm)
 

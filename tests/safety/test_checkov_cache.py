@@ -168,3 +168,14 @@ def test_a_result_in_a_cache_another_user_can_write_is_not_served(scans: list[st
     cache.chmod(0o777)
     assert checkov_scan.run(stacks, []) == base and len(scans) == 4
     assert "chmod go-w" in capfd.readouterr().err
+
+
+def test_a_key_from_bytes_is_the_key_from_the_directory(stacks: list[Path]) -> None:
+    """``Stream`` looks a stack up from the bytes it read (``key_of``), ``run`` from its directory (``key``), each with
+    the rules and settings read once (``shared``): one key either way, so a result stored by one is found by the other."""
+    for directory in stacks:
+        data = (directory / "cdk.tf.json").read_bytes()
+        expected = checkov_cache.key(directory, "3.3.30", ("CKV_GCP_61",))
+        assert checkov_cache.key_of(directory.name, data, "3.3.30", ("CKV_GCP_61",)) == expected
+        assert checkov_cache.key(directory, "3.3.30", ("CKV_GCP_61",), checkov_cache.shared()) == expected
+        assert checkov_cache.key_of(directory.name + "x", data, "3.3.30", ("CKV_GCP_61",)) != expected
