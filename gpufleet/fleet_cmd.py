@@ -14,7 +14,7 @@ from rich.table import Table
 import clusters
 from clusters.derive.pools import derive_gpu_pools, total_gpus
 from clusters.errors import UserError
-from review.checks import run_checks
+from review.checks import checkov_warmed, run_checks
 
 console = make_console()
 
@@ -143,9 +143,11 @@ def cmd_check(
     out = _out(out)
     outputs.claim_dir(out)
     require_state_files(state or ())
-    with Stages(console) as stages:
+    # checkov's worker first: its imports run while the cluster files load (review.checks.checkov_warmed)
+    with Stages(console) as stages, checkov_warmed(not skip_checkov) as warm:
         report = run_checks(_configs(clusters_dir) if clusters_dir else None, out=out, state_files=tuple(state or ()),
-                            checkov=not skip_checkov, on_stage=stages.step, clusters_dir=clusters_dir, price=load_prices().price)
+                            checkov=not skip_checkov, on_stage=stages.step, clusters_dir=clusters_dir, price=load_prices().price,
+                            warm=warm)
     report.print(console)
     raise typer.Exit(0 if report.ok else 1)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import tempfile
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -193,15 +194,29 @@ def _checkov_lines(result: checkov_scan.CheckovSummary, configs: tuple[ClusterCo
     return [f"checkov: {line}" for line in explained] + [str(f) for f in rest] + [f"checkov: {s.stack}: error: {s.error}" for s in result.stacks if s.error]
 
 
+def checkov_warmed(checkov: bool) -> AbstractContextManager[checkov_scan._Worker | None]:
+    """checkov's worker started now, when the check will scan and has a second core (``run_checks``), else None;
+    it never outlives the block. The CLI starts it before it loads the cluster files, so its imports (seconds)
+    run meanwhile; in a one-cluster edit they were the check's critical path."""
+    from safety import checkov_scan
+    from stacks.parallel import available_cores
+
+    # checkov's worker imports on a second core while the fleet synthesizes, then scans each stack as synthesis
+    # writes it (checkov_scan.Stream); what is left is scanned after synthesis by every worker. With one core it
+    # would only take time from synthesis. available_cores: the affinity mask where the OS has one
+    # (os.sched_getaffinity is Linux-only), else the core count.
+    return checkov_scan.warmed(checkov and available_cores() > 1)
+
+
 def run_checks(configs: tuple[ClusterConfig, ...] | None, *, out: Path, state_files: tuple[Path, ...] = (),
                checkov: bool = True, on_stage: Callable[[str], None] = lambda _stage: None, clusters_dir: Path | None = None,
-               price: GpuPrice | None = None) -> CheckReport:
+               price: GpuPrice | None = None, warm: checkov_scan._Worker | None = None) -> CheckReport:
     """``on_stage`` hears each step's name as it starts (the CLI shows it as progress); ``clusters_dir`` is where
     ``configs`` were read (default clusters/), for the file and line of a checkov finding; ``price`` (the CLI's
-    price table) prices the reserved nodes a file leaves cold."""
+    price table) prices the reserved nodes a file leaves cold; ``warm``: a worker ``checkov_warmed`` started
+    (else one starts here when it would there)."""
     from safety import checkov_scan, scan_cache, secret_scan
     from jobs.outputs import write_rendered
-    from stacks.parallel import available_cores
     from stacks.synth import synthesize
 
     report = CheckReport()
@@ -212,12 +227,8 @@ def run_checks(configs: tuple[ClusterConfig, ...] | None, *, out: Path, state_fi
     warnings = expiry_warnings(configs)
     report.add("expiry", True, f"{len(warnings)} warning(s)" if warnings else "nothing dated ends within 30 days", warnings)
     on_stage("synth")
-    # checkov's worker imports (seconds) on a second core while the fleet synthesizes, then scans each stack
-    # as synthesis writes it (checkov_scan.Stream); what is left is scanned after synthesis by every worker.
-    # With one core it would only take time from synthesis.
-    # available_cores: the affinity mask where the OS has one (os.sched_getaffinity is Linux-only), else the core count.
-    two_cores = checkov and available_cores() > 1
-    with checkov_scan.warmed(two_cores) as warm, checkov_scan.streamed(two_cores, warm) as stream:
+    with nullcontext(warm) if warm is not None else checkov_warmed(checkov) as warm, \
+            checkov_scan.streamed(checkov and warm is not None, warm) as stream:
         stacks = synthesize(configs, out, written=stream.add if stream is not None else None)
         report.add("synth", True, f"{len(stacks)} stack(s) into {out}")
         if price is not None:

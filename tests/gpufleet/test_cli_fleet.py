@@ -98,3 +98,37 @@ def test_tables_print_names_in_full_in_a_pipe(tmp_path):
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     assert any(f"{long_name}-scheduler" in line and f"│ {long_name} " in line for line in result.stdout.splitlines()), result.stdout
+
+
+def test_check_starts_checkovs_worker_before_the_cluster_files_load_and_never_leaves_it(tmp_path, monkeypatch):
+    """``gpufleet check`` starts checkov's worker first (its imports then run while the files load and the fleet
+    synthesizes; in a one-cluster edit they were the check's critical path): a wrong cluster file still ends in
+    the one-line error, and the worker started for nothing is stopped, not left running."""
+    from typer.testing import CliRunner
+
+    import clusters
+    from clusters.errors import ConfigError
+    from gpufleet.cli import app
+    from safety import checkov_scan
+    from stacks import parallel
+
+    events: list[str] = []
+    started: list[checkov_scan._Worker] = []
+    real_prestart, real_load_all = checkov_scan.prestart, clusters.load_all
+
+    def prestart(*args, **kwargs):
+        events.append("checkov worker")
+        started.append(real_prestart(*args, **kwargs))
+        return started[-1]
+
+    def load_all(*args, **kwargs):
+        events.append("cluster files")
+        return real_load_all(*args, **kwargs)
+
+    monkeypatch.setattr(checkov_scan, "prestart", prestart)
+    monkeypatch.setattr(clusters, "load_all", load_all)
+    monkeypatch.setattr(parallel, "available_cores", lambda: 2)
+    result = CliRunner().invoke(app, ["check", "--clusters-dir", str(bad_clusters_dir(tmp_path)), "--out", str(tmp_path / "out")])
+    assert isinstance(result.exception, ConfigError), result.output  # ``main`` makes it the one line, exit 2 (above)
+    assert events[:2] == ["checkov worker", "cluster files"]
+    assert len(started) == 1 and started[0].ended and started[0].process.poll() is not None

@@ -78,6 +78,22 @@ def test_cold_warm_and_partial_syntheses_are_byte_identical_to_an_uncached_one(
     assert _tree(partial) != _tree(fleet_out)
 
 
+def test_an_edited_clusters_stacks_are_told_before_the_cached_ones(fleet_out: Path, example_configs, cache: Path,
+                                                                   tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``gpufleet check`` scans each stack as ``written`` hears of it: after a one-cluster edit the synthesized
+    stacks come first (the checkov cache holds the rest), then every cached one, and the tree is the same."""
+    synthesize(example_configs, tmp_path / "warm", jobs=1)
+    told: list[str] = []
+    edited = clusters.load_all(_edited_fleet(tmp_path))
+    partial = tmp_path / "partial"
+    synthesize(edited, partial, jobs=1, written=lambda stack_dir: told.append(stack_dir.name))
+    assert told[:2] == ["dev-gke", "dev-gke-scheduler"]
+    assert sorted(told) == sorted(s.name for s in plan_stacks(edited))
+    monkeypatch.setenv(synth_cache.CACHE_ENV, "off")
+    synthesize(edited, tmp_path / "cold", jobs=1)
+    assert _tree(partial) == _tree(tmp_path / "cold")
+
+
 def test_a_named_stack_and_workers_go_through_the_cache_too(fleet_out: Path, example_configs, cache: Path, tmp_path: Path) -> None:
     synthesize(example_configs, tmp_path / "warm", jobs=2)
     assert _tree(tmp_path / "warm") == _tree(fleet_out)
