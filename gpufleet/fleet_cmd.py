@@ -144,7 +144,7 @@ def cmd_check(
     outputs.claim_dir(out)
     require_state_files(state or ())
     # checkov's worker first: its imports run while the cluster files load (review.checks.checkov_warmed)
-    with Stages(console) as stages, checkov_warmed(not skip_checkov) as warm:
+    with Stages(console) as stages, checkov_warmed(not skip_checkov, defer_errors=True) as warm:
         report = run_checks(_configs(clusters_dir) if clusters_dir else None, out=out, state_files=tuple(state or ()),
                             checkov=not skip_checkov, on_stage=stages.step, clusters_dir=clusters_dir, price=load_prices().price,
                             warm=warm)

@@ -194,10 +194,12 @@ def _checkov_lines(result: checkov_scan.CheckovSummary, configs: tuple[ClusterCo
     return [f"checkov: {line}" for line in explained] + [str(f) for f in rest] + [f"checkov: {s.stack}: error: {s.error}" for s in result.stacks if s.error]
 
 
-def checkov_warmed(checkov: bool) -> AbstractContextManager[checkov_scan._Worker | None]:
+def checkov_warmed(checkov: bool, *, defer_errors: bool = False) -> AbstractContextManager[checkov_scan._Worker | None]:
     """checkov's worker started now, when the check will scan and has a second core (``run_checks``), else None;
     it never outlives the block. The CLI starts it before it loads the cluster files, so its imports (seconds)
-    run meanwhile; in a one-cluster edit they were the check's critical path."""
+    run meanwhile; in a one-cluster edit they were the check's critical path. ``defer_errors``: a worker that
+    cannot start gives None, and ``run_checks`` reports why when it starts one, after the cluster files."""
+    import stacks.synth  # noqa: F401 - its jsii variables are part of the environment the stream compares the worker's with
     from safety import checkov_scan
     from stacks.parallel import available_cores
 
@@ -205,7 +207,7 @@ def checkov_warmed(checkov: bool) -> AbstractContextManager[checkov_scan._Worker
     # writes it (checkov_scan.Stream); what is left is scanned after synthesis by every worker. With one core it
     # would only take time from synthesis. available_cores: the affinity mask where the OS has one
     # (os.sched_getaffinity is Linux-only), else the core count.
-    return checkov_scan.warmed(checkov and available_cores() > 1)
+    return checkov_scan.warmed(checkov and available_cores() > 1, defer_errors=defer_errors)
 
 
 def run_checks(configs: tuple[ClusterConfig, ...] | None, *, out: Path, state_files: tuple[Path, ...] = (),
@@ -213,8 +215,8 @@ def run_checks(configs: tuple[ClusterConfig, ...] | None, *, out: Path, state_fi
                price: GpuPrice | None = None, warm: checkov_scan._Worker | None = None) -> CheckReport:
     """``on_stage`` hears each step's name as it starts (the CLI shows it as progress); ``clusters_dir`` is where
     ``configs`` were read (default clusters/), for the file and line of a checkov finding; ``price`` (the CLI's
-    price table) prices the reserved nodes a file leaves cold; ``warm``: a worker ``checkov_warmed`` started
-    (else one starts here when it would there)."""
+    price table) prices the reserved nodes a file leaves cold; ``warm``: a worker ``checkov_warmed`` started, which
+    the caller ends (else one starts here when it would there)."""
     from safety import checkov_scan, scan_cache, secret_scan
     from jobs.outputs import write_rendered
     from stacks.synth import synthesize

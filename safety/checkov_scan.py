@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from clusters import cache_trust
+from clusters.errors import ConfigError, UserError
 from clusters.tools import installed_tool
 
 STACKS_PER_PROCESS = 8
@@ -267,9 +268,16 @@ def prestart(skip_ids: Iterable[str] | None = None) -> _Worker:
 
 
 @contextlib.contextmanager
-def warmed(enabled: bool) -> Iterator[_Worker | None]:
-    """``prestart`` when ``enabled``; whatever happens before ``run`` takes the worker, it never outlives the block."""
-    warm = prestart() if enabled else None
+def warmed(enabled: bool, *, defer_errors: bool = False) -> Iterator[_Worker | None]:
+    """``prestart`` when ``enabled``; whatever happens before ``run`` takes the worker, it never outlives the block.
+    ``defer_errors``: a worker that cannot start (no checkov, a wrong skip file) gives None instead of the error,
+    for a caller that starts one again later, where that error is reported after the cluster files'."""
+    try:
+        warm = prestart() if enabled else None
+    except (UserError, ConfigError):
+        if not defer_errors:
+            raise
+        warm = None
     try:
         yield warm
     finally:
@@ -444,7 +452,7 @@ class Stream:
         self.python = python
         self.cache = _cache()
         self.version = checkov_cache.checkov_version(self.binary) if self.cache is not None else ""
-        self.common = checkov_cache.shared() if self.cache is not None else None
+        self.common = checkov_cache.shared()  # the rules and checkov's settings this stream's results are of
         self.root = Path(tempfile.mkdtemp(prefix="gpufleet-checkov-stream-"))
         self.copied: dict[str, bytes | None] = {}  # stack name -> the bytes its copy holds (None: not to be used)
         self.results: dict[str, StackResult] = {}
@@ -508,12 +516,19 @@ class Stream:
                 self.results[result.stack] = result
 
     def finish(self, stack_dirs: Iterable[Path], *, workers: int | None = None) -> CheckovSummary:
-        """The summary ``run(stack_dirs)`` gives: results of copies whose bytes are the final stack's, the rest
-        (and any stack the stream's worker failed on) scanned now."""
+        """The summary ``run(stack_dirs)`` gives: results of copies, and cache hits, whose bytes are the final
+        stack's, the rest (and any stack the stream's worker failed on) scanned now; none of them when the rules or
+        checkov's settings changed while the stream ran."""
         self._stop()
         final = sorted(Path(d) for d in stack_dirs)
+        # The rules or checkov's settings (a .checkov.yaml) changed since the stream started: its scans and hits are
+        # results of the old ones, and a scan would be stored under the new key. Every stack is decided now instead.
+        from safety import checkov_cache
+
+        changed = checkov_cache.shared() != self.common
         # an error (the worker died beside synthesis, say) is no result of the bytes: that stack is scanned again
-        same = {d for d in final if self.copied.get(d.name) is not None and self.copied[d.name] == (d / "cdk.tf.json").read_bytes()}
+        same = set() if changed else {d for d in final if self.copied.get(d.name) is not None
+                                      and self.copied[d.name] == (d / "cdk.tf.json").read_bytes()}
         streamed = {d: self.results[d.name] for d in final
                     if d in same and d.name in self.results and self.results[d.name].error is None}
         served = {d: self.served[d.name] for d in final if d in same and d.name in self.served}

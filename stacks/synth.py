@@ -146,10 +146,10 @@ def _synthesize_cached(configs: tuple[ClusterConfig, ...], tmp: Path, imported_d
     again. ``manifest.json`` is rebuilt from every stack's entry exactly as ``stacks.parallel``
     merges workers' manifests, so the tree is a cold synthesis's bytes.
 
-    The misses are synthesized first and the hits written after: in a one-cluster edit the edited
-    cluster's stacks reach ``written`` (``gpufleet check``'s checkov stream) a second earlier at 200
-    clusters, while this process writes the rest. The hits are held meanwhile (the cached fleet's text:
-    about 30 MB at 200 clusters)."""
+    With ``written`` (``gpufleet check``'s checkov stream), the misses are synthesized first and the hits
+    written after: in a one-cluster edit the edited cluster's stacks reach the stream about a second
+    earlier at 200 clusters, while this process writes the rest. The hits are held meanwhile (the cached
+    fleet's text: about 30 MB at 200 clusters); without ``written`` each is written as it is found."""
     from stacks.parallel import manifest_json, one_core, synth_group, synth_streamed, synthesize_parallel, worker_count
 
     top: dict | None = None
@@ -167,6 +167,11 @@ def _synthesize_cached(configs: tuple[ClusterConfig, ...], tmp: Path, imported_d
         if hit is None:
             missing.append((key, names))
             inputs[key] = (unit_configs, stacks)
+            continue
+        if written is None:
+            synth_cache.write_unit(hit, tmp)
+            top = hit["top"]
+            entries.update({name: hit["stacks"][name]["manifest"] for name in names})
             continue
         hits.append((hit, names))
     if missing:

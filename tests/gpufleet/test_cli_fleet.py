@@ -132,3 +132,48 @@ def test_check_starts_checkovs_worker_before_the_cluster_files_load_and_never_le
     assert isinstance(result.exception, ConfigError), result.output  # ``main`` makes it the one line, exit 2 (above)
     assert events[:2] == ["checkov worker", "cluster files"]
     assert len(started) == 1 and started[0].ended and started[0].process.poll() is not None
+
+
+WARM_ENV = """
+import sys
+from stacks import parallel
+parallel.available_cores = lambda: 2
+from review.checks import checkov_warmed
+from safety import checkov_scan
+with checkov_warmed(True) as warm:
+    assert warm is not None
+    import stacks.synth  # as run_checks imports it, after the CLI started the worker
+    stream = checkov_scan.Stream(warm=warm)  # what run_checks does then
+    print(stream.worker is warm)
+    stream.close()
+"""
+
+
+def test_the_worker_the_cli_starts_first_is_the_one_the_check_scans_with():
+    """A red team's find: the worker started before ``stacks.synth`` was imported lacked the two jsii variables
+    that module sets, so the check's stream found another environment, stopped it and started a new one. In a
+    process where neither is set (a user's shell; the test session sets them)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JSII_SILENCE_WARNING")}
+    result = subprocess.run([sys.executable, "-c", WARM_ENV], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.split() == ["True"]
+
+
+def test_check_without_checkov_reports_the_cluster_file_first(tmp_path, monkeypatch):
+    """The worker starts before the files load; when it cannot (checkov missing, a wrong skip file), the wrong
+    cluster file is still the error reported, as before, not the worker's."""
+    from typer.testing import CliRunner
+
+    from clusters.errors import ConfigError, UserError
+    from gpufleet.cli import app
+    from safety import checkov_scan
+    from stacks import parallel
+
+    def prestart(*args, **kwargs):
+        raise UserError("checkov not found beside python or on PATH; install it")
+
+    monkeypatch.setattr(checkov_scan, "prestart", prestart)
+    monkeypatch.setattr(parallel, "available_cores", lambda: 2)
+    result = CliRunner().invoke(app, ["check", "--clusters-dir", str(bad_clusters_dir(tmp_path)), "--out", str(tmp_path / "out")])
+    assert isinstance(result.exception, ConfigError), result.exception
+    assert "gpus_per_node" in str(result.exception)

@@ -206,3 +206,32 @@ def test_a_served_stack_told_twice_is_looked_up_again(stacks: list[Path], tmp_pa
         summary = stream.finish(stacks)
     assert scanned == []  # the final dev-gke is the cached one: served by run's lookup
     assert summary == checkov_scan.run(stacks) and summary.ok
+
+
+@pytest.mark.parametrize("change", ["settings", "rules"])
+def test_results_of_settings_or_rules_changed_during_the_stream_are_neither_served_nor_stored(
+        change: str, stacks: list[Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A red team's find: a hit's key, and a scan's result, are of the rules and checkov's settings the stream
+    started with. A ``.checkov.yaml`` written (or a rule file edited) before ``finish``: every stack is decided
+    then, under the new key, and what the cache keeps is what ``run`` with the new settings gives."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    (tmp_path / "home").mkdir()
+    _filled(stacks, tmp_path, monkeypatch)
+    with checkov_scan.streamed(True) as stream:
+        assert stream is not None
+        for directory in stacks:
+            stream.add(directory)
+        assert sorted(stream.served) == sorted(STACKS)
+        if change == "settings":
+            (tmp_path / "home" / ".checkov.yaml").write_text("check: CKV_GCP_2\n")
+        else:
+            rules = tmp_path / "checkov_exempt.py"
+            rules.write_text(Path(checkov_cache.checkov_exempt.__file__).read_text() + "\n# an edit\n")
+            monkeypatch.setattr(checkov_cache, "_RULES", (*checkov_cache._RULES[:2], rules))
+        summary = stream.finish(stacks)
+    scanned = _scanned(monkeypatch)
+    assert checkov_scan.run(stacks) == summary and scanned == []  # the cache now holds them under the new key
+    monkeypatch.setenv(checkov_cache.CACHE_ENV, "off")
+    assert summary == checkov_scan.run(stacks)  # and they are checkov's with the new settings
+    if change == "settings":
+        assert sum(s.passed for s in summary.stacks) < 30  # only CKV_GCP_2 runs
