@@ -388,11 +388,13 @@ def _discard_unused(warm: _Worker | None) -> None:
 
 
 def _run(directories: list[Path], skips: tuple[str, ...], workers: int | None, warm: _Worker | None,
-         known: dict[Path, StackResult], cache: Path | None, served: tuple[StackResult, ...] = ()) -> CheckovSummary:
+         known: dict[Path, StackResult], cache: Path | None, served: tuple[StackResult, ...] = (),
+         version: str | None = None) -> CheckovSummary:
     """``run``'s scan, with the cache already prepared (``Stream`` prepares it when it starts, so a refused cache
     is reported once). ``known`` are results ``Stream`` scanned already, of stacks with these very bytes: they
     go into the summary and, like every scanned result, the cache. ``served``: results ``Stream`` took from the
-    cache for stacks with these very bytes; they go into the summary only."""
+    cache for stacks with these very bytes; they go into the summary only. ``version``: checkov's, when the
+    caller already asked it (``checkov_cache.checkov_version``)."""
     from safety import checkov_cache
 
     if not directories and not known and not served:
@@ -401,7 +403,7 @@ def _run(directories: list[Path], skips: tuple[str, ...], workers: int | None, w
     keys: dict[Path, str] = {}
     results: list[StackResult] = [*served, *known.values()]
     if cache is not None and (directories or known):
-        version = checkov_cache.checkov_version(binary)
+        version = version if version is not None else checkov_cache.checkov_version(binary)
         common = checkov_cache.shared()
         for directory, result in known.items():
             checkov_cache.store(cache, checkov_cache.key(directory, version, skips, common), result)
@@ -517,15 +519,17 @@ class Stream:
 
     def finish(self, stack_dirs: Iterable[Path], *, workers: int | None = None) -> CheckovSummary:
         """The summary ``run(stack_dirs)`` gives: results of copies, and cache hits, whose bytes are the final
-        stack's, the rest (and any stack the stream's worker failed on) scanned now; none of them when the rules or
-        checkov's settings changed while the stream ran."""
+        stack's, the rest (and any stack the stream's worker failed on) scanned now; none of them when the rules,
+        checkov's settings or its version changed while the stream ran."""
         self._stop()
         final = sorted(Path(d) for d in stack_dirs)
-        # The rules or checkov's settings (a .checkov.yaml) changed since the stream started: its scans and hits are
-        # results of the old ones, and a scan would be stored under the new key. Every stack is decided now instead.
+        # The rules, checkov's settings (a .checkov.yaml) or checkov itself changed since the stream started: its scans
+        # and hits are results of the old ones, and a scan would be stored under the new key. Every stack is decided
+        # now instead.
         from safety import checkov_cache
 
-        changed = checkov_cache.shared() != self.common
+        version = checkov_cache.checkov_version(self.binary) if self.cache is not None else None
+        changed = checkov_cache.shared() != self.common or (version is not None and version != self.version)
         # an error (the worker died beside synthesis, say) is no result of the bytes: that stack is scanned again
         same = set() if changed else {d for d in final if self.copied.get(d.name) is not None
                                       and self.copied[d.name] == (d / "cdk.tf.json").read_bytes()}
@@ -538,7 +542,7 @@ class Stream:
             warm = None
         try:
             return _run([d for d in final if d not in streamed and d not in served], self.skips, workers, warm, streamed,
-                        self.cache, tuple(served.values()))
+                        self.cache, tuple(served.values()), version)
         finally:
             _discard_unused(warm)
 

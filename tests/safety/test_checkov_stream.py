@@ -235,3 +235,23 @@ def test_results_of_settings_or_rules_changed_during_the_stream_are_neither_serv
     assert summary == checkov_scan.run(stacks)  # and they are checkov's with the new settings
     if change == "settings":
         assert sum(s.passed for s in summary.stacks) < 30  # only CKV_GCP_2 runs
+
+
+def test_results_of_another_checkov_version_are_neither_served_nor_stored(stacks: list[Path], tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fact-check of the fix above: checkov upgraded while a check streams (its version is part of every key)
+    is the same case as changed settings. Every stack is decided in ``finish``, under the new version's key."""
+    _filled(stacks, tmp_path, monkeypatch)
+    with checkov_scan.streamed(True) as stream:
+        assert stream is not None
+        for directory in stacks:
+            stream.add(directory)
+        assert sorted(stream.served) == sorted(STACKS)
+        real = checkov_cache.checkov_version
+        monkeypatch.setattr(checkov_cache, "checkov_version", lambda binary: real(binary) + ";upgraded")
+        scanned = _scanned(monkeypatch)
+        summary = stream.finish(stacks)
+    assert sorted(scanned) == sorted(STACKS)  # nothing served: the cache holds no result of the new version
+    assert summary == checkov_scan.run(stacks)
+    rescanned = _scanned(monkeypatch)
+    assert checkov_scan.run(stacks) == summary and rescanned == []  # stored under the new version's key
