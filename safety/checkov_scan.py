@@ -428,13 +428,13 @@ def _run(directories: list[Path], skips: tuple[str, ...], workers: int | None, w
 
 
 class Stream:
-    """Stacks scanned while the fleet still synthesizes: ``add`` (``synthesize(written=)``) copies each stack
-    file as it is written and one worker scans the copies meanwhile; ``finish`` returns what ``run`` over the
-    final stacks returns.
+    """Stacks scanned while the fleet still synthesizes: ``add`` (``synthesize(written=)``) looks each stack file
+    up in the checkov cache as it is written, copies each miss, and one worker scans the copies meanwhile;
+    ``finish`` returns what ``run`` over the final stacks returns.
 
     Why copies: the staging tree is renamed into place after synthesis, so a path handed to checkov
-    meanwhile would vanish. A copied result is used only for a final stack of the same name and
-    the same bytes (compared in ``finish``), which is everything its result is a function of (the
+    meanwhile would vanish. A copied result, or a hit, is used only for a final stack of the same name
+    and the same bytes (compared in ``finish``), which is everything its result is a function of (the
     worker runs checkov once per stack, ``checkov_worker.scan``); any other stack is scanned as
     ``run`` scans it, with this worker as the first process. Results are stored in the checkov
     cache only in ``finish``, so a synthesis that fails leaves the cache as it was.
