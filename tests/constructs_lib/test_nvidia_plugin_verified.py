@@ -60,6 +60,22 @@ def release(tmp_path_factory):
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield root, fingerprint, f"http://127.0.0.1:{server.server_port}"
     server.shutdown()
+    for home in (root / "signer", root / "other"):
+        stop_agent(home)
+
+
+def stop_agent(home: Path) -> None:
+    """gpg starts a gpg-agent per keyring directory and leaves it running: stopped, so no test leaves a daemon."""
+    subprocess.run(["gpgconf", "--homedir", str(home), "--kill", "gpg-agent"], capture_output=True, check=False)
+
+
+@pytest.fixture(autouse=True)
+def no_agent_left(tmp_path):
+    """The install step's own keyring (``$dl/gnupg`` under this test's TMPDIR) is left behind when it refuses a
+    release (it exits before its ``rm -rf``), and with it the agent gpg started for it."""
+    yield
+    for home in tmp_path.glob("tmp.*/gnupg"):
+        stop_agent(home)
 
 
 def install(tmp_path: Path, base: str, fingerprint: str, key: str = "key.asc") -> subprocess.CompletedProcess[str]:
