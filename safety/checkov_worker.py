@@ -432,6 +432,52 @@ def equivalent_shortcuts() -> bool:
     return True
 
 
+# What checkov's JSON report reads as while ``_ReportJson`` keeps the report itself (``run_one`` puts the real text
+# back whenever checkov printed anything else).
+_KEPT = "<gpufleet: checkov's JSON report, kept as an object>"
+
+
+class _ReportJson:
+    """``json`` for checkov 3.3.30's ``common/runners/runner_registry.py``, whose ``print_reports`` encodes the JSON
+    report twice, to print it (line 539, ``indent=4``) and for ``--output-file-path`` (line 547, without), both with
+    ``CustomJSONEncoder``; ``run_one`` then decoded the printed text again, about 5% of a worker's time a stack.
+    Here the printed one is kept as the object (``kept``) and reads as ``_KEPT``; the second, the same object, too
+    (the worker never passes ``--output-file-path``: ``keep_reports``). Every other call is ``json``'s own."""
+
+    def __init__(self, module: Any, encoder: type) -> None:
+        self._json, self.encoder = module, encoder
+        self.kept: list[Any] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._json, name)
+
+    def dumps(self, obj: Any, *args: Any, **kwargs: Any) -> Any:
+        if not args and kwargs == {"indent": 4, "cls": self.encoder}:
+            self.kept.append(obj)
+            return _KEPT
+        if not args and kwargs == {"cls": self.encoder} and self.kept and obj is self.kept[-1]:
+            return _KEPT
+        return self._json.dumps(obj, *args, **kwargs)
+
+
+_report_json: list[_ReportJson] = []
+
+
+def keep_reports(checkov_args: list[str]) -> bool:
+    """Let ``run_one`` take checkov's JSON report as the object it encodes (``_ReportJson``), with the checkov whose
+    ``print_reports`` was read (``REVIEWED_CHECKOV``) and arguments that ask for the JSON report on stdout alone."""
+    if not _reviewed() or any(arg.startswith("--output-file-path") or arg == "-o" for arg in checkov_args) \
+            or checkov_args.count("--output") != 1 or checkov_args[checkov_args.index("--output") + 1:][:1] != ["json"]:
+        return False
+    from checkov.common.runners import runner_registry
+    from checkov.common.util.json_utils import CustomJSONEncoder
+
+    if not isinstance(runner_registry.json, _ReportJson):
+        runner_registry.json = _ReportJson(json, CustomJSONEncoder)
+    _report_json[:] = [runner_registry.json]
+    return True
+
+
 def _cut(report: dict[str, Any]) -> dict[str, Any]:
     """The parts of one checkov JSON report that ``checkov_scan`` reads."""
     results = report.get("results", {})
@@ -446,6 +492,8 @@ def run_one(checkov_args: list[str], path: str) -> dict[str, Any]:
     from checkov.main import Checkov
 
     out = io.StringIO()
+    kept = _report_json[0].kept if _report_json else []
+    kept.clear()
     try:
         with contextlib.redirect_stdout(out), warnings.catch_warnings():
             warnings.simplefilter("ignore", category=SyntaxWarning)
@@ -456,8 +504,14 @@ def run_one(checkov_args: list[str], path: str) -> dict[str, Any]:
         return {"error": traceback.format_exc().strip().splitlines()[-1]}
     if code not in (0, 1):
         return {"error": f"checkov exited {code}"}
+    text = out.getvalue()
+    if len(kept) == 1 and text == _KEPT + "\n":  # the report alone, as print printed it: cut, then encoded and decoded
+        data, encoder = kept[0], _report_json[0].encoder
+        return {"reports": json.loads(json.dumps([_cut(r) for r in (data if isinstance(data, list) else [data])], cls=encoder))}
+    for report in kept:  # anything else printed too: the text checkov would have printed, read as before
+        text = text.replace(_KEPT, json.dumps(report, indent=4, cls=_report_json[0].encoder), 1)
     try:
-        data = json.loads(out.getvalue())
+        data = json.loads(text)
     except json.JSONDecodeError:
         return {"error": "checkov printed no JSON report"}
     return {"reports": [_cut(r) for r in (data if isinstance(data, list) else [data])]}
@@ -531,6 +585,7 @@ def main(checkov_args: list[str]) -> int:
     reset_rendering = remember_rendering()
     parse_with_libyaml()
     equivalent_shortcuts()
+    keep_reports(checkov_args)
     import checkov.main  # noqa: F401 - the rest of checkov's imports now, while the caller still synthesizes (prestart)
 
     lighten()

@@ -505,8 +505,11 @@ worker.remember_rendering()
 worker.parse_with_libyaml()
 applied = worker.equivalent_shortcuts()
 after = functions()
+from checkov.common.runners import runner_registry
+kept = worker.keep_reports(["--output", "json"])
 print(json.dumps({"applied": applied, "installed": checkov.version.version,
-                  "replaced": [a is not b for a, b in zip(before, after)]}))
+                  "replaced": [a is not b for a, b in zip(before, after)],
+                  "reports kept": [kept, type(runner_registry.json).__name__]}))
 '''
 
 
@@ -532,6 +535,58 @@ def test_the_shortcuts_apply_only_to_the_checkov_whose_source_was_read(version: 
             "value checks' dpath calls (terraform/checks/resource/base_resource_value_check.py, "
             "base_resource_negative_value_check.py) with the dpath it pins at the new version, then name it in "
             "REVIEWED_CHECKOV (and the dpath in REVIEWED_DPATH) (safety/checkov_worker.py)")
-        assert found == {"applied": True, "installed": checkov_worker.REVIEWED_CHECKOV, "replaced": [True] * 9}
+        assert found == {"applied": True, "installed": checkov_worker.REVIEWED_CHECKOV, "replaced": [True] * 9,
+                         "reports kept": [True, "_ReportJson"]}
     else:
-        assert found == {"applied": False, "installed": version, "replaced": [False] * 9}
+        assert found == {"applied": False, "installed": version, "replaced": [False] * 9, "reports kept": [False, "module"]}
+
+
+KEPT = r"""
+import importlib.util, json, sys
+spec = importlib.util.spec_from_file_location("checkov_worker", sys.argv[1])
+worker = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(worker)
+args, files = json.loads(sys.argv[2]), sys.argv[3:]
+worker.remember_rendering()
+worker.parse_with_libyaml()
+worker.equivalent_shortcuts()
+text = [worker.run_one(args, f) for f in files]
+refused = [worker.keep_reports(a) for a in (args + ["--output-file-path", "x"], ["--output", "sarif"], ["-o", "json"],
+                                            ["--output", "json", "--output", "cli"])]
+assert worker.keep_reports(args)
+kept, taken = [], []
+for f in files:
+    kept.append(worker.run_one(args, f))
+    taken.append(len(worker._report_json[0].kept))
+from checkov.common.runners import runner_registry
+real = runner_registry.RunnerRegistry.print_reports
+def noisy(self, *a, **k):  # a report printed beside another line: the text path, whose bytes are checkov's
+    print("a line besides the report")
+    return real(self, *a, **k)
+runner_registry.RunnerRegistry.print_reports = noisy
+noisy_kept = worker.run_one(args, files[0])
+shim, runner_registry.json = runner_registry.json, json  # checkov's own json: the text it prints, read as before
+worker._report_json.clear()
+noisy_text = worker.run_one(args, files[0])
+runner_registry.RunnerRegistry.print_reports = real
+assert worker.keep_reports(args)
+alone = worker.run_one(args, files[0])
+print(json.dumps({"same": kept == text, "taken": taken, "refused": refused, "noisy": [noisy_kept == noisy_text, noisy_text],
+                  "alone": alone == text[0]}))
+"""
+
+
+def test_a_report_taken_as_the_object_is_the_report_read_from_the_text(stacks: list[Path]) -> None:
+    """``keep_reports``: checkov's JSON report taken as the object ``print_reports`` would encode (twice) gives each
+    stack's report exactly as reading the printed text does; anything printed beside it falls back to that text."""
+    python = checkov_scan.checkov_python(checkov_scan.checkov_binary())
+    args = checkov_scan.checkov_args(("CKV_GCP_61",))
+    files = [str(d / "cdk.tf.json") for d in stacks]
+    done = subprocess.run([python, "-c", KEPT, str(checkov_scan.WORKER), json.dumps(args), *files], capture_output=True,
+                          text=True, env=checkov_scan.checkov_env(), check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    assert found["same"] and found["taken"] == [1] * len(files)
+    assert found["refused"] == [False] * 4
+    assert found["noisy"] == [True, {"error": "checkov printed no JSON report"}]  # the text path's verdict, as before
+    assert found["alone"]
