@@ -441,40 +441,62 @@ class _ReportJson:
     """``json`` for checkov 3.3.30's ``common/runners/runner_registry.py``, whose ``print_reports`` encodes the JSON
     report twice, to print it (line 539, ``indent=4``) and for ``--output-file-path`` (line 547, without), both with
     ``CustomJSONEncoder``; ``run_one`` then decoded the printed text again, about 5% of a worker's time a stack.
-    Here the printed one is kept as the object (``kept``) and reads as ``_KEPT``; the second, the same object, too
-    (the worker never passes ``--output-file-path``: ``keep_reports``). Every other call is ``json``'s own."""
+    While ``keeping`` (``keep_reports``: a run whose parsed options print the JSON report alone, write no file and
+    load no external checks), the printed one is kept as the object (``kept``) and reads as ``_KEPT``, and so does
+    the second, the same object. Every other call is ``json``'s own."""
 
     def __init__(self, module: Any, encoder: type) -> None:
         self._json, self.encoder = module, encoder
         self.kept: list[Any] = []
+        self.keeping = False
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._json, name)
 
     def dumps(self, obj: Any, *args: Any, **kwargs: Any) -> Any:
-        if not args and kwargs == {"indent": 4, "cls": self.encoder}:
+        if self.keeping and not args and kwargs == {"indent": 4, "cls": self.encoder}:
             self.kept.append(obj)
             return _KEPT
-        if not args and kwargs == {"cls": self.encoder} and self.kept and obj is self.kept[-1]:
+        if self.keeping and not args and kwargs == {"cls": self.encoder} and self.kept and obj is self.kept[-1]:
             return _KEPT
         return self._json.dumps(obj, *args, **kwargs)
+
+
+def _report_alone(config: Any) -> bool:
+    """checkov's parsed options (argv and any ``.checkov.yaml`` it read) print the JSON report alone to stdout: no
+    other output, no ``--output-file-path`` (which writes the second encoding to a file) and no external checks
+    (whose results could hold values the full encoding refuses, which fails the run)."""
+    return (list(getattr(config, "output", None) or []) == ["json"] and not getattr(config, "output_file_path", None)
+            and not getattr(config, "external_checks_dir", None) and not getattr(config, "external_checks_git", None))
 
 
 _report_json: list[_ReportJson] = []
 
 
-def keep_reports(checkov_args: list[str]) -> bool:
+def keep_reports() -> bool:
     """Let ``run_one`` take checkov's JSON report as the object it encodes (``_ReportJson``), with the checkov whose
-    ``print_reports`` was read (``REVIEWED_CHECKOV``) and arguments that ask for the JSON report on stdout alone."""
-    if not _reviewed() or any(arg.startswith("--output-file-path") or arg == "-o" for arg in checkov_args) \
-            or checkov_args.count("--output") != 1 or checkov_args[checkov_args.index("--output") + 1:][:1] != ["json"]:
+    ``print_reports`` was read (``REVIEWED_CHECKOV``), in each run whose options allow it (``_report_alone``)."""
+    if not _reviewed():
         return False
     from checkov.common.runners import runner_registry
     from checkov.common.util.json_utils import CustomJSONEncoder
 
-    if not isinstance(runner_registry.json, _ReportJson):
-        runner_registry.json = _ReportJson(json, CustomJSONEncoder)
-    _report_json[:] = [runner_registry.json]
+    if isinstance(runner_registry.json, _ReportJson):
+        return True
+    shim = _ReportJson(json, CustomJSONEncoder)
+    print_reports = runner_registry.RunnerRegistry.print_reports
+
+    def deciding(self: Any, *args: Any, **kwargs: Any) -> Any:
+        config = kwargs["config"] if "config" in kwargs else args[1] if len(args) > 1 else None
+        shim.keeping = _report_alone(config)
+        try:
+            return print_reports(self, *args, **kwargs)
+        finally:
+            shim.keeping = False
+
+    runner_registry.json = shim
+    runner_registry.RunnerRegistry.print_reports = deciding  # type: ignore[method-assign]
+    _report_json[:] = [shim]
     return True
 
 
@@ -506,10 +528,11 @@ def run_one(checkov_args: list[str], path: str) -> dict[str, Any]:
         return {"error": f"checkov exited {code}"}
     text = out.getvalue()
     if len(kept) == 1 and text == _KEPT + "\n":  # the report alone, as print printed it: cut, then encoded and decoded
-        data, encoder = kept[0], _report_json[0].encoder
+        data, encoder = kept.pop(), _report_json[0].encoder
         return {"reports": json.loads(json.dumps([_cut(r) for r in (data if isinstance(data, list) else [data])], cls=encoder))}
     for report in kept:  # anything else printed too: the text checkov would have printed, read as before
         text = text.replace(_KEPT, json.dumps(report, indent=4, cls=_report_json[0].encoder), 1)
+    kept.clear()
     try:
         data = json.loads(text)
     except json.JSONDecodeError:
@@ -585,7 +608,7 @@ def main(checkov_args: list[str]) -> int:
     reset_rendering = remember_rendering()
     parse_with_libyaml()
     equivalent_shortcuts()
-    keep_reports(checkov_args)
+    keep_reports()
     import checkov.main  # noqa: F401 - the rest of checkov's imports now, while the caller still synthesizes (prestart)
 
     lighten()

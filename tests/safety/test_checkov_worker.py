@@ -506,7 +506,7 @@ worker.parse_with_libyaml()
 applied = worker.equivalent_shortcuts()
 after = functions()
 from checkov.common.runners import runner_registry
-kept = worker.keep_reports(["--output", "json"])
+kept = worker.keep_reports()
 print(json.dumps({"applied": applied, "installed": checkov.version.version,
                   "replaced": [a is not b for a, b in zip(before, after)],
                   "reports kept": [kept, type(runner_registry.json).__name__]}))
@@ -542,51 +542,71 @@ def test_the_shortcuts_apply_only_to_the_checkov_whose_source_was_read(version: 
 
 
 KEPT = r"""
-import importlib.util, json, sys
+import importlib.util, json, os, sys
 spec = importlib.util.spec_from_file_location("checkov_worker", sys.argv[1])
 worker = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(worker)
-args, files = json.loads(sys.argv[2]), sys.argv[3:]
+args, home, files = json.loads(sys.argv[2]), sys.argv[3], sys.argv[4:]
 worker.remember_rendering()
 worker.parse_with_libyaml()
 worker.equivalent_shortcuts()
 text = [worker.run_one(args, f) for f in files]
-refused = [worker.keep_reports(a) for a in (args + ["--output-file-path", "x"], ["--output", "sarif"], ["-o", "json"],
-                                            ["--output", "json", "--output", "cli"])]
-assert worker.keep_reports(args)
-kept, taken = [], []
-for f in files:
-    kept.append(worker.run_one(args, f))
-    taken.append(len(worker._report_json[0].kept))
+assert worker.keep_reports()
+shim = worker._report_json[0]
+real_dumps, taken = shim.dumps, []
+def counting(obj, *a, **k):
+    out = real_dumps(obj, *a, **k)
+    taken.append(out == worker._KEPT and k.get("indent") == 4)
+    return out
+shim.dumps = counting
+def run(f):
+    taken.clear()
+    answer = worker.run_one(args, f)
+    return answer, any(taken)
+kept = [run(f) for f in files]
+# options a .checkov.yaml in $HOME adds (checkov reads it at every run): a file written, external checks loaded
+os.environ["HOME"] = home
+results = os.path.join(home, "results")
+configs = {"output file": f"output-file-path: {results}\n", "external checks": f"external-checks-dir:\n  - {home}/none\n"}
+os.makedirs(os.path.join(home, "none"))
+configured = {}
+for name, config in configs.items():
+    with open(os.path.join(home, ".checkov.yaml"), "w") as out:
+        out.write(config)
+    configured[name] = run(files[0])
+os.remove(os.path.join(home, ".checkov.yaml"))
+written = json.load(open(os.path.join(results, "results_json.json")))
 from checkov.common.runners import runner_registry
 real = runner_registry.RunnerRegistry.print_reports
 def noisy(self, *a, **k):  # a report printed beside another line: the text path, whose bytes are checkov's
     print("a line besides the report")
     return real(self, *a, **k)
 runner_registry.RunnerRegistry.print_reports = noisy
-noisy_kept = worker.run_one(args, files[0])
-shim, runner_registry.json = runner_registry.json, json  # checkov's own json: the text it prints, read as before
-worker._report_json.clear()
-noisy_text = worker.run_one(args, files[0])
+noisy_kept = run(files[0])
 runner_registry.RunnerRegistry.print_reports = real
-assert worker.keep_reports(args)
-alone = worker.run_one(args, files[0])
-print(json.dumps({"same": kept == text, "taken": taken, "refused": refused, "noisy": [noisy_kept == noisy_text, noisy_text],
-                  "alone": alone == text[0]}))
+alone = run(files[0])
+print(json.dumps({"same": [k[0] for k in kept] == text, "taken": [k[1] for k in kept],
+                  "configured": {n: [a == text[0], t] for n, (a, t) in configured.items()},
+                  "written": sorted(written) if isinstance(written, dict) else type(written).__name__,
+                  "noisy": [noisy_kept[0], noisy_kept[1]], "alone": [alone[0] == text[0], alone[1]]}))
 """
 
 
-def test_a_report_taken_as_the_object_is_the_report_read_from_the_text(stacks: list[Path]) -> None:
+def test_a_report_taken_as_the_object_is_the_report_read_from_the_text(stacks: list[Path], tmp_path: Path) -> None:
     """``keep_reports``: checkov's JSON report taken as the object ``print_reports`` would encode (twice) gives each
-    stack's report exactly as reading the printed text does; anything printed beside it falls back to that text."""
+    stack's report exactly as reading the printed text does. A run whose options (from argv or a ``.checkov.yaml``:
+    a red team's find) write the report to a file or load external checks keeps checkov's own encoding, and anything
+    printed beside the report falls back to the text."""
     python = checkov_scan.checkov_python(checkov_scan.checkov_binary())
     args = checkov_scan.checkov_args(("CKV_GCP_61",))
     files = [str(d / "cdk.tf.json") for d in stacks]
-    done = subprocess.run([python, "-c", KEPT, str(checkov_scan.WORKER), json.dumps(args), *files], capture_output=True,
-                          text=True, env=checkov_scan.checkov_env(), check=False)
+    (tmp_path / "home").mkdir()
+    done = subprocess.run([python, "-c", KEPT, str(checkov_scan.WORKER), json.dumps(args), str(tmp_path / "home"), *files],
+                          capture_output=True, text=True, env=checkov_scan.checkov_env(), check=False, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     found = json.loads(done.stdout.strip().splitlines()[-1])
-    assert found["same"] and found["taken"] == [1] * len(files)
-    assert found["refused"] == [False] * 4
-    assert found["noisy"] == [True, {"error": "checkov printed no JSON report"}]  # the text path's verdict, as before
-    assert found["alone"]
+    assert found["same"] and found["taken"] == [True] * len(files)
+    assert found["configured"] == {"output file": [True, False], "external checks": [True, False]}
+    assert found["written"] == ["check_type", "results", "summary", "url"]  # the report itself, not the placeholder
+    assert found["noisy"] == [{"error": "checkov printed no JSON report"}, True]  # the text path's verdict, as before
+    assert found["alone"] == [True, True]
