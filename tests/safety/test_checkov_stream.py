@@ -145,6 +145,14 @@ def test_a_stack_the_streams_worker_could_not_scan_is_scanned_again(stacks: list
     assert summary == checkov_scan.run(stacks) and summary.ok
 
 
+def _tell_hits(stream: checkov_scan.Stream | None, stacks: list[Path]) -> None:
+    """Tell ``stream`` every stack, all of them in the cache (``_filled``): each is kept as a hit."""
+    assert stream is not None
+    for directory in stacks:
+        stream.add(directory)
+    assert sorted(stream.served) == sorted(STACKS)
+
+
 def _filled(stacks: list[Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[checkov_scan.CheckovSummary, dict[str, bytes]]:
     """``run``'s summary of ``stacks`` and the cache it filled (``$GPUFLEET_CHECKOV_CACHE`` points at it)."""
     monkeypatch.setenv(checkov_cache.CACHE_ENV, str(tmp_path / "cache"))
@@ -180,10 +188,7 @@ def test_a_served_stack_whose_final_bytes_differ_is_not_served(stacks: list[Path
     _filled(stacks, tmp_path, monkeypatch)
     scanned = _scanned(monkeypatch)
     with checkov_scan.streamed(True) as stream:
-        assert stream is not None
-        for directory in stacks:
-            stream.add(directory)
-        assert sorted(stream.served) == sorted(STACKS)
+        _tell_hits(stream, stacks)
         (stacks[0] / "cdk.tf.json").write_text(json.dumps(FAILING, indent=2))
         summary = stream.finish(stacks)
     assert scanned == [STACKS[0]]
@@ -218,10 +223,7 @@ def test_results_of_settings_or_rules_changed_during_the_stream_are_neither_serv
     (tmp_path / "home").mkdir()
     _filled(stacks, tmp_path, monkeypatch)
     with checkov_scan.streamed(True) as stream:
-        assert stream is not None
-        for directory in stacks:
-            stream.add(directory)
-        assert sorted(stream.served) == sorted(STACKS)
+        _tell_hits(stream, stacks)
         if change == "settings":
             (tmp_path / "home" / ".checkov.yaml").write_text("check: CKV_GCP_2\n")
         else:
@@ -243,10 +245,7 @@ def test_results_of_another_checkov_version_are_neither_served_nor_stored(stacks
     is the same case as changed settings. Every stack is decided in ``finish``, under the new version's key."""
     _filled(stacks, tmp_path, monkeypatch)
     with checkov_scan.streamed(True) as stream:
-        assert stream is not None
-        for directory in stacks:
-            stream.add(directory)
-        assert sorted(stream.served) == sorted(STACKS)
+        _tell_hits(stream, stacks)
         real = checkov_cache.checkov_version
         monkeypatch.setattr(checkov_cache, "checkov_version", lambda binary: real(binary) + ";upgraded")
         scanned = _scanned(monkeypatch)
