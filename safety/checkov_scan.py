@@ -389,12 +389,13 @@ def _discard_unused(warm: _Worker | None) -> None:
 
 def _run(directories: list[Path], skips: tuple[str, ...], workers: int | None, warm: _Worker | None,
          known: dict[Path, StackResult], cache: Path | None, served: tuple[StackResult, ...] = (),
-         version: str | None = None) -> CheckovSummary:
+         version: str | None = None, common: tuple[bytes, bytes] | None = None) -> CheckovSummary:
     """``run``'s scan, with the cache already prepared (``Stream`` prepares it when it starts, so a refused cache
     is reported once). ``known`` are results ``Stream`` scanned already, of stacks with these very bytes: they
     go into the summary and, like every scanned result, the cache. ``served``: results ``Stream`` took from the
-    cache for stacks with these very bytes; they go into the summary only. ``version``: checkov's, when the
-    caller already asked it (``checkov_cache.checkov_version``)."""
+    cache for stacks with these very bytes; they go into the summary only. ``version`` and ``common``: checkov's
+    version and the keys' shared part, when the caller already read them (``checkov_cache.checkov_version``,
+    ``checkov_cache.shared``)."""
     from safety import checkov_cache
 
     if not directories and not known and not served:
@@ -404,7 +405,7 @@ def _run(directories: list[Path], skips: tuple[str, ...], workers: int | None, w
     results: list[StackResult] = [*served, *known.values()]
     if cache is not None and (directories or known):
         version = version if version is not None else checkov_cache.checkov_version(binary)
-        common = checkov_cache.shared()
+        common = common or checkov_cache.shared()
         for directory, result in known.items():
             checkov_cache.store(cache, checkov_cache.key(directory, version, skips, common), result)
         keys = {d: checkov_cache.key(d, version, skips, common) for d in directories}
@@ -529,7 +530,8 @@ class Stream:
         from safety import checkov_cache
 
         version = checkov_cache.checkov_version(self.binary) if self.cache is not None else None
-        changed = checkov_cache.shared() != self.common or (version is not None and version != self.version)
+        common = checkov_cache.shared()
+        changed = common != self.common or (version is not None and version != self.version)
         # an error (the worker died beside synthesis, say) is no result of the bytes: that stack is scanned again
         same = set() if changed else {d for d in final if self.copied.get(d.name) is not None
                                       and self.copied[d.name] == (d / "cdk.tf.json").read_bytes()}
@@ -542,7 +544,7 @@ class Stream:
             warm = None
         try:
             return _run([d for d in final if d not in streamed and d not in served], self.skips, workers, warm, streamed,
-                        self.cache, tuple(served.values()), version)
+                        self.cache, tuple(served.values()), version, common)
         finally:
             _discard_unused(warm)
 

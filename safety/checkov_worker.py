@@ -509,6 +509,11 @@ def _cut(report: dict[str, Any]) -> dict[str, Any]:
                         "parsing_errors": results.get("parsing_errors", [])}}
 
 
+def _cuts(data: Any) -> list[dict[str, Any]]:
+    """``_cut`` of each report of one run's JSON output (a list of reports, or one)."""
+    return [_cut(r) for r in (data if isinstance(data, list) else [data])]
+
+
 def run_one(checkov_args: list[str], path: str) -> dict[str, Any]:
     """One ``Checkov(argv).run()`` over one stack file, its stdout captured and parsed."""
     from checkov.main import Checkov
@@ -528,8 +533,7 @@ def run_one(checkov_args: list[str], path: str) -> dict[str, Any]:
         return {"error": f"checkov exited {code}"}
     text = out.getvalue()
     if len(kept) == 1 and text == _KEPT + "\n":  # the report alone, as print printed it: cut, then encoded and decoded
-        data, encoder = kept.pop(), _report_json[0].encoder
-        return {"reports": json.loads(json.dumps([_cut(r) for r in (data if isinstance(data, list) else [data])], cls=encoder))}
+        return {"reports": json.loads(json.dumps(_cuts(kept.pop()), cls=_report_json[0].encoder))}
     for report in kept:  # anything else printed too: the text checkov would have printed, read as before
         text = text.replace(_KEPT, json.dumps(report, indent=4, cls=_report_json[0].encoder), 1)
     kept.clear()
@@ -537,7 +541,7 @@ def run_one(checkov_args: list[str], path: str) -> dict[str, Any]:
         data = json.loads(text)
     except json.JSONDecodeError:
         return {"error": "checkov printed no JSON report"}
-    return {"reports": [_cut(r) for r in (data if isinstance(data, list) else [data])]}
+    return {"reports": _cuts(data)}
 
 
 def scan(checkov_args: list[str], files: list[str], reset_rendering: Callable[[], None]) -> dict[str, Any]:

@@ -152,12 +152,22 @@ def _synthesize_cached(configs: tuple[ClusterConfig, ...], tmp: Path, imported_d
     fleet's text: about 30 MB at 200 clusters); without ``written`` each is written as it is found."""
     from stacks.parallel import manifest_json, one_core, synth_group, synth_streamed, synthesize_parallel, worker_count
 
-    top: dict | None = None
+    top: dict | None = None  # the manifest's top: the last miss's, else the last hit's
+    hit_top: dict | None = None
     entries: dict[str, dict] = {}
     missing: list[tuple[str, tuple[str, ...]]] = []
     hits: list[tuple[dict, tuple[str, ...]]] = []
     inputs: dict[str, tuple[tuple[ClusterConfig, ...], tuple[StackInfo, ...]]] = {}
     (tmp / "stacks").mkdir()
+
+    def write_hit(hit: dict, names: tuple[str, ...]) -> dict:
+        """Write a cached unit into ``tmp``, tell ``written`` its stacks, keep their entries; its manifest top."""
+        synth_cache.write_unit(hit, tmp)
+        for name in names if written is not None else ():
+            written(tmp / "stacks" / name)
+        entries.update({name: hit["stacks"][name]["manifest"] for name in names})
+        return hit["top"]
+
     for unit_configs, stacks in _units(configs):
         if build is not None and not any(s.name in build for s in stacks):
             continue
@@ -169,11 +179,9 @@ def _synthesize_cached(configs: tuple[ClusterConfig, ...], tmp: Path, imported_d
             inputs[key] = (unit_configs, stacks)
             continue
         if written is None:
-            synth_cache.write_unit(hit, tmp)
-            top = hit["top"]
-            entries.update({name: hit["stacks"][name]["manifest"] for name in names})
-            continue
-        hits.append((hit, names))
+            hit_top = write_hit(hit, names)
+        else:
+            hits.append((hit, names))
     if missing:
         build = tuple(name for _, names in missing for name in names)
         fresh = tmp / ".fresh"
@@ -200,13 +208,11 @@ def _synthesize_cached(configs: tuple[ClusterConfig, ...], tmp: Path, imported_d
             top = unit["top"]
             entries.update({name: unit["stacks"][name]["manifest"] for name in names})
         shutil.rmtree(fresh)
-    for index, (hit, names) in enumerate(hits):
-        synth_cache.write_unit(hit, tmp)
-        for name in names if written is not None else ():
-            written(tmp / "stacks" / name)
-        top = hit["top"] if not missing else top  # the manifest's top as before: the last miss's, else the last hit's
-        entries.update({name: hit["stacks"][name]["manifest"] for name in names})
-        hits[index] = ({}, names)  # written: its text need not be held any longer
+    hits.reverse()
+    while hits:  # in their order, each let go once written
+        hit_top = write_hit(*hits.pop())
+    if not missing:
+        top = hit_top
     order = tuple(s.name for s in plan_stacks(configs) if s.name in entries)
     (tmp / "manifest.json").write_text(manifest_json({**(top or {}), "stacks": entries}), encoding="utf-8")
     return order
